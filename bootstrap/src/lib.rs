@@ -1,0 +1,1 @@
+//! The SSH bootstrapper (issue 6).

@@ -1,0 +1,1068 @@
+// RACP-WS v1 TypeScript declarations.
+// Generated from racp-proto by `cargo run -p racp-proto --bin racp-codegen`. Do not edit: a test fails when this file is stale.
+
+/* eslint-disable */
+
+export const PROTOCOL_VERSION = 1 as const;
+export const SUBPROTOCOL = "racp.v1" as const;
+export const BEARER_SUBPROTOCOL_PREFIX = "racp.bearer." as const;
+export const ENDPOINT_PATH = "/racp" as const;
+
+/**
+ * A result with no fields yet: `{}`. Unlike [`Empty`] it tolerates fields a newer host adds.
+ */
+export type Ack = Record<string, unknown>;
+
+/**
+ * A text answer to a select, input or editor approval.
+ */
+export type Answer = {
+  value: string;
+};
+
+/**
+ * A failure, always carrying a registered error code.
+ */
+export type AppError = AppError;
+
+/**
+ * A question the agent asked a person.
+ */
+export type ApprovalInfo = {
+  approvalId: string;
+  /**
+   * Absolute deadline (ms since the Unix epoch); at it the host settles the approval as expired.
+   */
+  deadline: number;
+  kind: ApprovalKind;
+  message?: string | null;
+  /**
+   * The choices of a `select`.
+   */
+  options?: string[] | null;
+  sessionId: string;
+  /**
+   * The device whose answer settled it.
+   */
+  settledBy?: string | null;
+  state: ApprovalState;
+  title: string;
+  turnId: string;
+  /**
+   * The answer of a select, input or editor approval.
+   */
+  value?: string | null;
+};
+
+/**
+ * The kind of question an approval asks (the agent's confirm, select, input or editor request).
+ */
+export type ApprovalKind = "confirm" | "select" | "input" | "editor";
+
+/**
+ * `approval.requested`: the agent asked a question; answer with `approval/respond`.
+ */
+export type ApprovalRequestedData = {
+  approvalId: string;
+  /**
+   * Absolute deadline (ms since the Unix epoch).
+   */
+  deadline: number;
+  kind: ApprovalKind;
+  message?: string | null;
+  options?: string[] | null;
+  title: string;
+  turnId: string;
+};
+
+/**
+ * Answers an approval. The first answer wins across devices.
+ */
+export type ApprovalRespondParams = {
+  approvalId: string;
+  decision: Decision;
+};
+
+/**
+ * `approval/respond`: Answers an approval; the first answer wins, later ones get APPROVAL_STALE.
+ */
+export type ApprovalRespondRequest = {
+  id: RequestId;
+  method: "approval/respond";
+  params: ApprovalRespondParams;
+};
+
+export type ApprovalRespondResult = {
+  approval: ApprovalInfo;
+};
+
+/**
+ * `approval.settled`: an approval got its answer, expired, or was cancelled.
+ */
+export type ApprovalSettledData = {
+  approvalId: string;
+  /**
+   * The device whose answer settled it; absent when it expired or was cancelled.
+   */
+  deviceId?: string | null;
+  /**
+   * `allowed`, `denied`, `answered`, `expired` or `cancelled`.
+   */
+  outcome: ApprovalState;
+  value?: string | null;
+};
+
+/**
+ * Where an approval is in its life.
+ */
+export type ApprovalState = "pending" | "allowed" | "denied" | "answered" | "expired" | "cancelled";
+
+/**
+ * Any frame a client sends: a request.
+ */
+export type ClientFrame = HelloRequest | PairRequest | HostInfoRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest;
+
+/**
+ * Who is calling.
+ */
+export type ClientInfo = {
+  name: string;
+  version: string;
+};
+
+/**
+ * A failure of the whole connection; a WebSocket close follows.
+ */
+export type ConnectionError = {
+  error: AppError;
+};
+
+/**
+ * An opaque position in a session's event log. Send back only cursors the host gave you.
+ */
+export type Cursor = string;
+
+/**
+ * `"allow"`, `"deny"`, or `{"value": "..."}`.
+ */
+export type Decision = Verdict | Answer;
+
+/**
+ * A paired device.
+ */
+export type DeviceInfo = {
+  /**
+   * When it was paired (ms since the Unix epoch).
+   */
+  createdAt: number;
+  /**
+   * True for the device making this call.
+   */
+  current: boolean;
+  deviceId: string;
+  /**
+   * When it last opened a connection (ms since the Unix epoch).
+   */
+  lastSeenAt?: number | null;
+  name: string;
+  roles: Role[];
+};
+
+/**
+ * `device/list`: Lists paired devices.
+ */
+export type DeviceListRequest = {
+  id: RequestId;
+  method: "device/list";
+  params?: Empty | null;
+};
+
+export type DeviceListResult = {
+  devices: DeviceInfo[];
+};
+
+/**
+ * Revokes a device: its credential stops working and its open connections close at once.
+ */
+export type DeviceRevokeParams = {
+  deviceId: string;
+};
+
+/**
+ * `device/revoke`: Revokes a device and closes its open connections at once.
+ */
+export type DeviceRevokeRequest = {
+  id: RequestId;
+  method: "device/revoke";
+  params: DeviceRevokeParams;
+};
+
+/**
+ * No params, or no result fields: `{}`.
+ */
+export type Empty = Record<string, never>;
+
+/**
+ * What a directory entry is. Symlinks are reported as what they point to when the target is
+ * inside the permitted roots, and as `symlink` otherwise.
+ */
+export type EntryKind = "file" | "dir" | "symlink" | "other";
+
+/**
+ * A registered error code. Only these can appear on the wire.
+ */
+export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE";
+
+/**
+ * A failed reply. `id` is `null` when the request could not be read far enough to find it.
+ */
+export type ErrorReply = {
+  error: AppError;
+  /**
+   * Chosen by the client, echoed in the reply.
+   */
+  id: number | string;
+};
+
+/**
+ * One entry of a session's event log.
+ */
+export type Event = {
+  /**
+   * When the host recorded it (ms since the Unix epoch).
+   */
+  at: number;
+  /**
+   * The position just after this event: resuming from it delivers the next event.
+   */
+  cursor: Cursor;
+  /**
+   * Type-specific payload; for `agent.*` events, the agent's own payload.
+   */
+  data: unknown;
+  /**
+   * Strictly increasing within a session's epoch, starting at 1, with no gaps.
+   */
+  seq: number;
+  /**
+   * The turn it belongs to, if any.
+   */
+  turnId?: string | null;
+  /**
+   * `turn.started`, `turn.finished`, `approval.requested`, `approval.settled`,
+   * `session.closed`, or `agent.<pi event type>` (see [`EventType`]).
+   */
+  type: string;
+};
+
+/**
+ * One directory entry.
+ */
+export type FsEntry = {
+  kind: EntryKind;
+  /**
+   * Last modification (ms since the Unix epoch).
+   */
+  modifiedAt?: number | null;
+  name: string;
+  /**
+   * Size in bytes, for files.
+   */
+  size?: number | null;
+};
+
+/**
+ * `fs/list`: Lists a directory inside the host's permitted roots.
+ */
+export type FsListRequest = {
+  id: RequestId;
+  method: "fs/list";
+  params: PathParams;
+};
+
+/**
+ * A directory's entries, sorted by name.
+ */
+export type FsListResult = {
+  entries: FsEntry[];
+  /**
+   * The canonical path that was listed.
+   */
+  path: string;
+  /**
+   * True when the listing was cut at the host's entry bound.
+   */
+  truncated?: boolean;
+};
+
+/**
+ * `fs/stat`: Describes one path inside the host's permitted roots.
+ */
+export type FsStatRequest = {
+  id: RequestId;
+  method: "fs/stat";
+  params: PathParams;
+};
+
+/**
+ * One path's metadata.
+ */
+export type FsStatResult = {
+  kind: EntryKind;
+  modifiedAt?: number | null;
+  /**
+   * The canonical path.
+   */
+  path: string;
+  size?: number | null;
+};
+
+/**
+ * `heartbeat`: liveness, with each subscription's cursor.
+ */
+export type HeartbeatParams = {
+  /**
+   * Host time (ms since the Unix epoch).
+   */
+  at: number;
+  subscriptions: SubscriptionHead[];
+};
+
+/**
+ * `heartbeat`: Sent every `heartbeatMs`: liveness, and the head cursor of every subscription.
+ */
+export type HeartbeatPush = {
+  method: "heartbeat";
+  params: HeartbeatParams;
+};
+
+/**
+ * First call on every connection.
+ */
+export type HelloParams = {
+  client: ClientInfo;
+  /**
+   * Largest frame the client wants to send or receive; the host answers with
+   * `min(this, its own bound)`.
+   */
+  maxFrameBytes?: number | null;
+  /**
+   * Protocol versions the client speaks.
+   */
+  protocol: ProtocolRange;
+};
+
+/**
+ * `hello`: Negotiates the protocol version and frame bound; must be the first call on a connection.
+ */
+export type HelloRequest = {
+  id: RequestId;
+  method: "hello";
+  params: HelloParams;
+};
+
+/**
+ * The host's answer to `hello`.
+ */
+export type HelloResult = {
+  /**
+   * Optional features this host has on, e.g. `sessions`, `approvals`, `fs`. A call that needs
+   * one that is absent gets CAPABILITY_UNAVAILABLE.
+   */
+  capabilities: string[];
+  /**
+   * The host sends a `heartbeat` push at this interval; a client that hears nothing for two
+   * intervals should treat the link as dead.
+   */
+  heartbeatMs: number;
+  host: HostIdentity;
+  limits: Limits;
+  principal: PrincipalInfo;
+  /**
+   * The protocol version chosen for this connection.
+   */
+  protocol: number;
+};
+
+/**
+ * Any frame a host sends.
+ */
+export type HostFrame = ResultReply | ErrorReply | HostPush | ConnectionError;
+
+/**
+ * The host's identity.
+ */
+export type HostIdentity = {
+  /**
+   * Stable id of this host's data directory.
+   */
+  id: string;
+  /**
+   * pi-host's version, e.g. `0.1.0`.
+   */
+  version: string;
+};
+
+/**
+ * `host/info`: Describes the host: version, id, platform, capabilities and limits.
+ */
+export type HostInfoRequest = {
+  id: RequestId;
+  method: "host/info";
+  params?: Empty | null;
+};
+
+/**
+ * Facts about the host.
+ */
+export type HostInfoResult = {
+  /**
+   * CPU architecture, e.g. `x86_64`.
+   */
+  arch: string;
+  capabilities: string[];
+  host: HostIdentity;
+  /**
+   * The machine's host name.
+   */
+  hostname: string;
+  limits: Limits;
+  /**
+   * Operating system, e.g. `linux`.
+   */
+  os: string;
+  /**
+   * When this host process started (ms since the Unix epoch).
+   */
+  startedAt: number;
+};
+
+/**
+ * `host/list`: Lists hosts behind a gateway; a plain pi-host answers METHOD_NOT_FOUND.
+ */
+export type HostListRequest = {
+  id: RequestId;
+  method: "host/list";
+  params?: Empty | null;
+};
+
+/**
+ * Hosts reachable through a gateway. A plain pi-host has no gateway and answers
+ * METHOD_NOT_FOUND.
+ */
+export type HostListResult = {
+  hosts: HostIdentity[];
+};
+
+/**
+ * Any push a host sends.
+ */
+export type HostPush = SessionEventsPush | HeartbeatPush | SubscriptionEndedPush;
+
+/**
+ * Bounds the host enforces on this connection.
+ */
+export type Limits = {
+  /**
+   * Largest frame either side may send, in bytes (PAYLOAD_TOO_LARGE beyond it).
+   */
+  maxFrameBytes: number;
+  /**
+   * Calls this connection may have in flight at once (HOST_OVERLOADED beyond it).
+   */
+  maxInFlight: number;
+  /**
+   * Subscriptions this connection may hold (LIMIT_EXCEEDED beyond it).
+   */
+  maxSubscriptions: number;
+  /**
+   * Calls a device may make in a burst above the sustained rate.
+   */
+  requestBurst: number;
+  /**
+   * Sustained calls per second per device (RATE_LIMITED beyond it).
+   */
+  requestsPerSecond: number;
+};
+
+/**
+ * Exchanges the connection's pairing token for a device credential.
+ */
+export type PairParams = {
+  /**
+   * A name for the device, shown in `device/list`.
+   */
+  deviceName: string;
+};
+
+/**
+ * `pair`: Exchanges the connection's pairing token for a device credential (pairing connections only).
+ */
+export type PairRequest = {
+  id: RequestId;
+  method: "pair";
+  params: PairParams;
+};
+
+/**
+ * The new device credential. `deviceToken` is shown once; the host keeps only its digest.
+ */
+export type PairResult = {
+  deviceId: string;
+  /**
+   * Secret bearer token for `Authorization: Bearer` on later upgrades.
+   */
+  deviceToken: string;
+  roles: Role[];
+};
+
+/**
+ * Mints a single-use pairing token.
+ */
+export type PairingCreateParams = {
+  /**
+   * Roles the paired device will hold.
+   */
+  roles: Role[];
+  /**
+   * Lifetime of the token; 600 when absent.
+   */
+  ttlSeconds?: number | null;
+};
+
+/**
+ * `pairing/create`: Mints a single-use pairing token for another device.
+ */
+export type PairingCreateRequest = {
+  id: RequestId;
+  method: "pairing/create";
+  params: PairingCreateParams;
+};
+
+/**
+ * A pairing token. It is secret: show it to the person pairing, never log it.
+ */
+export type PairingCreateResult = {
+  /**
+   * When the token stops working (ms since the Unix epoch).
+   */
+  expiresAt: number;
+  roles: Role[];
+  token: string;
+  /**
+   * A pairing link carrying the host address and the token (in the fragment, which is
+   * never sent to a server).
+   */
+  url: string;
+};
+
+/**
+ * A path on the host. Relative paths are refused; `~` is not expanded.
+ */
+export type PathParams = {
+  path: string;
+};
+
+/**
+ * Who the host thinks is calling.
+ */
+export type PrincipalInfo = {
+  /**
+   * The device's id; `null` on a pairing connection.
+   */
+  deviceId?: string | null;
+  kind: PrincipalKind;
+  /**
+   * The device's roles; empty on a pairing connection.
+   */
+  roles: Role[];
+};
+
+/**
+ * What kind of credential opened the connection.
+ */
+export type PrincipalKind = "device" | "pairing";
+
+/**
+ * An inclusive range of protocol versions.
+ */
+export type ProtocolRange = {
+  max: number;
+  min: number;
+};
+
+/**
+ * What a client should do next when it meets a code.
+ */
+export type Recovery = "retry" | "retry_after" | "reconnect_and_resume" | "resnapshot" | "fix_arguments" | "reauthorize" | "check_state" | "upgrade" | "stop_and_report";
+
+/**
+ * Chosen by the client, echoed in the reply.
+ */
+export type RequestId = number | string;
+
+/**
+ * A successful reply; `result` has the type of the request's method (see x-racp-methods). Clients ignore result fields they do not know.
+ */
+export type ResultReply = {
+  id: RequestId;
+  result: Record<string, unknown>;
+};
+
+/**
+ * A device's role. Ordered: `owner` can do everything `operator` can, which can do everything
+ * `observer` can.
+ */
+export type Role = "observer" | "operator" | "owner";
+
+/**
+ * `session/close`: Closes a session: its agent stops; its log stays readable. Closing a closed session succeeds.
+ */
+export type SessionCloseRequest = {
+  id: RequestId;
+  method: "session/close";
+  params: SessionRef;
+};
+
+/**
+ * `session.closed`: the session was closed; no more events follow.
+ */
+export type SessionClosedData = {
+  /**
+   * The device that closed it; absent when the host did.
+   */
+  deviceId?: string | null;
+};
+
+export type SessionCreateParams = {
+  title?: string | null;
+  /**
+   * Absolute path of the workspace directory; it must lie inside the host's permitted roots.
+   */
+  workspace: string;
+};
+
+/**
+ * `session/create`: Creates a session in a workspace directory.
+ */
+export type SessionCreateRequest = {
+  id: RequestId;
+  method: "session/create";
+  params: SessionCreateParams;
+};
+
+export type SessionCreateResult = {
+  session: SessionInfo;
+};
+
+/**
+ * `session/events`: one or more events for one subscription.
+ */
+export type SessionEventsParams = {
+  /**
+   * In `seq` order, continuing exactly after the previous push of this subscription.
+   */
+  events: Event[];
+  sessionId: string;
+  subscriptionId: string;
+};
+
+/**
+ * `session/events`: Events of one subscription, in order; several when the subscriber is behind.
+ */
+export type SessionEventsPush = {
+  method: "session/events";
+  params: SessionEventsParams;
+};
+
+/**
+ * `session/get`: Returns a session with a snapshot and the cursor the snapshot was taken at.
+ */
+export type SessionGetRequest = {
+  id: RequestId;
+  method: "session/get";
+  params: SessionRef;
+};
+
+/**
+ * A session, its snapshot, and the cursor the snapshot was taken at: subscribing from that
+ * cursor continues exactly where the snapshot ends.
+ */
+export type SessionGetResult = {
+  cursor: Cursor;
+  session: SessionInfo;
+  snapshot: Snapshot;
+};
+
+/**
+ * A session as listed.
+ */
+export type SessionInfo = {
+  /**
+   * The running turn, if any.
+   */
+  activeTurnId?: string | null;
+  /**
+   * When it was created (ms since the Unix epoch).
+   */
+  createdAt: number;
+  /**
+   * The head of its event log: subscribing from here receives only new events.
+   */
+  cursor: Cursor;
+  sessionId: string;
+  state: SessionState;
+  title?: string | null;
+  /**
+   * Canonical workspace directory the agent runs in.
+   */
+  workspace: string;
+};
+
+/**
+ * `session/list`: Lists sessions.
+ */
+export type SessionListRequest = {
+  id: RequestId;
+  method: "session/list";
+  params?: Empty | null;
+};
+
+export type SessionListResult = {
+  sessions: SessionInfo[];
+};
+
+/**
+ * Names one session.
+ */
+export type SessionRef = {
+  sessionId: string;
+};
+
+/**
+ * Where a session is in its life.
+ */
+export type SessionState = "idle" | "running" | "closed";
+
+/**
+ * Starts a subscription to a session's events.
+ */
+export type SessionSubscribeParams = {
+  /**
+   * Replay every event after this cursor, then go live. Absent: only events from now on.
+   */
+  cursor?: Cursor | null;
+  sessionId: string;
+};
+
+/**
+ * `session/subscribe`: Subscribes to a session's events, replaying from a cursor when one is given.
+ */
+export type SessionSubscribeRequest = {
+  id: RequestId;
+  method: "session/subscribe";
+  params: SessionSubscribeParams;
+};
+
+export type SessionSubscribeResult = {
+  /**
+   * Where the subscription starts: events after this cursor will arrive.
+   */
+  cursor: Cursor;
+  subscriptionId: string;
+};
+
+export type SessionUnsubscribeParams = {
+  subscriptionId: string;
+};
+
+/**
+ * `session/unsubscribe`: Ends a subscription.
+ */
+export type SessionUnsubscribeRequest = {
+  id: RequestId;
+  method: "session/unsubscribe";
+  params: SessionUnsubscribeParams;
+};
+
+/**
+ * Everything a client needs to draw a session without replaying its log.
+ */
+export type Snapshot = {
+  /**
+   * Approvals waiting for an answer.
+   */
+  pendingApprovals: ApprovalInfo[];
+  state: SessionState;
+  /**
+   * The agent's own view of the conversation, when the agent provides one.
+   */
+  transcript?: unknown;
+  /**
+   * Recent turns, oldest first (the running one last).
+   */
+  turns: TurnInfo[];
+};
+
+/**
+ * `subscription/ended`: the host ended a subscription.
+ */
+export type SubscriptionEndedParams = {
+  /**
+   * The last cursor delivered on it.
+   */
+  cursor: Cursor;
+  /**
+   * Why, when it was not a normal end (session closed).
+   */
+  error?: AppError | null;
+  sessionId: string;
+  subscriptionId: string;
+};
+
+/**
+ * `subscription/ended`: A subscription ended by the host (session closed, or an error such as CURSOR_EXPIRED).
+ */
+export type SubscriptionEndedPush = {
+  method: "subscription/ended";
+  params: SubscriptionEndedParams;
+};
+
+/**
+ * A subscription's head position.
+ */
+export type SubscriptionHead = {
+  /**
+   * The cursor of the last event delivered on this subscription (or where it started). An
+   * idle client stores it so its cursor never goes stale.
+   */
+  cursor: Cursor;
+  sessionId: string;
+  subscriptionId: string;
+};
+
+/**
+ * `turn/abort`: Aborts the running turn. Aborting a finished turn succeeds and changes nothing.
+ */
+export type TurnAbortRequest = {
+  id: RequestId;
+  method: "turn/abort";
+  params: TurnRef;
+};
+
+/**
+ * `turn.finished`: a turn ended.
+ */
+export type TurnFinishedData = {
+  /**
+   * Why it failed or was aborted (e.g. AGENT_SIDECAR_CRASHED, TURN_ABORTED).
+   */
+  error?: AppError | null;
+  outcome: TurnOutcome;
+};
+
+/**
+ * A turn as shown in a snapshot.
+ */
+export type TurnInfo = {
+  /**
+   * Why it failed or was aborted.
+   */
+  error?: AppError | null;
+  finishedAt?: number | null;
+  startedAt: number;
+  state: TurnState;
+  /**
+   * The prompt that started it.
+   */
+  text: string;
+  turnId: string;
+};
+
+/**
+ * How a turn ended.
+ */
+export type TurnOutcome = "completed" | "aborted" | "failed";
+
+/**
+ * Names one turn of one session.
+ */
+export type TurnRef = {
+  sessionId: string;
+  turnId: string;
+};
+
+/**
+ * Starts a turn. The same `idempotencyKey` with the same input returns the same turn, so a
+ * client may resend it after HOST_DISCONNECTED; other input gives IDEMPOTENCY_CONFLICT.
+ */
+export type TurnStartParams = {
+  idempotencyKey: string;
+  sessionId: string;
+  /**
+   * The prompt.
+   */
+  text: string;
+};
+
+/**
+ * `turn/start`: Starts a turn with a prompt; idempotent by `idempotencyKey`.
+ */
+export type TurnStartRequest = {
+  id: RequestId;
+  method: "turn/start";
+  params: TurnStartParams;
+};
+
+export type TurnStartResult = {
+  turnId: string;
+};
+
+/**
+ * `turn.started`: a turn began.
+ */
+export type TurnStartedData = {
+  /**
+   * The device that started it.
+   */
+  deviceId?: string | null;
+  /**
+   * The prompt.
+   */
+  text: string;
+};
+
+/**
+ * Where a turn is in its life.
+ */
+export type TurnState = "running" | "completed" | "aborted" | "failed";
+
+/**
+ * Adds guidance to the running turn.
+ */
+export type TurnSteerParams = {
+  sessionId: string;
+  text: string;
+  turnId: string;
+};
+
+/**
+ * `turn/steer`: Adds guidance to the running turn.
+ */
+export type TurnSteerRequest = {
+  id: RequestId;
+  method: "turn/steer";
+  params: TurnSteerParams;
+};
+
+/**
+ * A yes-or-no answer.
+ */
+export type Verdict = "allow" | "deny";
+
+/** Params and result type of every method. */
+export interface RacpMethods {
+  "hello": { params: HelloParams; result: HelloResult };
+  "pair": { params: PairParams; result: PairResult };
+  "host/info": { params: Empty; result: HostInfoResult };
+  "host/list": { params: Empty; result: HostListResult };
+  "device/list": { params: Empty; result: DeviceListResult };
+  "device/revoke": { params: DeviceRevokeParams; result: Ack };
+  "pairing/create": { params: PairingCreateParams; result: PairingCreateResult };
+  "fs/list": { params: PathParams; result: FsListResult };
+  "fs/stat": { params: PathParams; result: FsStatResult };
+  "session/create": { params: SessionCreateParams; result: SessionCreateResult };
+  "session/list": { params: Empty; result: SessionListResult };
+  "session/get": { params: SessionRef; result: SessionGetResult };
+  "session/subscribe": { params: SessionSubscribeParams; result: SessionSubscribeResult };
+  "session/unsubscribe": { params: SessionUnsubscribeParams; result: Ack };
+  "session/close": { params: SessionRef; result: Ack };
+  "turn/start": { params: TurnStartParams; result: TurnStartResult };
+  "turn/steer": { params: TurnSteerParams; result: Ack };
+  "turn/abort": { params: TurnRef; result: Ack };
+  "approval/respond": { params: ApprovalRespondParams; result: ApprovalRespondResult };
+}
+
+export type RacpMethodName = keyof RacpMethods;
+
+/** Params type of every push. */
+export interface RacpPushes {
+  "session/events": SessionEventsParams;
+  "heartbeat": HeartbeatParams;
+  "subscription/ended": SubscriptionEndedParams;
+}
+
+/** `data` type of every event type the host emits; `agent.*` events carry the agent's payload. */
+export interface RacpEventData {
+  "turn.started": TurnStartedData;
+  "turn.finished": TurnFinishedData;
+  "approval.requested": ApprovalRequestedData;
+  "approval.settled": ApprovalSettledData;
+  "session.closed": SessionClosedData;
+}
+
+/** Who may call each method, whether it changes state, and whether it may be resent after a lost reply. */
+export const METHODS = {
+  "hello": { access: "any", mutates: false, safeToResend: true },
+  "pair": { access: "pairing", mutates: true, safeToResend: false },
+  "host/info": { access: "observer", mutates: false, safeToResend: true },
+  "host/list": { access: "observer", mutates: false, safeToResend: true },
+  "device/list": { access: "owner", mutates: false, safeToResend: true },
+  "device/revoke": { access: "owner", mutates: true, safeToResend: true },
+  "pairing/create": { access: "owner", mutates: true, safeToResend: false },
+  "fs/list": { access: "observer", mutates: false, safeToResend: true },
+  "fs/stat": { access: "observer", mutates: false, safeToResend: true },
+  "session/create": { access: "operator", mutates: true, safeToResend: false },
+  "session/list": { access: "observer", mutates: false, safeToResend: true },
+  "session/get": { access: "observer", mutates: false, safeToResend: true },
+  "session/subscribe": { access: "observer", mutates: false, safeToResend: true },
+  "session/unsubscribe": { access: "observer", mutates: false, safeToResend: true },
+  "session/close": { access: "operator", mutates: true, safeToResend: true },
+  "turn/start": { access: "operator", mutates: true, safeToResend: true },
+  "turn/steer": { access: "operator", mutates: true, safeToResend: false },
+  "turn/abort": { access: "operator", mutates: true, safeToResend: true },
+  "approval/respond": { access: "operator", mutates: true, safeToResend: true },
+} as const;
+
+/** The error-code registry. */
+export const ERROR_CODES = {
+  PROTOCOL_MISMATCH: { retriable: "no", recovery: "upgrade", closeCode: 4000, httpStatus: 400 },
+  HOST_UNAVAILABLE: { retriable: "yes", recovery: "reconnect_and_resume", closeCode: 4001, httpStatus: 503 },
+  HOST_OVERLOADED: { retriable: "yes", recovery: "retry_after", closeCode: 4002, httpStatus: 503 },
+  INTERNAL: { retriable: "maybe", recovery: "stop_and_report", closeCode: 4003, httpStatus: 500 },
+  INVALID_ARGUMENT: { retriable: "no", recovery: "fix_arguments", closeCode: 4004, httpStatus: 400 },
+  INVALID_PARAMS: { retriable: "no", recovery: "fix_arguments", closeCode: 4005, httpStatus: 400 },
+  UNAUTHORIZED: { retriable: "no", recovery: "reauthorize", closeCode: 4006, httpStatus: 401 },
+  NOT_FOUND: { retriable: "no", recovery: "check_state", closeCode: 4007, httpStatus: 404 },
+  SESSION_NOT_FOUND: { retriable: "no", recovery: "check_state", closeCode: 4008, httpStatus: 404 },
+  CONFLICT: { retriable: "maybe", recovery: "check_state", closeCode: 4009, httpStatus: 409 },
+  UNSUPPORTED: { retriable: "no", recovery: "stop_and_report", closeCode: 4010, httpStatus: 501 },
+  FORBIDDEN: { retriable: "no", recovery: "stop_and_report", closeCode: 4011, httpStatus: 403 },
+  METHOD_NOT_FOUND: { retriable: "no", recovery: "stop_and_report", closeCode: 4012, httpStatus: 404 },
+  IDEMPOTENCY_CONFLICT: { retriable: "no", recovery: "check_state", closeCode: 4013, httpStatus: 409 },
+  CURSOR_EXPIRED: { retriable: "no", recovery: "resnapshot", closeCode: 4014, httpStatus: 410 },
+  CLIENT_TOO_SLOW: { retriable: "yes", recovery: "reconnect_and_resume", closeCode: 4015, httpStatus: 429 },
+  APPROVAL_EXPIRED: { retriable: "no", recovery: "check_state", closeCode: 4016, httpStatus: 410 },
+  APPROVAL_STALE: { retriable: "no", recovery: "check_state", closeCode: 4017, httpStatus: 409 },
+  PAYLOAD_TOO_LARGE: { retriable: "no", recovery: "fix_arguments", closeCode: 4018, httpStatus: 413 },
+  TIMEOUT: { retriable: "yes", recovery: "retry", closeCode: 4019, httpStatus: 504 },
+  HOST_SHUTTING_DOWN: { retriable: "yes", recovery: "reconnect_and_resume", closeCode: 4020, httpStatus: 503 },
+  RATE_LIMITED: { retriable: "yes", recovery: "retry_after", closeCode: 4021, httpStatus: 429 },
+  LIMIT_EXCEEDED: { retriable: "no", recovery: "fix_arguments", closeCode: 4022, httpStatus: 422 },
+  AGENT_UNAVAILABLE: { retriable: "yes", recovery: "retry", closeCode: 4023, httpStatus: 503 },
+  AGENT_BUSY: { retriable: "no", recovery: "check_state", closeCode: 4024, httpStatus: 409 },
+  AGENT_SIDECAR_CRASHED: { retriable: "no", recovery: "check_state", closeCode: 4025, httpStatus: 502 },
+  TURN_NOT_FOUND: { retriable: "no", recovery: "check_state", closeCode: 4026, httpStatus: 404 },
+  TURN_ABORTED: { retriable: "no", recovery: "check_state", closeCode: 4027, httpStatus: 409 },
+  HOST_DISCONNECTED: { retriable: "yes", recovery: "reconnect_and_resume", closeCode: 4028, httpStatus: 503 },
+  HOST_BOOTSTRAP_FAILED: { retriable: "no", recovery: "stop_and_report", closeCode: 4029, httpStatus: 500 },
+  HOST_VERSION_MISMATCH: { retriable: "no", recovery: "upgrade", closeCode: 4030, httpStatus: 400 },
+  REMOTE_AUTH_FAILED: { retriable: "no", recovery: "reauthorize", closeCode: 4031, httpStatus: 401 },
+  REMOTE_CONNECTION_FAILED: { retriable: "yes", recovery: "retry", closeCode: 4032, httpStatus: 502 },
+  REMOTE_FORWARD_FAILED: { retriable: "yes", recovery: "retry", closeCode: 4033, httpStatus: 502 },
+  REMOTE_PATH_NOT_FOUND: { retriable: "no", recovery: "fix_arguments", closeCode: 4034, httpStatus: 404 },
+  REMOTE_PATH_FORBIDDEN: { retriable: "no", recovery: "fix_arguments", closeCode: 4035, httpStatus: 403 },
+  PAIRING_FAILED: { retriable: "no", recovery: "reauthorize", closeCode: 4036, httpStatus: 401 },
+  PAIRING_TOKEN_EXPIRED: { retriable: "no", recovery: "reauthorize", closeCode: 4037, httpStatus: 401 },
+  CAPABILITY_UNAVAILABLE: { retriable: "no", recovery: "stop_and_report", closeCode: 4038, httpStatus: 501 },
+} as const satisfies Record<ErrorCode, unknown>;

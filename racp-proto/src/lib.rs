@@ -1,0 +1,38 @@
+//! RACP-WS v1 as data: frames, methods, events, cursors, the error-code registry and the codec.
+//!
+//! No server logic lives here. The host (`pi-host`) and clients share these types, and
+//! `docs/schema/`, `clients/ts/` and `docs/error-codes.md` are generated from them
+//! (`cargo run -p racp-proto --bin racp-codegen`).
+//!
+//! Map of the crate:
+//! - [`error`]: the registry of codes and the `AppError` object.
+//! - [`frame`] and [`codec`]: frame shapes, size-checked decoding, params with JSON paths.
+//! - [`methods`]: the method table (params, results, access, resend safety).
+//! - [`events`]: session events and pushes.
+//! - [`cursor`], [`role`], [`limits`], [`validate`]: the pieces they are built from.
+//! - [`codegen`]: renders the generated documents.
+
+pub mod codec;
+pub mod codegen;
+pub mod cursor;
+pub mod error;
+pub mod events;
+pub mod frame;
+pub mod limits;
+pub mod methods;
+pub mod role;
+pub mod validate;
+
+pub use cursor::{Cursor, Epoch};
+pub use error::{AppError, ErrorCode, ErrorSource, Recovery, Retriable};
+pub use methods::{Ack, Call, Empty, Method, MethodSpec, RacpMethod, calls};
+pub use role::{Access, Principal, Role};
+
+/// The only protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The WebSocket subprotocol a client must offer.
+pub const SUBPROTOCOL: &str = "racp.v1";
+/// Prefix of the second subprotocol a browser offers to carry its bearer token.
+pub const BEARER_SUBPROTOCOL_PREFIX: &str = "racp.bearer.";
+/// The endpoint path.
+pub const ENDPOINT_PATH: &str = "/racp";

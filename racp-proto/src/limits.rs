@@ -1,0 +1,25 @@
+//! Fixed protocol bounds. The schema, the validators and the docs all read these constants.
+
+/// Frame size the host allows when the client does not ask for less (1 MiB).
+pub const DEFAULT_MAX_FRAME_BYTES: u32 = 1 << 20;
+/// Smallest frame bound a client may ask for in `hello` (4 KiB).
+pub const MIN_MAX_FRAME_BYTES: u32 = 4 << 10;
+/// Frame bound before `hello` has negotiated one (64 KiB): enough for any `hello` or `pair`.
+pub const PRE_HELLO_MAX_FRAME_BYTES: u32 = 64 << 10;
+
+/// Longest request id, idempotency key, session/turn/approval/device/subscription id (chars).
+pub const MAX_ID_CHARS: u64 = 128;
+/// Longest device name, client name or version, session title (chars).
+pub const MAX_NAME_CHARS: u64 = 200;
+/// Longest path in `fs/*` and `session/create` (chars).
+pub const MAX_PATH_CHARS: u64 = 4096;
+/// Longest prompt or steer text (chars); the frame bound usually bites first.
+pub const MAX_TEXT_CHARS: u64 = 1 << 20;
+/// Longest approval answer `value` (chars).
+pub const MAX_ANSWER_CHARS: u64 = 64 << 10;
+
+/// Pairing token lifetime bounds, in seconds.
+pub const MIN_PAIRING_TTL_SECONDS: u64 = 10;
+pub const MAX_PAIRING_TTL_SECONDS: u64 = 24 * 60 * 60;
+/// Pairing token lifetime when `ttlSeconds` is absent.
+pub const DEFAULT_PAIRING_TTL_SECONDS: u64 = 10 * 60;

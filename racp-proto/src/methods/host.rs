@@ -1,0 +1,118 @@
+//! `host/*`, `device/*` and `pairing/create`: the host and who may use it.
+
+use super::handshake::{HostIdentity, Limits};
+use crate::AppError;
+use crate::limits::{MAX_ID_CHARS, MAX_PAIRING_TTL_SECONDS, MIN_PAIRING_TTL_SECONDS};
+use crate::role::Role;
+use crate::validate::{Validate, invalid, length, range};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Facts about the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostInfoResult {
+    pub host: HostIdentity,
+    /// The machine's host name.
+    pub hostname: String,
+    /// Operating system, e.g. `linux`.
+    pub os: String,
+    /// CPU architecture, e.g. `x86_64`.
+    pub arch: String,
+    /// When this host process started (ms since the Unix epoch).
+    pub started_at: u64,
+    pub capabilities: Vec<String>,
+    pub limits: Limits,
+}
+
+/// Hosts reachable through a gateway. A plain pi-host has no gateway and answers
+/// METHOD_NOT_FOUND.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostListResult {
+    pub hosts: Vec<HostIdentity>,
+}
+
+/// A paired device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceInfo {
+    pub device_id: String,
+    pub name: String,
+    pub roles: Vec<Role>,
+    /// When it was paired (ms since the Unix epoch).
+    pub created_at: u64,
+    /// When it last opened a connection (ms since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_at: Option<u64>,
+    /// True for the device making this call.
+    pub current: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceListResult {
+    pub devices: Vec<DeviceInfo>,
+}
+
+/// Revokes a device: its credential stops working and its open connections close at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeviceRevokeParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub device_id: String,
+}
+
+impl Validate for DeviceRevokeParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("deviceId", &self.device_id, 1, MAX_ID_CHARS)
+    }
+}
+
+/// Mints a single-use pairing token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PairingCreateParams {
+    /// Roles the paired device will hold.
+    #[schemars(length(min = 1, max = 3), extend("uniqueItems" = true))]
+    pub roles: Vec<Role>,
+    /// Lifetime of the token; 600 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_PAIRING_TTL_SECONDS, max = MAX_PAIRING_TTL_SECONDS))]
+    pub ttl_seconds: Option<u64>,
+}
+
+impl Validate for PairingCreateParams {
+    fn validate(&self) -> Result<(), AppError> {
+        if self.roles.is_empty() {
+            return Err(invalid("roles", "must name at least one role"));
+        }
+        for (i, role) in self.roles.iter().enumerate() {
+            if self.roles[..i].contains(role) {
+                return Err(invalid(&format!("roles.{i}"), "must not repeat a role"));
+            }
+        }
+        if let Some(ttl) = self.ttl_seconds {
+            range(
+                "ttlSeconds",
+                ttl,
+                MIN_PAIRING_TTL_SECONDS,
+                MAX_PAIRING_TTL_SECONDS,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A pairing token. It is secret: show it to the person pairing, never log it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PairingCreateResult {
+    pub token: String,
+    /// When the token stops working (ms since the Unix epoch).
+    pub expires_at: u64,
+    /// A pairing link carrying the host address and the token (in the fragment, which is
+    /// never sent to a server).
+    pub url: String,
+    pub roles: Vec<Role>,
+}

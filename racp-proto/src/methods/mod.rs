@@ -1,0 +1,264 @@
+//! The method table: every RACP-WS v1 method with its params and result types, the access it
+//! needs, whether it changes state, and whether a client may resend it after losing the reply.
+
+pub mod fs;
+pub mod handshake;
+pub mod host;
+pub mod session;
+pub mod turn;
+
+use crate::codec::decode_params;
+use crate::error::AppError;
+use crate::role::{Access, Role};
+use crate::validate::Validate;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use fs::{FsListResult, FsStatResult, PathParams};
+use handshake::{HelloParams, HelloResult, PairParams, PairResult};
+use host::{
+    DeviceListResult, DeviceRevokeParams, HostInfoResult, HostListResult, PairingCreateParams,
+    PairingCreateResult,
+};
+use session::{
+    SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult, SessionRef,
+    SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
+};
+use turn::{
+    ApprovalRespondParams, ApprovalRespondResult, TurnRef, TurnStartParams, TurnStartResult,
+    TurnSteerParams,
+};
+
+/// No params, or no result fields: `{}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+impl Validate for Empty {}
+
+/// A result with no fields yet: `{}`. Unlike [`Empty`] it tolerates fields a newer host adds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Ack {}
+
+/// One row of the method table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MethodSpec {
+    pub method: Method,
+    /// The wire name, e.g. `session/subscribe`.
+    pub name: &'static str,
+    /// Who may call it; anything else gets FORBIDDEN (or UNAUTHORIZED on a pairing connection).
+    pub access: Access,
+    /// Whether it changes host state.
+    pub mutates: bool,
+    /// Whether a client may send it again after losing the reply (HOST_DISCONNECTED, TIMEOUT):
+    /// true for reads, for mutations that are idempotent by nature, and for `turn/start`, whose
+    /// idempotency key makes a resend return the same turn.
+    pub safe_to_resend: bool,
+    doc: &'static str,
+}
+
+impl MethodSpec {
+    /// What the method does, in one sentence.
+    pub fn summary(&self) -> &'static str {
+        self.doc.trim()
+    }
+}
+
+/// A method's types, for typed calls: `client.call::<calls::SessionGet>(params)`.
+pub trait RacpMethod {
+    const METHOD: Method;
+    type Params: Serialize + DeserializeOwned + JsonSchema + Validate;
+    type Result: Serialize + DeserializeOwned + JsonSchema;
+}
+
+macro_rules! method_table {
+    ($(
+        $(#[doc = $doc:literal])*
+        $variant:ident = $name:literal ($params:ty => $result:ty) {
+            access: $access:expr, mutates: $mutates:literal, safe_to_resend: $resend:literal $(,)?
+        }
+    )*) => {
+        /// A method name the host knows.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Method {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Method {
+            /// Every method, in table order.
+            pub const ALL: &'static [Method] = &[$(Method::$variant),*];
+
+            pub fn spec(self) -> &'static MethodSpec {
+                match self {
+                    $(Method::$variant => &MethodSpec {
+                        method: Method::$variant,
+                        name: $name,
+                        access: $access,
+                        mutates: $mutates,
+                        safe_to_resend: $resend,
+                        doc: concat!($($doc),*),
+                    },)*
+                }
+            }
+
+            pub fn from_name(name: &str) -> Option<Method> {
+                match name {
+                    $($name => Some(Method::$variant),)*
+                    _ => None,
+                }
+            }
+
+            pub fn as_str(self) -> &'static str {
+                self.spec().name
+            }
+
+            /// The JSON Schema of the method's params (a `$ref` into the generator's definitions).
+            pub fn params_schema(self, generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                match self {
+                    $(Method::$variant => generator.subschema_for::<$params>(),)*
+                }
+            }
+
+            /// Reads a result as this method's result type (client side), to check its shape.
+            pub fn check_result(self, result: &str) -> Result<(), serde_json::Error> {
+                match self {
+                    $(Method::$variant => serde_json::from_str::<$result>(result).map(drop),)*
+                }
+            }
+
+            /// The JSON Schema of the method's result.
+            pub fn result_schema(self, generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                match self {
+                    $(Method::$variant => generator.subschema_for::<$result>(),)*
+                }
+            }
+        }
+
+        /// A request's params, read as its method's type.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Call {
+            $($variant($params),)*
+        }
+
+        impl Call {
+            /// Reads `params` as `method`'s params type and validates them.
+            pub fn decode(method: Method, params: Option<&RawValue>) -> Result<Call, AppError> {
+                match method {
+                    $(Method::$variant => decode_params::<$params>(params).map(Call::$variant),)*
+                }
+            }
+
+            pub fn method(&self) -> Method {
+                match self {
+                    $(Call::$variant(_) => Method::$variant,)*
+                }
+            }
+        }
+
+        /// One marker type per method, implementing [`RacpMethod`].
+        pub mod calls {
+            use super::*;
+            $(
+                $(#[doc = $doc])*
+                #[derive(Debug, Clone, Copy)]
+                pub struct $variant;
+
+                impl RacpMethod for $variant {
+                    const METHOD: Method = Method::$variant;
+                    type Params = $params;
+                    type Result = $result;
+                }
+            )*
+        }
+    };
+}
+
+const ANY: Access = Access::Any;
+const PAIRING: Access = Access::Pairing;
+const OBSERVER: Access = Access::Role(Role::Observer);
+const OPERATOR: Access = Access::Role(Role::Operator);
+const OWNER: Access = Access::Role(Role::Owner);
+
+method_table! {
+    /// Negotiates the protocol version and frame bound; must be the first call on a connection.
+    Hello = "hello" (HelloParams => HelloResult) { access: ANY, mutates: false, safe_to_resend: true }
+    /// Exchanges the connection's pairing token for a device credential (pairing connections only).
+    Pair = "pair" (PairParams => PairResult) { access: PAIRING, mutates: true, safe_to_resend: false }
+    /// Describes the host: version, id, platform, capabilities and limits.
+    HostInfo = "host/info" (Empty => HostInfoResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    /// Lists hosts behind a gateway; a plain pi-host answers METHOD_NOT_FOUND.
+    HostList = "host/list" (Empty => HostListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    /// Lists paired devices.
+    DeviceList = "device/list" (Empty => DeviceListResult) { access: OWNER, mutates: false, safe_to_resend: true }
+    /// Revokes a device and closes its open connections at once.
+    DeviceRevoke = "device/revoke" (DeviceRevokeParams => Ack) { access: OWNER, mutates: true, safe_to_resend: true }
+    /// Mints a single-use pairing token for another device.
+    PairingCreate = "pairing/create" (PairingCreateParams => PairingCreateResult) { access: OWNER, mutates: true, safe_to_resend: false }
+    /// Lists a directory inside the host's permitted roots.
+    FsList = "fs/list" (PathParams => FsListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    /// Describes one path inside the host's permitted roots.
+    FsStat = "fs/stat" (PathParams => FsStatResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    /// Creates a session in a workspace directory.
+    SessionCreate = "session/create" (SessionCreateParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: false }
+    /// Lists sessions.
+    SessionList = "session/list" (Empty => SessionListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    /// Returns a session with a snapshot and the cursor the snapshot was taken at.
+    SessionGet = "session/get" (SessionRef => SessionGetResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    /// Subscribes to a session's events, replaying from a cursor when one is given.
+    SessionSubscribe = "session/subscribe" (SessionSubscribeParams => SessionSubscribeResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    /// Ends a subscription.
+    SessionUnsubscribe = "session/unsubscribe" (SessionUnsubscribeParams => Ack) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    /// Closes a session: its agent stops; its log stays readable. Closing a closed session succeeds.
+    SessionClose = "session/close" (SessionRef => Ack) { access: OPERATOR, mutates: true, safe_to_resend: true }
+    /// Starts a turn with a prompt; idempotent by `idempotencyKey`.
+    TurnStart = "turn/start" (TurnStartParams => TurnStartResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
+    /// Adds guidance to the running turn.
+    TurnSteer = "turn/steer" (TurnSteerParams => Ack) { access: OPERATOR, mutates: true, safe_to_resend: false }
+    /// Aborts the running turn. Aborting a finished turn succeeds and changes nothing.
+    TurnAbort = "turn/abort" (TurnRef => Ack) { access: OPERATOR, mutates: true, safe_to_resend: true }
+    /// Answers an approval; the first answer wins, later ones get APPROVAL_STALE.
+    ApprovalRespond = "approval/respond" (ApprovalRespondParams => ApprovalRespondResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn names_are_unique_and_round_trip() {
+        let mut seen = HashSet::new();
+        for method in Method::ALL {
+            assert!(seen.insert(method.as_str()));
+            assert_eq!(Method::from_name(method.as_str()), Some(*method));
+            assert!(!method.spec().summary().is_empty());
+        }
+    }
+
+    #[test]
+    fn only_hello_and_pair_are_open_to_pairing_connections() {
+        let principal = crate::role::Principal::Pairing;
+        let open: Vec<_> = Method::ALL
+            .iter()
+            .filter(|m| m.spec().access.check(m.as_str(), &principal).is_ok())
+            .map(|m| m.as_str())
+            .collect();
+        assert_eq!(open, ["hello", "pair"]);
+    }
+
+    #[test]
+    fn reads_are_safe_to_resend() {
+        for method in Method::ALL {
+            let spec = method.spec();
+            if !spec.mutates {
+                assert!(
+                    spec.safe_to_resend,
+                    "{} reads but is not safe to resend",
+                    spec.name
+                );
+            }
+        }
+    }
+}

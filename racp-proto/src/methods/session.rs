@@ -1,0 +1,150 @@
+//! `session/*`: sessions, snapshots and subscriptions.
+
+use super::turn::{ApprovalInfo, TurnInfo};
+use crate::AppError;
+use crate::cursor::Cursor;
+use crate::limits::{MAX_ID_CHARS, MAX_NAME_CHARS, MAX_PATH_CHARS};
+use crate::validate::{Validate, length};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Where a session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionState {
+    /// No turn is running.
+    Idle,
+    /// A turn is running.
+    Running,
+    /// Closed: its log can still be read, but no turn can start.
+    Closed,
+}
+
+/// A session as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionInfo {
+    pub session_id: String,
+    /// Canonical workspace directory the agent runs in.
+    pub workspace: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    pub state: SessionState,
+    /// When it was created (ms since the Unix epoch).
+    pub created_at: u64,
+    /// The head of its event log: subscribing from here receives only new events.
+    pub cursor: Cursor,
+    /// The running turn, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_turn_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionCreateParams {
+    /// Absolute path of the workspace directory; it must lie inside the host's permitted roots.
+    #[schemars(length(min = 1, max = MAX_PATH_CHARS))]
+    pub workspace: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_NAME_CHARS))]
+    pub title: Option<String>,
+}
+
+impl Validate for SessionCreateParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("workspace", &self.workspace, 1, MAX_PATH_CHARS)?;
+        if let Some(title) = &self.title {
+            length("title", title, 1, MAX_NAME_CHARS)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCreateResult {
+    pub session: SessionInfo,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionListResult {
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// Names one session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionRef {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+}
+
+impl Validate for SessionRef {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)
+    }
+}
+
+/// Everything a client needs to draw a session without replaying its log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    pub state: SessionState,
+    /// Recent turns, oldest first (the running one last).
+    pub turns: Vec<TurnInfo>,
+    /// Approvals waiting for an answer.
+    pub pending_approvals: Vec<ApprovalInfo>,
+    /// The agent's own view of the conversation, when the agent provides one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transcript: Option<Value>,
+}
+
+/// A session, its snapshot, and the cursor the snapshot was taken at: subscribing from that
+/// cursor continues exactly where the snapshot ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionGetResult {
+    pub session: SessionInfo,
+    pub snapshot: Snapshot,
+    pub cursor: Cursor,
+}
+
+/// Starts a subscription to a session's events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionSubscribeParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    /// Replay every event after this cursor, then go live. Absent: only events from now on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<Cursor>,
+}
+
+impl Validate for SessionSubscribeParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSubscribeResult {
+    pub subscription_id: String,
+    /// Where the subscription starts: events after this cursor will arrive.
+    pub cursor: Cursor,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionUnsubscribeParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub subscription_id: String,
+}
+
+impl Validate for SessionUnsubscribeParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("subscriptionId", &self.subscription_id, 1, MAX_ID_CHARS)
+    }
+}
