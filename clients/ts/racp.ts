@@ -23,7 +23,42 @@ export type Answer = {
 /**
  * A failure, always carrying a registered error code.
  */
-export type AppError = AppError;
+export type AppError = {
+  /**
+   * A nested or transport-level code this error was mapped from.
+   */
+  causeCode?: string | null;
+  code: ErrorCode;
+  /**
+   * Machine-readable specifics (e.g. `path` for INVALID_PARAMS, cursors for CURSOR_EXPIRED).
+   */
+  details?: unknown;
+  /**
+   * English text for people; clients switch on `code`, never on this.
+   */
+  message: string;
+  /**
+   * What the client should do next.
+   */
+  recovery: Recovery;
+  /**
+   * Whether this failure is transient. Whether the call may be *sent again* also depends on the
+   * method: see `safeToResend` in the method table.
+   */
+  retriable: boolean;
+  /**
+   * How long to wait before retrying, when known.
+   */
+  retryAfterMs?: number | null;
+  /**
+   * Which component produced it.
+   */
+  source: ErrorSource;
+  /**
+   * Correlates the error with the host's log.
+   */
+  traceId?: string | null;
+};
 
 /**
  * A question the agent asked a person.
@@ -218,11 +253,13 @@ export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOA
  */
 export type ErrorReply = {
   error: AppError;
-  /**
-   * Chosen by the client, echoed in the reply.
-   */
-  id: number | string;
+  id: RequestId | null;
 };
+
+/**
+ * Which component produced an error.
+ */
+export type ErrorSource = "host" | "agent" | "client" | "bootstrap";
 
 /**
  * One entry of a session's event log.

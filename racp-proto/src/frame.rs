@@ -74,9 +74,15 @@ pub struct ResultReply<R> {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorReply {
-    #[schemars(required)]
+    #[schemars(required, schema_with = "nullable_request_id")]
     pub id: Option<RequestId>,
     pub error: AppError,
+}
+
+/// `RequestId | null`, always present: the field tells an error reply from a connection error.
+fn nullable_request_id(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let id = generator.subschema_for::<RequestId>();
+    schemars::json_schema!({"anyOf": [id, {"type": "null"}]})
 }
 
 /// A message from the host that answers no request.

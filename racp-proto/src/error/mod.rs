@@ -25,7 +25,7 @@ pub enum ErrorSource {
 /// A failure, always carrying a registered error code.
 // Built only through `AppError::new(code, ..)`, so `retriable` and `recovery` always come from
 // the registry row and an unregistered code cannot be represented.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[serde(transparent)]
 #[error("{}: {}", body.code, body.message)]
 pub struct AppError {
@@ -36,7 +36,6 @@ pub struct AppError {
 /// A failure, always carrying a registered error code.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[schemars(rename = "AppError")]
 struct Body {
     code: ErrorCode,
     /// English text for people; clients switch on `code`, never on this.
@@ -62,6 +61,16 @@ struct Body {
     /// How long to wait before retrying, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     retry_after_ms: Option<u64>,
+}
+
+impl JsonSchema for AppError {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "AppError".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        Body::json_schema(generator)
+    }
 }
 
 impl AppError {
