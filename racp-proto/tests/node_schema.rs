@@ -25,5 +25,8 @@ fn node_validates_samples_against_schema_and_types() {
         output.status.success(),
         "schema checks failed:\n{stdout}\n{stderr}"
     );
-    assert!(stdout.contains(" passed, 0 failed"), "unexpected output: {stdout}");
+    assert!(
+        stdout.contains(" passed, 0 failed"),
+        "unexpected output: {stdout}"
+    );
 }
