@@ -1,1 +1,304 @@
-fn main() {}
+//! `pi-host`: the RACP-WS host and its local admin commands.
+
+mod admin;
+mod auth;
+mod clock;
+mod config;
+mod fsutil;
+mod handlers;
+mod secrets;
+mod server;
+mod state;
+mod store;
+
+use clap::{Parser, Subcommand};
+use config::{DEFAULT_AGENT, DEFAULT_LISTEN, ServeConfig};
+use racp_proto::{AppError, Role};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "pi-host",
+    version,
+    about = "Remote-control host for coding-agent sessions (RACP-WS)"
+)]
+struct Cli {
+    /// Where the host keeps its database, key and admin socket [default: $XDG_DATA_HOME/pi-host]
+    #[arg(long, global = true, env = "PI_HOST_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve RACP-WS until SIGTERM or SIGINT.
+    Serve {
+        /// Address to listen on; non-loopback addresses need TLS.
+        #[arg(long, default_value = DEFAULT_LISTEN)]
+        listen: SocketAddr,
+        /// The agent command run for each session.
+        #[arg(long, env = "PI_HOST_AGENT", default_value = DEFAULT_AGENT)]
+        agent: String,
+        /// Extra Host header names to accept besides loopback and `localhost`.
+        #[arg(long = "allow-host")]
+        allowed_hosts: Vec<String>,
+        /// Browser Origins to accept (any other Origin is refused).
+        #[arg(long = "allow-origin")]
+        allowed_origins: Vec<String>,
+    },
+    /// Mint a single-use pairing token on the running host.
+    Pair {
+        /// Roles for the paired device [default: owner for the first device, operator after]
+        #[arg(long, value_delimiter = ',', value_parser = parse_role)]
+        roles: Option<Vec<Role>>,
+        /// Token lifetime, e.g. 10m, 90s, 1h.
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        ttl: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List paired devices.
+    Devices {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a device; its open connections close at once.
+    Revoke {
+        device_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the running host's status.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the version.
+    Version {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_role(text: &str) -> Result<Role, String> {
+    Role::from_name(text)
+        .ok_or_else(|| format!("unknown role {text:?}: use owner, operator or observer"))
+}
+
+/// `90`, `90s`, `10m`, `2h` → seconds.
+fn parse_duration(text: &str) -> Result<u64, String> {
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("bad duration {text:?}"))?;
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return Err(format!("bad duration unit in {text:?}: use s, m or h")),
+    };
+    Ok(n.saturating_mul(scale))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PI_HOST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let data_dir = cli.data_dir.unwrap_or_else(config::default_data_dir);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("pi-host: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli.command, data_dir))
+}
+
+async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
+    match command {
+        Command::Serve {
+            listen,
+            agent,
+            allowed_hosts,
+            allowed_origins,
+        } => {
+            let mut config = ServeConfig::new(listen, data_dir);
+            config.agent = agent;
+            config.allowed_hosts = allowed_hosts;
+            config.allowed_origins = allowed_origins;
+            match serve(config).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(message) => {
+                    eprintln!("pi-host: {message}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Pair { roles, ttl, json } => {
+            let request = admin::AdminRequest::Pair {
+                roles,
+                ttl_seconds: ttl,
+            };
+            admin_command(&data_dir, &request, json, |v| {
+                let token = v["token"].as_str().unwrap_or_default();
+                let url = v["url"].as_str().unwrap_or_default();
+                format!(
+                    "Pairing token (single use, roles {}, expires at {} ms):\n  {token}\nPairing URL:\n  {url}\n",
+                    v["roles"], v["expiresAt"]
+                )
+            })
+            .await
+        }
+        Command::Devices { json } => {
+            admin_command(&data_dir, &admin::AdminRequest::Devices, json, |v| {
+                let mut out = String::new();
+                for d in v.as_array().into_iter().flatten() {
+                    out.push_str(&format!(
+                        "{}  {}  {}\n",
+                        d["deviceId"].as_str().unwrap_or_default(),
+                        d["roles"],
+                        d["name"].as_str().unwrap_or_default()
+                    ));
+                }
+                if out.is_empty() {
+                    "no paired devices\n".into()
+                } else {
+                    out
+                }
+            })
+            .await
+        }
+        Command::Revoke { device_id, json } => {
+            let request = admin::AdminRequest::Revoke {
+                device_id: device_id.clone(),
+            };
+            admin_command(&data_dir, &request, json, |_| {
+                format!("revoked {device_id}\n")
+            })
+            .await
+        }
+        Command::Status { json } => {
+            admin_command(&data_dir, &admin::AdminRequest::Status, json, |v| {
+                format!(
+                    "pi-host {} listening on {} ({} connections{})\n",
+                    v["host"]["version"].as_str().unwrap_or_default(),
+                    v["listen"].as_str().unwrap_or_default(),
+                    v["connections"],
+                    if v["draining"] == true {
+                        ", draining"
+                    } else {
+                        ""
+                    }
+                )
+            })
+            .await
+        }
+        Command::Version { json } => {
+            let version = env!("CARGO_PKG_VERSION");
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"version": version, "protocol": racp_proto::PROTOCOL_VERSION})
+                );
+            } else {
+                println!(
+                    "pi-host {version} (RACP-WS v{})",
+                    racp_proto::PROTOCOL_VERSION
+                );
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+async fn admin_command(
+    data_dir: &std::path::Path,
+    request: &admin::AdminRequest,
+    json: bool,
+    human: impl FnOnce(&serde_json::Value) -> String,
+) -> ExitCode {
+    match admin::call(data_dir, request).await {
+        Ok(value) => {
+            if json {
+                println!("{value}");
+            } else {
+                print!("{}", human(&value));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => report(&error, json),
+    }
+}
+
+fn report(error: &AppError, json: bool) -> ExitCode {
+    if json {
+        println!("{}", serde_json::json!({ "error": error }));
+    } else {
+        eprintln!("pi-host: {error}");
+    }
+    ExitCode::FAILURE
+}
+
+async fn serve(config: ServeConfig) -> Result<(), String> {
+    if !config.listen.ip().is_loopback() {
+        return Err(format!(
+            "refusing to listen on {}: a non-loopback address needs TLS, which this build does not have yet",
+            config.listen
+        ));
+    }
+    let listen = config.listen;
+    let state = state::HostState::open(config).map_err(|e| e.to_string())?;
+    let admin = admin::bind(&state.config.data_dir)
+        .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
+    tokio::spawn(admin::serve(admin, state.clone()));
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(%local, data_dir = %state.config.data_dir.display(), "pi-host listening");
+    println!(
+        "pi-host listening on ws://{local}{}",
+        racp_proto::ENDPOINT_PATH
+    );
+    let drain_state = state.clone();
+    axum::serve(listener, server::router(state.clone()))
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            tracing::info!("draining");
+            drain_state.begin_drain();
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(admin::socket_path(&state.config.data_dir));
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,165 @@
+//! The local admin socket: a Unix socket (mode 0600, in the data dir) through which the
+//! `pi-host pair|devices|revoke|status` commands talk to the running host. One JSON request
+//! line, one JSON reply line: `{"ok": result}` or `{"error": AppError}`.
+
+use crate::handlers;
+use crate::state::HostState;
+use racp_proto::methods::host::DeviceRevokeParams;
+use racp_proto::{AppError, ErrorCode, Role};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+pub fn socket_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("admin.sock")
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase", deny_unknown_fields)]
+pub enum AdminRequest {
+    #[serde(rename_all = "camelCase")]
+    Pair {
+        roles: Option<Vec<Role>>,
+        ttl_seconds: u64,
+    },
+    Devices,
+    #[serde(rename_all = "camelCase")]
+    Revoke {
+        device_id: String,
+    },
+    Status,
+}
+
+/// Binds the admin socket, replacing a stale one, readable and writable by the owner only.
+pub fn bind(data_dir: &Path) -> std::io::Result<UnixListener> {
+    let path = socket_path(data_dir);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err),
+    }
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+pub async fn serve(listener: UnixListener, state: Arc<HostState>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(handle(stream, state.clone()));
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "admin socket accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn handle(stream: UnixStream, state: Arc<HostState>) {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    // One request per connection, bounded so a stray client cannot make the host buffer much.
+    let mut reader = BufReader::new(read).take(64 << 10);
+    if reader.read_line(&mut line).await.is_err() {
+        return;
+    }
+    let reply = match serde_json::from_str::<AdminRequest>(&line) {
+        Ok(request) => {
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || execute(&state, request))
+                .await
+                .unwrap_or_else(|e| Err(AppError::new(ErrorCode::Internal, e.to_string())))
+        }
+        Err(err) => Err(AppError::new(
+            ErrorCode::InvalidArgument,
+            format!("bad admin request: {err}"),
+        )),
+    };
+    let body = match reply {
+        Ok(value) => json!({"ok": value}),
+        Err(error) => json!({"error": error}),
+    };
+    let mut text = body.to_string();
+    text.push('\n');
+    let _ = write.write_all(text.as_bytes()).await;
+}
+
+fn execute(state: &HostState, request: AdminRequest) -> Result<Value, AppError> {
+    let value = match request {
+        AdminRequest::Pair { roles, ttl_seconds } => {
+            let roles = match roles {
+                Some(roles) => roles,
+                None => handlers::default_pairing_roles(state)?,
+            };
+            serde_json::to_value(handlers::mint_pairing(state, &roles, ttl_seconds)?)
+        }
+        AdminRequest::Devices => serde_json::to_value(
+            state
+                .store
+                .devices()
+                .map_err(|e| state.internal(e))?
+                .into_iter()
+                .map(|d| {
+                    json!({
+                        "deviceId": d.device_id, "name": d.name, "roles": d.roles,
+                        "createdAt": d.created_at, "lastSeenAt": d.last_seen_at,
+                    })
+                })
+                .collect::<Vec<_>>(),
+        ),
+        AdminRequest::Revoke { device_id } => serde_json::to_value(handlers::device_revoke(
+            state,
+            DeviceRevokeParams { device_id },
+        )?),
+        AdminRequest::Status => Ok(json!({
+            "host": handlers::host_identity(state),
+            "listen": state.config.listen.to_string(),
+            "dataDir": state.config.data_dir.display().to_string(),
+            "startedAt": state.started_at,
+            "connections": state.connection_count(),
+            "draining": state.is_draining(),
+        })),
+    };
+    value.map_err(|e| state.internal(e))
+}
+
+/// Client side: sends one request to a running host's admin socket.
+pub async fn call(data_dir: &Path, request: &AdminRequest) -> Result<Value, AppError> {
+    let path = socket_path(data_dir);
+    let stream = UnixStream::connect(&path).await.map_err(|err| {
+        AppError::new(
+            ErrorCode::HostUnavailable,
+            format!(
+                "no running pi-host at {}: {err}; start it with `pi-host serve`",
+                path.display()
+            ),
+        )
+    })?;
+    let (read, mut write) = stream.into_split();
+    let mut text = serde_json::to_string(request)
+        .map_err(|e| AppError::new(ErrorCode::Internal, e.to_string()))?;
+    text.push('\n');
+    write
+        .write_all(text.as_bytes())
+        .await
+        .map_err(|e| AppError::new(ErrorCode::HostUnavailable, e.to_string()))?;
+    let mut line = String::new();
+    BufReader::new(read)
+        .read_line(&mut line)
+        .await
+        .map_err(|e| AppError::new(ErrorCode::HostUnavailable, e.to_string()))?;
+    let reply: Value = serde_json::from_str(&line)
+        .map_err(|e| AppError::new(ErrorCode::HostUnavailable, format!("bad admin reply: {e}")))?;
+    if let Some(error) = reply.get("error") {
+        return Err(serde_json::from_value(error.clone()).unwrap_or_else(|e| {
+            AppError::new(ErrorCode::Internal, format!("unreadable admin error: {e}"))
+        }));
+    }
+    Ok(reply.get("ok").cloned().unwrap_or(Value::Null))
+}

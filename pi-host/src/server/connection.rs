@@ -1,0 +1,291 @@
+//! One WebSocket connection: reads requests, answers them, sends heartbeats, and ends with a
+//! connection error when the host kills it (revoke, drain).
+
+use crate::auth::Credential;
+use crate::handlers;
+use crate::state::HostState;
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use racp_proto::codec::{Rejected, decode_request};
+use racp_proto::events::{HeartbeatParams, PushMethod};
+use racp_proto::frame::{ConnectionError, ErrorReply, Push, RequestId, ResultReply};
+use racp_proto::limits::{MIN_MAX_FRAME_BYTES, PRE_HELLO_MAX_FRAME_BYTES};
+use racp_proto::methods::handshake::{HelloParams, HelloResult, PrincipalInfo, PrincipalKind};
+use racp_proto::{AppError, Call, ErrorCode, Method, PROTOCOL_VERSION};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use tokio::sync::{Semaphore, mpsc, watch};
+
+/// Replies produced by request tasks, waiting for the socket.
+const REPLY_QUEUE: usize = 256;
+
+struct Connection {
+    state: Arc<HostState>,
+    credential: Credential,
+    /// Frame bound in bytes: 64 KiB before `hello`, then the negotiated bound.
+    max_frame_bytes: usize,
+    said_hello: bool,
+    in_flight: Arc<Semaphore>,
+    /// Set when a reply must be followed by closing the connection (PROTOCOL_MISMATCH).
+    fatal: Option<AppError>,
+}
+
+pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Credential) {
+    let device_id = match &credential {
+        Credential::Device { device_id, .. } => Some(device_id.clone()),
+        Credential::Pairing { .. } => None,
+    };
+    let (kill_tx, mut kill_rx) = watch::channel(None);
+    let connection_id = state.register(device_id.clone(), kill_tx);
+    if let Some(device_id) = &device_id {
+        if let Err(err) = state.store.touch_device(device_id, crate::clock::now_ms()) {
+            tracing::warn!(error = %err, "cannot record last-seen time");
+        }
+    }
+    let (reply_tx, mut reply_rx) = mpsc::channel::<String>(REPLY_QUEUE);
+    let mut conn = Connection {
+        in_flight: Arc::new(Semaphore::new(state.config.limits.max_in_flight as usize)),
+        state: state.clone(),
+        credential,
+        max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
+        said_hello: false,
+        fatal: None,
+    };
+    let mut heartbeat = tokio::time::interval(state.config.heartbeat);
+    heartbeat.tick().await;
+
+    // A kill that arrived before registration finished is still honoured.
+    let mut ending: Option<AppError> = kill_rx.borrow_and_update().clone();
+    while ending.is_none() {
+        tokio::select! {
+            incoming = socket.recv() => match incoming {
+                Some(Ok(Message::Text(text))) => {
+                    if let Some(reply) = conn.handle_text(text.as_str(), &reply_tx) {
+                        if send_text(&mut socket, reply).await.is_err() { break; }
+                    }
+                    if let Some(fatal) = conn.fatal.take() {
+                        ending = Some(fatal);
+                    }
+                }
+                Some(Ok(Message::Binary(_))) => {
+                    let reply = encode(&ErrorReply {
+                        id: None,
+                        error: AppError::new(ErrorCode::InvalidArgument, "binary frames are not accepted; send UTF-8 JSON text frames")
+                            .with_details(json!({"reason": "binary_frame"})),
+                    });
+                    if send_text(&mut socket, reply).await.is_err() { break; }
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                Some(Ok(Message::Close(_))) | None => break,
+                Some(Err(err)) => {
+                    tracing::debug!(error = %err, "connection read failed");
+                    if is_capacity_error(err) {
+                        ending = Some(racp_proto::codec::payload_too_large(
+                            conn.state.config.limits.max_frame_bytes as usize + 1,
+                            conn.max_frame_bytes,
+                        ));
+                    }
+                    break;
+                }
+            },
+            Some(reply) = reply_rx.recv() => {
+                if send_text(&mut socket, reply).await.is_err() { break; }
+            }
+            _ = heartbeat.tick(), if conn.said_hello => {
+                let push = Push {
+                    method: PushMethod::Heartbeat.as_str().to_string(),
+                    params: HeartbeatParams { at: crate::clock::now_ms(), subscriptions: Vec::new() },
+                };
+                if send_text(&mut socket, encode(&push)).await.is_err() { break; }
+            }
+            changed = kill_rx.changed() => {
+                ending = match changed {
+                    Ok(()) => kill_rx.borrow_and_update().clone(),
+                    Err(_) => None,
+                };
+                if ending.is_none() && changed.is_err() { break; }
+            }
+        }
+    }
+    if let Some(error) = ending {
+        close_with(&mut socket, error).await;
+    }
+    state.unregister(connection_id);
+}
+
+impl Connection {
+    /// Handles one text frame; returns a reply to send now, if any. Calls other than `hello`
+    /// run on their own task and reply through `replies`.
+    fn handle_text(&mut self, text: &str, replies: &mpsc::Sender<String>) -> Option<String> {
+        let request = match decode_request(text, self.max_frame_bytes) {
+            Ok(request) => request,
+            Err(Rejected { id, error }) => return Some(encode(&ErrorReply { id, error })),
+        };
+        let id = request.id;
+        let method = request.method;
+        let fail = |id: RequestId, error: AppError| {
+            Some(encode(&ErrorReply {
+                id: Some(id),
+                error,
+            }))
+        };
+        if !self.said_hello && method != Method::Hello {
+            return fail(
+                id,
+                AppError::new(
+                    ErrorCode::Unauthorized,
+                    "say hello first: it must be the first call on a connection",
+                ),
+            );
+        }
+        if let Err(error) = method
+            .spec()
+            .access
+            .check(method.as_str(), &self.credential.principal())
+        {
+            return fail(id, error);
+        }
+        if self.state.is_draining() {
+            return fail(
+                id,
+                AppError::new(
+                    ErrorCode::HostShuttingDown,
+                    "the host is shutting down; the call was not started",
+                ),
+            );
+        }
+        let call = match Call::decode(method, request.params) {
+            Ok(call) => call,
+            Err(error) => return fail(id, error),
+        };
+        if let Call::Hello(params) = call {
+            return Some(match self.hello(params) {
+                Ok(result) => encode(&ResultReply { id, result }),
+                Err(error) => {
+                    // No common version: nothing more can be said on this connection.
+                    self.fatal = Some(error.clone());
+                    encode(&ErrorReply {
+                        id: Some(id),
+                        error,
+                    })
+                }
+            });
+        }
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            return fail(
+                id,
+                AppError::new(
+                    ErrorCode::HostOverloaded,
+                    "too many calls in flight on this connection",
+                )
+                .with_details(json!({"maxInFlight": self.state.config.limits.max_in_flight}))
+                .with_retry_after_ms(50),
+            );
+        };
+        let state = self.state.clone();
+        let credential = self.credential.clone();
+        let replies = replies.clone();
+        tokio::spawn(async move {
+            let outcome = tokio::task::spawn_blocking({
+                let state = state.clone();
+                move || handlers::dispatch(&state, &credential, call)
+            })
+            .await
+            .unwrap_or_else(|e| Err(state.internal(e)));
+            let reply = match outcome {
+                Ok(result) => encode(&ResultReply::<Value> { id, result }),
+                Err(error) => encode(&ErrorReply {
+                    id: Some(id),
+                    error,
+                }),
+            };
+            drop(permit);
+            let _ = replies.send(reply).await;
+        });
+        None
+    }
+
+    fn hello(&mut self, params: HelloParams) -> Result<HelloResult, AppError> {
+        if params.protocol.min > PROTOCOL_VERSION || params.protocol.max < PROTOCOL_VERSION {
+            return Err(AppError::new(
+                ErrorCode::ProtocolMismatch,
+                format!("this host speaks protocol {PROTOCOL_VERSION} only"),
+            )
+            .with_details(
+                json!({"supported": {"min": PROTOCOL_VERSION, "max": PROTOCOL_VERSION}}),
+            ));
+        }
+        let host_bound = self.state.config.limits.max_frame_bytes;
+        let bound = params
+            .max_frame_bytes
+            .map_or(host_bound, |wanted| wanted.min(host_bound))
+            .max(MIN_MAX_FRAME_BYTES);
+        self.max_frame_bytes = bound as usize;
+        self.said_hello = true;
+        let principal = match &self.credential {
+            Credential::Device { device_id, roles } => PrincipalInfo {
+                kind: PrincipalKind::Device,
+                device_id: Some(device_id.clone()),
+                roles: roles.clone(),
+            },
+            Credential::Pairing { .. } => PrincipalInfo {
+                kind: PrincipalKind::Pairing,
+                device_id: None,
+                roles: Vec::new(),
+            },
+        };
+        Ok(HelloResult {
+            protocol: PROTOCOL_VERSION,
+            host: handlers::host_identity(&self.state),
+            principal,
+            capabilities: handlers::CAPABILITIES
+                .iter()
+                .map(|c| c.to_string())
+                .collect(),
+            limits: handlers::limits(&self.state, bound),
+            heartbeat_ms: u64::try_from(self.state.config.heartbeat.as_millis())
+                .unwrap_or(u64::MAX),
+        })
+    }
+}
+
+/// True when tungstenite refused a message over its size cap (the host's hard frame limit).
+fn is_capacity_error(err: axum::Error) -> bool {
+    err.into_inner()
+        .downcast_ref::<tungstenite::Error>()
+        .is_some_and(|e| matches!(e, tungstenite::Error::Capacity(_)))
+}
+
+fn encode<T: Serialize>(frame: &T) -> String {
+    serde_json::to_string(frame).unwrap_or_else(|err| {
+        tracing::error!(error = %err, "cannot encode a frame");
+        r#"{"error":{"code":"INTERNAL","message":"the host could not encode a frame","retriable":false,"recovery":"stop_and_report","source":"host"}}"#.to_string()
+    })
+}
+
+async fn send_text(socket: &mut WebSocket, text: String) -> Result<(), axum::Error> {
+    socket.send(Message::Text(Utf8Bytes::from(text))).await
+}
+
+/// Sends a connection error, then closes with its close code (1001 when draining).
+async fn close_with(socket: &mut WebSocket, error: AppError) {
+    let code = if error.code() == ErrorCode::HostShuttingDown {
+        1001
+    } else {
+        error.close_code()
+    };
+    let reason = error.code().as_str();
+    let _ = send_text(
+        socket,
+        encode(&ConnectionError {
+            error: error.clone(),
+        }),
+    )
+    .await;
+    let _ = socket
+        .send(Message::Close(Some(CloseFrame {
+            code,
+            reason: Utf8Bytes::from(reason),
+        })))
+        .await;
+}

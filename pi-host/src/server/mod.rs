@@ -1,0 +1,55 @@
+//! The HTTP server: the `/racp` endpoint, and serving until a shutdown signal.
+
+mod connection;
+pub mod upgrade;
+
+use crate::state::HostState;
+use axum::Router;
+use axum::extract::State;
+use axum::extract::ws::{WebSocketUpgrade, rejection::WebSocketUpgradeRejection};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::get;
+use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode, SUBPROTOCOL};
+use std::sync::Arc;
+
+pub fn router(state: Arc<HostState>) -> Router {
+    Router::new()
+        .route(ENDPOINT_PATH, get(upgrade_handler))
+        .with_state(state)
+}
+
+async fn upgrade_handler(
+    State(state): State<Arc<HostState>>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let credential = match upgrade::admit(&state, &headers) {
+        Ok(credential) => credential,
+        Err(error) => return upgrade::refusal(error),
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => {
+            return upgrade::refusal(
+                AppError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("not a WebSocket upgrade: {rejection}"),
+                )
+                .with_details(serde_json::json!({"reason": "not_websocket_upgrade"})),
+            );
+        }
+    };
+    let host_bound = state.config.limits.max_frame_bytes as usize;
+    // tungstenite buffers a whole message before we see it. Frames up to four times the host's
+    // bound reach the codec and get a PAYLOAD_TOO_LARGE reply (the connection lives on); larger
+    // ones end the connection before the host holds them. Only authenticated devices get here.
+    let hard_cap = host_bound * 4;
+    ws.protocols([SUBPROTOCOL])
+        .read_buffer_size(4 << 10)
+        .write_buffer_size(0)
+        .max_write_buffer_size(hard_cap)
+        .max_message_size(hard_cap)
+        .max_frame_size(hard_cap)
+        .on_upgrade(move |socket| connection::run(socket, state, credential))
+}

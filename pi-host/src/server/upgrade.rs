@@ -1,0 +1,193 @@
+//! Checks on the WebSocket upgrade, before any frame is read: draining, Host, Origin,
+//! subprotocol, token, capacity. A refusal is an HTTP response whose body is `{"error": ...}`.
+
+use crate::auth::{Credential, authenticate};
+use crate::state::HostState;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use racp_proto::{AppError, BEARER_SUBPROTOCOL_PREFIX, ErrorCode, SUBPROTOCOL};
+use serde_json::json;
+
+/// The HTTP refusal for an error: its registry status and the error envelope as the body.
+pub fn refusal(error: AppError) -> Response {
+    let status = StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+    let body = serde_json::to_string(&json!({ "error": error })).unwrap_or_default();
+    let mut response = (status, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// Runs every check and returns the caller's credential.
+pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<Credential, AppError> {
+    if state.is_draining() {
+        return Err(AppError::new(
+            ErrorCode::HostShuttingDown,
+            "the host is shutting down; reconnect when it is back",
+        ));
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !host_allowed(host, &state.config.allowed_hosts) {
+        return Err(AppError::new(
+            ErrorCode::Forbidden,
+            "the Host header names a host this server does not answer for",
+        )
+        .with_details(json!({"reason": "host_not_allowed"})));
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let allowed = origin
+            .to_str()
+            .is_ok_and(|o| state.config.allowed_origins.iter().any(|a| a == o));
+        if !allowed {
+            return Err(AppError::new(
+                ErrorCode::Forbidden,
+                "requests from this Origin are not allowed; add it to the host's allowed origins",
+            )
+            .with_details(json!({"reason": "origin_not_allowed"})));
+        }
+    }
+    let offered = offered_subprotocols(headers);
+    if !offered.contains(&SUBPROTOCOL) {
+        return Err(AppError::new(
+            ErrorCode::ProtocolMismatch,
+            format!("offer the WebSocket subprotocol {SUBPROTOCOL}"),
+        )
+        .with_details(json!({"expected": SUBPROTOCOL})));
+    }
+    let token = bearer_token(headers)
+        .or_else(|| {
+            offered
+                .iter()
+                .find_map(|p| p.strip_prefix(BEARER_SUBPROTOCOL_PREFIX))
+        })
+        .ok_or_else(|| {
+            AppError::new(
+                ErrorCode::RemoteAuthFailed,
+                "no token: send `Authorization: Bearer <token>`",
+            )
+        })?;
+    let credential = authenticate(state, token)?;
+    if state.connection_count() >= state.config.limits.max_connections {
+        return Err(AppError::new(
+            ErrorCode::HostOverloaded,
+            "the host has as many connections as it accepts",
+        )
+        .with_retry_after_ms(1000));
+    }
+    Ok(credential)
+}
+
+fn offered_subprotocols(headers: &HeaderMap) -> Vec<&str> {
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// True for a loopback literal (127.0.0.0/8 as a plain dotted quad, `[::1]`), `localhost`, or a
+/// configured name. The port is not checked: a forwarded port differs from the listen port.
+/// Only canonical forms pass, so `127.1`, `0177.0.0.1` and `localhost6` are refused.
+pub fn host_allowed(host: &str, extra: &[String]) -> bool {
+    let Some(name) = strip_port(host) else {
+        return false;
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name == "[::1]"
+        || is_loopback_dotted_quad(name)
+        || extra.iter().any(|e| e.eq_ignore_ascii_case(name))
+}
+
+fn strip_port(host: &str) -> Option<&str> {
+    if host.is_empty() {
+        return None;
+    }
+    let (name, port) = if host.starts_with('[') {
+        let end = host.find(']')?;
+        let (name, rest) = host.split_at(end + 1);
+        (name, rest.strip_prefix(':'))
+    } else {
+        match host.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        }
+    };
+    if let Some(port) = port {
+        if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+    }
+    Some(name)
+}
+
+fn is_loopback_dotted_quad(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('.').collect();
+    parts.len() == 4
+        && parts[0] == "127"
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && p.len() <= 3
+                && p.bytes().all(|b| b.is_ascii_digit())
+                && (p.len() == 1 || !p.starts_with('0'))
+                && p.parse::<u16>().is_ok_and(|n| n <= 255)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_header_matrix() {
+        for ok in [
+            "127.0.0.1",
+            "127.0.0.1:7878",
+            "127.1.2.3:1",
+            "localhost",
+            "LOCALHOST:80",
+            "[::1]",
+            "[::1]:7878",
+        ] {
+            assert!(host_allowed(ok, &[]), "{ok} refused");
+        }
+        for bad in [
+            "",
+            "evil.example",
+            "evil.example:7878",
+            "localhost6",
+            "localhost.evil.example",
+            "127.1",
+            "0177.0.0.1",
+            "0x7f.0.0.1",
+            "2130706433",
+            "127.0.0.01",
+            "127.0.0.256",
+            "128.0.0.1",
+            "[::2]",
+            "[::1",
+            "127.0.0.1:",
+            "127.0.0.1:x",
+            "::1",
+        ] {
+            assert!(!host_allowed(bad, &[]), "{bad} allowed");
+        }
+        assert!(host_allowed("box.lan:7878", &["box.lan".into()]));
+    }
+}

@@ -1,0 +1,88 @@
+//! The durable store: SQLite in WAL mode (bundled), one connection behind a mutex.
+//!
+//! Calls are short and run on the caller's thread; the event log (issue 3) adds a group-commit
+//! writer on its own thread so producers never wait on fsync one by one.
+
+mod devices;
+
+pub use devices::{DeviceRow, PairingOutcome};
+
+use rusqlite::{Connection, OptionalExtension};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("the store's lock was poisoned by a panic")]
+    Poisoned,
+}
+
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS devices (
+    device_id    TEXT PRIMARY KEY,
+    name         TEXT NOT NULL,
+    roles        TEXT NOT NULL,
+    token_tag    BLOB NOT NULL,
+    created_at   INTEGER NOT NULL,
+    last_seen_at INTEGER,
+    revoked_at   INTEGER
+);
+CREATE TABLE IF NOT EXISTS pairing_tokens (
+    token_id        TEXT PRIMARY KEY,
+    token_tag       BLOB NOT NULL,
+    roles           TEXT NOT NULL,
+    created_at      INTEGER NOT NULL,
+    expires_at      INTEGER NOT NULL,
+    consumed_at     INTEGER,
+    failed_attempts INTEGER NOT NULL DEFAULT 0
+);
+"#;
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> Result<MutexGuard<'_, Connection>, StoreError> {
+        self.conn.lock().map_err(|_| StoreError::Poisoned)
+    }
+
+    /// Reads a meta value, or stores `init()` under `key` when there is none yet.
+    pub fn meta_or_init(
+        &self,
+        key: &str,
+        init: impl FnOnce() -> String,
+    ) -> Result<String, StoreError> {
+        let conn = self.conn()?;
+        let found: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()?;
+        if let Some(value) = found {
+            return Ok(value);
+        }
+        let value = init();
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?1, ?2)",
+            (key, &value),
+        )?;
+        Ok(value)
+    }
+}
