@@ -21,6 +21,11 @@ pub struct ServeConfig {
     pub allowed_origins: Vec<String>,
     pub limits: HostLimits,
     pub heartbeat: Duration,
+    /// Directories sessions and `fs/*` may use (default: the user's home).
+    pub roots: Vec<PathBuf>,
+    /// Longest an approval waits for an answer (the agent's own timeout applies when shorter).
+    pub approval_timeout: Duration,
+    pub retention: crate::sessions::log::Retention,
 }
 
 /// Bounds the host enforces (invariant 6).
@@ -34,6 +39,12 @@ pub struct HostLimits {
     pub max_connections: usize,
     /// Wrong secrets a pairing token tolerates before it is burned.
     pub max_pairing_attempts: u32,
+    /// A live subscriber this many events behind the head is CLIENT_TOO_SLOW.
+    pub max_lag_events: u64,
+    /// A socket write blocked this long means the client stopped reading: CLIENT_TOO_SLOW.
+    pub send_stall: Duration,
+    /// Most events in one `session/events` frame.
+    pub max_events_per_frame: usize,
 }
 
 impl Default for HostLimits {
@@ -46,6 +57,9 @@ impl Default for HostLimits {
             request_burst: 200,
             max_connections: 20_000,
             max_pairing_attempts: 5,
+            max_lag_events: 20_000,
+            send_stall: Duration::from_secs(10),
+            max_events_per_frame: 1024,
         }
     }
 }
@@ -60,6 +74,9 @@ impl ServeConfig {
             allowed_origins: Vec::new(),
             limits: HostLimits::default(),
             heartbeat: Duration::from_secs(15),
+            roots: home_dir().into_iter().collect(),
+            approval_timeout: Duration::from_secs(10 * 60),
+            retention: crate::sessions::log::Retention::default(),
         }
     }
 }
@@ -69,8 +86,12 @@ pub fn default_data_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir).join("pi-host");
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
+    let home = home_dir().unwrap_or_else(|| PathBuf::from("."));
     home.join(".local/share/pi-host")
+}
+
+fn home_dir() -> Option<PathBuf> {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
 }

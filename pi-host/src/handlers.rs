@@ -2,8 +2,10 @@
 
 use crate::auth::Credential;
 use crate::clock::now_ms;
+use crate::sessions::{Effect, EventDraft};
 use crate::state::HostState;
 use crate::store::{DeviceRow, PairingOutcome};
+use racp_proto::events::{EventType, SessionClosedData};
 use racp_proto::limits::{
     DEFAULT_PAIRING_TTL_SECONDS, MAX_PAIRING_TTL_SECONDS, MIN_PAIRING_TTL_SECONDS,
 };
@@ -12,13 +14,17 @@ use racp_proto::methods::host::{
     DeviceInfo, DeviceListResult, DeviceRevokeParams, HostInfoResult, PairingCreateParams,
     PairingCreateResult,
 };
+use racp_proto::methods::session::{
+    SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult,
+};
 use racp_proto::{Ack, AppError, Call, ErrorCode, Role};
 use serde::Serialize;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// Capabilities this host has on. Sessions, turns, approvals and fs arrive with issues 3 and 4;
 /// until then the host says so truthfully and those calls get CAPABILITY_UNAVAILABLE.
-pub const CAPABILITIES: &[&str] = &["pairing", "devices"];
+pub const CAPABILITIES: &[&str] = &["pairing", "devices", "sessions", "turns", "approvals"];
 
 fn to_value<T: Serialize>(state: &HostState, result: T) -> Result<Value, AppError> {
     serde_json::to_value(result).map_err(|e| state.internal(e))
@@ -38,6 +44,24 @@ pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Resul
         .with_details(json!({"method": "host/list"}))),
         Call::DeviceList(_) => to_value(state, device_list(state, credential)?),
         Call::DeviceRevoke(params) => to_value(state, device_revoke(state, params)?),
+        Call::SessionCreate(params) => to_value(state, session_create(state, params)?),
+        Call::SessionList(_) => to_value(
+            state,
+            SessionListResult {
+                sessions: state.sessions.list().iter().map(|s| s.info()).collect(),
+            },
+        ),
+        Call::SessionGet(params) => {
+            let (session, snapshot, cursor) = find_session(state, &params.session_id)?.snapshot();
+            to_value(
+                state,
+                SessionGetResult {
+                    session,
+                    snapshot,
+                    cursor,
+                },
+            )
+        }
         Call::PairingCreate(params) => {
             let ttl = params.ttl_seconds.unwrap_or(DEFAULT_PAIRING_TTL_SECONDS);
             to_value(state, mint_pairing(state, &params.roles, ttl)?)
@@ -51,6 +75,122 @@ pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Resul
         )
         .with_details(json!({"method": other.method().as_str(), "capabilities": CAPABILITIES}))),
     }
+}
+
+pub fn find_session(
+    state: &HostState,
+    session_id: &str,
+) -> Result<Arc<crate::sessions::Session>, AppError> {
+    state.sessions.get(session_id).ok_or_else(|| {
+        AppError::new(ErrorCode::SessionNotFound, "no such session")
+            .with_details(json!({"sessionId": session_id}))
+    })
+}
+
+fn session_create(
+    state: &HostState,
+    params: SessionCreateParams,
+) -> Result<SessionCreateResult, AppError> {
+    let workspace = crate::paths::confine(&params.workspace, "workspace", &state.config.roots)?;
+    if !workspace.is_dir() {
+        return Err(racp_proto::validate::invalid(
+            "workspace",
+            "must be a directory",
+        ));
+    }
+    let row = crate::store::SessionRow {
+        session_id: state
+            .secrets
+            .new_id("ses_")
+            .map_err(|e| state.internal(e))?,
+        workspace: workspace.display().to_string(),
+        title: params.title,
+        epoch: state.secrets.random_u64().map_err(|e| state.internal(e))?,
+        created_at: now_ms(),
+        closed: false,
+    };
+    let session = state
+        .sessions
+        .create(&state.store, row)
+        .map_err(|e| state.internal(e))?;
+    tracing::info!(session_id = %session.id, "session created");
+    Ok(SessionCreateResult {
+        session: session.info(),
+    })
+}
+
+/// Runs a call on the async runtime: turns, approvals and session/close talk to agents; the
+/// rest are short store operations run on the blocking pool.
+pub async fn dispatch_async(
+    state: Arc<HostState>,
+    credential: Credential,
+    call: Call,
+) -> Result<Value, AppError> {
+    match call {
+        Call::TurnStart(params) => {
+            let result = state.turns.start(&state, &credential, params).await?;
+            to_value(&state, result)
+        }
+        Call::TurnSteer(params) => to_value(&state, state.turns.steer(&state, params).await?),
+        Call::TurnAbort(params) => to_value(&state, state.turns.abort(&state, params).await?),
+        Call::ApprovalRespond(params) => {
+            let result = state
+                .turns
+                .approvals
+                .respond(&state, &credential, params)
+                .await?;
+            to_value(&state, result)
+        }
+        Call::SessionClose(params) => {
+            let ack = session_close(&state, &credential, &params.session_id).await?;
+            to_value(&state, ack)
+        }
+        other => {
+            let host = state.clone();
+            tokio::task::spawn_blocking(move || dispatch(&host, &credential, other))
+                .await
+                .unwrap_or_else(|e| Err(state.internal(e)))
+        }
+    }
+}
+
+/// Closes a session: its agent's process tree ends, a running turn ends as aborted, and
+/// `session.closed` is the last event. Closing a closed session succeeds and changes nothing.
+async fn session_close(
+    state: &Arc<HostState>,
+    credential: &Credential,
+    session_id: &str,
+) -> Result<Ack, AppError> {
+    let session = find_session(state, session_id)?;
+    if session.is_closing() {
+        return Ok(Ack {});
+    }
+    state.turns.stop_session(state, &session).await;
+    let device_id = match credential {
+        Credential::Device { device_id, .. } => Some(device_id.clone()),
+        Credential::Pairing { .. } => None,
+    };
+    let draft = EventDraft::new(
+        EventType::SessionClosed.as_str(),
+        None,
+        json!(SessionClosedData { device_id }),
+    )
+    .with_effect(Effect::Closed);
+    let committed = match state.sessions.append(&session, vec![draft]) {
+        Ok(committed) => committed,
+        // Another close won the race.
+        Err(_) if session.is_closing() => return Ok(Ack {}),
+        Err(error) => return Err(error),
+    };
+    state
+        .store
+        .mark_session_closed(session_id, now_ms())
+        .map_err(|e| state.internal(e))?;
+    committed
+        .await
+        .map_err(|_| state.internal("the event writer stopped before committing"))?;
+    tracing::info!(%session_id, "session closed");
+    Ok(Ack {})
 }
 
 pub fn limits(state: &HostState, max_frame_bytes: u32) -> Limits {

@@ -1,15 +1,19 @@
 //! `pi-host`: the RACP-WS host and its local admin commands.
 
 mod admin;
+mod agent;
 mod auth;
 mod clock;
 mod config;
 mod fsutil;
 mod handlers;
+mod paths;
 mod secrets;
 mod server;
+mod sessions;
 mod state;
 mod store;
+mod turns;
 
 use clap::{Parser, Subcommand};
 use config::{DEFAULT_AGENT, DEFAULT_LISTEN, ServeConfig};
@@ -48,6 +52,24 @@ enum Command {
         /// Browser Origins to accept (any other Origin is refused).
         #[arg(long = "allow-origin")]
         allowed_origins: Vec<String>,
+        /// Directories sessions and fs/* may use (repeatable) [default: $HOME]
+        #[arg(long = "root")]
+        roots: Vec<PathBuf>,
+        /// Events each session keeps for replay.
+        #[arg(long, default_value_t = 200_000)]
+        retain_events: usize,
+        /// Heartbeat interval in milliseconds.
+        #[arg(long, default_value_t = 15_000)]
+        heartbeat_ms: u64,
+        /// A live subscriber this many events behind is disconnected with CLIENT_TOO_SLOW.
+        #[arg(long, default_value_t = 20_000)]
+        max_lag_events: u64,
+        /// A socket write blocked this long (ms) means the client stopped reading.
+        #[arg(long, default_value_t = 10_000)]
+        send_stall_ms: u64,
+        /// Longest an approval waits for an answer (ms).
+        #[arg(long, default_value_t = 600_000)]
+        approval_timeout_ms: u64,
     },
     /// Mint a single-use pairing token on the running host.
     Pair {
@@ -136,11 +158,25 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
             agent,
             allowed_hosts,
             allowed_origins,
+            roots,
+            retain_events,
+            heartbeat_ms,
+            max_lag_events,
+            send_stall_ms,
+            approval_timeout_ms,
         } => {
             let mut config = ServeConfig::new(listen, data_dir);
             config.agent = agent;
             config.allowed_hosts = allowed_hosts;
             config.allowed_origins = allowed_origins;
+            if !roots.is_empty() {
+                config.roots = roots;
+            }
+            config.retention.max_events = retain_events.max(1);
+            config.heartbeat = std::time::Duration::from_millis(heartbeat_ms.max(10));
+            config.limits.max_lag_events = max_lag_events;
+            config.limits.send_stall = std::time::Duration::from_millis(send_stall_ms.max(10));
+            config.approval_timeout = std::time::Duration::from_millis(approval_timeout_ms.max(10));
             match serve(config).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
@@ -263,6 +299,7 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
     }
     let listen = config.listen;
     let state = state::HostState::open(config).map_err(|e| e.to_string())?;
+    turns::end_interrupted_turns(&state).await;
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
     tokio::spawn(admin::serve(admin, state.clone()));
@@ -284,6 +321,9 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         })
         .await
         .map_err(|e| e.to_string())?;
+    // Every connection has closed: end the agents, then commit what is queued before exiting.
+    state.turns.stop_all(&state).await;
+    state.sessions.flush_and_stop();
     let _ = std::fs::remove_file(admin::socket_path(&state.config.data_dir));
     Ok(())
 }

@@ -83,6 +83,14 @@ impl Secrets {
         Ok(bytes)
     }
 
+    /// A random 64-bit value (session epochs).
+    pub fn random_u64(&self) -> Result<u64, SecretError> {
+        let bytes = self.random(8)?;
+        let mut array = [0u8; 8];
+        array.copy_from_slice(&bytes);
+        Ok(u64::from_le_bytes(array))
+    }
+
     /// A random id with a readable prefix, e.g. `dev_3f9a0c1b2d4e`.
     pub fn new_id(&self, prefix: &str) -> Result<String, SecretError> {
         let bytes = self.random(9)?;

@@ -19,6 +19,8 @@ pub struct HostState {
     pub secrets: Secrets,
     pub host_id: String,
     pub started_at: u64,
+    pub sessions: crate::sessions::Sessions,
+    pub turns: crate::turns::Turns,
     draining: AtomicBool,
     next_connection: AtomicU64,
     /// Open connections: connection id → (device id, kill switch).
@@ -36,6 +38,8 @@ pub enum StartError {
     Secrets(#[from] crate::secrets::SecretError),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Sessions(#[from] crate::sessions::SessionsError),
 }
 
 impl HostState {
@@ -47,7 +51,9 @@ impl HostState {
             }
         })?;
         let secrets = Secrets::load_or_create(&config.data_dir.join("host.key"))?;
-        let store = Store::open(&config.data_dir.join("pi-host.db"))?;
+        let db_path = config.data_dir.join("pi-host.db");
+        let store = Store::open(&db_path)?;
+        let sessions = crate::sessions::Sessions::open(&store, &db_path, config.retention)?;
         let fresh_id = secrets.new_id("host_")?;
         let host_id = store.meta_or_init("host_id", || fresh_id)?;
         Ok(Arc::new(HostState {
@@ -56,6 +62,8 @@ impl HostState {
             secrets,
             host_id,
             started_at: now_ms(),
+            sessions,
+            turns: crate::turns::Turns::default(),
             draining: AtomicBool::new(false),
             next_connection: AtomicU64::new(1),
             connections: DashMap::new(),

@@ -27,16 +27,49 @@ pub struct HostProcess {
     child: Child,
     pub addr: SocketAddr,
     pub data_dir: tempfile::TempDir,
+    /// The host's permitted root (`--root`): create workspaces inside it.
+    pub root: tempfile::TempDir,
     bin: PathBuf,
 }
 
 impl HostProcess {
     /// Starts `bin serve` on 127.0.0.1 with an OS-chosen port and waits until it listens.
     pub async fn start(bin: &Path) -> HostProcess {
+        HostProcess::start_with(bin, &[]).await
+    }
+
+    /// Like [`HostProcess::start`], with extra `serve` arguments.
+    pub async fn start_with(bin: &Path, extra: &[&str]) -> HostProcess {
         let data_dir = tempfile::tempdir().expect("temp dir");
+        let root = tempfile::tempdir().expect("temp dir");
+        HostProcess::spawn(bin, data_dir, root, extra).await
+    }
+
+    /// Starts a host again on the same data directory and root (after a kill).
+    pub async fn restart(self, extra: &[&str]) -> HostProcess {
+        let HostProcess {
+            mut child,
+            data_dir,
+            root,
+            bin,
+            ..
+        } = self;
+        let _ = child.kill().await;
+        HostProcess::spawn(&bin, data_dir, root, extra).await
+    }
+
+    async fn spawn(
+        bin: &Path,
+        data_dir: tempfile::TempDir,
+        root: tempfile::TempDir,
+        extra: &[&str],
+    ) -> HostProcess {
         let mut child = Command::new(bin)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir.path())
+            .arg("--root")
+            .arg(root.path())
+            .args(extra)
             .env(
                 "PI_HOST_LOG",
                 std::env::var("PI_HOST_TEST_LOG").unwrap_or_else(|_| "warn".into()),
@@ -65,6 +98,7 @@ impl HostProcess {
             child,
             addr,
             data_dir,
+            root,
             bin: bin.to_path_buf(),
         }
     }
@@ -124,6 +158,29 @@ impl HostProcess {
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
     }
+
+    /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
+    pub async fn terminate(&mut self) -> bool {
+        let Some(pid) = self.child.id() else {
+            return false;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await;
+        tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .expect("host did not exit after SIGTERM")
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    /// A new workspace directory inside the root; returns its path.
+    pub fn workspace(&self, name: &str) -> String {
+        let path = self.root.path().join(name);
+        std::fs::create_dir_all(&path).expect("create workspace");
+        path.to_str().expect("utf-8 path").to_string()
+    }
 }
 
 /// Why an upgrade failed: the HTTP status and the JSON body.
@@ -147,6 +204,8 @@ pub struct Upgrade<'a> {
 pub struct Client {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     next_id: u64,
+    /// Frames read while waiting for a reply, handed out by `next_frame` in order.
+    pending: std::collections::VecDeque<Value>,
     /// The subprotocol the server selected.
     pub selected_protocol: Option<String>,
 }
@@ -189,6 +248,7 @@ impl Client {
             Ok(Ok((ws, response))) => Ok(Client {
                 ws,
                 next_id: 1,
+                pending: std::collections::VecDeque::new(),
                 selected_protocol: response
                     .headers()
                     .get("Sec-WebSocket-Protocol")
@@ -231,12 +291,13 @@ impl Client {
         let wait = async {
             loop {
                 let frame = self
-                    .next_frame()
+                    .read_frame()
                     .await
                     .expect("connection closed before the reply");
                 if frame.get("id") == Some(&json!(id)) {
                     return frame;
                 }
+                self.pending.push_back(frame);
             }
         };
         tokio::time::timeout(PATIENCE, wait)
@@ -253,8 +314,16 @@ impl Client {
         self.ws.send(Message::Text(text.into())).await
     }
 
-    /// The next JSON frame, or `None` once the connection closed (with its close frame).
+    /// The next JSON frame (including pushes that arrived while a call waited for its reply),
+    /// or `None` once the connection closed.
     pub async fn next_frame(&mut self) -> Option<Value> {
+        if let Some(frame) = self.pending.pop_front() {
+            return Some(frame);
+        }
+        self.read_frame().await
+    }
+
+    async fn read_frame(&mut self) -> Option<Value> {
         loop {
             let message = tokio::time::timeout(PATIENCE, self.ws.next())
                 .await
@@ -271,7 +340,7 @@ impl Client {
 
     /// Reads until the server closes; returns the frames before the close and the close frame.
     pub async fn until_close(&mut self) -> (Vec<Value>, Option<CloseFrame>) {
-        let mut frames = Vec::new();
+        let mut frames: Vec<Value> = self.pending.drain(..).collect();
         loop {
             let message = tokio::time::timeout(PATIENCE, self.ws.next())
                 .await
@@ -286,4 +355,61 @@ impl Client {
             }
         }
     }
+}
+
+/// The path of the `stand-in-agent` test fixture (a scripted stand-in for `pi --mode rpc`, see
+/// `src/bin/stand-in-agent.rs`), built next to the running test executable: the test binary is
+/// `target/<profile>/deps/x`, the fixture `target/<profile>/stand-in-agent`. Cargo builds a
+/// dependency's binaries only for its own tests, so when the fixture is missing, or older than
+/// its source, this builds it first.
+pub fn stand_in_agent() -> PathBuf {
+    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(path) = built.as_ref() {
+        return path.clone();
+    }
+    let exe = std::env::current_exe().expect("current test executable");
+    let deps = exe.parent().expect("test executable's directory");
+    let profile_dir = if deps.file_name().is_some_and(|name| name == "deps") {
+        deps.parent().expect("profile directory")
+    } else {
+        deps
+    };
+    let path = profile_dir.join(format!("stand-in-agent{}", std::env::consts::EXE_SUFFIX));
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bin/stand-in-agent.rs");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let stale = match (modified(&path), modified(&source)) {
+        (None, _) => true,
+        (Some(binary), Some(source)) => binary < source,
+        (Some(_), None) => false,
+    };
+    if stale {
+        let cargo = option_env!("CARGO").unwrap_or("cargo");
+        let mut command = std::process::Command::new(cargo);
+        command.args(["build", "-p", "tests", "--bin", "stand-in-agent"]);
+        // The directory named after the profile: `debug` is the `dev` profile.
+        match profile_dir.file_name().and_then(|name| name.to_str()) {
+            Some("debug") | None => {}
+            Some("release") => {
+                command.arg("--release");
+            }
+            Some(profile) => {
+                command.args(["--profile", profile]);
+            }
+        }
+        if let Some(target_dir) = profile_dir.parent() {
+            command.arg("--target-dir").arg(target_dir);
+        }
+        let status = command
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(Stdio::null())
+            .status()
+            .expect("run cargo to build stand-in-agent");
+        assert!(status.success(), "building stand-in-agent failed: {status}");
+        assert!(path.exists(), "stand-in-agent is not at {}", path.display());
+    }
+    *built = Some(path.clone());
+    path
 }

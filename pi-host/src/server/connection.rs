@@ -1,13 +1,13 @@
 //! One WebSocket connection: reads requests, answers them, sends heartbeats, and ends with a
 //! connection error when the host kills it (revoke, drain).
 
+use super::subscriptions::{Delivery, Subscriptions};
 use crate::auth::Credential;
 use crate::handlers;
 use crate::state::HostState;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use racp_proto::codec::{Rejected, decode_request};
-use racp_proto::events::{HeartbeatParams, PushMethod};
-use racp_proto::frame::{ConnectionError, ErrorReply, Push, RequestId, ResultReply};
+use racp_proto::frame::{ConnectionError, ErrorReply, RequestId, ResultReply};
 use racp_proto::limits::{MIN_MAX_FRAME_BYTES, PRE_HELLO_MAX_FRAME_BYTES};
 use racp_proto::methods::handshake::{HelloParams, HelloResult, PrincipalInfo, PrincipalKind};
 use racp_proto::{AppError, Call, ErrorCode, Method, PROTOCOL_VERSION};
@@ -26,9 +26,13 @@ struct Connection {
     max_frame_bytes: usize,
     said_hello: bool,
     in_flight: Arc<Semaphore>,
+    subs: Subscriptions,
     /// Set when a reply must be followed by closing the connection (PROTOCOL_MISMATCH).
     fatal: Option<AppError>,
 }
+
+/// Frames a connection sends for its subscriptions before it looks at other work again.
+const DELIVERY_BURST: usize = 8;
 
 pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Credential) {
     let device_id = match &credential {
@@ -43,73 +47,105 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
         }
     }
     let (reply_tx, mut reply_rx) = mpsc::channel::<String>(REPLY_QUEUE);
+    let limits = &state.config.limits;
+    let stall = limits.send_stall;
     let mut conn = Connection {
-        in_flight: Arc::new(Semaphore::new(state.config.limits.max_in_flight as usize)),
+        in_flight: Arc::new(Semaphore::new(limits.max_in_flight as usize)),
+        subs: Subscriptions::new(limits.max_lag_events, limits.max_events_per_frame),
         state: state.clone(),
         credential,
         max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
         said_hello: false,
         fatal: None,
     };
+    let wake = conn.subs.notify.clone();
     let mut heartbeat = tokio::time::interval(state.config.heartbeat);
     heartbeat.tick().await;
 
     // A kill that arrived before registration finished is still honoured.
     let mut ending: Option<AppError> = kill_rx.borrow_and_update().clone();
     while ending.is_none() {
-        tokio::select! {
+        let outgoing: Vec<String> = tokio::select! {
             incoming = socket.recv() => match incoming {
                 Some(Ok(Message::Text(text))) => {
-                    if let Some(reply) = conn.handle_text(text.as_str(), &reply_tx) {
-                        if send_text(&mut socket, reply).await.is_err() { break; }
-                    }
+                    let reply = conn.handle_text(text.as_str(), &reply_tx);
                     if let Some(fatal) = conn.fatal.take() {
                         ending = Some(fatal);
                     }
+                    reply.into_iter().collect()
                 }
-                Some(Ok(Message::Binary(_))) => {
-                    let reply = encode(&ErrorReply {
-                        id: None,
-                        error: AppError::new(ErrorCode::InvalidArgument, "binary frames are not accepted; send UTF-8 JSON text frames")
-                            .with_details(json!({"reason": "binary_frame"})),
-                    });
-                    if send_text(&mut socket, reply).await.is_err() { break; }
-                }
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                Some(Ok(Message::Binary(_))) => vec![encode(&ErrorReply {
+                    id: None,
+                    error: AppError::new(ErrorCode::InvalidArgument, "binary frames are not accepted; send UTF-8 JSON text frames")
+                        .with_details(json!({"reason": "binary_frame"})),
+                })],
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => Vec::new(),
                 Some(Ok(Message::Close(_))) | None => break,
                 Some(Err(err)) => {
                     tracing::debug!(error = %err, "connection read failed");
                     if is_capacity_error(err) {
                         ending = Some(racp_proto::codec::payload_too_large(
-                            conn.state.config.limits.max_frame_bytes as usize + 1,
+                            conn.state.config.limits.max_frame_bytes as usize * 4 + 1,
                             conn.max_frame_bytes,
                         ));
                     }
                     break;
                 }
             },
-            Some(reply) = reply_rx.recv() => {
-                if send_text(&mut socket, reply).await.is_err() { break; }
+            Some(reply) = reply_rx.recv() => vec![reply],
+            _ = wake.notified() => {
+                let mut frames = Vec::new();
+                while frames.len() < DELIVERY_BURST {
+                    match conn.subs.next_delivery(conn.max_frame_bytes) {
+                        Some(Delivery::Frame(frame)) => frames.push(frame),
+                        Some(Delivery::TooSlow(error)) => {
+                            ending = Some(error);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                if frames.len() == DELIVERY_BURST {
+                    // More may be waiting; come back after giving requests a turn.
+                    wake.notify_one();
+                }
+                frames
             }
             _ = heartbeat.tick(), if conn.said_hello => {
-                let push = Push {
-                    method: PushMethod::Heartbeat.as_str().to_string(),
-                    params: HeartbeatParams { at: crate::clock::now_ms(), subscriptions: Vec::new() },
-                };
-                if send_text(&mut socket, encode(&push)).await.is_err() { break; }
+                vec![conn.subs.heartbeat(crate::clock::now_ms())]
             }
             changed = kill_rx.changed() => {
-                ending = match changed {
-                    Ok(()) => kill_rx.borrow_and_update().clone(),
-                    Err(_) => None,
-                };
-                if ending.is_none() && changed.is_err() { break; }
+                match changed {
+                    Ok(()) => ending = kill_rx.borrow_and_update().clone(),
+                    Err(_) => break,
+                }
+                Vec::new()
             }
+        };
+        let mut broken = false;
+        for frame in outgoing {
+            match tokio::time::timeout(stall, send_text(&mut socket, frame)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    broken = true;
+                    break;
+                }
+                Err(_) => {
+                    // The client stopped reading: the socket has not taken a frame in `stall`.
+                    ending = Some(conn.subs.too_slow("stopped reading"));
+                    break;
+                }
+            }
+        }
+        if broken {
+            break;
         }
     }
     if let Some(error) = ending {
-        close_with(&mut socket, error).await;
+        // Best effort: a client that stopped reading may not take even this.
+        let _ = tokio::time::timeout(stall, close_with(&mut socket, error)).await;
     }
+    drop(conn);
     state.unregister(connection_id);
 }
 
@@ -158,6 +194,30 @@ impl Connection {
             Ok(call) => call,
             Err(error) => return fail(id, error),
         };
+        match call {
+            Call::SessionSubscribe(params) => {
+                return Some(match self.subscribe(params) {
+                    Ok(result) => encode(&ResultReply { id, result }),
+                    Err(error) => encode(&ErrorReply {
+                        id: Some(id),
+                        error,
+                    }),
+                });
+            }
+            Call::SessionUnsubscribe(params) => {
+                return Some(match self.subs.unsubscribe(&params.subscription_id) {
+                    Ok(()) => encode(&ResultReply {
+                        id,
+                        result: racp_proto::Ack {},
+                    }),
+                    Err(error) => encode(&ErrorReply {
+                        id: Some(id),
+                        error,
+                    }),
+                });
+            }
+            _ => {}
+        }
         if let Call::Hello(params) = call {
             return Some(match self.hello(params) {
                 Ok(result) => encode(&ResultReply { id, result }),
@@ -186,12 +246,7 @@ impl Connection {
         let credential = self.credential.clone();
         let replies = replies.clone();
         tokio::spawn(async move {
-            let outcome = tokio::task::spawn_blocking({
-                let state = state.clone();
-                move || handlers::dispatch(&state, &credential, call)
-            })
-            .await
-            .unwrap_or_else(|e| Err(state.internal(e)));
+            let outcome = handlers::dispatch_async(state, credential, call).await;
             let reply = match outcome {
                 Ok(result) => encode(&ResultReply::<Value> { id, result }),
                 Err(error) => encode(&ErrorReply {
@@ -203,6 +258,22 @@ impl Connection {
             let _ = replies.send(reply).await;
         });
         None
+    }
+
+    fn subscribe(
+        &mut self,
+        params: racp_proto::methods::session::SessionSubscribeParams,
+    ) -> Result<racp_proto::methods::session::SessionSubscribeResult, AppError> {
+        let max = self.state.config.limits.max_subscriptions;
+        if self.subs.len() >= max as usize {
+            return Err(AppError::new(
+                ErrorCode::LimitExceeded,
+                format!("a connection may hold at most {max} subscriptions"),
+            )
+            .with_details(json!({"maxSubscriptions": max})));
+        }
+        let session = handlers::find_session(&self.state, &params.session_id)?;
+        self.subs.subscribe(session, params.cursor)
     }
 
     fn hello(&mut self, params: HelloParams) -> Result<HelloResult, AppError> {

@@ -1,6 +1,7 @@
 //! The HTTP server: the `/racp` endpoint, and serving until a shutdown signal.
 
 mod connection;
+mod subscriptions;
 pub mod upgrade;
 
 use crate::state::HostState;

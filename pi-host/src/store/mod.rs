@@ -4,8 +4,10 @@
 //! writer on its own thread so producers never wait on fsync one by one.
 
 mod devices;
+mod sessions;
 
 pub use devices::{DeviceRow, PairingOutcome};
+pub use sessions::{EventRow, SessionRow, TurnRow, commit_events};
 
 use rusqlite::{Connection, OptionalExtension};
 use std::path::Path;
@@ -46,15 +48,45 @@ CREATE TABLE IF NOT EXISTS pairing_tokens (
     consumed_at     INTEGER,
     failed_attempts INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    workspace  TEXT NOT NULL,
+    title      TEXT,
+    epoch      INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    closed_at  INTEGER
+);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    at         INTEGER NOT NULL,
+    json       TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS turns (
+    session_id      TEXT NOT NULL,
+    turn_id         TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    text            TEXT NOT NULL,
+    started_at      INTEGER NOT NULL,
+    PRIMARY KEY (session_id, turn_id),
+    UNIQUE (session_id, idempotency_key)
+);
 "#;
+
+/// Opens a connection with the settings every connection to the store uses.
+pub fn connect(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // FULL: a commit is on disk before it returns, so a committed event survives power loss.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    Ok(conn)
+}
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let conn = connect(path)?;
         conn.execute_batch(SCHEMA)?;
         Ok(Store {
             conn: Mutex::new(conn),

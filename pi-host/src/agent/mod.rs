@@ -1,0 +1,907 @@
+//! The agent bridge: one agent process per session, speaking pi's RPC mode (`pi --mode rpc`):
+//! JSON commands on its stdin, JSON events and responses on its stdout, one per LF-terminated
+//! line.
+//!
+//! [`Agent::spawn`] starts the configured command line (split like a shell would, but run without
+//! one) in the session's workspace, as the leader of its own process group, and returns a handle
+//! plus a bounded receiver of everything the agent says ([`AgentOutput`]). That receiver must be
+//! drained by a task of its own: when it is full the bridge stops reading the agent's stdout, which
+//! pushes back on the agent, and responses behind the backlog are not seen either, so a command
+//! method waiting for its response would run into its timeout.
+//!
+//! Commands that pi answers (`prompt`, `steer`, `abort`, `get_state`) carry an `id`; the method
+//! waits for the response with that id and returns `Err(AgentError::Rejected)` when pi says
+//! `success: false` (for `prompt`, that includes pi's "Agent is already processing" refusal).
+//! Responses that a method waited for are handed to it and are not repeated on the receiver;
+//! every other response (no id, or one that came after its caller gave up) arrives as
+//! [`AgentOutput::Response`].
+//!
+//! The process group makes the end clean: [`Agent::shutdown`] closes stdin, signals the whole
+//! group with SIGTERM and, after a grace period, SIGKILL. Whenever the agent exits (asked to or
+//! not), whatever is left of its group is killed, the rest of its stdout is drained, and the last
+//! output is [`AgentOutput::Exited`] with the exit status and the tail of its stderr. Dropping
+//! the last [`Agent`] handle kills the group too.
+
+// Used by sessions (issue 3); remove when wired.
+#![allow(dead_code)]
+
+mod protocol;
+#[cfg(test)]
+mod tests;
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use protocol::{Line, LineReader, Parsed, Reply};
+use racp_proto::{AppError, ErrorCode, ErrorSource};
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, MutexGuard, PoisonError};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::sync::{Mutex, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// The longest stdout line accepted from an agent; longer ones are dropped as they stream in.
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+/// Outputs buffered between the agent's stdout and the receiver.
+pub const OUTPUT_CAPACITY: usize = 1024;
+/// How much of the agent's stderr is kept for [`AgentOutput::Exited`].
+pub const STDERR_TAIL_BYTES: usize = 8 << 10;
+/// How long a command waits to be written and answered.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`Agent::shutdown`] waits after SIGTERM before SIGKILL.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// After the agent exited, how long its pipes may stay open (held by a process that left its
+/// process group) before the bridge stops reading them.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(5);
+
+const SUGGEST_INSTALL: &str = "Install the pi coding agent (`npm install -g \
+    @mariozechner/pi-coding-agent`), or set --agent / PI_HOST_AGENT to the agent's command line \
+    (a program on PATH or an absolute path).";
+
+/// What to run for a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSpec {
+    /// The command line, e.g. `pi --mode rpc`: split into words like a POSIX shell would (quotes,
+    /// backslashes), then run directly, never through a shell.
+    pub command: String,
+    /// The working directory of the agent; it must exist.
+    pub workspace: PathBuf,
+    /// Variables added to the host's environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// Bounds and timeouts of one agent; [`Default`] gives the constants of this module.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub max_line_bytes: usize,
+    pub output_capacity: usize,
+    pub stderr_tail_bytes: usize,
+    pub response_timeout: Duration,
+    pub shutdown_grace: Duration,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            max_line_bytes: MAX_LINE_BYTES,
+            output_capacity: OUTPUT_CAPACITY,
+            stderr_tail_bytes: STDERR_TAIL_BYTES,
+            response_timeout: RESPONSE_TIMEOUT,
+            shutdown_grace: SHUTDOWN_GRACE,
+        }
+    }
+}
+
+/// The dialog methods of pi's extension UI protocol: each needs an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UiMethod {
+    Confirm,
+    Select,
+    Input,
+    Editor,
+}
+
+impl UiMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UiMethod::Confirm => "confirm",
+            UiMethod::Select => "select",
+            UiMethod::Input => "input",
+            UiMethod::Editor => "editor",
+        }
+    }
+
+    pub fn from_wire(method: &str) -> Option<UiMethod> {
+        match method {
+            "confirm" => Some(UiMethod::Confirm),
+            "select" => Some(UiMethod::Select),
+            "input" => Some(UiMethod::Input),
+            "editor" => Some(UiMethod::Editor),
+            _ => None,
+        }
+    }
+}
+
+/// An answer to a dialog: `confirmed` for confirm, `value` for select/input/editor, or
+/// `cancelled` for any (pi then resolves confirm to false and the others to undefined).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UiAnswer {
+    Confirmed(bool),
+    Value(String),
+    Cancelled,
+}
+
+/// Everything the agent says, in the order it said it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentOutput {
+    /// Any pi event (agent_start, turn_start, message_update, tool_execution_*, turn_end,
+    /// agent_end, queue_update, compaction_*, auto_retry_*, extension_error, ...): `kind` is pi's
+    /// `type`, `payload` the whole JSON object unchanged. A stdout line that is not a JSON object
+    /// with a string `type` (or is longer than the line bound) becomes `kind: "invalid_output"`
+    /// with `{"type": "invalid_output", "error", "bytes", "line"?}` (`line`: its first KiB).
+    Event { kind: String, payload: Value },
+    /// An `extension_ui_request` with method confirm/select/input/editor: needs an answer through
+    /// [`Agent::answer_ui`] with the same `id`. `message` is confirm's; select has `options`;
+    /// input's `placeholder` and editor's `prefill` are in `payload`. `timeout_ms` is set when the
+    /// extension gave one: pi then resolves the dialog by itself (false/undefined) when it passes.
+    UiRequest {
+        id: String,
+        method: UiMethod,
+        title: String,
+        message: Option<String>,
+        options: Option<Vec<String>>,
+        timeout_ms: Option<u64>,
+        payload: Value,
+    },
+    /// A fire-and-forget `extension_ui_request` (notify, setStatus, setWidget, setTitle,
+    /// set_editor_text, ...): no answer.
+    UiNotice { method: String, payload: Value },
+    /// A `response` that no command method is waiting for: `{"type": "response", "command",
+    /// "success", "error"?, "data"?, "id"?}`.
+    Response {
+        command: String,
+        success: bool,
+        error: Option<String>,
+        payload: Value,
+    },
+    /// The process ended and its stdout is drained: always the last output. `status` is the exit
+    /// code (None when a signal ended it: see `signal`); `stderr_tail` the last
+    /// [`STDERR_TAIL_BYTES`] of its stderr.
+    Exited {
+        status: Option<i32>,
+        signal: Option<i32>,
+        stderr_tail: String,
+    },
+}
+
+impl AgentOutput {
+    /// pi's `type` for events, `extension_ui_request`, `response`, or `exited`.
+    pub fn kind(&self) -> &str {
+        match self {
+            AgentOutput::Event { kind, .. } => kind,
+            AgentOutput::UiRequest { .. } | AgentOutput::UiNotice { .. } => "extension_ui_request",
+            AgentOutput::Response { .. } => "response",
+            AgentOutput::Exited { .. } => "exited",
+        }
+    }
+}
+
+/// How the agent process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// The exit code, when it exited by itself.
+    pub code: Option<i32>,
+    /// The signal that ended it.
+    pub signal: Option<i32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The agent program cannot be started (not found, not executable, unparsable command line).
+    #[error("the agent `{command}` is unavailable: {reason}")]
+    Unavailable {
+        command: String,
+        reason: String,
+        suggestion: String,
+    },
+    /// The workspace is missing or not a directory.
+    #[error("cannot run the agent in {}: {reason}", path.display())]
+    Workspace { path: PathBuf, reason: String },
+    #[error("talking to the agent failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The agent has exited (or closed its stdin/stdout), so it cannot take the command.
+    #[error("the agent has exited")]
+    Exited,
+    #[error("the agent did not answer `{command}` within {} ms", after.as_millis())]
+    Timeout { command: String, after: Duration },
+    /// The agent answered the command with `success: false`.
+    #[error("the agent refused `{command}`: {message}")]
+    Rejected { command: String, message: String },
+}
+
+impl AgentError {
+    /// pi refused a prompt because a run is going on.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, AgentError::Rejected { command, message }
+            if command == "prompt" && message.starts_with("Agent is already processing"))
+    }
+
+    /// The RACP error for this failure.
+    pub fn to_app_error(&self) -> AppError {
+        let message = self.to_string();
+        let error = match self {
+            AgentError::Unavailable {
+                command,
+                reason,
+                suggestion,
+            } => AppError::new(ErrorCode::AgentUnavailable, message).with_details(
+                json!({"command": command, "reason": reason, "suggestion": suggestion}),
+            ),
+            AgentError::Workspace { path, reason } => {
+                AppError::new(ErrorCode::RemotePathNotFound, message)
+                    .with_details(json!({"path": path, "reason": reason}))
+            }
+            AgentError::Io(_) | AgentError::Exited => {
+                AppError::new(ErrorCode::AgentSidecarCrashed, message)
+            }
+            AgentError::Timeout { command, after } => AppError::new(ErrorCode::Timeout, message)
+                .with_details(json!({"command": command, "afterMs": after.as_millis() as u64})),
+            AgentError::Rejected { command, .. } if self.is_busy() => {
+                AppError::new(ErrorCode::AgentBusy, message)
+                    .with_details(json!({"command": command}))
+            }
+            AgentError::Rejected {
+                command,
+                message: reason,
+            } => AppError::new(ErrorCode::AgentUnavailable, message)
+                .with_details(json!({"command": command, "reason": reason})),
+        };
+        error.with_source(ErrorSource::Agent)
+    }
+}
+
+type Pending = std::sync::Mutex<Option<HashMap<String, oneshot::Sender<Reply>>>>;
+
+/// A handle on one running agent; clones share it.
+#[derive(Clone)]
+pub struct Agent {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pid: u32,
+    pgid: Pid,
+    /// None once it broke or was closed.
+    stdin: Mutex<Option<ChildStdin>>,
+    /// Commands waiting for their response, by id; None once stdout closed.
+    pending: Arc<Pending>,
+    next_id: AtomicU64,
+    exit: watch::Receiver<Option<ExitInfo>>,
+    options: AgentOptions,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.exit.borrow().is_none() {
+            tracing::debug!(
+                pid = self.pid,
+                "last agent handle dropped; killing its process group"
+            );
+            signal_group(self.pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Signals a whole process group; a group that is already gone is fine.
+fn signal_group(pgid: Pid, signal: Signal) {
+    match killpg(pgid, signal) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(err) => {
+            tracing::warn!(error = %err, ?signal, "cannot signal the agent's process group")
+        }
+    }
+}
+
+fn spawn_error(command: &str, program: &str, err: &std::io::Error) -> AgentError {
+    let (reason, suggestion) = match err.kind() {
+        std::io::ErrorKind::NotFound => (
+            format!("`{program}` was not found"),
+            SUGGEST_INSTALL.to_string(),
+        ),
+        std::io::ErrorKind::PermissionDenied => (
+            format!("`{program}` is not executable (permission denied)"),
+            "Make it executable (`chmod +x`), or set --agent / PI_HOST_AGENT to another command."
+                .to_string(),
+        ),
+        _ if err.raw_os_error() == Some(Errno::ENOEXEC as i32) => (
+            format!("`{program}` is not an executable program"),
+            "Point --agent / PI_HOST_AGENT at the agent's executable or launcher script."
+                .to_string(),
+        ),
+        _ => (
+            format!("`{program}` could not be started: {err}"),
+            "Check the agent command (--agent / PI_HOST_AGENT) and the host's process limits."
+                .to_string(),
+        ),
+    };
+    AgentError::Unavailable {
+        command: command.to_string(),
+        reason,
+        suggestion,
+    }
+}
+
+fn write_error(err: std::io::Error) -> AgentError {
+    match err.kind() {
+        std::io::ErrorKind::BrokenPipe => AgentError::Exited,
+        _ => AgentError::Io(err),
+    }
+}
+
+async fn wait_for_exit(exit: &mut watch::Receiver<Option<ExitInfo>>) -> ExitInfo {
+    const UNKNOWN: ExitInfo = ExitInfo {
+        code: None,
+        signal: None,
+    };
+    match exit.wait_for(Option::is_some).await {
+        Ok(info) => info.unwrap_or(UNKNOWN),
+        Err(_) => UNKNOWN,
+    }
+}
+
+impl Agent {
+    /// Starts the agent; see the module docs. Nothing is written to it yet.
+    pub async fn spawn(
+        spec: &AgentSpec,
+    ) -> Result<(Agent, mpsc::Receiver<AgentOutput>), AgentError> {
+        Agent::spawn_with(spec, AgentOptions::default()).await
+    }
+
+    /// [`Agent::spawn`] with other bounds and timeouts.
+    pub async fn spawn_with(
+        spec: &AgentSpec,
+        options: AgentOptions,
+    ) -> Result<(Agent, mpsc::Receiver<AgentOutput>), AgentError> {
+        let unavailable = |reason: String| AgentError::Unavailable {
+            command: spec.command.clone(),
+            reason,
+            suggestion: "Set --agent / PI_HOST_AGENT to the agent's command line, e.g. \
+                `pi --mode rpc`."
+                .to_string(),
+        };
+        let words = shell_words::split(&spec.command)
+            .map_err(|err| unavailable(format!("the command line cannot be parsed: {err}")))?;
+        let Some((program, args)) = words.split_first() else {
+            return Err(unavailable("the command line is empty".to_string()));
+        };
+        match tokio::fs::metadata(&spec.workspace).await {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(AgentError::Workspace {
+                    path: spec.workspace.clone(),
+                    reason: "not a directory".to_string(),
+                });
+            }
+            Err(err) => {
+                return Err(AgentError::Workspace {
+                    path: spec.workspace.clone(),
+                    reason: err.to_string(),
+                });
+            }
+        }
+
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .current_dir(&spec.workspace)
+            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, so that the whole tree can be signalled at once.
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = command
+            .spawn()
+            .map_err(|err| spawn_error(&spec.command, program, &err))?;
+        let (pid, pgid, stdin, stdout, stderr) = match take_pipes(&mut child) {
+            Ok(parts) => parts,
+            Err(err) => {
+                if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
+                    signal_group(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+                return Err(err);
+            }
+        };
+        tracing::info!(pid, program = %program, workspace = %spec.workspace.display(), "agent started");
+        tracing::debug!(pid, command = %spec.command, "agent command line");
+
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let (out_tx, out_rx) = mpsc::channel(options.output_capacity.max(1));
+        let pending: Arc<Pending> = Arc::new(std::sync::Mutex::new(Some(HashMap::new())));
+        let tail = Arc::new(std::sync::Mutex::new(Tail::new(options.stderr_tail_bytes)));
+
+        tokio::spawn(supervise(child, pid, pgid, exit_tx));
+        let stderr_task = tokio::spawn(read_stderr(stderr, tail.clone()));
+        let pump = StdoutPump {
+            reader: LineReader::new(BufReader::new(stdout), options.max_line_bytes),
+            out: out_tx,
+            pending: pending.clone(),
+            exit: exit_rx.clone(),
+            stderr_task,
+            tail,
+            pid,
+            pgid,
+            grace: options.shutdown_grace,
+        };
+        tokio::spawn(pump.run());
+
+        let inner = Inner {
+            pid,
+            pgid,
+            stdin: Mutex::new(Some(stdin)),
+            pending,
+            next_id: AtomicU64::new(1),
+            exit: exit_rx,
+            options,
+        };
+        Ok((
+            Agent {
+                inner: Arc::new(inner),
+            },
+            out_rx,
+        ))
+    }
+
+    /// The agent's process id (also its process group id).
+    pub fn pid(&self) -> u32 {
+        self.inner.pid
+    }
+
+    /// How it ended, once it has.
+    pub fn exit_status(&self) -> Option<ExitInfo> {
+        *self.inner.exit.borrow()
+    }
+
+    /// Waits until the process has ended.
+    pub async fn wait(&self) -> ExitInfo {
+        wait_for_exit(&mut self.inner.exit.clone()).await
+    }
+
+    /// Starts an agent run with this user message (`{"type": "prompt", "message"}`); returns once
+    /// pi accepted it. The run itself is reported through the events; a failure after acceptance
+    /// never comes back here. While a run goes on pi refuses: see [`AgentError::is_busy`].
+    pub async fn prompt(&self, text: &str) -> Result<(), AgentError> {
+        self.call("prompt", json!({ "message": text }))
+            .await
+            .map(drop)
+    }
+
+    /// Queues a steering message for the current run (`{"type": "steer", "message"}`): pi delivers
+    /// it after the current assistant turn finishes its tool calls, before the next model call.
+    pub async fn steer(&self, text: &str) -> Result<(), AgentError> {
+        self.call("steer", json!({ "message": text }))
+            .await
+            .map(drop)
+    }
+
+    /// Aborts the current run (`{"type": "abort"}`). pi answers once the agent is idle, that is
+    /// after the run's `agent_end`.
+    pub async fn abort(&self) -> Result<(), AgentError> {
+        self.call("abort", json!({})).await.map(drop)
+    }
+
+    /// Answers a dialog ([`AgentOutput::UiRequest`]) with `extension_ui_response`. pi never
+    /// acknowledges it, and ignores answers to ids it no longer waits for.
+    pub async fn answer_ui(&self, request_id: &str, answer: UiAnswer) -> Result<(), AgentError> {
+        let kind = match &answer {
+            UiAnswer::Confirmed(_) => "confirmed",
+            UiAnswer::Value(_) => "value",
+            UiAnswer::Cancelled => "cancelled",
+        };
+        tracing::debug!(
+            pid = self.inner.pid,
+            request_id,
+            answer = kind,
+            "agent dialog answered"
+        );
+        let line = protocol::ui_response(request_id, &answer);
+        self.send(
+            "extension_ui_response",
+            &line,
+            self.inner.options.response_timeout,
+        )
+        .await
+    }
+
+    /// pi's session state (`RpcSessionState`: model, isStreaming, messageCount, ...).
+    pub async fn get_state(&self) -> Result<Value, AgentError> {
+        self.call("get_state", json!({})).await
+    }
+
+    /// Sends any RPC command (`command_type` and its fields, without `id`), waits for its
+    /// response and returns the response's `data` (Null when it has none).
+    pub async fn call(&self, command_type: &str, fields: Value) -> Result<Value, AgentError> {
+        let mut reply = self.request(command_type, fields).await?;
+        Ok(reply
+            .payload
+            .get_mut("data")
+            .map(Value::take)
+            .unwrap_or(Value::Null))
+    }
+
+    async fn request(&self, command_type: &str, fields: Value) -> Result<Reply, AgentError> {
+        let started = Instant::now();
+        let timeout = self.inner.options.response_timeout;
+        let id = format!(
+            "pi-host-{}",
+            self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut command = match fields {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        command.insert("id".into(), json!(id));
+        command.insert("type".into(), json!(command_type));
+        let (tx, rx) = oneshot::channel();
+        match lock(&self.inner.pending).as_mut() {
+            Some(pending) => {
+                pending.insert(id.clone(), tx);
+            }
+            None => return Err(AgentError::Exited),
+        }
+        tracing::debug!(pid = self.inner.pid, %id, command = command_type, "agent command");
+        if let Err(err) = self
+            .send(command_type, &Value::Object(command), timeout)
+            .await
+        {
+            self.forget(&id);
+            return Err(err);
+        }
+        let left = timeout.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, rx).await {
+            Ok(Ok(reply)) if reply.success => Ok(reply),
+            Ok(Ok(reply)) => Err(AgentError::Rejected {
+                command: command_type.to_string(),
+                message: reply.error.unwrap_or_else(|| "no reason given".to_string()),
+            }),
+            Ok(Err(_)) => Err(AgentError::Exited),
+            Err(_) => {
+                self.forget(&id);
+                Err(AgentError::Timeout {
+                    command: command_type.to_string(),
+                    after: timeout,
+                })
+            }
+        }
+    }
+
+    fn forget(&self, id: &str) {
+        if let Some(pending) = lock(&self.inner.pending).as_mut() {
+            pending.remove(id);
+        }
+    }
+
+    /// Writes one JSON line to the agent's stdin.
+    async fn send(
+        &self,
+        command_type: &str,
+        value: &Value,
+        timeout: Duration,
+    ) -> Result<(), AgentError> {
+        if self.exit_status().is_some() {
+            return Err(AgentError::Exited);
+        }
+        let mut line = value.to_string().into_bytes();
+        line.push(b'\n');
+        let started_writing = AtomicBool::new(false);
+        let write = async {
+            let mut stdin = self.inner.stdin.lock().await;
+            let Some(pipe) = stdin.as_mut() else {
+                return Err(AgentError::Exited);
+            };
+            started_writing.store(true, Ordering::Relaxed);
+            let written = async {
+                pipe.write_all(&line).await?;
+                pipe.flush().await
+            }
+            .await;
+            if let Err(err) = written {
+                *stdin = None;
+                return Err(write_error(err));
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(timeout, write).await {
+            Ok(result) => result,
+            Err(_) => {
+                if started_writing.load(Ordering::Relaxed) {
+                    // Part of the line may be in the pipe: nothing written after it would parse.
+                    tracing::warn!(pid = self.inner.pid, "agent stopped reading its stdin");
+                    if let Ok(mut stdin) = self.inner.stdin.try_lock() {
+                        *stdin = None;
+                    }
+                }
+                Err(AgentError::Timeout {
+                    command: command_type.to_string(),
+                    after: timeout,
+                })
+            }
+        }
+    }
+
+    /// Ends the agent and its whole process tree, and waits for it: closes its stdin, sends
+    /// SIGTERM to its process group, and SIGKILL after the grace period. Once the agent itself is
+    /// gone, every process left in its group is killed as well. Idempotent.
+    pub async fn shutdown(&self) {
+        if self.exit_status().is_some() {
+            return;
+        }
+        let pid = self.inner.pid;
+        let grace = self.inner.options.shutdown_grace;
+        tracing::info!(pid, "stopping the agent");
+        // End of input is pi's own way out of RPC mode; a writer stuck on a full pipe holds the
+        // lock, and the signals below unblock it.
+        if let Ok(mut stdin) = self.inner.stdin.try_lock() {
+            *stdin = None;
+        }
+        signal_group(self.inner.pgid, Signal::SIGTERM);
+        let mut exit = self.inner.exit.clone();
+        if tokio::time::timeout(grace, wait_for_exit(&mut exit))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                pid,
+                ?grace,
+                "agent still running after SIGTERM; sending SIGKILL"
+            );
+            signal_group(self.inner.pgid, Signal::SIGKILL);
+            if tokio::time::timeout(grace, wait_for_exit(&mut exit))
+                .await
+                .is_err()
+            {
+                tracing::error!(pid, "agent did not exit after SIGKILL");
+            }
+        }
+    }
+}
+
+type Pipes = (u32, Pid, ChildStdin, ChildStdout, ChildStderr);
+
+/// The child's pid, its process group (the same number) and its pipes.
+fn take_pipes(child: &mut Child) -> Result<Pipes, AgentError> {
+    let missing = |what: &str| AgentError::Io(std::io::Error::other(format!("no {what}")));
+    let pid = child.id().ok_or_else(|| missing("process id"))?;
+    let pgid = i32::try_from(pid)
+        .map(Pid::from_raw)
+        .map_err(|_| missing("valid process id"))?;
+    let stdin = child.stdin.take().ok_or_else(|| missing("stdin pipe"))?;
+    let stdout = child.stdout.take().ok_or_else(|| missing("stdout pipe"))?;
+    let stderr = child.stderr.take().ok_or_else(|| missing("stderr pipe"))?;
+    Ok((pid, pgid, stdin, stdout, stderr))
+}
+
+/// Owns the child: reaps it, then kills what is left of its process group.
+async fn supervise(mut child: Child, pid: u32, pgid: Pid, exit: watch::Sender<Option<ExitInfo>>) {
+    let info = match child.wait().await {
+        Ok(status) => ExitInfo {
+            code: status.code(),
+            signal: status.signal(),
+        },
+        Err(err) => {
+            tracing::warn!(pid, error = %err, "cannot wait for the agent");
+            ExitInfo {
+                code: None,
+                signal: None,
+            }
+        }
+    };
+    // The leader is gone: nothing left in its group has anyone to answer to. (Its group id cannot
+    // be handed to a new process while members remain, and SIGKILL to an empty group is ESRCH.)
+    signal_group(pgid, Signal::SIGKILL);
+    match (info.code, info.signal) {
+        (Some(0), _) => tracing::info!(pid, "agent exited"),
+        (code, signal) => tracing::warn!(pid, ?code, ?signal, "agent exited abnormally"),
+    }
+    exit.send_replace(Some(info));
+}
+
+/// The last bytes of the agent's stderr.
+struct Tail {
+    bytes: Vec<u8>,
+    cap: usize,
+}
+
+impl Tail {
+    fn new(cap: usize) -> Self {
+        Tail {
+            bytes: Vec::new(),
+            cap,
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8]) {
+        self.bytes.extend_from_slice(chunk);
+        if self.bytes.len() > self.cap.saturating_mul(2).max(4096) {
+            let cut = self.bytes.len() - self.cap;
+            self.bytes.drain(..cut);
+        }
+    }
+
+    fn text(&self) -> String {
+        let start = self.bytes.len().saturating_sub(self.cap);
+        let mut tail = &self.bytes[start..];
+        if start > 0 {
+            // Do not start in the middle of a UTF-8 sequence.
+            while let Some((&byte, rest)) = tail.split_first() {
+                if byte & 0xC0 != 0x80 {
+                    break;
+                }
+                tail = rest;
+            }
+        }
+        String::from_utf8_lossy(tail).into_owned()
+    }
+}
+
+async fn read_stderr(mut stderr: ChildStderr, tail: Arc<std::sync::Mutex<Tail>>) {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        match stderr.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => lock(&tail).push(&buf[..n]),
+            Err(err) => {
+                tracing::debug!(error = %err, "reading the agent's stderr failed");
+                break;
+            }
+        }
+    }
+}
+
+/// Reads the agent's stdout, hands responses to their callers and forwards the rest.
+struct StdoutPump {
+    reader: LineReader<BufReader<ChildStdout>>,
+    out: mpsc::Sender<AgentOutput>,
+    pending: Arc<Pending>,
+    exit: watch::Receiver<Option<ExitInfo>>,
+    stderr_task: JoinHandle<()>,
+    tail: Arc<std::sync::Mutex<Tail>>,
+    pid: u32,
+    pgid: Pid,
+    grace: Duration,
+}
+
+impl StdoutPump {
+    async fn run(mut self) {
+        let mut drain_until: Option<Instant> = None;
+        loop {
+            let drained = async {
+                match drain_until {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                line = self.reader.next_line() => match line {
+                    Ok(Some(Line::Text(bytes))) => self.handle(&bytes).await,
+                    Ok(Some(Line::TooLong { bytes })) => {
+                        tracing::warn!(pid = self.pid, bytes, "agent wrote an over-long line; dropped");
+                        let error = "line longer than the bound";
+                        self.forward(protocol::invalid_output(error, None, bytes)).await;
+                    }
+                    Ok(None) => break,
+                    Err(err) => {
+                        tracing::warn!(pid = self.pid, error = %err, "reading the agent's stdout failed");
+                        break;
+                    }
+                },
+                _ = self.exit.changed(), if drain_until.is_none() => {
+                    drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
+                }
+                () = drained => {
+                    tracing::warn!(pid = self.pid, "agent exited but its stdout stays open; stopped reading");
+                    break;
+                }
+            }
+        }
+        // Nobody will answer the commands still waiting.
+        lock(&self.pending).take();
+        let info = self.wait_exit().await;
+        if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut self.stderr_task)
+            .await
+            .is_err()
+        {
+            self.stderr_task.abort();
+        }
+        let stderr_tail = lock(&self.tail).text();
+        let _ = self
+            .out
+            .send(AgentOutput::Exited {
+                status: info.code,
+                signal: info.signal,
+                stderr_tail,
+            })
+            .await;
+    }
+
+    /// Stdout is closed: an agent that cannot speak is of no use, so it gets the grace period to
+    /// exit by itself and is killed after that.
+    async fn wait_exit(&mut self) -> ExitInfo {
+        if let Ok(info) = tokio::time::timeout(self.grace, wait_for_exit(&mut self.exit)).await {
+            return info;
+        }
+        tracing::warn!(
+            pid = self.pid,
+            "agent closed its stdout but keeps running; killing it"
+        );
+        signal_group(self.pgid, Signal::SIGKILL);
+        tokio::time::timeout(self.grace, wait_for_exit(&mut self.exit))
+            .await
+            .unwrap_or(ExitInfo {
+                code: None,
+                signal: None,
+            })
+    }
+
+    async fn handle(&mut self, line: &[u8]) {
+        match protocol::parse_line(line) {
+            None => {}
+            Some(Parsed::Reply { id, reply }) => {
+                let waiter = lock(&self.pending)
+                    .as_mut()
+                    .and_then(|pending| pending.remove(&id));
+                let unclaimed = match waiter {
+                    Some(waiter) => waiter.send(reply).err(),
+                    None => Some(reply),
+                };
+                if let Some(reply) = unclaimed {
+                    let command = reply
+                        .payload
+                        .get("command")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string();
+                    self.forward(AgentOutput::Response {
+                        command,
+                        success: reply.success,
+                        error: reply.error,
+                        payload: reply.payload,
+                    })
+                    .await;
+                }
+            }
+            Some(Parsed::Output(output)) => {
+                if let AgentOutput::Event { kind, payload } = &output {
+                    if kind == "invalid_output" {
+                        let error = payload.get("error").and_then(Value::as_str);
+                        tracing::warn!(
+                            pid = self.pid,
+                            error,
+                            "agent wrote a line that is not agent output"
+                        );
+                    }
+                }
+                tracing::trace!(pid = self.pid, kind = output.kind(), "agent output");
+                self.forward(output).await;
+            }
+        }
+    }
+
+    async fn forward(&mut self, output: AgentOutput) {
+        // A dropped receiver is not a reason to stop draining the agent.
+        let _ = self.out.send(output).await;
+    }
+}

@@ -1,0 +1,248 @@
+//! pi's RPC mode on the wire: LF-framed JSON lines, read with a bound on the line length, and
+//! classified into [`AgentOutput`] values; commands written as JSON lines.
+
+use super::{AgentOutput, UiAnswer, UiMethod};
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt};
+
+/// How much of a line that is not valid agent output is kept in the `invalid_output` event.
+const INVALID_LINE_PREFIX: usize = 1024;
+
+/// One record read from the agent's stdout.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Line {
+    /// A complete line without its `\n` (and without a trailing `\r`).
+    Text(Vec<u8>),
+    /// A line longer than the bound; its bytes were dropped as they came.
+    TooLong { bytes: usize },
+}
+
+/// Reads LF-terminated lines of at most `max` bytes. Only `\n` ends a record (pi's framing: JSON
+/// strings may hold U+2028/U+2029). Cancel-safe: a partial line is kept in `self`, so the future
+/// of [`LineReader::next_line`] may be dropped in a `select!` without losing data.
+pub(super) struct LineReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+    /// Bytes seen of an over-long line that is being skipped.
+    discarding: Option<usize>,
+    max: usize,
+}
+
+impl<R: AsyncBufRead + Unpin> LineReader<R> {
+    pub(super) fn new(inner: R, max: usize) -> Self {
+        LineReader {
+            inner,
+            buf: Vec::new(),
+            discarding: None,
+            max,
+        }
+    }
+
+    /// The next record, or `None` at end of stream.
+    pub(super) async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
+        loop {
+            let available = self.inner.fill_buf().await?;
+            if available.is_empty() {
+                if let Some(bytes) = self.discarding.take() {
+                    return Ok(Some(Line::TooLong { bytes }));
+                }
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                return Ok(Some(self.finish_text()));
+            }
+            match available.iter().position(|&b| b == b'\n') {
+                Some(end) => {
+                    let line = if let Some(seen) = self.discarding.take() {
+                        Line::TooLong { bytes: seen + end }
+                    } else if self.buf.len() + end > self.max {
+                        let bytes = self.buf.len() + end;
+                        self.buf = Vec::new();
+                        Line::TooLong { bytes }
+                    } else {
+                        self.buf.extend_from_slice(&available[..end]);
+                        self.finish_text()
+                    };
+                    self.inner.consume(end + 1);
+                    return Ok(Some(line));
+                }
+                None => {
+                    let n = available.len();
+                    if let Some(seen) = self.discarding.as_mut() {
+                        *seen += n;
+                    } else if self.buf.len() + n > self.max {
+                        self.discarding = Some(self.buf.len() + n);
+                        self.buf = Vec::new();
+                    } else {
+                        self.buf.extend_from_slice(available);
+                    }
+                    self.inner.consume(n);
+                }
+            }
+        }
+    }
+
+    fn finish_text(&mut self) -> Line {
+        let mut line = std::mem::take(&mut self.buf);
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        Line::Text(line)
+    }
+}
+
+/// A command response, as handed to the caller that waits for it.
+#[derive(Debug, Clone)]
+pub(super) struct Reply {
+    pub success: bool,
+    pub error: Option<String>,
+    pub payload: Value,
+}
+
+/// What one stdout line means.
+#[derive(Debug)]
+pub(super) enum Parsed {
+    /// A `response` carrying an `id` (maybe one a caller waits for).
+    Reply {
+        id: String,
+        reply: Reply,
+    },
+    Output(AgentOutput),
+}
+
+/// An `invalid_output` event describing a line that is not agent output.
+pub(super) fn invalid_output(error: &str, line: Option<&[u8]>, bytes: usize) -> AgentOutput {
+    let mut payload = Map::new();
+    payload.insert("type".into(), json!("invalid_output"));
+    payload.insert("error".into(), json!(error));
+    payload.insert("bytes".into(), json!(bytes));
+    if let Some(line) = line {
+        let prefix = &line[..line.len().min(INVALID_LINE_PREFIX)];
+        payload.insert(
+            "line".into(),
+            json!(String::from_utf8_lossy(prefix).into_owned()),
+        );
+    }
+    AgentOutput::Event {
+        kind: "invalid_output".into(),
+        payload: Value::Object(payload),
+    }
+}
+
+/// Classifies one complete stdout line; `None` for a blank line.
+pub(super) fn parse_line(line: &[u8]) -> Option<Parsed> {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    let value: Value = match serde_json::from_slice(line) {
+        Ok(value) => value,
+        Err(err) => {
+            let error = format!("not JSON: {err}");
+            return Some(Parsed::Output(invalid_output(
+                &error,
+                Some(line),
+                line.len(),
+            )));
+        }
+    };
+    let Some(kind) = value.get("type").and_then(Value::as_str).map(str::to_owned) else {
+        let error = "not a JSON object with a string `type`";
+        return Some(Parsed::Output(invalid_output(
+            error,
+            Some(line),
+            line.len(),
+        )));
+    };
+    Some(match kind.as_str() {
+        "response" => parse_response(value),
+        "extension_ui_request" => Parsed::Output(parse_ui_request(value, line)),
+        _ => Parsed::Output(AgentOutput::Event {
+            kind,
+            payload: value,
+        }),
+    })
+}
+
+fn string_field(value: &Value, name: &str) -> Option<String> {
+    value.get(name).and_then(Value::as_str).map(str::to_owned)
+}
+
+fn parse_response(value: Value) -> Parsed {
+    let success = value.get("success").and_then(Value::as_bool) == Some(true);
+    let error = string_field(&value, "error");
+    // pi echoes the command's id as given; ours are strings, but accept numbers too.
+    let id = match value.get("id") {
+        Some(Value::String(id)) => Some(id.clone()),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    };
+    match id {
+        Some(id) => Parsed::Reply {
+            id,
+            reply: Reply {
+                success,
+                error,
+                payload: value,
+            },
+        },
+        None => Parsed::Output(AgentOutput::Response {
+            command: string_field(&value, "command").unwrap_or_default(),
+            success,
+            error,
+            payload: value,
+        }),
+    }
+}
+
+fn parse_ui_request(value: Value, line: &[u8]) -> AgentOutput {
+    let method_name = string_field(&value, "method").unwrap_or_default();
+    let Some(method) = UiMethod::from_wire(&method_name) else {
+        return AgentOutput::UiNotice {
+            method: method_name,
+            payload: value,
+        };
+    };
+    let Some(id) = string_field(&value, "id").filter(|id| !id.is_empty()) else {
+        return invalid_output("a dialog request without an id", Some(line), line.len());
+    };
+    let options = value.get("options").and_then(Value::as_array).map(|items| {
+        items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect()
+    });
+    let timeout_ms = value.get("timeout").and_then(|t| {
+        t.as_u64().or_else(|| {
+            t.as_f64()
+                .filter(|ms| ms.is_finite() && *ms >= 0.0)
+                .map(|ms| ms.ceil() as u64)
+        })
+    });
+    AgentOutput::UiRequest {
+        id,
+        method,
+        title: string_field(&value, "title").unwrap_or_default(),
+        message: string_field(&value, "message"),
+        options,
+        timeout_ms,
+        payload: value,
+    }
+}
+
+/// `{"type": "extension_ui_response", "id", ...}` for a dialog answer.
+pub(super) fn ui_response(request_id: &str, answer: &UiAnswer) -> Value {
+    match answer {
+        UiAnswer::Confirmed(confirmed) => {
+            json!({"type": "extension_ui_response", "id": request_id, "confirmed": confirmed})
+        }
+        UiAnswer::Value(value) => {
+            json!({"type": "extension_ui_response", "id": request_id, "value": value})
+        }
+        UiAnswer::Cancelled => {
+            json!({"type": "extension_ui_response", "id": request_id, "cancelled": true})
+        }
+    }
+}

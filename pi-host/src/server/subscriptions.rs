@@ -1,0 +1,219 @@
+//! A connection's subscriptions and their delivery.
+//!
+//! Delivery pulls from each session's shared log at the connection's own pace: the producer only
+//! appends and wakes the connection, so it never waits on a subscriber. The "queue" of a
+//! subscriber is the distance between its last delivered seq and the session's head; memory per
+//! subscriber is one frame being written.
+
+use crate::sessions::Session;
+use racp_proto::events::PushMethod;
+use racp_proto::methods::session::SessionSubscribeResult;
+use racp_proto::{AppError, Cursor, ErrorCode};
+use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::Notify;
+
+static NEXT_WATCHER: AtomicU64 = AtomicU64::new(1);
+
+struct Subscription {
+    session: Arc<Session>,
+    watcher: u64,
+    /// Seq of the last event delivered (or where the subscription started).
+    delivered: u64,
+    /// Set once the subscription has reached the head: from then on lag counts as slowness.
+    caught_up: bool,
+}
+
+/// What the connection should send next for its subscriptions.
+pub enum Delivery {
+    /// A frame to send; call again for more.
+    Frame(String),
+    /// The client fell too far behind: end the connection with this error.
+    TooSlow(AppError),
+}
+
+pub struct Subscriptions {
+    pub notify: Arc<Notify>,
+    subs: BTreeMap<String, Subscription>,
+    next_id: u64,
+    max_lag_events: u64,
+    max_events_per_frame: usize,
+}
+
+impl Subscriptions {
+    pub fn new(max_lag_events: u64, max_events_per_frame: usize) -> Self {
+        Subscriptions {
+            notify: Arc::new(Notify::new()),
+            subs: BTreeMap::new(),
+            next_id: 1,
+            max_lag_events,
+            max_events_per_frame,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.subs.len()
+    }
+
+    pub fn subscribe(
+        &mut self,
+        session: Arc<Session>,
+        cursor: Option<Cursor>,
+    ) -> Result<SessionSubscribeResult, AppError> {
+        let start = match cursor {
+            Some(cursor) => {
+                session.check_cursor(cursor)?;
+                cursor
+            }
+            None => session.head_cursor(),
+        };
+        let subscription_id = format!("sub_{}", self.next_id);
+        self.next_id += 1;
+        let watcher = NEXT_WATCHER.fetch_add(1, Ordering::Relaxed);
+        session.watch(watcher, self.notify.clone());
+        self.subs.insert(
+            subscription_id.clone(),
+            Subscription {
+                session,
+                watcher,
+                delivered: start.seq,
+                caught_up: false,
+            },
+        );
+        // Events may have been published between reading the head and watching.
+        self.notify.notify_one();
+        Ok(SessionSubscribeResult {
+            subscription_id,
+            cursor: start,
+        })
+    }
+
+    pub fn unsubscribe(&mut self, subscription_id: &str) -> Result<(), AppError> {
+        let sub = self.subs.remove(subscription_id).ok_or_else(|| {
+            AppError::new(
+                ErrorCode::NotFound,
+                "no such subscription on this connection",
+            )
+            .with_details(json!({"subscriptionId": subscription_id}))
+        })?;
+        sub.session.unwatch(sub.watcher);
+        Ok(())
+    }
+
+    /// The next frame to send, taking one batch from the first subscription that has events.
+    /// `None` when every subscription is at its session's head.
+    pub fn next_delivery(&mut self, max_frame_bytes: usize) -> Option<Delivery> {
+        enum Step {
+            Slow(&'static str),
+            Ended(String),
+            Frame(String),
+        }
+        let mut step = None;
+        for (id, sub) in self.subs.iter_mut() {
+            let (head, oldest, closed) = sub.session.positions();
+            if sub.delivered < oldest {
+                step = Some(Step::Slow("fell out of the retained window"));
+                break;
+            }
+            if sub.caught_up && head - sub.delivered > self.max_lag_events {
+                step = Some(Step::Slow("fell too far behind the head"));
+                break;
+            }
+            if sub.delivered >= head {
+                sub.caught_up = true;
+                if closed {
+                    step = Some(Step::Ended(id.clone()));
+                    break;
+                }
+                continue;
+            }
+            // Room for the envelope around the events.
+            let budget = max_frame_bytes.saturating_sub(256 + id.len() + sub.session.id.len());
+            let Some(events) =
+                sub.session
+                    .events_after(sub.delivered, self.max_events_per_frame, budget)
+            else {
+                step = Some(Step::Slow("fell out of the retained window"));
+                break;
+            };
+            let Some(last) = events.last() else { continue };
+            sub.delivered = last.seq;
+            let mut frame = String::with_capacity(budget.min(1 << 16));
+            let _ = write!(
+                frame,
+                r#"{{"method":"{}","params":{{"subscriptionId":{},"sessionId":{},"events":["#,
+                PushMethod::SessionEvents.as_str(),
+                Value::from(id.as_str()),
+                Value::from(sub.session.id.as_str()),
+            );
+            for (i, event) in events.iter().enumerate() {
+                if i > 0 {
+                    frame.push(',');
+                }
+                frame.push_str(&event.json);
+            }
+            frame.push_str("]}}");
+            step = Some(Step::Frame(frame));
+            break;
+        }
+        match step? {
+            Step::Frame(frame) => Some(Delivery::Frame(frame)),
+            Step::Slow(why) => Some(Delivery::TooSlow(self.too_slow(why))),
+            Step::Ended(id) => {
+                let sub = self.subs.remove(&id)?;
+                sub.session.unwatch(sub.watcher);
+                let cursor = Cursor::new(sub.session.head_cursor().epoch, sub.delivered);
+                Some(Delivery::Frame(
+                    json!({
+                        "method": PushMethod::SubscriptionEnded.as_str(),
+                        "params": {"subscriptionId": id, "sessionId": sub.session.id, "cursor": cursor},
+                    })
+                    .to_string(),
+                ))
+            }
+        }
+    }
+
+    /// CLIENT_TOO_SLOW with the last delivered cursor of every subscription.
+    pub fn too_slow(&self, why: &str) -> AppError {
+        let mut last = Map::new();
+        for (id, sub) in &self.subs {
+            let epoch = sub.session.head_cursor().epoch;
+            last.insert(id.clone(), json!(Cursor::new(epoch, sub.delivered)));
+        }
+        AppError::new(
+            ErrorCode::ClientTooSlow,
+            format!("the client {why}; reconnect and resume from lastCursor"),
+        )
+        .with_details(json!({"lastCursor": last}))
+    }
+
+    /// The `heartbeat` push: every subscription's last delivered cursor.
+    pub fn heartbeat(&self, at: u64) -> String {
+        let subscriptions: Vec<Value> = self
+            .subs
+            .iter()
+            .map(|(id, sub)| {
+                let epoch = sub.session.head_cursor().epoch;
+                json!({
+                    "subscriptionId": id,
+                    "sessionId": sub.session.id,
+                    "cursor": Cursor::new(epoch, sub.delivered),
+                })
+            })
+            .collect();
+        json!({"method": PushMethod::Heartbeat.as_str(), "params": {"at": at, "subscriptions": subscriptions}})
+            .to_string()
+    }
+}
+
+impl Drop for Subscriptions {
+    fn drop(&mut self) {
+        for sub in self.subs.values() {
+            sub.session.unwatch(sub.watcher);
+        }
+    }
+}

@@ -1,0 +1,459 @@
+//! Sessions: their state, their event logs, and how events get from a producer to subscribers.
+//!
+//! Producers call [`Sessions::append`]: seqs are assigned under the session's lock and the batch
+//! goes to the group-commit writer in the same critical section, so the writer sees each
+//! session's events in seq order. The writer commits, then [`Session::publish`]es: the events
+//! enter the in-memory log, the session's snapshot state changes, and subscribed connections are
+//! woken. Connections pull from the log at their own pace, so a slow subscriber never slows
+//! the producer or anyone else (invariant 3).
+
+pub mod log;
+mod writer;
+
+use crate::clock::now_ms;
+use crate::store::{SessionRow, Store, StoreError};
+use dashmap::DashMap;
+use log::{EventLog, LoggedEvent, Retention};
+use racp_proto::events::{Event, EventType};
+use racp_proto::methods::session::{SessionInfo, SessionState, Snapshot};
+use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
+use racp_proto::{AppError, Cursor, Epoch};
+use serde_json::Value;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// An event before it has a seq.
+#[derive(Debug, Clone)]
+pub struct EventDraft {
+    pub kind: String,
+    pub turn_id: Option<String>,
+    pub data: Value,
+    /// How the event changes the session's snapshot state, applied when it is published.
+    pub effect: Option<Effect>,
+}
+
+impl EventDraft {
+    pub fn new(kind: impl Into<String>, turn_id: Option<String>, data: Value) -> Self {
+        EventDraft {
+            kind: kind.into(),
+            turn_id,
+            data,
+            effect: None,
+        }
+    }
+
+    pub fn with_effect(mut self, effect: Effect) -> Self {
+        self.effect = Some(effect);
+        self
+    }
+}
+
+/// State changes carried by host events.
+#[derive(Debug, Clone)]
+pub enum Effect {
+    TurnStarted(TurnInfo),
+    TurnFinished {
+        turn_id: String,
+        state: TurnState,
+        error: Option<AppError>,
+        at: u64,
+    },
+    ApprovalRequested(ApprovalInfo),
+    ApprovalSettled(String),
+    Closed,
+}
+
+/// How many finished turns a snapshot shows.
+const SNAPSHOT_TURNS: usize = 50;
+
+pub struct Session {
+    pub id: String,
+    pub workspace: String,
+    pub title: Option<String>,
+    pub created_at: u64,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    log: EventLog,
+    /// Seq the next appended event gets (may run ahead of the committed head).
+    next_seq: u64,
+    /// Closed once `session.closed` is committed; no event may follow it.
+    closing: bool,
+    closed: bool,
+    turns: Vec<TurnInfo>,
+    active_turn: Option<String>,
+    pending_approvals: Vec<ApprovalInfo>,
+    watchers: Vec<(u64, Arc<Notify>)>,
+    /// Seq below which the stored log was last pruned.
+    pruned_below: u64,
+}
+
+impl Session {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding this lock is a bug; the state is still consistent enough to
+        // keep serving (every mutation is a push or an assignment), so recover the guard.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn head_cursor(&self) -> Cursor {
+        self.lock().log.head_cursor()
+    }
+
+    /// True once `session.closed` has been appended (committed or not).
+    pub fn is_closing(&self) -> bool {
+        self.lock().closing
+    }
+
+    pub fn active_turn(&self) -> Option<String> {
+        self.lock().active_turn.clone()
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        let inner = self.lock();
+        self.info_locked(&inner)
+    }
+
+    fn info_locked(&self, inner: &Inner) -> SessionInfo {
+        SessionInfo {
+            session_id: self.id.clone(),
+            workspace: self.workspace.clone(),
+            title: self.title.clone(),
+            state: state_of(inner),
+            created_at: self.created_at,
+            cursor: inner.log.head_cursor(),
+            active_turn_id: inner.active_turn.clone(),
+        }
+    }
+
+    /// The session, a snapshot of its state, and the cursor the snapshot was taken at, all read
+    /// under one lock so that subscribing from the cursor continues exactly after the snapshot.
+    pub fn snapshot(&self) -> (SessionInfo, Snapshot, Cursor) {
+        let inner = self.lock();
+        let snapshot = Snapshot {
+            state: state_of(&inner),
+            turns: inner.turns.clone(),
+            pending_approvals: inner.pending_approvals.clone(),
+            transcript: None,
+        };
+        (self.info_locked(&inner), snapshot, inner.log.head_cursor())
+    }
+
+    /// Checks that replay can start after `cursor`.
+    pub fn check_cursor(&self, cursor: Cursor) -> Result<(), AppError> {
+        self.lock().log.check_cursor(cursor)
+    }
+
+    /// Committed events after `after_seq`, bounded; `None` when it left the retained window.
+    pub fn events_after(
+        &self,
+        after_seq: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Option<Vec<Arc<LoggedEvent>>> {
+        self.lock().log.after(after_seq, max_count, max_bytes)
+    }
+
+    /// (head seq, oldest resumable seq, closed)
+    pub fn positions(&self) -> (u64, u64, bool) {
+        let inner = self.lock();
+        (inner.log.head(), inner.log.oldest_seq(), inner.closed)
+    }
+
+    pub fn watch(&self, id: u64, notify: Arc<Notify>) {
+        self.lock().watchers.push((id, notify));
+    }
+
+    pub fn unwatch(&self, id: u64) {
+        self.lock().watchers.retain(|(w, _)| *w != id);
+    }
+
+    /// Makes committed events visible: the log, the snapshot state, then the watchers.
+    fn publish(&self, events: Vec<(Arc<LoggedEvent>, Option<Effect>)>) -> Cursor {
+        let now = now_ms();
+        let mut inner = self.lock();
+        for (event, effect) in events {
+            inner.log.push(event, now);
+            if let Some(effect) = effect {
+                apply(&mut inner, effect);
+            }
+        }
+        for (_, notify) in &inner.watchers {
+            notify.notify_one();
+        }
+        inner.log.head_cursor()
+    }
+
+    /// The seq to prune the stored log below, when it lags the memory window by `slack`.
+    fn prune_below(&self, slack: u64) -> Option<u64> {
+        let mut inner = self.lock();
+        let oldest_event = inner.log.oldest_seq() + 1;
+        if oldest_event > inner.pruned_below + slack {
+            inner.pruned_below = oldest_event;
+            Some(oldest_event)
+        } else {
+            None
+        }
+    }
+}
+
+fn state_of(inner: &Inner) -> SessionState {
+    if inner.closed {
+        SessionState::Closed
+    } else if inner.active_turn.is_some() {
+        SessionState::Running
+    } else {
+        SessionState::Idle
+    }
+}
+
+fn apply(inner: &mut Inner, effect: Effect) {
+    match effect {
+        Effect::TurnStarted(turn) => {
+            inner.active_turn = Some(turn.turn_id.clone());
+            inner.turns.push(turn);
+            if inner.turns.len() > SNAPSHOT_TURNS {
+                let excess = inner.turns.len() - SNAPSHOT_TURNS;
+                inner.turns.drain(..excess);
+            }
+        }
+        Effect::TurnFinished {
+            turn_id,
+            state,
+            error,
+            at,
+        } => {
+            if inner.active_turn.as_deref() == Some(turn_id.as_str()) {
+                inner.active_turn = None;
+            }
+            if let Some(turn) = inner.turns.iter_mut().find(|t| t.turn_id == turn_id) {
+                turn.state = state;
+                turn.error = error;
+                turn.finished_at = Some(at);
+            }
+        }
+        Effect::ApprovalRequested(approval) => inner.pending_approvals.push(approval),
+        Effect::ApprovalSettled(approval_id) => inner
+            .pending_approvals
+            .retain(|a| a.approval_id != approval_id),
+        Effect::Closed => inner.closed = true,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionsError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot start the event writer: {0}")]
+    Writer(std::io::Error),
+}
+
+/// Every session of the host.
+pub struct Sessions {
+    map: DashMap<String, Arc<Session>>,
+    writer: Mutex<Option<mpsc::UnboundedSender<writer::Pending>>>,
+    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    retention: Retention,
+}
+
+impl Sessions {
+    /// Loads every session and its retained log tail, and starts the writer.
+    pub fn open(
+        store: &Store,
+        db_path: &std::path::Path,
+        retention: Retention,
+    ) -> Result<Sessions, SessionsError> {
+        let map = DashMap::new();
+        for row in store.sessions()? {
+            let head = store.event_head(&row.session_id)?;
+            let tail = store.event_tail(&row.session_id, retention.max_events)?;
+            let now = now_ms();
+            // Older events may have been pruned: the log starts just before the first kept one.
+            let start = tail.first().map_or(head, |e| e.seq - 1);
+            let mut log = EventLog::new(Epoch(row.epoch), start, retention);
+            let mut turns: Vec<TurnInfo> = Vec::new();
+            for event in tail {
+                restore_turn_state(&mut turns, &event.json);
+                log.push(
+                    Arc::new(LoggedEvent {
+                        seq: event.seq,
+                        at: event.at,
+                        json: event.json.into_boxed_str(),
+                    }),
+                    now,
+                );
+            }
+            let active_turn = turns
+                .iter()
+                .find(|t| t.state == TurnState::Running)
+                .map(|t| t.turn_id.clone());
+            let next_seq = log.head() + 1;
+            let session = Arc::new(Session {
+                id: row.session_id.clone(),
+                workspace: row.workspace,
+                title: row.title,
+                created_at: row.created_at,
+                inner: Mutex::new(Inner {
+                    pruned_below: log.oldest_seq() + 1,
+                    log,
+                    next_seq,
+                    closing: row.closed,
+                    closed: row.closed,
+                    turns,
+                    active_turn,
+                    pending_approvals: Vec::new(),
+                    watchers: Vec::new(),
+                }),
+            });
+            map.insert(row.session_id, session);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let conn = crate::store::connect(db_path)?;
+        let thread = writer::spawn(conn, rx).map_err(SessionsError::Writer)?;
+        Ok(Sessions {
+            map,
+            writer: Mutex::new(Some(tx)),
+            writer_thread: Mutex::new(Some(thread)),
+            retention,
+        })
+    }
+
+    pub fn get(&self, session_id: &str) -> Option<Arc<Session>> {
+        self.map.get(session_id).map(|s| s.value().clone())
+    }
+
+    pub fn list(&self) -> Vec<Arc<Session>> {
+        let mut sessions: Vec<_> = self.map.iter().map(|s| s.value().clone()).collect();
+        sessions.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        sessions
+    }
+
+    pub fn create(&self, store: &Store, row: SessionRow) -> Result<Arc<Session>, StoreError> {
+        store.insert_session(&row)?;
+        let session = Arc::new(Session {
+            id: row.session_id.clone(),
+            workspace: row.workspace,
+            title: row.title,
+            created_at: row.created_at,
+            inner: Mutex::new(Inner {
+                log: EventLog::new(Epoch(row.epoch), 0, self.retention),
+                next_seq: 1,
+                closing: false,
+                closed: false,
+                turns: Vec::new(),
+                active_turn: None,
+                pending_approvals: Vec::new(),
+                watchers: Vec::new(),
+                pruned_below: 1,
+            }),
+        });
+        self.map.insert(row.session_id, session.clone());
+        Ok(session)
+    }
+
+    /// Queues events for commit; the receiver yields the cursor after the last one once it is
+    /// committed and published. Refused once the session is closing.
+    pub fn append(
+        &self,
+        session: &Arc<Session>,
+        drafts: Vec<EventDraft>,
+    ) -> Result<oneshot::Receiver<Cursor>, AppError> {
+        let (done, committed) = oneshot::channel();
+        let writer = self
+            .writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(shutting_down)?;
+        let mut inner = session.lock();
+        if inner.closing {
+            return Err(
+                AppError::new(racp_proto::ErrorCode::Conflict, "the session is closed")
+                    .with_details(serde_json::json!({"sessionId": session.id})),
+            );
+        }
+        let epoch = inner.log.epoch();
+        let at = now_ms();
+        let mut events = Vec::with_capacity(drafts.len());
+        for draft in drafts {
+            let seq = inner.next_seq;
+            inner.next_seq += 1;
+            if matches!(draft.effect, Some(Effect::Closed)) {
+                inner.closing = true;
+            }
+            let event = Event {
+                seq,
+                cursor: Cursor::new(epoch, seq),
+                kind: draft.kind,
+                at,
+                turn_id: draft.turn_id,
+                data: draft.data,
+            };
+            let json = serde_json::to_string(&event)
+                .unwrap_or_else(|_| String::from("{}"))
+                .into_boxed_str();
+            events.push((Arc::new(LoggedEvent { seq, at, json }), draft.effect));
+        }
+        writer
+            .send(writer::Pending {
+                session: session.clone(),
+                events,
+                done: Some(done),
+            })
+            .map_err(|_| shutting_down())?;
+        Ok(committed)
+    }
+
+    /// Stops taking events, commits what is queued, and waits for the writer to finish.
+    pub fn flush_and_stop(&self) {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let thread = self
+            .writer_thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn shutting_down() -> AppError {
+    AppError::new(
+        racp_proto::ErrorCode::HostShuttingDown,
+        "the host is shutting down; the call was not started",
+    )
+}
+
+/// Rebuilds the snapshot's turn list from stored host events after a restart.
+fn restore_turn_state(turns: &mut Vec<TurnInfo>, json: &str) {
+    let Ok(event) = serde_json::from_str::<Event>(json) else {
+        return;
+    };
+    let Some(turn_id) = event.turn_id else {
+        return;
+    };
+    if event.kind == EventType::TurnStarted.as_str() {
+        turns.push(TurnInfo {
+            turn_id,
+            state: TurnState::Running,
+            text: event.data["text"].as_str().unwrap_or_default().to_string(),
+            started_at: event.at,
+            finished_at: None,
+            error: None,
+        });
+        if turns.len() > SNAPSHOT_TURNS {
+            turns.remove(0);
+        }
+    } else if event.kind == EventType::TurnFinished.as_str() {
+        if let Some(turn) = turns.iter_mut().find(|t| t.turn_id == turn_id) {
+            turn.state = match event.data["outcome"].as_str() {
+                Some("completed") => TurnState::Completed,
+                Some("aborted") => TurnState::Aborted,
+                _ => TurnState::Failed,
+            };
+            turn.finished_at = Some(event.at);
+            turn.error = serde_json::from_value(event.data["error"].clone()).ok();
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The group-commit writer: one thread, one SQLite connection. It takes every batch of events
+//! waiting in its queue, commits them in one transaction, and only then publishes them to the
+//! sessions' in-memory logs. So an event is visible only once it is durable (invariant 2), and
+//! many events share one fsync when producers are busy.
+
+use super::{Session, log::LoggedEvent};
+use crate::store::{self, EventRow};
+use racp_proto::Cursor;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// Events of one session waiting to be committed, in seq order.
+pub struct Pending {
+    pub session: Arc<Session>,
+    pub events: Vec<(Arc<LoggedEvent>, Option<super::Effect>)>,
+    /// Told the cursor of the last event once it is committed and published.
+    pub done: Option<oneshot::Sender<Cursor>>,
+}
+
+/// Most pending batches taken into one transaction.
+const MAX_GROUP: usize = 4096;
+/// Prune the stored log of a session only when it is this far behind the memory window.
+const PRUNE_SLACK: u64 = 1024;
+
+pub fn spawn(
+    mut conn: rusqlite::Connection,
+    mut queue: mpsc::UnboundedReceiver<Pending>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("pi-host-writer".into())
+        .spawn(move || {
+            while let Some(first) = queue.blocking_recv() {
+                let mut group = vec![first];
+                while group.len() < MAX_GROUP {
+                    match queue.try_recv() {
+                        Ok(next) => group.push(next),
+                        Err(_) => break,
+                    }
+                }
+                commit_until_done(&mut conn, &group);
+                for pending in group {
+                    let cursor = pending.session.publish(pending.events);
+                    if let Some(done) = pending.done {
+                        let _ = done.send(cursor);
+                    }
+                }
+            }
+        })
+}
+
+/// Commits a group, retrying while the disk refuses: events already have their seqs, so
+/// giving up would leave a gap. Producers wait meanwhile; nothing is published uncommitted.
+fn commit_until_done(conn: &mut rusqlite::Connection, group: &[Pending]) {
+    let rows: Vec<(String, Vec<EventRow>, Option<u64>)> = group
+        .iter()
+        .map(|p| {
+            let rows = p
+                .events
+                .iter()
+                .map(|(e, _)| EventRow {
+                    seq: e.seq,
+                    at: e.at,
+                    json: e.json.to_string(),
+                })
+                .collect();
+            (
+                p.session.id.clone(),
+                rows,
+                p.session.prune_below(PRUNE_SLACK),
+            )
+        })
+        .collect();
+    let batch: Vec<(&str, &[EventRow], Option<u64>)> = rows
+        .iter()
+        .map(|(id, rows, prune)| (id.as_str(), rows.as_slice(), *prune))
+        .collect();
+    let mut delay = Duration::from_millis(10);
+    loop {
+        match store::commit_events(conn, &batch) {
+            Ok(()) => return,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot commit events; retrying");
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Approvals (invariant 4): the agent's confirm/select/input/editor dialogs, with an absolute
+//! deadline. The first answer wins across devices; a late one gets APPROVAL_EXPIRED; one for a
+//! settled approval or an ended turn gets APPROVAL_STALE. At the deadline the host settles the
+//! approval as expired, tells the agent, and emits `approval.settled`.
+
+use crate::agent::{Agent, UiAnswer, UiMethod};
+use crate::auth::Credential;
+use crate::clock::now_ms;
+use crate::sessions::{Effect, EventDraft, Session};
+use crate::state::HostState;
+use dashmap::DashMap;
+use racp_proto::events::{ApprovalRequestedData, ApprovalSettledData, EventType};
+use racp_proto::methods::turn::{
+    ApprovalInfo, ApprovalKind, ApprovalRespondParams, ApprovalRespondResult, ApprovalState,
+    Decision, Verdict,
+};
+use racp_proto::{AppError, ErrorCode};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A dialog the agent opened.
+pub struct Request {
+    pub agent_request_id: String,
+    pub method: UiMethod,
+    pub title: String,
+    pub message: Option<String>,
+    pub options: Option<Vec<String>>,
+    pub timeout_ms: Option<u64>,
+}
+
+struct Entry {
+    info: Mutex<ApprovalInfo>,
+    agent: Agent,
+    agent_request_id: String,
+    session: Arc<Session>,
+}
+
+impl Entry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ApprovalInfo> {
+        self.info.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[derive(Default)]
+pub struct Approvals {
+    map: DashMap<String, Arc<Entry>>,
+}
+
+fn kind_of(method: UiMethod) -> ApprovalKind {
+    match method {
+        UiMethod::Confirm => ApprovalKind::Confirm,
+        UiMethod::Select => ApprovalKind::Select,
+        UiMethod::Input => ApprovalKind::Input,
+        UiMethod::Editor => ApprovalKind::Editor,
+    }
+}
+
+fn settled_draft(info: &ApprovalInfo) -> EventDraft {
+    EventDraft::new(
+        EventType::ApprovalSettled.as_str(),
+        Some(info.turn_id.clone()),
+        json!(ApprovalSettledData {
+            approval_id: info.approval_id.clone(),
+            outcome: info.state,
+            device_id: info.settled_by.clone(),
+            value: info.value.clone(),
+        }),
+    )
+    .with_effect(Effect::ApprovalSettled(info.approval_id.clone()))
+}
+
+impl Approvals {
+    /// Registers a dialog as a pending approval, arms its deadline, and returns the
+    /// `approval.requested` event to append.
+    pub fn open(
+        &self,
+        host: &Arc<HostState>,
+        session: &Arc<Session>,
+        agent: &Agent,
+        turn_id: &str,
+        request: Request,
+    ) -> EventDraft {
+        let approval_id = host
+            .secrets
+            .new_id("apr_")
+            .unwrap_or_else(|_| format!("apr_{}", request.agent_request_id));
+        let timeout = request
+            .timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(host.config.approval_timeout)
+            .min(host.config.approval_timeout);
+        let deadline = now_ms() + u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let info = ApprovalInfo {
+            approval_id: approval_id.clone(),
+            session_id: session.id.clone(),
+            turn_id: turn_id.to_string(),
+            kind: kind_of(request.method),
+            title: request.title,
+            message: request.message,
+            options: request.options,
+            deadline,
+            state: ApprovalState::Pending,
+            settled_by: None,
+            value: None,
+        };
+        let data = ApprovalRequestedData {
+            approval_id: approval_id.clone(),
+            turn_id: turn_id.to_string(),
+            kind: info.kind,
+            title: info.title.clone(),
+            message: info.message.clone(),
+            options: info.options.clone(),
+            deadline,
+        };
+        let entry = Arc::new(Entry {
+            info: Mutex::new(info.clone()),
+            agent: agent.clone(),
+            agent_request_id: request.agent_request_id,
+            session: session.clone(),
+        });
+        self.map.insert(approval_id, entry.clone());
+        let host = host.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            expire(&host, &entry).await;
+        });
+        EventDraft::new(
+            EventType::ApprovalRequested.as_str(),
+            Some(turn_id.to_string()),
+            json!(data),
+        )
+        .with_effect(Effect::ApprovalRequested(info))
+    }
+
+    /// Settles every pending approval of an ended turn as cancelled; returns the events.
+    pub fn cancel_turn(&self, turn_id: &str) -> Vec<EventDraft> {
+        let mut drafts = Vec::new();
+        for entry in self.map.iter() {
+            let mut info = entry.lock();
+            if info.turn_id == turn_id && info.state == ApprovalState::Pending {
+                info.state = ApprovalState::Cancelled;
+                drafts.push(settled_draft(&info));
+            }
+        }
+        drafts
+    }
+
+    pub async fn respond(
+        &self,
+        host: &Arc<HostState>,
+        credential: &Credential,
+        params: ApprovalRespondParams,
+    ) -> Result<ApprovalRespondResult, AppError> {
+        let entry = self
+            .map
+            .get(&params.approval_id)
+            .map(|e| e.clone())
+            .ok_or_else(|| {
+                AppError::new(ErrorCode::NotFound, "no such approval")
+                    .with_details(json!({"approvalId": params.approval_id}))
+            })?;
+        let device_id = match credential {
+            Credential::Device { device_id, .. } => Some(device_id.clone()),
+            Credential::Pairing { .. } => None,
+        };
+        let past_deadline = {
+            let info = entry.lock();
+            info.state == ApprovalState::Pending && now_ms() >= info.deadline
+        };
+        if past_deadline {
+            // The timer has not fired yet; the deadline still rules.
+            expire(host, &entry).await;
+        }
+        let (answer, settled) = {
+            let mut info = entry.lock();
+            match info.state {
+                ApprovalState::Pending => {}
+                ApprovalState::Expired => return Err(expired_error(&info)),
+                _ => return Err(stale_error(&info)),
+            }
+            let (state, value, answer) = decide(&info, &params.decision)?;
+            info.state = state;
+            info.value = value;
+            info.settled_by = device_id;
+            (answer, info.clone())
+        };
+        if let Err(err) = entry.agent.answer_ui(&entry.agent_request_id, answer).await {
+            tracing::warn!(error = %err, "the agent did not take an approval answer");
+        }
+        append(host, &entry.session, settled_draft(&settled)).await;
+        Ok(ApprovalRespondResult { approval: settled })
+    }
+}
+
+/// The settled state, the stored value, and the agent's answer for a decision.
+fn decide(
+    info: &ApprovalInfo,
+    decision: &Decision,
+) -> Result<(ApprovalState, Option<String>, UiAnswer), AppError> {
+    let invalid = |reason: &str| racp_proto::validate::invalid("decision", reason);
+    match (info.kind, decision) {
+        (ApprovalKind::Confirm, Decision::Verdict(Verdict::Allow)) => {
+            Ok((ApprovalState::Allowed, None, UiAnswer::Confirmed(true)))
+        }
+        (ApprovalKind::Confirm, Decision::Verdict(Verdict::Deny)) => {
+            Ok((ApprovalState::Denied, None, UiAnswer::Confirmed(false)))
+        }
+        (ApprovalKind::Confirm, Decision::Answer(_)) => {
+            Err(invalid("a confirm approval takes \"allow\" or \"deny\""))
+        }
+        (_, Decision::Verdict(Verdict::Deny)) => {
+            Ok((ApprovalState::Denied, None, UiAnswer::Cancelled))
+        }
+        (_, Decision::Verdict(Verdict::Allow)) => Err(invalid(
+            "this approval takes {\"value\": ...} (or \"deny\" to decline)",
+        )),
+        (ApprovalKind::Select, Decision::Answer(answer)) => {
+            let known = info
+                .options
+                .as_ref()
+                .is_some_and(|o| o.contains(&answer.value));
+            if !known {
+                return Err(invalid("the value must be one of the approval's options"));
+            }
+            Ok((
+                ApprovalState::Answered,
+                Some(answer.value.clone()),
+                UiAnswer::Value(answer.value.clone()),
+            ))
+        }
+        (_, Decision::Answer(answer)) => Ok((
+            ApprovalState::Answered,
+            Some(answer.value.clone()),
+            UiAnswer::Value(answer.value.clone()),
+        )),
+    }
+}
+
+fn expired_error(info: &ApprovalInfo) -> AppError {
+    AppError::new(ErrorCode::ApprovalExpired, "the approval's deadline passed")
+        .with_details(json!({"approvalId": info.approval_id, "deadline": info.deadline}))
+}
+
+fn stale_error(info: &ApprovalInfo) -> AppError {
+    AppError::new(
+        ErrorCode::ApprovalStale,
+        "the approval was already settled or its turn has ended",
+    )
+    .with_details(
+        json!({"approvalId": info.approval_id, "state": info.state, "settledBy": info.settled_by}),
+    )
+}
+
+/// Settles a still-pending approval as expired: tells the agent and emits the event.
+async fn expire(host: &HostState, entry: &Entry) {
+    let settled = {
+        let mut info = entry.lock();
+        if info.state != ApprovalState::Pending {
+            return;
+        }
+        info.state = ApprovalState::Expired;
+        info.clone()
+    };
+    if let Err(err) = entry
+        .agent
+        .answer_ui(&entry.agent_request_id, UiAnswer::Cancelled)
+        .await
+    {
+        tracing::debug!(error = %err, "the agent did not take an expiry");
+    }
+    append(host, &entry.session, settled_draft(&settled)).await;
+}
+
+async fn append(host: &HostState, session: &Arc<Session>, draft: EventDraft) {
+    match host.sessions.append(session, vec![draft]) {
+        Ok(committed) => {
+            let _ = committed.await;
+        }
+        Err(err) => tracing::warn!(error = %err, "approval event not recorded"),
+    }
+}

@@ -1,0 +1,222 @@
+//! Sessions over a real host: creation inside the permitted roots, snapshots, subscriptions,
+//! cursor checks and durability across kill -9.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::{Value, json};
+use std::path::Path;
+use tests::{Client, HostProcess};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_pi-host"))
+}
+
+async fn owner(host: &HostProcess) -> Client {
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    client
+}
+
+async fn create(client: &mut Client, workspace: &str) -> Value {
+    let reply = client
+        .call(
+            "session/create",
+            json!({"workspace": workspace, "title": "t"}),
+        )
+        .await;
+    assert!(reply.get("result").is_some(), "{reply}");
+    reply["result"]["session"].clone()
+}
+
+/// Reads pushes until `subscription/ended`; returns the events delivered before it.
+async fn events_until_ended(client: &mut Client) -> Vec<Value> {
+    let mut events = Vec::new();
+    loop {
+        let frame = client.next_frame().await.expect("connection open");
+        match frame["method"].as_str() {
+            Some("session/events") => {
+                events.extend(frame["params"]["events"].as_array().unwrap().clone())
+            }
+            Some("subscription/ended") => return events,
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn workspaces_must_be_directories_inside_the_roots() {
+    let host = HostProcess::start(bin()).await;
+    let mut client = owner(&host).await;
+    let ok = create(&mut client, &host.workspace("app")).await;
+    assert_eq!(ok["state"], "idle");
+    assert!(ok["workspace"].as_str().unwrap().ends_with("/app"));
+
+    let outside = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            outside.path().to_str().unwrap().to_string(),
+            "REMOTE_PATH_FORBIDDEN",
+        ),
+        (
+            format!("{}/app/../../..", host.root.path().display()),
+            "REMOTE_PATH_FORBIDDEN",
+        ),
+        (
+            format!("{}/missing", host.root.path().display()),
+            "REMOTE_PATH_NOT_FOUND",
+        ),
+        ("relative/dir".to_string(), "INVALID_PARAMS"),
+    ];
+    for (workspace, code) in cases {
+        let reply = client
+            .call("session/create", json!({"workspace": workspace}))
+            .await;
+        assert_eq!(reply["error"]["code"], code, "{workspace}: {reply}");
+    }
+    std::os::unix::fs::symlink(outside.path(), host.root.path().join("escape")).unwrap();
+    let escape = format!("{}/escape", host.root.path().display());
+    let reply = client
+        .call("session/create", json!({"workspace": escape}))
+        .await;
+    assert_eq!(reply["error"]["code"], "REMOTE_PATH_FORBIDDEN");
+    std::fs::write(host.root.path().join("file.txt"), "x").unwrap();
+    let file = format!("{}/file.txt", host.root.path().display());
+    let reply = client
+        .call("session/create", json!({"workspace": file}))
+        .await;
+    assert_eq!(reply["error"]["code"], "INVALID_PARAMS");
+}
+
+#[tokio::test]
+async fn subscribers_see_close_and_the_subscription_ends() {
+    let host = HostProcess::start(bin()).await;
+    let mut client = owner(&host).await;
+    let session = create(&mut client, &host.workspace("a")).await;
+    let id = session["sessionId"].as_str().unwrap();
+    let listed = client.call("session/list", json!({})).await;
+    assert_eq!(listed["result"]["sessions"][0]["sessionId"], id);
+
+    let got = client.call("session/get", json!({"sessionId": id})).await;
+    assert_eq!(got["result"]["snapshot"]["state"], "idle");
+    let start = got["result"]["cursor"].clone();
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": id, "cursor": start}),
+        )
+        .await;
+    assert_eq!(sub["result"]["cursor"], start);
+
+    let closed = client.call("session/close", json!({"sessionId": id})).await;
+    assert!(closed.get("result").is_some(), "{closed}");
+    let again = client.call("session/close", json!({"sessionId": id})).await;
+    assert!(
+        again.get("result").is_some(),
+        "closing twice is fine: {again}"
+    );
+    let events = events_until_ended(&mut client).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["type"], "session.closed");
+    assert_eq!(events[0]["seq"], 1);
+
+    let got = client.call("session/get", json!({"sessionId": id})).await;
+    assert_eq!(got["result"]["session"]["state"], "closed");
+    assert_eq!(got["result"]["cursor"], events[0]["cursor"]);
+    let missing = client
+        .call("session/get", json!({"sessionId": "ses_nope"}))
+        .await;
+    assert_eq!(missing["error"]["code"], "SESSION_NOT_FOUND");
+}
+
+#[tokio::test]
+async fn cursors_from_another_epoch_or_malformed_are_refused() {
+    let host = HostProcess::start(bin()).await;
+    let mut client = owner(&host).await;
+    let a = create(&mut client, &host.workspace("a")).await;
+    let b = create(&mut client, &host.workspace("b")).await;
+    let reply = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": a["sessionId"], "cursor": b["cursor"]}),
+        )
+        .await;
+    assert_eq!(reply["error"]["code"], "CURSOR_EXPIRED", "{reply}");
+    assert_eq!(reply["error"]["details"]["reason"], "other_epoch");
+    assert_eq!(reply["error"]["details"]["head"], a["cursor"]);
+    assert_eq!(reply["error"]["recovery"], "resnapshot");
+    let reply = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": a["sessionId"], "cursor": "not-a-cursor"}),
+        )
+        .await;
+    assert_eq!(reply["error"]["code"], "INVALID_PARAMS");
+    assert_eq!(reply["error"]["details"]["path"], "params.cursor");
+}
+
+#[tokio::test]
+async fn observers_read_but_do_not_drive() {
+    let host = HostProcess::start(bin()).await;
+    let mut client = owner(&host).await;
+    let session = create(&mut client, &host.workspace("a")).await;
+    let (_, token) = host.pair_device("phone", &["--roles", "observer"]).await;
+    let mut observer = Client::connect(&host.url(), &token).await.unwrap();
+    observer.hello().await;
+    let reply = observer
+        .call("session/create", json!({"workspace": host.workspace("b")}))
+        .await;
+    assert_eq!(reply["error"]["code"], "FORBIDDEN");
+    let reply = observer
+        .call("session/close", json!({"sessionId": session["sessionId"]}))
+        .await;
+    assert_eq!(reply["error"]["code"], "FORBIDDEN");
+    let reply = observer.call("session/list", json!({})).await;
+    assert_eq!(reply["result"]["sessions"].as_array().unwrap().len(), 1);
+    let reply = observer
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session["sessionId"]}),
+        )
+        .await;
+    assert!(reply.get("result").is_some(), "{reply}");
+}
+
+#[tokio::test]
+async fn sessions_and_their_logs_survive_kill_9() {
+    let host = HostProcess::start(bin()).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let session = create(&mut client, &host.workspace("a")).await;
+    let id = session["sessionId"].as_str().unwrap().to_string();
+    let before = session["cursor"].clone();
+    let reply = client.call("session/close", json!({"sessionId": id})).await;
+    assert!(reply.get("result").is_some());
+    let got = client.call("session/get", json!({"sessionId": id})).await;
+    let head = got["result"]["cursor"].clone();
+    drop(client);
+
+    let host = host.restart(&[]).await;
+    let mut client = Client::connect(&host.url(), &token)
+        .await
+        .expect("device survives");
+    client.hello().await;
+    let got = client.call("session/get", json!({"sessionId": id})).await;
+    assert_eq!(
+        got["result"]["cursor"], head,
+        "same epoch and head after restart"
+    );
+    assert_eq!(got["result"]["session"]["state"], "closed");
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": id, "cursor": before}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    let events = events_until_ended(&mut client).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["type"], "session.closed");
+    assert_eq!(events[0]["cursor"], head);
+}
