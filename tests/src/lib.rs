@@ -309,6 +309,11 @@ impl Client {
         self.try_send_text(text).await.expect("send frame");
     }
 
+    /// Puts a frame back: the next `next_frame` returns it first.
+    pub fn unread(&mut self, frame: Value) {
+        self.pending.push_front(frame);
+    }
+
     /// Sends a frame; an error means the server already closed or reset the connection.
     pub async fn try_send_text(&mut self, text: String) -> Result<(), tungstenite::Error> {
         self.ws.send(Message::Text(text.into())).await

@@ -31,6 +31,9 @@ struct Connection {
     fatal: Option<AppError>,
 }
 
+/// How long the final connection error may wait for the socket to take it.
+const FINAL_FRAME_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Frames a connection sends for its subscriptions before it looks at other work again.
 const DELIVERY_BURST: usize = 8;
 
@@ -142,8 +145,9 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
         }
     }
     if let Some(error) = ending {
-        // Best effort: a client that stopped reading may not take even this.
-        let _ = tokio::time::timeout(stall, close_with(&mut socket, error)).await;
+        // A client that stopped reading takes the final error only once it reads again (the
+        // frame waits behind what fills its socket buffers); give it a while, then drop it.
+        let _ = tokio::time::timeout(FINAL_FRAME_GRACE, close_with(&mut socket, error)).await;
     }
     drop(conn);
     state.unregister(connection_id);

@@ -394,7 +394,7 @@ async fn pump(
                         turn_id.clone(),
                         payload.clone(),
                     ));
-                    if let (true, Some(active)) = (ends_run, state.active.take()) {
+                    if let Some(active) = ends_run.then(|| state.active.take()).flatten() {
                         let (outcome, error) = outcome_of(&payload, active.abort_requested);
                         drafts.extend(host.turns.approvals.cancel_turn(&active.turn_id));
                         drafts.push(finished_draft(&active.turn_id, outcome, error));

@@ -1,0 +1,546 @@
+//! Turns, approvals, replay, backpressure and durability, driven over RACP-WS against a real
+//! host running the stand-in agent (a test fixture speaking pi's RPC subset).
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::{Value, json};
+use std::path::Path;
+use tests::{Client, HostProcess};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_pi-host"))
+}
+
+async fn start_host(extra: &[&str]) -> HostProcess {
+    let agent = tests::stand_in_agent();
+    let mut args = vec!["--agent", agent.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    HostProcess::start_with(bin(), &args).await
+}
+
+struct Setup {
+    host: HostProcess,
+    token: String,
+    client: Client,
+    session_id: String,
+    start: Value,
+}
+
+async fn setup(extra: &[&str]) -> Setup {
+    let host = start_host(extra).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session = &created["result"]["session"];
+    Setup {
+        session_id: session["sessionId"].as_str().unwrap().to_string(),
+        start: session["cursor"].clone(),
+        host,
+        token,
+        client,
+    }
+}
+
+async fn connect(s: &Setup) -> Client {
+    let mut client = Client::connect(&s.host.url(), &s.token).await.unwrap();
+    client.hello().await;
+    client
+}
+
+async fn subscribe(client: &mut Client, session_id: &str, cursor: Option<&Value>) -> Value {
+    let mut params = json!({"sessionId": session_id});
+    if let Some(cursor) = cursor {
+        params["cursor"] = cursor.clone();
+    }
+    client.call("session/subscribe", params).await
+}
+
+async fn start_turn(client: &mut Client, session_id: &str, key: &str, text: &str) -> Value {
+    client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
+        )
+        .await
+}
+
+/// Collects events until one satisfies `done` (inclusive); later events of the same frame stay
+/// unread for the next call.
+async fn events_until(client: &mut Client, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let mut events = Vec::new();
+    loop {
+        let mut frame = client.next_frame().await.expect("connection open");
+        if frame["method"] != "session/events" {
+            continue;
+        }
+        let batch = frame["params"]["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for (i, event) in batch.iter().enumerate() {
+            events.push(event.clone());
+            if done(event) {
+                if i + 1 < batch.len() {
+                    frame["params"]["events"] = Value::Array(batch[i + 1..].to_vec());
+                    client.unread(frame);
+                }
+                return events;
+            }
+        }
+    }
+}
+
+fn is_turn_finished(event: &Value) -> bool {
+    event["type"] == "turn.finished"
+}
+
+fn assert_contiguous(events: &[Value], first_seq: u64) {
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(
+            event["seq"],
+            first_seq + i as u64,
+            "gap or duplicate at index {i}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_turn_streams_agent_events_between_turn_started_and_turn_finished() {
+    let mut s = setup(&[]).await;
+    let sub = subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    let turn = start_turn(&mut s.client, &s.session_id, "k1", "deltas:5").await;
+    let turn_id = turn["result"]["turnId"].as_str().unwrap().to_string();
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    assert_contiguous(&events, 1);
+    assert_eq!(events[0]["type"], "turn.started");
+    assert_eq!(events[0]["data"]["text"], "deltas:5");
+    let last = events.last().unwrap();
+    assert_eq!(last["data"]["outcome"], "completed");
+    assert!(events.iter().all(|e| e["turnId"] == turn_id.as_str()));
+    let deltas = events
+        .iter()
+        .filter(|e| {
+            e["type"] == "agent.message_update"
+                && e["data"]["assistantMessageEvent"]["type"] == "text_delta"
+        })
+        .count();
+    assert_eq!(deltas, 5);
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let agent_end = kinds.iter().position(|k| *k == "agent.agent_end").unwrap();
+    assert_eq!(
+        agent_end + 1,
+        kinds.len() - 1,
+        "turn.finished follows agent_end"
+    );
+
+    let got = s
+        .client
+        .call("session/get", json!({"sessionId": s.session_id}))
+        .await;
+    let snapshot = &got["result"]["snapshot"];
+    assert_eq!(snapshot["state"], "idle");
+    assert_eq!(snapshot["turns"][0]["state"], "completed");
+    assert_eq!(got["result"]["cursor"], last["cursor"]);
+}
+
+#[tokio::test]
+async fn turn_start_is_idempotent_by_key() {
+    let mut s = setup(&[]).await;
+    let first = start_turn(&mut s.client, &s.session_id, "same", "deltas:1").await;
+    let again = start_turn(&mut s.client, &s.session_id, "same", "deltas:1").await;
+    assert_eq!(first["result"]["turnId"], again["result"]["turnId"]);
+    let other = start_turn(&mut s.client, &s.session_id, "same", "deltas:2").await;
+    assert_eq!(other["error"]["code"], "IDEMPOTENCY_CONFLICT");
+    let sub = subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    assert!(sub.get("result").is_some());
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let started = events
+        .iter()
+        .filter(|e| e["type"] == "turn.started")
+        .count();
+    assert_eq!(started, 1, "one turn despite the resend");
+}
+
+#[tokio::test]
+async fn busy_steer_abort_and_crash() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    let turn = start_turn(&mut s.client, &s.session_id, "a", "hang").await;
+    let turn_id = turn["result"]["turnId"].clone();
+    let busy = start_turn(&mut s.client, &s.session_id, "b", "deltas:1").await;
+    assert_eq!(busy["error"]["code"], "AGENT_BUSY");
+    let steer = s
+        .client
+        .call(
+            "turn/steer",
+            json!({"sessionId": s.session_id, "turnId": turn_id, "text": "hurry"}),
+        )
+        .await;
+    assert!(steer.get("result").is_some(), "{steer}");
+    let unknown = s
+        .client
+        .call(
+            "turn/steer",
+            json!({"sessionId": s.session_id, "turnId": "turn_nope", "text": "x"}),
+        )
+        .await;
+    assert_eq!(unknown["error"]["code"], "TURN_NOT_FOUND");
+    let abort = s
+        .client
+        .call(
+            "turn/abort",
+            json!({"sessionId": s.session_id, "turnId": turn_id}),
+        )
+        .await;
+    assert!(abort.get("result").is_some(), "{abort}");
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["data"]["outcome"], "aborted");
+    assert_eq!(last["data"]["error"]["code"], "TURN_ABORTED");
+    let again = s
+        .client
+        .call(
+            "turn/abort",
+            json!({"sessionId": s.session_id, "turnId": turn_id}),
+        )
+        .await;
+    assert!(
+        again.get("result").is_some(),
+        "aborting a finished turn is fine: {again}"
+    );
+
+    start_turn(&mut s.client, &s.session_id, "c", "deltas:1 crash").await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["data"]["outcome"], "failed");
+    assert_eq!(last["data"]["error"]["code"], "AGENT_SIDECAR_CRASHED");
+    assert!(
+        last["data"]["error"]["details"]["stderrTail"]
+            .as_str()
+            .unwrap()
+            .contains("scripted crash")
+    );
+
+    // The next turn restarts the agent.
+    start_turn(&mut s.client, &s.session_id, "d", "deltas:2").await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+}
+
+#[tokio::test]
+async fn a_missing_agent_is_agent_unavailable() {
+    let host = HostProcess::start_with(bin(), &["--agent", "/nonexistent/pi --mode rpc"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let id = created["result"]["session"]["sessionId"].clone();
+    let reply = client
+        .call(
+            "turn/start",
+            json!({"sessionId": id, "idempotencyKey": "k", "text": "hi"}),
+        )
+        .await;
+    assert_eq!(reply["error"]["code"], "AGENT_UNAVAILABLE", "{reply}");
+    assert!(reply["error"]["details"]["suggestion"].as_str().is_some());
+}
+
+#[tokio::test]
+async fn approvals_first_answer_wins_and_others_are_stale() {
+    let mut s = setup(&[]).await;
+    let mut other = connect(&s).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "k", "approve:confirm").await;
+    let events = events_until(&mut s.client, |e| e["type"] == "approval.requested").await;
+    let approval_id = events.last().unwrap()["data"]["approvalId"].clone();
+    let got = s
+        .client
+        .call("session/get", json!({"sessionId": s.session_id}))
+        .await;
+    assert_eq!(
+        got["result"]["snapshot"]["pendingApprovals"][0]["approvalId"],
+        approval_id
+    );
+
+    let wrong = other
+        .call(
+            "approval/respond",
+            json!({"approvalId": approval_id, "decision": {"value": "x"}}),
+        )
+        .await;
+    assert_eq!(wrong["error"]["code"], "INVALID_PARAMS");
+    let first = other
+        .call(
+            "approval/respond",
+            json!({"approvalId": approval_id, "decision": "allow"}),
+        )
+        .await;
+    assert_eq!(first["result"]["approval"]["state"], "allowed", "{first}");
+    let second = s
+        .client
+        .call(
+            "approval/respond",
+            json!({"approvalId": approval_id, "decision": "deny"}),
+        )
+        .await;
+    assert_eq!(second["error"]["code"], "APPROVAL_STALE");
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let settled = events
+        .iter()
+        .find(|e| e["type"] == "approval.settled")
+        .unwrap();
+    assert_eq!(settled["data"]["outcome"], "allowed");
+    let tool_end = events
+        .iter()
+        .find(|e| e["type"] == "agent.tool_execution_end")
+        .unwrap();
+    assert!(
+        tool_end.to_string().contains("stand-in tool ran"),
+        "{tool_end}"
+    );
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+}
+
+#[tokio::test]
+async fn approvals_expire_at_their_deadline() {
+    let mut s = setup(&["--approval-timeout-ms", "300"]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "k", "approve:confirm").await;
+    let events = events_until(&mut s.client, |e| e["type"] == "approval.settled").await;
+    let requested = events
+        .iter()
+        .find(|e| e["type"] == "approval.requested")
+        .unwrap();
+    let settled = events.last().unwrap();
+    assert_eq!(settled["data"]["outcome"], "expired");
+    assert!(settled["at"].as_u64().unwrap() >= requested["data"]["deadline"].as_u64().unwrap());
+    let late = s
+        .client
+        .call(
+            "approval/respond",
+            json!({"approvalId": requested["data"]["approvalId"], "decision": "allow"}),
+        )
+        .await;
+    assert_eq!(late["error"]["code"], "APPROVAL_EXPIRED");
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let tool_end = events
+        .iter()
+        .find(|e| e["type"] == "agent.tool_execution_end")
+        .unwrap();
+    assert!(
+        tool_end.to_string().contains("Blocked"),
+        "the agent was told no: {tool_end}"
+    );
+}
+
+#[tokio::test]
+async fn a_subscriber_that_drops_mid_stream_resumes_with_every_event_once() {
+    let mut s = setup(&[]).await;
+    let mut reader = connect(&s).await;
+    subscribe(&mut reader, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "k", "burst:10000").await;
+    let mut seen = events_until(&mut reader, |e| e["seq"].as_u64().unwrap() >= 3000).await;
+    drop(reader);
+    let last_cursor = seen.last().unwrap()["cursor"].clone();
+    let mut reader = connect(&s).await;
+    let sub = subscribe(&mut reader, &s.session_id, Some(&last_cursor)).await;
+    assert_eq!(sub["result"]["cursor"], last_cursor);
+    seen.extend(events_until(&mut reader, is_turn_finished).await);
+    assert_contiguous(&seen, 1);
+    let deltas = seen
+        .iter()
+        .filter(|e| {
+            e["type"] == "agent.message_update"
+                && e["data"]["assistantMessageEvent"]["type"] == "text_delta"
+        })
+        .count();
+    assert_eq!(deltas, 10_000);
+}
+
+#[tokio::test]
+async fn an_expired_cursor_recovers_through_a_snapshot_without_a_gap() {
+    let mut s = setup(&["--retain-events", "100"]).await;
+    start_turn(&mut s.client, &s.session_id, "k1", "burst:500").await;
+    let mut watcher = connect(&s).await;
+    subscribe(&mut watcher, &s.session_id, None).await;
+    // Wait for the turn to end by watching a live subscription started at the head.
+    loop {
+        let got = s
+            .client
+            .call("session/get", json!({"sessionId": s.session_id}))
+            .await;
+        if got["result"]["snapshot"]["state"] == "idle" {
+            break;
+        }
+        watcher.next_frame().await;
+    }
+    let expired = subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    assert_eq!(expired["error"]["code"], "CURSOR_EXPIRED");
+    assert_eq!(expired["error"]["details"]["reason"], "older_than_window");
+    let got = s
+        .client
+        .call("session/get", json!({"sessionId": s.session_id}))
+        .await;
+    let cursor = got["result"]["cursor"].clone();
+    assert_eq!(expired["error"]["details"]["head"], cursor);
+    let sub = subscribe(&mut s.client, &s.session_id, Some(&cursor)).await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    start_turn(&mut s.client, &s.session_id, "k2", "deltas:3").await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let head_seq: u64 = cursor
+        .as_str()
+        .unwrap()
+        .rsplit('-')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_contiguous(&events, head_seq + 1);
+}
+
+#[tokio::test]
+async fn a_slow_subscriber_is_cut_off_and_a_healthy_one_keeps_up() {
+    let mut s = setup(&["--send-stall-ms", "300", "--max-lag-events", "2000"]).await;
+    let mut slow = connect(&s).await;
+    subscribe(&mut slow, &s.session_id, Some(&s.start)).await;
+    let mut healthy = connect(&s).await;
+    subscribe(&mut healthy, &s.session_id, Some(&s.start)).await;
+    // Big events fill the slow client's socket buffers quickly.
+    start_turn(&mut s.client, &s.session_id, "k", "big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 burst:20000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000").await;
+    let events = events_until(&mut healthy, is_turn_finished).await;
+    assert_contiguous(&events, 1);
+    let (frames, close) = slow.until_close().await;
+    let error = frames
+        .iter()
+        .rev()
+        .find(|f| f.get("error").is_some())
+        .expect("a connection error");
+    assert_eq!(error["error"]["code"], "CLIENT_TOO_SLOW");
+    assert!(
+        error["error"]["details"]["lastCursor"]
+            .as_object()
+            .unwrap()
+            .len()
+            == 1
+    );
+    assert_eq!(u16::from(close.expect("close frame").code), 4015);
+    // The host is fine: the healthy client still works.
+    let got = healthy
+        .call("session/get", json!({"sessionId": s.session_id}))
+        .await;
+    assert!(got.get("result").is_some());
+}
+
+#[tokio::test]
+async fn kill_9_mid_stream_loses_nothing_a_client_saw() {
+    let mut s = setup(&[]).await;
+    let mut reader = connect(&s).await;
+    subscribe(&mut reader, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "k", "burst:20000").await;
+    let mut seen = events_until(&mut reader, |e| e["seq"].as_u64().unwrap() >= 2000).await;
+    let Setup {
+        host,
+        token,
+        session_id,
+        ..
+    } = s;
+    let host = host
+        .restart(&["--agent", tests::stand_in_agent().to_str().unwrap()])
+        .await;
+    // Keep reading what the first host sent before it died.
+    while let Some(frame) = reader.next_frame().await {
+        if frame["method"] == "session/events" {
+            seen.extend(
+                frame["params"]["events"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .cloned(),
+            );
+        }
+    }
+    assert_contiguous(&seen, 1);
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let last = seen.last().unwrap()["cursor"].clone();
+    let sub = subscribe(&mut client, &session_id, Some(&last)).await;
+    assert!(
+        sub.get("result").is_some(),
+        "every cursor a client saw is still valid: {sub}"
+    );
+    // The interrupted turn is ended by the restart; replay continues exactly after `last`.
+    seen.extend(events_until(&mut client, is_turn_finished).await);
+    assert_contiguous(&seen, 1);
+    let finished = seen.last().unwrap();
+    assert_eq!(finished["data"]["outcome"], "failed");
+}
+
+#[tokio::test]
+async fn sigterm_drains_cleanly_and_loses_nothing() {
+    let mut s = setup(&[]).await;
+    let mut reader = connect(&s).await;
+    subscribe(&mut reader, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "k", "deltas:3").await;
+    let seen = events_until(&mut reader, is_turn_finished).await;
+    assert!(s.host.terminate().await, "clean exit on SIGTERM");
+    let (frames, close) = reader.until_close().await;
+    let error = frames
+        .iter()
+        .rev()
+        .find(|f| f.get("error").is_some())
+        .expect("a connection error");
+    assert_eq!(error["error"]["code"], "HOST_SHUTTING_DOWN");
+    assert_eq!(u16::from(close.expect("close frame").code), 1001);
+    let host = s.host.restart(&[]).await;
+    let mut client = Client::connect(&host.url(), &s.token).await.unwrap();
+    client.hello().await;
+    let got = client
+        .call("session/get", json!({"sessionId": s.session_id}))
+        .await;
+    assert_eq!(got["result"]["cursor"], seen.last().unwrap()["cursor"]);
+}
+
+#[tokio::test]
+async fn closing_a_session_ends_the_agent_process_tree() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "k", "spawn-child hang").await;
+    let events = events_until(&mut s.client, |e| e["type"] == "agent.stand_in_child").await;
+    let pid = events.last().unwrap()["data"]["pid"].as_u64().unwrap();
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+    let closed = s
+        .client
+        .call("session/close", json!({"sessionId": s.session_id}))
+        .await;
+    assert!(closed.get("result").is_some(), "{closed}");
+    let events = events_until(&mut s.client, |e| e["type"] == "session.closed").await;
+    let finished = events.iter().find(|e| is_turn_finished(e)).unwrap();
+    assert_eq!(finished["data"]["outcome"], "aborted");
+    let deadline = std::time::Instant::now() + tests::PATIENCE;
+    while is_alive(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "child {pid} outlived its session"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A process that exited but was not reaped yet is a zombie: it counts as gone.
+fn is_alive(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
