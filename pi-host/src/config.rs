@@ -1,5 +1,6 @@
 //! Host settings: embedded defaults, overridden by environment and flags.
 
+use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,6 +34,7 @@ pub struct ServeConfig {
 pub struct HostLimits {
     pub max_frame_bytes: u32,
     pub max_in_flight: u32,
+    pub max_in_flight_host: u32,
     pub max_subscriptions: u32,
     pub requests_per_second: u32,
     pub request_burst: u32,
@@ -52,6 +54,7 @@ impl Default for HostLimits {
         HostLimits {
             max_frame_bytes: racp_proto::limits::DEFAULT_MAX_FRAME_BYTES,
             max_in_flight: 64,
+            max_in_flight_host: 4096,
             max_subscriptions: 64,
             requests_per_second: 100,
             request_burst: 200,
@@ -94,4 +97,152 @@ fn home_dir() -> Option<PathBuf> {
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
+}
+
+/// Settings a user can give as `serve` flags or as keys of the `--config` TOML file (same names,
+/// snake_case in the file). A flag wins over the environment, which wins over the file.
+#[derive(Debug, Default, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Address to listen on [default: 127.0.0.1:7878]; non-loopback addresses need TLS.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// The agent command run for each session [default: "pi --mode rpc"]
+    #[arg(long, env = "PI_HOST_AGENT")]
+    pub agent: Option<String>,
+    /// Directories sessions and fs/* may use (repeatable) [default: $HOME]
+    #[arg(long = "root")]
+    #[serde(default)]
+    pub roots: Vec<PathBuf>,
+    /// Extra Host header names to accept besides loopback and `localhost` (repeatable).
+    #[arg(long = "allow-host")]
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Browser Origins to accept; any other Origin is refused (repeatable).
+    #[arg(long = "allow-origin")]
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Events each session keeps for replay [default: 200000]
+    #[arg(long)]
+    pub retain_events: Option<usize>,
+    /// Heartbeat interval in milliseconds [default: 15000]
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+    /// A live subscriber this many events behind gets CLIENT_TOO_SLOW [default: 20000]
+    #[arg(long)]
+    pub max_lag_events: Option<u64>,
+    /// A socket write blocked this long (ms) means the client stopped reading [default: 10000]
+    #[arg(long)]
+    pub send_stall_ms: Option<u64>,
+    /// Sustained calls per second per device [default: 100]
+    #[arg(long)]
+    pub requests_per_second: Option<u32>,
+    /// Calls a device may make in a burst above the sustained rate [default: 200]
+    #[arg(long)]
+    pub request_burst: Option<u32>,
+    /// Longest an approval waits for an answer, in ms [default: 600000]
+    #[arg(long)]
+    pub approval_timeout_ms: Option<u64>,
+}
+
+impl Settings {
+    /// `self` (flags and environment) over `file`.
+    fn over(self, file: Settings) -> Settings {
+        fn list<T>(flags: Vec<T>, file: Vec<T>) -> Vec<T> {
+            if flags.is_empty() { file } else { flags }
+        }
+        Settings {
+            listen: self.listen.or(file.listen),
+            agent: self.agent.or(file.agent),
+            roots: list(self.roots, file.roots),
+            allowed_hosts: list(self.allowed_hosts, file.allowed_hosts),
+            allowed_origins: list(self.allowed_origins, file.allowed_origins),
+            retain_events: self.retain_events.or(file.retain_events),
+            heartbeat_ms: self.heartbeat_ms.or(file.heartbeat_ms),
+            max_lag_events: self.max_lag_events.or(file.max_lag_events),
+            send_stall_ms: self.send_stall_ms.or(file.send_stall_ms),
+            requests_per_second: self.requests_per_second.or(file.requests_per_second),
+            request_burst: self.request_burst.or(file.request_burst),
+            approval_timeout_ms: self.approval_timeout_ms.or(file.approval_timeout_ms),
+        }
+    }
+}
+
+/// Builds the serve configuration from flags, the optional config file and the defaults.
+pub fn load(
+    file: Option<&std::path::Path>,
+    flags: Settings,
+    data_dir: PathBuf,
+) -> Result<ServeConfig, String> {
+    let from_file = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            toml::from_str(&text).map_err(|e| format!("bad config file {}: {e}", path.display()))?
+        }
+        None => Settings::default(),
+    };
+    let s = flags.over(from_file);
+    let listen = match s.listen {
+        Some(listen) => listen,
+        None => DEFAULT_LISTEN
+            .parse()
+            .map_err(|e| format!("bad default listen address: {e}"))?,
+    };
+    let mut config = ServeConfig::new(listen, data_dir);
+    if let Some(agent) = s.agent {
+        config.agent = agent;
+    }
+    if !s.roots.is_empty() {
+        config.roots = s.roots;
+    }
+    config.allowed_hosts = s.allowed_hosts;
+    config.allowed_origins = s.allowed_origins;
+    let ms = |v: u64| Duration::from_millis(v.max(10));
+    if let Some(n) = s.retain_events {
+        config.retention.max_events = n.max(1);
+    }
+    if let Some(v) = s.heartbeat_ms {
+        config.heartbeat = ms(v);
+    }
+    if let Some(v) = s.max_lag_events {
+        config.limits.max_lag_events = v;
+    }
+    if let Some(v) = s.send_stall_ms {
+        config.limits.send_stall = ms(v);
+    }
+    if let Some(v) = s.requests_per_second {
+        config.limits.requests_per_second = v;
+    }
+    if let Some(v) = s.request_burst {
+        config.limits.request_burst = v;
+    }
+    if let Some(v) = s.approval_timeout_ms {
+        config.approval_timeout = ms(v);
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        let file: Settings =
+            toml::from_str("agent = \"from-file\"\nheartbeat_ms = 500\nroots = [\"/srv\"]\n")
+                .unwrap();
+        let flags = Settings {
+            heartbeat_ms: Some(700),
+            ..Settings::default()
+        };
+        let merged = flags.over(file);
+        assert_eq!(merged.agent.as_deref(), Some("from-file"));
+        assert_eq!(merged.heartbeat_ms, Some(700));
+        assert_eq!(merged.roots, vec![PathBuf::from("/srv")]);
+        assert!(
+            toml::from_str::<Settings>("colour = 1").is_err(),
+            "unknown keys are refused"
+        );
+    }
 }

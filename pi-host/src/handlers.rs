@@ -302,6 +302,7 @@ pub fn device_revoke(state: &HostState, params: DeviceRevokeParams) -> Result<Ac
         .store
         .revoke_device(&params.device_id, now_ms())
         .map_err(|e| state.internal(e))?;
+    state.rate.forget(&params.device_id);
     let killed = state.kill_device(
         &params.device_id,
         &AppError::new(ErrorCode::RemoteAuthFailed, "this device was revoked"),

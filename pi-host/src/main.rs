@@ -8,6 +8,7 @@ mod config;
 mod fsutil;
 mod handlers;
 mod paths;
+mod ratelimit;
 mod secrets;
 mod server;
 mod sessions;
@@ -16,9 +17,8 @@ mod store;
 mod turns;
 
 use clap::{Parser, Subcommand};
-use config::{DEFAULT_AGENT, DEFAULT_LISTEN, ServeConfig};
+use config::ServeConfig;
 use racp_proto::{AppError, Role};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -40,36 +40,11 @@ struct Cli {
 enum Command {
     /// Serve RACP-WS until SIGTERM or SIGINT.
     Serve {
-        /// Address to listen on; non-loopback addresses need TLS.
-        #[arg(long, default_value = DEFAULT_LISTEN)]
-        listen: SocketAddr,
-        /// The agent command run for each session.
-        #[arg(long, env = "PI_HOST_AGENT", default_value = DEFAULT_AGENT)]
-        agent: String,
-        /// Extra Host header names to accept besides loopback and `localhost`.
-        #[arg(long = "allow-host")]
-        allowed_hosts: Vec<String>,
-        /// Browser Origins to accept (any other Origin is refused).
-        #[arg(long = "allow-origin")]
-        allowed_origins: Vec<String>,
-        /// Directories sessions and fs/* may use (repeatable) [default: $HOME]
-        #[arg(long = "root")]
-        roots: Vec<PathBuf>,
-        /// Events each session keeps for replay.
-        #[arg(long, default_value_t = 200_000)]
-        retain_events: usize,
-        /// Heartbeat interval in milliseconds.
-        #[arg(long, default_value_t = 15_000)]
-        heartbeat_ms: u64,
-        /// A live subscriber this many events behind is disconnected with CLIENT_TOO_SLOW.
-        #[arg(long, default_value_t = 20_000)]
-        max_lag_events: u64,
-        /// A socket write blocked this long (ms) means the client stopped reading.
-        #[arg(long, default_value_t = 10_000)]
-        send_stall_ms: u64,
-        /// Longest an approval waits for an answer (ms).
-        #[arg(long, default_value_t = 600_000)]
-        approval_timeout_ms: u64,
+        /// A TOML file with the same settings as these flags (flags win).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        settings: config::Settings,
     },
     /// Mint a single-use pairing token on the running host.
     Pair {
@@ -154,29 +129,16 @@ fn main() -> ExitCode {
 async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
     match command {
         Command::Serve {
-            listen,
-            agent,
-            allowed_hosts,
-            allowed_origins,
-            roots,
-            retain_events,
-            heartbeat_ms,
-            max_lag_events,
-            send_stall_ms,
-            approval_timeout_ms,
+            config: file,
+            settings,
         } => {
-            let mut config = ServeConfig::new(listen, data_dir);
-            config.agent = agent;
-            config.allowed_hosts = allowed_hosts;
-            config.allowed_origins = allowed_origins;
-            if !roots.is_empty() {
-                config.roots = roots;
-            }
-            config.retention.max_events = retain_events.max(1);
-            config.heartbeat = std::time::Duration::from_millis(heartbeat_ms.max(10));
-            config.limits.max_lag_events = max_lag_events;
-            config.limits.send_stall = std::time::Duration::from_millis(send_stall_ms.max(10));
-            config.approval_timeout = std::time::Duration::from_millis(approval_timeout_ms.max(10));
+            let config = match config::load(file.as_deref(), settings, data_dir) {
+                Ok(config) => config,
+                Err(message) => {
+                    eprintln!("pi-host: {message}");
+                    return ExitCode::FAILURE;
+                }
+            };
             match serve(config).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
@@ -194,8 +156,10 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
                 let token = v["token"].as_str().unwrap_or_default();
                 let url = v["url"].as_str().unwrap_or_default();
                 format!(
-                    "Pairing token (single use, roles {}, expires at {} ms):\n  {token}\nPairing URL:\n  {url}\n",
-                    v["roles"], v["expiresAt"]
+                    "Pairing token (single use, roles {}, expires at {} ms):\n  {token}\nPairing URL:\n  {url}\n{}",
+                    v["roles"],
+                    v["expiresAt"],
+                    terminal_qr(url)
                 )
             })
             .await
@@ -262,6 +226,17 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
     }
 }
 
+/// The URL as a QR code drawn with Unicode half blocks (two rows of modules per line).
+fn terminal_qr(url: &str) -> String {
+    match qrcode::QrCode::new(url.as_bytes()) {
+        Ok(code) => code
+            .render::<qrcode::render::unicode::Dense1x2>()
+            .quiet_zone(true)
+            .build(),
+        Err(err) => format!("(no QR code: {err})"),
+    }
+}
+
 async fn admin_command(
     data_dir: &std::path::Path,
     request: &admin::AdminRequest,
@@ -290,7 +265,7 @@ fn report(error: &AppError, json: bool) -> ExitCode {
     ExitCode::FAILURE
 }
 
-async fn serve(config: ServeConfig) -> Result<(), String> {
+async fn serve(mut config: ServeConfig) -> Result<(), String> {
     if !config.listen.ip().is_loopback() {
         return Err(format!(
             "refusing to listen on {}: a non-loopback address needs TLS, which this build does not have yet",
@@ -298,15 +273,17 @@ async fn serve(config: ServeConfig) -> Result<(), String> {
         ));
     }
     let listen = config.listen;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    // The real port (when asked for port 0) is what pairing URLs and `status` must show.
+    config.listen = local;
     let state = state::HostState::open(config).map_err(|e| e.to_string())?;
     turns::end_interrupted_turns(&state).await;
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
     tokio::spawn(admin::serve(admin, state.clone()));
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%local, data_dir = %state.config.data_dir.display(), "pi-host listening");
     println!(
         "pi-host listening on ws://{local}{}",

@@ -21,6 +21,9 @@ pub struct HostState {
     pub started_at: u64,
     pub sessions: crate::sessions::Sessions,
     pub turns: crate::turns::Turns,
+    pub rate: crate::ratelimit::RateLimiter,
+    /// Calls in flight across every connection (HOST_OVERLOADED beyond it).
+    pub in_flight: Arc<tokio::sync::Semaphore>,
     draining: AtomicBool,
     next_connection: AtomicU64,
     /// Open connections: connection id → (device id, kill switch).
@@ -56,6 +59,7 @@ impl HostState {
         let sessions = crate::sessions::Sessions::open(&store, &db_path, config.retention)?;
         let fresh_id = secrets.new_id("host_")?;
         let host_id = store.meta_or_init("host_id", || fresh_id)?;
+        let limits = config.limits.clone();
         Ok(Arc::new(HostState {
             config,
             store,
@@ -64,6 +68,13 @@ impl HostState {
             started_at: now_ms(),
             sessions,
             turns: crate::turns::Turns::default(),
+            rate: crate::ratelimit::RateLimiter::new(
+                limits.requests_per_second,
+                limits.request_burst,
+            ),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(
+                limits.max_in_flight_host as usize,
+            )),
             draining: AtomicBool::new(false),
             next_connection: AtomicU64::new(1),
             connections: DashMap::new(),

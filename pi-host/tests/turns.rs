@@ -544,3 +544,53 @@ fn is_alive(pid: u64) -> bool {
         Err(_) => false,
     }
 }
+
+#[tokio::test]
+async fn the_agent_and_roots_can_come_from_a_config_file() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("w")).unwrap();
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        format!(
+            "agent = {:?}\nroots = [{:?}]\n",
+            tests::stand_in_agent().to_str().unwrap(),
+            root.path().to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let host = HostProcess::start_with(bin(), &["--config", config.path().to_str().unwrap()]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    // The harness also passes --root (its own temp dir); a flag wins over the file, so the
+    // file's root is refused and the flag's root accepted.
+    let in_file_root = root.path().join("w");
+    let reply = client
+        .call(
+            "session/create",
+            json!({"workspace": in_file_root.to_str().unwrap()}),
+        )
+        .await;
+    assert_eq!(reply["error"]["code"], "REMOTE_PATH_FORBIDDEN");
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session_id = created["result"]["session"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    subscribe(
+        &mut client,
+        &session_id,
+        Some(&created["result"]["session"]["cursor"]),
+    )
+    .await;
+    start_turn(&mut client, &session_id, "k", "deltas:1").await;
+    let events = events_until(&mut client, is_turn_finished).await;
+    assert_eq!(
+        events.last().unwrap()["data"]["outcome"],
+        "completed",
+        "agent from the file"
+    );
+}

@@ -329,3 +329,37 @@ async fn hello_without_a_common_version_closes_the_connection() {
     assert_eq!(frames.last().unwrap()["error"]["code"], "PROTOCOL_MISMATCH");
     assert_eq!(u16::from(close.unwrap().code), 4000);
 }
+
+#[tokio::test]
+async fn pair_prints_the_token_the_url_and_a_qr_code() {
+    let host = HostProcess::start(bin()).await;
+    let (ok, stdout, stderr) = host.cli(&["pair", "--roles", "observer"]).await;
+    assert!(ok, "{stderr}");
+    let token = stdout
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("ppt_"))
+        .expect("token line");
+    assert!(
+        stdout.contains(&format!("#{token}")),
+        "URL carries the token: {stdout}"
+    );
+    assert!(
+        stdout.contains('█') || stdout.contains('▀'),
+        "QR code drawn: {stdout}"
+    );
+    let mut client = Client::connect(&host.url(), token)
+        .await
+        .expect("printed token works");
+    client.hello().await;
+    let paired = client.call("pair", json!({"deviceName": "phone"})).await;
+    assert_eq!(paired["result"]["roles"], json!(["observer"]));
+
+    let (ok, stdout, _) = host.cli(&["status", "--json"]).await;
+    assert!(ok);
+    let status: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(status["listen"], host.addr.to_string());
+    let (ok, stdout, _) = host.cli(&["version", "--json"]).await;
+    assert!(ok);
+    assert!(stdout.contains("\"protocol\":1"), "{stdout}");
+}

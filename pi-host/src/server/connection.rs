@@ -27,6 +27,8 @@ struct Connection {
     said_hello: bool,
     in_flight: Arc<Semaphore>,
     subs: Subscriptions,
+    /// The rate budget this connection draws on: its device's, or its pairing token's.
+    rate_key: String,
     /// Set when a reply must be followed by closing the connection (PROTOCOL_MISMATCH).
     fatal: Option<AppError>,
 }
@@ -55,6 +57,10 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
     let mut conn = Connection {
         in_flight: Arc::new(Semaphore::new(limits.max_in_flight as usize)),
         subs: Subscriptions::new(limits.max_lag_events, limits.max_events_per_frame),
+        rate_key: match &credential {
+            Credential::Device { device_id, .. } => device_id.clone(),
+            Credential::Pairing { token_id, .. } => format!("pairing:{token_id}"),
+        },
         state: state.clone(),
         credential,
         max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
@@ -185,6 +191,11 @@ impl Connection {
         {
             return fail(id, error);
         }
+        if method != Method::Hello {
+            if let Err(error) = self.state.rate.check(&self.rate_key) {
+                return fail(id, error);
+            }
+        }
         if self.state.is_draining() {
             return fail(
                 id,
@@ -235,15 +246,18 @@ impl Connection {
                 }
             });
         }
-        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+        let (Ok(permit), Ok(host_permit)) = (
+            self.in_flight.clone().try_acquire_owned(),
+            self.state.in_flight.clone().try_acquire_owned(),
+        ) else {
             return fail(
                 id,
-                AppError::new(
-                    ErrorCode::HostOverloaded,
-                    "too many calls in flight on this connection",
-                )
-                .with_details(json!({"maxInFlight": self.state.config.limits.max_in_flight}))
-                .with_retry_after_ms(50),
+                AppError::new(ErrorCode::HostOverloaded, "too many calls in flight")
+                    .with_details(json!({
+                        "maxInFlight": self.state.config.limits.max_in_flight,
+                        "maxInFlightHost": self.state.config.limits.max_in_flight_host,
+                    }))
+                    .with_retry_after_ms(50),
             );
         };
         let state = self.state.clone();
@@ -258,7 +272,7 @@ impl Connection {
                     error,
                 }),
             };
-            drop(permit);
+            drop((permit, host_permit));
             let _ = replies.send(reply).await;
         });
         None
