@@ -44,7 +44,7 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
         #[command(flatten)]
-        settings: config::Settings,
+        settings: Box<config::Settings>,
     },
     /// Mint a single-use pairing token on the running host.
     Pair {
@@ -132,7 +132,7 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
             config: file,
             settings,
         } => {
-            let config = match config::load(file.as_deref(), settings, data_dir) {
+            let config = match config::load(file.as_deref(), *settings, data_dir) {
                 Ok(config) => config,
                 Err(message) => {
                     eprintln!("pi-host: {message}");

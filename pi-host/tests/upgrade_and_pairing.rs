@@ -25,6 +25,8 @@ async fn pairing_token_becomes_a_device_credential_once() {
     assert_eq!(pairing.selected_protocol.as_deref(), Some("racp.v1"));
     let hello = pairing.hello().await;
     assert_eq!(hello["principal"]["kind"], "pairing");
+    assert_eq!(hello["capabilities"], json!([]));
+    assert_eq!(hello["limits"]["maxSubscriptions"], 0);
     let denied = pairing.call("session/list", json!({})).await;
     assert_eq!(denied["error"]["code"], "UNAUTHORIZED");
     let paired = pairing.call("pair", json!({"deviceName": "laptop"})).await;
@@ -44,6 +46,12 @@ async fn pairing_token_becomes_a_device_credential_once() {
         .expect("device upgrade");
     let hello = device.hello().await;
     assert_eq!(hello["principal"]["kind"], "device");
+    assert!(
+        hello["capabilities"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("sessions"))
+    );
     assert_eq!(hello["principal"]["roles"], json!(["owner"]));
     let info = device.call("host/info", json!({})).await;
     assert_eq!(info["result"]["host"], hello["host"]);

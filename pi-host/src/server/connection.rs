@@ -323,15 +323,26 @@ impl Connection {
                 roles: Vec::new(),
             },
         };
+        // A pairing connection can only pair: it is offered no features and no subscriptions.
+        let pairing = matches!(self.credential, Credential::Pairing { .. });
+        let capabilities = if pairing {
+            Vec::new()
+        } else {
+            handlers::CAPABILITIES
+                .iter()
+                .map(|c| c.to_string())
+                .collect()
+        };
+        let mut limits = handlers::limits(&self.state, bound);
+        if pairing {
+            limits.max_subscriptions = 0;
+        }
         Ok(HelloResult {
             protocol: PROTOCOL_VERSION,
             host: handlers::host_identity(&self.state),
             principal,
-            capabilities: handlers::CAPABILITIES
-                .iter()
-                .map(|c| c.to_string())
-                .collect(),
-            limits: handlers::limits(&self.state, bound),
+            capabilities,
+            limits,
             heartbeat_ms: u64::try_from(self.state.config.heartbeat.as_millis())
                 .unwrap_or(u64::MAX),
         })
