@@ -24,6 +24,10 @@ pub struct ServeConfig {
     pub heartbeat: Duration,
     /// Directories sessions and `fs/*` may use (default: the user's home).
     pub roots: Vec<PathBuf>,
+    /// PEM certificate chain and private key: serve `wss://`.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Serve plain `ws://` on a non-loopback address anyway.
+    pub insecure_bind: bool,
     /// Longest an approval waits for an answer (the agent's own timeout applies when shorter).
     pub approval_timeout: Duration,
     pub retention: crate::sessions::log::Retention,
@@ -78,6 +82,8 @@ impl ServeConfig {
             limits: HostLimits::default(),
             heartbeat: Duration::from_secs(15),
             roots: home_dir().into_iter().collect(),
+            tls: None,
+            insecure_bind: false,
             approval_timeout: Duration::from_secs(10 * 60),
             retention: crate::sessions::log::Retention::default(),
         }
@@ -143,6 +149,16 @@ pub struct Settings {
     /// Longest an approval waits for an answer, in ms [default: 600000]
     #[arg(long)]
     pub approval_timeout_ms: Option<u64>,
+    /// PEM certificate chain for TLS (wss://); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS; needs --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Allow plain ws:// on a non-loopback address (tokens then cross the network unencrypted).
+    #[arg(long)]
+    #[serde(default)]
+    pub insecure_bind: bool,
 }
 
 impl Settings {
@@ -164,6 +180,9 @@ impl Settings {
             requests_per_second: self.requests_per_second.or(file.requests_per_second),
             request_burst: self.request_burst.or(file.request_burst),
             approval_timeout_ms: self.approval_timeout_ms.or(file.approval_timeout_ms),
+            tls_cert: self.tls_cert.or(file.tls_cert),
+            tls_key: self.tls_key.or(file.tls_key),
+            insecure_bind: self.insecure_bind || file.insecure_bind,
         }
     }
 }
@@ -220,6 +239,12 @@ pub fn load(
     if let Some(v) = s.approval_timeout_ms {
         config.approval_timeout = ms(v);
     }
+    config.tls = match (s.tls_cert, s.tls_key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err("TLS needs both tls_cert and tls_key".into()),
+    };
+    config.insecure_bind = s.insecure_bind;
     Ok(config)
 }
 

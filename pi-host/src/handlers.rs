@@ -360,7 +360,16 @@ pub fn mint_pairing(
         .map_err(|e| state.internal(e))?;
     tracing::info!(roles = ?roles, expires_at, "pairing token minted");
     Ok(PairingCreateResult {
-        url: format!("racp://{}/pair#{}", state.config.listen, minted.token),
+        url: format!(
+            "{}://{}/pair#{}",
+            if state.config.tls.is_some() {
+                "racps"
+            } else {
+                "racp"
+            },
+            state.config.listen,
+            minted.token
+        ),
         token: minted.token,
         expires_at,
         roles: roles.to_vec(),

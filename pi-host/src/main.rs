@@ -266,9 +266,14 @@ fn report(error: &AppError, json: bool) -> ExitCode {
 }
 
 async fn serve(mut config: ServeConfig) -> Result<(), String> {
-    if !config.listen.ip().is_loopback() {
+    let tls = match &config.tls {
+        Some((cert, key)) => Some(server::tls::server_config(cert, key)?),
+        None => None,
+    };
+    if !config.listen.ip().is_loopback() && tls.is_none() && !config.insecure_bind {
         return Err(format!(
-            "refusing to listen on {}: a non-loopback address needs TLS, which this build does not have yet",
+            "refusing to listen on {} without TLS: pass --tls-cert and --tls-key (or, to send \
+             tokens unencrypted over the network, --insecure-bind)",
             config.listen
         ));
     }
@@ -284,20 +289,34 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
     tokio::spawn(admin::serve(admin, state.clone()));
+    let scheme = if tls.is_some() { "wss" } else { "ws" };
     tracing::info!(%local, data_dir = %state.config.data_dir.display(), "pi-host listening");
     println!(
-        "pi-host listening on ws://{local}{}",
+        "pi-host listening on {scheme}://{local}{}",
         racp_proto::ENDPOINT_PATH
     );
+    let router = server::router(state.clone());
     let drain_state = state.clone();
-    axum::serve(listener, server::router(state.clone()))
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            tracing::info!("draining");
-            drain_state.begin_drain();
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+    let drained = async move {
+        shutdown_signal().await;
+        tracing::info!("draining");
+        drain_state.begin_drain();
+    };
+    let served = match tls {
+        Some(config) => {
+            let listener = server::tls::TlsListener::new(listener, config)
+                .map_err(|e| format!("cannot start TLS: {e}"))?;
+            axum::serve(listener, router)
+                .with_graceful_shutdown(drained)
+                .await
+        }
+        None => {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(drained)
+                .await
+        }
+    };
+    served.map_err(|e| e.to_string())?;
     // Every connection has closed: end the agents, then commit what is queued before exiting.
     state.turns.stop_all(&state).await;
     state.sessions.flush_and_stop();

@@ -83,7 +83,10 @@ impl HostProcess {
         let mut lines = BufReader::new(stdout).lines();
         let addr = tokio::time::timeout(PATIENCE, async {
             while let Some(line) = lines.next_line().await.expect("read stdout") {
-                if let Some(rest) = line.strip_prefix("pi-host listening on ws://") {
+                let rest = line
+                    .strip_prefix("pi-host listening on ws://")
+                    .or_else(|| line.strip_prefix("pi-host listening on wss://"));
+                if let Some(rest) = rest {
                     let addr = rest.trim_end_matches("/racp");
                     return addr.parse::<SocketAddr>().expect("listen address");
                 }

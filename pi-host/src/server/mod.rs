@@ -2,6 +2,7 @@
 
 mod connection;
 mod subscriptions;
+pub mod tls;
 pub mod upgrade;
 
 use crate::state::HostState;
