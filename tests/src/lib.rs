@@ -24,11 +24,15 @@ pub const PATIENCE: Duration = Duration::from_secs(30);
 
 /// A running `pi-host serve`.
 pub struct HostProcess {
+    // First, so it runs before the log directory is removed.
+    _log_tail: LogTail,
     child: Child,
     pub addr: SocketAddr,
     pub data_dir: tempfile::TempDir,
     /// The host's permitted root (`--root`): create workspaces inside it.
     pub root: tempfile::TempDir,
+    /// Holds `host.log`, the host's stderr (debug level unless PI_HOST_TEST_LOG says otherwise).
+    log_dir: tempfile::TempDir,
     bin: PathBuf,
 }
 
@@ -42,7 +46,8 @@ impl HostProcess {
     pub async fn start_with(bin: &Path, extra: &[&str]) -> HostProcess {
         let data_dir = tempfile::tempdir().expect("temp dir");
         let root = tempfile::tempdir().expect("temp dir");
-        HostProcess::spawn(bin, data_dir, root, extra).await
+        let log_dir = tempfile::tempdir().expect("temp dir");
+        HostProcess::spawn(bin, data_dir, root, log_dir, extra).await
     }
 
     /// Starts a host again on the same data directory and root (after a kill).
@@ -51,19 +56,26 @@ impl HostProcess {
             mut child,
             data_dir,
             root,
+            log_dir,
             bin,
             ..
         } = self;
         let _ = child.kill().await;
-        HostProcess::spawn(&bin, data_dir, root, extra).await
+        HostProcess::spawn(&bin, data_dir, root, log_dir, extra).await
     }
 
     async fn spawn(
         bin: &Path,
         data_dir: tempfile::TempDir,
         root: tempfile::TempDir,
+        log_dir: tempfile::TempDir,
         extra: &[&str],
     ) -> HostProcess {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_dir.path().join("host.log"))
+            .expect("open host log");
         let mut child = Command::new(bin)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir.path())
@@ -72,10 +84,11 @@ impl HostProcess {
             .args(extra)
             .env(
                 "PI_HOST_LOG",
-                std::env::var("PI_HOST_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+                std::env::var("PI_HOST_TEST_LOG").unwrap_or_else(|_| "debug".into()),
             )
+            .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::from(log))
             .kill_on_drop(true)
             .spawn()
             .expect("spawn pi-host");
@@ -98,10 +111,12 @@ impl HostProcess {
         // Keep draining stdout so the host never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         HostProcess {
+            _log_tail: LogTail(log_dir.path().join("host.log")),
             child,
             addr,
             data_dir,
             root,
+            log_dir,
             bin: bin.to_path_buf(),
         }
     }
@@ -178,11 +193,29 @@ impl HostProcess {
             .unwrap_or(false)
     }
 
+    /// Everything the host has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_dir.path().join("host.log")).unwrap_or_default()
+    }
+
     /// A new workspace directory inside the root; returns its path.
     pub fn workspace(&self, name: &str) -> String {
         let path = self.root.path().join(name);
         std::fs::create_dir_all(&path).expect("create workspace");
         path.to_str().expect("utf-8 path").to_string()
+    }
+}
+
+/// Prints the end of the host's log when a test fails while the host is alive.
+struct LogTail(PathBuf);
+
+impl Drop for LogTail {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+            let tail = &log[log.floor_char_boundary(log.len().saturating_sub(8 << 10))..];
+            eprintln!("--- pi-host log (tail) ---\n{tail}");
+        }
     }
 }
 

@@ -19,6 +19,8 @@ pub enum StoreError {
     Sql(#[from] rusqlite::Error),
     #[error("the store's lock was poisoned by a panic")]
     Poisoned,
+    #[error("cannot create the database file: {0}")]
+    Io(#[from] std::io::Error),
 }
 
 pub struct Store {
@@ -86,6 +88,10 @@ pub fn connect(path: &Path) -> Result<Connection, StoreError> {
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        // Create the file 0600 first: SQLite gives its -wal and -shm files the same mode.
+        if !path.exists() {
+            crate::fsutil::write_private(path, b"")?;
+        }
         let conn = connect(path)?;
         conn.execute_batch(SCHEMA)?;
         Ok(Store {
