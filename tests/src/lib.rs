@@ -212,8 +212,8 @@ struct LogTail(PathBuf);
 impl Drop for LogTail {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.0).unwrap_or_default();
-            let tail = &log[log.floor_char_boundary(log.len().saturating_sub(8 << 10))..];
+            let log = std::fs::read(&self.0).unwrap_or_default();
+            let tail = String::from_utf8_lossy(&log[log.len().saturating_sub(8 << 10)..]);
             eprintln!("--- pi-host log (tail) ---\n{tail}");
         }
     }
