@@ -22,9 +22,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
-/// Capabilities this host has on. Sessions, turns, approvals and fs arrive with issues 3 and 4;
-/// until then the host says so truthfully and those calls get CAPABILITY_UNAVAILABLE.
-pub const CAPABILITIES: &[&str] = &["pairing", "devices", "sessions", "turns", "approvals"];
+/// Capabilities this host has on (`hello`, `host/info`).
+pub const CAPABILITIES: &[&str] = &["pairing", "devices", "sessions", "turns", "approvals", "fs"];
 
 fn to_value<T: Serialize>(state: &HostState, result: T) -> Result<Value, AppError> {
     serde_json::to_value(result).map_err(|e| state.internal(e))
@@ -44,6 +43,12 @@ pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Resul
         .with_details(json!({"method": "host/list"}))),
         Call::DeviceList(_) => to_value(state, device_list(state, credential)?),
         Call::DeviceRevoke(params) => to_value(state, device_revoke(state, params)?),
+        Call::FsList(params) => {
+            to_value(state, crate::fs::list(&params.path, &state.config.roots)?)
+        }
+        Call::FsStat(params) => {
+            to_value(state, crate::fs::stat(&params.path, &state.config.roots)?)
+        }
         Call::SessionCreate(params) => to_value(state, session_create(state, params)?),
         Call::SessionList(_) => to_value(
             state,
@@ -66,14 +71,11 @@ pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Resul
             let ttl = params.ttl_seconds.unwrap_or(DEFAULT_PAIRING_TTL_SECONDS);
             to_value(state, mint_pairing(state, &params.roles, ttl)?)
         }
-        other => Err(AppError::new(
-            ErrorCode::CapabilityUnavailable,
-            format!(
-                "{} is not available on this host yet",
-                other.method().as_str()
-            ),
-        )
-        .with_details(json!({"method": other.method().as_str(), "capabilities": CAPABILITIES}))),
+        // Turns, approvals and session/close run in `dispatch_async`.
+        other => Err(state.internal(format!(
+            "{} reached the blocking dispatcher",
+            other.method().as_str()
+        ))),
     }
 }
 

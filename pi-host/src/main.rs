@@ -5,6 +5,7 @@ mod agent;
 mod auth;
 mod clock;
 mod config;
+mod fs;
 mod fsutil;
 mod handlers;
 mod paths;

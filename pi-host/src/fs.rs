@@ -1,0 +1,114 @@
+//! `fs/list` and `fs/stat`: browsing inside the permitted roots, for the desktop's folder picker.
+
+use crate::paths::confine;
+use racp_proto::methods::fs::{EntryKind, FsEntry, FsListResult, FsStatResult};
+use racp_proto::{AppError, ErrorCode};
+use serde_json::json;
+use std::fs::Metadata;
+use std::path::{Path, PathBuf};
+
+/// Most entries one `fs/list` returns; the rest is reported as `truncated`.
+pub const MAX_ENTRIES: usize = 10_000;
+
+fn modified_ms(meta: &Metadata) -> Option<u64> {
+    let since = meta
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    u64::try_from(since.as_millis()).ok()
+}
+
+fn kind_of(meta: &Metadata) -> EntryKind {
+    if meta.is_dir() {
+        EntryKind::Dir
+    } else if meta.is_file() {
+        EntryKind::File
+    } else if meta.file_type().is_symlink() {
+        EntryKind::Symlink
+    } else {
+        EntryKind::Other
+    }
+}
+
+fn io_error(path: &Path, err: &std::io::Error) -> AppError {
+    let display = path.display().to_string();
+    match err.kind() {
+        std::io::ErrorKind::NotFound => AppError::new(
+            ErrorCode::RemotePathNotFound,
+            format!("{display} does not exist"),
+        )
+        .with_details(json!({"path": display})),
+        _ => AppError::new(
+            ErrorCode::RemotePathForbidden,
+            format!("{display} cannot be read: {err}"),
+        )
+        .with_details(json!({"path": display})),
+    }
+}
+
+/// One entry as the client sees it: a symlink shows its target's kind when the target lies
+/// inside the roots, and stays `symlink` (with no size) when it leads out.
+fn describe(path: &Path, roots: &[PathBuf]) -> Option<(EntryKind, Option<u64>, Option<u64>)> {
+    let link = std::fs::symlink_metadata(path).ok()?;
+    let meta = if link.file_type().is_symlink() {
+        let inside = std::fs::canonicalize(path).ok().is_some_and(|target| {
+            roots
+                .iter()
+                .filter_map(|r| std::fs::canonicalize(r).ok())
+                .any(|r| target.starts_with(r))
+        });
+        if !inside {
+            return Some((EntryKind::Symlink, None, modified_ms(&link)));
+        }
+        std::fs::metadata(path).ok()?
+    } else {
+        link
+    };
+    let kind = kind_of(&meta);
+    let size = (kind == EntryKind::File).then_some(meta.len());
+    Some((kind, size, modified_ms(&meta)))
+}
+
+pub fn list(path: &str, roots: &[PathBuf]) -> Result<FsListResult, AppError> {
+    let dir = confine(path, "path", roots)?;
+    if !dir.is_dir() {
+        return Err(racp_proto::validate::invalid("path", "must be a directory"));
+    }
+    let reader = std::fs::read_dir(&dir).map_err(|e| io_error(&dir, &e))?;
+    let mut entries = Vec::new();
+    let mut truncated = false;
+    for entry in reader.flatten() {
+        if entries.len() == MAX_ENTRIES {
+            truncated = true;
+            break;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some((kind, size, modified_at)) = describe(&entry.path(), roots) {
+            entries.push(FsEntry {
+                name,
+                kind,
+                size,
+                modified_at,
+            });
+        }
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(FsListResult {
+        path: dir.display().to_string(),
+        entries,
+        truncated,
+    })
+}
+
+pub fn stat(path: &str, roots: &[PathBuf]) -> Result<FsStatResult, AppError> {
+    let target = confine(path, "path", roots)?;
+    let meta = std::fs::metadata(&target).map_err(|e| io_error(&target, &e))?;
+    let kind = kind_of(&meta);
+    Ok(FsStatResult {
+        path: target.display().to_string(),
+        kind,
+        size: (kind == EntryKind::File).then_some(meta.len()),
+        modified_at: modified_ms(&meta),
+    })
+}
