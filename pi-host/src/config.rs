@@ -131,6 +131,12 @@ pub struct Settings {
     /// Events each session keeps for replay [default: 200000]
     #[arg(long)]
     pub retain_events: Option<usize>,
+    /// Bytes of events each session keeps for replay [default: 67108864]
+    #[arg(long)]
+    pub retain_bytes: Option<usize>,
+    /// Age in seconds past which events leave the replay window [default: 86400]
+    #[arg(long)]
+    pub retain_seconds: Option<u64>,
     /// Heartbeat interval in milliseconds [default: 15000]
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
@@ -174,6 +180,8 @@ impl Settings {
             allowed_hosts: list(self.allowed_hosts, file.allowed_hosts),
             allowed_origins: list(self.allowed_origins, file.allowed_origins),
             retain_events: self.retain_events.or(file.retain_events),
+            retain_bytes: self.retain_bytes.or(file.retain_bytes),
+            retain_seconds: self.retain_seconds.or(file.retain_seconds),
             heartbeat_ms: self.heartbeat_ms.or(file.heartbeat_ms),
             max_lag_events: self.max_lag_events.or(file.max_lag_events),
             send_stall_ms: self.send_stall_ms.or(file.send_stall_ms),
@@ -220,6 +228,12 @@ pub fn load(
     let ms = |v: u64| Duration::from_millis(v.max(10));
     if let Some(n) = s.retain_events {
         config.retention.max_events = n.max(1);
+    }
+    if let Some(n) = s.retain_bytes {
+        config.retention.max_bytes = n.max(1);
+    }
+    if let Some(n) = s.retain_seconds {
+        config.retention.max_age_ms = n.saturating_mul(1000).max(1000);
     }
     if let Some(v) = s.heartbeat_ms {
         config.heartbeat = ms(v);

@@ -413,8 +413,13 @@ async fn a_slow_subscriber_is_cut_off_and_a_healthy_one_keeps_up() {
     subscribe(&mut healthy, &s.session_id, Some(&s.start)).await;
     // Big events fill the slow client's socket buffers quickly.
     start_turn(&mut s.client, &s.session_id, "k", "big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 burst:20000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000").await;
+    let rss_before = s.host.rss_kib();
     let events = events_until(&mut healthy, is_turn_finished).await;
     assert_contiguous(&events, 1);
+    // The stream is ~25 MB of events. The session log keeps it once, shared by both
+    // subscribers, within the retention bound; the stalled one adds no buffer of its own.
+    let growth_kib = s.host.rss_kib().saturating_sub(rss_before);
+    assert!(growth_kib < 64 << 10, "host grew by {growth_kib} KiB");
     let (frames, close) = slow.until_close().await;
     let error = frames
         .iter()
@@ -593,4 +598,81 @@ async fn the_agent_and_roots_can_come_from_a_config_file() {
         "completed",
         "agent from the file"
     );
+}
+
+#[tokio::test]
+async fn an_answer_for_an_ended_turn_is_stale() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    let turn = start_turn(&mut s.client, &s.session_id, "k", "approve:confirm").await;
+    let events = events_until(&mut s.client, |e| e["type"] == "approval.requested").await;
+    let approval_id = events.last().unwrap()["data"]["approvalId"].clone();
+    s.client
+        .call(
+            "turn/abort",
+            json!({"sessionId": s.session_id, "turnId": turn["result"]["turnId"]}),
+        )
+        .await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let settled = events
+        .iter()
+        .find(|e| e["type"] == "approval.settled")
+        .unwrap();
+    assert_eq!(settled["data"]["outcome"], "cancelled");
+    let late = s
+        .client
+        .call(
+            "approval/respond",
+            json!({"approvalId": approval_id, "decision": "allow"}),
+        )
+        .await;
+    assert_eq!(late["error"]["code"], "APPROVAL_STALE");
+    let got = s
+        .client
+        .call("session/get", json!({"sessionId": s.session_id}))
+        .await;
+    assert_eq!(got["result"]["snapshot"]["pendingApprovals"], json!([]));
+}
+
+#[tokio::test]
+async fn approvals_pending_at_a_crash_are_cancelled_and_answers_to_them_are_stale() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "k", "approve:confirm").await;
+    let seen = events_until(&mut s.client, |e| e["type"] == "approval.requested").await;
+    let approval_id = seen.last().unwrap()["data"]["approvalId"].clone();
+    let last = seen.last().unwrap()["cursor"].clone();
+    let Setup {
+        host,
+        token,
+        session_id,
+        ..
+    } = s;
+    let host = host
+        .restart(&["--agent", tests::stand_in_agent().to_str().unwrap()])
+        .await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let reply = client
+        .call(
+            "approval/respond",
+            json!({"approvalId": approval_id, "decision": "allow"}),
+        )
+        .await;
+    assert_eq!(reply["error"]["code"], "APPROVAL_STALE", "{reply}");
+    subscribe(&mut client, &session_id, Some(&last)).await;
+    let events = events_until(&mut client, is_turn_finished).await;
+    let settled = events
+        .iter()
+        .find(|e| e["type"] == "approval.settled")
+        .unwrap();
+    assert_eq!(settled["data"]["outcome"], "cancelled");
+    assert_eq!(
+        events.last().unwrap()["data"]["error"]["code"],
+        "AGENT_SIDECAR_CRASHED"
+    );
+    let got = client
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    assert_eq!(got["result"]["snapshot"]["state"], "idle");
 }

@@ -193,6 +193,17 @@ impl HostProcess {
             .unwrap_or(false)
     }
 
+    /// The host process's resident memory in KiB (from /proc).
+    pub fn rss_kib(&self) -> u64 {
+        let pid = self.child.id().expect("host running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Everything the host has logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_dir.path().join("host.log")).unwrap_or_default()

@@ -3,6 +3,7 @@
 //! Calls are short and run on the caller's thread; the event log (issue 3) adds a group-commit
 //! writer on its own thread so producers never wait on fsync one by one.
 
+mod approvals;
 mod devices;
 mod sessions;
 
@@ -65,6 +66,12 @@ CREATE TABLE IF NOT EXISTS events (
     json       TEXT NOT NULL,
     PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS approvals (
+    approval_id TEXT PRIMARY KEY,
+    session_id  TEXT NOT NULL,
+    pending     INTEGER NOT NULL,
+    json        TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS turns (
     session_id      TEXT NOT NULL,
     turn_id         TEXT NOT NULL,

@@ -119,6 +119,9 @@ impl Approvals {
             agent_request_id: request.agent_request_id,
             session: session.clone(),
         });
+        if let Err(err) = host.store.save_approval(&info) {
+            tracing::warn!(error = %err, "cannot store an approval");
+        }
         self.map.insert(approval_id, entry.clone());
         let host = host.clone();
         tokio::spawn(async move {
@@ -134,16 +137,30 @@ impl Approvals {
     }
 
     /// Settles every pending approval of an ended turn as cancelled; returns the events.
-    pub fn cancel_turn(&self, turn_id: &str) -> Vec<EventDraft> {
+    pub fn cancel_turn(&self, host: &HostState, turn_id: &str) -> Vec<EventDraft> {
         let mut drafts = Vec::new();
         for entry in self.map.iter() {
             let mut info = entry.lock();
             if info.turn_id == turn_id && info.state == ApprovalState::Pending {
                 info.state = ApprovalState::Cancelled;
+                save(host, &info);
                 drafts.push(settled_draft(&info));
             }
         }
         drafts
+    }
+
+    /// After a restart: approvals left pending have no agent to answer; settle them cancelled.
+    pub fn cancel_stored(host: &HostState, session_id: &str) -> Vec<EventDraft> {
+        let pending = host.store.pending_approvals(session_id).unwrap_or_default();
+        pending
+            .into_iter()
+            .map(|mut info| {
+                info.state = ApprovalState::Cancelled;
+                save(host, &info);
+                settled_draft(&info)
+            })
+            .collect()
     }
 
     pub async fn respond(
@@ -152,14 +169,16 @@ impl Approvals {
         credential: &Credential,
         params: ApprovalRespondParams,
     ) -> Result<ApprovalRespondResult, AppError> {
-        let entry = self
-            .map
-            .get(&params.approval_id)
-            .map(|e| e.clone())
-            .ok_or_else(|| {
-                AppError::new(ErrorCode::NotFound, "no such approval")
-                    .with_details(json!({"approvalId": params.approval_id}))
-            })?;
+        let Some(entry) = self.map.get(&params.approval_id).map(|e| e.clone()) else {
+            // Not live (the host restarted since): the store says what became of it.
+            return Err(match host.store.approval(&params.approval_id) {
+                Ok(Some(info)) if info.state == ApprovalState::Expired => expired_error(&info),
+                Ok(Some(info)) => stale_error(&info),
+                Ok(None) => AppError::new(ErrorCode::NotFound, "no such approval")
+                    .with_details(json!({"approvalId": params.approval_id})),
+                Err(err) => host.internal(err),
+            });
+        };
         let device_id = match credential {
             Credential::Device { device_id, .. } => Some(device_id.clone()),
             Credential::Pairing { .. } => None,
@@ -183,6 +202,7 @@ impl Approvals {
             info.state = state;
             info.value = value;
             info.settled_by = device_id;
+            save(host, &info);
             (answer, info.clone())
         };
         if let Err(err) = entry.agent.answer_ui(&entry.agent_request_id, answer).await {
@@ -237,6 +257,12 @@ fn decide(
     }
 }
 
+fn save(host: &HostState, info: &ApprovalInfo) {
+    if let Err(err) = host.store.save_approval(info) {
+        tracing::warn!(error = %err, "cannot store an approval");
+    }
+}
+
 fn expired_error(info: &ApprovalInfo) -> AppError {
     AppError::new(ErrorCode::ApprovalExpired, "the approval's deadline passed")
         .with_details(json!({"approvalId": info.approval_id, "deadline": info.deadline}))
@@ -260,6 +286,7 @@ async fn expire(host: &HostState, entry: &Entry) {
             return;
         }
         info.state = ApprovalState::Expired;
+        save(host, &info);
         info.clone()
     };
     if let Err(err) = entry

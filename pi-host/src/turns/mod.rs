@@ -168,7 +168,7 @@ impl Turns {
             let mut state = driver.state.lock().await;
             if state.active.as_ref().is_some_and(|a| a.turn_id == turn_id) {
                 state.active = None;
-                let mut drafts = self.approvals.cancel_turn(&turn_id);
+                let mut drafts = self.approvals.cancel_turn(host, &turn_id);
                 drafts.push(finished_draft(
                     &turn_id,
                     TurnOutcome::Failed,
@@ -235,7 +235,7 @@ impl Turns {
         }
         let active = driver.state.lock().await.active.take();
         if let Some(active) = active {
-            let mut drafts = self.approvals.cancel_turn(&active.turn_id);
+            let mut drafts = self.approvals.cancel_turn(host, &active.turn_id);
             let error = AppError::new(ErrorCode::TurnAborted, "the session was closed");
             drafts.push(finished_draft(
                 &active.turn_id,
@@ -260,15 +260,18 @@ impl Turns {
 /// After a restart no agent runs: a turn that was running when the host died has failed.
 pub async fn end_interrupted_turns(host: &HostState) {
     for session in host.sessions.list() {
-        let Some(turn_id) = session.active_turn() else {
+        let mut drafts = Approvals::cancel_stored(host, &session.id);
+        if let Some(turn_id) = session.active_turn() {
+            let error = AppError::new(
+                ErrorCode::AgentSidecarCrashed,
+                "the host restarted during this turn; start a new turn to continue",
+            );
+            drafts.push(finished_draft(&turn_id, TurnOutcome::Failed, Some(error)));
+        }
+        if drafts.is_empty() {
             continue;
-        };
-        let error = AppError::new(
-            ErrorCode::AgentSidecarCrashed,
-            "the host restarted during this turn; start a new turn to continue",
-        );
-        let draft = finished_draft(&turn_id, TurnOutcome::Failed, Some(error));
-        if let Err(err) = wait_committed(host, &session, vec![draft]).await {
+        }
+        if let Err(err) = wait_committed(host, &session, drafts).await {
             tracing::warn!(error = %err, "cannot end an interrupted turn");
         }
     }
@@ -396,7 +399,7 @@ async fn pump(
                     ));
                     if let Some(active) = ends_run.then(|| state.active.take()).flatten() {
                         let (outcome, error) = outcome_of(&payload, active.abort_requested);
-                        drafts.extend(host.turns.approvals.cancel_turn(&active.turn_id));
+                        drafts.extend(host.turns.approvals.cancel_turn(&host, &active.turn_id));
                         drafts.push(finished_draft(&active.turn_id, outcome, error));
                     }
                 }
@@ -456,7 +459,7 @@ async fn pump(
                         state.agent = None;
                     }
                     if let Some(active) = state.active.take() {
-                        drafts.extend(host.turns.approvals.cancel_turn(&active.turn_id));
+                        drafts.extend(host.turns.approvals.cancel_turn(&host, &active.turn_id));
                         let error = if active.abort_requested {
                             AppError::new(ErrorCode::TurnAborted, "the turn was aborted")
                         } else {
