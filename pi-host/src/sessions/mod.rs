@@ -90,6 +90,31 @@ struct Inner {
 }
 
 impl Session {
+    fn new(
+        row: &SessionRow,
+        log: EventLog,
+        turns: Vec<TurnInfo>,
+        active_turn: Option<String>,
+    ) -> Arc<Session> {
+        Arc::new(Session {
+            id: row.session_id.clone(),
+            workspace: row.workspace.clone(),
+            title: row.title.clone(),
+            created_at: row.created_at,
+            inner: Mutex::new(Inner {
+                pruned_below: log.oldest_seq() + 1,
+                next_seq: log.head() + 1,
+                log,
+                closing: row.closed,
+                closed: row.closed,
+                turns,
+                active_turn,
+                pending_approvals: Vec::new(),
+                watchers: Vec::new(),
+            }),
+        })
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding this lock is a bug; the state is still consistent enough to
         // keep serving (every mutation is a push or an assignment), so recover the guard.
@@ -287,24 +312,7 @@ impl Sessions {
                 .iter()
                 .find(|t| t.state == TurnState::Running)
                 .map(|t| t.turn_id.clone());
-            let next_seq = log.head() + 1;
-            let session = Arc::new(Session {
-                id: row.session_id.clone(),
-                workspace: row.workspace,
-                title: row.title,
-                created_at: row.created_at,
-                inner: Mutex::new(Inner {
-                    pruned_below: log.oldest_seq() + 1,
-                    log,
-                    next_seq,
-                    closing: row.closed,
-                    closed: row.closed,
-                    turns,
-                    active_turn,
-                    pending_approvals: Vec::new(),
-                    watchers: Vec::new(),
-                }),
-            });
+            let session = Session::new(&row, log, turns, active_turn);
             map.insert(row.session_id, session);
         }
         let (tx, rx) = mpsc::unbounded_channel();
@@ -330,23 +338,8 @@ impl Sessions {
 
     pub fn create(&self, store: &Store, row: SessionRow) -> Result<Arc<Session>, StoreError> {
         store.insert_session(&row)?;
-        let session = Arc::new(Session {
-            id: row.session_id.clone(),
-            workspace: row.workspace,
-            title: row.title,
-            created_at: row.created_at,
-            inner: Mutex::new(Inner {
-                log: EventLog::new(Epoch(row.epoch), 0, self.retention),
-                next_seq: 1,
-                closing: false,
-                closed: false,
-                turns: Vec::new(),
-                active_turn: None,
-                pending_approvals: Vec::new(),
-                watchers: Vec::new(),
-                pruned_below: 1,
-            }),
-        });
+        let log = EventLog::new(Epoch(row.epoch), 0, self.retention);
+        let session = Session::new(&row, log, Vec::new(), None);
         self.map.insert(row.session_id, session.clone());
         Ok(session)
     }

@@ -54,25 +54,29 @@ fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+const DEVICE_COLUMNS: &str =
+    "device_id, name, roles, token_tag, created_at, last_seen_at, revoked_at";
+
+fn device_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeviceRow> {
+    Ok(DeviceRow {
+        device_id: r.get(0)?,
+        name: r.get(1)?,
+        roles: decode_roles(&r.get::<_, String>(2)?),
+        token_tag: r.get(3)?,
+        created_at: to_u64(r.get(4)?),
+        last_seen_at: r.get::<_, Option<i64>>(5)?.map(to_u64),
+        revoked: r.get::<_, Option<i64>>(6)?.is_some(),
+    })
+}
+
 impl Store {
     pub fn device(&self, device_id: &str) -> Result<Option<DeviceRow>, StoreError> {
         let conn = self.conn()?;
         let row = conn
             .query_row(
-                "SELECT device_id, name, roles, token_tag, created_at, last_seen_at, revoked_at
-                 FROM devices WHERE device_id = ?1",
+                &format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE device_id = ?1"),
                 [device_id],
-                |r| {
-                    Ok(DeviceRow {
-                        device_id: r.get(0)?,
-                        name: r.get(1)?,
-                        roles: decode_roles(&r.get::<_, String>(2)?),
-                        token_tag: r.get(3)?,
-                        created_at: to_u64(r.get(4)?),
-                        last_seen_at: r.get::<_, Option<i64>>(5)?.map(to_u64),
-                        revoked: r.get::<_, Option<i64>>(6)?.is_some(),
-                    })
-                },
+                device_row,
             )
             .optional()?;
         Ok(row)
@@ -81,22 +85,12 @@ impl Store {
     /// Active (not revoked) devices, oldest first.
     pub fn devices(&self) -> Result<Vec<DeviceRow>, StoreError> {
         let conn = self.conn()?;
-        let mut stmt = conn.prepare(
-            "SELECT device_id, name, roles, token_tag, created_at, last_seen_at
-             FROM devices WHERE revoked_at IS NULL ORDER BY created_at, device_id",
-        )?;
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {DEVICE_COLUMNS} FROM devices WHERE revoked_at IS NULL
+             ORDER BY created_at, device_id"
+        ))?;
         let rows = stmt
-            .query_map([], |r| {
-                Ok(DeviceRow {
-                    device_id: r.get(0)?,
-                    name: r.get(1)?,
-                    roles: decode_roles(&r.get::<_, String>(2)?),
-                    token_tag: r.get(3)?,
-                    created_at: to_u64(r.get(4)?),
-                    last_seen_at: r.get::<_, Option<i64>>(5)?.map(to_u64),
-                    revoked: false,
-                })
-            })?
+            .query_map([], device_row)?
             .collect::<Result<Vec<_>, _>>()?;
         Ok(rows)
     }
