@@ -676,3 +676,63 @@ async fn approvals_pending_at_a_crash_are_cancelled_and_answers_to_them_are_stal
         .await;
     assert_eq!(got["result"]["snapshot"]["state"], "idle");
 }
+
+#[tokio::test]
+async fn a_call_racing_sigterm_is_either_done_and_durable_or_refused() {
+    let mut s = setup(&[]).await;
+    let created_before = s.client.call("session/list", json!({})).await["result"]["sessions"]
+        .as_array()
+        .unwrap()
+        .len();
+    // Pipelined behind the signal: the host must answer it fully or refuse it, never half-do it.
+    let pid = s.host.pid();
+    let workspace = s.host.workspace("raced");
+    tokio::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await
+        .unwrap();
+    let raced = s
+        .client
+        .try_send_text(
+            json!({"id": 777, "method": "session/create", "params": {"workspace": workspace}})
+                .to_string(),
+        )
+        .await;
+    let mut answered = None;
+    if raced.is_ok() {
+        while let Some(frame) = s.client.next_frame().await {
+            if frame["id"] == 777 {
+                answered = Some(frame);
+                break;
+            }
+            if frame.get("error").is_some() && frame.get("id").is_none() {
+                assert_eq!(frame["error"]["code"], "HOST_SHUTTING_DOWN");
+            }
+        }
+    }
+    let created = match &answered {
+        Some(reply) if reply.get("result").is_some() => true,
+        Some(reply) => {
+            assert_eq!(reply["error"]["code"], "HOST_SHUTTING_DOWN", "{reply}");
+            false
+        }
+        None => false,
+    };
+    let host = s.host.restart(&[]).await;
+    let mut client = Client::connect(&host.url(), &s.token).await.unwrap();
+    client.hello().await;
+    let after = client.call("session/list", json!({})).await["result"]["sessions"]
+        .as_array()
+        .unwrap()
+        .len();
+    if created {
+        assert_eq!(
+            after,
+            created_before + 1,
+            "an acknowledged create survives the drain"
+        );
+    } else {
+        assert!(after <= created_before + 1);
+    }
+}

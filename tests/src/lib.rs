@@ -172,6 +172,11 @@ impl HostProcess {
         )
     }
 
+    /// The host's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("host running")
+    }
+
     /// Sends SIGKILL (the test-side kill -9).
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
