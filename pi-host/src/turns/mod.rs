@@ -410,7 +410,7 @@ async fn pump(
                     message,
                     options,
                     timeout_ms,
-                    payload,
+                    payload: _,
                 } => match turn_id {
                     Some(turn_id) => {
                         let request = approvals::Request {
@@ -421,11 +421,7 @@ async fn pump(
                             options,
                             timeout_ms,
                         };
-                        drafts.push(EventDraft::new(
-                            "agent.extension_ui_request",
-                            Some(turn_id.clone()),
-                            payload,
-                        ));
+                        // The dialog reaches clients as `approval.requested`, not as an agent event.
                         drafts.push(
                             host.turns
                                 .approvals
