@@ -9,6 +9,8 @@ use std::time::Duration;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 /// The documented default agent command.
 pub const DEFAULT_AGENT: &str = "pi --mode rpc";
+/// pi's flag for continuing the newest session in its session directory.
+pub const DEFAULT_AGENT_RESUME_ARGS: &str = "--continue";
 
 /// Everything `pi-host serve` needs.
 #[derive(Debug, Clone)]
@@ -16,6 +18,9 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub agent: String,
+    /// Arguments added to the agent command when a session's agent is started again (after a
+    /// crash or a host restart), so it resumes its own session file.
+    pub agent_resume_args: String,
     /// Extra names accepted in the Host header besides loopback literals and `localhost`.
     pub allowed_hosts: Vec<String>,
     /// Origins accepted when a browser sends one; any other Origin is refused.
@@ -77,6 +82,7 @@ impl ServeConfig {
             listen,
             data_dir,
             agent: DEFAULT_AGENT.to_string(),
+            agent_resume_args: DEFAULT_AGENT_RESUME_ARGS.to_string(),
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             limits: HostLimits::default(),
@@ -116,6 +122,9 @@ pub struct Settings {
     /// The agent command run for each session [default: "pi --mode rpc"]
     #[arg(long, env = "PI_HOST_AGENT")]
     pub agent: Option<String>,
+    /// Arguments added when a session's agent restarts, to resume its session [default: "--continue"]
+    #[arg(long)]
+    pub agent_resume_args: Option<String>,
     /// Directories sessions and fs/* may use (repeatable) [default: $HOME]
     #[arg(long = "root")]
     #[serde(default)]
@@ -176,6 +185,7 @@ impl Settings {
         Settings {
             listen: self.listen.or(file.listen),
             agent: self.agent.or(file.agent),
+            agent_resume_args: self.agent_resume_args.or(file.agent_resume_args),
             roots: list(self.roots, file.roots),
             allowed_hosts: list(self.allowed_hosts, file.allowed_hosts),
             allowed_origins: list(self.allowed_origins, file.allowed_origins),
@@ -219,6 +229,9 @@ pub fn load(
     let mut config = ServeConfig::new(listen, data_dir);
     if let Some(agent) = s.agent {
         config.agent = agent;
+    }
+    if let Some(args) = s.agent_resume_args {
+        config.agent_resume_args = args;
     }
     if !s.roots.is_empty() {
         config.roots = s.roots;

@@ -736,3 +736,35 @@ async fn a_call_racing_sigterm_is_either_done_and_durable_or_refused() {
         assert!(after <= created_before + 1);
     }
 }
+
+#[tokio::test]
+async fn a_restarted_agent_resumes_its_own_session_files() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "a", "whoami").await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let first = events
+        .iter()
+        .find(|e| e["type"] == "agent.stand_in_whoami")
+        .unwrap()["data"]
+        .clone();
+    assert_eq!(first["args"], json!([]), "the first start resumes nothing");
+    let session_dir = first["sessionDir"].as_str().unwrap().to_string();
+    assert!(session_dir.ends_with(&s.session_id), "{session_dir}");
+    assert!(
+        first["cwd"].as_str().unwrap().ends_with("/w"),
+        "runs in the workspace"
+    );
+
+    start_turn(&mut s.client, &s.session_id, "b", "crash").await;
+    events_until(&mut s.client, is_turn_finished).await;
+    start_turn(&mut s.client, &s.session_id, "c", "whoami").await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let again = events
+        .iter()
+        .find(|e| e["type"] == "agent.stand_in_whoami")
+        .unwrap()["data"]
+        .clone();
+    assert_eq!(again["args"], json!(["--continue"]));
+    assert_eq!(again["sessionDir"], session_dir.as_str());
+}

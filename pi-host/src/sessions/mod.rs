@@ -130,6 +130,11 @@ impl Session {
         self.lock().closing
     }
 
+    /// Whether any turn ever started (so an agent may have left a session file to resume).
+    pub fn has_turns(&self) -> bool {
+        !self.lock().turns.is_empty()
+    }
+
     pub fn active_turn(&self) -> Option<String> {
         self.lock().active_turn.clone()
     }

@@ -38,6 +38,8 @@ struct ActiveTurn {
 struct DriverState {
     agent: Option<Agent>,
     active: Option<ActiveTurn>,
+    /// An agent already ran for this session in this host process.
+    spawned_before: bool,
 }
 
 pub struct Driver {
@@ -115,14 +117,34 @@ impl Turns {
         let agent = match &state.agent {
             Some(agent) => agent.clone(),
             None => {
+                // Each session keeps the agent's own session files in its own directory; an
+                // agent started again for a session that already ran resumes from them.
+                let session_dir = host
+                    .config
+                    .data_dir
+                    .join("agent-sessions")
+                    .join(&session.id);
+                if let Err(err) = crate::fsutil::create_private_dir(&session_dir) {
+                    tracing::warn!(error = %err, "cannot create the agent's session directory");
+                }
+                let resume = state.spawned_before || session.has_turns();
+                let command = if resume && !host.config.agent_resume_args.is_empty() {
+                    format!("{} {}", host.config.agent, host.config.agent_resume_args)
+                } else {
+                    host.config.agent.clone()
+                };
                 let spec = AgentSpec {
-                    command: host.config.agent.clone(),
+                    command,
                     workspace: session.workspace.clone().into(),
-                    env: Vec::new(),
+                    env: vec![(
+                        "PI_CODING_AGENT_SESSION_DIR".to_string(),
+                        session_dir.display().to_string(),
+                    )],
                 };
                 let (agent, output) = Agent::spawn(&spec).await.map_err(|e| e.to_app_error())?;
                 tokio::spawn(pump(host.clone(), driver.clone(), agent.clone(), output));
                 state.agent = Some(agent.clone());
+                state.spawned_before = true;
                 agent
             }
         };

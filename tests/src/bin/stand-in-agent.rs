@@ -55,6 +55,7 @@
 //! | `big:BYTES` | one assistant message with a single `text_delta` of BYTES `x` characters |
 //! | `notify` | a fire-and-forget `extension_ui_request` with `method: "notify"` |
 //! | `garbage` | writes a line that is not JSON |
+//! | `whoami` | emits `{"type": "stand_in_whoami", "args", "sessionDir", "cwd"}`: its arguments, `PI_CODING_AGENT_SESSION_DIR` and working directory |
 //! | `stderr:BYTES` | writes BYTES bytes of text to stderr |
 
 use serde_json::{Map, Value, json};
@@ -472,6 +473,15 @@ impl StandIn {
                     }));
                 }
                 ("garbage", _) => write_line("this is not JSON {"),
+                ("whoami", _) => {
+                    let args: Vec<String> = std::env::args().skip(1).collect();
+                    emit(&json!({
+                        "type": "stand_in_whoami",
+                        "args": args,
+                        "sessionDir": std::env::var("PI_CODING_AGENT_SESSION_DIR").ok(),
+                        "cwd": std::env::current_dir().ok().map(|d| d.display().to_string()),
+                    }));
+                }
                 ("stderr", Some(n)) => {
                     let mut err = std::io::stderr().lock();
                     let line = "stand-in stderr line\n";
