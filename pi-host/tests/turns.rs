@@ -768,3 +768,23 @@ async fn a_restarted_agent_resumes_its_own_session_files() {
     assert_eq!(again["args"], json!(["--continue"]));
     assert_eq!(again["sessionDir"], session_dir.as_str());
 }
+
+#[tokio::test]
+async fn a_drain_ends_every_agent_process_tree() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "k", "spawn-child hang").await;
+    let events = events_until(&mut s.client, |e| e["type"] == "agent.stand_in_child").await;
+    let pid = events.last().unwrap()["data"]["pid"].as_u64().unwrap();
+    assert!(is_alive(pid));
+    assert!(s.host.terminate().await, "clean exit on SIGTERM");
+    assert!(!is_alive(pid), "the agent's child outlived the host");
+    // The aborted turn was recorded before the host exited.
+    let host = s.host.restart(&[]).await;
+    let mut client = Client::connect(&host.url(), &s.token).await.unwrap();
+    client.hello().await;
+    let got = client
+        .call("session/get", json!({"sessionId": s.session_id}))
+        .await;
+    assert_eq!(got["result"]["snapshot"]["turns"][0]["state"], "aborted");
+}
