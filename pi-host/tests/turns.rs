@@ -788,3 +788,74 @@ async fn a_drain_ends_every_agent_process_tree() {
         .await;
     assert_eq!(got["result"]["snapshot"]["turns"][0]["state"], "aborted");
 }
+
+#[tokio::test]
+async fn select_and_input_dialogs_take_values_and_notices_become_events() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    start_turn(
+        &mut s.client,
+        &s.session_id,
+        "k",
+        "notify approve:select approve:input",
+    )
+    .await;
+    let events = events_until(&mut s.client, |e| e["type"] == "approval.requested").await;
+    let notice = events
+        .iter()
+        .find(|e| e["type"] == "agent.extension_ui_request")
+        .expect("a notice event");
+    assert_eq!(notice["data"]["method"], "notify");
+    let select = &events.last().unwrap()["data"];
+    assert_eq!(select["kind"], "select");
+    let options = select["options"].as_array().unwrap().clone();
+    let id = select["approvalId"].clone();
+    let bad = s
+        .client
+        .call(
+            "approval/respond",
+            json!({"approvalId": id, "decision": {"value": "not-an-option"}}),
+        )
+        .await;
+    assert_eq!(bad["error"]["code"], "INVALID_PARAMS");
+    let allow = s
+        .client
+        .call(
+            "approval/respond",
+            json!({"approvalId": id, "decision": "allow"}),
+        )
+        .await;
+    assert_eq!(
+        allow["error"]["code"], "INVALID_PARAMS",
+        "a select takes a value"
+    );
+    let picked = s
+        .client
+        .call(
+            "approval/respond",
+            json!({"approvalId": id, "decision": {"value": options[0]}}),
+        )
+        .await;
+    assert_eq!(picked["result"]["approval"]["state"], "answered");
+    assert_eq!(picked["result"]["approval"]["value"], options[0]);
+
+    let events = events_until(&mut s.client, |e| e["type"] == "approval.requested").await;
+    let input = &events.last().unwrap()["data"];
+    assert_eq!(input["kind"], "input");
+    let typed = s
+        .client
+        .call(
+            "approval/respond",
+            json!({"approvalId": input["approvalId"], "decision": {"value": "typed text"}}),
+        )
+        .await;
+    assert_eq!(typed["result"]["approval"]["value"], "typed text");
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let ran = events
+        .iter()
+        .filter(|e| e["type"] == "agent.tool_execution_end")
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>();
+    assert!(ran.iter().any(|t| t.contains("typed text")), "{ran:?}");
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+}
