@@ -34,6 +34,8 @@ pub struct HostProcess {
     /// Holds `host.log`, the host's stderr (debug level unless PI_HOST_TEST_LOG says otherwise).
     log_dir: tempfile::TempDir,
     bin: PathBuf,
+    /// Extra environment variables for the host process, kept for restarts.
+    env: Vec<(String, String)>,
 }
 
 impl HostProcess {
@@ -44,10 +46,21 @@ impl HostProcess {
 
     /// Like [`HostProcess::start`], with extra `serve` arguments.
     pub async fn start_with(bin: &Path, extra: &[&str]) -> HostProcess {
+        HostProcess::start_with_env(bin, extra, &[]).await
+    }
+
+    /// Like [`HostProcess::start_with`], with extra environment variables for the host process
+    /// (the host passes its environment on to the agents it runs). [`HostProcess::restart`] keeps
+    /// them.
+    pub async fn start_with_env(bin: &Path, extra: &[&str], env: &[(&str, &str)]) -> HostProcess {
         let data_dir = tempfile::tempdir().expect("temp dir");
         let root = tempfile::tempdir().expect("temp dir");
         let log_dir = tempfile::tempdir().expect("temp dir");
-        HostProcess::spawn(bin, data_dir, root, log_dir, extra).await
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        HostProcess::spawn(bin, data_dir, root, log_dir, extra, env).await
     }
 
     /// Starts a host again on the same data directory and root (after a kill).
@@ -58,10 +71,11 @@ impl HostProcess {
             root,
             log_dir,
             bin,
+            env,
             ..
         } = self;
         let _ = child.kill().await;
-        HostProcess::spawn(&bin, data_dir, root, log_dir, extra).await
+        HostProcess::spawn(&bin, data_dir, root, log_dir, extra, env).await
     }
 
     async fn spawn(
@@ -70,6 +84,7 @@ impl HostProcess {
         root: tempfile::TempDir,
         log_dir: tempfile::TempDir,
         extra: &[&str],
+        env: Vec<(String, String)>,
     ) -> HostProcess {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -87,6 +102,7 @@ impl HostProcess {
                 std::env::var("PI_HOST_TEST_LOG").unwrap_or_else(|_| "debug".into()),
             )
             .env("NO_COLOR", "1")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .kill_on_drop(true)
@@ -118,6 +134,7 @@ impl HostProcess {
             root,
             log_dir,
             bin: bin.to_path_buf(),
+            env,
         }
     }
 

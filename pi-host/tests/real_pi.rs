@@ -1,0 +1,420 @@
+//! One turn end to end with the REAL pi agent (`@mariozechner/pi-coding-agent`, installed by
+//! `npm ci --prefix tests/pi`), fully offline: pi talks to a stub OpenAI-compatible model server in
+//! this test, which asks for one `bash` tool call and then answers with text. The extension
+//! `tests/pi/confirm-tools.ts` makes pi ask for every tool call, which the host turns into an
+//! RACP-WS approval; the client drops its connection while the approval is pending, reconnects,
+//! resumes from its last cursor and allows it.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tests::{Client, HostProcess};
+
+/// How long any single wait may take: pi starts in about 2 s, but a loaded 2-core machine is slow.
+const WAIT: Duration = Duration::from_secs(60);
+
+const INSTALL: &str = "npm ci --prefix tests/pi --no-audit --no-fund --loglevel=error";
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_pi-host"))
+}
+
+/// `tests/pi` in the repository.
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace directory")
+        .join("tests/pi")
+}
+
+/// pi's entry point (the package's `bin.pi`), or a failure telling how to install it.
+fn pi_cli() -> PathBuf {
+    let package = fixture_dir().join("node_modules/@mariozechner/pi-coding-agent");
+    let manifest = std::fs::read_to_string(package.join("package.json")).unwrap_or_else(|err| {
+        panic!(
+            "the real pi agent is not installed under {} ({err}); run `{INSTALL}` from the \
+             repository root (scripts/test does)",
+            fixture_dir().display()
+        )
+    });
+    let manifest: Value = serde_json::from_str(&manifest).expect("pi's package.json");
+    let version = manifest["version"].as_str().unwrap_or("");
+    assert!(
+        version.starts_with("0.73."),
+        "tests/pi has pi {version}, expected 0.73.x; run `{INSTALL}`"
+    );
+    let entry = manifest["bin"]["pi"]
+        .as_str()
+        .expect("bin.pi in package.json");
+    let cli = package.join(entry);
+    assert!(
+        cli.exists(),
+        "{} is missing; run `{INSTALL}`",
+        cli.display()
+    );
+    cli.canonicalize().expect("pi's cli path")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stub model: an OpenAI-compatible `POST /v1/chat/completions` that streams SSE.
+
+#[derive(Clone, Default)]
+struct Stub {
+    /// Every request body, in arrival order.
+    requests: Arc<Mutex<Vec<Value>>>,
+}
+
+fn chunk(delta: Value, finish_reason: Option<&str>) -> String {
+    let chunk = json!({
+        "id": "chatcmpl-stub",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "stub-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    });
+    format!("data: {chunk}\n\n")
+}
+
+async fn completions(State(stub): State<Stub>, body: String) -> impl IntoResponse {
+    let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let has_tool_result = request["messages"]
+        .as_array()
+        .is_some_and(|messages| messages.iter().any(|m| m["role"] == "tool"));
+    stub.requests.lock().unwrap().push(request);
+    let mut sse = String::new();
+    if has_tool_result {
+        sse += &chunk(json!({"role": "assistant", "content": "done"}), None);
+        sse += &chunk(json!({"content": ", the check passed."}), None);
+        sse += &chunk(json!({}), Some("stop"));
+    } else {
+        sse += &chunk(json!({"role": "assistant", "content": "Let me "}), None);
+        sse += &chunk(json!({"content": "run the check."}), None);
+        let call = |function: Value, first: bool| {
+            let mut call = json!({"index": 0, "function": function});
+            if first {
+                call["id"] = json!("call_stub_1");
+                call["type"] = json!("function");
+            }
+            json!({"tool_calls": [call]})
+        };
+        sse += &chunk(
+            call(json!({"name": "bash", "arguments": "{\"command\": "}), true),
+            None,
+        );
+        sse += &chunk(
+            call(json!({"arguments": "\"echo real-pi-ok\"}"}), false),
+            None,
+        );
+        sse += &chunk(json!({}), Some("tool_calls"));
+    }
+    sse += "data: [DONE]\n\n";
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        sse,
+    )
+}
+
+/// Serves the stub on 127.0.0.1 with an OS-chosen port; returns the port.
+async fn start_stub(stub: Stub) -> u16 {
+    let app = Router::new()
+        .route("/v1/chat/completions", post(completions))
+        .with_state(stub);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind stub model");
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+/// pi's config dir (`PI_CODING_AGENT_DIR`): the stub provider as default model, retries off.
+fn pi_config(port: u16) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let models = json!({"providers": {"stub": {
+        "baseUrl": format!("http://127.0.0.1:{port}/v1"),
+        "api": "openai-completions",
+        "apiKey": "any-non-empty",
+        "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+        "models": [{
+            "id": "stub-model", "name": "Stub", "reasoning": false, "input": ["text"],
+            "contextWindow": 32000, "maxTokens": 4096,
+        }],
+    }}});
+    let settings = json!({
+        "defaultProvider": "stub",
+        "defaultModel": "stub-model",
+        "quietStartup": true,
+        "retry": {"enabled": false},
+    });
+    std::fs::write(dir.path().join("models.json"), models.to_string()).unwrap();
+    std::fs::write(dir.path().join("settings.json"), settings.to_string()).unwrap();
+    dir
+}
+
+// ---------------------------------------------------------------------------------------------
+// RACP-WS helpers.
+
+async fn connect(host: &HostProcess, token: &str) -> Client {
+    let mut client = Client::connect(&host.url(), token).await.unwrap();
+    client.hello().await;
+    client
+}
+
+/// Collects events until one satisfies `done` (inclusive); later events of the same frame stay
+/// unread for the next call.
+async fn events_until(client: &mut Client, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let mut events = Vec::new();
+    let collect = async {
+        loop {
+            let mut frame = client.next_frame().await.expect("connection open");
+            if frame["method"] != "session/events" {
+                continue;
+            }
+            let batch = frame["params"]["events"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            for (i, event) in batch.iter().enumerate() {
+                events.push(event.clone());
+                if done(event) {
+                    if i + 1 < batch.len() {
+                        frame["params"]["events"] = Value::Array(batch[i + 1..].to_vec());
+                        client.unread(frame);
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    if tokio::time::timeout(WAIT, collect).await.is_err() {
+        panic!("the awaited event did not come in time; got {events:#?}");
+    }
+    events
+}
+
+/// A short name per event: its type, and for `agent.message_update` the assistant event's type.
+fn label(event: &Value) -> String {
+    let kind = event["type"].as_str().unwrap_or("?");
+    match event["data"]["assistantMessageEvent"]["type"].as_str() {
+        Some(inner) if kind == "agent.message_update" => format!("{kind}:{inner}"),
+        _ => kind.to_string(),
+    }
+}
+
+/// The index of the first event at or after `from` whose label satisfies `is`.
+fn find(labels: &[String], from: usize, what: &str, is: impl Fn(&str) -> bool) -> usize {
+    labels[from..]
+        .iter()
+        .position(|l| is(l))
+        .map(|i| from + i)
+        .unwrap_or_else(|| panic!("no {what} after index {from} in {labels:#?}"))
+}
+
+#[tokio::test]
+async fn a_real_pi_turn_with_a_tool_call_an_approval_and_a_reconnect() {
+    let began = Instant::now();
+    let cli = pi_cli();
+    let extension = fixture_dir()
+        .join("confirm-tools.ts")
+        .canonicalize()
+        .expect("tests/pi/confirm-tools.ts");
+    let stub = Stub::default();
+    let port = start_stub(stub.clone()).await;
+    let pi_dir = pi_config(port);
+
+    let agent = shell_words::join([
+        "node",
+        cli.to_str().unwrap(),
+        "--mode",
+        "rpc",
+        "--offline",
+        "--no-session",
+        "--thinking",
+        "off",
+        "--no-skills",
+        "--no-prompt-templates",
+        "--no-context-files",
+        "-e",
+        extension.to_str().unwrap(),
+    ]);
+    let host = HostProcess::start_with_env(
+        bin(),
+        &["--agent", &agent],
+        &[
+            ("PI_CODING_AGENT_DIR", pi_dir.path().to_str().unwrap()),
+            ("PI_OFFLINE", "1"),
+            ("PI_SKIP_VERSION_CHECK", "1"),
+            ("PI_TELEMETRY", "0"),
+        ],
+    )
+    .await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session = &created["result"]["session"];
+    let session_id = session["sessionId"]
+        .as_str()
+        .expect("sessionId")
+        .to_string();
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": session["cursor"]}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    let turn = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Run the check."}),
+        )
+        .await;
+    let turn_id = turn["result"]["turnId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("turn/start failed: {turn}"))
+        .to_string();
+
+    // Up to the approval on the first connection, then drop it while the approval is pending.
+    let mut seen = events_until(&mut client, |e| e["type"] == "approval.requested").await;
+    let requested = seen.last().unwrap().clone();
+    let approval_id = requested["data"]["approvalId"].clone();
+    assert_eq!(requested["data"]["kind"], "confirm", "{requested}");
+    assert_eq!(requested["data"]["title"], "Allow bash?", "{requested}");
+    assert!(
+        requested["data"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("echo real-pi-ok")),
+        "{requested}"
+    );
+    let last_cursor = requested["cursor"].clone();
+    drop(client);
+
+    // A new connection with the same device token resumes exactly after the last event seen.
+    let mut client = connect(&host, &token).await;
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": last_cursor}),
+        )
+        .await;
+    assert_eq!(sub["result"]["cursor"], last_cursor, "{sub}");
+    let answer = client
+        .call(
+            "approval/respond",
+            json!({"approvalId": approval_id, "decision": "allow"}),
+        )
+        .await;
+    assert_eq!(answer["result"]["approval"]["state"], "allowed", "{answer}");
+    seen.extend(events_until(&mut client, |e| e["type"] == "turn.finished").await);
+
+    // Contiguous across both connections: no gap, no duplicate, all of this turn.
+    for (i, event) in seen.iter().enumerate() {
+        assert_eq!(event["seq"], 1 + i as u64, "gap or duplicate at index {i}");
+        assert_eq!(event["turnId"], turn_id.as_str(), "{event}");
+    }
+
+    let labels: Vec<String> = seen.iter().map(label).collect();
+    eprintln!("events: {labels:#?}");
+    assert_eq!(labels[0], "turn.started");
+    assert_eq!(seen[0]["data"]["text"], "Run the check.");
+    let agent_start = find(&labels, 1, "agent_start", |l| l == "agent.agent_start");
+    let text = find(&labels, agent_start, "text delta", |l| {
+        l == "agent.message_update:text_delta"
+    });
+    let toolcall = find(&labels, text, "tool call update", |l| {
+        l.starts_with("agent.message_update:toolcall_")
+    });
+    let toolcall_end = find(&labels, toolcall, "toolcall_end", |l| {
+        l == "agent.message_update:toolcall_end"
+    });
+    let tool_call = &seen[toolcall_end]["data"]["assistantMessageEvent"]["toolCall"];
+    assert_eq!(tool_call["name"], "bash", "{tool_call}");
+    assert_eq!(
+        tool_call["arguments"]["command"], "echo real-pi-ok",
+        "{tool_call}"
+    );
+    let exec_start = find(&labels, toolcall_end, "tool_execution_start", |l| {
+        l == "agent.tool_execution_start"
+    });
+    let requested_at = find(&labels, exec_start, "approval.requested", |l| {
+        l == "approval.requested"
+    });
+    let settled_at = find(&labels, requested_at, "approval.settled", |l| {
+        l == "approval.settled"
+    });
+    let settled = &seen[settled_at]["data"];
+    assert_eq!(settled["approvalId"], approval_id);
+    assert_eq!(settled["outcome"], "allowed", "{settled}");
+    let exec_end = find(&labels, settled_at, "tool_execution_end", |l| {
+        l == "agent.tool_execution_end"
+    });
+    let tool_end = &seen[exec_end]["data"];
+    assert!(
+        tool_end["result"].to_string().contains("real-pi-ok"),
+        "{tool_end}"
+    );
+    assert_ne!(tool_end["isError"], true, "{tool_end}");
+    let final_text = find(&labels, exec_end, "second text delta", |l| {
+        l == "agent.message_update:text_delta"
+    });
+    assert_eq!(
+        seen[final_text]["data"]["assistantMessageEvent"]["delta"],
+        "done"
+    );
+    let agent_end = find(&labels, final_text, "agent_end", |l| l == "agent.agent_end");
+    assert_eq!(
+        agent_end + 2,
+        labels.len(),
+        "turn.finished follows agent_end"
+    );
+    let finished = seen.last().unwrap();
+    assert_eq!(finished["type"], "turn.finished");
+    assert_eq!(finished["data"]["outcome"], "completed", "{finished}");
+
+    // The model saw the tool's output in its second call.
+    let requests = stub.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 2, "two model calls: {requests:#?}");
+    assert_eq!(requests[0]["stream"], true);
+    assert!(
+        requests[0]["tools"]
+            .as_array()
+            .is_some_and(|tools| tools.iter().any(|t| t["function"]["name"] == "bash")),
+        "pi offers its bash tool: {}",
+        requests[0]["tools"]
+    );
+    let tool_message = requests[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .cloned()
+        .expect("a tool message in the second call");
+    assert_eq!(
+        tool_message["tool_call_id"], "call_stub_1",
+        "{tool_message}"
+    );
+    assert!(
+        tool_message["content"].to_string().contains("real-pi-ok"),
+        "{tool_message}"
+    );
+
+    let got = client
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    assert_eq!(got["result"]["snapshot"]["state"], "idle", "{got}");
+    assert_eq!(got["result"]["snapshot"]["pendingApprovals"], json!([]));
+    eprintln!("real pi test took {:?}", began.elapsed());
+}
