@@ -33,6 +33,8 @@ pub struct ServeConfig {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Serve plain `ws://` on a non-loopback address anyway.
     pub insecure_bind: bool,
+    /// Whether `fs/list` and `fs/stat` are offered (the `fs` capability).
+    pub fs_enabled: bool,
     /// Longest an approval waits for an answer (the agent's own timeout applies when shorter).
     pub approval_timeout: Duration,
     pub retention: crate::sessions::log::Retention,
@@ -90,6 +92,7 @@ impl ServeConfig {
             roots: home_dir().into_iter().collect(),
             tls: None,
             insecure_bind: false,
+            fs_enabled: true,
             approval_timeout: Duration::from_secs(10 * 60),
             retention: crate::sessions::log::Retention::default(),
         }
@@ -174,6 +177,10 @@ pub struct Settings {
     #[arg(long)]
     #[serde(default)]
     pub insecure_bind: bool,
+    /// Turn off file browsing (fs/list, fs/stat): the `fs` capability disappears from hello.
+    #[arg(long)]
+    #[serde(default)]
+    pub disable_fs: bool,
 }
 
 impl Settings {
@@ -201,6 +208,7 @@ impl Settings {
             tls_cert: self.tls_cert.or(file.tls_cert),
             tls_key: self.tls_key.or(file.tls_key),
             insecure_bind: self.insecure_bind || file.insecure_bind,
+            disable_fs: self.disable_fs || file.disable_fs,
         }
     }
 }
@@ -272,6 +280,7 @@ pub fn load(
         _ => return Err("TLS needs both tls_cert and tls_key".into()),
     };
     config.insecure_bind = s.insecure_bind;
+    config.fs_enabled = !s.disable_fs;
     Ok(config)
 }
 

@@ -22,8 +22,28 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
-/// Capabilities this host has on (`hello`, `host/info`).
-pub const CAPABILITIES: &[&str] = &["pairing", "devices", "sessions", "turns", "approvals", "fs"];
+/// Capabilities a host can have on; `fs` is off when the operator disabled file browsing.
+const ALL_CAPABILITIES: &[&str] = &["pairing", "devices", "sessions", "turns", "approvals", "fs"];
+
+/// The capabilities this host has on, as `hello` and `host/info` report them.
+pub fn capabilities(state: &HostState) -> Vec<String> {
+    ALL_CAPABILITIES
+        .iter()
+        .filter(|c| **c != "fs" || state.config.fs_enabled)
+        .map(|c| c.to_string())
+        .collect()
+}
+
+fn require(state: &HostState, capability: &str, method: &str) -> Result<(), AppError> {
+    if capabilities(state).iter().any(|c| c == capability) {
+        return Ok(());
+    }
+    Err(AppError::new(
+        ErrorCode::CapabilityUnavailable,
+        format!("{method} needs the `{capability}` capability, which this host has off"),
+    )
+    .with_details(json!({"capability": capability, "method": method})))
+}
 
 fn to_value<T: Serialize>(state: &HostState, result: T) -> Result<Value, AppError> {
     serde_json::to_value(result).map_err(|e| state.internal(e))
@@ -44,9 +64,11 @@ pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Resul
         Call::DeviceList(_) => to_value(state, device_list(state, credential)?),
         Call::DeviceRevoke(params) => to_value(state, device_revoke(state, params)?),
         Call::FsList(params) => {
+            require(state, "fs", "fs/list")?;
             to_value(state, crate::fs::list(&params.path, &state.config.roots)?)
         }
         Call::FsStat(params) => {
+            require(state, "fs", "fs/stat")?;
             to_value(state, crate::fs::stat(&params.path, &state.config.roots)?)
         }
         Call::SessionCreate(params) => to_value(state, session_create(state, params)?),
@@ -222,7 +244,7 @@ fn host_info(state: &HostState) -> HostInfoResult {
         os: std::env::consts::OS.to_string(),
         arch: std::env::consts::ARCH.to_string(),
         started_at: state.started_at,
-        capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+        capabilities: capabilities(state),
         limits: limits(state, state.config.limits.max_frame_bytes),
     }
 }

@@ -101,3 +101,21 @@ async fn listing_and_stat_are_confined_to_the_roots() {
         "INVALID_PARAMS"
     );
 }
+
+#[tokio::test]
+async fn with_fs_off_the_capability_is_gone_and_calls_say_so() {
+    let host = HostProcess::start_with(bin(), &["--disable-fs"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    let hello = client.hello().await;
+    let capabilities = hello["capabilities"].as_array().unwrap();
+    assert!(!capabilities.contains(&json!("fs")));
+    assert!(capabilities.contains(&json!("sessions")));
+    let reply = client
+        .call("fs/list", json!({"path": host.root.path()}))
+        .await;
+    assert_eq!(reply["error"]["code"], "CAPABILITY_UNAVAILABLE");
+    assert_eq!(reply["error"]["details"]["capability"], "fs");
+    let info = client.call("host/info", json!({})).await;
+    assert_eq!(info["result"]["capabilities"], hello["capabilities"]);
+}

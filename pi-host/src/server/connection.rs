@@ -328,10 +328,7 @@ impl Connection {
         let capabilities = if pairing {
             Vec::new()
         } else {
-            handlers::CAPABILITIES
-                .iter()
-                .map(|c| c.to_string())
-                .collect()
+            handlers::capabilities(&self.state)
         };
         let mut limits = handlers::limits(&self.state, bound);
         if pairing {
