@@ -12,6 +12,8 @@
 //! - [`cursor`], [`role`], [`limits`], [`validate`]: the pieces they are built from.
 //! - [`codegen`]: renders the generated documents.
 
+#[cfg(feature = "client")]
+pub mod client;
 pub mod codec;
 pub mod codegen;
 pub mod cursor;

@@ -487,3 +487,94 @@ pub fn stand_in_agent() -> PathBuf {
     *built = Some(path.clone());
     path
 }
+
+/// A TCP proxy on loopback between a client and a host that can cut every connection or stall
+/// (black-hole) traffic, for testing reconnects and liveness. Its target can change, so a
+/// restarted host (on a new port) stays reachable at the same address.
+pub struct FaultProxy {
+    pub addr: SocketAddr,
+    target: std::sync::Arc<std::sync::Mutex<SocketAddr>>,
+    cut: tokio::sync::broadcast::Sender<()>,
+    stalled: tokio::sync::watch::Sender<bool>,
+}
+
+impl FaultProxy {
+    pub async fn start(target: SocketAddr) -> FaultProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let target = std::sync::Arc::new(std::sync::Mutex::new(target));
+        let (cut, _) = tokio::sync::broadcast::channel(16);
+        let (stalled, _) = tokio::sync::watch::channel(false);
+        let (accept_target, accept_cut, accept_stalled) =
+            (target.clone(), cut.clone(), stalled.clone());
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let to = *accept_target.lock().expect("target lock");
+                let mut cut_rx = accept_cut.subscribe();
+                let stalled_rx = accept_stalled.subscribe();
+                tokio::spawn(async move {
+                    let Ok(outbound) = TcpStream::connect(to).await else {
+                        return;
+                    };
+                    let (in_read, in_write) = inbound.into_split();
+                    let (out_read, out_write) = outbound.into_split();
+                    let up = tokio::spawn(Self::pump(in_read, out_write, stalled_rx.clone()));
+                    let down = tokio::spawn(Self::pump(out_read, in_write, stalled_rx));
+                    let _ = cut_rx.recv().await;
+                    up.abort();
+                    down.abort();
+                });
+            }
+        });
+        FaultProxy {
+            addr,
+            target,
+            cut,
+            stalled,
+        }
+    }
+
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut stalled: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            while *stalled.borrow_and_update() {
+                if stalled.changed().await.is_err() {
+                    return;
+                }
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("ws://{}/racp", self.addr)
+    }
+
+    /// Drops every connection that goes through the proxy now.
+    pub fn cut(&self) {
+        let _ = self.cut.send(());
+    }
+
+    /// Holds (or releases) all traffic without closing anything.
+    pub fn stall(&self, on: bool) {
+        let _ = self.stalled.send(on);
+    }
+
+    /// Sends new connections to another host address.
+    pub fn retarget(&self, target: SocketAddr) {
+        *self.target.lock().expect("target lock") = target;
+    }
+}

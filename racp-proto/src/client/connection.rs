@@ -1,0 +1,562 @@
+//! The client's background task: connect, say hello, resubscribe, relay, and reconnect.
+
+use super::{ClientOptions, ClientState, Command, SubscriptionItem, disconnected};
+use crate::codec::decode_server_frame;
+use crate::events::{PushMethod, SessionEventsParams, SubscriptionEndedParams};
+use crate::frame::{RequestId, ServerFrame};
+use crate::methods::handshake::HelloResult;
+use crate::methods::session::{SessionGetResult, SessionSubscribeResult};
+use crate::{AppError, Cursor, ErrorCode, ErrorSource, PROTOCOL_VERSION, SUBPROTOCOL};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Refuses `ws://` to anything but loopback (a token would cross the network in clear text).
+pub(super) fn check_url(url: &str) -> Result<(), AppError> {
+    let refuse = |why: &str| {
+        AppError::new(
+            ErrorCode::RemoteConnectionFailed,
+            format!("cannot connect to {url}: {why}"),
+        )
+        .with_retriable(false)
+        .with_source(ErrorSource::Client)
+    };
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| refuse("not a URL"))?;
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = if authority.starts_with('[') {
+        authority
+            .split(']')
+            .next()
+            .map(|h| format!("{h}]"))
+            .unwrap_or_default()
+    } else {
+        authority.split(':').next().unwrap_or("").to_string()
+    };
+    let loopback = host == "localhost"
+        || host == "[::1]"
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match scheme {
+        "ws" if loopback => Ok(()),
+        "ws" => Err(refuse(
+            "ws:// is only allowed to a loopback address; use wss://",
+        )),
+        "wss" => Err(refuse("wss:// is not supported by this client build yet")),
+        _ => Err(refuse("the scheme must be ws:// or wss://")),
+    }
+}
+
+/// Codes that mean "this credential or client will never work here": stop, do not retry.
+fn is_fatal(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::RemoteAuthFailed
+            | ErrorCode::PairingFailed
+            | ErrorCode::PairingTokenExpired
+            | ErrorCode::ProtocolMismatch
+            | ErrorCode::Forbidden
+    )
+}
+
+struct Sub {
+    session_id: String,
+    /// The cursor after the last event handed out (or where the subscription started).
+    last: Option<Cursor>,
+    /// The host's id for this subscription on the current connection.
+    server_id: Option<String>,
+    items: mpsc::UnboundedSender<SubscriptionItem>,
+}
+
+enum Pending {
+    Call(oneshot::Sender<Result<Value, AppError>>),
+    Subscribe {
+        local: u64,
+        reply: Option<oneshot::Sender<Result<Cursor, AppError>>>,
+    },
+    Resnapshot {
+        local: u64,
+    },
+}
+
+enum Ended {
+    Reconnect(String),
+    Stop(AppError),
+    Shutdown,
+}
+
+/// A small, dependency-free jitter source; randomness quality does not matter here.
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x9e37_79b9);
+        Jitter(seed | 1)
+    }
+
+    /// `delay` scaled by a factor in [0.5, 1.0).
+    fn apply(&mut self, delay: Duration) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let factor = 0.5 + (self.0 % 1000) as f64 / 2000.0;
+        delay.mul_f64(factor)
+    }
+}
+
+pub(super) async fn run(
+    options: ClientOptions,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    state: watch::Sender<ClientState>,
+) {
+    let mut subs: HashMap<u64, Sub> = HashMap::new();
+    let mut next_local = 1u64;
+    let mut backoff = options.min_backoff;
+    let mut jitter = Jitter::new();
+    loop {
+        let _ = state.send(ClientState::Connecting);
+        let ended = match open(&options).await {
+            Ok((socket, hello)) => {
+                backoff = options.min_backoff;
+                let mut link = Link {
+                    socket,
+                    next_id: 1,
+                    pending: HashMap::new(),
+                    heartbeat: Duration::from_millis(hello.heartbeat_ms.max(10)),
+                };
+                link.serve(&mut subs, &mut next_local, &mut commands, &state)
+                    .await
+            }
+            Err(error) if is_fatal(error.code()) => Ended::Stop(error),
+            Err(error) => Ended::Reconnect(error.message().to_string()),
+        };
+        match ended {
+            Ended::Shutdown => return,
+            Ended::Stop(error) => {
+                let _ = state.send(ClientState::Stopped(error.clone()));
+                for sub in subs.values() {
+                    let _ = sub.items.send(SubscriptionItem::Failed(error.clone()));
+                }
+                // Answer whatever still arrives until every handle is gone.
+                while let Some(command) = commands.recv().await {
+                    refuse(command, &error);
+                }
+                return;
+            }
+            Ended::Reconnect(reason) => {
+                tracing::debug!(%reason, "racp link lost; reconnecting");
+                let _ = state.send(ClientState::Connecting);
+                let wait = jitter.apply(backoff);
+                backoff = (backoff * 2).min(options.max_backoff);
+                let deadline = Instant::now() + wait;
+                // While disconnected, calls fail at once: the caller decides whether to resend.
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => break,
+                        command = commands.recv() => match command {
+                            Some(command) => refuse(command, &disconnected(&reason)),
+                            None => return,
+                        },
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn refuse(command: Command, error: &AppError) {
+    match command {
+        Command::Call { reply, .. } => {
+            let _ = reply.send(Err(error.clone()));
+        }
+        Command::Subscribe { reply, .. } => {
+            let _ = reply.send(Err(error.clone()));
+        }
+    }
+}
+
+async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError> {
+    let failed = |why: String| {
+        AppError::new(ErrorCode::RemoteConnectionFailed, why).with_source(ErrorSource::Client)
+    };
+    let mut request = options
+        .url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| failed(format!("bad URL: {e}")))?;
+    let headers = request.headers_mut();
+    headers.insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static(SUBPROTOCOL),
+    );
+    let bearer = HeaderValue::from_str(&format!("Bearer {}", options.token))
+        .map_err(|_| failed("the token has characters a header cannot carry".into()))?;
+    headers.insert("Authorization", bearer);
+    let connected =
+        tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(request))
+            .await
+            .map_err(|_| failed("the host did not answer in time".into()))?;
+    let (mut socket, _) = match connected {
+        Ok(ok) => ok,
+        Err(tungstenite::Error::Http(response)) => {
+            let body: Value = response
+                .body()
+                .as_ref()
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or(Value::Null);
+            return Err(
+                serde_json::from_value::<AppError>(body["error"].clone()).unwrap_or_else(|_| {
+                    failed(format!(
+                        "the host refused the upgrade: HTTP {}",
+                        response.status()
+                    ))
+                }),
+            );
+        }
+        Err(err) => return Err(failed(format!("cannot connect: {err}"))),
+    };
+    let hello = json!({"id": 0, "method": "hello", "params": {
+        "protocol": {"min": PROTOCOL_VERSION, "max": PROTOCOL_VERSION},
+        "client": {"name": options.client_name, "version": options.client_version},
+    }});
+    socket
+        .send(Message::Text(hello.to_string().into()))
+        .await
+        .map_err(|e| failed(format!("cannot say hello: {e}")))?;
+    let reply = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        while let Some(message) = socket.next().await {
+            if let Ok(Message::Text(text)) = message {
+                if let Ok(frame) = decode_server_frame(text.as_str()) {
+                    return Some(frame);
+                }
+            }
+        }
+        None
+    })
+    .await
+    .map_err(|_| failed("no answer to hello".into()))?;
+    match reply {
+        Some(ServerFrame::Result { result, .. }) => {
+            let hello: HelloResult = serde_json::from_str(result.get())
+                .map_err(|e| failed(format!("unreadable hello result: {e}")))?;
+            Ok((socket, hello))
+        }
+        Some(ServerFrame::Error { error, .. } | ServerFrame::ConnectionError { error }) => {
+            Err(error)
+        }
+        _ => Err(failed("the host closed the connection during hello".into())),
+    }
+}
+
+struct Link {
+    socket: Socket,
+    next_id: u64,
+    pending: HashMap<u64, Pending>,
+    heartbeat: Duration,
+}
+
+impl Link {
+    async fn send(&mut self, method: &str, params: Value, pending: Pending) -> Result<(), String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let frame = json!({"id": id, "method": method, "params": params});
+        self.pending.insert(id, pending);
+        self.socket
+            .send(Message::Text(frame.to_string().into()))
+            .await
+            .map_err(|e| format!("send failed: {e}"))
+    }
+
+    async fn subscribe(
+        &mut self,
+        local: u64,
+        sub: &Sub,
+        reply: Option<oneshot::Sender<Result<Cursor, AppError>>>,
+    ) -> Result<(), String> {
+        let mut params = json!({"sessionId": sub.session_id});
+        if let Some(cursor) = sub.last {
+            params["cursor"] = json!(cursor);
+        }
+        self.send(
+            "session/subscribe",
+            params,
+            Pending::Subscribe { local, reply },
+        )
+        .await
+    }
+
+    async fn serve(
+        &mut self,
+        subs: &mut HashMap<u64, Sub>,
+        next_local: &mut u64,
+        commands: &mut mpsc::UnboundedReceiver<Command>,
+        state: &watch::Sender<ClientState>,
+    ) -> Ended {
+        let ended = self.relay(subs, next_local, commands, state).await;
+        // Calls in flight cannot be answered any more; resubscriptions are redone next time.
+        let reason = match &ended {
+            Ended::Reconnect(reason) => reason.clone(),
+            Ended::Stop(error) => error.message().to_string(),
+            Ended::Shutdown => "the client stopped".into(),
+        };
+        for (_, pending) in self.pending.drain() {
+            match pending {
+                Pending::Call(reply) => {
+                    let _ = reply.send(Err(disconnected(&reason)));
+                }
+                Pending::Subscribe {
+                    local,
+                    reply: Some(reply),
+                } => {
+                    subs.remove(&local);
+                    let _ = reply.send(Err(disconnected(&reason)));
+                }
+                Pending::Subscribe { reply: None, .. } | Pending::Resnapshot { .. } => {}
+            }
+        }
+        for sub in subs.values_mut() {
+            sub.server_id = None;
+        }
+        let _ = self.socket.close(None).await;
+        ended
+    }
+
+    async fn relay(
+        &mut self,
+        subs: &mut HashMap<u64, Sub>,
+        next_local: &mut u64,
+        commands: &mut mpsc::UnboundedReceiver<Command>,
+        state: &watch::Sender<ClientState>,
+    ) -> Ended {
+        let locals: Vec<u64> = subs.keys().copied().collect();
+        for local in locals {
+            let Some(sub) = subs.get(&local) else {
+                continue;
+            };
+            if let Err(reason) = self.subscribe(local, sub, None).await {
+                return Ended::Reconnect(reason);
+            }
+        }
+        let _ = state.send(ClientState::Connected);
+        let mut last_heard = Instant::now();
+        loop {
+            let silence_deadline = last_heard + self.heartbeat * 2;
+            tokio::select! {
+                message = self.socket.next() => {
+                    let text = match message {
+                        Some(Ok(Message::Text(text))) => text,
+                        Some(Ok(Message::Close(_))) | None => return Ended::Reconnect("the host closed the connection".into()),
+                        Some(Err(err)) => return Ended::Reconnect(format!("read failed: {err}")),
+                        Some(Ok(_)) => { last_heard = Instant::now(); continue; }
+                    };
+                    last_heard = Instant::now();
+                    let Ok(frame) = decode_server_frame(text.as_str()) else { continue };
+                    if let Some(ended) = self.on_frame(frame, subs).await {
+                        return ended;
+                    }
+                }
+                command = commands.recv() => {
+                    let Some(command) = command else { return Ended::Shutdown };
+                    let sent = match command {
+                        Command::Call { method, params, reply } => self.send(method, params, Pending::Call(reply)).await,
+                        Command::Subscribe { session_id, cursor, items, reply } => {
+                            let local = *next_local;
+                            *next_local += 1;
+                            let sub = Sub { session_id, last: cursor, server_id: None, items };
+                            let sent = self.subscribe(local, &sub, Some(reply)).await;
+                            subs.insert(local, sub);
+                            sent
+                        }
+                    };
+                    if let Err(reason) = sent {
+                        return Ended::Reconnect(reason);
+                    }
+                }
+                _ = tokio::time::sleep_until(silence_deadline) => {
+                    return Ended::Reconnect("no frame for two heartbeat intervals".into());
+                }
+            }
+        }
+    }
+
+    async fn on_frame(
+        &mut self,
+        frame: ServerFrame,
+        subs: &mut HashMap<u64, Sub>,
+    ) -> Option<Ended> {
+        match frame {
+            ServerFrame::Result { id, result } => {
+                let pending = self.take(&id)?;
+                match pending {
+                    Pending::Call(reply) => {
+                        let value = serde_json::from_str(result.get()).unwrap_or(Value::Null);
+                        let _ = reply.send(Ok(value));
+                    }
+                    Pending::Subscribe { local, reply } => {
+                        let parsed: Option<SessionSubscribeResult> =
+                            serde_json::from_str(result.get()).ok();
+                        if let (Some(sub), Some(parsed)) = (subs.get_mut(&local), parsed) {
+                            sub.server_id = Some(parsed.subscription_id);
+                            sub.last = Some(sub.last.unwrap_or(parsed.cursor));
+                            if let Some(reply) = reply {
+                                let _ = reply.send(Ok(parsed.cursor));
+                            }
+                        }
+                    }
+                    Pending::Resnapshot { local } => {
+                        let snapshot: Option<SessionGetResult> =
+                            serde_json::from_str(result.get()).ok();
+                        let sub = subs.get_mut(&local)?;
+                        let snapshot = snapshot?;
+                        sub.last = Some(snapshot.cursor);
+                        let _ = sub
+                            .items
+                            .send(SubscriptionItem::Resynced(Box::new(snapshot)));
+                        let sub = subs.get(&local)?;
+                        if let Err(reason) = self.subscribe(local, sub, None).await {
+                            return Some(Ended::Reconnect(reason));
+                        }
+                    }
+                }
+                None
+            }
+            ServerFrame::Error { id, error } => {
+                let pending = self.take(&id?)?;
+                match pending {
+                    Pending::Call(reply) => {
+                        let _ = reply.send(Err(error));
+                    }
+                    Pending::Subscribe { local, reply }
+                        if error.code() == ErrorCode::CursorExpired =>
+                    {
+                        // Recover through a snapshot; the first subscribe answers when it lands.
+                        if let Some(reply) = reply {
+                            subs.remove(&local);
+                            let _ = reply.send(Err(error));
+                            return None;
+                        }
+                        let session_id = subs.get(&local)?.session_id.clone();
+                        if let Err(reason) = self
+                            .send(
+                                "session/get",
+                                json!({"sessionId": session_id}),
+                                Pending::Resnapshot { local },
+                            )
+                            .await
+                        {
+                            return Some(Ended::Reconnect(reason));
+                        }
+                    }
+                    Pending::Subscribe { local, reply } => {
+                        let sub = subs.remove(&local)?;
+                        match reply {
+                            Some(reply) => {
+                                let _ = reply.send(Err(error));
+                            }
+                            None => {
+                                let _ = sub.items.send(SubscriptionItem::Failed(error));
+                            }
+                        }
+                    }
+                    Pending::Resnapshot { local } => {
+                        let sub = subs.remove(&local)?;
+                        let _ = sub.items.send(SubscriptionItem::Failed(error));
+                    }
+                }
+                None
+            }
+            ServerFrame::Push { method, params } => {
+                match PushMethod::from_name(&method)? {
+                    PushMethod::SessionEvents => {
+                        let push: SessionEventsParams = serde_json::from_str(params.get()).ok()?;
+                        let sub = subs.values_mut().find(|s| {
+                            s.server_id.as_deref() == Some(push.subscription_id.as_str())
+                        })?;
+                        for event in push.events {
+                            // After a reconnect the host replays from our cursor; never repeat.
+                            if sub.last.is_some_and(|c| {
+                                c.epoch == event.cursor.epoch && event.seq <= c.seq
+                            }) {
+                                continue;
+                            }
+                            sub.last = Some(event.cursor);
+                            let _ = sub.items.send(SubscriptionItem::Event(Box::new(event)));
+                        }
+                    }
+                    PushMethod::SubscriptionEnded => {
+                        let push: SubscriptionEndedParams =
+                            serde_json::from_str(params.get()).ok()?;
+                        let local = subs
+                            .iter()
+                            .find(|(_, s)| {
+                                s.server_id.as_deref() == Some(push.subscription_id.as_str())
+                            })
+                            .map(|(local, _)| *local)?;
+                        if let Some(sub) = subs.remove(&local) {
+                            let _ = sub.items.send(SubscriptionItem::Ended);
+                        }
+                    }
+                    PushMethod::Heartbeat => {}
+                }
+                None
+            }
+            ServerFrame::ConnectionError { error } => Some(if is_fatal(error.code()) {
+                Ended::Stop(error)
+            } else {
+                Ended::Reconnect(format!("{}: {}", error.code(), error.message()))
+            }),
+        }
+    }
+
+    fn take(&mut self, id: &RequestId) -> Option<Pending> {
+        match id {
+            RequestId::Number(n) => self.pending.remove(n),
+            RequestId::Text(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_ws_only_to_loopback() {
+        assert!(check_url("ws://127.0.0.1:7878/racp").is_ok());
+        assert!(check_url("ws://localhost:1/racp").is_ok());
+        assert!(check_url("ws://[::1]:1/racp").is_ok());
+        for bad in [
+            "ws://192.168.1.5:7878/racp",
+            "ws://example.com/racp",
+            "http://127.0.0.1/racp",
+            "nonsense",
+        ] {
+            let err = check_url(bad).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::RemoteConnectionFailed, "{bad}");
+        }
+    }
+
+    #[test]
+    fn jitter_stays_within_half_to_full() {
+        let mut jitter = Jitter::new();
+        for _ in 0..1000 {
+            let d = jitter.apply(Duration::from_millis(1000));
+            assert!(d >= Duration::from_millis(500) && d < Duration::from_millis(1000));
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! A reconnecting RACP-WS client (feature `client`).
+//!
+//! One background task owns the WebSocket. Calls go to it over a channel and wait for their
+//! reply with a timeout. When the link drops (read error, close, or silence for two heartbeat
+//! intervals) every call in flight fails with HOST_DISCONNECTED, the task reconnects with
+//! exponential backoff and jitter, says `hello` again, and resubscribes every subscription from
+//! the cursor of the last event it handed out, so a subscriber sees each event exactly once, in
+//! order. A cursor the host no longer has (CURSOR_EXPIRED) is recovered through `session/get`:
+//! the subscriber receives [`SubscriptionItem::Resynced`] with the snapshot, then the events
+//! after it. A refused credential (REMOTE_AUTH_FAILED and the pairing codes) stops the client:
+//! retrying cannot help.
+
+mod connection;
+
+use crate::events::Event;
+use crate::methods::session::{SessionGetResult, SessionSubscribeParams};
+use crate::{AppError, Cursor, ErrorCode, ErrorSource, RacpMethod};
+use serde_json::Value;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// How to reach a host.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// `ws://127.0.0.1:PORT/racp` (loopback only) or `wss://HOST:PORT/racp`.
+    pub url: String,
+    /// A device token (or a pairing token, for `pair`).
+    pub token: String,
+    pub client_name: String,
+    pub client_version: String,
+    /// How long a call waits for its reply before failing with TIMEOUT.
+    pub call_timeout: Duration,
+    /// First reconnect delay; it doubles up to `max_backoff`, with jitter.
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl ClientOptions {
+    pub fn new(url: impl Into<String>, token: impl Into<String>) -> Self {
+        ClientOptions {
+            url: url.into(),
+            token: token.into(),
+            client_name: "racp-client".into(),
+            client_version: env!("CARGO_PKG_VERSION").into(),
+            call_timeout: Duration::from_secs(30),
+            min_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a subscription yields, in order.
+#[derive(Debug, Clone)]
+pub enum SubscriptionItem {
+    Event(Box<Event>),
+    /// The host no longer had the events after the last cursor: here is the session's snapshot;
+    /// events continue after its cursor.
+    Resynced(Box<SessionGetResult>),
+    /// The host ended the subscription (the session was closed).
+    Ended,
+    /// The subscription cannot continue (the client stopped, e.g. its credential was refused).
+    Failed(AppError),
+}
+
+/// Where the client is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientState {
+    Connecting,
+    Connected,
+    /// Stopped for good, with the reason (e.g. REMOTE_AUTH_FAILED).
+    Stopped(AppError),
+}
+
+pub(crate) enum Command {
+    Call {
+        method: &'static str,
+        params: Value,
+        reply: oneshot::Sender<Result<Value, AppError>>,
+    },
+    Subscribe {
+        session_id: String,
+        cursor: Option<Cursor>,
+        items: mpsc::UnboundedSender<SubscriptionItem>,
+        reply: oneshot::Sender<Result<Cursor, AppError>>,
+    },
+}
+
+/// A handle on the client; dropping every handle stops its task.
+#[derive(Clone)]
+pub struct RacpClient {
+    commands: mpsc::UnboundedSender<Command>,
+    state: watch::Receiver<ClientState>,
+    call_timeout: Duration,
+}
+
+/// A subscription's items.
+pub struct Subscription {
+    pub items: mpsc::UnboundedReceiver<SubscriptionItem>,
+    /// Where delivery started.
+    pub cursor: Cursor,
+}
+
+pub(crate) fn disconnected(reason: &str) -> AppError {
+    AppError::new(
+        ErrorCode::HostDisconnected,
+        format!("the connection to the host dropped ({reason}); the client is reconnecting"),
+    )
+    .with_source(ErrorSource::Client)
+}
+
+impl RacpClient {
+    /// Starts the client and waits until it is connected (or stopped for good).
+    pub async fn connect(options: ClientOptions) -> Result<RacpClient, AppError> {
+        connection::check_url(&options.url)?;
+        let (commands, rx) = mpsc::unbounded_channel();
+        let (state_tx, mut state) = watch::channel(ClientState::Connecting);
+        let call_timeout = options.call_timeout;
+        tokio::spawn(connection::run(options, rx, state_tx));
+        loop {
+            match &*state.borrow_and_update() {
+                ClientState::Connected => break,
+                ClientState::Stopped(error) => return Err(error.clone()),
+                ClientState::Connecting => {}
+            }
+            if state.changed().await.is_err() {
+                return Err(disconnected("the client task ended"));
+            }
+        }
+        Ok(RacpClient {
+            commands,
+            state,
+            call_timeout,
+        })
+    }
+
+    pub fn state(&self) -> ClientState {
+        self.state.borrow().clone()
+    }
+
+    /// Waits until the client is connected again (after a reconnect) or stopped.
+    pub async fn wait_connected(&mut self) -> Result<(), AppError> {
+        loop {
+            match &*self.state.borrow_and_update() {
+                ClientState::Connected => return Ok(()),
+                ClientState::Stopped(error) => return Err(error.clone()),
+                ClientState::Connecting => {}
+            }
+            if self.state.changed().await.is_err() {
+                return Err(disconnected("the client task ended"));
+            }
+        }
+    }
+
+    /// Calls a method with typed params and result.
+    pub async fn call<M: RacpMethod>(&self, params: M::Params) -> Result<M::Result, AppError> {
+        let params = serde_json::to_value(params)
+            .map_err(|e| AppError::new(ErrorCode::InvalidParams, e.to_string()))?;
+        let value = self.call_raw(M::METHOD.as_str(), params).await?;
+        serde_json::from_value(value).map_err(|e| {
+            AppError::new(
+                ErrorCode::Internal,
+                format!(
+                    "the host's reply to {} has an unexpected shape: {e}",
+                    M::METHOD.as_str()
+                ),
+            )
+            .with_source(ErrorSource::Client)
+        })
+    }
+
+    /// Calls a method with JSON params and returns the JSON result.
+    pub async fn call_raw(&self, method: &'static str, params: Value) -> Result<Value, AppError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Call {
+                method,
+                params,
+                reply,
+            })
+            .map_err(|_| disconnected("the client stopped"))?;
+        match tokio::time::timeout(self.call_timeout, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(disconnected("the client stopped")),
+            Err(_) => Err(AppError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "no reply to {method} within {} ms",
+                    self.call_timeout.as_millis()
+                ),
+            )
+            .with_source(ErrorSource::Client)),
+        }
+    }
+
+    /// Subscribes to a session's events, from `cursor` (or from now). The subscription survives
+    /// reconnects.
+    pub async fn subscribe(
+        &self,
+        params: SessionSubscribeParams,
+    ) -> Result<Subscription, AppError> {
+        let (items_tx, items) = mpsc::unbounded_channel();
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Subscribe {
+                session_id: params.session_id,
+                cursor: params.cursor,
+                items: items_tx,
+                reply,
+            })
+            .map_err(|_| disconnected("the client stopped"))?;
+        let cursor = tokio::time::timeout(self.call_timeout, answer)
+            .await
+            .map_err(|_| {
+                AppError::new(ErrorCode::Timeout, "no reply to session/subscribe")
+                    .with_source(ErrorSource::Client)
+            })?
+            .map_err(|_| disconnected("the client stopped"))??;
+        Ok(Subscription { items, cursor })
+    }
+}
