@@ -284,3 +284,45 @@ async fn plain_ws_to_a_non_loopback_address_is_refused() {
         .unwrap();
     assert_eq!(err.code(), ErrorCode::RemoteConnectionFailed);
 }
+
+#[tokio::test]
+async fn wss_verifies_the_host_certificate_or_a_pinned_one() {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    let host = host(&[
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ])
+    .await;
+    let minted = host.pairing_token(&[]).await;
+    let token = minted["token"].as_str().unwrap();
+    let url = format!("wss://localhost:{}/racp", host.addr.port());
+
+    let untrusted = RacpClient::connect(options(url.clone(), token))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        untrusted.code(),
+        ErrorCode::RemoteConnectionFailed,
+        "{untrusted}"
+    );
+
+    let mut pinned = options(url, token);
+    pinned.pinned_certificate = Some(certified.cert.der().to_vec());
+    let pairing = RacpClient::connect(pinned.clone()).await.unwrap();
+    let paired = pairing
+        .call::<calls::Pair>(racp_proto::methods::handshake::PairParams {
+            device_name: "laptop".into(),
+        })
+        .await
+        .unwrap();
+    pinned.token = paired.device_token;
+    let client = RacpClient::connect(pinned).await.unwrap();
+    client.call::<calls::SessionList>(Empty {}).await.unwrap();
+}

@@ -14,12 +14,16 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::{self, Message};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+/// A byte stream to the host: plain TCP or TLS over TCP.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+type Socket = WebSocketStream<Box<dyn Io>>;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -54,7 +58,7 @@ pub(super) fn check_url(url: &str) -> Result<(), AppError> {
         "ws" => Err(refuse(
             "ws:// is only allowed to a loopback address; use wss://",
         )),
-        "wss" => Err(refuse("wss:// is not supported by this client build yet")),
+        "wss" => Ok(()),
         _ => Err(refuse("the scheme must be ws:// or wss://")),
     }
 }
@@ -128,10 +132,12 @@ pub(super) async fn run(
     let mut next_local = 1u64;
     let mut backoff = options.min_backoff;
     let mut jitter = Jitter::new();
+    let mut connected_once = false;
     loop {
         let _ = state.send(ClientState::Connecting);
         let ended = match open(&options).await {
             Ok((socket, hello)) => {
+                connected_once = true;
                 backoff = options.min_backoff;
                 let mut link = Link {
                     socket,
@@ -142,7 +148,9 @@ pub(super) async fn run(
                 link.serve(&mut subs, &mut next_local, &mut commands, &state)
                     .await
             }
-            Err(error) if is_fatal(error.code()) => Ended::Stop(error),
+            // The first attempt decides whether the client starts at all: the caller of
+            // `connect` gets the error instead of a client that retries forever.
+            Err(error) if is_fatal(error.code()) || !connected_once => Ended::Stop(error),
             Err(error) => Ended::Reconnect(error.message().to_string()),
         };
         match ended {
@@ -207,10 +215,15 @@ async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError
     let bearer = HeaderValue::from_str(&format!("Bearer {}", options.token))
         .map_err(|_| failed("the token has characters a header cannot carry".into()))?;
     headers.insert("Authorization", bearer);
-    let connected =
-        tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(request))
-            .await
-            .map_err(|_| failed("the host did not answer in time".into()))?;
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, dial(options, request.uri()))
+        .await
+        .map_err(|_| failed("the host did not answer in time".into()))??;
+    let connected = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio_tungstenite::client_async(request, stream),
+    )
+    .await
+    .map_err(|_| failed("the host did not answer in time".into()))?;
     let (mut socket, _) = match connected {
         Ok(ok) => ok,
         Err(tungstenite::Error::Http(response)) => {
@@ -261,6 +274,57 @@ async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError
         }
         _ => Err(failed("the host closed the connection during hello".into())),
     }
+}
+
+/// Opens TCP to the URL's host, with TLS for `wss://` (ring provider; a pinned certificate or
+/// the web PKI roots).
+async fn dial(
+    options: &ClientOptions,
+    uri: &tokio_tungstenite::tungstenite::http::Uri,
+) -> Result<Box<dyn Io>, AppError> {
+    use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, pki_types::ServerName};
+    let failed = |why: String| {
+        AppError::new(ErrorCode::RemoteConnectionFailed, why).with_source(ErrorSource::Client)
+    };
+    let secure = uri.scheme_str() == Some("wss");
+    let host = uri
+        .host()
+        .ok_or_else(|| failed("the URL has no host".into()))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(if secure { 443 } else { 80 });
+    let tcp = TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| failed(format!("cannot connect to {host}:{port}: {e}")))?;
+    let _ = tcp.set_nodelay(true);
+    if !secure {
+        return Ok(Box::new(tcp));
+    }
+    let mut roots = RootCertStore::empty();
+    match &options.pinned_certificate {
+        Some(der) => roots
+            .add(der.clone().into())
+            .map_err(|e| failed(format!("the pinned certificate is unusable: {e}")))?,
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| failed(format!("TLS setup failed: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from(host.clone())
+        .map_err(|_| failed(format!("{host} is not a valid TLS server name")))?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| {
+            failed(format!(
+                "TLS with {host} failed (certificate not trusted?): {e}"
+            ))
+        })?;
+    Ok(Box::new(tls))
 }
 
 struct Link {
@@ -540,6 +604,7 @@ mod tests {
         assert!(check_url("ws://127.0.0.1:7878/racp").is_ok());
         assert!(check_url("ws://localhost:1/racp").is_ok());
         assert!(check_url("ws://[::1]:1/racp").is_ok());
+        assert!(check_url("wss://example.com:7878/racp").is_ok());
         for bad in [
             "ws://192.168.1.5:7878/racp",
             "ws://example.com/racp",

@@ -33,6 +33,9 @@ pub struct ClientOptions {
     /// First reconnect delay; it doubles up to `max_backoff`, with jitter.
     pub min_backoff: Duration,
     pub max_backoff: Duration,
+    /// For `wss://`: trust exactly this certificate (DER), e.g. a host's self-signed one.
+    /// Without it the host's certificate must chain to the bundled web PKI roots.
+    pub pinned_certificate: Option<Vec<u8>>,
 }
 
 impl ClientOptions {
@@ -45,6 +48,7 @@ impl ClientOptions {
             call_timeout: Duration::from_secs(30),
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
+            pinned_certificate: None,
         }
     }
 }
@@ -109,7 +113,8 @@ pub(crate) fn disconnected(reason: &str) -> AppError {
 }
 
 impl RacpClient {
-    /// Starts the client and waits until it is connected (or stopped for good).
+    /// Starts the client and waits for its first connection; an error then is returned as is
+    /// (the client retries only after it has been connected once).
     pub async fn connect(options: ClientOptions) -> Result<RacpClient, AppError> {
         connection::check_url(&options.url)?;
         let (commands, rx) = mpsc::unbounded_channel();
