@@ -859,3 +859,20 @@ async fn select_and_input_dialogs_take_values_and_notices_become_events() {
     assert!(ran.iter().any(|t| t.contains("typed text")), "{ran:?}");
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
 }
+
+#[tokio::test]
+async fn a_run_whose_end_is_too_long_to_read_still_ends_the_turn() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    // Sixty 300 kB messages: each event stays under the frame bound, but pi's agent_end
+    // repeats them all, past the 16 MiB line bound.
+    let script = "big:300000 ".repeat(60);
+    start_turn(&mut s.client, &s.session_id, "k", &script).await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let dropped = events
+        .iter()
+        .find(|e| e["type"] == "agent.invalid_output")
+        .expect("the over-long line is reported");
+    assert!(dropped["data"]["bytes"].as_u64().unwrap() > 16 << 20);
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+}

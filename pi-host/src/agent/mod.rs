@@ -144,7 +144,7 @@ pub enum AgentOutput {
     /// agent_end, queue_update, compaction_*, auto_retry_*, extension_error, ...): `kind` is pi's
     /// `type`, `payload` the whole JSON object unchanged. A stdout line that is not a JSON object
     /// with a string `type` (or is longer than the line bound) becomes `kind: "invalid_output"`
-    /// with `{"type": "invalid_output", "error", "bytes", "line"?}` (`line`: its first KiB).
+    /// with `{"type": "invalid_output", "error", "bytes", "line"?}` (`line`: its first KiB, or the first 64 bytes of an over-long line).
     Event { kind: String, payload: Value },
     /// An `extension_ui_request` with method confirm/select/input/editor: needs an answer through
     /// [`Agent::answer_ui`] with the same `id`. `message` is confirm's; select has `options`;
@@ -797,10 +797,10 @@ impl StdoutPump {
             tokio::select! {
                 line = self.reader.next_line() => match line {
                     Ok(Some(Line::Text(bytes))) => self.handle(&bytes).await,
-                    Ok(Some(Line::TooLong { bytes })) => {
+                    Ok(Some(Line::TooLong { bytes, head })) => {
                         tracing::warn!(pid = self.pid, bytes, "agent wrote an over-long line; dropped");
                         let error = "line longer than the bound";
-                        self.forward(protocol::invalid_output(error, None, bytes)).await;
+                        self.forward(protocol::invalid_output(error, Some(&head), bytes)).await;
                     }
                     Ok(None) => break,
                     Err(err) => {

@@ -13,8 +13,16 @@ const INVALID_LINE_PREFIX: usize = 1024;
 pub(super) enum Line {
     /// A complete line without its `\n` (and without a trailing `\r`).
     Text(Vec<u8>),
-    /// A line longer than the bound; its bytes were dropped as they came.
-    TooLong { bytes: usize },
+    /// A line longer than the bound; its bytes were dropped as they came, except its first
+    /// [`HEAD_BYTES`] (enough to see its `type`).
+    TooLong { bytes: usize, head: Vec<u8> },
+}
+
+/// How much of an over-long line is kept.
+pub(super) const HEAD_BYTES: usize = 64;
+
+fn head_of(first: &[u8], then: &[u8]) -> Vec<u8> {
+    first.iter().chain(then).take(HEAD_BYTES).copied().collect()
 }
 
 /// Reads LF-terminated lines of at most `max` bytes. Only `\n` ends a record (pi's framing: JSON
@@ -23,8 +31,8 @@ pub(super) enum Line {
 pub(super) struct LineReader<R> {
     inner: R,
     buf: Vec<u8>,
-    /// Bytes seen of an over-long line that is being skipped.
-    discarding: Option<usize>,
+    /// Bytes seen of an over-long line that is being skipped, and its head.
+    discarding: Option<(usize, Vec<u8>)>,
     max: usize,
 }
 
@@ -43,8 +51,8 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
         loop {
             let available = self.inner.fill_buf().await?;
             if available.is_empty() {
-                if let Some(bytes) = self.discarding.take() {
-                    return Ok(Some(Line::TooLong { bytes }));
+                if let Some((bytes, head)) = self.discarding.take() {
+                    return Ok(Some(Line::TooLong { bytes, head }));
                 }
                 if self.buf.is_empty() {
                     return Ok(None);
@@ -53,12 +61,16 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
             }
             match available.iter().position(|&b| b == b'\n') {
                 Some(end) => {
-                    let line = if let Some(seen) = self.discarding.take() {
-                        Line::TooLong { bytes: seen + end }
+                    let line = if let Some((seen, head)) = self.discarding.take() {
+                        Line::TooLong {
+                            bytes: seen + end,
+                            head,
+                        }
                     } else if self.buf.len() + end > self.max {
                         let bytes = self.buf.len() + end;
+                        let head = head_of(&self.buf, &available[..end]);
                         self.buf = Vec::new();
-                        Line::TooLong { bytes }
+                        Line::TooLong { bytes, head }
                     } else {
                         self.buf.extend_from_slice(&available[..end]);
                         self.finish_text()
@@ -68,10 +80,11 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
                 }
                 None => {
                     let n = available.len();
-                    if let Some(seen) = self.discarding.as_mut() {
+                    if let Some((seen, _)) = self.discarding.as_mut() {
                         *seen += n;
                     } else if self.buf.len() + n > self.max {
-                        self.discarding = Some(self.buf.len() + n);
+                        let head = head_of(&self.buf, available);
+                        self.discarding = Some((self.buf.len() + n, head));
                         self.buf = Vec::new();
                     } else {
                         self.buf.extend_from_slice(available);

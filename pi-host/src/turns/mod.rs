@@ -413,7 +413,13 @@ async fn pump(
             let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
             match out {
                 AgentOutput::Event { kind, payload } => {
-                    let ends_run = kind == "agent_end";
+                    // A run's end may come as a line too long to read (pi's `agent_end` holds
+                    // every message of the run): its kept head still names the type.
+                    let ends_run = kind == "agent_end"
+                        || (kind == "invalid_output"
+                            && payload["line"]
+                                .as_str()
+                                .is_some_and(|l| l.contains(r#""type":"agent_end""#)));
                     drafts.push(EventDraft::new(
                         format!("agent.{kind}"),
                         turn_id.clone(),

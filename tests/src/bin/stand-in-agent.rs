@@ -193,8 +193,22 @@ fn write_line(line: &str) {
     }
 }
 
+/// Writes an event with `type` as its first key, as pi's JSON does (serde_json sorts keys), so
+/// the start of a line tells its type even when the line is too long to read whole.
 fn emit(value: &Value) {
-    write_line(&value.to_string());
+    match value {
+        Value::Object(map) if map.contains_key("type") => {
+            let mut rest = map.clone();
+            let kind = rest.remove("type").unwrap_or(Value::Null);
+            let body = Value::Object(rest).to_string();
+            let line = match body.strip_prefix('{').filter(|b| *b != "}") {
+                Some(fields) => format!("{{\"type\":{kind},{fields}"),
+                None => format!("{{\"type\":{kind}}}"),
+            };
+            write_line(&line);
+        }
+        _ => write_line(&value.to_string()),
+    }
 }
 
 fn usage() -> Value {
