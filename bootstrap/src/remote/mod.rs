@@ -1,0 +1,153 @@
+//! `pi-remote`: a command-line RACP-WS client for a pi-host.
+//!
+//! ```text
+//! pi-remote pair racp://127.0.0.1:7878/pair#ppt_…      # store a device credential (profile)
+//! pi-remote sessions                                   # list sessions
+//! pi-remote new --workspace /srv/code/app --title fix  # create a session
+//! pi-remote prompt SESSION "fix the tests" --wait      # start a turn and follow it
+//! pi-remote attach SESSION                             # live view; answer approvals from stdin
+//! pi-remote approve APPROVAL [--value V] | deny APPROVAL
+//! pi-remote devices | revoke DEVICE                    # owner only
+//! ```
+//!
+//! Every command takes `--profile NAME` (default `default`) and `--json` (machine-readable
+//! output: one JSON document, or one JSON line per event for `attach` and `prompt --wait`).
+//! Notes and errors go to stderr, data to stdout.
+//!
+//! `pair` connects with the pairing token (the client says `hello` before it reports the link
+//! up), calls `pair`, and stores `{url, deviceId, deviceToken, roles}`. Only `racp://` links are
+//! accepted: a `racps://` (TLS) link is refused with a clear message for now.
+//!
+//! `prompt` starts a turn with a fresh idempotency key (resent as is after a dropped link). With
+//! `--wait` it first subscribes from the session's snapshot cursor (`session/get`), so no event
+//! of the turn is missed, and prints the turn's events until `turn.finished`.
+//!
+//! `attach` prints the session live from its snapshot cursor and survives dropped links (the
+//! client resumes by cursor; a note goes to stderr on reconnects and snapshot resyncs). Pending
+//! approvals (from the snapshot or from events) are answered with stdin lines, oldest first:
+//! `y`/`n` for confirm, an option or its number for select, the text for input and editor. Piped
+//! input is held until an approval needs it; at a terminal a line typed while nothing waits is
+//! dropped. It exits 0 when the session closes, or when stdin has ended, every typed line is
+//! used, and no approval it knows is pending (an answered one counts until `approval.settled`).
+//! With `--json` it prints a `{"type": "client.attached", "session", "cursor",
+//! "pendingApprovals"}` line, then each event as one JSON line (and `client.resynced` lines).
+//!
+//! Profiles live in `$PI_REMOTE_CONFIG_DIR/profiles/<name>.json`, where the directory defaults to
+//! `$XDG_CONFIG_HOME/pi-remote` or `~/.config/pi-remote` (see [`profile`]). A profile holds the
+//! device token: the file is created with mode 0600 in a 0700 directory, and the token is never
+//! printed. `pair -` reads the pairing URL or token from stdin, to keep it out of argv.
+//!
+//! Exit codes ([`Exit`]): 0 ok; 1 usage or other local error; 2 the host refused the call (its
+//! error code is printed); 3 the host cannot be reached; 4 the credential was refused (pair
+//! again); 5 a turn that `prompt --wait` followed ended other than `completed`.
+
+pub mod pairing;
+pub mod profile;
+pub mod view;
+
+use racp_proto::{AppError, ErrorCode};
+use std::process::ExitCode;
+
+/// `pi-remote`'s exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Ok = 0,
+    /// Bad usage, or a local problem (no profile, unreadable file, ...).
+    Other = 1,
+    /// The host answered the call with an error.
+    Refused = 2,
+    /// The host cannot be reached (connection refused, dropped, timed out).
+    Unreachable = 3,
+    /// The host refused the credential: pair again.
+    Auth = 4,
+    /// `prompt --wait`: the turn ended aborted or failed.
+    TurnNotCompleted = 5,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit as u8)
+    }
+}
+
+/// Why a command failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// A local problem, with a message for a person.
+    Local(String),
+    /// An error from the host or the client library.
+    App(AppError),
+    /// The followed turn ended with this outcome.
+    Turn(String),
+}
+
+impl From<AppError> for Failure {
+    fn from(error: AppError) -> Failure {
+        Failure::App(error)
+    }
+}
+
+impl Failure {
+    pub fn local(message: impl Into<String>) -> Failure {
+        Failure::Local(message.into())
+    }
+
+    pub fn exit(&self) -> Exit {
+        match self {
+            Failure::Local(_) => Exit::Other,
+            Failure::App(error) => exit_for(error.code()),
+            Failure::Turn(_) => Exit::TurnNotCompleted,
+        }
+    }
+
+    /// The line printed on stderr.
+    pub fn describe(&self) -> String {
+        match self {
+            Failure::Local(message) => format!("pi-remote: {message}"),
+            Failure::Turn(outcome) => format!("pi-remote: the turn ended {outcome}"),
+            Failure::App(error) => {
+                let hint = match exit_for(error.code()) {
+                    Exit::Auth => {
+                        "\npi-remote: the host refused this credential; pair again (pi-remote pair)"
+                    }
+                    Exit::Unreachable => "\npi-remote: is pi-host running and reachable?",
+                    _ => "",
+                };
+                format!("pi-remote: {}: {}{hint}", error.code(), error.message())
+            }
+        }
+    }
+}
+
+/// The exit code for an error code.
+pub fn exit_for(code: ErrorCode) -> Exit {
+    match code {
+        ErrorCode::RemoteAuthFailed
+        | ErrorCode::PairingFailed
+        | ErrorCode::PairingTokenExpired
+        | ErrorCode::Unauthorized => Exit::Auth,
+        ErrorCode::RemoteConnectionFailed
+        | ErrorCode::HostUnavailable
+        | ErrorCode::HostDisconnected
+        | ErrorCode::HostShuttingDown
+        | ErrorCode::Timeout => Exit::Unreachable,
+        _ => Exit::Refused,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_map_to_exit_codes() {
+        assert_eq!(exit_for(ErrorCode::PairingFailed), Exit::Auth);
+        assert_eq!(exit_for(ErrorCode::RemoteAuthFailed), Exit::Auth);
+        assert_eq!(
+            exit_for(ErrorCode::RemoteConnectionFailed),
+            Exit::Unreachable
+        );
+        assert_eq!(exit_for(ErrorCode::SessionNotFound), Exit::Refused);
+        assert_eq!(exit_for(ErrorCode::Forbidden), Exit::Refused);
+    }
+}

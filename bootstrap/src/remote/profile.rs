@@ -1,0 +1,166 @@
+//! Profiles: one paired host per file, `<config dir>/profiles/<name>.json`.
+//!
+//! The config directory is `$PI_REMOTE_CONFIG_DIR` if set, else `$XDG_CONFIG_HOME/pi-remote`,
+//! else `~/.config/pi-remote`. A profile holds a device token, so directories are created 0700
+//! and a profile file is written to a fresh temporary file created with mode 0600 (never widened
+//! and then narrowed) and renamed into place.
+
+use racp_proto::Role;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The profile used when `--profile` is not given.
+pub const DEFAULT_PROFILE: &str = "default";
+
+/// A stored device credential.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Profile {
+    /// The endpoint, e.g. `ws://127.0.0.1:7878/racp`.
+    pub url: String,
+    pub device_id: String,
+    /// Secret bearer token.
+    pub device_token: String,
+    pub roles: Vec<Role>,
+}
+
+// Hand-written so the token never reaches a log or a panic message.
+impl std::fmt::Debug for Profile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Profile")
+            .field("url", &self.url)
+            .field("device_id", &self.device_id)
+            .field("device_token", &"<secret>")
+            .field("roles", &self.roles)
+            .finish()
+    }
+}
+
+/// The config directory, from the environment.
+pub fn config_dir() -> Result<PathBuf, String> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = var("PI_REMOTE_CONFIG_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = var("XDG_CONFIG_HOME") {
+        return Ok(PathBuf::from(dir).join("pi-remote"));
+    }
+    if let Some(home) = var("HOME") {
+        return Ok(PathBuf::from(home).join(".config").join("pi-remote"));
+    }
+    Err("cannot find a config directory: set PI_REMOTE_CONFIG_DIR or HOME".into())
+}
+
+/// Checks a profile name: 1–64 of `A-Z a-z 0-9 _ - .`, not starting with a dot.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid profile name {name:?}: use 1-64 letters, digits, '_', '-' or '.'"
+        ))
+    }
+}
+
+/// The file of profile `name` under `dir`.
+pub fn path(dir: &Path, name: &str) -> Result<PathBuf, String> {
+    check_name(name)?;
+    Ok(dir.join("profiles").join(format!("{name}.json")))
+}
+
+/// Reads profile `name`.
+pub fn load(dir: &Path, name: &str) -> Result<Profile, String> {
+    let file = path(dir, name)?;
+    let text = match std::fs::read_to_string(&file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "no profile {name:?} (looked for {}); pair first: pi-remote pair racp://HOST:PORT/pair#TOKEN",
+                file.display()
+            ));
+        }
+        Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+    };
+    serde_json::from_str(&text).map_err(|e| format!("{} is not a profile: {e}", file.display()))
+}
+
+/// Writes profile `name` (replacing an older one) and returns its path.
+pub fn save(dir: &Path, name: &str, profile: &Profile) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let file = path(dir, name)?;
+    let profiles = dir.join("profiles");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&profiles)
+        .map_err(|e| format!("cannot create {}: {e}", profiles.display()))?;
+    let text = serde_json::to_string_pretty(profile)
+        .map_err(|e| format!("cannot encode the profile: {e}"))?;
+    let temp = profiles.join(format!(".{name}.json.{}.tmp", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .and_then(|mut f| {
+            f.write_all(text.as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&temp, &file));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(format!("cannot write {}: {e}", file.display()));
+    }
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn profile() -> Profile {
+        Profile {
+            url: "ws://127.0.0.1:1/racp".into(),
+            device_id: "dev_1".into(),
+            device_token: "pdt_secret".into(),
+            roles: vec![Role::Owner],
+        }
+    }
+
+    #[test]
+    fn saves_private_files_and_reads_them_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("cfg");
+        let file = save(&config, "default", &profile()).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(mode(&config.join("profiles")), 0o700);
+        assert_eq!(load(&config, "default").unwrap(), profile());
+        // Replacing keeps the mode.
+        save(&config, "default", &profile()).unwrap();
+        assert_eq!(mode(&file), 0o600);
+        assert!(load(&config, "other").unwrap_err().contains("pair first"));
+    }
+
+    #[test]
+    fn names_cannot_escape_the_directory() {
+        assert!(check_name("work-laptop_2").is_ok());
+        for bad in ["", "../x", "a/b", ".hidden", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn debug_hides_the_token() {
+        assert!(!format!("{:?}", profile()).contains("pdt_secret"));
+    }
+}

@@ -1,0 +1,548 @@
+//! `pi-remote` against a real pi-host (with the stand-in agent): pairing, profiles, sessions,
+//! turns, approvals from a second process and from attach's stdin, devices, and exit codes.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use assert_cmd::Command;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::sync::mpsc;
+use tests::{HostProcess, PATIENCE};
+
+/// The `pi-host` binary next to this test executable (`target/<profile>/pi-host`), built with
+/// `cargo build -p pi-host` when missing: cargo builds another package's binaries only for that
+/// package's own tests.
+fn pi_host() -> PathBuf {
+    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(path) = built.as_ref() {
+        return path.clone();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let profile_dir = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().unwrap()
+    } else {
+        deps
+    };
+    let path = profile_dir.join(format!("pi-host{}", std::env::consts::EXE_SUFFIX));
+    if !path.exists() {
+        let mut command = std::process::Command::new(option_env!("CARGO").unwrap_or("cargo"));
+        command.args(["build", "-p", "pi-host", "--bin", "pi-host"]);
+        match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some("release") => {
+                command.arg("--release");
+            }
+            Some(profile) => {
+                command.args(["--profile", profile]);
+            }
+        }
+        if let Some(target_dir) = profile_dir.parent() {
+            command.arg("--target-dir").arg(target_dir);
+        }
+        let status = command
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(Stdio::null())
+            .status()
+            .expect("run cargo to build pi-host");
+        assert!(status.success(), "building pi-host failed: {status}");
+        assert!(path.exists(), "pi-host is not at {}", path.display());
+    }
+    *built = Some(path.clone());
+    path
+}
+
+async fn host() -> HostProcess {
+    let agent = tests::stand_in_agent();
+    HostProcess::start_with(
+        &pi_host(),
+        &["--agent", agent.to_str().unwrap(), "--heartbeat-ms", "200"],
+    )
+    .await
+}
+
+/// One desktop: its own pi-remote config directory.
+struct Remote {
+    config: tempfile::TempDir,
+}
+
+impl Remote {
+    fn new() -> Remote {
+        Remote {
+            config: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pi-remote"));
+        command
+            .args(args)
+            .env("PI_REMOTE_CONFIG_DIR", self.config.path())
+            .env_remove("PI_REMOTE_PROFILE")
+            .timeout(PATIENCE * 2);
+        command
+    }
+
+    /// Runs pi-remote to completion off the async workers.
+    async fn run_with_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        let mut command = self.command(args);
+        command.write_stdin(stdin.to_string());
+        tokio::task::spawn_blocking(move || command.output().expect("run pi-remote"))
+            .await
+            .unwrap()
+    }
+
+    async fn run(&self, args: &[&str]) -> Output {
+        self.run_with_stdin(args, "").await
+    }
+
+    /// Runs a command that must succeed; returns its stdout.
+    async fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args).await;
+        assert!(
+            output.status.success(),
+            "pi-remote {args:?} failed ({:?}): {}{}",
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    async fn ok_json(&self, args: &[&str]) -> Value {
+        let stdout = self.ok(args).await;
+        serde_json::from_str(stdout.trim()).expect("one JSON document")
+    }
+
+    fn profile_path(&self) -> PathBuf {
+        self.config.path().join("profiles/default.json")
+    }
+
+    fn profile(&self) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(self.profile_path()).unwrap()).unwrap()
+    }
+
+    /// Pairs with a fresh token from `pi-host pair`; returns the `pair --json` output.
+    async fn pair(&self, host: &HostProcess, extra: &[&str]) -> Value {
+        let minted = host.pairing_token(extra).await;
+        let url = minted["url"].as_str().unwrap();
+        self.ok_json(&["pair", url, "--json", "--name", "test-desktop"])
+            .await
+    }
+
+    async fn new_session(&self, host: &HostProcess, name: &str) -> String {
+        let created = self
+            .ok_json(&[
+                "new",
+                "--workspace",
+                &host.workspace(name),
+                "--title",
+                name,
+                "--json",
+            ])
+            .await;
+        created["sessionId"].as_str().unwrap().to_string()
+    }
+
+    /// Starts `pi-remote attach --json SESSION` with piped stdin and stdout.
+    fn attach(&self, session: &str) -> Attached {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pi-remote"))
+            .args(["attach", session, "--json"])
+            .env("PI_REMOTE_CONFIG_DIR", self.config.path())
+            .env_remove("PI_REMOTE_PROFILE")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Attached { child, lines }
+    }
+}
+
+/// A running `attach --json`.
+struct Attached {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Attached {
+    /// Reads JSON lines until one has `type` == `kind`.
+    fn until(&self, kind: &str) -> Value {
+        tokio::task::block_in_place(|| {
+            let deadline = std::time::Instant::now() + PATIENCE;
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let line = self
+                    .lines
+                    .recv_timeout(left)
+                    .unwrap_or_else(|_| panic!("attach printed no {kind} in time"));
+                let value: Value = serde_json::from_str(&line).expect("a JSON line");
+                if value["type"] == kind {
+                    return value;
+                }
+            }
+        })
+    }
+
+    /// Closes stdin and waits for the exit status.
+    fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.child.stdin.take());
+        tokio::task::block_in_place(|| {
+            let deadline = std::time::Instant::now() + PATIENCE;
+            loop {
+                if let Some(status) = self.child.try_wait().unwrap() {
+                    return status;
+                }
+                if std::time::Instant::now() > deadline {
+                    let _ = self.child.kill();
+                    panic!("attach did not exit after stdin closed");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        })
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pair_stores_a_private_profile_and_never_prints_the_token() {
+    let host = host().await;
+    let remote = Remote::new();
+    let minted = host.pairing_token(&[]).await;
+    let url = minted["url"].as_str().unwrap();
+    let output = remote
+        .run(&["pair", url, "--json", "--name", "test-desktop"])
+        .await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let printed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(printed["deviceId"].as_str().unwrap().starts_with("dev_"));
+    assert_eq!(printed["roles"], serde_json::json!(["owner"]));
+    assert!(printed.get("deviceToken").is_none());
+
+    let profile = remote.profile();
+    let token = profile["deviceToken"].as_str().unwrap();
+    assert!(!token.is_empty());
+    assert_eq!(profile["deviceId"], printed["deviceId"]);
+    assert_eq!(profile["url"], host.url());
+    for stream in [&output.stdout, &output.stderr] {
+        assert!(
+            !text(stream).contains(token),
+            "the device token was printed"
+        );
+    }
+    assert_eq!(mode(&remote.profile_path()), 0o600);
+    assert_eq!(mode(&remote.config.path().join("profiles")), 0o700);
+
+    // The stored credential works, and the human output does not show it either.
+    let devices = remote.ok(&["devices"]).await;
+    assert!(devices.contains("test-desktop"), "{devices}");
+    assert!(!devices.contains(token));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_pairing_token_exits_4_with_pairing_failed() {
+    let host = host().await;
+    let minted = host.pairing_token(&[]).await;
+    let url = minted["url"].as_str().unwrap();
+    let first = Remote::new();
+    first.ok(&["pair", url]).await;
+    let second = Remote::new();
+    let output = second.run(&["pair", url]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("PAIRING_FAILED"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(!second.profile_path().exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_token_pairs_with_host_and_a_tls_link_is_refused_clearly() {
+    let host = host().await;
+    let minted = host.pairing_token(&[]).await;
+    let token = minted["token"].as_str().unwrap();
+    let remote = Remote::new();
+    let output = remote.run(&["pair", token]).await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stderr).contains("--host"));
+    // Read from stdin, so the token stays out of argv.
+    let host_arg = host.addr.to_string();
+    let output = remote
+        .run_with_stdin(
+            &["pair", "-", "--host", &host_arg, "--profile", "lab"],
+            &format!("{token}\n"),
+        )
+        .await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(remote.config.path().join("profiles/lab.json").exists());
+    remote.ok(&["sessions", "--profile", "lab"]).await;
+
+    let output = remote
+        .run(&["pair", "racps://192.0.2.1:7878/pair#ppt_x"])
+        .await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("not supported"),
+        "{}",
+        text(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_errors_exit_1_and_an_unreachable_host_exits_3() {
+    let remote = Remote::new();
+    assert_eq!(remote.run(&[]).await.status.code(), Some(1));
+    assert_eq!(remote.run(&["frobnicate"]).await.status.code(), Some(1));
+    assert_eq!(remote.run(&["--help"]).await.status.code(), Some(0));
+    let output = remote.run(&["sessions"]).await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stderr).contains("pair first"));
+    let output = remote.run(&["sessions", "--profile", "../x"]).await;
+    assert_eq!(output.status.code(), Some(1));
+
+    let mut host = host().await;
+    remote.pair(&host, &[]).await;
+    host.kill().await;
+    let output = remote.run(&["sessions"]).await;
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("REMOTE_CONNECTION_FAILED"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_creates_a_session_that_sessions_lists() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "app").await;
+    let listed = remote.ok_json(&["sessions", "--json"]).await;
+    let sessions = listed["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1);
+    assert_eq!(sessions[0]["sessionId"], session);
+    assert_eq!(sessions[0]["title"], "app");
+    assert_eq!(sessions[0]["state"], "idle");
+    let human = remote.ok(&["sessions"]).await;
+    assert!(
+        human.contains(&session) && human.contains("idle"),
+        "{human}"
+    );
+
+    // A workspace outside the host's roots: the host refuses (exit 2, code printed).
+    let output = remote.run(&["new", "--workspace", "/"]).await;
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("REMOTE_PATH_FORBIDDEN"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_wait_prints_the_deltas_and_exits_on_the_outcome() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "w").await;
+    let stdout = remote.ok(&["prompt", &session, "deltas:3", "--wait"]).await;
+    assert!(stdout.contains("chunk0 chunk1 chunk2"), "{stdout}");
+    assert!(stdout.contains("completed"), "{stdout}");
+
+    // --json: one event per line, ending with turn.finished.
+    let stdout = remote
+        .ok(&["prompt", &session, "deltas:2", "--wait", "--json"])
+        .await;
+    let events: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.last().unwrap()["type"], "turn.finished");
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+    assert!(events.iter().any(|e| e["type"] == "agent.message_update"));
+
+    let output = remote.run(&["prompt", &session, "fail", "--wait"]).await;
+    assert_eq!(output.status.code(), Some(5), "{}", text(&output.stderr));
+
+    // Without --wait: the turn id.
+    let started = remote
+        .ok_json(&["prompt", &session, "deltas:1", "--json"])
+        .await;
+    assert!(started["turnId"].as_str().unwrap().starts_with("turn_"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_is_answered_from_a_second_process() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "w").await;
+    let attached = remote.attach(&session);
+    attached.until("client.attached");
+    remote.ok(&["prompt", &session, "approve:confirm"]).await;
+    let requested = attached.until("approval.requested");
+    let approval = requested["data"]["approvalId"].as_str().unwrap();
+    assert_eq!(requested["data"]["kind"], "confirm");
+
+    let answered = remote.ok_json(&["approve", approval, "--json"]).await;
+    assert_eq!(answered["state"], "allowed");
+    let settled = attached.until("approval.settled");
+    assert_eq!(settled["data"]["outcome"], "allowed");
+    let tool = attached.until("agent.tool_execution_end");
+    assert_eq!(tool["data"]["isError"], false);
+    let finished = attached.until("turn.finished");
+    assert_eq!(finished["data"]["outcome"], "completed");
+
+    // Answering again is stale: the host refuses (exit 2).
+    let output = remote.run(&["deny", approval]).await;
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("APPROVAL_STALE"));
+
+    // Nothing pending and stdin closed: attach ends cleanly.
+    assert!(attached.finish().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_answers_an_approval_from_stdin() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "w").await;
+    // attach reads `y` at once and holds it until an approval is pending (from its snapshot or
+    // from an event), so the order of the two processes does not matter.
+    let attach = {
+        let mut command = remote.command(&["attach", &session, "--json"]);
+        command.write_stdin("y\n");
+        tokio::task::spawn_blocking(move || command.output().unwrap())
+    };
+    remote.ok(&["prompt", &session, "approve:confirm"]).await;
+    let output = attach.await.unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let lines: Vec<Value> = text(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["type"], "client.attached");
+    let settled = lines
+        .iter()
+        .find(|l| l["type"] == "approval.settled")
+        .expect("approval.settled printed");
+    assert_eq!(settled["data"]["outcome"], "allowed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_lists_and_revoke_locks_a_device_out() {
+    let host = host().await;
+    let owner = Remote::new();
+    let me = owner.pair(&host, &[]).await;
+    let other = Remote::new();
+    let paired = other.pair(&host, &["--roles", "observer"]).await;
+    assert_eq!(paired["roles"], serde_json::json!(["observer"]));
+    let other_id = paired["deviceId"].as_str().unwrap();
+
+    let listed = owner.ok_json(&["devices", "--json"]).await;
+    let devices = listed["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    let current: Vec<&Value> = devices.iter().filter(|d| d["current"] == true).collect();
+    assert_eq!(current.len(), 1);
+    assert_eq!(current[0]["deviceId"], me["deviceId"]);
+
+    // An observer may not list devices: the host refuses.
+    let output = other.run(&["devices"]).await;
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output.stderr).contains("FORBIDDEN"));
+
+    let revoked = owner.ok_json(&["revoke", other_id, "--json"]).await;
+    assert_eq!(revoked["revoked"], true);
+    let output = other.run(&["sessions"]).await;
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("pair again"));
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    let output = Command::new(env!("CARGO_BIN_EXE_pi-remote"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = text(&output.stdout);
+    for line in [
+        "3  the host cannot be reached",
+        "4  the host refused the credential",
+    ] {
+        assert!(help.contains(line), "{help}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_survives_a_cut_link_without_losing_events() {
+    let host = host().await;
+    let proxy = tests::FaultProxy::start(host.addr).await;
+    let remote = Remote::new();
+    // Pair through the proxy with a bare token, so the profile points at the proxy.
+    let minted = host.pairing_token(&[]).await;
+    let proxy_addr = proxy.addr.to_string();
+    let output = remote
+        .run_with_stdin(
+            &["pair", "-", "--host", &proxy_addr],
+            &format!("{}\n", minted["token"].as_str().unwrap()),
+        )
+        .await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let session = remote.new_session(&host, "w").await;
+    let attached = remote.attach(&session);
+    let start = attached.until("client.attached");
+    proxy.cut();
+    remote.ok(&["prompt", &session, "deltas:20"]).await;
+    let mut seqs = vec![
+        start["cursor"]
+            .as_str()
+            .unwrap()
+            .rsplit_once('-')
+            .unwrap()
+            .1
+            .parse::<u64>()
+            .unwrap(),
+    ];
+    tokio::task::block_in_place(|| {
+        loop {
+            let line = attached
+                .lines
+                .recv_timeout(PATIENCE)
+                .expect("events in time");
+            let value: Value = serde_json::from_str(&line).unwrap();
+            if let Some(seq) = value["seq"].as_u64() {
+                seqs.push(seq);
+            }
+            if value["type"] == "turn.finished" {
+                break;
+            }
+        }
+    });
+    for pair in seqs.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1, "gap or duplicate in {seqs:?}");
+    }
+    assert!(attached.finish().success());
+}
