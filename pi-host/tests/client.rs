@@ -328,8 +328,6 @@ async fn wss_verifies_the_host_certificate_or_a_pinned_one() {
 }
 
 #[tokio::test]
-#[ignore = "after the host cuts a stalled link and the proxy is released and cut, the client \
-            stays connected to a dead link; under investigation (see issue 5 notes)"]
 async fn a_client_cut_off_as_too_slow_resumes_without_loss() {
     // Heartbeats far apart: the host notices the stalled socket long before the client
     // notices the silence.

@@ -46,6 +46,7 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
     };
     let (kill_tx, mut kill_rx) = watch::channel(None);
     let connection_id = state.register(device_id.clone(), kill_tx);
+    tracing::debug!(connection_id, device_id = ?device_id, "connection opened");
     if let Some(device_id) = &device_id {
         if let Err(err) = state.store.touch_device(device_id, crate::clock::now_ms()) {
             tracing::warn!(error = %err, "cannot record last-seen time");

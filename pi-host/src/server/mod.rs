@@ -50,7 +50,9 @@ async fn upgrade_handler(
     ws.protocols([SUBPROTOCOL])
         .read_buffer_size(4 << 10)
         .write_buffer_size(0)
-        .max_write_buffer_size(hard_cap)
+        // A single agent event can be as large as the agent's line bound (16 MiB); the write
+        // buffer must take it whole or the connection breaks on every replay of it.
+        .max_write_buffer_size(hard_cap.max(32 << 20))
         .max_message_size(hard_cap)
         .max_frame_size(hard_cap)
         .on_upgrade(move |socket| connection::run(socket, state, credential))

@@ -26,6 +26,8 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 type Socket = WebSocketStream<Box<dyn Io>>;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A link up this long counts as healthy again.
+const STABLE_LINK: Duration = Duration::from_secs(2);
 
 /// Refuses `ws://` to anything but loopback (a token would cross the network in clear text).
 pub(super) fn check_url(url: &str) -> Result<(), AppError> {
@@ -138,15 +140,22 @@ pub(super) async fn run(
         let ended = match open(&options).await {
             Ok((socket, hello)) => {
                 connected_once = true;
-                backoff = options.min_backoff;
+                let started = Instant::now();
                 let mut link = Link {
                     socket,
                     next_id: 1,
                     pending: HashMap::new(),
                     heartbeat: Duration::from_millis(hello.heartbeat_ms.max(10)),
                 };
-                link.serve(&mut subs, &mut next_local, &mut commands, &state)
-                    .await
+                let ended = link
+                    .serve(&mut subs, &mut next_local, &mut commands, &state)
+                    .await;
+                // Only a link that lived a while resets the backoff: one that dies at once
+                // (a host that keeps refusing something) must not make the client spin.
+                if started.elapsed() >= STABLE_LINK {
+                    backoff = options.min_backoff;
+                }
+                ended
             }
             // The first attempt decides whether the client starts at all: the caller of
             // `connect` gets the error instead of a client that retries forever.
@@ -220,7 +229,7 @@ async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError
         .map_err(|_| failed("the host did not answer in time".into()))??;
     let connected = tokio::time::timeout(
         CONNECT_TIMEOUT,
-        tokio_tungstenite::client_async(request, stream),
+        tokio_tungstenite::client_async_with_config(request, stream, Some(websocket_config())),
     )
     .await
     .map_err(|_| failed("the host did not answer in time".into()))?;
@@ -274,6 +283,13 @@ async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError
         }
         _ => Err(failed("the host closed the connection during hello".into())),
     }
+}
+
+/// Frames as large as one agent event can be (the host bounds those at 16 MiB of agent output).
+fn websocket_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(64 << 20))
+        .max_frame_size(Some(64 << 20))
 }
 
 /// Opens TCP to the URL's host, with TLS for `wss://` (ring provider; a pinned certificate or
