@@ -376,3 +376,30 @@ async fn a_client_cut_off_as_too_slow_resumes_without_loss() {
     assert_eq!(seqs[0], 1);
     assert_contiguous(&seqs);
 }
+
+#[tokio::test]
+async fn a_slow_link_delivers_everything_in_order() {
+    let host = host(&[]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let proxy = FaultProxy::start(host.addr).await;
+    let client = RacpClient::connect(options(proxy.url(), &token))
+        .await
+        .unwrap();
+    let (session_id, mut sub) = session_and_subscription(&client, &host).await;
+    // 60 ms each way is slower than nothing but well inside two heartbeat intervals (400 ms).
+    proxy.delay(60);
+    let started = std::time::Instant::now();
+    client
+        .call::<calls::TurnStart>(turn(&session_id, "k", "deltas:50"))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(120),
+        "the delay applies"
+    );
+    let mut seqs = Vec::new();
+    read_turn(&mut sub, &mut seqs).await;
+    assert_eq!(seqs[0], 1);
+    assert_contiguous(&seqs);
+    assert_eq!(client.state(), ClientState::Connected);
+}

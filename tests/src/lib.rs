@@ -496,6 +496,8 @@ pub struct FaultProxy {
     target: std::sync::Arc<std::sync::Mutex<SocketAddr>>,
     cut: tokio::sync::broadcast::Sender<()>,
     stalled: tokio::sync::watch::Sender<bool>,
+    /// Latency added to every chunk forwarded, in milliseconds.
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl FaultProxy {
@@ -507,21 +509,32 @@ impl FaultProxy {
         let target = std::sync::Arc::new(std::sync::Mutex::new(target));
         let (cut, _) = tokio::sync::broadcast::channel(16);
         let (stalled, _) = tokio::sync::watch::channel(false);
-        let (accept_target, accept_cut, accept_stalled) =
-            (target.clone(), cut.clone(), stalled.clone());
+        let delay_ms = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (accept_target, accept_cut, accept_stalled, accept_delay) = (
+            target.clone(),
+            cut.clone(),
+            stalled.clone(),
+            delay_ms.clone(),
+        );
         tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let to = *accept_target.lock().expect("target lock");
                 let mut cut_rx = accept_cut.subscribe();
                 let stalled_rx = accept_stalled.subscribe();
+                let delay = accept_delay.clone();
                 tokio::spawn(async move {
                     let Ok(outbound) = TcpStream::connect(to).await else {
                         return;
                     };
                     let (in_read, in_write) = inbound.into_split();
                     let (out_read, out_write) = outbound.into_split();
-                    let up = tokio::spawn(Self::pump(in_read, out_write, stalled_rx.clone()));
-                    let down = tokio::spawn(Self::pump(out_read, in_write, stalled_rx));
+                    let up = tokio::spawn(Self::pump(
+                        in_read,
+                        out_write,
+                        stalled_rx.clone(),
+                        delay.clone(),
+                    ));
+                    let down = tokio::spawn(Self::pump(out_read, in_write, stalled_rx, delay));
                     let _ = cut_rx.recv().await;
                     up.abort();
                     down.abort();
@@ -533,6 +546,7 @@ impl FaultProxy {
             target,
             cut,
             stalled,
+            delay_ms,
         }
     }
 
@@ -540,6 +554,7 @@ impl FaultProxy {
         mut from: tokio::net::tcp::OwnedReadHalf,
         mut to: tokio::net::tcp::OwnedWriteHalf,
         mut stalled: tokio::sync::watch::Receiver<bool>,
+        delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
     ) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut buf = vec![0u8; 16 << 10];
@@ -552,6 +567,11 @@ impl FaultProxy {
                 if stalled.changed().await.is_err() {
                     return;
                 }
+            }
+            let delay = delay_ms.load(std::sync::atomic::Ordering::Relaxed);
+            if delay > 0 {
+                // Latency injection is the point here, not synchronisation.
+                tokio::time::sleep(Duration::from_millis(delay)).await;
             }
             if to.write_all(&buf[..n]).await.is_err() {
                 return;
@@ -571,6 +591,12 @@ impl FaultProxy {
     /// Holds (or releases) all traffic without closing anything.
     pub fn stall(&self, on: bool) {
         let _ = self.stalled.send(on);
+    }
+
+    /// Adds `ms` of latency to every chunk forwarded in either direction (0 removes it).
+    pub fn delay(&self, ms: u64) {
+        self.delay_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Sends new connections to another host address.
