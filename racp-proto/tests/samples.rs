@@ -26,13 +26,20 @@ fn rust_verdict(schema: &str, frame: &Value) -> Result<(), String> {
                 .map(drop)
                 .map_err(|e| e.to_string())
         }
-        "HostFrame" => match decode_server_frame(&text).map_err(|e| e.to_string())? {
-            ServerFrame::Push { method, params } => {
-                let push = PushMethod::from_name(&method).ok_or("unknown push")?;
-                push.check_params(params.get()).map_err(|e| e.to_string())
+        "HostFrame" => {
+            // What a host may send is strict; the client alone tolerates newer error codes.
+            if let Some(error) = frame.get("error") {
+                serde_json::from_value::<racp_proto::AppError>(error.clone())
+                    .map_err(|e| e.to_string())?;
             }
-            _ => Ok(()),
-        },
+            match decode_server_frame(&text).map_err(|e| e.to_string())? {
+                ServerFrame::Push { method, params } => {
+                    let push = PushMethod::from_name(&method).ok_or("unknown push")?;
+                    push.check_params(params.get()).map_err(|e| e.to_string())
+                }
+                _ => Ok(()),
+            }
+        }
         other => {
             let name = other
                 .strip_prefix("result:")

@@ -241,14 +241,14 @@ async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError
                 .as_ref()
                 .and_then(|b| serde_json::from_slice(b).ok())
                 .unwrap_or(Value::Null);
-            return Err(
-                serde_json::from_value::<AppError>(body["error"].clone()).unwrap_or_else(|_| {
-                    failed(format!(
-                        "the host refused the upgrade: HTTP {}",
-                        response.status()
-                    ))
-                }),
-            );
+            return Err(if body["error"].is_object() {
+                crate::codec::error_from_wire(body["error"].clone())
+            } else {
+                failed(format!(
+                    "the host refused the upgrade: HTTP {}",
+                    response.status()
+                ))
+            });
         }
         Err(err) => return Err(failed(format!("cannot connect: {err}"))),
     };

@@ -197,7 +197,36 @@ struct RawServerFrame {
     #[serde(default)]
     result: Option<Box<RawValue>>,
     #[serde(default)]
-    error: Option<AppError>,
+    error: Option<serde_json::Value>,
+}
+
+/// Reads an error object from a host, tolerating what a newer host may send: an unknown code
+/// becomes INTERNAL with the original code in `causeCode`, and unknown fields are ignored.
+pub fn error_from_wire(value: serde_json::Value) -> AppError {
+    if let Ok(error) = serde_json::from_value::<AppError>(value.clone()) {
+        return error;
+    }
+    let message = value["message"]
+        .as_str()
+        .unwrap_or("the host reported an error this client cannot read")
+        .to_string();
+    let known = value["code"].as_str().and_then(ErrorCode::from_name);
+    let mut error = AppError::new(known.unwrap_or(ErrorCode::Internal), message);
+    if let Some(retriable) = value["retriable"].as_bool() {
+        error = error.with_retriable(retriable);
+    }
+    if known.is_none() {
+        if let Some(code) = value["code"].as_str() {
+            error = error.with_cause_code(code);
+        }
+    }
+    if let Some(ms) = value["retryAfterMs"].as_u64() {
+        error = error.with_retry_after_ms(ms);
+    }
+    match value.get("details") {
+        Some(details) => error.with_details(details.clone()),
+        None => error,
+    }
 }
 
 /// Why a host frame could not be read (client side).
@@ -218,7 +247,8 @@ fn present<'de, D: serde::Deserializer<'de>>(
 /// Reads any frame a host sends.
 pub fn decode_server_frame(text: &str) -> Result<ServerFrame, ServerFrameError> {
     let raw: RawServerFrame = serde_json::from_str(text)?;
-    match (raw.id, raw.method, raw.params, raw.result, raw.error) {
+    let error = raw.error.map(error_from_wire);
+    match (raw.id, raw.method, raw.params, raw.result, error) {
         (Some(Some(id)), None, None, Some(result), None) => Ok(ServerFrame::Result { id, result }),
         (Some(id), None, None, None, Some(error)) => Ok(ServerFrame::Error { id, error }),
         (None, Some(method), Some(params), None, None) => Ok(ServerFrame::Push { method, params }),
@@ -376,6 +406,16 @@ mod tests {
             ServerFrame::Push { .. }
         ));
         assert!(decode_server_frame(r#"{"id":1}"#).is_err());
+        // A code from a newer host is still an error the client can act on.
+        let newer = r#"{"id":1,"error":{"code":"SOMETHING_NEW","message":"m","retriable":true,"recovery":"retry","source":"host","extra":1}}"#;
+        match decode_server_frame(newer).unwrap() {
+            ServerFrame::Error { error, .. } => {
+                assert_eq!(error.code(), ErrorCode::Internal);
+                assert_eq!(error.cause_code(), Some("SOMETHING_NEW"));
+                assert!(error.retriable());
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(decode_server_frame(r#"{"id":null,"result":{}}"#).is_err());
     }
 }
