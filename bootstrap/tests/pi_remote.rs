@@ -12,48 +12,8 @@ use std::process::{Output, Stdio};
 use std::sync::mpsc;
 use tests::{HostProcess, PATIENCE};
 
-/// The `pi-host` binary next to this test executable (`target/<profile>/pi-host`), built with
-/// `cargo build -p pi-host` when missing: cargo builds another package's binaries only for that
-/// package's own tests.
 fn pi_host() -> PathBuf {
-    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
-    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(path) = built.as_ref() {
-        return path.clone();
-    }
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let profile_dir = if deps.file_name().is_some_and(|n| n == "deps") {
-        deps.parent().unwrap()
-    } else {
-        deps
-    };
-    let path = profile_dir.join(format!("pi-host{}", std::env::consts::EXE_SUFFIX));
-    if !path.exists() {
-        let mut command = std::process::Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        command.args(["build", "-p", "pi-host", "--bin", "pi-host"]);
-        match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => {}
-            Some("release") => {
-                command.arg("--release");
-            }
-            Some(profile) => {
-                command.args(["--profile", profile]);
-            }
-        }
-        if let Some(target_dir) = profile_dir.parent() {
-            command.arg("--target-dir").arg(target_dir);
-        }
-        let status = command
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stdin(Stdio::null())
-            .status()
-            .expect("run cargo to build pi-host");
-        assert!(status.success(), "building pi-host failed: {status}");
-        assert!(path.exists(), "pi-host is not at {}", path.display());
-    }
-    *built = Some(path.clone());
-    path
+    tests::pi_host_binary()
 }
 
 async fn host() -> HostProcess {

@@ -432,16 +432,27 @@ impl Client {
 }
 
 /// The path of the `stand-in-agent` test fixture (a scripted stand-in for `pi --mode rpc`, see
-/// `src/bin/stand-in-agent.rs`), built next to the running test executable: the test binary is
-/// `target/<profile>/deps/x`, the fixture `target/<profile>/stand-in-agent`. Cargo builds a
-/// dependency's binaries only for its own tests, so when the fixture is missing, or older than
-/// its source, this builds it first.
+/// `src/bin/stand-in-agent.rs`), built when missing or older than its source.
 pub fn stand_in_agent() -> PathBuf {
-    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bin/stand-in-agent.rs");
+    workspace_binary("tests", "stand-in-agent", Some(&source))
+}
+
+/// The `pi-host` binary, built when missing (for tests outside the pi-host package).
+pub fn pi_host_binary() -> PathBuf {
+    workspace_binary("pi-host", "pi-host", None)
+}
+
+/// A workspace binary next to the running test executable: the test binary is
+/// `target/<profile>/deps/x`, the binary `target/<profile>/<bin>`. Cargo builds another
+/// package's binaries only for that package's own tests, so when the binary is missing (or older
+/// than `source`), this builds it first, with the same profile and target directory.
+pub fn workspace_binary(package: &str, bin: &str, source: Option<&Path>) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
     let mut built = BUILT
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(path) = built.as_ref() {
+    if let Some((_, path)) = built.iter().find(|(name, _)| name == bin) {
         return path.clone();
     }
     let exe = std::env::current_exe().expect("current test executable");
@@ -451,10 +462,9 @@ pub fn stand_in_agent() -> PathBuf {
     } else {
         deps
     };
-    let path = profile_dir.join(format!("stand-in-agent{}", std::env::consts::EXE_SUFFIX));
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bin/stand-in-agent.rs");
+    let path = profile_dir.join(format!("{bin}{}", std::env::consts::EXE_SUFFIX));
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let stale = match (modified(&path), modified(&source)) {
+    let stale = match (modified(&path), source.and_then(modified)) {
         (None, _) => true,
         (Some(binary), Some(source)) => binary < source,
         (Some(_), None) => false,
@@ -462,7 +472,7 @@ pub fn stand_in_agent() -> PathBuf {
     if stale {
         let cargo = option_env!("CARGO").unwrap_or("cargo");
         let mut command = std::process::Command::new(cargo);
-        command.args(["build", "-p", "tests", "--bin", "stand-in-agent"]);
+        command.args(["build", "-p", package, "--bin", bin]);
         // The directory named after the profile: `debug` is the `dev` profile.
         match profile_dir.file_name().and_then(|name| name.to_str()) {
             Some("debug") | None => {}
@@ -480,11 +490,11 @@ pub fn stand_in_agent() -> PathBuf {
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .stdin(Stdio::null())
             .status()
-            .expect("run cargo to build stand-in-agent");
-        assert!(status.success(), "building stand-in-agent failed: {status}");
-        assert!(path.exists(), "stand-in-agent is not at {}", path.display());
+            .unwrap_or_else(|e| panic!("run cargo to build {bin}: {e}"));
+        assert!(status.success(), "building {bin} failed: {status}");
+        assert!(path.exists(), "{bin} is not at {}", path.display());
     }
-    *built = Some(path.clone());
+    built.push((bin.to_string(), path.clone()));
     path
 }
 
