@@ -171,36 +171,8 @@ async fn connect(host: &HostProcess, token: &str) -> Client {
     client
 }
 
-/// Collects events until one satisfies `done` (inclusive); later events of the same frame stay
-/// unread for the next call.
 async fn events_until(client: &mut Client, done: impl Fn(&Value) -> bool) -> Vec<Value> {
-    let mut events = Vec::new();
-    let collect = async {
-        loop {
-            let mut frame = client.next_frame().await.expect("connection open");
-            if frame["method"] != "session/events" {
-                continue;
-            }
-            let batch = frame["params"]["events"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            for (i, event) in batch.iter().enumerate() {
-                events.push(event.clone());
-                if done(event) {
-                    if i + 1 < batch.len() {
-                        frame["params"]["events"] = Value::Array(batch[i + 1..].to_vec());
-                        client.unread(frame);
-                    }
-                    return;
-                }
-            }
-        }
-    };
-    if tokio::time::timeout(WAIT, collect).await.is_err() {
-        panic!("the awaited event did not come in time; got {events:#?}");
-    }
-    events
+    client.events_until(WAIT, done).await
 }
 
 /// A short name per event: its type, and for `agent.message_update` the assistant event's type.

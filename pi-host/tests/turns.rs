@@ -67,30 +67,9 @@ async fn start_turn(client: &mut Client, session_id: &str, key: &str, text: &str
         .await
 }
 
-/// Collects events until one satisfies `done` (inclusive); later events of the same frame stay
-/// unread for the next call.
+/// Collects events until one satisfies `done` (inclusive).
 async fn events_until(client: &mut Client, done: impl Fn(&Value) -> bool) -> Vec<Value> {
-    let mut events = Vec::new();
-    loop {
-        let mut frame = client.next_frame().await.expect("connection open");
-        if frame["method"] != "session/events" {
-            continue;
-        }
-        let batch = frame["params"]["events"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        for (i, event) in batch.iter().enumerate() {
-            events.push(event.clone());
-            if done(event) {
-                if i + 1 < batch.len() {
-                    frame["params"]["events"] = Value::Array(batch[i + 1..].to_vec());
-                    client.unread(frame);
-                }
-                return events;
-            }
-        }
-    }
+    client.events_until(tests::PATIENCE * 4, done).await
 }
 
 fn is_turn_finished(event: &Value) -> bool {

@@ -378,6 +378,42 @@ impl Client {
         self.try_send_text(text).await.expect("send frame");
     }
 
+    /// Collects session events until one satisfies `done` (inclusive), within `patience`;
+    /// later events of the same frame stay unread for the next call.
+    pub async fn events_until(
+        &mut self,
+        patience: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Vec<Value> {
+        let mut events = Vec::new();
+        let collect = async {
+            loop {
+                let mut frame = self.next_frame().await.expect("connection open");
+                if frame["method"] != "session/events" {
+                    continue;
+                }
+                let batch = frame["params"]["events"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                for (i, event) in batch.iter().enumerate() {
+                    events.push(event.clone());
+                    if done(event) {
+                        if i + 1 < batch.len() {
+                            frame["params"]["events"] = Value::Array(batch[i + 1..].to_vec());
+                            self.unread(frame);
+                        }
+                        return;
+                    }
+                }
+            }
+        };
+        if tokio::time::timeout(patience, collect).await.is_err() {
+            panic!("the awaited event did not come in time; got {events:#?}");
+        }
+        events
+    }
+
     /// Puts a frame back: the next `next_frame` returns it first.
     pub fn unread(&mut self, frame: Value) {
         self.pending.push_front(frame);
