@@ -4,7 +4,7 @@
 //! many events share one fsync when producers are busy.
 
 use super::{Session, log::LoggedEvent};
-use crate::store::{self, EventRow};
+use crate::store::{self, NewEvent, SessionBatch};
 use racp_proto::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,28 +52,21 @@ pub fn spawn(
 /// Commits a group, retrying while the disk refuses: events already have their seqs, so
 /// giving up would leave a gap. Producers wait meanwhile; nothing is published uncommitted.
 fn commit_until_done(conn: &mut rusqlite::Connection, group: &[Pending]) {
-    let rows: Vec<(String, Vec<EventRow>, Option<u64>)> = group
+    let batch: Vec<SessionBatch<'_>> = group
         .iter()
-        .map(|p| {
-            let rows = p
+        .map(|p| SessionBatch {
+            session_id: &p.session.id,
+            events: p
                 .events
                 .iter()
-                .map(|(e, _)| EventRow {
+                .map(|(e, _)| NewEvent {
                     seq: e.seq,
                     at: e.at,
-                    json: e.json.to_string(),
+                    json: &e.json,
                 })
-                .collect();
-            (
-                p.session.id.clone(),
-                rows,
-                p.session.prune_below(PRUNE_SLACK),
-            )
+                .collect(),
+            prune_below: p.session.prune_below(PRUNE_SLACK),
         })
-        .collect();
-    let batch: Vec<(&str, &[EventRow], Option<u64>)> = rows
-        .iter()
-        .map(|(id, rows, prune)| (id.as_str(), rows.as_slice(), *prune))
         .collect();
     let mut delay = Duration::from_millis(10);
     loop {

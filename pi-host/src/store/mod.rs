@@ -8,7 +8,7 @@ mod devices;
 mod sessions;
 
 pub use devices::{DeviceRow, PairingOutcome};
-pub use sessions::{EventRow, SessionRow, TurnRow, commit_events};
+pub use sessions::{NewEvent, SessionBatch, SessionRow, TurnRow, commit_events};
 
 use rusqlite::{Connection, OptionalExtension};
 use std::path::Path;

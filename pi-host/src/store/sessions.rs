@@ -181,12 +181,23 @@ impl Store {
     }
 }
 
+/// An event to write, borrowed from the in-memory log (no copy of its JSON).
+pub struct NewEvent<'a> {
+    pub seq: u64,
+    pub at: u64,
+    pub json: &'a str,
+}
+
+/// One session's part of a group commit: its events, and the seq to prune below, if any.
+pub struct SessionBatch<'a> {
+    pub session_id: &'a str,
+    pub events: Vec<NewEvent<'a>>,
+    pub prune_below: Option<u64>,
+}
+
 /// Writes one batch of events for several sessions in one transaction (group commit), records
 /// each session's head so it survives pruning, and prunes below each session's oldest kept seq.
-pub fn commit_events(
-    conn: &mut Connection,
-    batch: &[(&str, &[EventRow], Option<u64>)],
-) -> Result<(), StoreError> {
+pub fn commit_events(conn: &mut Connection, batch: &[SessionBatch<'_>]) -> Result<(), StoreError> {
     let tx = conn.transaction()?;
     {
         let mut insert = tx.prepare_cached(
@@ -198,15 +209,20 @@ pub fn commit_events(
         )?;
         let mut prune =
             tx.prepare_cached("DELETE FROM events WHERE session_id = ?1 AND seq < ?2")?;
-        for (session_id, events, prune_below) in batch {
-            for event in *events {
-                insert.execute((session_id, to_i64(event.seq), to_i64(event.at), &event.json))?;
+        for part in batch {
+            for event in &part.events {
+                insert.execute((
+                    part.session_id,
+                    to_i64(event.seq),
+                    to_i64(event.at),
+                    event.json,
+                ))?;
             }
-            if let Some(last) = events.last() {
-                head.execute((session_id, last.seq.to_string()))?;
+            if let Some(last) = part.events.last() {
+                head.execute((part.session_id, last.seq.to_string()))?;
             }
-            if let Some(below) = prune_below {
-                prune.execute((session_id, to_i64(*below)))?;
+            if let Some(below) = part.prune_below {
+                prune.execute((part.session_id, to_i64(below)))?;
             }
         }
     }
