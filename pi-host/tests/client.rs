@@ -287,18 +287,8 @@ async fn plain_ws_to_a_non_loopback_address_is_refused() {
 
 #[tokio::test]
 async fn wss_verifies_the_host_certificate_or_a_pinned_one() {
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert, certified.cert.pem()).unwrap();
-    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
-    let host = host(&[
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-    ])
-    .await;
+    let certificate = tests::TestCertificate::localhost();
+    let host = host(&certificate.serve_args()).await;
     let minted = host.pairing_token(&[]).await;
     let token = minted["token"].as_str().unwrap();
     let url = format!("wss://localhost:{}/racp", host.addr.port());
@@ -314,7 +304,7 @@ async fn wss_verifies_the_host_certificate_or_a_pinned_one() {
     );
 
     let mut pinned = options(url, token);
-    pinned.pinned_certificate = Some(certified.cert.der().to_vec());
+    pinned.pinned_certificate = Some(certificate.der.clone());
     let pairing = RacpClient::connect(pinned.clone()).await.unwrap();
     let paired = pairing
         .call::<calls::Pair>(racp_proto::methods::handshake::PairParams {

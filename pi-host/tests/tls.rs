@@ -16,27 +16,13 @@ fn bin() -> &'static Path {
 
 #[tokio::test]
 async fn a_host_with_a_certificate_serves_wss() {
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let cert = dir.path().join("cert.pem");
-    let key = dir.path().join("key.pem");
-    std::fs::write(&cert, certified.cert.pem()).unwrap();
-    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
-    let host = HostProcess::start_with(
-        bin(),
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-    )
-    .await;
+    let certificate = tests::TestCertificate::localhost();
+    let host = HostProcess::start_with(bin(), &certificate.serve_args()).await;
     let minted = host.pairing_token(&[]).await;
     assert!(minted["url"].as_str().unwrap().starts_with("racps://"));
 
     let mut roots = RootCertStore::empty();
-    roots.add(certified.cert.der().clone()).unwrap();
+    roots.add(certificate.der.clone().into()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -534,6 +534,42 @@ pub fn workspace_binary(package: &str, bin: &str, source: Option<&Path>) -> Path
     path
 }
 
+/// A self-signed certificate for `localhost`, written as PEM files for `--tls-cert`/`--tls-key`.
+pub struct TestCertificate {
+    _dir: tempfile::TempDir,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The certificate in DER, for a client to pin.
+    pub der: Vec<u8>,
+}
+
+impl TestCertificate {
+    pub fn localhost() -> TestCertificate {
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])
+            .expect("generate a certificate");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&cert, certified.cert.pem()).expect("write cert");
+        std::fs::write(&key, certified.signing_key.serialize_pem()).expect("write key");
+        TestCertificate {
+            _dir: dir,
+            cert,
+            key,
+            der: certified.cert.der().to_vec(),
+        }
+    }
+
+    /// The `serve` arguments that turn TLS on with this certificate.
+    pub fn serve_args(&self) -> [&str; 4] {
+        [
+            "--tls-cert",
+            self.cert.to_str().expect("utf-8 path"),
+            "--tls-key",
+            self.key.to_str().expect("utf-8 path"),
+        ]
+    }
+}
+
 /// A TCP proxy on loopback between a client and a host that can cut every connection or stall
 /// (black-hole) traffic, for testing reconnects and liveness. Its target can change, so a
 /// restarted host (on a new port) stays reachable at the same address.
