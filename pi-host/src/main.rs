@@ -44,6 +44,10 @@ enum Command {
         /// A TOML file with the same settings as these flags (flags win).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Once listening, write `{version, pid, listen, url, dataDir, startedAt}` here (atomically;
+        /// removed on a clean exit). The SSH bootstrapper reads the port from it.
+        #[arg(long)]
+        state_file: Option<PathBuf>,
         #[command(flatten)]
         settings: Box<config::Settings>,
     },
@@ -131,6 +135,7 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
     match command {
         Command::Serve {
             config: file,
+            state_file,
             settings,
         } => {
             let config = match config::load(file.as_deref(), *settings, data_dir) {
@@ -140,7 +145,7 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match serve(config).await {
+            match serve(config, state_file).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
                     eprintln!("pi-host: {message}");
@@ -266,7 +271,7 @@ fn report(error: &AppError, json: bool) -> ExitCode {
     ExitCode::FAILURE
 }
 
-async fn serve(mut config: ServeConfig) -> Result<(), String> {
+async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(), String> {
     let tls = match &config.tls {
         Some((cert, key)) => Some(server::tls::server_config(cert, key)?),
         None => None,
@@ -292,10 +297,12 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
     tokio::spawn(admin::serve(admin, state.clone()));
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     tracing::info!(%local, data_dir = %state.config.data_dir.display(), "pi-host listening");
-    println!(
-        "pi-host listening on {scheme}://{local}{}",
-        racp_proto::ENDPOINT_PATH
-    );
+    let url = format!("{scheme}://{local}{}", racp_proto::ENDPOINT_PATH);
+    if let Some(path) = &state_file {
+        write_state_file(path, local, &url, &state.config.data_dir)
+            .map_err(|e| format!("cannot write the state file {}: {e}", path.display()))?;
+    }
+    println!("pi-host listening on {url}");
     let router = server::router(state.clone());
     let drain_state = state.clone();
     let drained = async move {
@@ -322,7 +329,42 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
     state.turns.stop_all(&state).await;
     state.sessions.flush_and_stop();
     let _ = std::fs::remove_file(admin::socket_path(&state.config.data_dir));
+    if let Some(path) = &state_file {
+        remove_own_state_file(path);
+    }
     Ok(())
+}
+
+/// Writes the state file through a temporary name and a rename, so a reader never sees half of
+/// it.
+fn write_state_file(
+    path: &std::path::Path,
+    listen: std::net::SocketAddr,
+    url: &str,
+    data_dir: &std::path::Path,
+) -> std::io::Result<()> {
+    let state = serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "pid": std::process::id(),
+        "listen": listen.to_string(),
+        "url": url,
+        "dataDir": data_dir.display().to_string(),
+        "startedAt": clock::now_ms(),
+    });
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, format!("{state}\n"))?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Removes the state file only if it is still this process's (a newer host may have replaced it).
+fn remove_own_state_file(path: &std::path::Path) {
+    let ours = std::fs::read(path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .is_some_and(|state| state["pid"] == std::process::id());
+    if ours {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 async fn shutdown_signal() {
