@@ -52,6 +52,7 @@
 //! | `spawn-child` | starts `sleep 1000` (stdio closed) and emits `{"type": "stand_in_child", "pid": N}` |
 //! | `spawn-child:inherit` | the same, but the child inherits stdin/stdout/stderr (so it holds the pipes open) |
 //! | `burst:N` | one assistant message with N `text_delta` updates as fast as possible; to stay O(N) their `message` and `partial` carry empty `content` |
+//! | `stream:N[:RATE[:TAG]]` | for benchmarks: one assistant message with N `message_update` lines of exactly 200 bytes, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":"xx..","tag":TAG,"i":I,"t":US}}` (`i` counts from 0, `t` is the wall clock in microseconds when the line was written), RATE lines per second (0 or absent: as fast as possible), several lines per write |
 //! | `big:BYTES` | one assistant message with a single `text_delta` of BYTES `x` characters |
 //! | `notify` | a fire-and-forget `extension_ui_request` with `method: "notify"` |
 //! | `garbage` | writes a line that is not JSON |
@@ -189,6 +190,15 @@ fn write_line(line: &str) {
         || out.flush().is_err()
     {
         // Nobody listens any more.
+        std::process::exit(1);
+    }
+}
+
+/// Writes lines that already end in LF, in one write.
+fn write_raw(lines: &str) {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if out.write_all(lines.as_bytes()).is_err() || out.flush().is_err() {
         std::process::exit(1);
     }
 }
@@ -444,6 +454,16 @@ impl StandIn {
                     self.stream_text(run, &[delta])?;
                 }
                 ("burst", Some(n)) => self.burst(run, n)?,
+                ("stream", _) => {
+                    // `stream:N[:RATE[:TAG]]`
+                    let mut parts = arg.unwrap_or("").split(':').map(|p| p.parse::<u64>().ok());
+                    let Some(Some(n)) = parts.next() else {
+                        continue;
+                    };
+                    let rate = parts.next().flatten().unwrap_or(0);
+                    let tag = parts.next().flatten().unwrap_or(0);
+                    self.stream(run, n, rate, tag)?;
+                }
                 ("tool", _) => self.tool(run, None)?,
                 ("approve", _) => {
                     let spec = arg.unwrap_or("confirm");
@@ -592,6 +612,56 @@ impl StandIn {
         }
         let mut message = stub;
         message["content"] = json!([{"type": "text", "text": format!("burst of {n}")}]);
+        self.end_message(run, message);
+        Ok(())
+    }
+
+    /// The `stream` directive: fixed-size, timestamped deltas at a steady rate. Every line due
+    /// goes out in one write, so the agent side costs little next to the host it measures.
+    fn stream(&mut self, run: &mut Run, n: u64, rate: u64, tag: u64) -> Result<(), Aborted> {
+        const LINE_BYTES: usize = 200;
+        // Lines per write when there is no rate to keep (well under a 64 KiB pipe buffer).
+        const CHUNK: u64 = 256;
+        self.new_turn_if_needed(run);
+        let stub = assistant(json!([]), "stop");
+        emit(&json!({"type": "message_start", "message": stub}));
+        run.open_message = Some(stub.clone());
+        let start = Instant::now();
+        let pad = "x".repeat(LINE_BYTES);
+        let mut buf = String::new();
+        let mut sent = 0;
+        while sent < n {
+            self.pump(Wait::Poll)?;
+            let due = if rate == 0 {
+                (sent + CHUNK).min(n)
+            } else {
+                let elapsed = start.elapsed().as_secs_f64();
+                ((elapsed * rate as f64) as u64 + 1).min(n)
+            };
+            if due <= sent {
+                let at = start + Duration::from_secs_f64(sent as f64 / rate as f64);
+                self.pump(Wait::Until(at))?;
+                continue;
+            }
+            let t = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0);
+            buf.clear();
+            for i in sent..due {
+                let head = r#"{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":""#;
+                let tail = format!(r#"","tag":{tag},"i":{i},"t":{t}}}}}"#);
+                let fill = LINE_BYTES.saturating_sub(head.len() + tail.len());
+                buf.push_str(head);
+                buf.push_str(&pad[..fill]);
+                buf.push_str(&tail);
+                buf.push('\n');
+            }
+            write_raw(&buf);
+            sent = due;
+        }
+        let mut message = stub;
+        message["content"] = json!([{"type": "text", "text": format!("stream of {n}")}]);
         self.end_message(run, message);
         Ok(())
     }
