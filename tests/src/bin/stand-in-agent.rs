@@ -52,7 +52,7 @@
 //! | `spawn-child` | starts `sleep 1000` (stdio closed) and emits `{"type": "stand_in_child", "pid": N}` |
 //! | `spawn-child:inherit` | the same, but the child inherits stdin/stdout/stderr (so it holds the pipes open) |
 //! | `burst:N` | one assistant message with N `text_delta` updates as fast as possible; to stay O(N) their `message` and `partial` carry empty `content` |
-//! | `stream:N[:RATE[:TAG]]` | for benchmarks: one assistant message with N `message_update` lines of exactly 200 bytes, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":"xx..","tag":TAG,"i":I,"t":US}}` (`i` counts from 0, `t` is the wall clock in microseconds when the line was written), RATE lines per second (0 or absent: as fast as possible), several lines per write |
+//! | `stream:N[:RATE[:TAG]]` | for benchmarks: one assistant message with N `message_update` lines of exactly 200 bytes, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":"xx..","tag":TAG,"i":I,"t":US}}` (`i` counts from 0, `t` is the wall clock in microseconds when the line was written), RATE lines per second (0 or absent: as fast as possible), all lines due in one write, at most one write per millisecond when paced |
 //! | `big:BYTES` | one assistant message with a single `text_delta` of BYTES `x` characters |
 //! | `notify` | a fire-and-forget `extension_ui_request` with `method: "notify"` |
 //! | `garbage` | writes a line that is not JSON |
@@ -639,8 +639,9 @@ impl StandIn {
                 ((elapsed * rate as f64) as u64 + 1).min(n)
             };
             if due <= sent {
+                // At most one write per millisecond, like a timer-driven producer.
                 let at = start + Duration::from_secs_f64(sent as f64 / rate as f64);
-                self.pump(Wait::Until(at))?;
+                self.pump(Wait::Until(at.max(Instant::now() + Duration::from_millis(1))))?;
                 continue;
             }
             let t = SystemTime::now()
