@@ -1,7 +1,13 @@
-//! The desktop side of pi-host: the SSH bootstrapper (issue 6) and `pi-remote`, the command-line
-//! client that pairs with a host and drives its sessions over RACP-WS.
+//! The desktop side of pi-host: the SSH bootstrapper and `pi-remote`, the command-line client
+//! that pairs with a host and drives its sessions over RACP-WS.
 //!
+//! - [`ssh`]: SSH with russh: the user's config, known_hosts, agent and key files; commands,
+//!   uploads and direct-tcpip channels.
+//! - [`provision`]: the bootstrap's stages (probe, transfer, verify, install, start, forward,
+//!   pair, handshake) and the forward that reconnects.
 //! - [`remote`]: the pieces of `pi-remote` (exit codes, profiles, pairing URLs, the event view);
 //!   the command line itself is `src/bin/pi-remote.rs`.
 
+pub mod provision;
 pub mod remote;
+pub mod ssh;

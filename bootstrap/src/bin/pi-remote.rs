@@ -2,10 +2,14 @@
 //!
 //! See [`bootstrap::remote`] for the commands, profiles and exit codes.
 
+use bootstrap::provision;
 use bootstrap::remote::pairing::{self, PairingTarget};
 use bootstrap::remote::profile::{self, DEFAULT_PROFILE, Profile};
 use bootstrap::remote::view::{self, View};
 use bootstrap::remote::{Exit, Failure};
+use bootstrap::ssh::config::ResolveOptions;
+use bootstrap::ssh::host_key::{HostKeyPolicy, UnknownHost};
+use bootstrap::ssh::{ConnectOptions, prompt};
 use clap::{Parser, Subcommand};
 use racp_proto::client::{ClientOptions, ClientState, RacpClient, SubscriptionItem};
 use racp_proto::events::{Event, TurnFinishedData, TurnOutcome};
@@ -20,6 +24,7 @@ use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -30,7 +35,9 @@ Exit codes:
   2  the host refused the call (its error code is printed)
   3  the host cannot be reached
   4  the host refused the credential: pair again
-  5  prompt --wait: the turn ended aborted or failed";
+  5  prompt --wait: the turn ended aborted or failed
+  6  connect: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
+     HOST_VERSION_MISMATCH; details.reason names the stage)";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -52,6 +59,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Install or upgrade pi-host on a machine over SSH, start it on loopback, forward a local
+    /// port to it, pair, and keep the forward up (reconnecting) until Ctrl-C.
+    Connect(Box<ConnectCommand>),
     /// Pair this machine with a host and store the device credential in a profile.
     Pair {
         /// racp://HOST:PORT/pair#TOKEN, a bare token (with --host), or `-` to read either from
@@ -98,6 +108,46 @@ enum Command {
     Revoke { device: String },
 }
 
+#[derive(clap::Args, Debug)]
+struct ConnectCommand {
+    /// `[user@]host[:port]`, or a Host alias from the ssh config.
+    target: String,
+    /// The release directory made by deploy/release.sh (manifest.json, tarballs, install.sh);
+    /// needed to install or upgrade.
+    #[arg(long, env = "PI_REMOTE_RELEASE_DIR")]
+    release_dir: Option<std::path::PathBuf>,
+    /// The install root on the remote.
+    #[arg(long, default_value = provision::remote::DEFAULT_REMOTE_DIR)]
+    remote_dir: String,
+    /// The ssh config file [default: ~/.ssh/config].
+    #[arg(long, short = 'F')]
+    ssh_config: Option<std::path::PathBuf>,
+    /// The known_hosts file [default: the config's UserKnownHostsFile, or ~/.ssh/known_hosts].
+    #[arg(long)]
+    known_hosts: Option<std::path::PathBuf>,
+    /// A private key to try (before the config's IdentityFile); may be repeated.
+    #[arg(long = "identity", short = 'i')]
+    identities: Vec<std::path::PathBuf>,
+    /// Trust and record a host seen for the first time (a changed key is always refused).
+    #[arg(long)]
+    accept_new: bool,
+    /// Do not use keys from ssh-agent.
+    #[arg(long)]
+    no_agent: bool,
+    /// The local port of the forward [default: the port of the last connect, else any free one].
+    #[arg(long)]
+    local_port: Option<u16>,
+    /// Seconds between SSH keepalives; three missed ones mean the link is dead.
+    #[arg(long, default_value_t = 5)]
+    keepalive: u64,
+    /// The device name shown in `devices` (default: this machine's host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Provision, pair and check the host, then exit instead of keeping the forward up.
+    #[arg(long)]
+    once: bool,
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -111,7 +161,9 @@ fn main() -> ExitCode {
         }
     };
     let json = cli.json;
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    // Two workers: the SSH session loop and forwarded copies run beside each other.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
     {
@@ -150,11 +202,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Pair { link, host, name } = &cli.command {
         return pair(&out, &cli.profile, link, host.as_deref(), name.clone()).await;
     }
+    if let Command::Connect(command) = cli.command {
+        return connect_over_ssh(*command, cli.profile, cli.json).await;
+    }
     let dir = profile::config_dir().map_err(Failure::Local)?;
     let stored = profile::load(&dir, &cli.profile).map_err(Failure::Local)?;
     let client = connect(&stored.url, &stored.device_token).await?;
     match cli.command {
-        Command::Pair { .. } => Ok(()),
+        Command::Pair { .. } | Command::Connect(_) => Ok(()),
         Command::Sessions => {
             let list = client.call::<calls::SessionList>(Empty {}).await?;
             if out.json {
@@ -306,6 +361,55 @@ where
     }
 }
 
+async fn connect_over_ssh(
+    command: ConnectCommand,
+    profile: String,
+    json: bool,
+) -> Result<(), Failure> {
+    let mut options = provision::BootstrapOptions::new(command.target);
+    options.resolve = ResolveOptions {
+        config_file: command.ssh_config,
+        known_hosts: command.known_hosts,
+        identity_files: command.identities,
+    };
+    let interactive = !json && std::io::stdin().is_terminal();
+    options.ssh = ConnectOptions {
+        host_key: if command.accept_new {
+            HostKeyPolicy::AcceptNew
+        } else if interactive || std::env::var_os("SSH_ASKPASS").is_some() {
+            HostKeyPolicy::Ask(Arc::new(|unknown: &UnknownHost| {
+                prompt::ask_yes_no(&format!(
+                    "The authenticity of host '{}' can't be established.\n{} key fingerprint is {}.\nTrust it and record it in {}? (yes/no) ",
+                    unknown.host,
+                    unknown.algorithm,
+                    unknown.fingerprint,
+                    unknown.known_hosts.display()
+                ))
+            }))
+        } else {
+            HostKeyPolicy::Strict
+        },
+        passphrase: Some(Arc::new(|path: &std::path::Path| {
+            prompt::ask_secret(&format!("Enter passphrase for key '{}': ", path.display()))
+        })),
+        keepalive: Duration::from_secs(command.keepalive.max(1)),
+        use_agent: !command.no_agent,
+    };
+    options.release_dir = command.release_dir;
+    options.remote_dir = command.remote_dir;
+    options.device_name = device_name(command.name);
+    if let Some(port) = command.local_port {
+        options.local_port = port;
+    }
+    bootstrap::remote::connect::run(bootstrap::remote::connect::ConnectArgs {
+        options,
+        profile,
+        once: command.once,
+        json,
+    })
+    .await
+}
+
 fn device_name(name: Option<String>) -> String {
     name.or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -347,6 +451,7 @@ async fn pair(
         device_id: paired.device_id,
         device_token: paired.device_token,
         roles: paired.roles,
+        ssh: None,
     };
     let file = profile::save(&dir, profile_name, &stored).map_err(Failure::Local)?;
     if out.json {

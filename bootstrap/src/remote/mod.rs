@@ -41,6 +41,7 @@
 //! error code is printed); 3 the host cannot be reached; 4 the credential was refused (pair
 //! again); 5 a turn that `prompt --wait` followed ended other than `completed`.
 
+pub mod connect;
 pub mod pairing;
 pub mod profile;
 pub mod view;
@@ -62,6 +63,9 @@ pub enum Exit {
     Auth = 4,
     /// `prompt --wait`: the turn ended aborted or failed.
     TurnNotCompleted = 5,
+    /// `connect`: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
+    /// HOST_VERSION_MISMATCH).
+    Bootstrap = 6,
 }
 
 impl From<Exit> for ExitCode {
@@ -131,6 +135,9 @@ pub fn exit_for(code: ErrorCode) -> Exit {
         | ErrorCode::HostDisconnected
         | ErrorCode::HostShuttingDown
         | ErrorCode::Timeout => Exit::Unreachable,
+        ErrorCode::HostBootstrapFailed
+        | ErrorCode::RemoteForwardFailed
+        | ErrorCode::HostVersionMismatch => Exit::Bootstrap,
         _ => Exit::Refused,
     }
 }

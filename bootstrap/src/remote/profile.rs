@@ -23,6 +23,19 @@ pub struct Profile {
     /// Secret bearer token.
     pub device_token: String,
     pub roles: Vec<Role>,
+    /// Set by `pi-remote connect`: the host is reached through an SSH forward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh: Option<SshOrigin>,
+}
+
+/// Where an SSH-provisioned host lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SshOrigin {
+    /// What was given to `connect` (`[user@]host[:port]` or an ssh config alias).
+    pub target: String,
+    pub remote_dir: String,
+    pub host_id: String,
 }
 
 // Hand-written so the token never reaches a log or a panic message.
@@ -33,6 +46,7 @@ impl std::fmt::Debug for Profile {
             .field("device_id", &self.device_id)
             .field("device_token", &"<secret>")
             .field("roles", &self.roles)
+            .field("ssh", &self.ssh)
             .finish()
     }
 }
@@ -133,6 +147,7 @@ mod tests {
             device_id: "dev_1".into(),
             device_token: "pdt_secret".into(),
             roles: vec![Role::Owner],
+            ssh: None,
         }
     }
 

@@ -1,0 +1,308 @@
+//! The forward: a local 127.0.0.1 listener whose connections ride direct-tcpip channels to the
+//! host's loopback port, and the supervisor that reconnects SSH when the link drops.
+//!
+//! The listener outlives SSH connections: while the link is down, new local connections wait
+//! (up to [`LINK_WAIT`]) for the next one, so a RACP client simply reconnects to the same URL
+//! and resumes by cursor. Each reconnect runs the bootstrap's stages again; they find the host
+//! running and cost one probe.
+
+use super::stage::{Progress, Reporter, Stage};
+use super::{BootstrapOptions, Link, establish, ssh_failed};
+use crate::provision::remote::Probe;
+use crate::ssh::SshSession;
+use racp_proto::{AppError, ErrorCode, ErrorSource};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How long a local connection waits for the SSH link to come back.
+const LINK_WAIT: Duration = Duration::from_secs(30);
+const MIN_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+type Current = watch::Sender<Option<Arc<Link>>>;
+
+/// A running forward; dropping it stops the forward and the reconnects.
+pub struct Forward {
+    local_port: u16,
+    links: Current,
+    fatal: watch::Receiver<Option<AppError>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Forward {
+    pub(crate) async fn open(
+        options: &BootstrapOptions,
+        link: Link,
+        reporter: Arc<dyn Reporter>,
+    ) -> Result<Forward, AppError> {
+        // Find out now whether the server forwards at all (AllowTcpForwarding no refuses at
+        // once and leaves the session usable), rather than on the first client connection.
+        let probe_channel = link
+            .session
+            .open_tcp("127.0.0.1", link.remote_port, options.channel_timeout)
+            .await
+            .map_err(|e| ssh_failed(Stage::Forward, e))?;
+        drop(probe_channel);
+
+        let preferred = match options.preferred_local_port {
+            Some(port) => TcpListener::bind(("127.0.0.1", port)).await.ok(),
+            None => None,
+        };
+        let listener = match preferred {
+            Some(listener) => listener,
+            None => bind_local(options.local_port).await?,
+        };
+        let local_port = listener
+            .local_addr()
+            .map_err(|e| local_failed(format!("cannot read the listener's address: {e}")))?
+            .port();
+        let (links, _) = watch::channel(Some(Arc::new(link)));
+        let (fatal_tx, fatal) = watch::channel(None);
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            links.subscribe(),
+            options.channel_timeout,
+        ));
+        let supervisor = tokio::spawn(supervise(
+            options.clone(),
+            links.clone(),
+            reporter,
+            fatal_tx,
+        ));
+        Ok(Forward {
+            local_port,
+            links,
+            fatal,
+            tasks: vec![accept, supervisor],
+        })
+    }
+
+    /// `ws://127.0.0.1:PORT/racp`.
+    pub fn url(&self) -> String {
+        format!(
+            "ws://127.0.0.1:{}{}",
+            self.local_port,
+            racp_proto::ENDPOINT_PATH
+        )
+    }
+
+    pub fn local_port(&self) -> u16 {
+        self.local_port
+    }
+
+    /// The host's port on the remote, while a link is up.
+    pub fn remote_port(&self) -> Option<u16> {
+        self.links.borrow().as_ref().map(|l| l.remote_port)
+    }
+
+    pub fn remote_root(&self) -> Option<String> {
+        self.links.borrow().as_ref().map(|l| l.probe.root.clone())
+    }
+
+    /// Whether an SSH link is up now.
+    pub fn is_linked(&self) -> bool {
+        self.links.borrow().is_some()
+    }
+
+    /// The current SSH session (waiting for a reconnect if the link is down).
+    pub(crate) async fn current_link(&self) -> Result<(Arc<SshSession>, Probe), AppError> {
+        let link = wait_for_link(self.links.subscribe(), LINK_WAIT)
+            .await
+            .ok_or_else(|| link_down("the SSH link is down"))?;
+        Ok((link.session.clone(), link.probe.clone()))
+    }
+
+    /// Resolves when the forward has given up for good (e.g. the host key changed while
+    /// reconnecting), with the reason.
+    pub async fn failed(&mut self) -> AppError {
+        loop {
+            if let Some(error) = self.fatal.borrow_and_update().clone() {
+                return error;
+            }
+            if self.fatal.changed().await.is_err() {
+                return link_down("the forward stopped");
+            }
+        }
+    }
+
+    /// Stops accepting, ends the SSH session.
+    pub async fn stop(mut self) {
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+        let link = self.links.send_replace(None);
+        if let Some(link) = link {
+            link.session.disconnect().await;
+        }
+    }
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn local_failed(message: String) -> AppError {
+    AppError::new(ErrorCode::RemoteForwardFailed, message)
+        .with_details(serde_json::json!({"reason": "local_listener"}))
+        .with_source(ErrorSource::Bootstrap)
+}
+
+fn link_down(message: &str) -> AppError {
+    AppError::new(ErrorCode::HostDisconnected, message).with_source(ErrorSource::Bootstrap)
+}
+
+async fn bind_local(port: u16) -> Result<TcpListener, AppError> {
+    TcpListener::bind(("127.0.0.1", port)).await.map_err(|e| {
+        local_failed(format!(
+            "cannot listen on 127.0.0.1:{port}: {e}{}",
+            if port != 0 {
+                " (choose another --local-port, or 0 for any)"
+            } else {
+                ""
+            }
+        ))
+    })
+}
+
+async fn wait_for_link(
+    mut links: watch::Receiver<Option<Arc<Link>>>,
+    patience: Duration,
+) -> Option<Arc<Link>> {
+    tokio::time::timeout(patience, async {
+        loop {
+            if let Some(link) = links.borrow_and_update().clone() {
+                return Some(link);
+            }
+            if links.changed().await.is_err() {
+                return None;
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    links: watch::Receiver<Option<Arc<Link>>>,
+    channel_timeout: Duration,
+) {
+    loop {
+        let socket = match listener.accept().await {
+            Ok((socket, _)) => socket,
+            Err(err) => {
+                // Out of file descriptors and the like: wait a little rather than spin.
+                tracing::warn!(%err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let links = links.clone();
+        tokio::spawn(async move {
+            if let Err(err) = relay(socket, links, channel_timeout).await {
+                tracing::debug!(%err, "forwarded connection ended");
+            }
+        });
+    }
+}
+
+async fn relay(
+    mut socket: TcpStream,
+    links: watch::Receiver<Option<Arc<Link>>>,
+    channel_timeout: Duration,
+) -> Result<(), String> {
+    let _ = socket.set_nodelay(true);
+    let link = wait_for_link(links, LINK_WAIT)
+        .await
+        .ok_or("the SSH link did not come back")?;
+    let mut channel = link
+        .session
+        .open_tcp("127.0.0.1", link.remote_port, channel_timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::io::copy_bidirectional(&mut socket, &mut channel)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Failures that another attempt cannot fix: a changed or unknown host key, refused keys, a
+/// version that cannot be had.
+fn is_permanent(error: &AppError) -> bool {
+    match error.code() {
+        ErrorCode::HostVersionMismatch => true,
+        ErrorCode::HostBootstrapFailed => {
+            let reason = error.details().and_then(|d| d["reason"].as_str());
+            matches!(reason, Some("host_key" | "authenticate" | "resolve"))
+        }
+        _ => false,
+    }
+}
+
+async fn supervise(
+    options: BootstrapOptions,
+    links: Current,
+    reporter: Arc<dyn Reporter>,
+    fatal: watch::Sender<Option<AppError>>,
+) {
+    loop {
+        let Some(link) = links.borrow().clone() else {
+            return;
+        };
+        let mut closed = link.session.closed();
+        while !*closed.borrow_and_update() {
+            if closed.changed().await.is_err() {
+                break;
+            }
+        }
+        links.send_replace(None);
+        drop(link);
+        let lost = Instant::now();
+        let mut backoff = MIN_BACKOFF;
+        let mut attempt = 1;
+        let mut error = link_down("the SSH link dropped");
+        loop {
+            let delay = jitter(backoff);
+            reporter.report(Progress::Reconnecting {
+                attempt,
+                delay_ms: delay.as_millis() as u64,
+                error: error.clone(),
+            });
+            tokio::time::sleep(delay).await;
+            match establish(&options, reporter.as_ref()).await {
+                Ok((link, _, _)) => {
+                    let remote_port = link.remote_port;
+                    links.send_replace(Some(Arc::new(link)));
+                    reporter.report(Progress::Reconnected {
+                        remote_port,
+                        ms: lost.elapsed().as_millis() as u64,
+                    });
+                    break;
+                }
+                Err(err) if is_permanent(&err) => {
+                    reporter.report(Progress::Failed(err.clone()));
+                    let _ = fatal.send(Some(err));
+                    return;
+                }
+                Err(err) => error = err,
+            }
+            attempt += 1;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
+
+/// 50–100 % of the delay, so many clients do not reconnect in step.
+fn jitter(delay: Duration) -> Duration {
+    let mut byte = [0u8; 1];
+    let _ = getrandom::fill(&mut byte);
+    delay / 2 + delay * u32::from(byte[0]) / 510
+}

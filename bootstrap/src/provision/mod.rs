@@ -1,0 +1,731 @@
+//! The desktop flow over SSH: resolve → connect → host key → authenticate → probe → transfer →
+//! verify → install → start → forward → pair → handshake (DESIGN.md, "The bootstrapper").
+//!
+//! A host that already runs the wanted version is reused as is: one probe command, no transfer,
+//! no restart. Pairing mints a token over SSH (`pi-host pair --json`, run remotely) and trades it
+//! for a device credential through the forward; a stored credential is reused. After that,
+//! [`forward`] keeps the local port open and reconnects SSH with backoff when the link drops,
+//! running the same stages again (fast: the host is found running).
+
+pub mod forward;
+pub mod release;
+pub mod remote;
+pub mod stage;
+
+use crate::ssh::config::{Destination, ResolveOptions};
+use crate::ssh::{self, ConnectOptions, ConnectStep, SshError, SshSession};
+use racp_proto::client::{ClientOptions, RacpClient};
+use racp_proto::methods::handshake::PairParams;
+use racp_proto::{AppError, Empty, ErrorCode, ErrorSource, Role, calls};
+use release::Release;
+use remote::{Probe, sh_quote};
+use serde_json::{Value, json};
+use stage::{Progress, Reporter, Stage};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A device credential for the remote host.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential {
+    pub device_id: String,
+    pub device_token: String,
+    pub roles: Vec<Role>,
+}
+
+// Hand-written so the token never reaches a log.
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential")
+            .field("device_id", &self.device_id)
+            .field("roles", &self.roles)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything [`connect`] needs.
+#[derive(Clone)]
+pub struct BootstrapOptions {
+    /// `[user@]host[:port]` or a config alias.
+    pub target: String,
+    pub resolve: ResolveOptions,
+    pub ssh: ConnectOptions,
+    /// Where deploy/release.sh put the release; needed only to install or upgrade.
+    pub release_dir: Option<PathBuf>,
+    /// The install root on the remote (default `~/.pi-host`).
+    pub remote_dir: String,
+    /// The name the host shows for this device.
+    pub device_name: String,
+    /// A credential from an earlier connect.
+    pub credential: Option<Credential>,
+    /// The local port of the forward (0: any free one).
+    pub local_port: u16,
+    /// A port to try first, falling back to `local_port` when it is taken (the port an earlier
+    /// connect used, so URLs stored elsewhere stay valid).
+    pub preferred_local_port: Option<u16>,
+    /// How long opening a forwarded channel may take.
+    pub channel_timeout: Duration,
+}
+
+impl BootstrapOptions {
+    pub fn new(target: impl Into<String>) -> Self {
+        BootstrapOptions {
+            target: target.into(),
+            resolve: ResolveOptions::default(),
+            ssh: ConnectOptions::default(),
+            release_dir: None,
+            remote_dir: remote::DEFAULT_REMOTE_DIR.into(),
+            device_name: "pi-remote".into(),
+            credential: None,
+            local_port: 0,
+            preferred_local_port: None,
+            channel_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A failed stage: HOST_BOOTSTRAP_FAILED with `details.reason` = the stage.
+pub fn stage_failed(stage: Stage, message: impl std::fmt::Display, extra: Value) -> AppError {
+    let mut details = json!({"reason": stage.as_str()});
+    if let (Some(details), Value::Object(extra)) = (details.as_object_mut(), extra) {
+        details.extend(extra);
+    }
+    AppError::new(
+        ErrorCode::HostBootstrapFailed,
+        format!("{} failed: {message}", stage.label()),
+    )
+    .with_details(details)
+    .with_source(ErrorSource::Bootstrap)
+}
+
+/// Maps an SSH failure during `stage` to its registered code.
+fn ssh_failed(stage: Stage, err: SshError) -> AppError {
+    let message = err.to_string();
+    match err {
+        SshError::HostKeyChanged {
+            host,
+            known_hosts,
+            line,
+            fingerprint,
+        } => stage_failed(
+            Stage::HostKey,
+            message,
+            json!({"hostKey": "changed", "host": host, "knownHosts": known_hosts, "line": line, "fingerprint": fingerprint}),
+        ),
+        SshError::HostKeyUnknown {
+            host,
+            known_hosts,
+            fingerprint,
+        } => stage_failed(
+            Stage::HostKey,
+            message,
+            json!({"hostKey": "unknown", "host": host, "knownHosts": known_hosts, "fingerprint": fingerprint, "hint": "check the fingerprint, then run again with --accept-new"}),
+        ),
+        SshError::KnownHosts { .. } => stage_failed(Stage::HostKey, message, json!({})),
+        SshError::AuthFailed { .. } => stage_failed(Stage::Authenticate, message, json!({})),
+        SshError::Unreachable { .. } => stage_failed(Stage::Connect, message, json!({})),
+        SshError::ChannelOpen {
+            target, prohibited, ..
+        } => forward_failed(message, &target, prohibited),
+        SshError::Timeout(_) | SshError::Protocol(_) => stage_failed(stage, message, json!({})),
+    }
+}
+
+fn forward_failed(message: String, target: &str, prohibited: bool) -> AppError {
+    AppError::new(ErrorCode::RemoteForwardFailed, message)
+        .with_details(json!({
+            "reason": if prohibited { "administratively_prohibited" } else { "connect_failed" },
+            "target": target,
+            "hint": if prohibited {
+                "the remote sshd forbids TCP forwarding: set AllowTcpForwarding yes (or local) in its sshd_config, or PermitOpen to include this target"
+            } else {
+                "nothing answered at the host's port on the remote; reconnecting starts it again"
+            },
+        }))
+        .with_source(ErrorSource::Bootstrap)
+}
+
+/// A failed remote command: its exit code and the tail of its stderr go into the details.
+fn remote_failed(stage: Stage, what: &str, output: &ssh::ExecOutput) -> AppError {
+    stage_failed(
+        stage,
+        format!(
+            "{what} exited with {} on the remote: {}",
+            output
+                .status
+                .map_or("a signal".to_string(), |s| s.to_string()),
+            last_line(&output.stderr_tail()).unwrap_or("no error output")
+        ),
+        json!({"exitCode": output.status, "stderrTail": output.stderr_tail()}),
+    )
+}
+
+fn last_line(text: &str) -> Option<&str> {
+    text.lines().rev().find(|l| !l.trim().is_empty())
+}
+
+/// Times and reports one stage.
+struct StageClock<'a> {
+    reporter: &'a dyn Reporter,
+    stage: Stage,
+    started: Instant,
+}
+
+impl<'a> StageClock<'a> {
+    fn start(reporter: &'a dyn Reporter, stage: Stage) -> Self {
+        reporter.report(Progress::Started(stage));
+        StageClock {
+            reporter,
+            stage,
+            started: Instant::now(),
+        }
+    }
+
+    fn done(self, note: Option<String>) {
+        self.reporter.report(Progress::Done {
+            stage: self.stage,
+            ms: self.started.elapsed().as_millis() as u64,
+            note,
+        });
+    }
+}
+
+fn skipped(reporter: &dyn Reporter, stage: Stage, why: &str) {
+    reporter.report(Progress::Skipped {
+        stage,
+        why: why.to_string(),
+    });
+}
+
+/// An SSH session with a running host behind it.
+pub(crate) struct Link {
+    pub session: Arc<SshSession>,
+    pub remote_port: u16,
+    pub probe: Probe,
+}
+
+/// What the stages up to `start` did.
+#[derive(Debug, Clone, Copy, Default)]
+struct Work {
+    transferred: bool,
+    installed: bool,
+    started: bool,
+}
+
+/// resolve → … → start: an SSH session and the port of a host of the wanted version.
+async fn establish(
+    options: &BootstrapOptions,
+    reporter: &dyn Reporter,
+) -> Result<(Link, Work, String), AppError> {
+    let clock = StageClock::start(reporter, Stage::Resolve);
+    let destination = crate::ssh::config::resolve(&options.target, &options.resolve)
+        .map_err(|e| stage_failed(Stage::Resolve, e, json!({})))?;
+    let release = match &options.release_dir {
+        Some(dir) => {
+            Some(Release::load(dir).map_err(|e| stage_failed(Stage::Resolve, e, json!({})))?)
+        }
+        None => None,
+    };
+    let wanted = release.as_ref().map_or_else(
+        || env!("CARGO_PKG_VERSION").to_string(),
+        |r| r.manifest.version.clone(),
+    );
+    clock.done(Some(destination.display()));
+
+    let session = Arc::new(ssh_connect(&destination, options, reporter).await?);
+
+    let clock = StageClock::start(reporter, Stage::Probe);
+    let output = session
+        .exec(&remote::probe_script(&options.remote_dir))
+        .await
+        .map_err(|e| ssh_failed(Stage::Probe, e))?;
+    if !output.success() {
+        return Err(remote_failed(Stage::Probe, "the probe", &output));
+    }
+    let mut probe = Probe::parse(&output.stdout_text())
+        .map_err(|e| stage_failed(Stage::Probe, e, json!({})))?;
+    let running = probe.running();
+    clock.done(Some(format!(
+        "{} {}, installed {}, running {}",
+        probe.os,
+        probe.arch,
+        probe.installed.as_deref().unwrap_or("none"),
+        running
+            .as_ref()
+            .map_or("none".to_string(), |r| r.version.clone())
+    )));
+
+    let mut work = Work::default();
+    if let Some(running) = running
+        .as_ref()
+        .filter(|r| r.version == wanted && !r.draining)
+    {
+        for stage in [Stage::Transfer, Stage::Verify, Stage::Install, Stage::Start] {
+            skipped(reporter, stage, &format!("pi-host {wanted} is running"));
+        }
+        let remote_port = running.port;
+        return Ok((
+            Link {
+                session,
+                remote_port,
+                probe,
+            },
+            work,
+            wanted,
+        ));
+    }
+
+    if probe.installed.as_deref() == Some(wanted.as_str()) && probe.has_installer {
+        for stage in [Stage::Transfer, Stage::Verify, Stage::Install] {
+            skipped(reporter, stage, &format!("pi-host {wanted} is installed"));
+        }
+    } else {
+        install(&session, &mut probe, release.as_ref(), &wanted, reporter).await?;
+        work.transferred = true;
+        work.installed = true;
+    }
+
+    let clock = StageClock::start(reporter, Stage::Start);
+    if running.is_some() {
+        // Another version (or a draining host) holds the data directory: stop it first.
+        let output = session
+            .exec(&probe.installer("stop"))
+            .await
+            .map_err(|e| ssh_failed(Stage::Start, e))?;
+        if !output.success() {
+            return Err(remote_failed(Stage::Start, "install.sh stop", &output));
+        }
+    }
+    let output = session
+        .exec(&probe.installer("start"))
+        .await
+        .map_err(|e| ssh_failed(Stage::Start, e))?;
+    if !output.success() {
+        return Err(remote_failed(Stage::Start, "install.sh start", &output));
+    }
+    let state: Value = last_line(&output.stdout_text())
+        .and_then(|line| serde_json::from_str(line).ok())
+        .ok_or_else(|| {
+            stage_failed(
+                Stage::Start,
+                "install.sh start printed no state",
+                json!({"stdout": output.stdout_text(), "stderrTail": output.stderr_tail()}),
+            )
+        })?;
+    let remote_port = state["listen"]
+        .as_str()
+        .and_then(|l| l.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.port())
+        .ok_or_else(|| {
+            stage_failed(
+                Stage::Start,
+                format!("the state has no listen address: {state}"),
+                json!({}),
+            )
+        })?;
+    work.started = true;
+    clock.done(Some(format!("listening on 127.0.0.1:{remote_port}")));
+    Ok((
+        Link {
+            session,
+            remote_port,
+            probe,
+        },
+        work,
+        wanted,
+    ))
+}
+
+async fn ssh_connect(
+    destination: &Destination,
+    options: &BootstrapOptions,
+    reporter: &dyn Reporter,
+) -> Result<SshSession, AppError> {
+    let mut step = Stage::Connect;
+    let mut clock = Some(StageClock::start(reporter, Stage::Connect));
+    let result = ssh::connect(destination, &options.ssh, |next| {
+        let next = match next {
+            ConnectStep::Connect => return,
+            ConnectStep::HostKey => Stage::HostKey,
+            ConnectStep::Authenticate => Stage::Authenticate,
+        };
+        if let Some(clock) = clock.take() {
+            clock.done(None);
+        }
+        step = next;
+        clock = Some(StageClock::start(reporter, next));
+    })
+    .await;
+    match result {
+        Ok(session) => {
+            if let Some(clock) = clock.take() {
+                clock.done(Some(destination.user.clone()));
+            }
+            Ok(session)
+        }
+        Err(err) => Err(ssh_failed(step, err)),
+    }
+}
+
+/// transfer → verify → install. Nothing of the running host or of `current` changes until
+/// install.sh switches `current` at its very end.
+async fn install(
+    session: &SshSession,
+    probe: &mut Probe,
+    release: Option<&Release>,
+    wanted: &str,
+    reporter: &dyn Reporter,
+) -> Result<(), AppError> {
+    let platform = format!(
+        "{}-{}",
+        release::normalize_os(&probe.os),
+        release::normalize_arch(&probe.arch)
+    );
+    let Some(release) = release else {
+        let message = format!(
+            "pi-host {wanted} is not on the remote and no release directory was given (pass --release-dir; deploy/release.sh makes one)"
+        );
+        return Err(match &probe.installed {
+            Some(installed) => version_mismatch(message, wanted, Some(installed), &platform),
+            None => stage_failed(Stage::Transfer, message, json!({"platform": platform})),
+        });
+    };
+    let Some(artifact) = release.artifact_for(&probe.os, &probe.arch) else {
+        let message = format!(
+            "the release in {} has no build for {platform} (it has {})",
+            release.dir.display(),
+            release.platforms().join(", ")
+        );
+        return Err(match &probe.installed {
+            Some(installed) => version_mismatch(message, wanted, Some(installed), &platform),
+            None => stage_failed(Stage::Transfer, message, json!({"platform": platform})),
+        });
+    };
+    let Some(sha_command) = probe.sha_command.clone() else {
+        return Err(stage_failed(
+            Stage::Verify,
+            "the remote has neither sha256sum nor shasum",
+            json!({}),
+        ));
+    };
+
+    let clock = StageClock::start(reporter, Stage::Transfer);
+    let installer = &release.manifest.installer;
+    let files = [
+        (artifact.file.as_str(), artifact.sha256.as_str()),
+        (installer.file.as_str(), installer.sha256.as_str()),
+    ];
+    let mut total = 0;
+    for (file, _) in files {
+        let path = release.dir.join(file);
+        total += std::fs::metadata(&path)
+            .map_err(|e| {
+                stage_failed(
+                    Stage::Transfer,
+                    format!("cannot read {}: {e}", path.display()),
+                    json!({}),
+                )
+            })?
+            .len();
+    }
+    let mkdir = session
+        .exec(&format!(
+            "mkdir -p {}",
+            sh_quote(&format!("{}/staging", probe.root))
+        ))
+        .await
+        .map_err(|e| ssh_failed(Stage::Transfer, e))?;
+    if !mkdir.success() {
+        return Err(remote_failed(Stage::Transfer, "mkdir", &mkdir));
+    }
+    let mut sent_before = 0;
+    for (file, _) in files {
+        let part = probe.staging(&format!("{file}.part"));
+        let mut on_progress = |sent: u64| {
+            reporter.report(Progress::Transfer {
+                sent: sent_before + sent,
+                total,
+            })
+        };
+        let output = session
+            .exec_with_input(
+                &format!("cat > {part}"),
+                Some(&release.dir.join(file)),
+                &mut on_progress,
+            )
+            .await
+            .map_err(|e| ssh_failed(Stage::Transfer, e))?;
+        if !output.success() {
+            return Err(remote_failed(Stage::Transfer, "the upload", &output));
+        }
+        sent_before += std::fs::metadata(release.dir.join(file))
+            .map(|m| m.len())
+            .unwrap_or(0);
+    }
+    clock.done(Some(format!("{total} bytes")));
+
+    let clock = StageClock::start(reporter, Stage::Verify);
+    let parts: Vec<String> = files
+        .iter()
+        .map(|(f, _)| probe.staging(&format!("{f}.part")))
+        .collect();
+    let output = session
+        .exec(&format!("{sha_command} {}", parts.join(" ")))
+        .await
+        .map_err(|e| ssh_failed(Stage::Verify, e))?;
+    if !output.success() {
+        return Err(remote_failed(Stage::Verify, &sha_command, &output));
+    }
+    let sums = remote::parse_sums(&output.stdout_text());
+    for (file, expected) in files {
+        let part = format!("{file}.part");
+        let actual = sums
+            .iter()
+            .find(|(_, name)| *name == part)
+            .map(|(hash, _)| hash.as_str());
+        if actual != Some(&expected.to_ascii_lowercase()) {
+            let _ = session.exec(&format!("rm -f {}", parts.join(" "))).await;
+            return Err(stage_failed(
+                Stage::Verify,
+                format!(
+                    "{file} arrived with SHA-256 {} but the manifest says {expected}; nothing was installed",
+                    actual.unwrap_or("(none)")
+                ),
+                json!({"file": file, "expected": expected, "actual": actual}),
+            ));
+        }
+    }
+    let renames: Vec<String> = files
+        .iter()
+        .map(|(f, _)| {
+            format!(
+                "mv -f {} {}",
+                probe.staging(&format!("{f}.part")),
+                probe.staging(f)
+            )
+        })
+        .collect();
+    let output = session
+        .exec(&renames.join(" && "))
+        .await
+        .map_err(|e| ssh_failed(Stage::Verify, e))?;
+    if !output.success() {
+        return Err(remote_failed(Stage::Verify, "mv", &output));
+    }
+    clock.done(None);
+
+    let clock = StageClock::start(reporter, Stage::Install);
+    let command = format!(
+        "sh {} install --root {} --version {} --artifact {}",
+        probe.staging(&installer.file),
+        probe.root_word(),
+        sh_quote(wanted),
+        probe.staging(&artifact.file)
+    );
+    let output = session
+        .exec(&command)
+        .await
+        .map_err(|e| ssh_failed(Stage::Install, e))?;
+    if !output.success() {
+        return Err(remote_failed(Stage::Install, "install.sh", &output));
+    }
+    let _ = session
+        .exec(&format!("rm -f {}", probe.staging(&artifact.file)))
+        .await;
+    probe.installed = Some(wanted.to_string());
+    probe.has_installer = true;
+    clock.done(last_line(&output.stdout_text()).map(str::to_string));
+    Ok(())
+}
+
+fn version_mismatch(
+    message: String,
+    wanted: &str,
+    found: Option<&str>,
+    platform: &str,
+) -> AppError {
+    AppError::new(ErrorCode::HostVersionMismatch, message)
+        .with_details(json!({"wanted": wanted, "found": found, "platform": platform}))
+        .with_source(ErrorSource::Bootstrap)
+}
+
+/// A connected remote host: the forward's local URL and the device credential.
+pub struct Connection {
+    /// `ws://127.0.0.1:PORT/racp`.
+    pub url: String,
+    pub credential: Credential,
+    pub host_version: String,
+    pub host_id: String,
+    /// What this connect did, for reports: `{transferred, installed, started, paired, ...}`.
+    pub summary: Value,
+    pub forward: forward::Forward,
+}
+
+/// The whole flow; the forward keeps running (and reconnecting) until the connection is
+/// dropped or [`forward::Forward::stop`] is called.
+pub async fn connect(
+    options: BootstrapOptions,
+    reporter: Arc<dyn Reporter>,
+) -> Result<Connection, AppError> {
+    let started = Instant::now();
+    let (link, work, wanted) = establish(&options, reporter.as_ref()).await?;
+
+    let clock = StageClock::start(reporter.as_ref(), Stage::Forward);
+    let forward = forward::Forward::open(&options, link, reporter.clone()).await?;
+    let url = forward.url();
+    clock.done(Some(url.clone()));
+
+    let mut paired = false;
+    let credential = match options.credential.clone() {
+        Some(credential) => {
+            skipped(
+                reporter.as_ref(),
+                Stage::Pair,
+                "a stored credential is reused",
+            );
+            credential
+        }
+        None => {
+            paired = true;
+            pair(&forward, &url, &options, reporter.as_ref()).await?
+        }
+    };
+
+    let clock = StageClock::start(reporter.as_ref(), Stage::Handshake);
+    let (client, credential) = match open_client(&url, &credential.device_token).await {
+        Ok(client) => (client, credential),
+        Err(err) if !paired && err.code() == ErrorCode::RemoteAuthFailed => {
+            // The host no longer knows this device (reinstalled, revoked): pair again over SSH.
+            paired = true;
+            let credential = pair(&forward, &url, &options, reporter.as_ref()).await?;
+            let client = open_client(&url, &credential.device_token).await?;
+            (client, credential)
+        }
+        Err(err) => return Err(err),
+    };
+    let info = client.call::<calls::HostInfo>(Empty {}).await?;
+    if info.host.version != wanted {
+        return Err(version_mismatch(
+            format!(
+                "the remote host answers as pi-host {} but {wanted} was wanted",
+                info.host.version
+            ),
+            &wanted,
+            Some(&info.host.version),
+            &format!("{}-{}", info.os, info.arch),
+        ));
+    }
+    clock.done(Some(format!("pi-host {}", info.host.version)));
+    drop(client);
+
+    let summary = json!({
+        "url": url,
+        "hostVersion": info.host.version,
+        "hostId": info.host.id,
+        "remotePort": forward.remote_port(),
+        "remoteRoot": forward.remote_root(),
+        "transferred": work.transferred,
+        "installed": work.installed,
+        "started": work.started,
+        "paired": paired,
+        "ms": started.elapsed().as_millis() as u64,
+    });
+    Ok(Connection {
+        url,
+        credential,
+        host_version: info.host.version,
+        host_id: info.host.id,
+        summary,
+        forward,
+    })
+}
+
+async fn open_client(url: &str, token: &str) -> Result<RacpClient, AppError> {
+    let mut options = ClientOptions::new(url, token);
+    options.client_name = "pi-remote".into();
+    options.call_timeout = Duration::from_secs(30);
+    RacpClient::connect(options).await
+}
+
+/// Mints a pairing token over SSH and trades it for a device credential through the forward.
+async fn pair(
+    forward: &forward::Forward,
+    url: &str,
+    options: &BootstrapOptions,
+    reporter: &dyn Reporter,
+) -> Result<Credential, AppError> {
+    let clock = StageClock::start(reporter, Stage::Pair);
+    let (session, probe) = forward.current_link().await?;
+    // The token travels inside the SSH channel only; it never appears in argv or on screen.
+    let output = session
+        .exec(&format!(
+            "{} pair --json --roles owner --ttl 2m",
+            probe.pi_host()
+        ))
+        .await
+        .map_err(|e| ssh_failed(Stage::Pair, e))?;
+    if !output.success() {
+        return Err(remote_failed(Stage::Pair, "pi-host pair", &output));
+    }
+    let minted: Value = serde_json::from_str(output.stdout_text().trim()).map_err(|e| {
+        stage_failed(
+            Stage::Pair,
+            format!("pi-host pair printed no JSON: {e}"),
+            json!({}),
+        )
+    })?;
+    let token = minted["token"]
+        .as_str()
+        .ok_or_else(|| stage_failed(Stage::Pair, "pi-host pair printed no token", json!({})))?;
+    let client = open_client(url, token).await?;
+    let paired = client
+        .call::<calls::Pair>(PairParams {
+            device_name: options.device_name.clone(),
+        })
+        .await?;
+    clock.done(Some(paired.device_id.clone()));
+    Ok(Credential {
+        device_id: paired.device_id,
+        device_token: paired.device_token,
+        roles: paired.roles,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_stage_names_itself_in_details_reason() {
+        for stage in Stage::ALL {
+            let error = stage_failed(stage, "boom", json!({"stderrTail": "x"}));
+            assert_eq!(error.code(), ErrorCode::HostBootstrapFailed);
+            let details = error.details().unwrap();
+            assert_eq!(details["reason"], stage.as_str());
+            assert_eq!(details["stderrTail"], "x");
+        }
+    }
+
+    #[test]
+    fn a_prohibited_channel_is_a_forward_failure_with_a_hint() {
+        let error = ssh_failed(
+            Stage::Forward,
+            SshError::ChannelOpen {
+                target: "127.0.0.1:1".into(),
+                reason: "administratively prohibited".into(),
+                prohibited: true,
+            },
+        );
+        assert_eq!(error.code(), ErrorCode::RemoteForwardFailed);
+        assert_eq!(
+            error.details().unwrap()["reason"],
+            "administratively_prohibited"
+        );
+        assert!(
+            error.details().unwrap()["hint"]
+                .as_str()
+                .unwrap()
+                .contains("AllowTcpForwarding")
+        );
+    }
+}

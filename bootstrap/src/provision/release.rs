@@ -1,0 +1,152 @@
+//! The local release directory deploy/release.sh writes: `manifest.json`, one tarball per
+//! platform, and install.sh. Nothing is downloaded on the remote, so it needs no internet.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// `manifest.json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Manifest {
+    pub version: String,
+    pub artifacts: Vec<Artifact>,
+    pub installer: FileEntry,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Artifact {
+    pub os: String,
+    pub arch: String,
+    pub file: String,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FileEntry {
+    pub file: String,
+    pub sha256: String,
+}
+
+/// A release directory and its manifest.
+#[derive(Debug, Clone)]
+pub struct Release {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+}
+
+impl Release {
+    pub fn load(dir: &Path) -> Result<Release, String> {
+        let path = dir.join("manifest.json");
+        let bytes = std::fs::read(&path).map_err(|err| {
+            format!(
+                "cannot read {}: {err} (deploy/release.sh --out DIR makes a release directory)",
+                path.display()
+            )
+        })?;
+        let manifest: Manifest = serde_json::from_slice(&bytes)
+            .map_err(|err| format!("bad manifest {}: {err}", path.display()))?;
+        // File names go into remote shell commands and local paths: plain names only.
+        let names = manifest
+            .artifacts
+            .iter()
+            .map(|a| a.file.as_str())
+            .chain(std::iter::once(manifest.installer.file.as_str()));
+        for name in names {
+            if !is_plain_file_name(name) {
+                return Err(format!("bad file name {name:?} in {}", path.display()));
+            }
+        }
+        if !is_plain_file_name(&manifest.version) {
+            return Err(format!(
+                "bad version {:?} in {}",
+                manifest.version,
+                path.display()
+            ));
+        }
+        Ok(Release {
+            dir: dir.to_path_buf(),
+            manifest,
+        })
+    }
+
+    /// The artifact for a platform as `uname -s` / `uname -m` print it.
+    pub fn artifact_for(&self, os: &str, arch: &str) -> Option<&Artifact> {
+        let (os, arch) = (normalize_os(os), normalize_arch(arch));
+        self.manifest
+            .artifacts
+            .iter()
+            .find(|a| normalize_os(&a.os) == os && normalize_arch(&a.arch) == arch)
+    }
+
+    pub fn platforms(&self) -> Vec<String> {
+        self.manifest
+            .artifacts
+            .iter()
+            .map(|a| format!("{}-{}", a.os, a.arch))
+            .collect()
+    }
+}
+
+pub fn normalize_os(os: &str) -> String {
+    os.trim().to_ascii_lowercase()
+}
+
+pub fn normalize_arch(arch: &str) -> String {
+    match arch.trim().to_ascii_lowercase().as_str() {
+        "amd64" | "x64" => "x86_64".into(),
+        "arm64" => "aarch64".into(),
+        other => other.into(),
+    }
+}
+
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '+'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_with_paths_or_shell_characters_in_names_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |artifact_file: &str| {
+            let manifest = serde_json::json!({
+                "version": "1.2.3",
+                "artifacts": [{"os": "linux", "arch": "x86_64", "file": artifact_file, "sha256": "00", "size": 1}],
+                "installer": {"file": "install.sh", "sha256": "00"},
+            });
+            std::fs::write(dir.path().join("manifest.json"), manifest.to_string()).unwrap();
+            Release::load(dir.path())
+        };
+        assert!(write("pi-host-1.2.3-linux-x86_64.tar.gz").is_ok());
+        assert!(write("../x.tar.gz").is_err());
+        assert!(write("a;rm -rf ~.tar.gz").is_err());
+        assert!(write("$(x).tar.gz").is_err());
+    }
+
+    #[test]
+    fn platforms_match_whatever_uname_calls_them() {
+        let release = Release {
+            dir: PathBuf::new(),
+            manifest: Manifest {
+                version: "1".into(),
+                artifacts: vec![Artifact {
+                    os: "linux".into(),
+                    arch: "aarch64".into(),
+                    file: "f".into(),
+                    sha256: "00".into(),
+                }],
+                installer: FileEntry {
+                    file: "install.sh".into(),
+                    sha256: "00".into(),
+                },
+            },
+        };
+        assert!(release.artifact_for("Linux", "arm64").is_some());
+        assert!(release.artifact_for("Linux", "x86_64").is_none());
+    }
+}

@@ -1,0 +1,213 @@
+//! `pi-remote connect`: provision a host over SSH, forward a local port to it, pair, store the
+//! credential in a profile, then keep the forward up (reconnecting) until Ctrl-C.
+//!
+//! Progress goes to stderr as a progress display, or with `--json` to stdout as one JSON line
+//! per event: `{"type":"stage","stage","status":"started"|"done"|"skipped",...}`,
+//! `{"type":"progress","stage":"transfer","bytes","total"}`, `{"type":"ready","url",...}`,
+//! `{"type":"reconnecting",...}`, `{"type":"reconnected",...}`, `{"type":"error","error"}`.
+
+use crate::provision::stage::{Progress, Reporter, Stage};
+use crate::provision::{self, BootstrapOptions, Credential};
+use crate::remote::Failure;
+use crate::remote::profile::{self, Profile, SshOrigin};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// `--json`: one line per event on stdout.
+pub struct JsonLines;
+
+impl Reporter for JsonLines {
+    fn report(&self, progress: Progress) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", progress.to_json());
+        let _ = out.flush();
+    }
+}
+
+/// A spinner per stage and a byte bar for the upload (stderr; hidden when not a terminal).
+pub struct Display {
+    bar: Mutex<Option<(Stage, ProgressBar)>>,
+}
+
+impl Display {
+    pub fn new() -> Self {
+        Display {
+            bar: Mutex::new(None),
+        }
+    }
+
+    fn finish(&self) {
+        if let Ok(mut bar) = self.bar.lock()
+            && let Some((_, bar)) = bar.take()
+        {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl Default for Display {
+    fn default() -> Self {
+        Display::new()
+    }
+}
+
+impl Reporter for Display {
+    fn report(&self, progress: Progress) {
+        match progress {
+            Progress::Started(stage) => {
+                self.finish();
+                let bar = ProgressBar::new_spinner();
+                bar.set_message(stage.label());
+                bar.enable_steady_tick(Duration::from_millis(100));
+                if let Ok(mut slot) = self.bar.lock() {
+                    *slot = Some((stage, bar));
+                }
+            }
+            Progress::Transfer { sent, total } => {
+                if let Ok(slot) = self.bar.lock()
+                    && let Some((_, bar)) = slot.as_ref()
+                {
+                    if bar.length() != Some(total) {
+                        bar.set_style(
+                            ProgressStyle::with_template(
+                                "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}",
+                            )
+                            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                        );
+                        bar.set_length(total);
+                    }
+                    bar.set_position(sent);
+                }
+            }
+            Progress::Done { stage, ms, note } => {
+                self.finish();
+                let note = note.map(|n| format!(": {n}")).unwrap_or_default();
+                eprintln!("  ✓ {} ({ms} ms){note}", stage.label());
+            }
+            Progress::Skipped { stage, why } => {
+                eprintln!("  - {}: skipped, {why}", stage.label());
+            }
+            Progress::Ready(summary) => {
+                self.finish();
+                eprintln!(
+                    "Connected to pi-host {} at {} (Ctrl-C stops the forward)",
+                    summary["hostVersion"].as_str().unwrap_or("?"),
+                    summary["url"].as_str().unwrap_or("?"),
+                );
+            }
+            Progress::Reconnecting {
+                attempt,
+                delay_ms,
+                error,
+            } => {
+                self.finish();
+                eprintln!(
+                    "  ! the SSH link is down ({}); reconnecting in {delay_ms} ms (attempt {attempt})",
+                    error.message()
+                );
+            }
+            Progress::Reconnected { remote_port, ms } => {
+                eprintln!("  ✓ reconnected after {ms} ms (remote port {remote_port})");
+            }
+            Progress::Failed(_) => self.finish(),
+        }
+    }
+}
+
+/// What the command line gives `connect`.
+pub struct ConnectArgs {
+    pub options: BootstrapOptions,
+    pub profile: String,
+    /// Provision, pair and check, then stop (no forward kept).
+    pub once: bool,
+    pub json: bool,
+}
+
+pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
+    let dir = profile::config_dir().map_err(Failure::Local)?;
+    let target = args.options.target.clone();
+    let stored = match profile::load(&dir, &args.profile) {
+        Ok(stored) => Some(stored),
+        Err(_)
+            if !profile::path(&dir, &args.profile)
+                .map_err(Failure::Local)?
+                .exists() =>
+        {
+            None
+        }
+        Err(message) => return Err(Failure::Local(message)),
+    };
+    if let Some(stored) = &stored {
+        match &stored.ssh {
+            Some(origin)
+                if origin.target == target && origin.remote_dir == args.options.remote_dir =>
+            {
+                args.options.credential = Some(Credential {
+                    device_id: stored.device_id.clone(),
+                    device_token: stored.device_token.clone(),
+                    roles: stored.roles.clone(),
+                });
+                if args.options.local_port == 0 {
+                    args.options.preferred_local_port = port_of(&stored.url);
+                }
+            }
+            _ => {
+                return Err(Failure::Local(format!(
+                    "the profile {:?} is already paired with {}; pass --profile NAME to keep a profile per host",
+                    args.profile,
+                    stored
+                        .ssh
+                        .as_ref()
+                        .map_or(stored.url.clone(), |o| o.target.clone())
+                )));
+            }
+        }
+    }
+    let reporter: Arc<dyn Reporter> = if args.json {
+        Arc::new(JsonLines)
+    } else {
+        Arc::new(Display::new())
+    };
+    let remote_dir = args.options.remote_dir.clone();
+    let connection = match provision::connect(args.options, reporter.clone()).await {
+        Ok(connection) => connection,
+        Err(error) => {
+            reporter.report(Progress::Failed(error.clone()));
+            return Err(Failure::App(error));
+        }
+    };
+    let saved = Profile {
+        url: connection.url.clone(),
+        device_id: connection.credential.device_id.clone(),
+        device_token: connection.credential.device_token.clone(),
+        roles: connection.credential.roles.clone(),
+        ssh: Some(SshOrigin {
+            target,
+            remote_dir,
+            host_id: connection.host_id.clone(),
+        }),
+    };
+    profile::save(&dir, &args.profile, &saved).map_err(Failure::Local)?;
+    let mut summary = connection.summary.clone();
+    summary["profile"] = args.profile.clone().into();
+    reporter.report(Progress::Ready(summary));
+    let mut forward = connection.forward;
+    if args.once {
+        forward.stop().await;
+        return Ok(());
+    }
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {
+            forward.stop().await;
+            Ok(())
+        }
+        error = forward.failed() => Err(Failure::App(error)),
+    }
+}
+
+fn port_of(url: &str) -> Option<u16> {
+    let rest = url.strip_prefix("ws://127.0.0.1:")?;
+    rest.split('/').next()?.parse().ok()
+}
