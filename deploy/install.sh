@@ -174,8 +174,16 @@ lock() {
 
 # Everything a failed or interrupted run leaves behind is removed here; `current` and the
 # installed versions are only ever changed by renames, so they need no undo.
+# One path a line: the root may hold spaces.
 CLEAN_PATHS=
+clean_on_exit() {
+    CLEAN_PATHS="$CLEAN_PATHS
+$1"
+}
 cleanup() {
+    set -f
+    IFS='
+'
     for p in $CLEAN_PATHS; do rm -rf "$p"; done
     [ -z "$LOCKDIR_OWNED" ] || rm -rf "$LOCKDIR_OWNED"
 }
@@ -213,7 +221,7 @@ cmd_install() {
         # gzip -t reads the whole stream and checks its CRC: a truncated upload fails here.
         gzip -t "$ARTIFACT" 2>/dev/null || die 12 "artifact $ARTIFACT is corrupt (gzip check failed)"
         tmp=$ROOT/versions/.$VERSION.tmp.$$
-        CLEAN_PATHS="$CLEAN_PATHS $tmp"
+        clean_on_exit "$tmp"
         mkdir "$tmp" || die 12 "cannot create $tmp"
         tar -xzf "$ARTIFACT" -C "$tmp" 2>"$tmp/.err" ||
             die 12 "cannot extract $ARTIFACT: $(head -n 3 "$tmp/.err" | tr '\n' ' ')"
@@ -227,7 +235,7 @@ cmd_install() {
         if [ -e "$target" ]; then
             # A broken leftover under the same name: set it aside, put it back on failure.
             mv "$target" "$ROOT/versions/.$VERSION.old.$$" || die 14 "cannot replace $target"
-            CLEAN_PATHS="$CLEAN_PATHS $ROOT/versions/.$VERSION.old.$$"
+            clean_on_exit "$ROOT/versions/.$VERSION.old.$$"
         fi
         if ! mv "$tmp" "$target"; then
             [ ! -e "$ROOT/versions/.$VERSION.old.$$" ] || mv "$ROOT/versions/.$VERSION.old.$$" "$target"
@@ -236,7 +244,7 @@ cmd_install() {
     fi
 
     link=$ROOT/.current.tmp.$$
-    CLEAN_PATHS="$CLEAN_PATHS $link"
+    clean_on_exit "$link"
     ln -s "versions/$VERSION" "$link" || die 14 "cannot create a symlink in $ROOT"
     replace_link "$link" "$ROOT/current" || die 14 "cannot switch $ROOT/current to versions/$VERSION"
     [ "$(readlink "$ROOT/current")" = "versions/$VERSION" ] || die 14 "$ROOT/current does not point at versions/$VERSION"
@@ -245,7 +253,7 @@ cmd_install() {
     # the script came on stdin ($0 is the shell) there is nothing to copy.
     if [ -f "$0" ]; then
         copy=$ROOT/.install.sh.tmp.$$
-        CLEAN_PATHS="$CLEAN_PATHS $copy"
+        clean_on_exit "$copy"
         if cp "$0" "$copy" && chmod 755 "$copy" && mv -f "$copy" "$ROOT/install.sh"; then :; else
             warn "could not copy the installer to $ROOT/install.sh (the install itself worked)"
         fi
@@ -329,7 +337,7 @@ cmd_start() {
     if use_systemd; then
         unit=$(unit_path)
         mkdir -p "${unit%/*}" || die 20 "cannot create ${unit%/*}"
-        CLEAN_PATHS="$CLEAN_PATHS $unit.tmp.$$"
+        clean_on_exit "$unit.tmp.$$"
         sed -e "s|@ROOT@|$ROOT|g" -e "s|@SERVE_EXTRA@|$extra|g" \
             "$ROOT/current/share/pi-host.service" >"$unit.tmp.$$" || die 20 "cannot write $unit"
         mv -f "$unit.tmp.$$" "$unit" || die 20 "cannot write $unit"

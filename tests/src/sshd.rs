@@ -1,0 +1,514 @@
+//! A real OpenSSH server for tests: `/usr/sbin/sshd` on a loopback port the OS chose, with its
+//! own host key, an authorized client key and its configuration in a temporary directory. Tests
+//! drive it with the OpenSSH client ([`SshServer::openssh`]) or with the bootstrapper.
+//!
+//! [`SshServer::kill_all`] ends the listener *and* every per-connection process below it, as a
+//! network cut or a reboot of sshd would: processes that left the tree (a `setsid` daemon whose
+//! parent exited) survive it.
+
+use crate::PATIENCE;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+
+const SSHD: &str = "/usr/sbin/sshd";
+const POLL: Duration = Duration::from_millis(20);
+
+/// How the server is configured.
+#[derive(Clone, Debug)]
+pub struct SshdOptions {
+    /// `AllowTcpForwarding yes` (the default) or `no`.
+    pub allow_tcp_forwarding: bool,
+    /// Extra `sshd_config` lines, appended after the generated ones (sshd takes the first value
+    /// it reads for most keywords, so these add rather than override).
+    pub extra_config: Vec<String>,
+}
+
+impl Default for SshdOptions {
+    fn default() -> Self {
+        SshdOptions {
+            allow_tcp_forwarding: true,
+            extra_config: Vec::new(),
+        }
+    }
+}
+
+/// A running (or, between [`SshServer::kill_all`] and [`SshServer::restart`], stopped) sshd.
+pub struct SshServer {
+    listener: Option<Child>,
+    port: u16,
+    user: String,
+    options: SshdOptions,
+    client_key: PathBuf,
+    /// How many keys [`SshServer::add_client_key`] made, for unique names.
+    extra_keys: std::sync::atomic::AtomicUsize,
+    // Last, so the directory outlives the processes that use it.
+    dir: tempfile::TempDir,
+}
+
+impl SshServer {
+    /// Generates the keys and the configuration and starts sshd; returns once it answers with an
+    /// SSH banner.
+    pub async fn start(options: SshdOptions) -> SshServer {
+        assert!(
+            Path::new(SSHD).exists(),
+            "{SSHD} is missing: install openssh-server (scripts/test does)"
+        );
+        // sshd refuses to start as root without its privilege separation directory.
+        if !Path::new("/run/sshd").exists() {
+            let _ = std::fs::create_dir_all("/run/sshd");
+            let _ = set_mode(Path::new("/run/sshd"), 0o755);
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("sshd-")
+            .tempdir()
+            .expect("temp dir");
+        keygen(&dir.path().join("host_ed25519"), None);
+        let client_key = dir.path().join("client_ed25519");
+        keygen(&client_key, None);
+        std::fs::copy(
+            client_key.with_extension("pub"),
+            dir.path().join("authorized_keys"),
+        )
+        .expect("write authorized_keys");
+        let user = current_user();
+        let mut server = SshServer {
+            listener: None,
+            port: 0,
+            user,
+            options,
+            client_key,
+            extra_keys: Default::default(),
+            dir,
+        };
+        // The port is free when we look and taken by someone else when sshd binds: try another.
+        for attempt in 1.. {
+            server.port = free_port();
+            match server.spawn().await {
+                Ok(()) => return server,
+                Err(why) if attempt < 5 => eprintln!("sshd start (attempt {attempt}): {why}"),
+                Err(why) => panic!("sshd did not start: {why}\n{}", server.log()),
+            }
+        }
+        unreachable!()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's temporary directory (keys, config, log; tests may add files).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The user to log in as: the one running the tests (sshd authenticates no one else when it
+    /// does not run as root).
+    pub fn user(&self) -> String {
+        self.user.clone()
+    }
+
+    /// An unencrypted private key the server accepts.
+    pub fn client_key(&self) -> &Path {
+        &self.client_key
+    }
+
+    /// A new ed25519 key (encrypted with `passphrase` when given) that the server accepts too.
+    pub fn add_client_key(&self, passphrase: Option<&str>) -> PathBuf {
+        let n = self
+            .extra_keys
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = self.dir().join(format!("client_{n}_ed25519"));
+        keygen(&key, passphrase);
+        let public = std::fs::read_to_string(key.with_extension("pub")).expect("public key");
+        let mut authorized = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir().join("authorized_keys"))
+            .expect("open authorized_keys");
+        authorized
+            .write_all(public.as_bytes())
+            .expect("append to authorized_keys");
+        key
+    }
+
+    /// `ssh-ed25519 AAAA...` (no comment).
+    pub fn host_public_key(&self) -> String {
+        let public =
+            std::fs::read_to_string(self.dir().join("host_ed25519.pub")).expect("host public key");
+        public
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The server's `known_hosts` line: `[127.0.0.1]:PORT ssh-ed25519 AAAA...`.
+    pub fn known_hosts_line(&self) -> String {
+        format!("[127.0.0.1]:{} {}", self.port, self.host_public_key())
+    }
+
+    /// Writes an OpenSSH client configuration for this server under `alias` (strict host key
+    /// checking against `known_hosts`, batch mode, only the client key); returns its path.
+    pub fn write_ssh_config(&self, alias: &str, known_hosts: &Path) -> PathBuf {
+        let path = self.dir().join(format!("ssh_config.{alias}"));
+        let config = format!(
+            "Host {alias}\n\
+             \x20 HostName 127.0.0.1\n\
+             \x20 Port {port}\n\
+             \x20 User {user}\n\
+             \x20 IdentityFile {key}\n\
+             \x20 IdentitiesOnly yes\n\
+             \x20 IdentityAgent none\n\
+             \x20 UserKnownHostsFile {known_hosts}\n\
+             \x20 GlobalKnownHostsFile /dev/null\n\
+             \x20 StrictHostKeyChecking yes\n\
+             \x20 UpdateHostKeys no\n\
+             \x20 BatchMode yes\n\
+             \x20 ConnectTimeout 30\n\
+             \x20 LogLevel ERROR\n",
+            port = self.port,
+            user = self.user,
+            key = self.client_key.display(),
+            known_hosts = known_hosts.display(),
+        );
+        std::fs::write(&path, config).expect("write ssh config");
+        path
+    }
+
+    /// `ssh -F config alias`: append the remote command (and set stdio) to run it.
+    pub fn openssh(&self, config: &Path, alias: &str) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new("ssh");
+        command.arg("-F").arg(config).arg(alias).kill_on_drop(true);
+        command
+    }
+
+    /// SIGKILLs the listener and every process below it (the per-connection sshd processes and
+    /// what they run); waits until they are gone and the port refuses connections.
+    pub async fn kill_all(&mut self) {
+        let victims = self.kill_tree();
+        let deadline = Instant::now() + PATIENCE;
+        while victims.iter().any(|&pid| alive(pid)) {
+            assert!(
+                Instant::now() < deadline,
+                "sshd processes still alive after SIGKILL"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+        let addr = self.addr();
+        loop {
+            match tokio::net::TcpStream::connect(addr).await {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+                _ => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "port {} still answers after sshd was killed",
+                self.port
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Starts sshd again on the same port with the same keys (after [`SshServer::kill_all`]; it
+    /// calls that itself if the server still runs).
+    pub async fn restart(&mut self) {
+        if self.listener.is_some() {
+            self.kill_all().await;
+        }
+        // The port may still be held briefly (TIME_WAIT, a closing socket): retry on it.
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            match self.spawn().await {
+                Ok(()) => return,
+                Err(why) if Instant::now() < deadline => {
+                    eprintln!("sshd restart on port {}: {why}", self.port);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(why) => panic!("sshd did not restart: {why}\n{}", self.log()),
+            }
+        }
+    }
+
+    /// Kills the server, replaces its host key and starts it again on the same port: a client
+    /// that knows the old key must refuse it.
+    pub async fn restart_with_new_host_key(&mut self) {
+        self.kill_all().await;
+        let key = self.dir().join("host_ed25519");
+        let _ = std::fs::remove_file(&key);
+        let _ = std::fs::remove_file(key.with_extension("pub"));
+        keygen(&key, None);
+        self.restart().await;
+    }
+
+    /// Everything sshd has logged (its stderr, `LogLevel VERBOSE`) across starts.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir().join("sshd.log")
+    }
+
+    fn write_config(&self) -> PathBuf {
+        let dir = self.dir();
+        let mut lines = vec![
+            format!("ListenAddress 127.0.0.1:{}", self.port),
+            format!("HostKey {}", dir.join("host_ed25519").display()),
+            format!("PidFile {}", dir.join("sshd.pid").display()),
+            format!(
+                "AuthorizedKeysFile {}",
+                dir.join("authorized_keys").display()
+            ),
+            "AuthenticationMethods publickey".into(),
+            "PubkeyAuthentication yes".into(),
+            "PasswordAuthentication no".into(),
+            "KbdInteractiveAuthentication no".into(),
+            "PermitRootLogin yes".into(),
+            format!(
+                "AllowTcpForwarding {}",
+                if self.options.allow_tcp_forwarding {
+                    "yes"
+                } else {
+                    "no"
+                }
+            ),
+            // scp speaks SFTP since OpenSSH 9.
+            "Subsystem sftp internal-sftp".into(),
+            "StrictModes no".into(),
+            "UsePAM no".into(),
+            "PrintMotd no".into(),
+            "PrintLastLog no".into(),
+            "MaxStartups 100".into(),
+            "MaxSessions 100".into(),
+            "LogLevel VERBOSE".into(),
+            "ClientAliveInterval 0".into(),
+        ];
+        lines.extend(self.options.extra_config.iter().cloned());
+        let path = dir.join("sshd_config");
+        std::fs::write(&path, lines.join("\n") + "\n").expect("write sshd_config");
+        path
+    }
+
+    /// Starts sshd on `self.port`; Ok once it logged that it listens and answered a banner.
+    async fn spawn(&mut self) -> Result<(), String> {
+        let config = self.write_config();
+        let log_path = self.log_path();
+        let offset = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("open sshd log");
+        let child = std::process::Command::new(SSHD)
+            .args(["-D", "-e", "-f"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| format!("spawn {SSHD}: {e}"))?;
+        self.listener = Some(child);
+        let listening = format!("Server listening on 127.0.0.1 port {}", self.port);
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let since = read_from(&log_path, offset);
+            if since.contains(&listening) {
+                break;
+            }
+            let exited = self
+                .listener
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.listener = None;
+                return Err(format!("sshd exited ({status}): {}", since.trim()));
+            }
+            if Instant::now() > deadline {
+                self.kill_tree();
+                return Err(format!("sshd did not listen in time: {}", since.trim()));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        // It says it listens; the banner proves it is this sshd that answers.
+        let banner = tokio::time::timeout(PATIENCE, async {
+            let mut stream = tokio::net::TcpStream::connect(self.addr()).await?;
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 256];
+            while !buf.windows(7).any(|w| w == b"SSH-2.0") {
+                let n = stream.read(&mut chunk).await?;
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            Ok::<_, std::io::Error>(String::from_utf8_lossy(&buf).into_owned())
+        })
+        .await;
+        match banner {
+            Ok(Ok(text)) if text.contains("SSH-2.0") => Ok(()),
+            other => {
+                self.kill_tree();
+                Err(format!("no SSH banner on port {}: {other:?}", self.port))
+            }
+        }
+    }
+
+    /// SIGKILLs the listener and its descendants; returns the pids that were sent the signal
+    /// (other than the listener, which is reaped here).
+    fn kill_tree(&mut self) -> Vec<u32> {
+        let Some(mut listener) = self.listener.take() else {
+            return Vec::new();
+        };
+        let root = listener.id();
+        // Freeze the tree first so nothing forks or exits between the scan and the kill (a
+        // process whose parent died would be reparented out of the tree and missed).
+        let mut frozen = BTreeSet::from([root]);
+        signal("STOP", &frozen);
+        loop {
+            let found = descendants(root);
+            let new: BTreeSet<u32> = found.difference(&frozen).copied().collect();
+            if new.is_empty() {
+                break;
+            }
+            signal("STOP", &new);
+            frozen.extend(new);
+        }
+        signal("KILL", &frozen);
+        let _ = listener.kill();
+        let _ = listener.wait();
+        frozen.remove(&root);
+        frozen.into_iter().collect()
+    }
+}
+
+impl Drop for SshServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read(self.log_path()).unwrap_or_default();
+            let tail = String::from_utf8_lossy(&log[log.len().saturating_sub(4 << 10)..]);
+            eprintln!("--- sshd log (tail) ---\n{tail}");
+        }
+        self.kill_tree();
+    }
+}
+
+/// `ssh-keygen -q -t ed25519 -N PASSPHRASE -f PATH -C test`.
+fn keygen(path: &Path, passphrase: Option<&str>) {
+    let output = std::process::Command::new("ssh-keygen")
+        .args([
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            passphrase.unwrap_or(""),
+            "-C",
+            "test",
+            "-f",
+        ])
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ssh-keygen");
+    assert!(
+        output.status.success(),
+        "ssh-keygen failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn current_user() -> String {
+    let output = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .expect("run id -un");
+    assert!(output.status.success(), "id -un failed");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local addr").port()
+}
+
+fn read_from(path: &Path, offset: u64) -> String {
+    use std::io::Seek;
+    let mut text = String::new();
+    if let Ok(mut file) = std::fs::File::open(path) {
+        let _ = file.seek(std::io::SeekFrom::Start(offset));
+        let mut bytes = Vec::new();
+        let _ = file.read_to_end(&mut bytes);
+        text = String::from_utf8_lossy(&bytes).into_owned();
+    }
+    text
+}
+
+/// Sends `kill -SIG` to each pid (errors ignored: a process may be gone already).
+fn signal(name: &str, pids: &BTreeSet<u32>) {
+    if pids.is_empty() {
+        return;
+    }
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .args(pids.iter().map(u32::to_string))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Every live process whose chain of parents reaches `root` (from /proc).
+fn descendants(root: u32) -> BTreeSet<u32> {
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some((ppid, _)) = stat(pid) {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut found = BTreeSet::new();
+    let mut queue = vec![root];
+    while let Some(pid) = queue.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            if found.insert(child) {
+                queue.push(child);
+            }
+        }
+    }
+    found
+}
+
+/// (parent pid, state letter) from /proc/PID/stat.
+fn stat(pid: u32) -> Option<(u32, char)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may itself hold spaces or parentheses.
+    let rest = &text[text.rfind(')')? + 2..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((ppid, state))
+}
+
+/// Whether a process exists and is not a zombie (a zombie whose parent never reaps it would
+/// otherwise look alive forever).
+pub fn alive(pid: u32) -> bool {
+    matches!(stat(pid), Some((_, state)) if state != 'Z' && state != 'X')
+}
