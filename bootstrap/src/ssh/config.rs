@@ -32,6 +32,8 @@ pub struct Destination {
     pub identity_files: Vec<PathBuf>,
     /// Only the listed identity files: agent keys are used only when they match one of them.
     pub identities_only: bool,
+    /// IdentityAgent: `none` turns the agent off; a path replaces `SSH_AUTH_SOCK`.
+    pub identity_agent: Option<String>,
     /// Hosts to hop through, first hop first, each resolved through the config as well.
     pub jumps: Vec<Destination>,
     pub known_hosts: PathBuf,
@@ -177,6 +179,7 @@ fn resolve_with(
             .ok_or("cannot tell the local user name: give user@host")?,
         identity_files,
         identities_only: field("identitiesonly").is_some_and(|v| v.eq_ignore_ascii_case("yes")),
+        identity_agent: field("identityagent"),
         jumps,
         known_hosts,
         connect_timeout: params.connect_timeout.unwrap_or(Duration::from_secs(15)),

@@ -281,9 +281,16 @@ async fn authenticate(
         .filter_map(|path| read_public_key(path))
         .collect();
 
+    let agent_socket = match destination.identity_agent.as_deref() {
+        Some(none) if none.eq_ignore_ascii_case("none") => None,
+        Some(path) if path != "SSH_AUTH_SOCK" && path != "$SSH_AUTH_SOCK" => {
+            Some(PathBuf::from(path))
+        }
+        _ => std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
+    };
     if options.use_agent
-        && std::env::var_os("SSH_AUTH_SOCK").is_some()
-        && let Ok(mut agent) = AgentClient::connect_env().await
+        && let Some(socket) = agent_socket
+        && let Ok(mut agent) = AgentClient::connect_uds(&socket).await
     {
         let identities = agent.request_identities().await.unwrap_or_default();
         let mut offered = 0;

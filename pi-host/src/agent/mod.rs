@@ -884,8 +884,8 @@ impl StdoutPump {
                 }
             }
             Some(Parsed::Output(output)) => {
-                if let AgentOutput::Event { kind, payload } = &output {
-                    if kind == "invalid_output" {
+                if let AgentOutput::Event { kind, payload } = &output
+                    && kind == "invalid_output" {
                         let error = payload.get("error").and_then(Value::as_str);
                         tracing::warn!(
                             pid = self.pid,
@@ -893,7 +893,6 @@ impl StdoutPump {
                             "agent wrote a line that is not agent output"
                         );
                     }
-                }
                 tracing::trace!(pid = self.pid, kind = output.kind(), "agent output");
                 self.forward(output).await;
             }

@@ -47,11 +47,10 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
     let (kill_tx, mut kill_rx) = watch::channel(None);
     let connection_id = state.register(device_id.clone(), kill_tx);
     tracing::debug!(connection_id, device_id = ?device_id, "connection opened");
-    if let Some(device_id) = &device_id {
-        if let Err(err) = state.store.touch_device(device_id, crate::clock::now_ms()) {
+    if let Some(device_id) = &device_id
+        && let Err(err) = state.store.touch_device(device_id, crate::clock::now_ms()) {
             tracing::warn!(error = %err, "cannot record last-seen time");
         }
-    }
     let (reply_tx, mut reply_rx) = mpsc::channel::<String>(REPLY_QUEUE);
     let limits = &state.config.limits;
     let stall = limits.send_stall;
@@ -193,11 +192,10 @@ impl Connection {
         {
             return fail(id, error);
         }
-        if method != Method::Hello {
-            if let Err(error) = self.state.rate.check(&self.rate_key) {
+        if method != Method::Hello
+            && let Err(error) = self.state.rate.check(&self.rate_key) {
                 return fail(id, error);
             }
-        }
         if self.state.is_draining() {
             return fail(
                 id,

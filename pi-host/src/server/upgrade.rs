@@ -129,11 +129,10 @@ fn strip_port(host: &str) -> Option<&str> {
             None => (host, None),
         }
     };
-    if let Some(port) = port {
-        if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+    if let Some(port) = port
+        && (port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit())) {
             return None;
         }
-    }
     Some(name)
 }
 

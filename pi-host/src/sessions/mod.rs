@@ -443,8 +443,8 @@ fn restore_turn_state(turns: &mut Vec<TurnInfo>, json: &str) {
         if turns.len() > SNAPSHOT_TURNS {
             turns.remove(0);
         }
-    } else if event.kind == EventType::TurnFinished.as_str() {
-        if let Some(turn) = turns.iter_mut().find(|t| t.turn_id == turn_id) {
+    } else if event.kind == EventType::TurnFinished.as_str()
+        && let Some(turn) = turns.iter_mut().find(|t| t.turn_id == turn_id) {
             turn.state = match event.data["outcome"].as_str() {
                 Some("completed") => TurnState::Completed,
                 Some("aborted") => TurnState::Aborted,
@@ -453,5 +453,4 @@ fn restore_turn_state(turns: &mut Vec<TurnInfo>, json: &str) {
             turn.finished_at = Some(event.at);
             turn.error = serde_json::from_value(event.data["error"].clone()).ok();
         }
-    }
 }

@@ -312,11 +312,10 @@ fn running_agent(
     state: &DriverState,
     turn_id: &str,
 ) -> Result<Agent, AppError> {
-    if let (Some(active), Some(agent)) = (&state.active, &state.agent) {
-        if active.turn_id == turn_id {
+    if let (Some(active), Some(agent)) = (&state.active, &state.agent)
+        && active.turn_id == turn_id {
             return Ok(agent.clone());
         }
-    }
     let known = host
         .store
         .turn_exists(&session.id, turn_id)

@@ -262,11 +262,10 @@ async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError
         .map_err(|e| failed(format!("cannot say hello: {e}")))?;
     let reply = tokio::time::timeout(CONNECT_TIMEOUT, async {
         while let Some(message) = socket.next().await {
-            if let Ok(Message::Text(text)) = message {
-                if let Ok(frame) = decode_server_frame(text.as_str()) {
+            if let Ok(Message::Text(text)) = message
+                && let Ok(frame) = decode_server_frame(text.as_str()) {
                     return Some(frame);
                 }
-            }
         }
         None
     })

@@ -75,8 +75,8 @@ pub fn decode_request(text: &str, max_frame_bytes: usize) -> Result<IncomingRequ
         Ok(envelope) => envelope,
         Err(err) => return Err(reject_envelope(text, &err)),
     };
-    if let RequestId::Text(id) = &envelope.id {
-        if id.chars().count() as u64 > MAX_ID_CHARS {
+    if let RequestId::Text(id) = &envelope.id
+        && id.chars().count() as u64 > MAX_ID_CHARS {
             return Err(Rejected::new(
                 None,
                 AppError::new(
@@ -86,7 +86,6 @@ pub fn decode_request(text: &str, max_frame_bytes: usize) -> Result<IncomingRequ
                 .with_details(json!({"path": "id", "reason": "too_long"})),
             ));
         }
-    }
     let Some(method) = Method::from_name(&envelope.method) else {
         return Err(Rejected::new(
             Some(envelope.id),
@@ -215,11 +214,10 @@ pub fn error_from_wire(value: serde_json::Value) -> AppError {
     if let Some(retriable) = value["retriable"].as_bool() {
         error = error.with_retriable(retriable);
     }
-    if known.is_none() {
-        if let Some(code) = value["code"].as_str() {
+    if known.is_none()
+        && let Some(code) = value["code"].as_str() {
             error = error.with_cause_code(code);
         }
-    }
     if let Some(ms) = value["retryAfterMs"].as_u64() {
         error = error.with_retry_after_ms(ms);
     }

@@ -373,10 +373,10 @@ impl StandIn {
             match self.handle_line(&line) {
                 Action::Abort(id) => return Err(Aborted(id)),
                 Action::Ui(ui_id, answer) => {
-                    if let Wait::Ui(waiting_for, _) = wait {
-                        if waiting_for == ui_id {
-                            return Ok(Some(answer));
-                        }
+                    if let Wait::Ui(waiting_for, _) = wait
+                        && waiting_for == ui_id
+                    {
+                        return Ok(Some(answer));
                     }
                 }
                 Action::Prompt(..) | Action::None => {}
@@ -641,7 +641,9 @@ impl StandIn {
             if due <= sent {
                 // At most one write per millisecond, like a timer-driven producer.
                 let at = start + Duration::from_secs_f64(sent as f64 / rate as f64);
-                self.pump(Wait::Until(at.max(Instant::now() + Duration::from_millis(1))))?;
+                self.pump(Wait::Until(
+                    at.max(Instant::now() + Duration::from_millis(1)),
+                ))?;
                 continue;
             }
             let t = SystemTime::now()

@@ -1,0 +1,654 @@
+//! The SSH bootstrapper end to end: `pi-remote connect` against a real OpenSSH sshd on loopback,
+//! installing the release deploy/release.sh makes, with the real install.sh, into a temporary
+//! install root. The "remote" is this machine, so the tests can look at what was installed and
+//! which process runs.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use racp_proto::client::{ClientOptions, RacpClient, SubscriptionItem};
+use racp_proto::methods::session::SessionSubscribeParams;
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tests::sshd::{SshServer, SshdOptions};
+use tests::{PATIENCE, pi_host_binary, stand_in_agent, workspace_binary};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout};
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+fn pi_remote() -> PathBuf {
+    workspace_binary("bootstrap", "pi-remote", None)
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn sha256_of(path: &Path) -> String {
+    let output = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .unwrap();
+    String::from_utf8(output.stdout).unwrap()[..64].to_string()
+}
+
+/// One sshd, one install root, one local pi-remote config directory.
+struct World {
+    server: SshServer,
+    known_hosts: PathBuf,
+    ssh_config: PathBuf,
+    remote_root: tempfile::TempDir,
+    workspaces: tempfile::TempDir,
+    local_config: tempfile::TempDir,
+    scratch: tempfile::TempDir,
+}
+
+impl World {
+    async fn start(options: SshdOptions) -> World {
+        let server = SshServer::start(options).await;
+        let scratch = tempfile::tempdir().unwrap();
+        let known_hosts = scratch.path().join("known_hosts");
+        std::fs::write(&known_hosts, format!("{}\n", server.known_hosts_line())).unwrap();
+        let ssh_config = server.write_ssh_config("box", &known_hosts);
+        let remote_root = tempfile::tempdir().unwrap();
+        let workspaces = tempfile::tempdir().unwrap();
+        // The operator's config for the remote host: the stand-in agent, the test's roots.
+        std::fs::write(
+            remote_root.path().join("config.toml"),
+            format!(
+                "agent = {:?}\nroots = [{:?}]\n",
+                stand_in_agent().display().to_string(),
+                workspaces.path().display().to_string()
+            ),
+        )
+        .unwrap();
+        World {
+            server,
+            known_hosts,
+            ssh_config,
+            remote_root,
+            workspaces,
+            local_config: tempfile::tempdir().unwrap(),
+            scratch,
+        }
+    }
+
+    fn root(&self) -> &Path {
+        self.remote_root.path()
+    }
+
+    /// deploy/release.sh over a stripped copy of the test build of pi-host (a fifth of the
+    /// size, so uploads stay quick).
+    fn release(&self, name: &str, version: Option<&str>) -> PathBuf {
+        let out = self.scratch.path().join(name);
+        let binary = self.scratch.path().join(format!("pi-host.{name}"));
+        let strip = std::process::Command::new("strip")
+            .arg("-o")
+            .arg(&binary)
+            .arg(pi_host_binary())
+            .status()
+            .unwrap();
+        if !strip.success() {
+            std::fs::copy(pi_host_binary(), &binary).unwrap();
+        }
+        let mut command = std::process::Command::new(repo_root().join("deploy/release.sh"));
+        command.arg("--binary").arg(&binary).arg("--out").arg(&out);
+        if let Some(version) = version {
+            command.args(["--version", version]);
+        }
+        let output = command.output().unwrap();
+        assert!(
+            output.status.success(),
+            "release.sh failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        out
+    }
+
+    fn command(&self, release: &Path, extra: &[&str]) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(pi_remote());
+        command
+            .arg("--json")
+            .arg("connect")
+            .arg("box")
+            .arg("-F")
+            .arg(&self.ssh_config)
+            .arg("--release-dir")
+            .arg(release)
+            .arg("--remote-dir")
+            .arg(self.root())
+            .args(extra)
+            .env("PI_REMOTE_CONFIG_DIR", self.local_config.path())
+            .env_remove("SSH_AUTH_SOCK")
+            .env_remove("SSH_ASKPASS")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        command
+    }
+
+    /// `pi-remote --json connect box --once`.
+    async fn connect(&self, release: &Path, extra: &[&str]) -> Outcome {
+        let mut command = self.command(release, extra);
+        command.arg("--once");
+        run(command).await
+    }
+
+    fn state(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.root().join("state.json")).unwrap()).unwrap()
+    }
+
+    fn current(&self) -> String {
+        std::fs::read_link(self.root().join("current"))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    }
+
+    fn profile(&self) -> Value {
+        let path = self.local_config.path().join("profiles/default.json");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the profile holds a secret");
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // The host is a daemon: it would outlive the test.
+        let installer = self.root().join("install.sh");
+        if installer.exists() {
+            let _ = std::process::Command::new("sh")
+                .arg(installer)
+                .args(["stop", "--root"])
+                .arg(self.root())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+async fn run(mut command: tokio::process::Command) -> Outcome {
+    let output = tokio::time::timeout(PATIENCE * 4, command.output())
+        .await
+        .expect("pi-remote connect finished in time")
+        .unwrap();
+    let events = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect();
+    Outcome {
+        code: output.status.code(),
+        events,
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+struct Outcome {
+    code: Option<i32>,
+    events: Vec<Value>,
+    stderr: String,
+}
+
+impl Outcome {
+    fn assert_ok(&self) -> &Value {
+        assert_eq!(self.code, Some(0), "{self:#?}");
+        self.ready()
+    }
+
+    fn ready(&self) -> &Value {
+        self.events
+            .iter()
+            .find(|e| e["type"] == "ready")
+            .unwrap_or_else(|| panic!("no ready event: {self:#?}"))
+    }
+
+    /// The last status a stage reported.
+    fn status(&self, stage: &str) -> Option<&str> {
+        self.events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "stage" && e["stage"] == stage)
+            .and_then(|e| e["status"].as_str())
+    }
+
+    /// The error of a failed connect (exit 6).
+    fn error(&self) -> &Value {
+        assert_eq!(self.code, Some(6), "{self:#?}");
+        let event = self
+            .events
+            .iter()
+            .find(|e| e["type"] == "error")
+            .unwrap_or_else(|| panic!("no error event: {self:#?}"));
+        &event["error"]
+    }
+}
+
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "exit {:?}", self.code)?;
+        for event in &self.events {
+            writeln!(f, "  {event}")?;
+        }
+        write!(f, "stderr: {}", self.stderr)
+    }
+}
+
+fn pid_alive(pid: &Value) -> bool {
+    Path::new(&format!("/proc/{}", pid.as_u64().unwrap())).exists()
+}
+
+#[tokio::test]
+async fn a_cold_install_then_a_warm_connect_that_transfers_and_restarts_nothing() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+
+    let cold = world.connect(&release, &[]).await;
+    let ready = cold.assert_ok();
+    for stage in [
+        "resolve",
+        "connect",
+        "host_key",
+        "authenticate",
+        "probe",
+        "transfer",
+        "verify",
+        "install",
+        "start",
+        "forward",
+        "pair",
+        "handshake",
+    ] {
+        assert_eq!(cold.status(stage), Some("done"), "{stage}: {cold:#?}");
+    }
+    assert!(cold.events.iter().any(|e| e["type"] == "progress"));
+    assert_eq!(ready["hostVersion"], VERSION);
+    assert_eq!(ready["transferred"], true);
+    assert_eq!(ready["paired"], true);
+    assert!(world.current().ends_with(&format!("versions/{VERSION}")));
+    let state = world.state();
+    assert!(pid_alive(&state["pid"]));
+    assert!(state["listen"].as_str().unwrap().starts_with("127.0.0.1:"));
+    let profile = world.profile();
+    assert!(profile["deviceToken"].as_str().unwrap().starts_with("pdt_"));
+    assert_eq!(profile["ssh"]["target"], "box");
+    assert_eq!(profile["ssh"]["hostId"], ready["hostId"]);
+
+    let warm = world.connect(&release, &[]).await;
+    let ready = warm.assert_ok();
+    for stage in ["transfer", "verify", "install", "start", "pair"] {
+        assert_eq!(warm.status(stage), Some("skipped"), "{stage}: {warm:#?}");
+    }
+    assert!(!warm.events.iter().any(|e| e["type"] == "progress"));
+    assert_eq!(ready["transferred"], false);
+    assert_eq!(ready["started"], false);
+    assert_eq!(ready["paired"], false);
+    assert_eq!(
+        world.state()["pid"],
+        state["pid"],
+        "the running host was reused"
+    );
+    assert_eq!(world.profile()["deviceId"], profile["deviceId"]);
+}
+
+#[tokio::test]
+async fn a_corrupted_artifact_is_caught_on_the_remote_and_nothing_is_installed() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(release.join("manifest.json")).unwrap()).unwrap();
+    let artifact = release.join(manifest["artifacts"][0]["file"].as_str().unwrap());
+    let mut bytes = std::fs::read(&artifact).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&artifact, bytes).unwrap();
+
+    let outcome = world.connect(&release, &[]).await;
+    let error = outcome.error();
+    assert_eq!(error["code"], "HOST_BOOTSTRAP_FAILED", "{outcome:#?}");
+    assert_eq!(error["details"]["reason"], "verify");
+    assert_eq!(
+        error["details"]["expected"],
+        manifest["artifacts"][0]["sha256"]
+    );
+    assert_ne!(error["details"]["actual"], error["details"]["expected"]);
+    assert_eq!(outcome.status("install"), None, "install never ran");
+    assert_eq!(world.current(), "");
+    assert!(!world.root().join("state.json").exists());
+    let staged: Vec<_> = std::fs::read_dir(world.root().join("staging"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(staged.is_empty(), "the bad upload was removed: {staged:?}");
+}
+
+#[tokio::test]
+async fn a_failing_install_reports_its_stderr_and_the_old_version_keeps_running() {
+    let world = World::start(SshdOptions::default()).await;
+    let good = world.release("good", None);
+    world.connect(&good, &[]).await.assert_ok();
+    let before = world.state();
+
+    let bad = world.release("bad", Some("9.9.9"));
+    std::fs::write(
+        bad.join("install.sh"),
+        "#!/bin/sh\necho 'install.sh: no space left on device' >&2\nexit 3\n",
+    )
+    .unwrap();
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(bad.join("manifest.json")).unwrap()).unwrap();
+    manifest["installer"]["sha256"] = sha256_of(&bad.join("install.sh")).into();
+    std::fs::write(bad.join("manifest.json"), manifest.to_string()).unwrap();
+
+    let outcome = world.connect(&bad, &[]).await;
+    let error = outcome.error();
+    assert_eq!(error["code"], "HOST_BOOTSTRAP_FAILED", "{outcome:#?}");
+    assert_eq!(error["details"]["reason"], "install");
+    assert_eq!(error["details"]["exitCode"], 3);
+    assert!(
+        error["details"]["stderrTail"]
+            .as_str()
+            .unwrap()
+            .contains("no space left on device")
+    );
+    assert!(error["message"].as_str().unwrap().contains("no space left"));
+
+    assert!(world.current().ends_with(&format!("versions/{VERSION}")));
+    assert_eq!(world.state()["pid"], before["pid"]);
+    assert!(pid_alive(&before["pid"]), "the old host still runs");
+    let again = world.connect(&good, &[]).await;
+    assert_eq!(again.assert_ok()["transferred"], false);
+}
+
+#[tokio::test]
+async fn a_host_that_cannot_reach_the_wanted_version_is_a_version_mismatch() {
+    let world = World::start(SshdOptions::default()).await;
+    // The manifest claims 9.9.9 but the binary is this build: installed and started, the host
+    // still answers with its own version.
+    let release = world.release("claims-9.9.9", Some("9.9.9"));
+    let outcome = world.connect(&release, &[]).await;
+    let error = outcome.error();
+    assert_eq!(error["code"], "HOST_VERSION_MISMATCH", "{outcome:#?}");
+    assert_eq!(error["details"]["wanted"], "9.9.9");
+    assert_eq!(error["details"]["found"], VERSION);
+}
+
+#[tokio::test]
+async fn a_server_that_forbids_forwarding_gives_remote_forward_failed() {
+    let world = World::start(SshdOptions {
+        allow_tcp_forwarding: false,
+        ..SshdOptions::default()
+    })
+    .await;
+    let release = world.release("release", None);
+    let outcome = world.connect(&release, &[]).await;
+    let error = outcome.error();
+    assert_eq!(error["code"], "REMOTE_FORWARD_FAILED", "{outcome:#?}");
+    assert_eq!(error["details"]["reason"], "administratively_prohibited");
+    assert!(
+        error["details"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("AllowTcpForwarding")
+    );
+    assert_eq!(outcome.status("start"), Some("done"));
+}
+
+#[tokio::test]
+async fn an_unknown_host_needs_consent_and_a_changed_key_is_always_refused() {
+    let mut world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    std::fs::write(&world.known_hosts, "").unwrap();
+
+    let refused = world.connect(&release, &[]).await;
+    let error = refused.error();
+    assert_eq!(error["code"], "HOST_BOOTSTRAP_FAILED");
+    assert_eq!(error["details"]["reason"], "host_key");
+    assert_eq!(error["details"]["hostKey"], "unknown");
+    assert!(
+        error["details"]["fingerprint"]
+            .as_str()
+            .unwrap()
+            .starts_with("SHA256:")
+    );
+    assert_eq!(refused.status("probe"), None, "nothing ran on the remote");
+
+    world.connect(&release, &["--accept-new"]).await.assert_ok();
+    let recorded = std::fs::read_to_string(&world.known_hosts).unwrap();
+    assert!(recorded.contains(&world.server.host_public_key()));
+
+    world.server.restart_with_new_host_key().await;
+    let changed = world.connect(&release, &["--accept-new"]).await;
+    let error = changed.error();
+    assert_eq!(error["details"]["reason"], "host_key", "{changed:#?}");
+    assert_eq!(error["details"]["hostKey"], "changed");
+    assert_eq!(error["details"]["line"], 1);
+    assert!(error["message"].as_str().unwrap().contains("CHANGED"));
+    assert_eq!(
+        std::fs::read_to_string(&world.known_hosts).unwrap(),
+        recorded,
+        "a changed key is never learned"
+    );
+}
+
+#[tokio::test]
+async fn proxy_jump_and_an_encrypted_key_whose_passphrase_comes_from_askpass() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    let encrypted = world.server.add_client_key(Some("correct horse"));
+    let port = world.server.port();
+    let user = world.server.user();
+    let config = world.scratch.path().join("jump_config");
+    std::fs::write(
+        &config,
+        format!(
+            "Host gate\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {gate_key}\n  IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile {kh}\n\n\
+             Host inner\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {key}\n  IdentitiesOnly yes\n  IdentityAgent none\n  ProxyJump gate\n  UserKnownHostsFile {kh}\n",
+            gate_key = world.server.client_key().display(),
+            key = encrypted.display(),
+            kh = world.known_hosts.display(),
+        ),
+    )
+    .unwrap();
+    let askpass = |name: &str, answer: &str| {
+        let path = world.scratch.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\necho '{answer}'\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap();
+        path
+    };
+    let connect = |askpass: PathBuf| {
+        let mut command = tokio::process::Command::new(pi_remote());
+        command
+            .args(["--json", "connect", "inner", "--once", "-F"])
+            .arg(&config)
+            .arg("--release-dir")
+            .arg(&release)
+            .arg("--remote-dir")
+            .arg(world.root())
+            .env("PI_REMOTE_CONFIG_DIR", world.local_config.path())
+            .env_remove("SSH_AUTH_SOCK")
+            .env("SSH_ASKPASS", askpass)
+            .env("SSH_ASKPASS_REQUIRE", "force")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        run(command)
+    };
+
+    let wrong = connect(askpass("wrong", "battery staple")).await;
+    let error = wrong.error();
+    assert_eq!(error["details"]["reason"], "authenticate", "{wrong:#?}");
+
+    let right = connect(askpass("right", "correct horse")).await;
+    assert_eq!(right.assert_ok()["hostVersion"], VERSION);
+}
+
+#[tokio::test]
+async fn keys_held_by_ssh_agent_are_used() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    let socket = world.scratch.path().join("agent.sock");
+    let mut agent = tokio::process::Command::new("ssh-agent")
+        .arg("-D")
+        .arg("-a")
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !socket.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "ssh-agent started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let added = std::process::Command::new("ssh-add")
+        .arg(world.server.client_key())
+        .env("SSH_AUTH_SOCK", &socket)
+        .output()
+        .unwrap();
+    assert!(added.status.success(), "{added:?}");
+    // No IdentityFile, and a HOME without keys: only the agent can log in.
+    let config = world.scratch.path().join("agent_config");
+    std::fs::write(
+        &config,
+        format!(
+            "Host box\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  UserKnownHostsFile {}\n",
+            world.server.port(),
+            world.server.user(),
+            world.known_hosts.display()
+        ),
+    )
+    .unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let command = |extra: &[&str]| {
+        let mut command = tokio::process::Command::new(pi_remote());
+        command
+            .args(["--json", "connect", "box", "--once", "-F"])
+            .arg(&config)
+            .arg("--release-dir")
+            .arg(&release)
+            .arg("--remote-dir")
+            .arg(world.root())
+            .args(extra)
+            .env("PI_REMOTE_CONFIG_DIR", world.local_config.path())
+            .env("HOME", home.path())
+            .env("SSH_AUTH_SOCK", &socket)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        run(command)
+    };
+    command(&[]).await.assert_ok();
+    let refused = command(&["--no-agent"]).await;
+    assert_eq!(
+        refused.error()["details"]["reason"],
+        "authenticate",
+        "{refused:#?}"
+    );
+    let _ = agent.kill().await;
+}
+
+/// Reads `pi-remote --json connect` lines until one of type `kind`.
+async fn until_event(lines: &mut Lines<BufReader<ChildStdout>>, kind: &str) -> Value {
+    tokio::time::timeout(PATIENCE * 2, async {
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("pi-remote exited before {kind}"));
+            let event: Value = serde_json::from_str(&line).unwrap();
+            if event["type"] == kind {
+                return event;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {kind} event in time"))
+}
+
+#[tokio::test]
+async fn sshd_killed_mid_stream_then_the_forward_reconnects_and_the_client_resumes_losing_nothing()
+{
+    let mut world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    let mut command = world.command(&release, &["--keepalive", "1"]);
+    let mut child: Child = command.stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = until_event(&mut lines, "ready").await;
+    let url = ready["url"].as_str().unwrap().to_string();
+    let token = world.profile()["deviceToken"].as_str().unwrap().to_string();
+
+    let mut options = ClientOptions::new(&url, &token);
+    options.max_backoff = Duration::from_millis(500);
+    let client = RacpClient::connect(options).await.unwrap();
+    let workspace = world.workspaces.path().join("project");
+    std::fs::create_dir(&workspace).unwrap();
+    let created = client
+        .call_raw(
+            "session/create",
+            json!({"workspace": workspace.display().to_string()}),
+        )
+        .await
+        .unwrap();
+    let session_id = created["session"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut subscription = client
+        .subscribe(SessionSubscribeParams {
+            session_id: session_id.clone(),
+            cursor: None,
+        })
+        .await
+        .unwrap();
+    const DELTAS: usize = 400;
+    client
+        .call_raw(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": format!("deltas:{DELTAS}:10")}),
+        )
+        .await
+        .unwrap();
+
+    let mut seqs = Vec::new();
+    let mut deltas = Vec::new();
+    let mut cut = false;
+    let finished = tokio::time::timeout(PATIENCE * 3, async {
+        while let Some(item) = subscription.items.recv().await {
+            let SubscriptionItem::Event(event) = item else {
+                panic!("unexpected subscription item {item:?}");
+            };
+            seqs.push(event.seq);
+            if event.kind == "agent.message_update"
+                && let Some(delta) = event.data["assistantMessageEvent"]["delta"].as_str()
+            {
+                deltas.push(delta.to_string());
+            }
+            if !cut && deltas.len() == 50 {
+                cut = true;
+                world.server.kill_all().await;
+                until_event(&mut lines, "reconnecting").await;
+                world.server.restart().await;
+                until_event(&mut lines, "reconnected").await;
+            }
+            if event.kind == "turn.finished" {
+                return event.data.clone();
+            }
+        }
+        panic!("the subscription ended");
+    })
+    .await
+    .expect("the turn finished after the reconnect");
+    assert!(cut);
+    assert_eq!(finished["outcome"], "completed");
+    for pair in seqs.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1, "no gap and no duplicate: {seqs:?}");
+    }
+    let expected: Vec<String> = (0..DELTAS).map(|i| format!("chunk{i} ")).collect();
+    assert_eq!(deltas, expected);
+    let _ = child.kill().await;
+}
