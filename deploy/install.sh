@@ -259,7 +259,8 @@ cmd_install() {
         fi
     fi
 
-    prune "$VERSION" "$previous"
+    # Reinstalling the current version keeps everything: "previous" is then unknown.
+    [ "$previous" = "$VERSION" ] || prune "$VERSION" "$previous"
     say "installed version=$VERSION path=$target"
 }
 

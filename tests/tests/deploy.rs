@@ -792,3 +792,94 @@ async fn sshd_tcp_forwarding_can_be_refused() {
         }
     }
 }
+
+#[tokio::test]
+async fn upgrades_keep_the_previous_and_the_running_version() {
+    let release = release();
+    let remote = Remote::new().await;
+    let _guard = remote.guard();
+    let artifact = remote.stage(&release).await;
+    // The same binary under several labels stands in for successive releases.
+    for version in ["1.0.0", "2.0.0"] {
+        let output = remote.install(version, &artifact).await;
+        assert!(output.status.success(), "{version}: {}", describe(&output));
+    }
+    let output = remote.install_sh("start").await;
+    assert!(output.status.success(), "start: {}", describe(&output));
+    let pid = pid_of(&remote.state().unwrap());
+    for version in ["3.0.0", "4.0.0"] {
+        let output = remote.install(version, &artifact).await;
+        assert!(output.status.success(), "{version}: {}", describe(&output));
+    }
+    // 4.0.0 is current, 3.0.0 the previous one, 2.0.0 runs; 1.0.0 is gone.
+    assert_eq!(remote.versions(), ["2.0.0", "3.0.0", "4.0.0"]);
+    assert_eq!(remote.current(), "versions/4.0.0");
+    assert!(alive(pid));
+    // Reinstalling the current version prunes nothing.
+    let output = remote.install("4.0.0", &artifact).await;
+    assert!(output.status.success(), "again: {}", describe(&output));
+    assert_eq!(remote.versions(), ["2.0.0", "3.0.0", "4.0.0"]);
+    let output = remote.install_sh("stop").await;
+    assert!(output.status.success(), "stop: {}", describe(&output));
+    wait_until_dead(pid).await;
+}
+
+/// A directory of links to every command on this machine except `flock`, as on macOS.
+fn path_without_flock(dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for system in ["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"] {
+        for entry in std::fs::read_dir(system).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            if name == "flock" {
+                continue;
+            }
+            let _ = std::os::unix::fs::symlink(entry.path(), bin.join(&name));
+        }
+    }
+    bin
+}
+
+#[tokio::test]
+async fn without_flock_a_lock_directory_serializes_installs() {
+    let release = release();
+    let remote = Remote::new().await;
+    let artifact = remote.stage(&release).await;
+    let scratch = tempfile::tempdir().unwrap();
+    let bin = path_without_flock(scratch.path());
+    let script = format!("{}/staging/install.sh", remote.root_str());
+    let remote = &remote;
+    let install = |version: &'static str| {
+        let command = format!(
+            "PATH={}; export PATH; ! command -v flock && sh {} install --root {} --version {version} --artifact {}",
+            q(bin.to_str().unwrap()),
+            q(&script),
+            q(remote.root_str()),
+            q(&artifact)
+        );
+        async move { remote.ssh(&command).await }
+    };
+    // A lock left by an installer that died: taken over, not waited for.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = child.id();
+    child.wait().unwrap();
+    let lock = remote.root.join("install.lock.d");
+    std::fs::create_dir_all(&lock).unwrap();
+    std::fs::write(lock.join("pid"), dead_pid.to_string()).unwrap();
+
+    let (a, b, c) = tokio::join!(install("1.0.0"), install("1.0.0"), install("2.0.0"));
+    for output in [&a, &b, &c] {
+        assert!(output.status.success(), "{}", describe(output));
+    }
+    assert!(!lock.exists(), "the lock directory is removed");
+    assert!(
+        !remote.root.join("install.lock").exists(),
+        "flock was not used"
+    );
+    assert_eq!(remote.versions(), ["1.0.0", "2.0.0"]);
+    let current = remote.current();
+    assert!(
+        current == "versions/1.0.0" || current == "versions/2.0.0",
+        "{current}"
+    );
+}
