@@ -86,7 +86,6 @@ impl World {
     /// deploy/release.sh over a stripped copy of the test build of pi-host (a fifth of the
     /// size, so uploads stay quick).
     fn release(&self, name: &str, version: Option<&str>) -> PathBuf {
-        let out = self.scratch.path().join(name);
         let binary = self.scratch.path().join(format!("pi-host.{name}"));
         let strip = std::process::Command::new("strip")
             .arg("-o")
@@ -97,8 +96,13 @@ impl World {
         if !strip.success() {
             std::fs::copy(pi_host_binary(), &binary).unwrap();
         }
+        self.release_of(&binary, name, version)
+    }
+
+    fn release_of(&self, binary: &Path, name: &str, version: Option<&str>) -> PathBuf {
+        let out = self.scratch.path().join(name);
         let mut command = std::process::Command::new(repo_root().join("deploy/release.sh"));
-        command.arg("--binary").arg(&binary).arg("--out").arg(&out);
+        command.arg("--binary").arg(binary).arg("--out").arg(&out);
         if let Some(version) = version {
             command.args(["--version", version]);
         }
@@ -363,6 +367,45 @@ async fn a_failing_install_reports_its_stderr_and_the_old_version_keeps_running(
     assert!(pid_alive(&before["pid"]), "the old host still runs");
     let again = world.connect(&good, &[]).await;
     assert_eq!(again.assert_ok()["transferred"], false);
+}
+
+#[tokio::test]
+async fn an_upgrade_that_does_not_start_puts_the_old_version_back() {
+    let world = World::start(SshdOptions::default()).await;
+    let good = world.release("good", None);
+    world.connect(&good, &[]).await.assert_ok();
+    let before = world.state();
+
+    // Installs fine (it answers `version`), but cannot serve.
+    let broken = world.scratch.path().join("broken-pi-host");
+    std::fs::write(
+        &broken,
+        "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = version ] && { echo '{\"version\":\"9.9.9\"}'; exit 0; }; done\n\
+         echo 'pi-host: cannot open the database: disk I/O error' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let upgrade = world.release_of(&broken, "broken", Some("9.9.9"));
+
+    let outcome = world.connect(&upgrade, &[]).await;
+    let error = outcome.error();
+    assert_eq!(error["code"], "HOST_BOOTSTRAP_FAILED", "{outcome:#?}");
+    assert_eq!(error["details"]["reason"], "start");
+    assert_eq!(error["details"]["rolledBackTo"], VERSION);
+    assert_eq!(error["details"]["rollbackSucceeded"], true);
+    assert!(outcome.status("install") == Some("done"));
+
+    assert!(world.current().ends_with(&format!("versions/{VERSION}")));
+    let after = world.state();
+    assert_ne!(
+        after["pid"], before["pid"],
+        "the old version was started again"
+    );
+    assert!(pid_alive(&after["pid"]));
+    let again = world.connect(&good, &[]).await;
+    let ready = again.assert_ok();
+    assert_eq!(ready["transferred"], false);
+    assert_eq!(ready["started"], false);
 }
 
 #[tokio::test]

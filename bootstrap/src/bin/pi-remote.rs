@@ -565,12 +565,14 @@ async fn prompt(
                     continue;
                 }
                 show(out, &mut view, &event);
-                if event.kind == "approval.requested" && !out.json
-                    && let Some(id) = event.data["approvalId"].as_str() {
-                        out.note(&format!(
-                            "answer with: pi-remote approve {id}   or   pi-remote deny {id}"
-                        ));
-                    }
+                if event.kind == "approval.requested"
+                    && !out.json
+                    && let Some(id) = event.data["approvalId"].as_str()
+                {
+                    out.note(&format!(
+                        "answer with: pi-remote approve {id}   or   pi-remote deny {id}"
+                    ));
+                }
                 if event.kind == "turn.finished" {
                     let outcome = serde_json::from_value::<TurnFinishedData>(event.data.clone())
                         .map(|d| outcome_name(d.outcome))

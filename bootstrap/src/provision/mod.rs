@@ -256,6 +256,7 @@ async fn establish(
     )));
 
     let mut work = Work::default();
+    let previous = probe.installed.clone();
     if let Some(running) = running
         .as_ref()
         .filter(|r| r.version == wanted && !r.draining)
@@ -296,6 +297,55 @@ async fn establish(
             return Err(remote_failed(Stage::Start, "install.sh stop", &output));
         }
     }
+    let remote_port = match start_host(&session, &probe).await {
+        Ok(port) => port,
+        Err(error) => {
+            // The new version installed but does not start: put the old one back, so the
+            // remote keeps a working host.
+            let Some(previous) = previous.filter(|p| work.installed && *p != wanted) else {
+                return Err(error);
+            };
+            let rollback = format!(
+                "{} --version {}",
+                probe.installer("install"),
+                sh_quote(&previous)
+            );
+            let restored = match session.exec(&rollback).await {
+                Ok(output) if output.success() => start_host(&session, &probe).await.is_ok(),
+                _ => false,
+            };
+            let mut details = error.details().cloned().unwrap_or_else(|| json!({}));
+            details["rolledBackTo"] = previous.clone().into();
+            details["rollbackSucceeded"] = restored.into();
+            let message = format!(
+                "{}; {}",
+                error.message(),
+                if restored {
+                    format!("pi-host {previous} was restored and runs")
+                } else {
+                    format!("restoring pi-host {previous} failed too")
+                }
+            );
+            return Err(AppError::new(error.code(), message)
+                .with_details(details)
+                .with_source(ErrorSource::Bootstrap));
+        }
+    };
+    work.started = true;
+    clock.done(Some(format!("listening on 127.0.0.1:{remote_port}")));
+    Ok((
+        Link {
+            session,
+            remote_port,
+            probe,
+        },
+        work,
+        wanted,
+    ))
+}
+
+/// `install.sh start`: the host's port on the remote, from the state it wrote.
+async fn start_host(session: &SshSession, probe: &Probe) -> Result<u16, AppError> {
     let output = session
         .exec(&probe.installer("start"))
         .await
@@ -312,7 +362,7 @@ async fn establish(
                 json!({"stdout": output.stdout_text(), "stderrTail": output.stderr_tail()}),
             )
         })?;
-    let remote_port = state["listen"]
+    state["listen"]
         .as_str()
         .and_then(|l| l.parse::<std::net::SocketAddr>().ok())
         .map(|a| a.port())
@@ -322,18 +372,7 @@ async fn establish(
                 format!("the state has no listen address: {state}"),
                 json!({}),
             )
-        })?;
-    work.started = true;
-    clock.done(Some(format!("listening on 127.0.0.1:{remote_port}")));
-    Ok((
-        Link {
-            session,
-            remote_port,
-            probe,
-        },
-        work,
-        wanted,
-    ))
+        })
 }
 
 async fn ssh_connect(
