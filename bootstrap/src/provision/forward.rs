@@ -10,15 +10,23 @@ use super::stage::{Progress, Reporter, Stage};
 use super::{BootstrapOptions, Link, establish, ssh_failed};
 use crate::provision::remote::Probe;
 use crate::ssh::SshSession;
+use crate::ssh::forward::{self, ForwardTarget, LINK_WAIT, wait_for_target};
 use racp_proto::{AppError, ErrorCode, ErrorSource};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// How long a local connection waits for the SSH link to come back.
-const LINK_WAIT: Duration = Duration::from_secs(30);
+impl ForwardTarget for Link {
+    fn session(&self) -> &SshSession {
+        &self.session
+    }
+
+    fn port(&self) -> u16 {
+        self.remote_port
+    }
+}
 const MIN_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -61,7 +69,7 @@ impl Forward {
             .port();
         let (links, _) = watch::channel(Some(Arc::new(link)));
         let (fatal_tx, fatal) = watch::channel(None);
-        let accept = tokio::spawn(accept_loop(
+        let accept = tokio::spawn(forward::accept_loop(
             listener,
             links.subscribe(),
             options.channel_timeout,
@@ -109,7 +117,7 @@ impl Forward {
 
     /// The current SSH session (waiting for a reconnect if the link is down).
     pub(crate) async fn current_link(&self) -> Result<(Arc<SshSession>, Probe), AppError> {
-        let link = wait_for_link(self.links.subscribe(), LINK_WAIT)
+        let link = wait_for_target(self.links.subscribe(), LINK_WAIT)
             .await
             .ok_or_else(|| link_down("the SSH link is down"))?;
         Ok((link.session.clone(), link.probe.clone()))
@@ -169,69 +177,6 @@ async fn bind_local(port: u16) -> Result<TcpListener, AppError> {
             }
         ))
     })
-}
-
-async fn wait_for_link(
-    mut links: watch::Receiver<Option<Arc<Link>>>,
-    patience: Duration,
-) -> Option<Arc<Link>> {
-    tokio::time::timeout(patience, async {
-        loop {
-            if let Some(link) = links.borrow_and_update().clone() {
-                return Some(link);
-            }
-            if links.changed().await.is_err() {
-                return None;
-            }
-        }
-    })
-    .await
-    .ok()
-    .flatten()
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    links: watch::Receiver<Option<Arc<Link>>>,
-    channel_timeout: Duration,
-) {
-    loop {
-        let socket = match listener.accept().await {
-            Ok((socket, _)) => socket,
-            Err(err) => {
-                // Out of file descriptors and the like: wait a little rather than spin.
-                tracing::warn!(%err, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let links = links.clone();
-        tokio::spawn(async move {
-            if let Err(err) = relay(socket, links, channel_timeout).await {
-                tracing::debug!(%err, "forwarded connection ended");
-            }
-        });
-    }
-}
-
-async fn relay(
-    mut socket: TcpStream,
-    links: watch::Receiver<Option<Arc<Link>>>,
-    channel_timeout: Duration,
-) -> Result<(), String> {
-    let _ = socket.set_nodelay(true);
-    let link = wait_for_link(links, LINK_WAIT)
-        .await
-        .ok_or("the SSH link did not come back")?;
-    let mut channel = link
-        .session
-        .open_tcp("127.0.0.1", link.remote_port, channel_timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::io::copy_bidirectional(&mut socket, &mut channel)
-        .await
-        .map(|_| ())
-        .map_err(|e| e.to_string())
 }
 
 /// Failures that another attempt cannot fix: a changed or unknown host key, refused keys, a

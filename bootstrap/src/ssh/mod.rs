@@ -6,6 +6,7 @@
 //! key ([`host_key`]), and turns keepalive and nodelay on.
 
 pub mod config;
+pub mod forward;
 pub mod host_key;
 pub mod prompt;
 
