@@ -343,7 +343,10 @@ cmd_start() {
             "$ROOT/current/share/pi-host.service" >"$unit.tmp.$$" || die 20 "cannot write $unit"
         mv -f "$unit.tmp.$$" "$unit" || die 20 "cannot write $unit"
         systemctl --user daemon-reload || die 20 "systemctl --user daemon-reload failed"
-        systemctl --user restart "$(unit_name)" || die 20 "systemctl --user restart $(unit_name) failed"
+        # Without the lock fd: a systemctl that starts the service itself (container shims do)
+        # would otherwise pass the install lock on to the host.
+        systemctl --user restart "$(unit_name)" 9>&- || die 20 "systemctl --user restart $(unit_name) failed"
+        systemctl --user enable --quiet "$(unit_name)" 2>/dev/null || warn "could not enable $(unit_name)"
     else
         printf '%s\n' "--- $(date) starting $current" >>"$LOG"
         # A new session (setsid) so the SSH session's end (SIGHUP, its process group) does not
@@ -402,6 +405,7 @@ start_failed() {
 stop_host() {
     if [ -f "$(unit_path)" ] && command -v systemctl >/dev/null 2>&1 &&
         systemctl --user show-environment >/dev/null 2>&1; then
+        systemctl --user disable --quiet "$(unit_name)" >/dev/null 2>&1
         systemctl --user stop "$(unit_name)" >/dev/null 2>&1
     fi
     pid=$(running_pid)

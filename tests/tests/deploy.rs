@@ -95,6 +95,13 @@ fn release() -> Release {
                 .expect("run release.sh");
             if output.status.success() {
                 std::fs::rename(&out, &dir).expect("publish release");
+                // Releases of older binaries or scripts are not needed any more.
+                for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+                    let path = entry.path();
+                    if path != dir && path.extension().is_none() {
+                        let _ = std::fs::remove_dir_all(path);
+                    }
+                }
             }
             let _ = std::fs::remove_dir_all(&lock);
             assert!(output.status.success(), "release.sh: {}", describe(&output));
@@ -882,4 +889,133 @@ async fn without_flock_a_lock_directory_serializes_installs() {
         current == "versions/1.0.0" || current == "versions/2.0.0",
         "{current}"
     );
+}
+
+/// Stand-ins for `systemctl --user` and `loginctl` (this machine has no user systemd): restart
+/// runs the rendered unit's ExecStart detached, with its StandardOutput, and remembers the pid;
+/// every call is logged.
+fn fake_systemd(dir: &Path) -> PathBuf {
+    let bin = dir.join("fake-systemd");
+    std::fs::create_dir_all(&bin).unwrap();
+    let systemctl = r#"#!/bin/sh
+state=$(dirname "$0")
+echo "$*" >>"$state/calls"
+[ "$1" = --user ] || exit 1
+shift
+cmd=$1
+shift
+for a in "$@"; do case $a in --*) ;; *) unit=$a ;; esac; done
+units=${XDG_CONFIG_HOME:?}/systemd/user
+pidfile=$state/${unit:-none}.pid
+running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+case $cmd in
+  show-environment) echo "HOME=$HOME" ;;
+  daemon-reload | enable | disable) ;;
+  is-active) running ;;
+  stop)
+    if running; then
+      pid=$(cat "$pidfile"); kill "$pid"
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    fi ;;
+  restart)
+    "$0" --user stop "$unit"
+    exec_start=$(sed -n 's/^ExecStart=//p' "$units/$unit")
+    log=$(sed -n 's/^StandardOutput=append://p' "$units/$unit")
+    cd "$(sed -n 's/^WorkingDirectory=//p' "$units/$unit")" || exit 1
+    setsid sh -c "exec $exec_start" </dev/null >>"$log" 2>&1 &
+    echo $! >"$pidfile" ;;
+  *) exit 1 ;;
+esac
+"#;
+    let loginctl = "#!/bin/sh\necho \"$*\" >>\"$(dirname \"$0\")/calls\"\necho Linger=yes\n";
+    for (name, text) in [("systemctl", systemctl), ("loginctl", loginctl)] {
+        std::fs::write(bin.join(name), text).unwrap();
+        std::process::Command::new("chmod")
+            .arg("755")
+            .arg(bin.join(name))
+            .status()
+            .unwrap();
+    }
+    bin
+}
+
+#[tokio::test]
+async fn start_uses_a_lingering_user_systemd_when_there_is_one() {
+    let release = release();
+    let mut remote = Remote::new().await;
+    let scratch = tempfile::tempdir().unwrap();
+    // systemd needs a root without characters it would interpret.
+    remote.root = scratch.path().join("pi-host");
+    let _guard = remote.guard();
+    let fake = fake_systemd(scratch.path());
+    let config_home = scratch.path().join("config");
+    std::fs::create_dir_all(remote.root.join("data")).unwrap();
+    std::fs::write(remote.root.join("config.toml"), "").unwrap();
+    let artifact = remote.stage(&release).await;
+    let output = remote.install(&release.version, &artifact).await;
+    assert!(output.status.success(), "install: {}", describe(&output));
+
+    let with_systemd = |sub: &str| {
+        format!(
+            "PATH={}:$PATH XDG_CONFIG_HOME={} sh {} {sub} --root {}",
+            q(fake.to_str().unwrap()),
+            q(config_home.to_str().unwrap()),
+            q(format!("{}/install.sh", remote.root_str())),
+            q(remote.root_str())
+        )
+    };
+    let output = remote.ssh(&with_systemd("start")).await;
+    assert!(output.status.success(), "start: {}", describe(&output));
+    let state: serde_json::Value = serde_json::from_str(&last_line(&output)).unwrap();
+    let pid = pid_of(&state);
+    assert!(alive(pid));
+    let units: Vec<PathBuf> = std::fs::read_dir(config_home.join("systemd/user"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(units.len(), 1, "{units:?}");
+    let name = units[0].file_name().unwrap().to_str().unwrap().to_string();
+    assert!(
+        name.starts_with("pi-host-") && name.ends_with(".service"),
+        "{name}"
+    );
+    let unit = std::fs::read_to_string(&units[0]).unwrap();
+    assert!(!unit.contains('@'), "every placeholder replaced:\n{unit}");
+    let root = remote.root_str();
+    assert!(
+        unit.contains(&format!(
+            "ExecStart={root}/current/bin/pi-host --data-dir {root}/data serve --listen \
+             127.0.0.1:0 --state-file {root}/state.json --config {root}/config.toml"
+        )),
+        "{unit}"
+    );
+    let calls = std::fs::read_to_string(fake.join("calls")).unwrap();
+    for call in [
+        "show-user".to_string(),
+        "--user daemon-reload".to_string(),
+        format!("--user restart {name}"),
+        format!("--user enable --quiet {name}"),
+    ] {
+        assert!(calls.contains(&call), "{call} in:\n{calls}");
+    }
+
+    let output = remote.ssh(&with_systemd("stop")).await;
+    assert!(output.status.success(), "stop: {}", describe(&output));
+    wait_until_dead(pid).await;
+    let calls = std::fs::read_to_string(fake.join("calls")).unwrap();
+    assert!(calls.contains(&format!("--user stop {name}")), "{calls}");
+    assert!(
+        calls.contains(&format!("--user disable --quiet {name}")),
+        "{calls}"
+    );
+    // Forced detached mode does not touch systemd.
+    let output = remote.ssh(&with_systemd("start --mode detached")).await;
+    assert!(output.status.success(), "detached: {}", describe(&output));
+    let calls_after = std::fs::read_to_string(fake.join("calls")).unwrap();
+    assert!(
+        !calls_after[calls.len()..].contains("restart"),
+        "{calls_after}"
+    );
+    let output = remote.ssh(&with_systemd("stop")).await;
+    assert!(output.status.success(), "stop: {}", describe(&output));
 }
