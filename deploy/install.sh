@@ -2,7 +2,7 @@
 # install.sh — installs, starts, stops and reports one pi-host under an install root.
 #
 #   install.sh install --root R --version V [--artifact PATH.tar.gz]
-#   install.sh start   --root R [--wait-seconds N] [--mode auto|systemd|detached]
+#   install.sh start   --root R [--wait-seconds N] [--mode auto|systemd|detached] [--reuse]
 #   install.sh stop    --root R [--wait-seconds N]
 #   install.sh status  --root R
 #
@@ -39,7 +39,7 @@ usage() {
 [ $# -ge 1 ] || usage "no subcommand"
 COMMAND=$1
 shift
-ROOT='' VERSION='' ARTIFACT='' WAIT='' MODE=auto
+ROOT='' VERSION='' ARTIFACT='' WAIT='' MODE=auto REUSE=no
 while [ $# -gt 0 ]; do
     case $1 in
         --*=*)
@@ -58,6 +58,10 @@ while [ $# -gt 0 ]; do
                 --mode) MODE=$2 ;;
             esac
             shift 2
+            ;;
+        --reuse)
+            REUSE=yes
+            shift
             ;;
         *) usage "unknown argument '$1'" ;;
     esac
@@ -316,6 +320,14 @@ cmd_start() {
     wait_s=${WAIT:-20}
     [ -x "$ROOT/current/bin/pi-host" ] || die 20 "nothing installed under $ROOT (no current/bin/pi-host)"
     lock
+    # --reuse: a host already started from `current` (by a concurrent connect that took the lock
+    # first) is kept as it is.
+    if [ "$REUSE" = yes ] && pid=$(running_pid) && [ -n "$pid" ] &&
+        [ -f "$ROOT/run.version" ] && [ "$(cat "$ROOT/run.version")" = "$(readlink "$ROOT/current" | sed 's|^versions/||')" ]; then
+        tr -d '\n' <"$STATE"
+        echo
+        return 0
+    fi
     # One host per data dir: whatever runs is stopped first (start doubles as restart).
     stop_host 10
     rm -f "$STATE"

@@ -695,3 +695,26 @@ async fn sshd_killed_mid_stream_then_the_forward_reconnects_and_the_client_resum
     assert_eq!(deltas, expected);
     let _ = child.kill().await;
 }
+
+#[tokio::test]
+async fn two_desktops_connecting_at_once_share_one_install_and_one_host() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    let other_config = tempfile::tempdir().unwrap();
+    let mut second = world.command(&release, &["--once"]);
+    second.env("PI_REMOTE_CONFIG_DIR", other_config.path());
+    let (first, second) = tokio::join!(world.connect(&release, &[]), run(second));
+    let (first, second) = (first.assert_ok().clone(), second.assert_ok().clone());
+    assert_eq!(first["hostId"], second["hostId"]);
+    let state = world.state();
+    assert!(pid_alive(&state["pid"]));
+    let installed: Vec<_> = std::fs::read_dir(world.root().join("versions"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(installed, vec![VERSION], "one versioned directory");
+    // Both credentials work against the host that runs now.
+    let third = world.connect(&release, &[]).await;
+    assert_eq!(third.assert_ok()["started"], false);
+    assert_eq!(world.state()["pid"], state["pid"]);
+}

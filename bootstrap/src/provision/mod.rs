@@ -347,7 +347,7 @@ async fn establish(
 /// `install.sh start`: the host's port on the remote, from the state it wrote.
 async fn start_host(session: &SshSession, probe: &Probe) -> Result<u16, AppError> {
     let output = session
-        .exec(&probe.installer("start"))
+        .exec(&probe.installer("start --reuse"))
         .await
         .map_err(|e| ssh_failed(Stage::Start, e))?;
     if !output.success() {
@@ -467,19 +467,72 @@ async fn install(
             })?
             .len();
     }
+    // Each connect uploads into its own directory, so two desktops installing at once never
+    // mix their files (install.sh's lock serializes the installs themselves). Directories left
+    // by a connect that died halfway are removed after an hour.
+    let run_dir = format!("{}/staging/{}", probe.root, nonce());
+    let prepare = format!(
+        "mkdir -p {dir} && find {staging} -mindepth 1 -maxdepth 1 -mmin +60 -exec rm -rf {{}} + 2>/dev/null; true",
+        dir = sh_quote(&run_dir),
+        staging = sh_quote(&format!("{}/staging", probe.root)),
+    );
     let mkdir = session
-        .exec(&format!(
-            "mkdir -p {}",
-            sh_quote(&format!("{}/staging", probe.root))
-        ))
+        .exec(&prepare)
         .await
         .map_err(|e| ssh_failed(Stage::Transfer, e))?;
     if !mkdir.success() {
         return Err(remote_failed(Stage::Transfer, "mkdir", &mkdir));
     }
+    let result = upload_verify_install(
+        session,
+        probe,
+        release,
+        artifact,
+        &sha_command,
+        &run_dir,
+        total,
+        wanted,
+        clock,
+        reporter,
+    )
+    .await;
+    let _ = session
+        .exec(&format!("rm -rf {}", sh_quote(&run_dir)))
+        .await;
+    result?;
+    probe.installed = Some(wanted.to_string());
+    probe.has_installer = true;
+    Ok(())
+}
+
+/// Sixteen hex digits from the OS's random source.
+fn nonce() -> String {
+    let mut bytes = [0u8; 8];
+    let _ = getrandom::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn upload_verify_install(
+    session: &SshSession,
+    probe: &Probe,
+    release: &Release,
+    artifact: &release::Artifact,
+    sha_command: &str,
+    run_dir: &str,
+    total: u64,
+    wanted: &str,
+    clock: StageClock<'_>,
+    reporter: &dyn Reporter,
+) -> Result<(), AppError> {
+    let installer = &release.manifest.installer;
+    let files = [
+        (artifact.file.as_str(), artifact.sha256.as_str()),
+        (installer.file.as_str(), installer.sha256.as_str()),
+    ];
+    let remote_path = |file: &str| sh_quote(&format!("{run_dir}/{file}"));
     let mut sent_before = 0;
     for (file, _) in files {
-        let part = probe.staging(&format!("{file}.part"));
         let mut on_progress = |sent: u64| {
             reporter.report(Progress::Transfer {
                 sent: sent_before + sent,
@@ -488,7 +541,7 @@ async fn install(
         };
         let output = session
             .exec_with_input(
-                &format!("cat > {part}"),
+                &format!("cat > {}", remote_path(file)),
                 Some(&release.dir.join(file)),
                 &mut on_progress,
             )
@@ -504,26 +557,21 @@ async fn install(
     clock.done(Some(format!("{total} bytes")));
 
     let clock = StageClock::start(reporter, Stage::Verify);
-    let parts: Vec<String> = files
-        .iter()
-        .map(|(f, _)| probe.staging(&format!("{f}.part")))
-        .collect();
+    let paths: Vec<String> = files.iter().map(|(f, _)| remote_path(f)).collect();
     let output = session
-        .exec(&format!("{sha_command} {}", parts.join(" ")))
+        .exec(&format!("{sha_command} {}", paths.join(" ")))
         .await
         .map_err(|e| ssh_failed(Stage::Verify, e))?;
     if !output.success() {
-        return Err(remote_failed(Stage::Verify, &sha_command, &output));
+        return Err(remote_failed(Stage::Verify, sha_command, &output));
     }
     let sums = remote::parse_sums(&output.stdout_text());
     for (file, expected) in files {
-        let part = format!("{file}.part");
         let actual = sums
             .iter()
-            .find(|(_, name)| *name == part)
+            .find(|(_, name)| name == file)
             .map(|(hash, _)| hash.as_str());
         if actual != Some(&expected.to_ascii_lowercase()) {
-            let _ = session.exec(&format!("rm -f {}", parts.join(" "))).await;
             return Err(stage_failed(
                 Stage::Verify,
                 format!(
@@ -534,32 +582,15 @@ async fn install(
             ));
         }
     }
-    let renames: Vec<String> = files
-        .iter()
-        .map(|(f, _)| {
-            format!(
-                "mv -f {} {}",
-                probe.staging(&format!("{f}.part")),
-                probe.staging(f)
-            )
-        })
-        .collect();
-    let output = session
-        .exec(&renames.join(" && "))
-        .await
-        .map_err(|e| ssh_failed(Stage::Verify, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Verify, "mv", &output));
-    }
     clock.done(None);
 
     let clock = StageClock::start(reporter, Stage::Install);
     let command = format!(
         "sh {} install --root {} --version {} --artifact {}",
-        probe.staging(&installer.file),
+        remote_path(&installer.file),
         probe.root_word(),
         sh_quote(wanted),
-        probe.staging(&artifact.file)
+        remote_path(&artifact.file)
     );
     let output = session
         .exec(&command)
@@ -568,11 +599,6 @@ async fn install(
     if !output.success() {
         return Err(remote_failed(Stage::Install, "install.sh", &output));
     }
-    let _ = session
-        .exec(&format!("rm -f {}", probe.staging(&artifact.file)))
-        .await;
-    probe.installed = Some(wanted.to_string());
-    probe.has_installer = true;
     clock.done(last_line(&output.stdout_text()).map(str::to_string));
     Ok(())
 }

@@ -114,10 +114,6 @@ impl Probe {
         sh_quote(&self.root)
     }
 
-    pub fn staging(&self, file: &str) -> String {
-        sh_quote(&format!("{}/staging/{file}", self.root))
-    }
-
     /// `R/current/bin/pi-host --data-dir R/data`.
     pub fn pi_host(&self) -> String {
         format!(

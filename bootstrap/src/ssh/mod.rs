@@ -242,6 +242,18 @@ async fn tcp_connect(destination: &Destination) -> Result<tokio::net::TcpStream,
     Ok(socket)
 }
 
+/// AES-GCM first: ring runs it on the CPU's AES instructions, faster than russh's portable
+/// ChaCha20-Poly1305 (russh's default first choice). docs/benchmarks.md has the forward's
+/// throughput with each.
+const PREFERRED_CIPHERS: &[russh::cipher::Name] = &[
+    russh::cipher::AES_256_GCM,
+    russh::cipher::AES_128_GCM,
+    russh::cipher::CHACHA20_POLY1305,
+    russh::cipher::AES_256_CTR,
+    russh::cipher::AES_192_CTR,
+    russh::cipher::AES_128_CTR,
+];
+
 async fn handshake(
     destination: &Destination,
     transport: Box<dyn Transport>,
@@ -252,6 +264,10 @@ async fn handshake(
         keepalive_max: 3,
         nodelay: true,
         inactivity_timeout: None,
+        preferred: russh::Preferred {
+            cipher: std::borrow::Cow::Borrowed(PREFERRED_CIPHERS),
+            ..russh::Preferred::default()
+        },
         ..client::Config::default()
     };
     let (closed_tx, closed) = watch::channel(false);
