@@ -718,3 +718,35 @@ async fn two_desktops_connecting_at_once_share_one_install_and_one_host() {
     assert_eq!(third.assert_ok()["started"], false);
     assert_eq!(world.state()["pid"], state["pid"]);
 }
+
+#[tokio::test]
+async fn other_commands_use_the_profile_while_connect_runs_and_say_how_to_reconnect_after() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    let mut child = world
+        .command(&release, &[])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    until_event(&mut lines, "ready").await;
+    let sessions = |config: &Path| {
+        let mut command = tokio::process::Command::new(pi_remote());
+        command
+            .args(["--json", "sessions"])
+            .env("PI_REMOTE_CONFIG_DIR", config)
+            .stdin(Stdio::null());
+        command
+    };
+    let listed = sessions(world.local_config.path()).output().await.unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert!(listed["sessions"].is_array(), "{listed}");
+
+    child.kill().await.unwrap();
+    child.wait().await.unwrap();
+    let refused = sessions(world.local_config.path()).output().await.unwrap();
+    assert_eq!(refused.status.code(), Some(3), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("connect box"), "{stderr}");
+}

@@ -207,7 +207,29 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
     let dir = profile::config_dir().map_err(Failure::Local)?;
     let stored = profile::load(&dir, &cli.profile).map_err(Failure::Local)?;
-    let client = connect(&stored.url, &stored.device_token).await?;
+    let client = match connect(&stored.url, &stored.device_token).await {
+        Ok(client) => client,
+        // An SSH profile's URL is a local forward that lives only while `connect` runs.
+        Err(error)
+            if bootstrap::remote::exit_for(error.code()) == Exit::Unreachable
+                && let Some(origin) = &stored.ssh =>
+        {
+            return Err(Failure::App(
+                AppError::new(
+                    error.code(),
+                    format!(
+                        "{}; this profile reaches {} through an SSH forward: run `pi-remote --profile {} connect {}` (it keeps the forward up)",
+                        error.message(),
+                        origin.target,
+                        cli.profile,
+                        origin.target
+                    ),
+                )
+                .with_source(ErrorSource::Client),
+            ));
+        }
+        Err(error) => return Err(error.into()),
+    };
     match cli.command {
         Command::Pair { .. } | Command::Connect(_) => Ok(()),
         Command::Sessions => {
