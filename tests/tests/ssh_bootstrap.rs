@@ -750,3 +750,41 @@ async fn other_commands_use_the_profile_while_connect_runs_and_say_how_to_reconn
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("connect box"), "{stderr}");
 }
+
+#[tokio::test]
+async fn an_unknown_host_is_trusted_when_the_user_answers_yes() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    std::fs::write(&world.known_hosts, "").unwrap();
+    let answer = |text: &str| {
+        let path = world.scratch.path().join(format!("askpass-{text}"));
+        // The question names the host and its fingerprint; the script checks both are there.
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\ncase \"$1\" in *127.0.0.1*SHA256:*) echo {text} ;; *) echo bad-question ;; esac\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap();
+        path
+    };
+    let mut declined = world.command(&release, &["--once"]);
+    declined
+        .env("SSH_ASKPASS", answer("no"))
+        .env("SSH_ASKPASS_REQUIRE", "force");
+    let declined = run(declined).await;
+    assert_eq!(declined.error()["details"]["hostKey"], "unknown");
+    assert_eq!(std::fs::read_to_string(&world.known_hosts).unwrap(), "");
+
+    let mut accepted = world.command(&release, &["--once"]);
+    accepted
+        .env("SSH_ASKPASS", answer("yes"))
+        .env("SSH_ASKPASS_REQUIRE", "force");
+    run(accepted).await.assert_ok();
+    assert!(
+        std::fs::read_to_string(&world.known_hosts)
+            .unwrap()
+            .contains(&world.server.host_public_key())
+    );
+}
