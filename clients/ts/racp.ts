@@ -233,6 +233,51 @@ export type DeviceRevokeRequest = {
 };
 
 /**
+ * What the host cut from an event that did not fit the connection's frame bound. The event
+ * keeps its `seq`, `cursor`, `type`, `at` and `turnId`; the largest strings of `data` are cut
+ * to a prefix (or `data` becomes `null` when that is not enough).
+ */
+export type Elided = {
+  /**
+   * Size in bytes of the whole event as the host stores it.
+   */
+  bytes: number;
+  /**
+   * The values that were cut, at most 64.
+   */
+  cut: ElidedValue[];
+  /**
+   * Subscribing from this cursor on a connection whose frame bound holds `bytes` (plus
+   * about 1 KiB for the push around it) delivers the event whole, while the host retains it.
+   */
+  from: Cursor;
+  /**
+   * The frame bound the event had to fit (the connection's `limits.maxFrameBytes`).
+   */
+  limit: number;
+};
+
+/**
+ * One value the host cut from an event.
+ */
+export type ElidedValue = {
+  /**
+   * Size in bytes of the value as JSON before it was cut.
+   */
+  bytes: number;
+  /**
+   * For a string: how many of its characters were kept (a prefix). Absent when the value
+   * was replaced by `null`.
+   */
+  kept?: number | null;
+  /**
+   * Where the value is in the event, e.g. `data.assistantMessageEvent.delta` (array items
+   * by index: `data.message.content.0.text`).
+   */
+  path: string;
+};
+
+/**
  * No params, or no result fields: `{}`.
  */
 export type Empty = Record<string, never>;
@@ -277,6 +322,11 @@ export type Event = {
    * Type-specific payload; for `agent.*` events, the agent's own payload.
    */
   data: unknown;
+  /**
+   * Present only when the event as stored does not fit the connection's frame bound: the
+   * host cut large values out of it (see [`Elided`]). Absent on every event that is whole.
+   */
+  elided?: Elided | null;
   /**
    * Strictly increasing within a session's epoch, starting at 1, with no gaps.
    */

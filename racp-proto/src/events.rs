@@ -26,6 +26,42 @@ pub struct Event {
     pub turn_id: Option<String>,
     /// Type-specific payload; for `agent.*` events, the agent's own payload.
     pub data: Value,
+    /// Present only when the event as stored does not fit the connection's frame bound: the
+    /// host cut large values out of it (see [`Elided`]). Absent on every event that is whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elided: Option<Elided>,
+}
+
+/// What the host cut from an event that did not fit the connection's frame bound. The event
+/// keeps its `seq`, `cursor`, `type`, `at` and `turnId`; the largest strings of `data` are cut
+/// to a prefix (or `data` becomes `null` when that is not enough).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Elided {
+    /// Size in bytes of the whole event as the host stores it.
+    pub bytes: u64,
+    /// The frame bound the event had to fit (the connection's `limits.maxFrameBytes`).
+    pub limit: u64,
+    /// Subscribing from this cursor on a connection whose frame bound holds `bytes` (plus
+    /// about 1 KiB for the push around it) delivers the event whole, while the host retains it.
+    pub from: crate::cursor::Cursor,
+    /// The values that were cut, at most 64.
+    pub cut: Vec<ElidedValue>,
+}
+
+/// One value the host cut from an event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ElidedValue {
+    /// Where the value is in the event, e.g. `data.assistantMessageEvent.delta` (array items
+    /// by index: `data.message.content.0.text`).
+    pub path: String,
+    /// Size in bytes of the value as JSON before it was cut.
+    pub bytes: u64,
+    /// For a string: how many of its characters were kept (a prefix). Absent when the value
+    /// was replaced by `null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<u64>,
 }
 
 /// The event types the host itself emits, with their `data` types. Agent events are

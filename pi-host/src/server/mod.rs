@@ -1,6 +1,7 @@
 //! The HTTP server: the `/racp` endpoint, and serving until a shutdown signal.
 
 mod connection;
+mod elide;
 mod subscriptions;
 pub mod tls;
 pub mod upgrade;

@@ -153,7 +153,19 @@ impl Subscriptions {
                 if i > 0 {
                     frame.push(',');
                 }
-                frame.push_str(&event.json);
+                if event.json.len() > budget {
+                    // Only ever alone in its batch: cut to fit, with a marker (size policy).
+                    let epoch = sub.session.head_cursor().epoch;
+                    let from = Cursor::new(epoch, event.seq - 1);
+                    frame.push_str(&super::elide::elide(
+                        &event.json,
+                        budget,
+                        max_frame_bytes,
+                        from,
+                    ));
+                } else {
+                    frame.push_str(&event.json);
+                }
             }
             frame.push_str("]}}");
             step = Some(Step::Frame(frame));

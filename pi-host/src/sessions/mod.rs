@@ -386,6 +386,7 @@ impl Sessions {
                 at,
                 turn_id: draft.turn_id,
                 data: draft.data,
+                elided: None,
             };
             let json = serde_json::to_string(&event)
                 .unwrap_or_else(|_| String::from("{}"))
