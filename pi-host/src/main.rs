@@ -297,6 +297,7 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
     tokio::spawn(admin::serve(admin, state.clone()));
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     tracing::info!(%local, data_dir = %state.config.data_dir.display(), "pi-host listening");
+    let shutdown = shutdown_signal()?;
     let url = format!("{scheme}://{local}{}", racp_proto::ENDPOINT_PATH);
     if let Some(path) = &state_file {
         write_state_file(path, local, &url, &state.config.data_dir)
@@ -306,7 +307,7 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
     let router = server::router(state.clone());
     let drain_state = state.clone();
     let drained = async move {
-        shutdown_signal().await;
+        shutdown.await;
         tracing::info!("draining");
         drain_state.begin_drain();
     };
@@ -367,17 +368,19 @@ fn remove_own_state_file(path: &std::path::Path) {
     }
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not when the
+/// future is first polled: a signal that arrives right after the "listening" line must drain,
+/// not kill.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot handle SIGINT: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
