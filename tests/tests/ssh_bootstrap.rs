@@ -788,3 +788,45 @@ async fn an_unknown_host_is_trusted_when_the_user_answers_yes() {
             .contains(&world.server.host_public_key())
     );
 }
+
+#[tokio::test]
+async fn a_host_killed_on_the_remote_is_started_again_and_clients_come_back() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    let mut child = world
+        .command(&release, &[])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = until_event(&mut lines, "ready").await;
+    let token = world.profile()["deviceToken"].as_str().unwrap().to_string();
+    let mut options = ClientOptions::new(ready["url"].as_str().unwrap(), &token);
+    options.max_backoff = Duration::from_millis(500);
+    let mut client = RacpClient::connect(options).await.unwrap();
+    client.call_raw("session/list", json!({})).await.unwrap();
+
+    let before = world.state()["pid"].clone();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &before.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    until_event(&mut lines, "reconnected").await;
+    client.wait_connected().await.unwrap();
+    let listed = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match client.call_raw("session/list", json!({})).await {
+                Ok(listed) => return listed,
+                Err(_) => client.wait_connected().await.unwrap(),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(listed["sessions"].is_array());
+    let after = world.state()["pid"].clone();
+    assert_ne!(after, before);
+    assert!(pid_alive(&after));
+    let _ = child.kill().await;
+}

@@ -15,7 +15,7 @@ use racp_proto::{AppError, ErrorCode, ErrorSource};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 impl ForwardTarget for Link {
@@ -69,16 +69,19 @@ impl Forward {
             .port();
         let (links, _) = watch::channel(Some(Arc::new(link)));
         let (fatal_tx, fatal) = watch::channel(None);
+        let host_gone = Arc::new(Notify::new());
         let accept = tokio::spawn(forward::accept_loop(
             listener,
             links.subscribe(),
             options.channel_timeout,
+            Some(host_gone.clone()),
         ));
         let supervisor = tokio::spawn(supervise(
             options.clone(),
             links.clone(),
             reporter,
             fatal_tx,
+            host_gone,
         ));
         Ok(Forward {
             local_port,
@@ -197,23 +200,33 @@ async fn supervise(
     links: Current,
     reporter: Arc<dyn Reporter>,
     fatal: watch::Sender<Option<AppError>>,
+    host_gone: Arc<Notify>,
 ) {
     loop {
         let Some(link) = links.borrow().clone() else {
             return;
         };
         let mut closed = link.session.closed();
-        while !*closed.borrow_and_update() {
-            if closed.changed().await.is_err() {
-                break;
+        let session_closed = async {
+            while !*closed.borrow_and_update() {
+                if closed.changed().await.is_err() {
+                    break;
+                }
             }
-        }
+        };
+        // Either SSH dropped, or the host behind the forward is gone (crashed, killed, the
+        // remote rebooted its services): both are mended by running the stages again, which
+        // start the host when it is not running.
+        let mut error = tokio::select! {
+            _ = session_closed => link_down("the SSH link dropped"),
+            _ = host_gone.notified() => link_down("pi-host no longer listens on the remote"),
+        };
         links.send_replace(None);
+        link.session.disconnect().await;
         drop(link);
         let lost = Instant::now();
         let mut backoff = MIN_BACKOFF;
         let mut attempt = 1;
-        let mut error = link_down("the SSH link dropped");
         loop {
             let delay = jitter(backoff);
             reporter.report(Progress::Reconnecting {

@@ -5,11 +5,11 @@
 //! it is `None` (the link is down), new local connections wait up to [`LINK_WAIT`] for the next
 //! one instead of failing.
 
-use crate::ssh::SshSession;
+use crate::ssh::{SshError, SshSession};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 /// How long a local connection waits for the SSH link to come back.
 pub const LINK_WAIT: Duration = Duration::from_secs(30);
@@ -57,11 +57,14 @@ pub async fn wait_for_target<T: ForwardTarget>(
     .flatten()
 }
 
-/// Accepts local connections forever, relaying each through its own channel.
+/// Accepts local connections forever, relaying each through its own channel. When nothing
+/// listens at the target port on the remote (the server answers "connect failed"),
+/// `target_gone` is notified: the owner may restart what should be listening there.
 pub async fn accept_loop<T: ForwardTarget>(
     listener: TcpListener,
     targets: watch::Receiver<Option<Arc<T>>>,
     channel_timeout: Duration,
+    target_gone: Option<Arc<Notify>>,
 ) {
     loop {
         let socket = match listener.accept().await {
@@ -74,32 +77,50 @@ pub async fn accept_loop<T: ForwardTarget>(
             }
         };
         let targets = targets.clone();
+        let target_gone = target_gone.clone();
         tokio::spawn(async move {
-            if let Err(err) = relay(socket, targets, channel_timeout).await {
-                tracing::debug!(%err, "forwarded connection ended");
+            match relay(socket, targets, channel_timeout).await {
+                Ok(()) => {}
+                Err(Failure::TargetGone(err)) => {
+                    tracing::debug!(%err, "nothing listens at the forward's target");
+                    if let Some(gone) = target_gone {
+                        gone.notify_waiters();
+                    }
+                }
+                Err(Failure::Other(err)) => tracing::debug!(%err, "forwarded connection ended"),
             }
         });
     }
+}
+
+enum Failure {
+    TargetGone(String),
+    Other(String),
 }
 
 async fn relay<T: ForwardTarget>(
     mut socket: TcpStream,
     targets: watch::Receiver<Option<Arc<T>>>,
     channel_timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let _ = socket.set_nodelay(true);
     let target = wait_for_target(targets, LINK_WAIT)
         .await
-        .ok_or("the SSH link did not come back")?;
+        .ok_or_else(|| Failure::Other("the SSH link did not come back".into()))?;
     let mut channel = target
         .session()
         .open_tcp("127.0.0.1", target.port(), channel_timeout)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| match e {
+            SshError::ChannelOpen {
+                prohibited: false, ..
+            } => Failure::TargetGone(e.to_string()),
+            other => Failure::Other(other.to_string()),
+        })?;
     // Drained promptly in both directions: a channel whose queue fills up stalls russh's
     // session loop, and with it every other channel of the connection.
     tokio::io::copy_bidirectional_with_sizes(&mut socket, &mut channel, 64 << 10, 64 << 10)
         .await
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(|e| Failure::Other(e.to_string()))
 }

@@ -92,12 +92,7 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
                 Some(Ok(Message::Close(_))) | None => break,
                 Some(Err(err)) => {
                     tracing::debug!(error = %err, "connection read failed");
-                    if is_capacity_error(err) {
-                        ending = Some(racp_proto::codec::payload_too_large(
-                            conn.state.config.limits.max_frame_bytes as usize * 4 + 1,
-                            conn.max_frame_bytes,
-                        ));
-                    }
+                    ending = conn.read_failure(err);
                     break;
                 }
             },
@@ -346,11 +341,40 @@ impl Connection {
     }
 }
 
-/// True when tungstenite refused a message over its size cap (the host's hard frame limit).
-fn is_capacity_error(err: axum::Error) -> bool {
-    err.into_inner()
-        .downcast_ref::<tungstenite::Error>()
-        .is_some_and(|e| matches!(e, tungstenite::Error::Capacity(_)))
+impl Connection {
+    /// The connection error to end with after a failed read when the client broke the rules:
+    /// a message over the hard size cap, invalid UTF-8 in a text frame, or a WebSocket
+    /// protocol violation. `None` when the link simply went away.
+    fn read_failure(&self, err: axum::Error) -> Option<AppError> {
+        use tungstenite::error::ProtocolError;
+        let inner = err.into_inner();
+        match inner.downcast_ref::<tungstenite::Error>()? {
+            tungstenite::Error::Capacity(_) => Some(racp_proto::codec::payload_too_large(
+                self.state.config.limits.max_frame_bytes as usize * 4 + 1,
+                self.max_frame_bytes,
+            )),
+            tungstenite::Error::Utf8(_) => Some(
+                AppError::new(
+                    ErrorCode::InvalidArgument,
+                    "a text frame is not valid UTF-8; the connection cannot continue",
+                )
+                .with_details(json!({"reason": "invalid_utf8"})),
+            ),
+            tungstenite::Error::Protocol(
+                ProtocolError::ResetWithoutClosingHandshake
+                | ProtocolError::SendAfterClosing
+                | ProtocolError::ReceivedAfterClosing,
+            ) => None,
+            tungstenite::Error::Protocol(violation) => Some(
+                AppError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("WebSocket protocol violation: {violation}"),
+                )
+                .with_details(json!({"reason": "websocket_protocol"})),
+            ),
+            _ => None,
+        }
+    }
 }
 
 fn encode<T: Serialize>(frame: &T) -> String {

@@ -203,7 +203,7 @@ async fn run(args: Args) -> Result<()> {
         session: Arc::new(session),
         port: sink_port,
     })));
-    tokio::spawn(accept_loop(forward, targets, Duration::from_secs(10)));
+    tokio::spawn(accept_loop(forward, targets, Duration::from_secs(10), None));
 
     let mut throughput = json!({});
     for name in ["openssh", "pi_remote"] {
