@@ -152,7 +152,7 @@ pub fn decode_params<T: DeserializeOwned + crate::validate::Validate>(
     }
     let value: T = serde_path_to_error::deserialize(strict::Strict(&parsed)).map_err(|err| {
         let inner = err.inner();
-        let mut path = err.path().to_string();
+        let mut path = dotted(err.path());
         let reason = strip_position(&inner.to_string());
         // serde reports a missing field at its parent; point at the field itself.
         if let Some(field) = missing_field(&reason) {
@@ -167,6 +167,26 @@ pub fn decode_params<T: DeserializeOwned + crate::validate::Validate>(
     })?;
     value.validate()?;
     Ok(value)
+}
+
+/// The path as documented: fields and array indexes joined by dots (`roles.1`, not
+/// serde_path_to_error's `roles[1]`); `.` for the params object itself.
+fn dotted(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let segments: Vec<String> = path
+        .iter()
+        .map(|segment| match segment {
+            Segment::Seq { index } => index.to_string(),
+            Segment::Map { key } => key.clone(),
+            Segment::Enum { variant } => variant.clone(),
+            Segment::Unknown => "?".to_string(),
+        })
+        .collect();
+    if segments.is_empty() {
+        ".".to_string()
+    } else {
+        segments.join(".")
+    }
 }
 
 fn strip_position(message: &str) -> String {
@@ -359,6 +379,15 @@ mod tests {
         .unwrap();
         let err = Call::decode(req.method, req.params).unwrap_err();
         assert_eq!(err.details().unwrap()["path"], "params.protocol.max");
+
+        // Array items by index, joined with dots as documented.
+        let req = decode_request(
+            r#"{"id":1,"method":"pairing/create","params":{"roles":["observer",1]}}"#,
+            MAX,
+        )
+        .unwrap();
+        let err = Call::decode(req.method, req.params).unwrap_err();
+        assert_eq!(err.details().unwrap()["path"], "params.roles.1");
     }
 
     #[test]
