@@ -75,17 +75,16 @@ pub fn decode_request(text: &str, max_frame_bytes: usize) -> Result<IncomingRequ
         Ok(envelope) => envelope,
         Err(err) => return Err(reject_envelope(text, &err)),
     };
-    if let RequestId::Text(id) = &envelope.id
-        && id.chars().count() as u64 > MAX_ID_CHARS {
-            return Err(Rejected::new(
-                None,
-                AppError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("id must have at most {MAX_ID_CHARS} characters"),
-                )
-                .with_details(json!({"path": "id", "reason": "too_long"})),
-            ));
-        }
+    if too_long(&envelope.id) {
+        return Err(Rejected::new(
+            None,
+            AppError::new(
+                ErrorCode::InvalidArgument,
+                format!("id must have at most {MAX_ID_CHARS} characters"),
+            )
+            .with_details(json!({"path": "id", "reason": "too_long"})),
+        ));
+    }
     let Some(method) = Method::from_name(&envelope.method) else {
         return Err(Rejected::new(
             Some(envelope.id),
@@ -103,14 +102,23 @@ pub fn decode_request(text: &str, max_frame_bytes: usize) -> Result<IncomingRequ
     })
 }
 
+/// A string id over [`MAX_ID_CHARS`] characters.
+fn too_long(id: &RequestId) -> bool {
+    matches!(id, RequestId::Text(text) if text.chars().count() as u64 > MAX_ID_CHARS)
+}
+
 fn reject_envelope(text: &str, err: &serde_json::Error) -> Rejected {
     use serde_json::error::Category;
     let (reason, id) = match err.classify() {
         Category::Syntax | Category::Eof | Category::Io => ("malformed_json", None),
         // The JSON is valid but the envelope is wrong: the id may still be readable.
+        // An over-long string id is not echoed back (the reply would repeat it).
         Category::Data => (
             "invalid_envelope",
-            serde_json::from_str::<IdOnly>(text).ok().and_then(|f| f.id),
+            serde_json::from_str::<IdOnly>(text)
+                .ok()
+                .and_then(|f| f.id)
+                .filter(|id| !too_long(id)),
         ),
     };
     let message = if reason == "malformed_json" {
@@ -355,6 +363,11 @@ mod tests {
     fn overlong_id_is_refused() {
         let text = format!(r#"{{"id":"{}","method":"hello"}}"#, "i".repeat(129));
         assert_eq!(reject(&text).error.code(), ErrorCode::InvalidArgument);
+        // Nor echoed when the envelope is wrong in another way too (found by fuzzing).
+        let text = format!(r#"{{"id":"{}","methodX":"hello"}}"#, "i".repeat(129));
+        let err = reject(&text);
+        assert_eq!(err.error.code(), ErrorCode::InvalidArgument);
+        assert_eq!(err.id, None);
     }
 
     #[test]
