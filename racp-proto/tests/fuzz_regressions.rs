@@ -1,0 +1,85 @@
+//! Every input the fuzzers (`fuzz/`, run by `scripts/fuzz`) ever crashed on, and their
+//! committed corpus, run through the same checks as the fuzz targets, on the stable toolchain.
+//!
+//! A crash found by `scripts/fuzz` is copied to `fuzz/regressions/<target>/` (give it a name
+//! that says what it found); from then on this test holds the fix.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+#[path = "../../fuzz/src/checks.rs"]
+mod checks;
+
+use std::path::{Path, PathBuf};
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+}
+
+/// The files of `dir/<target>` (none when the directory does not exist).
+fn inputs(dir: &str, target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let Ok(entries) = std::fs::read_dir(fuzz_dir().join(dir).join(target)) else {
+        return Vec::new();
+    };
+    let mut inputs: Vec<_> = entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let data = std::fs::read(&p).unwrap();
+            (p, data)
+        })
+        .collect();
+    inputs.sort();
+    inputs
+}
+
+fn run(target: &str, check: fn(&[u8])) -> usize {
+    let mut count = 0;
+    for dir in ["regressions", "corpus"] {
+        for (path, data) in inputs(dir, target) {
+            let outcome = std::panic::catch_unwind(|| check(&data));
+            assert!(outcome.is_ok(), "{} fails its check", path.display());
+            count += 1;
+        }
+    }
+    count
+}
+
+#[test]
+fn frame_codec_inputs_hold() {
+    assert!(run("frame_codec", checks::client_frame) > 0);
+}
+
+#[test]
+fn method_params_inputs_hold() {
+    assert!(run("method_params", checks::method_params) > 0);
+}
+
+#[test]
+fn host_frames_inputs_hold() {
+    assert!(run("host_frames", checks::host_frame) > 0);
+}
+
+#[test]
+fn every_regression_belongs_to_a_target() {
+    let targets = ["frame_codec", "method_params", "host_frames"];
+    let Ok(entries) = std::fs::read_dir(fuzz_dir().join("regressions")) else {
+        return;
+    };
+    for entry in entries {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        assert!(
+            targets.contains(&name.as_str()),
+            "fuzz/regressions/{name} is not a fuzz target"
+        );
+    }
+}
+
+/// The crashes found so far, spelled out so that a reader sees what each one was.
+#[test]
+fn an_overlong_id_in_an_invalid_envelope_is_not_echoed() {
+    let id = "i".repeat(133);
+    let text = format!(r#"{{"id":"{id}","methAAAAod":"session/list"}}"#);
+    let rejected = racp_proto::codec::decode_request(&text, usize::MAX).unwrap_err();
+    assert_eq!(rejected.id, None);
+    checks::client_frame(text.as_bytes());
+}
