@@ -6,6 +6,7 @@ use crate::auth::Credential;
 use crate::handlers;
 use crate::state::HostState;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::SinkExt;
 use racp_proto::codec::{Rejected, decode_request};
 use racp_proto::frame::{ConnectionError, ErrorReply, RequestId, ResultReply};
 use racp_proto::limits::{MIN_MAX_FRAME_BYTES, PRE_HELLO_MAX_FRAME_BYTES};
@@ -47,10 +48,20 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
     let (kill_tx, mut kill_rx) = watch::channel(None);
     let connection_id = state.register(device_id.clone(), kill_tx);
     tracing::debug!(connection_id, device_id = ?device_id, "connection opened");
-    if let Some(device_id) = &device_id
-        && let Err(err) = state.store.touch_device(device_id, crate::clock::now_ms()) {
+    if let Some(device_id) = device_id.clone() {
+        // A synchronous SQLite write with fsync: on the blocking pool, not on a runtime thread
+        // that serves other connections meanwhile.
+        let store_state = state.clone();
+        let touched = tokio::task::spawn_blocking(move || {
+            store_state
+                .store
+                .touch_device(&device_id, crate::clock::now_ms())
+        })
+        .await;
+        if let Ok(Err(err)) = touched {
             tracing::warn!(error = %err, "cannot record last-seen time");
         }
+    }
     let (reply_tx, mut reply_rx) = mpsc::channel::<String>(REPLY_QUEUE);
     let limits = &state.config.limits;
     let stall = limits.send_stall;
@@ -126,23 +137,16 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
                 Vec::new()
             }
         };
-        let mut broken = false;
-        for frame in outgoing {
-            match tokio::time::timeout(stall, send_text(&mut socket, frame)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => {
-                    broken = true;
-                    break;
-                }
-                Err(_) => {
-                    // The client stopped reading: the socket has not taken a frame in `stall`.
-                    ending = Some(conn.subs.too_slow("stopped reading"));
-                    break;
-                }
-            }
+        if outgoing.is_empty() {
+            continue;
         }
-        if broken {
-            break;
+        match tokio::time::timeout(stall, send_all(&mut socket, outgoing)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => break,
+            Err(_) => {
+                // The client stopped reading: the socket has not taken the frames in `stall`.
+                ending = Some(conn.subs.too_slow("stopped reading"));
+            }
         }
     }
     if let Some(error) = ending {
@@ -188,9 +192,10 @@ impl Connection {
             return fail(id, error);
         }
         if method != Method::Hello
-            && let Err(error) = self.state.rate.check(&self.rate_key) {
-                return fail(id, error);
-            }
+            && let Err(error) = self.state.rate.check(&self.rate_key)
+        {
+            return fail(id, error);
+        }
         if self.state.is_draining() {
             return fail(
                 id,
@@ -382,6 +387,14 @@ fn encode<T: Serialize>(frame: &T) -> String {
         tracing::error!(error = %err, "cannot encode a frame");
         r#"{"error":{"code":"INTERNAL","message":"the host could not encode a frame","retriable":false,"recovery":"stop_and_report","source":"host"}}"#.to_string()
     })
+}
+
+/// Queues every frame, then flushes once: small frames leave in one write instead of one each.
+async fn send_all(socket: &mut WebSocket, frames: Vec<String>) -> Result<(), axum::Error> {
+    for frame in frames {
+        socket.feed(Message::Text(Utf8Bytes::from(frame))).await?;
+    }
+    socket.flush().await
 }
 
 async fn send_text(socket: &mut WebSocket, text: String) -> Result<(), axum::Error> {

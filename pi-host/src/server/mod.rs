@@ -16,6 +16,13 @@ use axum::routing::get;
 use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode, SUBPROTOCOL};
 use std::sync::Arc;
 
+/// Initial read buffer of a connection. Clients send small requests, and this buffer is a third
+/// of what an idle connection costs (9.3 KiB with 4 KiB, 6.2 KiB with 1 KiB, at 10k
+/// connections); a larger frame grows it as needed.
+const READ_BUFFER: usize = 1 << 10;
+/// Bytes of queued frames a connection collects before writing to its socket.
+const WRITE_BUFFER: usize = 64 << 10;
+
 pub fn router(state: Arc<HostState>) -> Router {
     Router::new()
         .route(ENDPOINT_PATH, get(upgrade_handler))
@@ -49,8 +56,10 @@ async fn upgrade_handler(
     // ones end the connection before the host holds them. Only authenticated devices get here.
     let hard_cap = host_bound * 4;
     ws.protocols([SUBPROTOCOL])
-        .read_buffer_size(4 << 10)
-        .write_buffer_size(0)
+        .read_buffer_size(READ_BUFFER)
+        // Frames queued together leave in one write (see connection::send_all); a larger frame
+        // is written as soon as it is queued.
+        .write_buffer_size(WRITE_BUFFER)
         // A single agent event can be as large as the agent's line bound (16 MiB); the write
         // buffer must take it whole or the connection breaks on every replay of it.
         .max_write_buffer_size(hard_cap.max(32 << 20))

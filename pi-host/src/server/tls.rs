@@ -64,6 +64,9 @@ impl TlsListener {
                 if tx.is_closed() {
                     return;
                 }
+                // Events are small frames: without this, Nagle holds each one back until the
+                // previous is acknowledged (milliseconds of latency at a few thousand events/s).
+                let _ = stream.set_nodelay(true);
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {

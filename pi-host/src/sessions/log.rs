@@ -137,7 +137,7 @@ impl EventLog {
             return Some(Vec::new());
         };
         let start = usize::try_from(after_seq + 1 - first.seq).ok()?;
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.events.len().saturating_sub(start).min(max_count));
         let mut bytes = 0;
         for event in self.events.iter().skip(start).take(max_count) {
             if !out.is_empty() && bytes + event.json.len() > max_bytes {

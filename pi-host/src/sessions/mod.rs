@@ -174,20 +174,23 @@ impl Session {
         self.lock().log.check_cursor(cursor)
     }
 
-    /// Committed events after `after_seq`, bounded; `None` when it left the retained window.
-    pub fn events_after(
-        &self,
-        after_seq: u64,
-        max_count: usize,
-        max_bytes: usize,
-    ) -> Option<Vec<Arc<LoggedEvent>>> {
-        self.lock().log.after(after_seq, max_count, max_bytes)
-    }
-
-    /// (head seq, oldest resumable seq, closed)
-    pub fn positions(&self) -> (u64, u64, bool) {
+    /// What a subscriber at `after_seq` may send next, read under one lock: the positions and
+    /// up to `max_count` committed events after it within `max_bytes` (`events` is `None` when
+    /// `after_seq` has left the retained window).
+    pub fn next_after(&self, after_seq: u64, max_count: usize, max_bytes: usize) -> Slice {
         let inner = self.lock();
-        (inner.log.head(), inner.log.oldest_seq(), inner.closed)
+        let (head, oldest) = (inner.log.head(), inner.log.oldest_seq());
+        let events = if after_seq < head {
+            inner.log.after(after_seq, max_count, max_bytes)
+        } else {
+            Some(Vec::new())
+        };
+        Slice {
+            head,
+            oldest,
+            closed: inner.closed,
+            events,
+        }
     }
 
     pub fn watch(&self, id: u64, notify: Arc<Notify>) {
@@ -225,6 +228,14 @@ impl Session {
             None
         }
     }
+}
+
+/// See [`Session::next_after`].
+pub struct Slice {
+    pub head: u64,
+    pub oldest: u64,
+    pub closed: bool,
+    pub events: Option<Vec<Arc<LoggedEvent>>>,
 }
 
 fn state_of(inner: &Inner) -> SessionState {
@@ -373,6 +384,9 @@ impl Sessions {
         let epoch = inner.log.epoch();
         let at = now_ms();
         let mut events = Vec::with_capacity(drafts.len());
+        // One buffer for the batch: each event then costs one allocation of its exact size
+        // instead of a growing String and a shrink.
+        let mut buf = Vec::with_capacity(1 << 10);
         for draft in drafts {
             let seq = inner.next_seq;
             inner.next_seq += 1;
@@ -388,9 +402,11 @@ impl Sessions {
                 data: draft.data,
                 elided: None,
             };
-            let json = serde_json::to_string(&event)
-                .unwrap_or_else(|_| String::from("{}"))
-                .into_boxed_str();
+            buf.clear();
+            let json: Box<str> = match serde_json::to_writer(&mut buf, &event) {
+                Ok(()) => std::str::from_utf8(&buf).unwrap_or("{}").into(),
+                Err(_) => "{}".into(),
+            };
             events.push((Arc::new(LoggedEvent { seq, at, json }), draft.effect));
         }
         writer
@@ -445,13 +461,14 @@ fn restore_turn_state(turns: &mut Vec<TurnInfo>, json: &str) {
             turns.remove(0);
         }
     } else if event.kind == EventType::TurnFinished.as_str()
-        && let Some(turn) = turns.iter_mut().find(|t| t.turn_id == turn_id) {
-            turn.state = match event.data["outcome"].as_str() {
-                Some("completed") => TurnState::Completed,
-                Some("aborted") => TurnState::Aborted,
-                _ => TurnState::Failed,
-            };
-            turn.finished_at = Some(event.at);
-            turn.error = serde_json::from_value(event.data["error"].clone()).ok();
-        }
+        && let Some(turn) = turns.iter_mut().find(|t| t.turn_id == turn_id)
+    {
+        turn.state = match event.data["outcome"].as_str() {
+            Some("completed") => TurnState::Completed,
+            Some("aborted") => TurnState::Aborted,
+            _ => TurnState::Failed,
+        };
+        turn.finished_at = Some(event.at);
+        turn.error = serde_json::from_value(event.data["error"].clone()).ok();
+    }
 }
