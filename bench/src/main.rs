@@ -68,6 +68,10 @@ struct RunArgs {
     /// Load-generating client processes per system (the same for both).
     #[arg(long, default_value_t = 2)]
     processes: usize,
+    /// Fan-out at these delivered events/s only (no ramp): for comparing server CPU per
+    /// delivery between builds.
+    #[arg(long, value_delimiter = ',')]
+    fixed_deliveries: Vec<u64>,
     /// Missed events for the resume scenario.
     #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
     resume_gaps: Vec<u64>,
@@ -173,6 +177,7 @@ fn meta(args: &RunArgs, pi_host: &Path) -> Value {
         "load_at_start": procstat::loadavg(),
         "nofile_limit": command_output("sh", &["-c", "ulimit -n"]),
         "pi_host": command_output(&pi_host.display().to_string(), &["version"]),
+        "pi_host_binary": pi_host.display().to_string(),
         "git": command_output("git", &["rev-parse", "--short", "HEAD"]),
         "rustc": command_output("rustc", &["--version"]),
         "node": command_output("node", &["--version"]),
@@ -247,6 +252,7 @@ async fn run(args: RunArgs) -> Result<()> {
         resume_gaps: args.resume_gaps.clone(),
         resume_runs: args.resume_runs,
         memory_connections: args.memory.clone(),
+        fixed_deliveries: args.fixed_deliveries.clone(),
     };
     let _ = std::fs::remove_dir_all(&ctx.tools.log_dir);
     let systems = systems(&args)?;

@@ -81,7 +81,7 @@ pub fn markdown(results: &Value) -> String {
     );
     let _ = writeln!(
         out,
-        "Versions: pi-host {} ({}), {}; Node {}, socket.io {}, socket.io-client {}.\n",
+        "Versions: {} (commit {}), {}; Node {}, socket.io {}, socket.io-client {}.\n",
         meta["pi_host"].as_str().unwrap_or("?"),
         meta["git"].as_str().unwrap_or("?"),
         meta["rustc"].as_str().unwrap_or("?"),
@@ -101,15 +101,15 @@ pub fn markdown(results: &Value) -> String {
         );
         let _ = writeln!(
             out,
-            "| subscribers | system | events/s offered | delivered events/s | server CPU per delivery | p50 | p99 | light load: rate, p50, p99 |"
+            "| subscribers | system | events/s offered | delivered events/s | server CPU per delivery | clients' CPU per delivery | p50 | p99 | light load: rate, p50, p99 |"
         );
-        let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---|");
+        let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|---|");
         let mut ns: Vec<&Value> = Vec::new();
         for run in runs {
             if run.get("error").is_some() {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | error: {} | | | | | |",
+                    "| {} | {} | error: {} | | | | | | |",
                     run["subscribers"],
                     run["system"].as_str().unwrap_or("?"),
                     run["error"].as_str().unwrap_or("?")
@@ -124,13 +124,14 @@ pub fn markdown(results: &Value) -> String {
             let passed = b["pass"] == true;
             let _ = writeln!(
                 out,
-                "| {} | {} | {}{} | {} | {:.2} µs | {} | {} | {}/s, {}, {} |",
+                "| {} | {} | {}{} | {} | {:.2} µs | {:.2} µs | {} | {} | {}/s, {}, {} |",
                 run["subscribers"],
                 run["system"].as_str().unwrap_or("?"),
                 count(&b["rate"]),
                 if passed { "" } else { " (none kept up)" },
                 count(&b["delivered_per_s"]),
                 b["server_cpu_us_per_delivery"].as_f64().unwrap_or(0.0),
+                b["client_cpu_us_per_delivery"].as_f64().unwrap_or(0.0),
                 us(&b["latency"]["p50_us"]),
                 us(&b["latency"]["p99_us"]),
                 count(&light["rate"]),
@@ -205,9 +206,9 @@ pub fn markdown(results: &Value) -> String {
         let _ = writeln!(out, "### Resume\n");
         let _ = writeln!(
             out,
-            "| missed events | pi-host: time to caught up (median) | Socket.IO | pi-host ÷ Socket.IO | pi-host replay rate |"
+            "| missed events | pi-host: time to caught up (median) | Socket.IO | pi-host ÷ Socket.IO | pi-host replay rate | pi-host: connect + hello, client parse, server CPU, bytes |"
         );
-        let _ = writeln!(out, "|---:|---:|---:|---:|---:|");
+        let _ = writeln!(out, "|---:|---:|---:|---:|---:|---|");
         let rows = |system: &str| -> Vec<Value> {
             runs.iter()
                 .find(|r| r["system"] == system)
@@ -220,14 +221,19 @@ pub fn markdown(results: &Value) -> String {
             let peer_ms = peer.map_or(Value::Null, |r| r["median_ms"].clone());
             let rate = row["missed"].as_f64().unwrap_or(0.0)
                 / (row["median_ms"].as_f64().unwrap_or(f64::INFINITY) / 1000.0);
+            let last = &row["last"];
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} events/s |",
+                "| {} | {} | {} | {} | {} events/s | {}, {}, {}, {:.1} MB |",
                 count(&row["missed"]),
                 ms(&row["median_ms"]),
                 ms(&peer_ms),
                 ratio(&row["median_ms"], &peer_ms),
                 count(&Value::from(rate)),
+                ms(&last["hello_ms"]),
+                ms(&last["client_parse_ms"]),
+                ms(&last["server_cpu_ms"]),
+                last["bytes"].as_f64().unwrap_or(0.0) / 1e6,
             );
         }
         for run in runs.iter().filter(|r| r.get("error").is_some()) {

@@ -36,6 +36,9 @@ pub struct Ctx {
     pub resume_gaps: Vec<u64>,
     pub resume_runs: usize,
     pub memory_connections: Vec<usize>,
+    /// Fan-out at these deliveries per second only, instead of the ramp (for A/B comparisons of
+    /// server CPU per delivery).
+    pub fixed_deliveries: Vec<u64>,
 }
 
 impl Ctx {
@@ -175,6 +178,7 @@ async fn step(
         "server_cpu_us_per_delivery": per(server_cpu),
         "agent_cpu_us": agent_cpu,
         "client_cpu_us": client_cpu,
+        "client_cpu_us_per_delivery": per(client_cpu),
         "latency": latency(&r.hist),
         "pass": pass,
     }))
@@ -203,6 +207,14 @@ async fn ramp(
     }
     let mut steps: Vec<Value> = Vec::new();
     let mut notes = Vec::new();
+    if !ctx.fixed_deliveries.is_empty() {
+        for &deliveries in &ctx.fixed_deliveries {
+            tag += 1;
+            let rate = (deliveries / subscribers).max(1);
+            steps.push(step(ctx, producer, pool, server_pid, agent_pid, rate, tag).await?);
+        }
+        return Ok(json!({"steps": steps, "best": 0, "light": 0, "notes": ["fixed rates"]}));
+    }
     let mut rate = (FIRST_STEP_DELIVERIES / subscribers).max(1);
     let step_budget = Duration::from_secs_f64(ctx.step_secs + 12.0);
     let mut pass_rate: Option<u64> = None;
@@ -383,13 +395,15 @@ pub async fn resume(ctx: &Ctx, system: System) -> Result<Value> {
                         start_turn(&mut control, &session, &format!("stream:{gap}:0:{tag}")).await?;
                         let head = wait_idle(&mut control, &session, Duration::from_secs(120)).await?;
                         let until = cursor_seq(&head)?;
-                        let answer = pool
+                        let meter = CpuMeter::start(host.pid)?;
+                        let mut answer = pool
                             .ask_first(
                                 json!({"cmd": "resume", "cursor": cursor, "until_seq": until,
                                     "timeout_ms": 60_000}),
                                 Duration::from_secs(70),
                             )
                             .await?;
+                        answer["server_cpu_ms"] = json!(meter.elapsed_us()? as f64 / 1000.0);
                         runs.push(answer["ms"].as_f64().context("no ms")?);
                         last = answer;
                     }
@@ -400,6 +414,7 @@ pub async fn resume(ctx: &Ctx, system: System) -> Result<Value> {
                         "median_ms": median(&mut runs),
                         "received": last["received"],
                         "ok": last["in_order"],
+                        "last": last,
                         "note": "received counts the whole gap: the stream plus the ~10 turn and message events around it",
                     }));
                 }

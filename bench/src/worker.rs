@@ -295,9 +295,13 @@ async fn resume(url: &str, token: &str, session: &str, command: &Value) -> Resul
     let mut expected = racp::cursor_seq(&json!(cursor))? + 1;
     let mut in_order = true;
     let mut received = 0u64;
+    // Where the time goes: connecting, the subscribe reply, and this client's own parsing.
+    let (mut hello_ms, mut subscribed_ms) = (0.0, 0.0);
+    let (mut frames, mut bytes, mut parse) = (0u64, 0u64, Duration::ZERO);
     let start = std::time::Instant::now();
     let catch_up = async {
         let mut ws = connect(url, token).await?;
+        hello_ms = start.elapsed().as_secs_f64() * 1000.0;
         // Events may arrive before the subscribe reply: count those too.
         let mut early = Vec::new();
         let params = json!({"sessionId": session, "cursor": cursor});
@@ -305,7 +309,16 @@ async fn resume(url: &str, token: &str, session: &str, command: &Value) -> Resul
             early.push(text.to_string())
         })
         .await?;
-        let mut count = |events: Vec<Event>| -> bool {
+        subscribed_ms = start.elapsed().as_secs_f64() * 1000.0;
+        let mut count = |text: &str| -> bool {
+            let parsing = std::time::Instant::now();
+            let events = events_of(text);
+            parse += parsing.elapsed();
+            let Some(events) = events else {
+                return false;
+            };
+            frames += 1;
+            bytes += text.len() as u64;
             for event in events {
                 in_order &= event.seq == expected;
                 expected = event.seq + 1;
@@ -317,9 +330,7 @@ async fn resume(url: &str, token: &str, session: &str, command: &Value) -> Resul
             false
         };
         for text in early {
-            if let Some(events) = events_of(&text)
-                && count(events)
-            {
+            if count(&text) {
                 return Ok(());
             }
         }
@@ -327,9 +338,7 @@ async fn resume(url: &str, token: &str, session: &str, command: &Value) -> Resul
             let Message::Text(text) = message? else {
                 continue;
             };
-            if let Some(events) = events_of(text.as_str())
-                && count(events)
-            {
+            if count(text.as_str()) {
                 return Ok(());
             }
         }
@@ -339,5 +348,9 @@ async fn resume(url: &str, token: &str, session: &str, command: &Value) -> Resul
         .await
         .context("catch-up timed out")??;
     let ms = start.elapsed().as_secs_f64() * 1000.0;
-    Ok(json!({"ms": ms, "received": received, "in_order": in_order}))
+    Ok(
+        json!({"ms": ms, "received": received, "in_order": in_order, "hello_ms": hello_ms,
+        "subscribed_ms": subscribed_ms, "frames": frames, "bytes": bytes,
+        "client_parse_ms": parse.as_secs_f64() * 1000.0}),
+    )
 }
