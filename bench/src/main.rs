@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Commands {
     /// Run the scenarios and write the results.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the markdown tables of a results file.
     Report { file: PathBuf },
     /// A load-generating client process (started by `run`).
@@ -113,7 +113,7 @@ fn main() -> Result<()> {
             .worker_threads(1)
             .enable_all()
             .build()?
-            .block_on(run(args)),
+            .block_on(run(*args)),
     }
 }
 
