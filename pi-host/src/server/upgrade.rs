@@ -122,6 +122,10 @@ fn strip_port(host: &str) -> Option<&str> {
     let (name, port) = if host.starts_with('[') {
         let end = host.find(']')?;
         let (name, rest) = host.split_at(end + 1);
+        if !rest.is_empty() && !rest.starts_with(':') {
+            // `[::1]evil.example`: only a port may follow the brackets.
+            return None;
+        }
         (name, rest.strip_prefix(':'))
     } else {
         match host.split_once(':') {
@@ -181,6 +185,9 @@ mod tests {
             "128.0.0.1",
             "[::2]",
             "[::1",
+            "[::1]x",
+            "[::1]evil.example",
+            "[::1]:",
             "127.0.0.1:",
             "127.0.0.1:x",
             "::1",
