@@ -28,10 +28,8 @@ pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<Credential, AppEr
             "the host is shutting down; reconnect when it is back",
         ));
     }
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    // Exactly one Host header (RFC 9112): with two, a proxy and this check could disagree.
+    let host = single(headers, header::HOST).unwrap_or("");
     if !host_allowed(host, &state.config.allowed_hosts) {
         return Err(AppError::new(
             ErrorCode::Forbidden,
@@ -39,10 +37,9 @@ pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<Credential, AppEr
         )
         .with_details(json!({"reason": "host_not_allowed"})));
     }
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let allowed = origin
-            .to_str()
-            .is_ok_and(|o| state.config.allowed_origins.iter().any(|a| a == o));
+    if headers.contains_key(header::ORIGIN) {
+        let allowed = single(headers, header::ORIGIN)
+            .is_some_and(|o| state.config.allowed_origins.iter().any(|a| a == o));
         if !allowed {
             return Err(AppError::new(
                 ErrorCode::Forbidden,
@@ -80,6 +77,13 @@ pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<Credential, AppEr
         .with_retry_after_ms(1000));
     }
     Ok(credential)
+}
+
+/// The header's value when it is present exactly once and readable as text.
+fn single(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?.to_str().ok()?;
+    values.next().is_none().then_some(value)
 }
 
 fn offered_subprotocols(headers: &HeaderMap) -> Vec<&str> {
