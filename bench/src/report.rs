@@ -66,6 +66,20 @@ fn best(run: &Value) -> &Value {
     &run["steps"][i]
 }
 
+/// The steps of both runs at the highest offered rate that both passed.
+fn same_rate<'a>(p: &'a Value, s: &'a Value) -> Option<(&'a Value, &'a Value)> {
+    let passed = |run: &'a Value| -> Vec<&'a Value> {
+        run["steps"]
+            .as_array()
+            .map(|steps| steps.iter().filter(|s| s["pass"] == true).collect())
+            .unwrap_or_default()
+    };
+    let (ps, ss) = (passed(p), passed(s));
+    ss.iter()
+        .filter_map(|b| ps.iter().find(|a| a["rate"] == b["rate"]).map(|a| (*a, *b)))
+        .max_by_key(|(a, _)| a["rate"].as_u64().unwrap_or(0))
+}
+
 pub fn markdown(results: &Value) -> String {
     let mut out = String::new();
     let meta = &results["meta"];
@@ -141,9 +155,9 @@ pub fn markdown(results: &Value) -> String {
         }
         let _ = writeln!(
             out,
-            "\n| subscribers | delivered/s, pi-host ÷ Socket.IO | CPU per delivery, pi-host ÷ Socket.IO | p99 at each one's best rate | light-load p99 |"
+            "\n| subscribers | delivered/s, pi-host ÷ Socket.IO | server CPU per delivery, pi-host ÷ Socket.IO | same offered rate (Socket.IO's highest that both kept up with): p50 / p99, pi-host vs Socket.IO | light load p99, pi-host ÷ Socket.IO |"
         );
-        let _ = writeln!(out, "|---:|---:|---:|---:|---:|");
+        let _ = writeln!(out, "|---:|---:|---:|---|---:|");
         for n in ns {
             let (Some(p), Some(s)) = (
                 find(fanout, "pi-host", "subscribers", n),
@@ -152,15 +166,24 @@ pub fn markdown(results: &Value) -> String {
                 continue;
             };
             let (bp, bs) = (best(p), best(s));
+            let same = same_rate(p, s).map_or("–".to_string(), |(a, b)| {
+                format!(
+                    "{}/s: {} / {} vs {} / {}",
+                    count(&a["rate"]),
+                    us(&a["latency"]["p50_us"]),
+                    us(&a["latency"]["p99_us"]),
+                    us(&b["latency"]["p50_us"]),
+                    us(&b["latency"]["p99_us"]),
+                )
+            });
             let _ = writeln!(
                 out,
-                "| {n} | {} | {} | {} | {} |",
+                "| {n} | {} | {} | {same} | {} |",
                 ratio(&bp["delivered_per_s"], &bs["delivered_per_s"]),
                 ratio(
                     &bp["server_cpu_us_per_delivery"],
                     &bs["server_cpu_us_per_delivery"]
                 ),
-                ratio(&bp["latency"]["p99_us"], &bs["latency"]["p99_us"]),
                 ratio(
                     &p["steps"][0]["latency"]["p99_us"],
                     &s["steps"][0]["latency"]["p99_us"]
