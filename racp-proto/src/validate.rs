@@ -11,13 +11,26 @@ pub trait Validate {
     }
 }
 
-/// An INVALID_PARAMS error for the field at `path` (relative to `params`).
+/// Longest `path` and `reason` an error repeats from the request (characters): serde's
+/// messages quote unknown field names and variants, which a hostile request makes huge.
+pub const MAX_ECHO_CHARS: usize = 256;
+
+/// `text` cut to `max` characters, with `…` when something was cut.
+pub fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
+/// An INVALID_PARAMS error for the field at `path` (relative to `params`). Both `path` and
+/// `reason` are cut at [`MAX_ECHO_CHARS`], so an error is never much larger than a request.
 pub fn invalid(path: &str, reason: impl Into<String>) -> AppError {
-    let reason = reason.into();
+    let reason = clip(&reason.into(), MAX_ECHO_CHARS);
     let path = if path.is_empty() {
         "params".to_string()
     } else {
-        format!("params.{path}")
+        clip(&format!("params.{path}"), MAX_ECHO_CHARS)
     };
     AppError::new(ErrorCode::InvalidParams, format!("{path}: {reason}"))
         .with_details(json!({"path": path, "reason": reason}))
@@ -62,6 +75,22 @@ mod tests {
         assert_eq!(err.code(), ErrorCode::InvalidParams);
         assert_eq!(err.details().unwrap()["path"], "params.x");
         assert!(length("x", "", 1, 3).is_err());
+    }
+
+    #[test]
+    fn errors_do_not_echo_huge_input() {
+        let big = "k".repeat(100_000);
+        let err = invalid(&big, format!("unknown field `{big}`"));
+        let encoded = serde_json::to_string(&err).unwrap();
+        assert!(encoded.len() < 2_000, "{}", encoded.len());
+        assert!(
+            err.details().unwrap()["path"]
+                .as_str()
+                .unwrap()
+                .ends_with('…')
+        );
+        assert_eq!(clip("ééé", 2), "éé…");
+        assert_eq!(clip("ééé", 3), "ééé");
     }
 
     #[test]

@@ -121,10 +121,12 @@ fn reject_envelope(text: &str, err: &serde_json::Error) -> Rejected {
                 .filter(|id| !too_long(id)),
         ),
     };
+    // serde's message may quote the frame (an unknown field's name): cut it.
+    let detail = crate::validate::clip(&err.to_string(), crate::validate::MAX_ECHO_CHARS);
     let message = if reason == "malformed_json" {
-        format!("frame is not valid JSON: {err}")
+        format!("frame is not valid JSON: {detail}")
     } else {
-        format!("frame is not a valid request: {err}")
+        format!("frame is not a valid request: {detail}")
     };
     Rejected::new(
         id,
@@ -363,6 +365,10 @@ mod tests {
     fn overlong_id_is_refused() {
         let text = format!(r#"{{"id":"{}","method":"hello"}}"#, "i".repeat(129));
         assert_eq!(reject(&text).error.code(), ErrorCode::InvalidArgument);
+        // Nor an unknown field's name, however long.
+        let text = format!(r#"{{"id":1,"{}":1,"method":"hello"}}"#, "f".repeat(100_000));
+        let reply = serde_json::to_string(&reject(&text).into_reply()).unwrap();
+        assert!(reply.len() < 2_000, "{}", reply.len());
         // Nor echoed when the envelope is wrong in another way too (found by fuzzing).
         let text = format!(r#"{{"id":"{}","methodX":"hello"}}"#, "i".repeat(129));
         let err = reject(&text);
