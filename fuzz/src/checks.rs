@@ -105,7 +105,7 @@ fn check_rejected(rejected: Rejected) {
     if let Some(id) = &rejected.id {
         check_id(id);
     }
-    check_error(&rejected.error);
+    check_input_error(&rejected.error);
     // The reply goes on the wire and a client reads it back as the same error.
     let reply = serde_json::to_string(&rejected.clone().into_reply()).expect("a reply encodes");
     match decode_server_frame(&reply).expect("a client reads the reply") {
@@ -126,12 +126,25 @@ fn check_id(id: &RequestId) {
     }
 }
 
+/// Largest error the codec may produce, whatever the input: errors quote at most a few
+/// hundred characters of a request, so a hostile frame cannot be amplified.
+const MAX_ERROR_BYTES: usize = 4096;
+
 fn check_error(error: &AppError) {
     let spec = error.code().spec();
     assert_eq!(ErrorCode::from_name(spec.name), Some(error.code()));
     let encoded = serde_json::to_value(error).expect("an error encodes");
     assert_eq!(encoded["code"], spec.name);
     assert!(encoded["retriable"].is_boolean());
+}
+
+/// An error produced from client input: also bounded in size.
+fn check_input_error(error: &AppError) {
+    check_error(error);
+    let size = serde_json::to_string(error)
+        .expect("an error encodes")
+        .len();
+    assert!(size <= MAX_ERROR_BYTES, "an error of {size} bytes");
 }
 
 /// Decoding params either succeeds, and then the params encode and decode back to the same
@@ -157,7 +170,7 @@ fn check_params(method: Method, params: Option<&RawValue>) {
         }
         Err(error) => {
             assert_eq!(error.code(), ErrorCode::InvalidParams, "{error}");
-            check_error(&error);
+            check_input_error(&error);
             let path = error
                 .details()
                 .and_then(|d| d["path"].as_str())

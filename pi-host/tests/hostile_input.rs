@@ -588,6 +588,40 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
             Expect::Code("PAYLOAD_TOO_LARGE"),
         );
     }
+    // Huge names and values that error messages could quote back.
+    let big = "q".repeat(200_000);
+    for text in [
+        format!(
+            r#"{{"id":{},"method":"session/list","params":{{"{big}":1}}}}"#,
+            next_id()
+        ),
+        format!(
+            r#"{{"id":{},"method":"hello","params":{{"protocol":{{"min":1,"max":1,"{big}":1}},"client":{{"name":"a","version":"1"}}}}}}"#,
+            next_id()
+        ),
+        format!(
+            r#"{{"id":{},"method":"pairing/create","params":{{"roles":["{big}"]}}}}"#,
+            next_id()
+        ),
+        format!(
+            r#"{{"id":{},"method":"approval/respond","params":{{"approvalId":"a","decision":"{big}"}}}}"#,
+            next_id()
+        ),
+        format!(
+            r#"{{"id":{},"method":"session/subscribe","params":{{"sessionId":"s","cursor":"{big}"}}}}"#,
+            next_id()
+        ),
+        format!(
+            r#"{{"id":{},"{big}":1,"method":"session/list"}}"#,
+            next_id()
+        ),
+        format!(
+            r#"{{"id":{},"method":"session/list","params":{{"{big}"}}}}"#,
+            next_id()
+        ),
+    ] {
+        push("echo", text, Expect::Registered);
+    }
     // Unknown methods.
     for method in [
         "nope",
@@ -618,7 +652,10 @@ fn check(case: &Case, reply: &Value) -> Option<ErrorCode> {
         return None;
     };
     let code = registered(error);
-    let what = format!("{}: {reply} for {:.300}", case.category, case.text);
+    let what = format!("{}: {reply:.300} for {:.300}", case.category, case.text);
+    // An answer never amplifies a hostile frame.
+    let size = serde_json::to_string(reply).unwrap().len();
+    assert!(size <= 4096, "a {size}-byte error reply: {what}");
     match &case.expect {
         Expect::Registered | Expect::Answered => {}
         Expect::Code(name) => assert_eq!(error["code"], *name, "{what}"),
@@ -970,7 +1007,10 @@ async fn websocket_violations_end_only_that_connection_with_a_registered_code() 
         if name == "fragments past the cap" {
             // The host stops reading with data still unread, so its kernel may reset the
             // socket and the close frame can be lost behind the connection error.
-            assert!(close.is_none() || close == Some(expected), "{name}: {close:?}");
+            assert!(
+                close.is_none() || close == Some(expected),
+                "{name}: {close:?}"
+            );
         } else {
             assert_eq!(close, Some(expected), "{name}");
         }

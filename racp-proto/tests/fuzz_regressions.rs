@@ -83,3 +83,15 @@ fn an_overlong_id_in_an_invalid_envelope_is_not_echoed() {
     assert_eq!(rejected.id, None);
     checks::client_frame(text.as_bytes());
 }
+
+#[test]
+fn errors_about_huge_names_stay_small() {
+    let big = "f".repeat(100_000);
+    for text in [
+        format!(r#"{{"id":1,"method":"session/list","params":{{"{big}":1}}}}"#),
+        format!(r#"{{"id":1,"method":"pairing/create","params":{{"roles":["{big}"]}}}}"#),
+        format!(r#"{{"id":1,"{big}":1,"method":"hello"}}"#),
+    ] {
+        checks::client_frame(text.as_bytes());
+    }
+}
