@@ -21,10 +21,11 @@ fn main() -> ExitCode {
             continue;
         }
         if let Some(parent) = path.parent()
-            && let Err(err) = std::fs::create_dir_all(parent) {
-                eprintln!("cannot create {}: {err}", parent.display());
-                return ExitCode::FAILURE;
-            }
+            && let Err(err) = std::fs::create_dir_all(parent)
+        {
+            eprintln!("cannot create {}: {err}", parent.display());
+            return ExitCode::FAILURE;
+        }
         if let Err(err) = std::fs::write(&path, &artifact.contents) {
             eprintln!("cannot write {}: {err}", path.display());
             return ExitCode::FAILURE;
