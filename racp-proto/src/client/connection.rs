@@ -263,9 +263,10 @@ async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError
     let reply = tokio::time::timeout(CONNECT_TIMEOUT, async {
         while let Some(message) = socket.next().await {
             if let Ok(Message::Text(text)) = message
-                && let Ok(frame) = decode_server_frame(text.as_str()) {
-                    return Some(frame);
-                }
+                && let Ok(frame) = decode_server_frame(text.as_str())
+            {
+                return Some(frame);
+            }
         }
         None
     })

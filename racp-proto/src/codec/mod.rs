@@ -245,9 +245,10 @@ pub fn error_from_wire(value: serde_json::Value) -> AppError {
         error = error.with_retriable(retriable);
     }
     if known.is_none()
-        && let Some(code) = value["code"].as_str() {
-            error = error.with_cause_code(code);
-        }
+        && let Some(code) = value["code"].as_str()
+    {
+        error = error.with_cause_code(code);
+    }
     if let Some(ms) = value["retryAfterMs"].as_u64() {
         error = error.with_retry_after_ms(ms);
     }
