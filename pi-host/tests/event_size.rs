@@ -185,3 +185,93 @@ async fn events_over_the_frame_bound_arrive_cut_with_a_marker_and_can_be_read_wh
     assert_eq!(first["seq"], delta["seq"]);
     assert_eq!(first, *same);
 }
+
+#[tokio::test]
+async fn replies_over_the_frame_bound_are_cut_or_refused_never_oversized() {
+    let agent = tests::stand_in_agent();
+    let host = HostProcess::start_with(bin(), &["--agent", agent.to_str().unwrap()]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut small = connect(&host, &token, Some(8192)).await;
+    let mut large = connect(&host, &token, None).await;
+    let created = large
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session_id = created["result"]["session"]["sessionId"].clone();
+    // Three turns with 7000-character prompts: the snapshot holds them all (21 kB).
+    for key in ["a", "b", "c"] {
+        let text = format!("deltas:1 {}", "p".repeat(7000));
+        let started = large
+            .call(
+                "turn/start",
+                json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
+            )
+            .await;
+        assert!(started.get("result").is_some(), "{started}");
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            let got = large
+                .call("session/get", json!({"sessionId": session_id}))
+                .await;
+            if got["result"]["snapshot"]["state"] == "idle" {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline);
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    let whole = large
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    assert!(whole["result"].get("elided").is_none());
+    let cut = small
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    assert!(serde_json::to_string(&cut).unwrap().len() <= 8192);
+    let result = &cut["result"];
+    assert_eq!(
+        result["cursor"], whole["result"]["cursor"],
+        "cursors stay whole"
+    );
+    assert_eq!(result["session"]["sessionId"], session_id);
+    let turns = result["snapshot"]["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 3);
+    for (turn, original) in turns
+        .iter()
+        .zip(whole["result"]["snapshot"]["turns"].as_array().unwrap())
+    {
+        assert_eq!(turn["turnId"], original["turnId"]);
+        assert!(
+            original["text"]
+                .as_str()
+                .unwrap()
+                .starts_with(turn["text"].as_str().unwrap())
+        );
+    }
+    let marker = &result["elided"];
+    assert_eq!(marker["limit"], 8192);
+    assert!(marker["bytes"].as_u64().unwrap() > 8192);
+    assert!(
+        marker["cut"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["path"] == "result.snapshot.turns.0.text")
+    );
+
+    // A listing of many small entries cannot be cut: PAYLOAD_TOO_LARGE, the connection lives.
+    let dir = host.workspace("many");
+    for i in 0..400 {
+        std::fs::write(format!("{dir}/file-{i:04}.txt"), "x").unwrap();
+    }
+    let refused = small.call("fs/list", json!({"path": dir})).await;
+    assert_eq!(
+        refused["error"]["code"], "PAYLOAD_TOO_LARGE",
+        "{refused:.300}"
+    );
+    assert_eq!(refused["error"]["details"]["reason"], "reply_too_large");
+    assert!(refused["error"]["details"]["size"].as_u64().unwrap() > 8192);
+    let listed = large.call("fs/list", json!({"path": dir})).await;
+    assert_eq!(listed["result"]["entries"].as_array().unwrap().len(), 400);
+    let still = small.call("host/info", json!({})).await;
+    assert!(still.get("result").is_some(), "{still}");
+}

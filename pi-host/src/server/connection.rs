@@ -92,7 +92,10 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
                     if let Some(fatal) = conn.fatal.take() {
                         ending = Some(fatal);
                     }
-                    reply.into_iter().collect()
+                    reply
+                        .into_iter()
+                        .map(|reply| super::elide::fit_reply(reply, conn.max_frame_bytes))
+                        .collect()
                 }
                 Some(Ok(Message::Binary(_))) => vec![encode(&ErrorReply {
                     id: None,
@@ -107,7 +110,9 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
                     break;
                 }
             },
-            Some(reply) = reply_rx.recv() => vec![reply],
+            Some(reply) = reply_rx.recv() => {
+                vec![super::elide::fit_reply(reply, conn.max_frame_bytes)]
+            }
             _ = wake.notified() => {
                 let mut frames = Vec::new();
                 while frames.len() < DELIVERY_BURST {

@@ -5,8 +5,9 @@
 //! Cutting is rare (the default bound is 1 MiB; agent events are usually small), so it is done
 //! per delivery, on a copy; the shared log keeps the event whole.
 
-use racp_proto::Cursor;
 use racp_proto::events::{Elided, ElidedValue};
+use racp_proto::frame::{ErrorReply, RequestId};
+use racp_proto::{AppError, Cursor, ErrorCode};
 use serde_json::{Map, Value, json};
 
 /// At most this many values are cut one by one; past that `data` is replaced as a whole.
@@ -42,10 +43,10 @@ pub fn elide(json: &str, budget: usize, limit: usize, from: Cursor) -> String {
     let total = with(&event, data.clone(), &marker(Vec::new())).len();
     let mut slack = 256usize;
     for _ in 0..4 {
-        let Some((count, cap)) = plan_cuts(&leaves, total, budget, slack) else {
+        let Some((count, cap)) = plan_cuts(&leaves, total, budget, slack, 2, "data") else {
             break;
         };
-        let (cut_data, cuts) = apply_cuts(&data, &leaves, count, cap);
+        let (cut_data, cuts) = apply_cuts(&data, &leaves, count, cap, "data");
         let candidate = with(&event, cut_data, &marker(cuts));
         if candidate.len() <= budget {
             return candidate;
@@ -126,6 +127,66 @@ fn split(json: &str) -> Option<(Map<String, Value>, Result<Value, u64>)> {
     }
 }
 
+/// A reply's strings are never cut below this many bytes as JSON, so ids and cursors in it
+/// stay whole.
+const REPLY_MIN_KEPT: usize = 258;
+
+/// A reply that fits the connection's frame bound: `frame` itself when it fits; else the same
+/// reply with the largest strings of its `result` cut to a prefix and
+/// `result.elided` = `{bytes, limit, cut}`; else, when that cannot be enough (a listing of
+/// very many small entries), a PAYLOAD_TOO_LARGE error reply under the same id.
+pub fn fit_reply(frame: String, bound: usize) -> String {
+    if frame.len() <= bound {
+        return frame;
+    }
+    let size = frame.len();
+    let Ok(Value::Object(mut reply)) = serde_json::from_str::<Value>(&frame) else {
+        return too_large(None, size, bound);
+    };
+    let id = reply
+        .get("id")
+        .and_then(|id| serde_json::from_value::<RequestId>(id.clone()).ok());
+    if let Some(result @ Value::Object(_)) = reply.remove("result") {
+        let mut leaves = Vec::new();
+        collect_strings(&result, &mut Vec::new(), &mut leaves);
+        leaves.sort_by_key(|leaf| std::cmp::Reverse(leaf.encoded));
+        let mut slack = 256usize;
+        for _ in 0..4 {
+            let Some((count, cap)) =
+                plan_cuts(&leaves, size, bound, slack, REPLY_MIN_KEPT, "result")
+            else {
+                break;
+            };
+            let (Value::Object(mut cut), cuts) = apply_cuts(&result, &leaves, count, cap, "result")
+            else {
+                break;
+            };
+            cut.insert(
+                "elided".into(),
+                json!({"bytes": size, "limit": bound, "cut": cuts}),
+            );
+            let candidate = json!({"id": id, "result": cut}).to_string();
+            if candidate.len() <= bound {
+                return candidate;
+            }
+            slack = slack * 4 + (candidate.len() - bound);
+        }
+    }
+    too_large(id, size, bound)
+}
+
+fn too_large(id: Option<RequestId>, size: usize, bound: usize) -> String {
+    let error = AppError::new(
+        ErrorCode::PayloadTooLarge,
+        format!(
+            "the reply of {size} bytes does not fit the frame bound of {bound} bytes; \
+             ask for a larger maxFrameBytes in hello"
+        ),
+    )
+    .with_details(json!({"size": size, "limit": bound, "reason": "reply_too_large"}));
+    serde_json::to_string(&ErrorReply { id, error }).unwrap_or_default()
+}
+
 /// An event reduced to its position: `seq`, `cursor`, no `data`, and the marker.
 fn minimal(from: Cursor, bytes: u64, limit: usize) -> String {
     let seq = from.seq + 1;
@@ -170,9 +231,9 @@ struct Leaf {
 }
 
 impl Leaf {
-    /// `data.message.content.0.text`
-    fn path(&self) -> String {
-        let mut path = String::from("data");
+    /// `data.message.content.0.text` (for `root` = `data`)
+    fn path(&self, root: &str) -> String {
+        let mut path = String::from(root);
         for step in &self.steps {
             path.push('.');
             match step {
@@ -214,7 +275,14 @@ fn collect_strings(value: &Value, steps: &mut Vec<Step>, out: &mut Vec<Leaf>) {
 /// How many of the largest strings to cut and the common cap (in encoded bytes) they are cut
 /// to, so that the event loses enough bytes to fit `budget` with room for the marker. `None`
 /// when cutting strings cannot be enough (or would take more than [`MAX_CUTS`] cuts).
-fn plan_cuts(leaves: &[Leaf], total: usize, budget: usize, slack: usize) -> Option<(usize, usize)> {
+fn plan_cuts(
+    leaves: &[Leaf],
+    total: usize,
+    budget: usize,
+    slack: usize,
+    min_cap: usize,
+    root: &str,
+) -> Option<(usize, usize)> {
     // The marker: fixed fields plus one entry per cut (path and sizes).
     let fixed = 160;
     let per_cut = MAX_PATH_CHARS.min(64) + 64;
@@ -231,14 +299,14 @@ fn plan_cuts(leaves: &[Leaf], total: usize, budget: usize, slack: usize) -> Opti
         let marker = fixed
             + leaves[..count]
                 .iter()
-                .map(|l| l.path().len() + per_cut)
+                .map(|l| l.path(root).len() + per_cut)
                 .sum::<usize>();
         (total + marker + slack <= budget + saved).then_some((count, cap))
     };
-    // The largest cap that fits: a binary search over [2, largest string].
+    // The largest cap that fits: a binary search over [min_cap, largest string].
     let largest = leaves.first()?.encoded;
-    outcome(2)?;
-    let (mut lo, mut hi) = (2usize, largest);
+    outcome(min_cap)?;
+    let (mut lo, mut hi) = (min_cap, largest.max(min_cap));
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
         if outcome(mid).is_some() {
@@ -256,6 +324,7 @@ fn apply_cuts(
     leaves: &[Leaf],
     count: usize,
     cap: usize,
+    root: &str,
 ) -> (Value, Vec<ElidedValue>) {
     let mut data = data.clone();
     let mut cuts = Vec::with_capacity(count);
@@ -277,7 +346,7 @@ fn apply_cuts(
         }
         text.truncate(end);
         cuts.push(ElidedValue {
-            path: leaf.path(),
+            path: leaf.path(root),
             bytes: leaf.encoded as u64,
             kept: Some(kept),
         });
@@ -426,6 +495,40 @@ mod tests {
         let event = read(&elide(&original, 3800, 4096, from()));
         assert_eq!(event.seq, 8);
         assert!(event.data["s"].as_str().unwrap().len() > 1000);
+    }
+
+    #[test]
+    fn a_reply_over_the_bound_is_cut_or_refused() {
+        let small = json!({"id": 3, "result": {"x": 1}}).to_string();
+        assert_eq!(fit_reply(small.clone(), 4096), small);
+        // Long prompts in a snapshot: cut, ids kept whole.
+        let turns: Vec<Value> = (0..4)
+            .map(|i| json!({"turnId": format!("turn_{i}"), "text": "p".repeat(30_000)}))
+            .collect();
+        let big = json!({"id": "a", "result": {"session": {"sessionId": "s".repeat(128)},
+            "snapshot": {"turns": turns}, "cursor": "00000000000000aa-9"}})
+        .to_string();
+        let out: Value = serde_json::from_str(&fit_reply(big.clone(), 16_384)).unwrap();
+        assert!(out.to_string().len() <= 16_384);
+        assert_eq!(out["id"], "a");
+        let result = &out["result"];
+        assert_eq!(result["session"]["sessionId"], "s".repeat(128));
+        assert_eq!(result["cursor"], "00000000000000aa-9");
+        assert_eq!(result["elided"]["bytes"], big.len());
+        assert_eq!(result["elided"]["cut"].as_array().unwrap().len(), 4);
+        assert_eq!(
+            result["elided"]["cut"][0]["path"],
+            "result.snapshot.turns.0.text"
+        );
+        // Very many small entries cannot be cut: PAYLOAD_TOO_LARGE under the same id.
+        let entries: Vec<Value> = (0..2000)
+            .map(|i| json!({"name": format!("f{i}")}))
+            .collect();
+        let listing = json!({"id": 7, "result": {"entries": entries}}).to_string();
+        let out: Value = serde_json::from_str(&fit_reply(listing, 4096)).unwrap();
+        assert_eq!(out["id"], 7);
+        assert_eq!(out["error"]["code"], "PAYLOAD_TOO_LARGE");
+        assert_eq!(out["error"]["details"]["reason"], "reply_too_large");
     }
 
     #[test]
