@@ -98,7 +98,17 @@ struct RunArgs {
     tmpfs: PathBuf,
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run_cli() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("pi-bench: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_cli() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Commands::Worker(args) => worker::run(args),
@@ -113,7 +123,20 @@ fn main() -> Result<()> {
             .worker_threads(1)
             .enable_all()
             .build()?
-            .block_on(run(*args)),
+            .block_on(run_until_signal(*args)),
+    }
+}
+
+/// Runs the scenarios; on SIGTERM (scripts/bench's time bound) or SIGINT the run is dropped,
+/// which kills every server and worker it started (they are spawned with kill_on_drop).
+async fn run_until_signal(args: RunArgs) -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        outcome = run(args) => outcome,
+        _ = term.recv() => bail!("stopped by SIGTERM"),
+        _ = int.recv() => bail!("stopped by SIGINT"),
     }
 }
 
