@@ -275,3 +275,49 @@ async fn replies_over_the_frame_bound_are_cut_or_refused_never_oversized() {
     let still = small.call("host/info", json!({})).await;
     assert!(still.get("result").is_some(), "{still}");
 }
+
+#[tokio::test]
+async fn heartbeats_for_many_subscriptions_are_split_to_fit_the_bound() {
+    let host = HostProcess::start_with(bin(), &["--heartbeat-ms", "100"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token, Some(4096)).await;
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session_id = created["result"]["session"]["sessionId"].clone();
+    let mut ids = std::collections::BTreeSet::new();
+    for _ in 0..60 {
+        let sub = client
+            .call("session/subscribe", json!({"sessionId": session_id}))
+            .await;
+        ids.insert(
+            sub["result"]["subscriptionId"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    // One heartbeat round covers every subscription, over pushes that each fit 4 KiB.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut pushes = 0;
+    let read = async {
+        while seen != ids {
+            let frame = client.next_frame().await.expect("connection open");
+            if frame["method"] != "heartbeat" {
+                continue;
+            }
+            assert!(serde_json::to_string(&frame).unwrap().len() <= 4096);
+            pushes += 1;
+            for entry in frame["params"]["subscriptions"].as_array().unwrap() {
+                seen.insert(entry["subscriptionId"].as_str().unwrap().to_string());
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, read)
+        .await
+        .expect("every subscription in the heartbeats");
+    assert!(
+        pushes >= 2,
+        "60 subscriptions need more than one 4 KiB push"
+    );
+}

@@ -132,7 +132,7 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
                 frames
             }
             _ = heartbeat.tick(), if conn.said_hello => {
-                vec![conn.subs.heartbeat(crate::clock::now_ms())]
+                conn.subs.heartbeat(crate::clock::now_ms(), conn.max_frame_bytes)
             }
             changed = kill_rx.changed() => {
                 match changed {

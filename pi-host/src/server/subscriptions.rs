@@ -214,8 +214,9 @@ impl Subscriptions {
         .with_details(json!({"lastCursor": last}))
     }
 
-    /// The `heartbeat` push: every subscription's last delivered cursor.
-    pub fn heartbeat(&self, at: u64) -> String {
+    /// The `heartbeat` push: every subscription's last delivered cursor, in as many pushes as
+    /// the frame bound needs (one, unless a connection holds very many subscriptions).
+    pub fn heartbeat(&self, at: u64, max_frame_bytes: usize) -> Vec<String> {
         let subscriptions: Vec<Value> = self
             .subs
             .iter()
@@ -228,8 +229,24 @@ impl Subscriptions {
                 })
             })
             .collect();
-        json!({"method": PushMethod::Heartbeat.as_str(), "params": {"at": at, "subscriptions": subscriptions}})
-            .to_string()
+        let frame = |entries: &[Value]| {
+            json!({"method": PushMethod::Heartbeat.as_str(), "params": {"at": at, "subscriptions": entries}})
+                .to_string()
+        };
+        // Many subscriptions on a small frame bound: split the entries over several pushes.
+        let budget = max_frame_bytes.saturating_sub(frame(&[]).len());
+        let mut frames = Vec::new();
+        let (mut start, mut size) = (0, 0);
+        for (i, entry) in subscriptions.iter().enumerate() {
+            let len = entry.to_string().len() + 1;
+            if i > start && size + len > budget {
+                frames.push(frame(&subscriptions[start..i]));
+                (start, size) = (i, 0);
+            }
+            size += len;
+        }
+        frames.push(frame(&subscriptions[start..]));
+        frames
     }
 }
 
