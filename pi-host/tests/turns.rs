@@ -393,13 +393,29 @@ async fn a_slow_subscriber_is_cut_off_and_a_healthy_one_keeps_up() {
     // Big events fill the slow client's socket buffers quickly.
     start_turn(&mut s.client, &s.session_id, "k", "big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 burst:20000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000 big:60000").await;
     let rss_before = s.host.rss_kib();
-    let events = events_until(&mut healthy, is_turn_finished).await;
+    let reading = tokio::spawn(async move {
+        let events = events_until(&mut healthy, is_turn_finished).await;
+        (healthy, events)
+    });
+    // Once the host has cut the slow one off, its final error waits in the socket for a
+    // limited time (10 s): read it while the healthy one reads, not after (a loaded machine
+    // may take longer than that to read ~25 MB).
+    let deadline = std::time::Instant::now() + tests::PATIENCE;
+    while !s.host.log().contains("code=CLIENT_TOO_SLOW") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow client was not cut off"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let draining = tokio::spawn(async move { slow.until_close().await });
+    let (mut healthy, events) = reading.await.unwrap();
     assert_contiguous(&events, 1);
     // The stream is ~25 MB of events. The session log keeps it once, shared by both
     // subscribers, within the retention bound; the stalled one adds no buffer of its own.
     let growth_kib = s.host.rss_kib().saturating_sub(rss_before);
     assert!(growth_kib < 64 << 10, "host grew by {growth_kib} KiB");
-    let (frames, close) = slow.until_close().await;
+    let (frames, close) = draining.await.unwrap();
     let error = frames
         .iter()
         .rev()
