@@ -885,14 +885,15 @@ impl StdoutPump {
             }
             Some(Parsed::Output(output)) => {
                 if let AgentOutput::Event { kind, payload } = &output
-                    && kind == "invalid_output" {
-                        let error = payload.get("error").and_then(Value::as_str);
-                        tracing::warn!(
-                            pid = self.pid,
-                            error,
-                            "agent wrote a line that is not agent output"
-                        );
-                    }
+                    && kind == "invalid_output"
+                {
+                    let error = payload.get("error").and_then(Value::as_str);
+                    tracing::warn!(
+                        pid = self.pid,
+                        error,
+                        "agent wrote a line that is not agent output"
+                    );
+                }
                 tracing::trace!(pid = self.pid, kind = output.kind(), "agent output");
                 self.forward(output).await;
             }

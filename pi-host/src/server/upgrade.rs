@@ -138,9 +138,10 @@ fn strip_port(host: &str) -> Option<&str> {
         }
     };
     if let Some(port) = port
-        && (port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit())) {
-            return None;
-        }
+        && (port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return None;
+    }
     Some(name)
 }
 

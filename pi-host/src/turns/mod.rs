@@ -313,9 +313,10 @@ fn running_agent(
     turn_id: &str,
 ) -> Result<Agent, AppError> {
     if let (Some(active), Some(agent)) = (&state.active, &state.agent)
-        && active.turn_id == turn_id {
-            return Ok(agent.clone());
-        }
+        && active.turn_id == turn_id
+    {
+        return Ok(agent.clone());
+    }
     let known = host
         .store
         .turn_exists(&session.id, turn_id)
