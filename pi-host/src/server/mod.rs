@@ -60,8 +60,8 @@ async fn upgrade_handler(
         // Frames queued together leave in one write (see connection::send_all); a larger frame
         // is written as soon as it is queued.
         .write_buffer_size(WRITE_BUFFER)
-        // A single agent event can be as large as the agent's line bound (16 MiB); the write
-        // buffer must take it whole or the connection breaks on every replay of it.
+        // Frames are cut to the connection's negotiated bound (server/elide.rs), which is at
+        // most the hard cap; the write buffer must take a whole frame, with room to spare.
         .max_write_buffer_size(hard_cap.max(32 << 20))
         .max_message_size(hard_cap)
         .max_frame_size(hard_cap)
