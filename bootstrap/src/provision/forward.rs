@@ -11,6 +11,7 @@ use super::{BootstrapOptions, Link, establish, ssh_failed};
 use crate::provision::remote::Probe;
 use crate::ssh::SshSession;
 use crate::ssh::forward::{self, ForwardTarget, LINK_WAIT, wait_for_target};
+use racp_proto::client::Backoff;
 use racp_proto::{AppError, ErrorCode, ErrorSource};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -225,10 +226,10 @@ async fn supervise(
         link.session.disconnect().await;
         drop(link);
         let lost = Instant::now();
-        let mut backoff = MIN_BACKOFF;
+        let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
         let mut attempt = 1;
         loop {
-            let delay = jitter(backoff);
+            let delay = backoff.next_delay();
             reporter.report(Progress::Reconnecting {
                 attempt,
                 delay_ms: delay.as_millis() as u64,
@@ -253,14 +254,6 @@ async fn supervise(
                 Err(err) => error = err,
             }
             attempt += 1;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
-}
-
-/// 50–100 % of the delay, so many clients do not reconnect in step.
-fn jitter(delay: Duration) -> Duration {
-    let mut byte = [0u8; 1];
-    let _ = getrandom::fill(&mut byte);
-    delay / 2 + delay * u32::from(byte[0]) / 510
 }

@@ -103,25 +103,44 @@ enum Ended {
     Shutdown,
 }
 
-/// A small, dependency-free jitter source; randomness quality does not matter here.
-struct Jitter(u64);
+/// Exponential backoff with jitter: each delay is the current step scaled by a factor in
+/// [0.5, 1.0), so many clients do not retry in step; the step doubles up to `max`.
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    step: Duration,
+    // A small, dependency-free jitter source; randomness quality does not matter here.
+    state: u64,
+}
 
-impl Jitter {
-    fn new() -> Self {
+impl Backoff {
+    pub fn new(min: Duration, max: Duration) -> Self {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0x9e37_79b9);
-        Jitter(seed | 1)
+        Backoff {
+            min,
+            max,
+            step: min,
+            state: seed | 1,
+        }
     }
 
-    /// `delay` scaled by a factor in [0.5, 1.0).
-    fn apply(&mut self, delay: Duration) -> Duration {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        let factor = 0.5 + (self.0 % 1000) as f64 / 2000.0;
-        delay.mul_f64(factor)
+    /// The next delay to wait.
+    pub fn next_delay(&mut self) -> Duration {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        let factor = 0.5 + (self.state % 1000) as f64 / 2000.0;
+        let delay = self.step.mul_f64(factor);
+        self.step = (self.step * 2).min(self.max);
+        delay
+    }
+
+    /// Back to the shortest delay (after a link that stayed up).
+    pub fn reset(&mut self) {
+        self.step = self.min;
     }
 }
 
@@ -132,8 +151,7 @@ pub(super) async fn run(
 ) {
     let mut subs: HashMap<u64, Sub> = HashMap::new();
     let mut next_local = 1u64;
-    let mut backoff = options.min_backoff;
-    let mut jitter = Jitter::new();
+    let mut backoff = Backoff::new(options.min_backoff, options.max_backoff);
     let mut connected_once = false;
     loop {
         let _ = state.send(ClientState::Connecting);
@@ -153,7 +171,7 @@ pub(super) async fn run(
                 // Only a link that lived a while resets the backoff: one that dies at once
                 // (a host that keeps refusing something) must not make the client spin.
                 if started.elapsed() >= STABLE_LINK {
-                    backoff = options.min_backoff;
+                    backoff.reset();
                 }
                 ended
             }
@@ -178,8 +196,7 @@ pub(super) async fn run(
             Ended::Reconnect(reason) => {
                 tracing::debug!(%reason, "racp link lost; reconnecting");
                 let _ = state.send(ClientState::Connecting);
-                let wait = jitter.apply(backoff);
-                backoff = (backoff * 2).min(options.max_backoff);
+                let wait = backoff.next_delay();
                 let deadline = Instant::now() + wait;
                 // While disconnected, calls fail at once: the caller decides whether to resend.
                 loop {
@@ -634,10 +651,24 @@ mod tests {
 
     #[test]
     fn jitter_stays_within_half_to_full() {
-        let mut jitter = Jitter::new();
+        let second = Duration::from_millis(1000);
+        let mut backoff = Backoff::new(second, second);
         for _ in 0..1000 {
-            let d = jitter.apply(Duration::from_millis(1000));
-            assert!(d >= Duration::from_millis(500) && d < Duration::from_millis(1000));
+            let d = backoff.next_delay();
+            assert!(d >= Duration::from_millis(500) && d < second);
         }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_maximum_and_resets() {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
+        let steps: Vec<Duration> = (0..4).map(|_| backoff.next_delay()).collect();
+        let within = |d: Duration, step: u64| {
+            d >= Duration::from_millis(step / 2) && d < Duration::from_millis(step)
+        };
+        assert!(within(steps[0], 100) && within(steps[1], 200));
+        assert!(within(steps[2], 400) && within(steps[3], 400));
+        backoff.reset();
+        assert!(within(backoff.next_delay(), 100));
     }
 }

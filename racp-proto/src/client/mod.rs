@@ -12,6 +12,8 @@
 
 mod connection;
 
+pub use connection::Backoff;
+
 use crate::events::Event;
 use crate::methods::session::{SessionGetResult, SessionSubscribeParams};
 use crate::{AppError, Cursor, ErrorCode, ErrorSource, RacpMethod};
