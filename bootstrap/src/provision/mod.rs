@@ -122,12 +122,16 @@ fn ssh_failed(stage: Stage, err: SshError) -> AppError {
             json!({"hostKey": "unknown", "host": host, "knownHosts": known_hosts, "fingerprint": fingerprint, "hint": "check the fingerprint, then run again with --accept-new"}),
         ),
         SshError::KnownHosts { .. } => stage_failed(Stage::HostKey, message, json!({})),
-        SshError::AuthFailed { .. } => stage_failed(Stage::Authenticate, message, json!({})),
+        SshError::AuthFailed { .. } | SshError::KeyFile { .. } => {
+            stage_failed(Stage::Authenticate, message, json!({}))
+        }
         SshError::Unreachable { .. } => stage_failed(Stage::Connect, message, json!({})),
         SshError::ChannelOpen {
             target, prohibited, ..
         } => forward_failed(message, &target, prohibited),
-        SshError::Timeout(_) | SshError::Protocol(_) => stage_failed(stage, message, json!({})),
+        SshError::Timeout(_) | SshError::Protocol(_) | SshError::LocalFile { .. } => {
+            stage_failed(stage, message, json!({}))
+        }
     }
 }
 
@@ -769,6 +773,23 @@ mod tests {
             assert_eq!(details["reason"], stage.as_str());
             assert_eq!(details["stderrTail"], "x");
         }
+    }
+
+    #[test]
+    fn local_file_and_key_file_failures_name_the_right_stage() {
+        let unreadable = SshError::LocalFile {
+            path: "/release/x.tar.gz".into(),
+            reason: "permission denied".into(),
+        };
+        let error = ssh_failed(Stage::Transfer, unreadable);
+        assert_eq!(error.details().unwrap()["reason"], "transfer");
+        let bad_key = SshError::KeyFile {
+            path: "/keys/id".into(),
+            reason: "wrong passphrase (three tries)".into(),
+        };
+        let error = ssh_failed(Stage::Connect, bad_key);
+        assert_eq!(error.details().unwrap()["reason"], "authenticate");
+        assert!(error.message().contains("/keys/id"));
     }
 
     #[test]

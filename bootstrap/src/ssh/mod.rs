@@ -84,6 +84,10 @@ pub enum SshError {
         host: String,
         tried: String,
     },
+    #[error("cannot use the key file {path}: {reason}")]
+    KeyFile { path: String, reason: String },
+    #[error("cannot read {path}: {reason}")]
+    LocalFile { path: String, reason: String },
     #[error("cannot open a channel to {target} on the remote: {reason}")]
     ChannelOpen {
         target: String,
@@ -384,10 +388,9 @@ fn load_key(
     path: &Path,
     options: &ConnectOptions,
 ) -> Result<Option<russh::keys::PrivateKey>, SshError> {
-    let unreadable = |err: &dyn std::fmt::Display| SshError::AuthFailed {
-        user: String::new(),
-        host: String::new(),
-        tried: format!("cannot read the key file {}: {err}", path.display()),
+    let unreadable = |err: &dyn std::fmt::Display| SshError::KeyFile {
+        path: path.display().to_string(),
+        reason: err.to_string(),
     };
     match russh::keys::load_secret_key(path, None) {
         Ok(key) => return Ok(Some(key)),
@@ -469,23 +472,15 @@ impl SshSession {
         let mut channel = self.handle.channel_open_session().await?;
         channel.exec(true, command).await?;
         if let Some(path) = input {
-            let mut file =
-                tokio::fs::File::open(path)
-                    .await
-                    .map_err(|err| SshError::Unreachable {
-                        target: path.display().to_string(),
-                        reason: err.to_string(),
-                    })?;
+            let unreadable = |err: std::io::Error| SshError::LocalFile {
+                path: path.display().to_string(),
+                reason: err.to_string(),
+            };
+            let mut file = tokio::fs::File::open(path).await.map_err(unreadable)?;
             let mut buffer = vec![0u8; 256 << 10];
             let mut sent = 0u64;
             loop {
-                let n = file
-                    .read(&mut buffer)
-                    .await
-                    .map_err(|err| SshError::Unreachable {
-                        target: path.display().to_string(),
-                        reason: err.to_string(),
-                    })?;
+                let n = file.read(&mut buffer).await.map_err(unreadable)?;
                 if n == 0 {
                     break;
                 }
