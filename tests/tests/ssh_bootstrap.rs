@@ -116,13 +116,22 @@ impl World {
     }
 
     fn command(&self, release: &Path, extra: &[&str]) -> tokio::process::Command {
+        self.command_for(&self.ssh_config, "box", release, extra)
+    }
+
+    /// `pi-remote --json connect TARGET -F CONFIG` into this world's install root, with no
+    /// agent and no askpass from the test's own environment.
+    fn command_for(
+        &self,
+        config: &Path,
+        target: &str,
+        release: &Path,
+        extra: &[&str],
+    ) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(pi_remote());
         command
-            .arg("--json")
-            .arg("connect")
-            .arg("box")
-            .arg("-F")
-            .arg(&self.ssh_config)
+            .args(["--json", "connect", target, "-F"])
+            .arg(config)
             .arg("--release-dir")
             .arg(release)
             .arg("--remote-dir")
@@ -244,7 +253,7 @@ impl std::fmt::Debug for Outcome {
 }
 
 fn pid_alive(pid: &Value) -> bool {
-    Path::new(&format!("/proc/{}", pid.as_u64().unwrap())).exists()
+    tests::sshd::alive(u32::try_from(pid.as_u64().unwrap()).unwrap())
 }
 
 #[tokio::test]
@@ -505,20 +514,10 @@ async fn proxy_jump_and_an_encrypted_key_whose_passphrase_comes_from_askpass() {
         path
     };
     let connect = |askpass: PathBuf| {
-        let mut command = tokio::process::Command::new(pi_remote());
+        let mut command = world.command_for(&config, "inner", &release, &["--once"]);
         command
-            .args(["--json", "connect", "inner", "--once", "-F"])
-            .arg(&config)
-            .arg("--release-dir")
-            .arg(&release)
-            .arg("--remote-dir")
-            .arg(world.root())
-            .env("PI_REMOTE_CONFIG_DIR", world.local_config.path())
-            .env_remove("SSH_AUTH_SOCK")
             .env("SSH_ASKPASS", askpass)
-            .env("SSH_ASKPASS_REQUIRE", "force")
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
+            .env("SSH_ASKPASS_REQUIRE", "force");
         run(command)
     };
 
@@ -568,20 +567,11 @@ async fn keys_held_by_ssh_agent_are_used() {
     .unwrap();
     let home = tempfile::tempdir().unwrap();
     let command = |extra: &[&str]| {
-        let mut command = tokio::process::Command::new(pi_remote());
+        let mut command = world.command_for(&config, "box", &release, extra);
         command
-            .args(["--json", "connect", "box", "--once", "-F"])
-            .arg(&config)
-            .arg("--release-dir")
-            .arg(&release)
-            .arg("--remote-dir")
-            .arg(world.root())
-            .args(extra)
-            .env("PI_REMOTE_CONFIG_DIR", world.local_config.path())
+            .arg("--once")
             .env("HOME", home.path())
-            .env("SSH_AUTH_SOCK", &socket)
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
+            .env("SSH_AUTH_SOCK", &socket);
         run(command)
     };
     command(&[]).await.assert_ok();
