@@ -32,7 +32,7 @@ use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tests::{Client, FaultProxy, HostProcess, PATIENCE};
+use tests::{Client, FaultProxy, HostProcess, PATIENCE, record_figures};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pi-host"))
@@ -43,18 +43,6 @@ fn setting(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn record(name: &str, figures: &Value) {
-    println!("{name}: {figures}");
-    if let Ok(dir) = std::env::var("RACP_FIGURES_DIR") {
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            Path::new(&dir).join(format!("{name}.json")),
-            serde_json::to_string_pretty(figures).unwrap(),
-        )
-        .unwrap();
-    }
 }
 
 fn millis(d: Duration) -> f64 {
@@ -373,7 +361,7 @@ async fn kill_9_cycles_during_a_stream_lose_duplicate_and_reorder_nothing() {
             "outOfOrder": out_of_order, "resyncs": s.resyncs,
         }));
     }
-    record(
+    record_figures(
         "chaos_kill9",
         &json!({
             "cycles": cycles,
@@ -483,7 +471,7 @@ async fn a_partition_fails_calls_in_flight_then_heals_and_resumes() {
         assert_eq!(pair[1], pair[0] + 1, "gap or duplicate");
     }
     assert_eq!(seen.lock().unwrap().resyncs, 0);
-    record(
+    record_figures(
         "chaos_partition",
         &json!({
             "rounds": rounds,
@@ -648,7 +636,7 @@ async fn slow_subscribers_do_not_slow_the_healthy_ones() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    record(
+    record_figures(
         "chaos_slow_subscribers",
         &json!({
             "events": events, "ratePerSecond": rate, "healthySubscribers": healthy_count,

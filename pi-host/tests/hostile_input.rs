@@ -12,25 +12,12 @@ use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tests::{Client, HostProcess, PATIENCE};
+use tests::{Client, HostProcess, PATIENCE, record_figures};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pi-host"))
-}
-
-/// Writes `figures` as `<name>.json` under `RACP_FIGURES_DIR` when it is set, and prints them.
-fn record(name: &str, figures: &Value) {
-    println!("{name}: {figures}");
-    if let Ok(dir) = std::env::var("RACP_FIGURES_DIR") {
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            Path::new(&dir).join(format!("{name}.json")),
-            serde_json::to_string_pretty(figures).unwrap(),
-        )
-        .unwrap();
-    }
 }
 
 /// Peak and current resident memory of a process, in KiB (VmHWM, VmRSS).
@@ -750,7 +737,7 @@ async fn a_corpus_of_hostile_frames_gets_registered_codes_and_the_host_stays_up(
         rss < baseline_rss + (128 << 10),
         "resident memory grew from {baseline_rss} to {rss} KiB"
     );
-    record(
+    record_figures(
         "hostile_input_corpus",
         &json!({
             "frames": total,
@@ -1030,7 +1017,7 @@ async fn websocket_violations_end_only_that_connection_with_a_registered_code() 
     // The host is up.
     let mut client = Client::connect(&host.url(), &token).await.unwrap();
     client.hello().await;
-    record("hostile_input_websocket", &Value::Object(figures));
+    record_figures("hostile_input_websocket", &Value::Object(figures));
 }
 
 // ---- Floods -----------------------------------------------------------------------------------
@@ -1148,5 +1135,5 @@ async fn floods_are_answered_or_refused_with_registered_codes_in_bounded_memory(
         "memory".into(),
         json!({"rssKibBefore": baseline_rss, "peakRssKib": peak}),
     );
-    record("hostile_input_floods", &Value::Object(figures));
+    record_figures("hostile_input_floods", &Value::Object(figures));
 }

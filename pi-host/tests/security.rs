@@ -10,23 +10,11 @@ use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tests::{Client, FaultProxy, HostProcess, PATIENCE, Upgrade};
+use tests::{Client, FaultProxy, HostProcess, PATIENCE, Upgrade, record_figures};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pi-host"))
-}
-
-fn record(name: &str, figures: &Value) {
-    println!("{name}: {figures}");
-    if let Ok(dir) = std::env::var("RACP_FIGURES_DIR") {
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            Path::new(&dir).join(format!("{name}.json")),
-            serde_json::to_string_pretty(figures).unwrap(),
-        )
-        .unwrap();
-    }
 }
 
 fn secret_of(token: &str) -> &str {
@@ -271,7 +259,7 @@ async fn the_host_and_origin_matrix() {
     figures.insert("acceptedHosts".into(), json!(accepted_hosts.len()));
     figures.insert("refusedHosts".into(), json!(refused_hosts.len()));
     figures.insert("refusedOrigins".into(), json!(refused_origins.len()));
-    record("security_host_origin", &Value::Object(figures));
+    record_figures("security_host_origin", &Value::Object(figures));
 }
 
 #[tokio::test]
@@ -333,7 +321,7 @@ async fn guessing_tokens_gets_nowhere() {
     let burned = Client::connect(&host.url(), &pairing).await.err().unwrap();
     assert_eq!(burned.body["error"]["code"], "PAIRING_FAILED");
 
-    record(
+    record_figures(
         "security_guessing",
         &json!({
             "deviceGuesses": guesses,
@@ -407,7 +395,7 @@ async fn the_pairing_race_makes_one_device_per_token() {
     let devices = owner.call("device/list", json!({})).await;
     let count = devices["result"]["devices"].as_array().unwrap().len();
     assert_eq!(count, 1 + paired_total);
-    record(
+    record_figures(
         "security_pairing_race",
         &json!({"tokens": tokens, "racersPerToken": racers, "devicesCreated": paired_total}),
     );
@@ -525,7 +513,7 @@ async fn revoking_a_device_closes_all_its_sockets_promptly() {
     }
     latencies.sort_by(f64::total_cmp);
     cli_latencies.sort_by(f64::total_cmp);
-    record(
+    record_figures(
         "security_revoke",
         &json!({
             "sockets": latencies.len() + 1,
@@ -670,7 +658,7 @@ async fn paths_cannot_escape_the_roots() {
             assert_eq!(entry["kind"], "symlink", "{entry}");
         }
     }
-    record("security_paths", &json!({"refusedRequests": refused}));
+    record_figures("security_paths", &json!({"refusedRequests": refused}));
 }
 
 struct Sibling(PathBuf);
@@ -861,7 +849,7 @@ async fn secrets_stay_out_of_logs_argv_and_environments_and_their_files_are_priv
         let m = mode(&entry.path());
         assert_eq!(m & 0o077, 0, "{} is {m:o}", entry.path().display());
     }
-    record(
+    record_figures(
         "security_secrets",
         &json!({"processFilesChecked": looked_at, "logBytes": log.len(), "modes": modes}),
     );

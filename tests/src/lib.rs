@@ -470,6 +470,20 @@ impl Client {
 
 /// The path of the `stand-in-agent` test fixture (a scripted stand-in for `pi --mode rpc`, see
 /// `src/bin/stand-in-agent.rs`), built when missing or older than its source.
+/// Prints a test's measured figures and, when `RACP_FIGURES_DIR` is set, writes them there as
+/// `<name>.json` (docs/reliability.md reads them from there). Figures are reported, never asserted.
+pub fn record_figures(name: &str, figures: &serde_json::Value) {
+    println!("{name}: {figures}");
+    if let Ok(dir) = std::env::var("RACP_FIGURES_DIR") {
+        std::fs::create_dir_all(&dir).expect("figures directory");
+        std::fs::write(
+            Path::new(&dir).join(format!("{name}.json")),
+            serde_json::to_string_pretty(figures).expect("figures as JSON"),
+        )
+        .expect("write figures");
+    }
+}
+
 pub fn stand_in_agent() -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bin/stand-in-agent.rs");
     workspace_binary("tests", "stand-in-agent", Some(&source))
