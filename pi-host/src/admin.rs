@@ -70,6 +70,11 @@ async fn handle(stream: UnixStream, state: Arc<HostState>) {
         return;
     }
     let reply = match serde_json::from_str::<AdminRequest>(&line) {
+        Ok(AdminRequest::Revoke { device_id }) => {
+            handlers::device_revoke(&state, None, DeviceRevokeParams { device_id })
+                .await
+                .and_then(|ack| serde_json::to_value(ack).map_err(|e| state.internal(e)))
+        }
         Ok(request) => {
             let state = state.clone();
             tokio::task::spawn_blocking(move || execute(&state, request))
@@ -113,16 +118,14 @@ fn execute(state: &HostState, request: AdminRequest) -> Result<Value, AppError> 
                 })
                 .collect::<Vec<_>>(),
         ),
-        AdminRequest::Revoke { device_id } => serde_json::to_value(handlers::device_revoke(
-            state,
-            DeviceRevokeParams { device_id },
-        )?),
+        // Answered in `handle`: a revoke waits for the device's calls and connections.
+        AdminRequest::Revoke { .. } => Err(state.internal("revoke reached the blocking executor"))?,
         AdminRequest::Status => Ok(json!({
             "host": handlers::host_identity(state),
             "listen": state.config.listen.to_string(),
             "dataDir": state.config.data_dir.display().to_string(),
             "startedAt": state.started_at,
-            "connections": state.connection_count(),
+            "connections": state.connections.count(),
             "draining": state.is_draining(),
         })),
     };

@@ -14,6 +14,14 @@ pub enum Credential {
 }
 
 impl Credential {
+    /// The paired device behind the credential (`None` for a pairing token).
+    pub fn device_id(&self) -> Option<&str> {
+        match self {
+            Credential::Device { device_id, .. } => Some(device_id),
+            Credential::Pairing { .. } => None,
+        }
+    }
+
     pub fn principal(&self) -> Principal {
         match self {
             Credential::Device { device_id, roles } => Principal::Device {

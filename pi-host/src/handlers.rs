@@ -62,7 +62,6 @@ pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Resul
         )
         .with_details(json!({"method": "host/list"}))),
         Call::DeviceList(_) => to_value(state, device_list(state, credential)?),
-        Call::DeviceRevoke(params) => to_value(state, device_revoke(state, params)?),
         Call::FsList(params) => {
             require(state, "fs", "fs/list")?;
             to_value(state, crate::fs::list(&params.path, &state.config.roots)?)
@@ -93,7 +92,7 @@ pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Resul
             let ttl = params.ttl_seconds.unwrap_or(DEFAULT_PAIRING_TTL_SECONDS);
             to_value(state, mint_pairing(state, &params.roles, ttl)?)
         }
-        // Turns, approvals and session/close run in `dispatch_async`.
+        // Turns, approvals, session/close and device/revoke run in `dispatch_async`.
         other => Err(state.internal(format!(
             "{} reached the blocking dispatcher",
             other.method().as_str()
@@ -167,6 +166,10 @@ pub async fn dispatch_async(
         }
         Call::SessionClose(params) => {
             let ack = session_close(&state, &credential, &params.session_id).await?;
+            to_value(&state, ack)
+        }
+        Call::DeviceRevoke(params) => {
+            let ack = device_revoke(&state, credential.device_id(), params).await?;
             to_value(&state, ack)
         }
         other => {
@@ -320,28 +323,43 @@ fn device_list(state: &HostState, credential: &Credential) -> Result<DeviceListR
     Ok(DeviceListResult { devices })
 }
 
-/// Revokes a device and closes its open connections at once.
-pub fn device_revoke(state: &HostState, params: DeviceRevokeParams) -> Result<Ack, AppError> {
-    let revoked = state
-        .store
-        .revoke_device(&params.device_id, now_ms())
-        .map_err(|e| state.internal(e))?;
-    state.rate.forget(&params.device_id);
-    let killed = state.kill_device(
-        &params.device_id,
-        &AppError::new(ErrorCode::RemoteAuthFailed, "this device was revoked"),
-    );
-    if !revoked {
-        let known = state
-            .store
-            .device(&params.device_id)
-            .map_err(|e| state.internal(e))?
-            .is_some();
-        if !known {
-            return Err(AppError::new(ErrorCode::NotFound, "no such device")
-                .with_details(json!({"deviceId": params.device_id})));
-        }
+/// Revokes a device. When this returns, none of its calls is running, none can start, and its
+/// connections have stopped sending (src/connections.rs). `caller` is the revoking device, whose
+/// own call in flight is not waited for.
+pub async fn device_revoke(
+    state: &Arc<HostState>,
+    caller: Option<&str>,
+    params: DeviceRevokeParams,
+) -> Result<Ack, AppError> {
+    let store_state = state.clone();
+    let device_id = params.device_id.clone();
+    let known = tokio::task::spawn_blocking(move || -> Result<bool, AppError> {
+        let store = &store_state.store;
+        let revoked = store
+            .revoke_device(&device_id, now_ms())
+            .map_err(|e| store_state.internal(e))?;
+        Ok(revoked
+            || store
+                .device(&device_id)
+                .map_err(|e| store_state.internal(e))?
+                .is_some())
+    })
+    .await
+    .unwrap_or_else(|e| Err(state.internal(e)))?;
+    if !known {
+        return Err(AppError::new(ErrorCode::NotFound, "no such device")
+            .with_details(json!({"deviceId": params.device_id})));
     }
+    state.rate.forget(&params.device_id);
+    let own_calls = usize::from(caller == Some(params.device_id.as_str()));
+    let killed = state
+        .connections
+        .revoke(
+            &params.device_id,
+            own_calls,
+            &AppError::new(ErrorCode::RemoteAuthFailed, "this device was revoked"),
+        )
+        .await;
     tracing::info!(device_id = %params.device_id, connections = killed, "device revoked");
     Ok(Ack {})
 }

@@ -5,6 +5,7 @@ mod agent;
 mod auth;
 mod clock;
 mod config;
+mod connections;
 mod fs;
 mod fsutil;
 mod handlers;

@@ -2,16 +2,12 @@
 
 use crate::clock::now_ms;
 use crate::config::ServeConfig;
+use crate::connections::Connections;
 use crate::secrets::Secrets;
 use crate::store::Store;
-use dashmap::DashMap;
 use racp_proto::{AppError, ErrorCode};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use tokio::sync::watch;
-
-/// Tells a connection to end with a final connection error (revoke, drain).
-pub type Kill = watch::Sender<Option<AppError>>;
 
 pub struct HostState {
     pub config: ServeConfig,
@@ -25,9 +21,9 @@ pub struct HostState {
     /// Calls in flight across every connection (HOST_OVERLOADED beyond it).
     pub in_flight: Arc<tokio::sync::Semaphore>,
     draining: AtomicBool,
-    next_connection: AtomicU64,
-    /// Open connections: connection id → (device id, kill switch).
-    connections: DashMap<u64, (Option<String>, Kill)>,
+    next_trace: AtomicU64,
+    /// Open connections and the device gates (revoke, drain, the connection cap).
+    pub connections: Connections,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,8 +72,8 @@ impl HostState {
                 limits.max_in_flight_host as usize,
             )),
             draining: AtomicBool::new(false),
-            next_connection: AtomicU64::new(1),
-            connections: DashMap::new(),
+            next_trace: AtomicU64::new(1),
+            connections: Connections::default(),
         }))
     }
 
@@ -85,7 +81,7 @@ impl HostState {
     pub fn internal(&self, err: impl std::fmt::Display) -> AppError {
         let trace_id = format!(
             "t{:x}",
-            now_ms() ^ self.next_connection.load(Ordering::Relaxed)
+            now_ms() ^ self.next_trace.fetch_add(1, Ordering::Relaxed)
         );
         tracing::error!(%trace_id, error = %err, "internal error");
         AppError::new(
@@ -99,33 +95,6 @@ impl HostState {
         self.draining.load(Ordering::Acquire)
     }
 
-    pub fn connection_count(&self) -> usize {
-        self.connections.len()
-    }
-
-    /// Registers an open connection; the returned id unregisters it.
-    pub fn register(&self, device_id: Option<String>, kill: Kill) -> u64 {
-        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
-        self.connections.insert(id, (device_id, kill));
-        id
-    }
-
-    pub fn unregister(&self, id: u64) {
-        self.connections.remove(&id);
-    }
-
-    /// Ends every open connection of a device at once.
-    pub fn kill_device(&self, device_id: &str, error: &AppError) -> usize {
-        let mut killed = 0;
-        for entry in self.connections.iter() {
-            if entry.value().0.as_deref() == Some(device_id) {
-                let _ = entry.value().1.send(Some(error.clone()));
-                killed += 1;
-            }
-        }
-        killed
-    }
-
     /// Starts draining: new upgrades and calls are refused, open connections are told to close.
     pub fn begin_drain(&self) {
         self.draining.store(true, Ordering::Release);
@@ -133,8 +102,6 @@ impl HostState {
             ErrorCode::HostShuttingDown,
             "the host is shutting down; reconnect when it is back",
         );
-        for entry in self.connections.iter() {
-            let _ = entry.value().1.send(Some(error.clone()));
-        }
+        self.connections.kill_all(&error);
     }
 }

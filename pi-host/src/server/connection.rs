@@ -3,6 +3,7 @@
 
 use super::subscriptions::{Delivery, Subscriptions};
 use crate::auth::Credential;
+use crate::connections::{CallPass, DeviceGate, Registration, Slot};
 use crate::handlers;
 use crate::state::HostState;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
@@ -15,7 +16,7 @@ use racp_proto::{AppError, Call, ErrorCode, Method, PROTOCOL_VERSION};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc};
 
 /// Replies produced by request tasks, waiting for the socket.
 const REPLY_QUEUE: usize = 256;
@@ -23,6 +24,8 @@ const REPLY_QUEUE: usize = 256;
 struct Connection {
     state: Arc<HostState>,
     credential: Credential,
+    /// The device's gate: every call holds a pass from it while it runs (None when pairing).
+    gate: Option<Arc<DeviceGate>>,
     /// Frame bound in bytes: 64 KiB before `hello`, then the negotiated bound.
     max_frame_bytes: usize,
     said_hello: bool,
@@ -40,15 +43,25 @@ const FINAL_FRAME_GRACE: std::time::Duration = std::time::Duration::from_secs(10
 /// Frames a connection sends for its subscriptions before it looks at other work again.
 const DELIVERY_BURST: usize = 8;
 
-pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Credential) {
-    let device_id = match &credential {
-        Credential::Device { device_id, .. } => Some(device_id.clone()),
-        Credential::Pairing { .. } => None,
-    };
-    let (kill_tx, mut kill_rx) = watch::channel(None);
-    let connection_id = state.register(device_id.clone(), kill_tx);
+pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Credential, slot: Slot) {
+    let device_id = credential.device_id().map(str::to_string);
+    let Registration {
+        id: connection_id,
+        kill: mut kill_rx,
+        gate,
+        slot: _slot,
+    } = state.connections.register(slot, device_id.clone());
     tracing::debug!(connection_id, device_id = ?device_id, "connection opened");
-    if let Some(device_id) = device_id.clone() {
+    // Checked after registering, never before: a revoke or drain that began in between either
+    // saw this connection in the table or is seen here (src/connections.rs).
+    let mut ending: Option<AppError> = kill_rx.borrow_and_update().clone();
+    if ending.is_none() && gate.as_ref().is_some_and(|gate| gate.is_closed()) {
+        ending = Some(revoked());
+    }
+    if ending.is_none() && state.is_draining() {
+        ending = Some(shutting_down());
+    }
+    if let (Some(device_id), None) = (device_id.clone(), &ending) {
         // A synchronous SQLite write with fsync: on the blocking pool, not on a runtime thread
         // that serves other connections meanwhile.
         let store_state = state.clone();
@@ -74,6 +87,7 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
         },
         state: state.clone(),
         credential,
+        gate,
         max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
         said_hello: false,
         fatal: None,
@@ -82,8 +96,6 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
     let mut heartbeat = tokio::time::interval(state.config.heartbeat);
     heartbeat.tick().await;
 
-    // A kill that arrived before registration finished is still honoured.
-    let mut ending: Option<AppError> = kill_rx.borrow_and_update().clone();
     while ending.is_none() {
         let outgoing: Vec<String> = tokio::select! {
             incoming = socket.recv() => match incoming {
@@ -145,6 +157,12 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
         if outgoing.is_empty() {
             continue;
         }
+        // Once killed, nothing more leaves: a revoke may already have answered (it waits for
+        // this loop to stop, and a write in progress is part of that wait).
+        if let Some(killed) = kill_rx.borrow_and_update().clone() {
+            ending = Some(killed);
+            continue;
+        }
         match tokio::time::timeout(stall, send_all(&mut socket, outgoing)).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => break,
@@ -154,6 +172,8 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
             }
         }
     }
+    // Tells a waiting revoke that this connection sends nothing more but its final error.
+    drop(kill_rx);
     if let Some(error) = ending {
         tracing::info!(code = %error.code(), connection_id, "ending a connection");
         // A client that stopped reading takes the final error only once it reads again (the
@@ -161,7 +181,18 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
         let _ = tokio::time::timeout(FINAL_FRAME_GRACE, close_with(&mut socket, error)).await;
     }
     drop(conn);
-    state.unregister(connection_id);
+    state.connections.unregister(connection_id);
+}
+
+fn revoked() -> AppError {
+    AppError::new(ErrorCode::RemoteAuthFailed, "this device was revoked")
+}
+
+fn shutting_down() -> AppError {
+    AppError::new(
+        ErrorCode::HostShuttingDown,
+        "the host is shutting down; reconnect when it is back",
+    )
 }
 
 impl Connection {
@@ -213,6 +244,13 @@ impl Connection {
         let call = match Call::decode(method, request.params) {
             Ok(call) => call,
             Err(error) => return fail(id, error),
+        };
+        let pass = match self.enter() {
+            Ok(pass) => pass,
+            Err(error) => {
+                self.fatal = Some(error.clone());
+                return fail(id, error);
+            }
         };
         match call {
             Call::SessionSubscribe(params) => {
@@ -279,8 +317,18 @@ impl Connection {
             };
             drop((permit, host_permit));
             let _ = replies.send(reply).await;
+            // Held until the reply is queued: a revoke waits for it (src/connections.rs).
+            drop(pass);
         });
         None
+    }
+
+    /// A pass for one call, or the revocation that ends this connection.
+    fn enter(&self) -> Result<Option<CallPass>, AppError> {
+        match &self.gate {
+            None => Ok(None),
+            Some(gate) => gate.enter().map(Some).ok_or_else(revoked),
+        }
     }
 
     fn subscribe(

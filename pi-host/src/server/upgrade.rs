@@ -2,6 +2,7 @@
 //! subprotocol, token, capacity. A refusal is an HTTP response whose body is `{"error": ...}`.
 
 use crate::auth::{Credential, authenticate};
+use crate::connections::Slot;
 use crate::state::HostState;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -20,8 +21,8 @@ pub fn refusal(error: AppError) -> Response {
     response
 }
 
-/// Runs every check and returns the caller's credential.
-pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<Credential, AppError> {
+/// Runs every check and returns the caller's credential and its place under the connection cap.
+pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Credential, Slot), AppError> {
     if state.is_draining() {
         return Err(AppError::new(
             ErrorCode::HostShuttingDown,
@@ -69,14 +70,19 @@ pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<Credential, AppEr
             )
         })?;
     let credential = authenticate(state, token)?;
-    if state.connection_count() >= state.config.limits.max_connections {
-        return Err(AppError::new(
-            ErrorCode::HostOverloaded,
-            "the host has as many connections as it accepts",
-        )
-        .with_retry_after_ms(1000));
-    }
-    Ok(credential)
+    // A place is taken here, not when the connection starts: concurrent upgrades cannot all
+    // pass the cap before any of them is counted.
+    let slot = state
+        .connections
+        .admit(state.config.limits.max_connections)
+        .ok_or_else(|| {
+            AppError::new(
+                ErrorCode::HostOverloaded,
+                "the host has as many connections as it accepts",
+            )
+            .with_retry_after_ms(1000)
+        })?;
+    Ok((credential, slot))
 }
 
 /// The header's value when it is present exactly once and readable as text.
