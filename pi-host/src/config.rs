@@ -29,6 +29,9 @@ pub struct ServeConfig {
     pub heartbeat: Duration,
     /// Directories sessions and `fs/*` may use (default: the user's home).
     pub roots: Vec<PathBuf>,
+    /// The host's own files outside the data directory (its config file, state file): like the
+    /// data directory, refused to clients whatever the roots.
+    pub host_files: Vec<PathBuf>,
     /// PEM certificate chain and private key: serve `wss://`.
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Serve plain `ws://` on a non-loopback address anyway.
@@ -79,6 +82,17 @@ impl Default for HostLimits {
 }
 
 impl ServeConfig {
+    /// Paths no client may reach through `fs/*` or a session's workspace: the data directory,
+    /// the TLS files and the host's other files.
+    pub fn protected_paths(&self) -> Vec<PathBuf> {
+        let mut paths = vec![self.data_dir.clone()];
+        if let Some((cert, key)) = &self.tls {
+            paths.extend([cert.clone(), key.clone()]);
+        }
+        paths.extend(self.host_files.iter().cloned());
+        paths
+    }
+
     pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Self {
         ServeConfig {
             listen,
@@ -90,6 +104,7 @@ impl ServeConfig {
             limits: HostLimits::default(),
             heartbeat: Duration::from_secs(15),
             roots: home_dir().into_iter().collect(),
+            host_files: Vec::new(),
             tls: None,
             insecure_bind: false,
             fs_enabled: true,
@@ -235,6 +250,9 @@ pub fn load(
             .map_err(|e| format!("bad default listen address: {e}"))?,
     };
     let mut config = ServeConfig::new(listen, data_dir);
+    config
+        .host_files
+        .extend(file.map(std::path::Path::to_path_buf));
     if let Some(agent) = s.agent {
         config.agent = agent;
     }

@@ -1,11 +1,11 @@
 //! `fs/list` and `fs/stat`: browsing inside the permitted roots, for the desktop's folder picker.
 
-use crate::paths::confine;
+use crate::paths::Fence;
 use racp_proto::methods::fs::{EntryKind, FsEntry, FsListResult, FsStatResult};
 use racp_proto::{AppError, ErrorCode};
 use serde_json::json;
 use std::fs::Metadata;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Most entries one `fs/list` returns; the rest is reported as `truncated`.
 pub const MAX_ENTRIES: usize = 10_000;
@@ -49,15 +49,12 @@ fn io_error(path: &Path, err: &std::io::Error) -> AppError {
 
 /// One entry as the client sees it: a symlink shows its target's kind when the target lies
 /// inside the roots, and stays `symlink` (with no size) when it leads out.
-fn describe(path: &Path, roots: &[PathBuf]) -> Option<(EntryKind, Option<u64>, Option<u64>)> {
+fn describe(path: &Path, fence: &Fence) -> Option<(EntryKind, Option<u64>, Option<u64>)> {
     let link = std::fs::symlink_metadata(path).ok()?;
     let meta = if link.file_type().is_symlink() {
-        let inside = std::fs::canonicalize(path).ok().is_some_and(|target| {
-            roots
-                .iter()
-                .filter_map(|r| std::fs::canonicalize(r).ok())
-                .any(|r| target.starts_with(r))
-        });
+        let inside = std::fs::canonicalize(path)
+            .ok()
+            .is_some_and(|target| fence.allows(&target));
         if !inside {
             return Some((EntryKind::Symlink, None, modified_ms(&link)));
         }
@@ -70,8 +67,8 @@ fn describe(path: &Path, roots: &[PathBuf]) -> Option<(EntryKind, Option<u64>, O
     Some((kind, size, modified_ms(&meta)))
 }
 
-pub fn list(path: &str, roots: &[PathBuf]) -> Result<FsListResult, AppError> {
-    let dir = confine(path, "path", roots)?;
+pub fn list(path: &str, fence: &Fence) -> Result<FsListResult, AppError> {
+    let dir = fence.confine(path, "path")?;
     if !dir.is_dir() {
         return Err(racp_proto::validate::invalid("path", "must be a directory"));
     }
@@ -84,7 +81,12 @@ pub fn list(path: &str, roots: &[PathBuf]) -> Result<FsListResult, AppError> {
             break;
         }
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some((kind, size, modified_at)) = describe(&entry.path(), roots) {
+        // The host's own files are not shown, as they cannot be opened (a symlink to them is
+        // shown as a symlink leading out).
+        if !fence.allows(&entry.path()) {
+            continue;
+        }
+        if let Some((kind, size, modified_at)) = describe(&entry.path(), fence) {
             entries.push(FsEntry {
                 name,
                 kind,
@@ -101,8 +103,8 @@ pub fn list(path: &str, roots: &[PathBuf]) -> Result<FsListResult, AppError> {
     })
 }
 
-pub fn stat(path: &str, roots: &[PathBuf]) -> Result<FsStatResult, AppError> {
-    let target = confine(path, "path", roots)?;
+pub fn stat(path: &str, fence: &Fence) -> Result<FsStatResult, AppError> {
+    let target = fence.confine(path, "path")?;
     let meta = std::fs::metadata(&target).map_err(|e| io_error(&target, &e))?;
     let kind = kind_of(&meta);
     Ok(FsStatResult {

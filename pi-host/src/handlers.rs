@@ -2,6 +2,7 @@
 
 use crate::auth::Credential;
 use crate::clock::now_ms;
+use crate::paths::Fence;
 use crate::sessions::{Effect, EventDraft};
 use crate::state::HostState;
 use crate::store::{DeviceRow, PairingOutcome};
@@ -64,11 +65,17 @@ pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Resul
         Call::DeviceList(_) => to_value(state, device_list(state, credential)?),
         Call::FsList(params) => {
             require(state, "fs", "fs/list")?;
-            to_value(state, crate::fs::list(&params.path, &state.config.roots)?)
+            to_value(
+                state,
+                crate::fs::list(&params.path, &Fence::of(&state.config))?,
+            )
         }
         Call::FsStat(params) => {
             require(state, "fs", "fs/stat")?;
-            to_value(state, crate::fs::stat(&params.path, &state.config.roots)?)
+            to_value(
+                state,
+                crate::fs::stat(&params.path, &Fence::of(&state.config))?,
+            )
         }
         Call::SessionCreate(params) => to_value(state, session_create(state, params)?),
         Call::SessionList(_) => to_value(
@@ -114,7 +121,7 @@ fn session_create(
     state: &HostState,
     params: SessionCreateParams,
 ) -> Result<SessionCreateResult, AppError> {
-    let workspace = crate::paths::confine(&params.workspace, "workspace", &state.config.roots)?;
+    let workspace = Fence::of(&state.config).confine(&params.workspace, "workspace")?;
     if !workspace.is_dir() {
         return Err(racp_proto::validate::invalid(
             "workspace",

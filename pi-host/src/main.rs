@@ -273,6 +273,7 @@ fn report(error: &AppError, json: bool) -> ExitCode {
 }
 
 async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(), String> {
+    config.host_files.extend(state_file.iter().cloned());
     let tls = match &config.tls {
         Some((cert, key)) => Some(server::tls::server_config(cert, key)?),
         None => None,

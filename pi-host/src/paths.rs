@@ -1,58 +1,131 @@
-//! Confining client-supplied paths to the host's permitted roots, symlinks included.
+//! Confining client-supplied paths to the host's permitted roots, symlinks included, and
+//! keeping clients out of the host's own files (docs/protocol.md §6.1, "What each role reaches").
 
+use crate::config::ServeConfig;
 use racp_proto::{AppError, ErrorCode};
 use serde_json::json;
 use std::path::{Component, Path, PathBuf};
 
-/// Resolves `path` (absolute, symlinks followed) and checks it lies inside one of `roots`.
-///
-/// The lexical form is checked before touching the file system, so probing outside the roots
-/// reveals nothing about what exists there; the canonical form is checked again afterwards, so
-/// a symlink inside a root cannot lead out of it.
-pub fn confine(path: &str, field: &str, roots: &[PathBuf]) -> Result<PathBuf, AppError> {
-    let requested = Path::new(path);
-    if !requested.is_absolute() {
-        return Err(racp_proto::validate::invalid(
-            field,
-            "must be an absolute path",
-        ));
+/// Symlinks followed while working out where a missing path would be (as the kernel's
+/// ELOOP limit).
+const MAX_LINK_HOPS: usize = 40;
+
+/// Where clients may go: inside a root, and never into the host's own files.
+pub struct Fence {
+    roots: Vec<PathBuf>,
+    canonical_roots: Vec<PathBuf>,
+    /// The data directory (keys, database, admin socket) and the host's other files (config,
+    /// TLS key, state file), canonical where they exist.
+    protected: Vec<PathBuf>,
+}
+
+impl Fence {
+    pub fn new(roots: &[PathBuf], protected: &[PathBuf]) -> Fence {
+        let canonical = |paths: &[PathBuf]| -> Vec<PathBuf> {
+            paths
+                .iter()
+                .filter_map(|p| std::fs::canonicalize(p).ok())
+                .collect()
+        };
+        let mut protected_all = protected.to_vec();
+        protected_all.extend(canonical(protected));
+        Fence {
+            roots: roots.to_vec(),
+            canonical_roots: canonical(roots),
+            protected: protected_all,
+        }
     }
-    let lexical = normalize(requested);
-    let forbidden = || {
-        AppError::new(
-            ErrorCode::RemotePathForbidden,
-            format!("{path} is outside the host's permitted roots"),
-        )
-        .with_details(json!({"path": path}))
-    };
-    let canonical_roots: Vec<PathBuf> = roots
-        .iter()
-        .filter_map(|r| std::fs::canonicalize(r).ok())
-        .collect();
-    let inside = |p: &Path| {
-        roots
+
+    /// The fence for a host's configuration (roots, data directory, host files).
+    pub fn of(config: &ServeConfig) -> Fence {
+        Fence::new(&config.roots, &config.protected_paths())
+    }
+
+    /// True when a canonical path lies inside a root and outside the host's own files.
+    pub fn allows(&self, canonical: &Path) -> bool {
+        self.canonical_roots
             .iter()
-            .chain(canonical_roots.iter())
-            .any(|r| p.starts_with(r))
-    };
-    if !inside(&lexical) {
-        return Err(forbidden());
+            .any(|r| canonical.starts_with(r))
+            && !self.protected.iter().any(|p| canonical.starts_with(p))
     }
-    let canonical = std::fs::canonicalize(&lexical).map_err(|err| {
-        if err.kind() == std::io::ErrorKind::NotFound {
+
+    /// Resolves `path` (absolute, symlinks followed) and checks the fence allows it.
+    ///
+    /// Anything the fence does not allow is REMOTE_PATH_FORBIDDEN whether or not it exists; a
+    /// missing path is REMOTE_PATH_NOT_FOUND only where it would lie inside the fence, so
+    /// probing outside reveals nothing about what exists there.
+    pub fn confine(&self, path: &str, field: &str) -> Result<PathBuf, AppError> {
+        let requested = Path::new(path);
+        if !requested.is_absolute() {
+            return Err(racp_proto::validate::invalid(
+                field,
+                "must be an absolute path",
+            ));
+        }
+        let forbidden = || {
             AppError::new(
-                ErrorCode::RemotePathNotFound,
-                format!("{path} does not exist"),
+                ErrorCode::RemotePathForbidden,
+                format!("{path} is outside the host's permitted roots"),
             )
             .with_details(json!({"path": path}))
-        } else {
-            forbidden()
+        };
+        let lexical = normalize(requested);
+        // Checked before touching the file system: nothing is even looked up outside.
+        if !self
+            .roots
+            .iter()
+            .chain(&self.canonical_roots)
+            .any(|r| lexical.starts_with(r))
+        {
+            return Err(forbidden());
         }
-    })?;
-    if !canonical_roots.iter().any(|r| canonical.starts_with(r)) {
-        return Err(forbidden());
+        match std::fs::canonicalize(&lexical) {
+            Ok(canonical) if self.allows(&canonical) => Ok(canonical),
+            Ok(_) => Err(forbidden()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                match would_be(&lexical, MAX_LINK_HOPS) {
+                    Some(target) if self.allows(&target) => Err(AppError::new(
+                        ErrorCode::RemotePathNotFound,
+                        format!("{path} does not exist"),
+                    )
+                    .with_details(json!({"path": path}))),
+                    _ => Err(forbidden()),
+                }
+            }
+            Err(_) => Err(forbidden()),
+        }
     }
-    Ok(canonical)
+}
+
+/// Where a path that does not exist would be: its deepest existing ancestor, canonical, with
+/// the missing rest appended; a dangling symlink on the way is followed to its target. `None`
+/// when that cannot be worked out (too many links, unreadable components).
+fn would_be(path: &Path, hops: usize) -> Option<PathBuf> {
+    let hops = hops.checked_sub(1)?;
+    let mut existing = path.to_path_buf();
+    let mut missing = Vec::new();
+    loop {
+        match std::fs::symlink_metadata(&existing) {
+            Ok(meta) if meta.file_type().is_symlink() && std::fs::metadata(&existing).is_err() => {
+                // A dangling link: the path continues at its target.
+                let target = std::fs::read_link(&existing).ok()?;
+                let parent = existing.parent()?;
+                let mut next = normalize(&parent.join(target));
+                next.extend(missing.iter().rev());
+                return would_be(&next, hops);
+            }
+            Ok(_) => {
+                let mut resolved = std::fs::canonicalize(&existing).ok()?;
+                resolved.extend(missing.iter().rev());
+                return Some(resolved);
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                missing.push(existing.file_name()?.to_os_string());
+                existing = existing.parent()?.to_path_buf();
+            }
+            Err(_) => return None,
+        }
+    }
 }
 
 /// Removes `.` and resolves `..` without touching the file system.
@@ -74,6 +147,10 @@ fn normalize(path: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
+    fn s(p: &Path) -> String {
+        p.to_str().unwrap().to_string()
+    }
+
     #[test]
     fn confines_to_roots_through_dots_and_symlinks() {
         let root = tempfile::tempdir().unwrap();
@@ -81,11 +158,10 @@ mod tests {
         let inner = root.path().join("project");
         std::fs::create_dir(&inner).unwrap();
         std::os::unix::fs::symlink(outside.path(), root.path().join("escape")).unwrap();
-        let roots = vec![root.path().to_path_buf()];
-        let s = |p: &Path| p.to_str().unwrap().to_string();
+        let fence = Fence::new(&[root.path().to_path_buf()], &[]);
 
-        assert!(confine(&s(&inner), "workspace", &roots).is_ok());
-        let code = |p: String| confine(&p, "workspace", &roots).unwrap_err().code();
+        assert!(fence.confine(&s(&inner), "workspace").is_ok());
+        let code = |p: String| fence.confine(&p, "workspace").unwrap_err().code();
         assert_eq!(
             code(s(&inner.join("../../.."))),
             ErrorCode::RemotePathForbidden
@@ -99,6 +175,90 @@ mod tests {
             code(s(&inner.join("missing"))),
             ErrorCode::RemotePathNotFound
         );
+        assert_eq!(
+            code(s(&inner.join("missing/deeper/still"))),
+            ErrorCode::RemotePathNotFound
+        );
         assert_eq!(code("relative/path".into()), ErrorCode::InvalidParams);
+    }
+
+    #[test]
+    fn outside_the_roots_existing_and_missing_paths_answer_alike() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("shadow"), "secret").unwrap();
+        let link = |target: &Path, name: &str| {
+            std::os::unix::fs::symlink(target, root.path().join(name)).unwrap();
+        };
+        link(outside.path(), "etc");
+        link(&outside.path().join("gone"), "dangling-out");
+        link(&root.path().join("gone"), "dangling-in");
+        link(
+            Path::new("../../../../../../../../tmp/nowhere"),
+            "dangling-relative",
+        );
+        let fence = Fence::new(&[root.path().to_path_buf()], &[]);
+        let code = |p: PathBuf| fence.confine(&s(&p), "path").unwrap_err().code();
+
+        for probe in [
+            root.path().join("etc/shadow"),
+            root.path().join("etc/no-such-file"),
+            root.path().join("etc/no/such/dir"),
+            root.path().join("dangling-out"),
+            root.path().join("dangling-out/below"),
+            root.path().join("dangling-relative"),
+        ] {
+            assert_eq!(
+                code(probe.clone()),
+                ErrorCode::RemotePathForbidden,
+                "{}",
+                probe.display()
+            );
+        }
+        assert_eq!(
+            code(root.path().join("dangling-in")),
+            ErrorCode::RemotePathNotFound
+        );
+        assert_eq!(
+            code(root.path().join("dangling-in/below")),
+            ErrorCode::RemotePathNotFound
+        );
+    }
+
+    #[test]
+    fn the_hosts_own_files_are_refused_inside_a_root() {
+        let root = tempfile::tempdir().unwrap();
+        let data = root.path().join(".local/share/pi-host");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("host.key"), "key").unwrap();
+        let config = root.path().join("host.toml");
+        std::fs::write(&config, "").unwrap();
+        std::os::unix::fs::symlink(&data, root.path().join("shortcut")).unwrap();
+        let fence = Fence::new(
+            &[root.path().to_path_buf()],
+            &[data.clone(), config.clone()],
+        );
+        let code = |p: PathBuf| fence.confine(&s(&p), "path").unwrap_err().code();
+
+        for probe in [
+            data.clone(),
+            data.join("host.key"),
+            data.join("missing"),
+            data.join("../pi-host/host.key"),
+            root.path().join("shortcut/host.key"),
+            config,
+        ] {
+            assert_eq!(
+                code(probe.clone()),
+                ErrorCode::RemotePathForbidden,
+                "{}",
+                probe.display()
+            );
+        }
+        assert!(
+            fence
+                .confine(&s(&root.path().join(".local")), "path")
+                .is_ok()
+        );
     }
 }

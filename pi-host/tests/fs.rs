@@ -119,3 +119,96 @@ async fn with_fs_off_the_capability_is_gone_and_calls_say_so() {
     let info = client.call("host/info", json!({})).await;
     assert_eq!(info["result"]["capabilities"], hello["capabilities"]);
 }
+
+/// A root that holds the host's data directory (as `$HOME` does by default) still keeps it out
+/// of reach: no listing, stat or workspace inside it, and it is not shown in its parent.
+#[tokio::test]
+async fn the_data_directory_is_out_of_reach_whatever_the_roots() {
+    let temp = std::env::temp_dir().canonicalize().unwrap();
+    let host = HostProcess::start_with(bin(), &["--root", temp.to_str().unwrap()]).await;
+    let (_, token) = host.pair_device("laptop", &["--roles", "operator"]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let data = host.data_dir.path().canonicalize().unwrap();
+    assert!(data.starts_with(&temp), "the data dir lies inside the root");
+
+    let code = |reply: serde_json::Value| reply["error"]["code"].as_str().unwrap_or("").to_string();
+    for path in [
+        data.clone(),
+        data.join("host.key"),
+        data.join("pi-host.db"),
+        data.join("no-such-file"),
+        data.join("../").join(data.file_name().unwrap()),
+    ] {
+        for method in ["fs/list", "fs/stat"] {
+            let reply = client.call(method, json!({"path": path})).await;
+            assert_eq!(
+                code(reply),
+                "REMOTE_PATH_FORBIDDEN",
+                "{method} {}",
+                path.display()
+            );
+        }
+    }
+    let created = client
+        .call("session/create", json!({"workspace": data}))
+        .await;
+    assert_eq!(code(created), "REMOTE_PATH_FORBIDDEN");
+    // A symlink to it from inside the root leads nowhere either.
+    let link = host.root.path().join("data-link");
+    std::os::unix::fs::symlink(&data, &link).unwrap();
+    let reply = client
+        .call("fs/stat", json!({"path": link.join("host.key")}))
+        .await;
+    assert_eq!(code(reply), "REMOTE_PATH_FORBIDDEN");
+
+    let parent = client
+        .call("fs/list", json!({"path": data.parent().unwrap()}))
+        .await;
+    let names: Vec<&str> = parent["result"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(!names.is_empty());
+    let data_name = data.file_name().unwrap().to_str().unwrap();
+    assert!(
+        !names.contains(&data_name),
+        "the data dir is listed: {names:?}"
+    );
+}
+
+/// Outside the roots, a path that exists and one that does not answer the same way.
+#[tokio::test]
+async fn paths_outside_the_roots_do_not_reveal_whether_they_exist() {
+    let host = HostProcess::start(bin()).await;
+    let (_, token) = host.pair_device("phone", &["--roles", "observer"]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("shadow"), "secret").unwrap();
+    let root = host.root.path();
+    std::os::unix::fs::symlink(outside.path(), root.join("etc")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("gone"), root.join("dangling")).unwrap();
+
+    let mut answers = Vec::new();
+    for path in [
+        root.join("etc/shadow"),
+        root.join("etc/no-such-file"),
+        root.join("etc/no/such/dir"),
+        root.join("dangling"),
+        outside.path().join("shadow"),
+        outside.path().join("no-such-file"),
+    ] {
+        let reply = client.call("fs/stat", json!({"path": path})).await;
+        answers.push((path, reply["error"]["code"].clone()));
+    }
+    for (path, code) in &answers {
+        assert_eq!(code, "REMOTE_PATH_FORBIDDEN", "{}", path.display());
+    }
+    let missing = client
+        .call("fs/stat", json!({"path": root.join("no-such-file")}))
+        .await;
+    assert_eq!(missing["error"]["code"], "REMOTE_PATH_NOT_FOUND");
+}
