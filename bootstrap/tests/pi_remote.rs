@@ -506,3 +506,61 @@ async fn attach_survives_a_cut_link_without_losing_events() {
     }
     assert!(attached.finish().success());
 }
+
+/// What a client or an agent sends cannot drive the terminal that prints it: names with control
+/// characters are refused by the host, and paths and agent text are printed escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn printed_names_paths_and_agent_text_cannot_drive_the_terminal() {
+    const RAW: &[u8] = &[0x1b, 0x07, b'\r'];
+    let unescaped = |bytes: &[u8]| bytes.iter().any(|b| RAW.contains(b));
+    let host = host().await;
+    let remote = Remote::new();
+
+    // The device name the review used is refused at pairing; nothing raw reaches stderr.
+    let minted = host.pairing_token(&[]).await;
+    let url = minted["url"].as_str().unwrap();
+    let evil = "laptop\u{1b}[2K\r\u{1b}[1A\u{1b}]0;owned\u{7}";
+    let output = remote.run(&["pair", url, "--name", evil]).await;
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("INVALID_PARAMS"));
+    assert!(!unescaped(&output.stderr), "{:?}", text(&output.stderr));
+
+    remote.pair(&host, &[]).await;
+    let output = remote
+        .run(&[
+            "new",
+            "--workspace",
+            &host.workspace("plain"),
+            "--title",
+            "a\u{1b}[31mb",
+        ])
+        .await;
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+
+    // A workspace whose name holds escapes (legal on Linux) is listed escaped, on one line.
+    let workspace = host.workspace("proj\u{1b}]0;owned\u{7}\nnext");
+    let session = remote.ok(&["new", "--workspace", &workspace]).await;
+    let listed = remote.run(&["sessions"]).await;
+    assert!(listed.status.success());
+    assert!(!unescaped(&listed.stdout), "{:?}", text(&listed.stdout));
+    assert_eq!(
+        text(&listed.stdout).lines().count(),
+        1,
+        "{}",
+        text(&listed.stdout)
+    );
+    assert!(text(&listed.stdout).contains("proj\\u{1b}]0;owned\\u{7}\\u{a}next"));
+
+    // The agent's text (the stand-in echoes the prompt) keeps its newlines, not its escapes.
+    let prompt = "echo \u{1b}[2J\u{1b}]0;owned\u{7}\rline\nsecond";
+    let output = remote
+        .run(&["prompt", session.trim(), prompt, "--wait"])
+        .await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(!unescaped(&output.stdout), "{:?}", text(&output.stdout));
+    assert!(
+        text(&output.stdout).contains("\\u{1b}[2J"),
+        "{}",
+        text(&output.stdout)
+    );
+}

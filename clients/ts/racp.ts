@@ -577,7 +577,7 @@ export type Limits = {
  */
 export type PairParams = {
   /**
-   * A name for the device, shown in `device/list`.
+   * A name for the device, shown in `device/list`; no control characters.
    */
   deviceName: string;
 };
@@ -722,6 +722,9 @@ export type SessionClosedData = {
 };
 
 export type SessionCreateParams = {
+  /**
+   * A title shown in session lists; no control characters.
+   */
   title?: string | null;
   /**
    * Absolute path of the workspace directory; it must lie inside the host's permitted roots.

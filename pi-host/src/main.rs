@@ -20,6 +20,7 @@ mod turns;
 
 use clap::{Parser, Subcommand};
 use config::ServeConfig;
+use racp_proto::validate::printable;
 use racp_proto::{AppError, Role};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -175,11 +176,12 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
             admin_command(&data_dir, &admin::AdminRequest::Devices, json, |v| {
                 let mut out = String::new();
                 for d in v.as_array().into_iter().flatten() {
+                    // Names come from clients: escaped, so one cannot drive the terminal.
                     out.push_str(&format!(
                         "{}  {}  {}\n",
-                        d["deviceId"].as_str().unwrap_or_default(),
+                        printable(d["deviceId"].as_str().unwrap_or_default(), false),
                         d["roles"],
-                        d["name"].as_str().unwrap_or_default()
+                        printable(d["name"].as_str().unwrap_or_default(), false)
                     ));
                 }
                 if out.is_empty() {
@@ -267,7 +269,7 @@ fn report(error: &AppError, json: bool) -> ExitCode {
     if json {
         println!("{}", serde_json::json!({ "error": error }));
     } else {
-        eprintln!("pi-host: {error}");
+        eprintln!("pi-host: {}", printable(&error.to_string(), true));
     }
     ExitCode::FAILURE
 }

@@ -56,6 +56,51 @@ pub fn length(path: &str, value: &str, min: u64, max: u64) -> Result<(), AppErro
     Ok(())
 }
 
+/// What a name (device name, session title) may not contain, as a JSON Schema pattern: control
+/// characters (C0, DEL, C1), line and paragraph separators, and bidirectional overrides. A
+/// name is printed by CLIs and shown in lists; these would let it rewrite a terminal or
+/// disguise itself.
+pub const NAME_PATTERN: &str =
+    "^[^\\u0000-\\u001f\\u007f-\\u009f\\u200e\\u200f\\u2028-\\u202e\\u2066-\\u2069]*$";
+
+/// True for the characters [`NAME_PATTERN`] refuses.
+pub fn is_unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Checks a name: `min..=max` characters, none of them unprintable ([`NAME_PATTERN`]).
+pub fn name(path: &str, value: &str, min: u64, max: u64) -> Result<(), AppError> {
+    length(path, value, min, max)?;
+    if value.chars().any(is_unprintable) {
+        return Err(invalid(
+            path,
+            "must not contain control characters, line separators or bidirectional overrides",
+        ));
+    }
+    Ok(())
+}
+
+/// `text` with every unprintable character ([`is_unprintable`]) shown as a `\u{…}` escape, so
+/// printing what a client or an agent sent cannot move the cursor, retitle the terminal or
+/// reorder the line. Newlines and tabs stay when `multiline` (agent text), else they are
+/// escaped too.
+pub fn printable(text: &str, multiline: bool) -> std::borrow::Cow<'_, str> {
+    let keep = |c: char| multiline && (c == '\n' || c == '\t');
+    if !text.chars().any(|c| is_unprintable(c) && !keep(c)) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if is_unprintable(c) && !keep(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Checks that `value` lies in `min..=max`.
 pub fn range(path: &str, value: u64, min: u64, max: u64) -> Result<(), AppError> {
     if value < min || value > max {
@@ -67,6 +112,33 @@ pub fn range(path: &str, value: u64, min: u64, max: u64) -> Result<(), AppError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_refuse_what_would_rewrite_a_terminal() {
+        for bad in [
+            "laptop\u{1b}[2K\r\u{1b}[1A\u{1b}]0;owned\u{7}",
+            "a\nb",
+            "tab\there",
+            "del\u{7f}",
+            "c1\u{9b}31m",
+            "bidi\u{202e}txt.exe",
+            "iso\u{2066}late",
+            "line\u{2028}sep",
+        ] {
+            let err = name("deviceName", bad, 1, 64).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::InvalidParams, "{bad:?}");
+        }
+        assert!(name("deviceName", "Zoë's laptop ✓ 日本", 1, 64).is_ok());
+    }
+
+    #[test]
+    fn printable_escapes_controls_and_keeps_text() {
+        assert_eq!(printable("plain ✓", false), "plain ✓");
+        assert_eq!(printable("x\u{1b}[2K\ry", false), "x\\u{1b}[2K\\u{d}y");
+        assert_eq!(printable("a\n\tb\u{7}", true), "a\n\tb\\u{7}");
+        assert_eq!(printable("a\nb", false), "a\\u{a}b");
+        assert_eq!(printable("\u{202e}", true), "\\u{202e}");
+    }
 
     #[test]
     fn length_counts_characters_not_bytes() {

@@ -19,6 +19,7 @@ use racp_proto::methods::session::{SessionCreateParams, SessionRef, SessionSubsc
 use racp_proto::methods::turn::{
     Answer, ApprovalKind, ApprovalRespondParams, Decision, TurnStartParams, TurnState, Verdict,
 };
+use racp_proto::validate::printable;
 use racp_proto::{AppError, Empty, ErrorCode, ErrorSource, RacpMethod, calls};
 use serde_json::{Value, json};
 use std::collections::VecDeque;
@@ -189,7 +190,7 @@ fn main() -> ExitCode {
                     json!({"error": error, "exitCode": failure.exit() as u8})
                 );
             } else {
-                eprintln!("{}", failure.describe());
+                eprintln!("{}", printable(&failure.describe(), true));
             }
             failure.exit().into()
         }
@@ -241,7 +242,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             } else {
                 for s in &list.sessions {
                     let state = enum_name(&s.state);
-                    let title = s.title.as_deref().unwrap_or("-");
+                    let title = printable(s.title.as_deref().unwrap_or("-"), false);
                     let turn = s
                         .active_turn_id
                         .as_deref()
@@ -249,7 +250,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         .unwrap_or_default();
                     out.line(&format!(
                         "{}\t{state}\t{title}\t{}{turn}",
-                        s.session_id, s.workspace
+                        printable(&s.session_id, false),
+                        printable(&s.workspace, false)
                     ));
                 }
             }
@@ -292,8 +294,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     let current = if d.current { "\t(this device)" } else { "" };
                     out.line(&format!(
                         "{}\t{}\t{}{current}",
-                        d.device_id,
-                        d.name,
+                        printable(&d.device_id, false),
+                        printable(&d.name, false),
                         roles.join(",")
                     ));
                 }
@@ -316,7 +318,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-/// Where output goes: data on stdout, notes on stderr.
+/// Where output goes: data on stdout, notes on stderr. What a person reads passes through
+/// `printable`: names, paths and agent text come from elsewhere and must not drive the terminal
+/// (JSON output is escaped by the encoder).
 struct Out {
     json: bool,
 }
@@ -326,6 +330,7 @@ impl Out {
         if text.is_empty() {
             return;
         }
+        let text = printable(text, true);
         let mut stdout = std::io::stdout().lock();
         let _ = stdout.write_all(text.as_bytes());
         let _ = stdout.flush();
@@ -344,7 +349,7 @@ impl Out {
 
     /// A note for a person, on stderr (also in JSON mode, where stdout carries only data).
     fn note(&self, text: &str) {
-        eprintln!("{text}");
+        eprintln!("{}", printable(text, true));
     }
 }
 

@@ -11,6 +11,7 @@ use crate::provision::{self, BootstrapOptions, Credential};
 use crate::remote::Failure;
 use crate::remote::profile::{self, Profile, SshOrigin};
 use indicatif::{ProgressBar, ProgressStyle};
+use racp_proto::validate::printable;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -83,18 +84,20 @@ impl Reporter for Display {
             }
             Progress::Done { stage, ms, note } => {
                 self.finish();
-                let note = note.map(|n| format!(": {n}")).unwrap_or_default();
+                let note = note
+                    .map(|n| format!(": {}", printable(&n, false)))
+                    .unwrap_or_default();
                 eprintln!("  ✓ {} ({ms} ms){note}", stage.label());
             }
             Progress::Skipped { stage, why } => {
-                eprintln!("  - {}: skipped, {why}", stage.label());
+                eprintln!("  - {}: skipped, {}", stage.label(), printable(&why, false));
             }
             Progress::Ready(summary) => {
                 self.finish();
                 eprintln!(
                     "Connected to pi-host {} at {} (Ctrl-C stops the forward)",
-                    summary["hostVersion"].as_str().unwrap_or("?"),
-                    summary["url"].as_str().unwrap_or("?"),
+                    printable(summary["hostVersion"].as_str().unwrap_or("?"), false),
+                    printable(summary["url"].as_str().unwrap_or("?"), false),
                 );
             }
             Progress::Reconnecting {
@@ -105,7 +108,7 @@ impl Reporter for Display {
                 self.finish();
                 eprintln!(
                     "  ! the SSH link is down ({}); reconnecting in {delay_ms} ms (attempt {attempt})",
-                    error.message()
+                    printable(error.message(), false)
                 );
             }
             Progress::Reconnected { remote_port, ms } => {

@@ -3,7 +3,7 @@
 use crate::AppError;
 use crate::limits::{MAX_ID_CHARS, MAX_NAME_CHARS, MIN_MAX_FRAME_BYTES};
 use crate::role::Role;
-use crate::validate::{Validate, length, range};
+use crate::validate::{NAME_PATTERN, Validate, length, name, range};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -121,14 +121,14 @@ pub struct HelloResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PairParams {
-    /// A name for the device, shown in `device/list`.
-    #[schemars(length(min = 1, max = MAX_NAME_CHARS))]
+    /// A name for the device, shown in `device/list`; no control characters.
+    #[schemars(length(min = 1, max = MAX_NAME_CHARS), regex(pattern = NAME_PATTERN))]
     pub device_name: String,
 }
 
 impl Validate for PairParams {
     fn validate(&self) -> Result<(), AppError> {
-        length("deviceName", &self.device_name, 1, MAX_NAME_CHARS)
+        name("deviceName", &self.device_name, 1, MAX_NAME_CHARS)
     }
 }
 

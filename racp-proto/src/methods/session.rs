@@ -4,7 +4,7 @@ use super::turn::{ApprovalInfo, TurnInfo};
 use crate::AppError;
 use crate::cursor::Cursor;
 use crate::limits::{MAX_ID_CHARS, MAX_NAME_CHARS, MAX_PATH_CHARS};
-use crate::validate::{Validate, length};
+use crate::validate::{NAME_PATTERN, Validate, length, name};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -46,8 +46,9 @@ pub struct SessionCreateParams {
     /// Absolute path of the workspace directory; it must lie inside the host's permitted roots.
     #[schemars(length(min = 1, max = MAX_PATH_CHARS))]
     pub workspace: String,
+    /// A title shown in session lists; no control characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = MAX_NAME_CHARS))]
+    #[schemars(length(min = 1, max = MAX_NAME_CHARS), regex(pattern = NAME_PATTERN))]
     pub title: Option<String>,
 }
 
@@ -55,7 +56,7 @@ impl Validate for SessionCreateParams {
     fn validate(&self) -> Result<(), AppError> {
         length("workspace", &self.workspace, 1, MAX_PATH_CHARS)?;
         if let Some(title) = &self.title {
-            length("title", title, 1, MAX_NAME_CHARS)?;
+            name("title", title, 1, MAX_NAME_CHARS)?;
         }
         Ok(())
     }
