@@ -189,8 +189,14 @@ fn wrong_values(node: &Value, required: bool) -> Vec<Value> {
             json!({}),
             json!({"a": "b"}),
         ]);
+        // Names (the name pattern) refuse only unprintable characters; enums and other
+        // patterns refuse words too.
+        let name_pattern = node["pattern"] == racp_proto::validate::NAME_PATTERN;
+        if node.get("enum").is_some() || (node.get("pattern").is_some() && !name_pattern) {
+            values.push(json!("NOT-A-VALID-VALUE"));
+        }
         if node.get("enum").is_some() || node.get("pattern").is_some() {
-            values.extend([json!("NOT-A-VALID-VALUE"), json!("\u{0}")]);
+            values.extend([json!("\u{0}"), json!("\u{1b}[2J"), json!("a\u{202e}b")]);
         }
     } else if kinds.iter().any(|k| k == "integer") {
         values.extend([
