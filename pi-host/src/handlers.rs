@@ -3,10 +3,9 @@
 use crate::auth::Credential;
 use crate::clock::now_ms;
 use crate::paths::Fence;
-use crate::sessions::{Effect, EventDraft};
+use crate::sessions::HostEvent;
 use crate::state::HostState;
 use crate::store::{DeviceRow, PairingOutcome};
-use racp_proto::events::{EventType, SessionClosedData};
 use racp_proto::limits::{
     DEFAULT_PAIRING_TTL_SECONDS, MAX_PAIRING_TTL_SECONDS, MIN_PAIRING_TTL_SECONDS,
 };
@@ -85,7 +84,7 @@ pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Resul
             },
         ),
         Call::SessionGet(params) => {
-            let (session, snapshot, cursor) = find_session(state, &params.session_id)?.snapshot();
+            let (session, snapshot, cursor) = state.sessions.find(&params.session_id)?.snapshot();
             to_value(
                 state,
                 SessionGetResult {
@@ -105,16 +104,6 @@ pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Resul
             other.method().as_str()
         ))),
     }
-}
-
-pub fn find_session(
-    state: &HostState,
-    session_id: &str,
-) -> Result<Arc<crate::sessions::Session>, AppError> {
-    state.sessions.get(session_id).ok_or_else(|| {
-        AppError::new(ErrorCode::SessionNotFound, "no such session")
-            .with_details(json!({"sessionId": session_id}))
-    })
 }
 
 fn session_create(
@@ -195,22 +184,15 @@ async fn session_close(
     credential: &Credential,
     session_id: &str,
 ) -> Result<Ack, AppError> {
-    let session = find_session(state, session_id)?;
+    let session = state.sessions.find(session_id)?;
     if session.is_closing() {
         return Ok(Ack {});
     }
     state.turns.stop_session(state, &session).await;
-    let device_id = match credential {
-        Credential::Device { device_id, .. } => Some(device_id.clone()),
-        Credential::Pairing { .. } => None,
+    let closed = HostEvent::SessionClosed {
+        device_id: credential.device_id().map(str::to_string),
     };
-    let draft = EventDraft::new(
-        EventType::SessionClosed.as_str(),
-        None,
-        json!(SessionClosedData { device_id }),
-    )
-    .with_effect(Effect::Closed);
-    let committed = match state.sessions.append(&session, vec![draft]) {
+    let committed = match state.sessions.append(&session, vec![closed]) {
         Ok(committed) => committed,
         // Another close won the race.
         Err(_) if session.is_closing() => return Ok(Ack {}),

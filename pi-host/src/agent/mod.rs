@@ -31,6 +31,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use protocol::{Line, LineReader, Parsed, Reply};
 use racp_proto::{AppError, ErrorCode, ErrorSource};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
@@ -138,18 +139,16 @@ pub enum UiAnswer {
 }
 
 /// Everything the agent says, in the order it said it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum AgentOutput {
     /// Any pi event (agent_start, turn_start, message_update, tool_execution_*, turn_end,
-    /// agent_end, queue_update, compaction_*, auto_retry_*, extension_error, ...): `kind` is pi's
-    /// `type`, `payload` the whole JSON object unchanged. A stdout line that is not a JSON object
-    /// with a string `type` (or is longer than the line bound) becomes `kind: "invalid_output"`
-    /// with `{"type": "invalid_output", "error", "bytes", "line"?}` (`line`: its first KiB, or the first 64 bytes of an over-long line).
-    Event { kind: String, payload: Value },
+    /// agent_end, queue_update, compaction_*, auto_retry_*, extension_error, ...), or a line
+    /// that is not agent output (`invalid_output`).
+    Event(AgentEvent),
     /// An `extension_ui_request` with method confirm/select/input/editor: needs an answer through
-    /// [`Agent::answer_ui`] with the same `id`. `message` is confirm's; select has `options`;
-    /// input's `placeholder` and editor's `prefill` are in `payload`. `timeout_ms` is set when the
-    /// extension gave one: pi then resolves the dialog by itself (false/undefined) when it passes.
+    /// [`Agent::answer_ui`] with the same `id`. `message` is confirm's; select has `options`.
+    /// `timeout_ms` is set when the extension gave one: pi then resolves the dialog by itself
+    /// (false/undefined) when it passes.
     UiRequest {
         id: String,
         method: UiMethod,
@@ -157,18 +156,20 @@ pub enum AgentOutput {
         message: Option<String>,
         options: Option<Vec<String>>,
         timeout_ms: Option<u64>,
-        payload: Value,
     },
     /// A fire-and-forget `extension_ui_request` (notify, setStatus, setWidget, setTitle,
-    /// set_editor_text, ...): no answer.
-    UiNotice { method: String, payload: Value },
+    /// set_editor_text, ...): no answer; `payload` is the line as pi wrote it.
+    UiNotice {
+        method: String,
+        payload: Box<RawValue>,
+    },
     /// A `response` that no command method is waiting for: `{"type": "response", "command",
     /// "success", "error"?, "data"?, "id"?}`.
     Response {
         command: String,
         success: bool,
         error: Option<String>,
-        payload: Value,
+        payload: Box<RawValue>,
     },
     /// The process ended and its stdout is drained: always the last output. `status` is the exit
     /// code (None when a signal ended it: see `signal`); `stderr_tail` the last
@@ -180,11 +181,44 @@ pub enum AgentOutput {
     },
 }
 
+/// A pi event, relayed to clients as `agent.<kind>` with its payload exactly as pi wrote it
+/// (the host reads only what it needs from it, and never re-encodes it).
+#[derive(Debug, Clone)]
+pub struct AgentEvent {
+    /// pi's `type`, or `invalid_output` for a line that is not agent output: then the payload
+    /// is `{"type": "invalid_output", "error", "bytes", "line"?}` (`line`: its first KiB, or the
+    /// first 64 bytes of an over-long line).
+    pub kind: String,
+    pub payload: Box<RawValue>,
+    /// Set when this output ends the agent's run.
+    pub run_end: Option<RunEnd>,
+}
+
+/// How an agent run ended: pi's `agent_end`, read from its last assistant message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEnd {
+    pub stop_reason: StopReason,
+    /// pi's `errorMessage` when the run failed.
+    pub error_message: Option<String>,
+}
+
+/// pi's `stopReason` of the last assistant message of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model finished (`stop`, `length`, `toolUse`).
+    Finished,
+    Aborted,
+    Error,
+    /// No assistant message, an unknown reason, or an `agent_end` too long to read (its head
+    /// still named it).
+    Unknown,
+}
+
 impl AgentOutput {
     /// pi's `type` for events, `extension_ui_request`, `response`, or `exited`.
     pub fn kind(&self) -> &str {
         match self {
-            AgentOutput::Event { kind, .. } => kind,
+            AgentOutput::Event(event) => &event.kind,
             AgentOutput::UiRequest { .. } | AgentOutput::UiNotice { .. } => "extension_ui_request",
             AgentOutput::Response { .. } => "response",
             AgentOutput::Exited { .. } => "exited",
@@ -878,19 +912,18 @@ impl StdoutPump {
                         command,
                         success: reply.success,
                         error: reply.error,
-                        payload: reply.payload,
+                        payload: reply.raw,
                     })
                     .await;
                 }
             }
             Some(Parsed::Output(output)) => {
-                if let AgentOutput::Event { kind, payload } = &output
-                    && kind == "invalid_output"
+                if let AgentOutput::Event(event) = &output
+                    && event.kind == protocol::INVALID_OUTPUT
                 {
-                    let error = payload.get("error").and_then(Value::as_str);
                     tracing::warn!(
                         pid = self.pid,
-                        error,
+                        payload = event.payload.get(),
                         "agent wrote a line that is not agent output"
                     );
                 }

@@ -1,12 +1,18 @@
 //! pi's RPC mode on the wire: LF-framed JSON lines, read with a bound on the line length, and
 //! classified into [`AgentOutput`] values; commands written as JSON lines.
 
-use super::{AgentOutput, UiAnswer, UiMethod};
+use super::{AgentEvent, AgentOutput, RunEnd, StopReason, UiAnswer, UiMethod};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
+use std::borrow::Cow;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 /// How much of a line that is not valid agent output is kept in the `invalid_output` event.
 const INVALID_LINE_PREFIX: usize = 1024;
+
+/// The kind of the event that reports a line that is not agent output.
+pub(super) const INVALID_OUTPUT: &str = "invalid_output";
 
 /// One record read from the agent's stdout.
 #[derive(Debug, PartialEq, Eq)]
@@ -110,6 +116,8 @@ pub(super) struct Reply {
     pub success: bool,
     pub error: Option<String>,
     pub payload: Value,
+    /// The line as pi wrote it, relayed when nobody waits for the reply.
+    pub raw: Box<RawValue>,
 }
 
 /// What one stdout line means.
@@ -123,32 +131,102 @@ pub(super) enum Parsed {
     Output(AgentOutput),
 }
 
-/// An `invalid_output` event describing a line that is not agent output.
+/// An `invalid_output` event describing a line that is not agent output. A line whose head
+/// names `agent_end` (pi repeats every message of the run there, so it can be too long to
+/// read) still ends the run.
 pub(super) fn invalid_output(error: &str, line: Option<&[u8]>, bytes: usize) -> AgentOutput {
     let mut payload = Map::new();
-    payload.insert("type".into(), json!("invalid_output"));
+    payload.insert("type".into(), json!(INVALID_OUTPUT));
     payload.insert("error".into(), json!(error));
     payload.insert("bytes".into(), json!(bytes));
+    let mut ends_run = false;
     if let Some(line) = line {
         let prefix = &line[..line.len().min(INVALID_LINE_PREFIX)];
-        payload.insert(
-            "line".into(),
-            json!(String::from_utf8_lossy(prefix).into_owned()),
-        );
+        let text = String::from_utf8_lossy(prefix);
+        ends_run = text.contains(r#""type":"agent_end""#);
+        payload.insert("line".into(), json!(text));
     }
-    AgentOutput::Event {
-        kind: "invalid_output".into(),
-        payload: Value::Object(payload),
+    AgentOutput::Event(AgentEvent {
+        kind: INVALID_OUTPUT.into(),
+        // A map of strings and a number always encodes; the fallback is never used.
+        payload: serde_json::value::to_raw_value(&payload).unwrap_or_else(|_| raw_null()),
+        run_end: ends_run.then_some(RunEnd {
+            stop_reason: StopReason::Unknown,
+            error_message: None,
+        }),
+    })
+}
+
+fn raw_null() -> Box<RawValue> {
+    RawValue::from_string("null".into()).unwrap_or_else(|_| unreachable_raw())
+}
+
+#[allow(clippy::unreachable)]
+fn unreachable_raw() -> Box<RawValue> {
+    unreachable!("`null` is JSON")
+}
+
+/// The only field every pi line is read for. Borrowed, so an event costs no copy of its type
+/// unless it holds escapes.
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+}
+
+/// What `agent_end` is read for: the last assistant message's stop reason and error.
+#[derive(Deserialize)]
+struct AgentEnd {
+    #[serde(default)]
+    messages: Vec<MessageHead>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageHead {
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    error_message: Option<String>,
+}
+
+fn run_end(raw: &RawValue) -> RunEnd {
+    let last = serde_json::from_str::<AgentEnd>(raw.get())
+        .ok()
+        .and_then(|end| {
+            end.messages
+                .into_iter()
+                .rev()
+                .find(|m| m.role.as_deref() == Some("assistant"))
+        });
+    let Some(last) = last else {
+        return RunEnd {
+            stop_reason: StopReason::Unknown,
+            error_message: None,
+        };
+    };
+    let stop_reason = match last.stop_reason.as_deref() {
+        Some("stop" | "length" | "toolUse") => StopReason::Finished,
+        Some("aborted") => StopReason::Aborted,
+        Some("error") => StopReason::Error,
+        _ => StopReason::Unknown,
+    };
+    RunEnd {
+        stop_reason,
+        error_message: last.error_message,
     }
 }
 
-/// Classifies one complete stdout line; `None` for a blank line.
+/// Classifies one complete stdout line; `None` for a blank line. Events are kept as the raw
+/// line: only their `type` is read (and `agent_end`'s last message).
 pub(super) fn parse_line(line: &[u8]) -> Option<Parsed> {
     if line.iter().all(u8::is_ascii_whitespace) {
         return None;
     }
-    let value: Value = match serde_json::from_slice(line) {
-        Ok(value) => value,
+    let raw: Box<RawValue> = match serde_json::from_slice(line) {
+        Ok(raw) => raw,
         Err(err) => {
             let error = format!("not JSON: {err}");
             return Some(Parsed::Output(invalid_output(
@@ -158,7 +236,14 @@ pub(super) fn parse_line(line: &[u8]) -> Option<Parsed> {
             )));
         }
     };
-    let Some(kind) = value.get("type").and_then(Value::as_str).map(str::to_owned) else {
+    let kind = raw
+        .get()
+        .starts_with('{')
+        .then(|| serde_json::from_str::<Head>(raw.get()).ok())
+        .flatten()
+        .and_then(|head| head.kind)
+        .map(Cow::into_owned);
+    let Some(kind) = kind else {
         let error = "not a JSON object with a string `type`";
         return Some(Parsed::Output(invalid_output(
             error,
@@ -167,12 +252,33 @@ pub(super) fn parse_line(line: &[u8]) -> Option<Parsed> {
         )));
     };
     Some(match kind.as_str() {
-        "response" => parse_response(value),
-        "extension_ui_request" => Parsed::Output(parse_ui_request(value, line)),
-        _ => Parsed::Output(AgentOutput::Event {
-            kind,
-            payload: value,
-        }),
+        "response" | "extension_ui_request" => {
+            // Rare and small: read whole.
+            let value: Value = match serde_json::from_str(raw.get()) {
+                Ok(value) => value,
+                Err(err) => {
+                    let error = format!("not JSON: {err}");
+                    return Some(Parsed::Output(invalid_output(
+                        &error,
+                        Some(line),
+                        line.len(),
+                    )));
+                }
+            };
+            if kind == "response" {
+                parse_response(value, raw)
+            } else {
+                Parsed::Output(parse_ui_request(value, raw, line))
+            }
+        }
+        _ => {
+            let run_end = (kind == "agent_end").then(|| run_end(&raw));
+            Parsed::Output(AgentOutput::Event(AgentEvent {
+                kind,
+                payload: raw,
+                run_end,
+            }))
+        }
     })
 }
 
@@ -180,7 +286,7 @@ fn string_field(value: &Value, name: &str) -> Option<String> {
     value.get(name).and_then(Value::as_str).map(str::to_owned)
 }
 
-fn parse_response(value: Value) -> Parsed {
+fn parse_response(value: Value, raw: Box<RawValue>) -> Parsed {
     let success = value.get("success").and_then(Value::as_bool) == Some(true);
     let error = string_field(&value, "error");
     // pi echoes the command's id as given; ours are strings, but accept numbers too.
@@ -196,23 +302,24 @@ fn parse_response(value: Value) -> Parsed {
                 success,
                 error,
                 payload: value,
+                raw,
             },
         },
         None => Parsed::Output(AgentOutput::Response {
             command: string_field(&value, "command").unwrap_or_default(),
             success,
             error,
-            payload: value,
+            payload: raw,
         }),
     }
 }
 
-fn parse_ui_request(value: Value, line: &[u8]) -> AgentOutput {
+fn parse_ui_request(value: Value, raw: Box<RawValue>, line: &[u8]) -> AgentOutput {
     let method_name = string_field(&value, "method").unwrap_or_default();
     let Some(method) = UiMethod::from_wire(&method_name) else {
         return AgentOutput::UiNotice {
             method: method_name,
-            payload: value,
+            payload: raw,
         };
     };
     let Some(id) = string_field(&value, "id").filter(|id| !id.is_empty()) else {
@@ -241,7 +348,6 @@ fn parse_ui_request(value: Value, line: &[u8]) -> AgentOutput {
         message: string_field(&value, "message"),
         options,
         timeout_ms,
-        payload: value,
     }
 }
 

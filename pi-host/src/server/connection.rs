@@ -343,7 +343,7 @@ impl Connection {
             )
             .with_details(json!({"maxSubscriptions": max})));
         }
-        let session = handlers::find_session(&self.state, &params.session_id)?;
+        let session = self.state.sessions.find(&params.session_id)?;
         self.subs.subscribe(session, params.cursor)
     }
 

@@ -7,61 +7,24 @@
 //! woken. Connections pull from the log at their own pace, so a slow subscriber never slows
 //! the producer or anyone else (invariant 3).
 
+mod event;
 pub mod log;
 mod writer;
+
+pub use event::{Effect, HostEvent};
 
 use crate::clock::now_ms;
 use crate::store::{SessionRow, Store, StoreError};
 use dashmap::DashMap;
 use log::{EventLog, LoggedEvent, Retention};
-use racp_proto::events::{Event, EventType};
+use racp_proto::events::{Event, EventType, TurnFinishedData, TurnStartedData};
 use racp_proto::methods::session::{SessionInfo, SessionState, Snapshot};
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
-use racp_proto::{AppError, Cursor, Epoch};
-use serde_json::Value;
+use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
+use serde::Serialize;
+use serde_json::value::RawValue;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, mpsc, oneshot};
-
-/// An event before it has a seq.
-#[derive(Debug, Clone)]
-pub struct EventDraft {
-    pub kind: String,
-    pub turn_id: Option<String>,
-    pub data: Value,
-    /// How the event changes the session's snapshot state, applied when it is published.
-    pub effect: Option<Effect>,
-}
-
-impl EventDraft {
-    pub fn new(kind: impl Into<String>, turn_id: Option<String>, data: Value) -> Self {
-        EventDraft {
-            kind: kind.into(),
-            turn_id,
-            data,
-            effect: None,
-        }
-    }
-
-    pub fn with_effect(mut self, effect: Effect) -> Self {
-        self.effect = Some(effect);
-        self
-    }
-}
-
-/// State changes carried by host events.
-#[derive(Debug, Clone)]
-pub enum Effect {
-    TurnStarted(TurnInfo),
-    TurnFinished {
-        turn_id: String,
-        state: TurnState,
-        error: Option<AppError>,
-        at: u64,
-    },
-    ApprovalRequested(ApprovalInfo),
-    ApprovalSettled(String),
-    Closed,
-}
 
 /// How many finished turns a snapshot shows.
 const SNAPSHOT_TURNS: usize = 50;
@@ -346,6 +309,14 @@ impl Sessions {
         self.map.get(session_id).map(|s| s.value().clone())
     }
 
+    /// The session, or SESSION_NOT_FOUND.
+    pub fn find(&self, session_id: &str) -> Result<Arc<Session>, AppError> {
+        self.get(session_id).ok_or_else(|| {
+            AppError::new(ErrorCode::SessionNotFound, "no such session")
+                .with_details(serde_json::json!({"sessionId": session_id}))
+        })
+    }
+
     pub fn list(&self) -> Vec<Arc<Session>> {
         let mut sessions: Vec<_> = self.map.iter().map(|s| s.value().clone()).collect();
         sessions.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
@@ -360,12 +331,25 @@ impl Sessions {
         Ok(session)
     }
 
+    /// Appends events and waits until they are committed and published; returns the cursor
+    /// after the last one.
+    pub async fn commit(
+        &self,
+        session: &Arc<Session>,
+        events: Vec<HostEvent>,
+    ) -> Result<Cursor, AppError> {
+        self.append(session, events)?
+            .await
+            .map_err(|_| shutting_down())
+    }
+
     /// Queues events for commit; the receiver yields the cursor after the last one once it is
-    /// committed and published. Refused once the session is closing.
+    /// committed and published. Refused once the session is closing, and as a whole when an
+    /// event cannot be encoded (nothing of the batch is stored).
     pub fn append(
         &self,
         session: &Arc<Session>,
-        drafts: Vec<EventDraft>,
+        events: Vec<HostEvent>,
     ) -> Result<oneshot::Receiver<Cursor>, AppError> {
         let (done, committed) = oneshot::channel();
         let writer = self
@@ -383,32 +367,26 @@ impl Sessions {
         }
         let epoch = inner.log.epoch();
         let at = now_ms();
-        let mut events = Vec::with_capacity(drafts.len());
+        let mut logged = Vec::with_capacity(events.len());
         // One buffer for the batch: each event then costs one allocation of its exact size
         // instead of a growing String and a shrink.
         let mut buf = Vec::with_capacity(1 << 10);
-        for draft in drafts {
-            let seq = inner.next_seq;
-            inner.next_seq += 1;
-            if matches!(draft.effect, Some(Effect::Closed)) {
-                inner.closing = true;
-            }
-            let event = Event {
-                seq,
-                cursor: Cursor::new(epoch, seq),
-                kind: draft.kind,
-                at,
-                turn_id: draft.turn_id,
-                data: draft.data,
-                elided: None,
-            };
+        let first_seq = inner.next_seq;
+        for (offset, event) in events.into_iter().enumerate() {
+            let seq = first_seq + offset as u64;
             buf.clear();
-            let json: Box<str> = match serde_json::to_writer(&mut buf, &event) {
-                Ok(()) => std::str::from_utf8(&buf).unwrap_or("{}").into(),
-                Err(_) => "{}".into(),
-            };
-            events.push((Arc::new(LoggedEvent { seq, at, json }), draft.effect));
+            encode(&event, seq, Cursor::new(epoch, seq), at, &mut buf)?;
+            let json: Box<str> = std::str::from_utf8(&buf)
+                .map_err(|e| unencodable(&event, e))?
+                .into();
+            logged.push((Arc::new(LoggedEvent { seq, at, json }), event));
         }
+        inner.next_seq = first_seq + logged.len() as u64;
+        inner.closing |= logged.iter().any(|(_, event)| event.closes_session());
+        let events = logged
+            .into_iter()
+            .map(|(logged, event)| (logged, event.into_effect(at)))
+            .collect();
         writer
             .send(writer::Pending {
                 session: session.clone(),
@@ -440,6 +418,45 @@ fn shutting_down() -> AppError {
     )
 }
 
+/// An event as it goes on the wire, with its `data` spliced in as JSON text.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireEvent<'a> {
+    seq: u64,
+    cursor: Cursor,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    at: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    turn_id: Option<&'a str>,
+    data: &'a RawValue,
+}
+
+fn encode(
+    event: &HostEvent,
+    seq: u64,
+    cursor: Cursor,
+    at: u64,
+    buf: &mut Vec<u8>,
+) -> Result<(), AppError> {
+    let data = event.data().map_err(|e| unencodable(event, e))?;
+    let wire = WireEvent {
+        seq,
+        cursor,
+        kind: &event.kind(),
+        at,
+        turn_id: event.turn_id(),
+        data: &data,
+    };
+    serde_json::to_writer(buf, &wire).map_err(|e| unencodable(event, e))
+}
+
+/// The one answer to an event that cannot be encoded: nothing of its batch is stored.
+fn unencodable(event: &HostEvent, err: impl std::fmt::Display) -> AppError {
+    tracing::error!(kind = %event.kind(), error = %err, "cannot encode an event");
+    AppError::new(ErrorCode::Internal, "the host could not encode an event")
+}
+
 /// Rebuilds the snapshot's turn list from stored host events after a restart.
 fn restore_turn_state(turns: &mut Vec<TurnInfo>, json: &str) {
     let Ok(event) = serde_json::from_str::<Event>(json) else {
@@ -449,10 +466,13 @@ fn restore_turn_state(turns: &mut Vec<TurnInfo>, json: &str) {
         return;
     };
     if event.kind == EventType::TurnStarted.as_str() {
+        let Ok(data) = serde_json::from_value::<TurnStartedData>(event.data) else {
+            return;
+        };
         turns.push(TurnInfo {
             turn_id,
             state: TurnState::Running,
-            text: event.data["text"].as_str().unwrap_or_default().to_string(),
+            text: data.text,
             started_at: event.at,
             finished_at: None,
             error: None,
@@ -463,12 +483,11 @@ fn restore_turn_state(turns: &mut Vec<TurnInfo>, json: &str) {
     } else if event.kind == EventType::TurnFinished.as_str()
         && let Some(turn) = turns.iter_mut().find(|t| t.turn_id == turn_id)
     {
-        turn.state = match event.data["outcome"].as_str() {
-            Some("completed") => TurnState::Completed,
-            Some("aborted") => TurnState::Aborted,
-            _ => TurnState::Failed,
+        let Ok(data) = serde_json::from_value::<TurnFinishedData>(event.data) else {
+            return;
         };
+        turn.state = event::turn_state(data.outcome);
         turn.finished_at = Some(event.at);
-        turn.error = serde_json::from_value(event.data["error"].clone()).ok();
+        turn.error = data.error;
     }
 }

@@ -1,4 +1,4 @@
-//! Approvals (invariant 4): the agent's confirm/select/input/editor dialogs, with an absolute
+//! Approvals (docs/protocol.md §7.18): the agent's confirm/select/input/editor dialogs, with an absolute
 //! deadline. The first answer wins across devices; a late one gets APPROVAL_EXPIRED; one for a
 //! settled approval or an ended turn gets APPROVAL_STALE. At the deadline the host settles the
 //! approval as expired, tells the agent, and emits `approval.settled`.
@@ -6,10 +6,9 @@
 use crate::agent::{Agent, UiAnswer, UiMethod};
 use crate::auth::Credential;
 use crate::clock::now_ms;
-use crate::sessions::{Effect, EventDraft, Session};
+use crate::sessions::{HostEvent, Session};
 use crate::state::HostState;
 use dashmap::DashMap;
-use racp_proto::events::{ApprovalRequestedData, ApprovalSettledData, EventType};
 use racp_proto::methods::turn::{
     ApprovalInfo, ApprovalKind, ApprovalRespondParams, ApprovalRespondResult, ApprovalState,
     Decision, Verdict,
@@ -56,20 +55,6 @@ fn kind_of(method: UiMethod) -> ApprovalKind {
     }
 }
 
-fn settled_draft(info: &ApprovalInfo) -> EventDraft {
-    EventDraft::new(
-        EventType::ApprovalSettled.as_str(),
-        Some(info.turn_id.clone()),
-        json!(ApprovalSettledData {
-            approval_id: info.approval_id.clone(),
-            outcome: info.state,
-            device_id: info.settled_by.clone(),
-            value: info.value.clone(),
-        }),
-    )
-    .with_effect(Effect::ApprovalSettled(info.approval_id.clone()))
-}
-
 impl Approvals {
     /// Registers a dialog as a pending approval, arms its deadline, and returns the
     /// `approval.requested` event to append.
@@ -80,7 +65,7 @@ impl Approvals {
         agent: &Agent,
         turn_id: &str,
         request: Request,
-    ) -> EventDraft {
+    ) -> HostEvent {
         let approval_id = host
             .secrets
             .new_id("apr_")
@@ -104,15 +89,6 @@ impl Approvals {
             settled_by: None,
             value: None,
         };
-        let data = ApprovalRequestedData {
-            approval_id: approval_id.clone(),
-            turn_id: turn_id.to_string(),
-            kind: info.kind,
-            title: info.title.clone(),
-            message: info.message.clone(),
-            options: info.options.clone(),
-            deadline,
-        };
         let entry = Arc::new(Entry {
             info: Mutex::new(info.clone()),
             agent: agent.clone(),
@@ -128,37 +104,32 @@ impl Approvals {
             tokio::time::sleep(timeout).await;
             expire(&host, &entry).await;
         });
-        EventDraft::new(
-            EventType::ApprovalRequested.as_str(),
-            Some(turn_id.to_string()),
-            json!(data),
-        )
-        .with_effect(Effect::ApprovalRequested(info))
+        HostEvent::ApprovalRequested(info)
     }
 
     /// Settles every pending approval of an ended turn as cancelled; returns the events.
-    pub fn cancel_turn(&self, host: &HostState, turn_id: &str) -> Vec<EventDraft> {
-        let mut drafts = Vec::new();
+    pub fn cancel_turn(&self, host: &HostState, turn_id: &str) -> Vec<HostEvent> {
+        let mut events = Vec::new();
         for entry in self.map.iter() {
             let mut info = entry.lock();
             if info.turn_id == turn_id && info.state == ApprovalState::Pending {
                 info.state = ApprovalState::Cancelled;
                 save(host, &info);
-                drafts.push(settled_draft(&info));
+                events.push(HostEvent::ApprovalSettled(info.clone()));
             }
         }
-        drafts
+        events
     }
 
     /// After a restart: approvals left pending have no agent to answer; settle them cancelled.
-    pub fn cancel_stored(host: &HostState, session_id: &str) -> Vec<EventDraft> {
+    pub fn cancel_stored(host: &HostState, session_id: &str) -> Vec<HostEvent> {
         let pending = host.store.pending_approvals(session_id).unwrap_or_default();
         pending
             .into_iter()
             .map(|mut info| {
                 info.state = ApprovalState::Cancelled;
                 save(host, &info);
-                settled_draft(&info)
+                HostEvent::ApprovalSettled(info)
             })
             .collect()
     }
@@ -179,10 +150,7 @@ impl Approvals {
                 Err(err) => host.internal(err),
             });
         };
-        let device_id = match credential {
-            Credential::Device { device_id, .. } => Some(device_id.clone()),
-            Credential::Pairing { .. } => None,
-        };
+        let device_id = credential.device_id().map(str::to_string);
         let past_deadline = {
             let info = entry.lock();
             info.state == ApprovalState::Pending && now_ms() >= info.deadline
@@ -208,7 +176,12 @@ impl Approvals {
         if let Err(err) = entry.agent.answer_ui(&entry.agent_request_id, answer).await {
             tracing::warn!(error = %err, "the agent did not take an approval answer");
         }
-        append(host, &entry.session, settled_draft(&settled)).await;
+        record(
+            host,
+            &entry.session,
+            HostEvent::ApprovalSettled(settled.clone()),
+        )
+        .await;
         Ok(ApprovalRespondResult { approval: settled })
     }
 }
@@ -296,14 +269,11 @@ async fn expire(host: &HostState, entry: &Entry) {
     {
         tracing::debug!(error = %err, "the agent did not take an expiry");
     }
-    append(host, &entry.session, settled_draft(&settled)).await;
+    record(host, &entry.session, HostEvent::ApprovalSettled(settled)).await;
 }
 
-async fn append(host: &HostState, session: &Arc<Session>, draft: EventDraft) {
-    match host.sessions.append(session, vec![draft]) {
-        Ok(committed) => {
-            let _ = committed.await;
-        }
-        Err(err) => tracing::warn!(error = %err, "approval event not recorded"),
+async fn record(host: &HostState, session: &Arc<Session>, event: HostEvent) {
+    if let Err(err) = host.sessions.commit(session, vec![event]).await {
+        tracing::warn!(error = %err, "approval event not recorded");
     }
 }

@@ -9,20 +9,22 @@ mod approvals;
 
 pub use approvals::Approvals;
 
-use crate::agent::{Agent, AgentError, AgentOutput, AgentSpec};
+use crate::agent::{
+    Agent, AgentError, AgentEvent, AgentOutput, AgentSpec, RunEnd, StopReason, UiAnswer,
+};
 use crate::auth::Credential;
 use crate::clock::now_ms;
-use crate::sessions::{Effect, EventDraft, Session};
+use crate::sessions::{HostEvent, Session};
 use crate::state::HostState;
 use crate::store::TurnRow;
-use racp_proto::events::{EventType, TurnFinishedData, TurnOutcome, TurnStartedData};
+use racp_proto::events::TurnOutcome;
 use racp_proto::methods::turn::{
     TurnInfo, TurnRef, TurnStartParams, TurnStartResult, TurnState, TurnSteerParams,
 };
 use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::Arc;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, MutexGuard, mpsc};
 
 /// Most agent outputs appended as one group.
 const PUMP_BATCH: usize = 1024;
@@ -54,13 +56,6 @@ pub struct Turns {
     pub approvals: Approvals,
 }
 
-fn device_of(credential: &Credential) -> Option<String> {
-    match credential {
-        Credential::Device { device_id, .. } => Some(device_id.clone()),
-        Credential::Pairing { .. } => None,
-    }
-}
-
 impl Turns {
     fn driver(&self, session: &Arc<Session>) -> Arc<Driver> {
         self.drivers
@@ -81,28 +76,12 @@ impl Turns {
         credential: &Credential,
         params: TurnStartParams,
     ) -> Result<TurnStartResult, AppError> {
-        let session = crate::handlers::find_session(host, &params.session_id)?;
+        let session = host.sessions.find(&params.session_id)?;
         let driver = self.driver(&session);
         let mut state = driver.state.lock().await;
         // The key is checked under the driver's lock, so two racing resends see one turn.
-        if let Some(turn) = host
-            .store
-            .turn_by_key(&session.id, &params.idempotency_key)
-            .map_err(|e| host.internal(e))?
-        {
-            return if turn.text == params.text {
-                Ok(TurnStartResult {
-                    turn_id: turn.turn_id,
-                })
-            } else {
-                Err(AppError::new(
-                    ErrorCode::IdempotencyConflict,
-                    "this idempotency key already started a turn with other input",
-                )
-                .with_details(
-                    json!({"idempotencyKey": params.idempotency_key, "turnId": turn.turn_id}),
-                ))
-            };
+        if let Some(earlier) = earlier_turn(host, &session, &params)? {
+            return Ok(earlier);
         }
         if session.is_closing() {
             return Err(closed(&session));
@@ -114,71 +93,8 @@ impl Turns {
             )
             .with_details(json!({"turnId": active.turn_id})));
         }
-        let agent = match &state.agent {
-            Some(agent) => agent.clone(),
-            None => {
-                // Each session keeps the agent's own session files in its own directory; an
-                // agent started again for a session that already ran resumes from them.
-                let session_dir = host
-                    .config
-                    .data_dir
-                    .join("agent-sessions")
-                    .join(&session.id);
-                if let Err(err) = crate::fsutil::create_private_dir(&session_dir) {
-                    tracing::warn!(error = %err, "cannot create the agent's session directory");
-                }
-                let resume = state.spawned_before || session.has_turns();
-                let command = if resume && !host.config.agent_resume_args.is_empty() {
-                    format!("{} {}", host.config.agent, host.config.agent_resume_args)
-                } else {
-                    host.config.agent.clone()
-                };
-                let spec = AgentSpec {
-                    command,
-                    workspace: session.workspace.clone().into(),
-                    env: vec![(
-                        "PI_CODING_AGENT_SESSION_DIR".to_string(),
-                        session_dir.display().to_string(),
-                    )],
-                };
-                let (agent, output) = Agent::spawn(&spec).await.map_err(|e| e.to_app_error())?;
-                tokio::spawn(pump(host.clone(), driver.clone(), agent.clone(), output));
-                state.agent = Some(agent.clone());
-                state.spawned_before = true;
-                agent
-            }
-        };
-        let turn_id = host.secrets.new_id("turn_").map_err(|e| host.internal(e))?;
-        let started_at = now_ms();
-        host.store
-            .insert_turn(
-                &session.id,
-                &TurnRow {
-                    turn_id: turn_id.clone(),
-                    idempotency_key: params.idempotency_key.clone(),
-                    text: params.text.clone(),
-                    started_at,
-                },
-            )
-            .map_err(|e| host.internal(e))?;
-        let info = TurnInfo {
-            turn_id: turn_id.clone(),
-            state: TurnState::Running,
-            text: params.text.clone(),
-            started_at,
-            finished_at: None,
-            error: None,
-        };
-        let draft = EventDraft::new(
-            EventType::TurnStarted.as_str(),
-            Some(turn_id.clone()),
-            json!(TurnStartedData {
-                text: params.text.clone(),
-                device_id: device_of(credential),
-            }),
-        )
-        .with_effect(Effect::TurnStarted(info));
-        wait_committed(host, &session, vec![draft]).await?;
+        let agent = driver.ensure_agent(host, &mut state).await?;
+        let turn_id = record_turn(host, &session, credential, &params).await?;
         state.active = Some(ActiveTurn {
             turn_id: turn_id.clone(),
             abort_requested: false,
@@ -187,19 +103,9 @@ impl Turns {
         drop(state);
         if let Err(err) = agent.prompt(&params.text).await {
             // The turn is recorded; end it so the session is usable again.
-            let mut state = driver.state.lock().await;
-            if state.active.as_ref().is_some_and(|a| a.turn_id == turn_id) {
-                state.active = None;
-                let mut drafts = self.approvals.cancel_turn(host, &turn_id);
-                drafts.push(finished_draft(
-                    &turn_id,
-                    TurnOutcome::Failed,
-                    Some(err.to_app_error()),
-                ));
-                if let Err(err) = wait_committed(host, &session, drafts).await {
-                    tracing::warn!(error = %err, "cannot record the end of a turn");
-                }
-            }
+            driver
+                .end_turn_early(host, &turn_id, TurnOutcome::Failed, err.to_app_error())
+                .await;
         }
         Ok(TurnStartResult { turn_id })
     }
@@ -209,7 +115,7 @@ impl Turns {
         host: &Arc<HostState>,
         params: TurnSteerParams,
     ) -> Result<Ack, AppError> {
-        let session = crate::handlers::find_session(host, &params.session_id)?;
+        let session = host.sessions.find(&params.session_id)?;
         let driver = self.driver(&session);
         let agent = running_agent(host, &session, &*driver.state.lock().await, &params.turn_id)?;
         agent
@@ -221,7 +127,7 @@ impl Turns {
 
     /// `turn/abort`: aborting a finished turn succeeds and changes nothing.
     pub async fn abort(&self, host: &Arc<HostState>, params: TurnRef) -> Result<Ack, AppError> {
-        let session = crate::handlers::find_session(host, &params.session_id)?;
+        let session = host.sessions.find(&params.session_id)?;
         let driver = self.driver(&session);
         let agent = {
             let mut state = driver.state.lock().await;
@@ -257,14 +163,9 @@ impl Turns {
         }
         let active = driver.state.lock().await.active.take();
         if let Some(active) = active {
-            let mut drafts = self.approvals.cancel_turn(host, &active.turn_id);
             let error = AppError::new(ErrorCode::TurnAborted, "the session was closed");
-            drafts.push(finished_draft(
-                &active.turn_id,
-                TurnOutcome::Aborted,
-                Some(error),
-            ));
-            if let Err(err) = wait_committed(host, session, drafts).await {
+            let events = end_of_turn(host, &active.turn_id, TurnOutcome::Aborted, Some(error));
+            if let Err(err) = host.sessions.commit(session, events).await {
                 tracing::warn!(error = %err, "cannot record the end of a turn");
             }
         }
@@ -282,18 +183,22 @@ impl Turns {
 /// After a restart no agent runs: a turn that was running when the host died has failed.
 pub async fn end_interrupted_turns(host: &HostState) {
     for session in host.sessions.list() {
-        let mut drafts = Approvals::cancel_stored(host, &session.id);
+        let mut events = Approvals::cancel_stored(host, &session.id);
         if let Some(turn_id) = session.active_turn() {
             let error = AppError::new(
                 ErrorCode::AgentSidecarCrashed,
                 "the host restarted during this turn; start a new turn to continue",
             );
-            drafts.push(finished_draft(&turn_id, TurnOutcome::Failed, Some(error)));
+            events.push(HostEvent::TurnFinished {
+                turn_id,
+                outcome: TurnOutcome::Failed,
+                error: Some(error),
+            });
         }
-        if drafts.is_empty() {
+        if events.is_empty() {
             continue;
         }
-        if let Err(err) = wait_committed(host, &session, drafts).await {
+        if let Err(err) = host.sessions.commit(&session, events).await {
             tracing::warn!(error = %err, "cannot end an interrupted turn");
         }
     }
@@ -334,53 +239,93 @@ fn running_agent(
     }
 }
 
-async fn wait_committed(
+/// The events that end a turn: its pending approvals settled as cancelled, then
+/// `turn.finished`.
+fn end_of_turn(
+    host: &HostState,
+    turn_id: &str,
+    outcome: TurnOutcome,
+    error: Option<AppError>,
+) -> Vec<HostEvent> {
+    let mut events = host.turns.approvals.cancel_turn(host, turn_id);
+    events.push(HostEvent::TurnFinished {
+        turn_id: turn_id.to_string(),
+        outcome,
+        error,
+    });
+    events
+}
+
+/// The earlier turn of a resent `turn/start` (same idempotency key); IDEMPOTENCY_CONFLICT when
+/// the key started a turn with other input.
+fn earlier_turn(
+    host: &HostState,
+    session: &Session,
+    params: &TurnStartParams,
+) -> Result<Option<TurnStartResult>, AppError> {
+    let Some(turn) = host
+        .store
+        .turn_by_key(&session.id, &params.idempotency_key)
+        .map_err(|e| host.internal(e))?
+    else {
+        return Ok(None);
+    };
+    if turn.text != params.text {
+        return Err(AppError::new(
+            ErrorCode::IdempotencyConflict,
+            "this idempotency key already started a turn with other input",
+        )
+        .with_details(json!({"idempotencyKey": params.idempotency_key, "turnId": turn.turn_id})));
+    }
+    Ok(Some(TurnStartResult {
+        turn_id: turn.turn_id,
+    }))
+}
+
+/// Stores a new turn under its idempotency key and commits `turn.started`; returns its id.
+async fn record_turn(
     host: &HostState,
     session: &Arc<Session>,
-    drafts: Vec<EventDraft>,
-) -> Result<(), AppError> {
-    let committed = host.sessions.append(session, drafts)?;
-    committed
-        .await
-        .map(drop)
-        .map_err(|_| host.internal("the event writer stopped before committing"))
-}
-
-fn finished_draft(turn_id: &str, outcome: TurnOutcome, error: Option<AppError>) -> EventDraft {
-    let state = match outcome {
-        TurnOutcome::Completed => TurnState::Completed,
-        TurnOutcome::Aborted => TurnState::Aborted,
-        TurnOutcome::Failed => TurnState::Failed,
+    credential: &Credential,
+    params: &TurnStartParams,
+) -> Result<String, AppError> {
+    let turn_id = host.secrets.new_id("turn_").map_err(|e| host.internal(e))?;
+    let started_at = now_ms();
+    let row = TurnRow {
+        turn_id: turn_id.clone(),
+        idempotency_key: params.idempotency_key.clone(),
+        text: params.text.clone(),
+        started_at,
     };
-    EventDraft::new(
-        EventType::TurnFinished.as_str(),
-        Some(turn_id.to_string()),
-        json!(TurnFinishedData {
-            outcome,
-            error: error.clone(),
-        }),
-    )
-    .with_effect(Effect::TurnFinished {
-        turn_id: turn_id.to_string(),
-        state,
-        error,
-        at: now_ms(),
-    })
+    host.store
+        .insert_turn(&session.id, &row)
+        .map_err(|e| host.internal(e))?;
+    let turn = TurnInfo {
+        turn_id: turn_id.clone(),
+        state: TurnState::Running,
+        text: params.text.clone(),
+        started_at,
+        finished_at: None,
+        error: None,
+    };
+    let started = HostEvent::TurnStarted {
+        turn,
+        device_id: credential.device_id().map(str::to_string),
+    };
+    host.sessions.commit(session, vec![started]).await?;
+    Ok(turn_id)
 }
 
-/// How a run ended, read from pi's `agent_end` (its last assistant message's `stopReason`).
-fn outcome_of(agent_end: &Value, abort_requested: bool) -> (TurnOutcome, Option<AppError>) {
-    let last = agent_end["messages"]
-        .as_array()
-        .and_then(|m| m.iter().rev().find(|m| m["role"] == "assistant"));
-    let stop = last.and_then(|m| m["stopReason"].as_str()).unwrap_or("");
-    if abort_requested || stop == "aborted" {
+/// How a run ended, from pi's `agent_end` (its last assistant message's stop reason).
+fn outcome_of(end: &RunEnd, abort_requested: bool) -> (TurnOutcome, Option<AppError>) {
+    if abort_requested || end.stop_reason == StopReason::Aborted {
         let error = AppError::new(ErrorCode::TurnAborted, "the turn was aborted");
         return (TurnOutcome::Aborted, Some(error));
     }
-    if stop == "error" {
-        let message = last
-            .and_then(|m| m["errorMessage"].as_str())
+    if end.stop_reason == StopReason::Error {
+        let message = end
+            .error_message
+            .as_deref()
             .unwrap_or("the agent reported an error");
         let error = AppError::new(ErrorCode::Internal, message.to_string())
             .with_source(ErrorSource::Agent)
@@ -390,7 +335,31 @@ fn outcome_of(agent_end: &Value, abort_requested: bool) -> (TurnOutcome, Option<
     (TurnOutcome::Completed, None)
 }
 
-/// Reads the agent's output until it exits, appending events in committed batches.
+/// The error a turn ends with when its agent process dies under it.
+fn died_during_turn(
+    abort_requested: bool,
+    status: Option<i32>,
+    signal: Option<i32>,
+    stderr_tail: String,
+) -> (TurnOutcome, AppError) {
+    if abort_requested {
+        let error = AppError::new(ErrorCode::TurnAborted, "the turn was aborted");
+        return (TurnOutcome::Aborted, error);
+    }
+    let error = AppError::new(
+        ErrorCode::AgentSidecarCrashed,
+        "the agent process died during the turn; the next turn restarts it",
+    )
+    .with_source(ErrorSource::Agent)
+    .with_details(json!({
+        "exitCode": status,
+        "signal": signal,
+        "stderrTail": stderr_tail,
+    }));
+    (TurnOutcome::Failed, error)
+}
+
+/// Reads the agent's output until it exits, appending each batch as one committed group.
 async fn pump(
     host: Arc<HostState>,
     driver: Arc<Driver>,
@@ -406,31 +375,93 @@ async fn pump(
                 Err(_) => break,
             }
         }
-        let mut drafts = Vec::with_capacity(batch.len());
-        let mut state = driver.state.lock().await;
-        let mut exited = false;
+        let exited = matches!(batch.last(), Some(AgentOutput::Exited { .. }));
+        let events = driver.translate(&host, &agent, batch).await;
+        if !events.is_empty()
+            && let Err(err) = host.sessions.commit(&session, events).await
+        {
+            tracing::warn!(error = %err, session_id = %session.id, "agent output not recorded");
+        }
+        if exited {
+            break;
+        }
+    }
+}
+
+impl Driver {
+    /// Starts the session's agent if none runs; the pump for its output starts with it.
+    async fn ensure_agent(
+        self: &Arc<Self>,
+        host: &Arc<HostState>,
+        state: &mut DriverState,
+    ) -> Result<Agent, AppError> {
+        if let Some(agent) = &state.agent {
+            return Ok(agent.clone());
+        }
+        // Each session keeps the agent's own session files in its own directory; an agent
+        // started again for a session that already ran resumes from them.
+        let session_dir = host
+            .config
+            .data_dir
+            .join("agent-sessions")
+            .join(&self.session.id);
+        if let Err(err) = crate::fsutil::create_private_dir(&session_dir) {
+            tracing::warn!(error = %err, "cannot create the agent's session directory");
+        }
+        let resume = state.spawned_before || self.session.has_turns();
+        let command = if resume && !host.config.agent_resume_args.is_empty() {
+            format!("{} {}", host.config.agent, host.config.agent_resume_args)
+        } else {
+            host.config.agent.clone()
+        };
+        let spec = AgentSpec {
+            command,
+            workspace: self.session.workspace.clone().into(),
+            env: vec![(
+                "PI_CODING_AGENT_SESSION_DIR".to_string(),
+                session_dir.display().to_string(),
+            )],
+        };
+        let (agent, output) = Agent::spawn(&spec).await.map_err(|e| e.to_app_error())?;
+        tokio::spawn(pump(host.clone(), self.clone(), agent.clone(), output));
+        state.agent = Some(agent.clone());
+        state.spawned_before = true;
+        Ok(agent)
+    }
+
+    /// Ends `turn_id` if it is still the running turn (the prompt never reached the agent).
+    async fn end_turn_early(
+        &self,
+        host: &HostState,
+        turn_id: &str,
+        outcome: TurnOutcome,
+        error: AppError,
+    ) {
+        let mut state = self.state.lock().await;
+        if state.active.as_ref().is_none_or(|a| a.turn_id != turn_id) {
+            return;
+        }
+        state.active = None;
+        let events = end_of_turn(host, turn_id, outcome, Some(error));
+        if let Err(err) = host.sessions.commit(&self.session, events).await {
+            tracing::warn!(error = %err, "cannot record the end of a turn");
+        }
+    }
+
+    /// Turns a batch of agent output into events, under the driver's lock (which orders them
+    /// with turn starts and aborts).
+    async fn translate(
+        &self,
+        host: &Arc<HostState>,
+        agent: &Agent,
+        batch: Vec<AgentOutput>,
+    ) -> Vec<HostEvent> {
+        let mut events = Vec::with_capacity(batch.len());
+        let mut state = self.state.lock().await;
         for out in batch {
             let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
             match out {
-                AgentOutput::Event { kind, payload } => {
-                    // A run's end may come as a line too long to read (pi's `agent_end` holds
-                    // every message of the run): its kept head still names the type.
-                    let ends_run = kind == "agent_end"
-                        || (kind == "invalid_output"
-                            && payload["line"]
-                                .as_str()
-                                .is_some_and(|l| l.contains(r#""type":"agent_end""#)));
-                    drafts.push(EventDraft::new(
-                        format!("agent.{kind}"),
-                        turn_id.clone(),
-                        payload.clone(),
-                    ));
-                    if let Some(active) = ends_run.then(|| state.active.take()).flatten() {
-                        let (outcome, error) = outcome_of(&payload, active.abort_requested);
-                        drafts.extend(host.turns.approvals.cancel_turn(&host, &active.turn_id));
-                        drafts.push(finished_draft(&active.turn_id, outcome, error));
-                    }
-                }
+                AgentOutput::Event(event) => on_agent_event(host, &mut state, event, &mut events),
                 AgentOutput::UiRequest {
                     id,
                     method,
@@ -438,86 +469,91 @@ async fn pump(
                     message,
                     options,
                     timeout_ms,
-                    payload: _,
-                } => match turn_id {
-                    Some(turn_id) => {
-                        let request = approvals::Request {
-                            agent_request_id: id,
-                            method,
-                            title,
-                            message,
-                            options,
-                            timeout_ms,
-                        };
-                        // The dialog reaches clients as `approval.requested`, not as an agent event.
-                        drafts.push(
-                            host.turns
-                                .approvals
-                                .open(&host, &session, &agent, &turn_id, request),
-                        );
-                    }
-                    None => {
+                } => {
+                    let request = approvals::Request {
+                        agent_request_id: id,
+                        method,
+                        title,
+                        message,
+                        options,
+                        timeout_ms,
+                    };
+                    match turn_id {
+                        // The dialog reaches clients as `approval.requested`, not as an agent
+                        // event.
+                        Some(turn_id) => events.push(host.turns.approvals.open(
+                            host,
+                            &self.session,
+                            agent,
+                            &turn_id,
+                            request,
+                        )),
                         // A dialog outside any turn has nobody to answer it: cancel at once.
-                        let _ = agent
-                            .answer_ui(&id, crate::agent::UiAnswer::Cancelled)
-                            .await;
+                        None => {
+                            let id = request.agent_request_id;
+                            let _ = agent.answer_ui(&id, UiAnswer::Cancelled).await;
+                        }
                     }
-                },
-                AgentOutput::UiNotice { payload, .. } => {
-                    drafts.push(EventDraft::new(
-                        "agent.extension_ui_request",
+                }
+                AgentOutput::UiNotice { method, payload } => {
+                    tracing::trace!(method, "agent notice");
+                    events.push(HostEvent::Agent {
+                        kind: "extension_ui_request".into(),
                         turn_id,
                         payload,
-                    ));
+                    });
                 }
-                AgentOutput::Response { payload, .. } => {
-                    drafts.push(EventDraft::new("agent.response", turn_id, payload));
+                AgentOutput::Response {
+                    command,
+                    success,
+                    error,
+                    payload,
+                } => {
+                    tracing::debug!(command, success, ?error, "a response nobody waited for");
+                    events.push(HostEvent::Agent {
+                        kind: "response".into(),
+                        turn_id,
+                        payload,
+                    });
                 }
                 AgentOutput::Exited {
                     status,
                     signal,
                     stderr_tail,
                 } => {
-                    exited = true;
                     if state.agent.as_ref().is_some_and(|a| a.pid() == agent.pid()) {
                         state.agent = None;
                     }
                     if let Some(active) = state.active.take() {
-                        drafts.extend(host.turns.approvals.cancel_turn(&host, &active.turn_id));
-                        let error = if active.abort_requested {
-                            AppError::new(ErrorCode::TurnAborted, "the turn was aborted")
-                        } else {
-                            AppError::new(
-                                ErrorCode::AgentSidecarCrashed,
-                                "the agent process died during the turn; the next turn restarts it",
-                            )
-                            .with_source(ErrorSource::Agent)
-                            .with_details(json!({
-                                "exitCode": status,
-                                "signal": signal,
-                                "stderrTail": stderr_tail,
-                            }))
-                        };
-                        let outcome = if active.abort_requested {
-                            TurnOutcome::Aborted
-                        } else {
-                            TurnOutcome::Failed
-                        };
-                        drafts.push(finished_draft(&active.turn_id, outcome, Some(error)));
+                        let (outcome, error) =
+                            died_during_turn(active.abort_requested, status, signal, stderr_tail);
+                        events.extend(end_of_turn(host, &active.turn_id, outcome, Some(error)));
                     }
                 }
             }
         }
-        drop(state);
-        if drafts.is_empty() {
-            continue;
-        }
-        if let Err(err) = wait_committed(&host, &session, drafts).await {
-            tracing::warn!(error = %err, session_id = %session.id, "agent output not recorded");
-        }
-        if exited {
-            break;
-        }
+        events
+    }
+}
+
+/// An agent event is relayed; one that ends the run also ends the running turn.
+fn on_agent_event(
+    host: &HostState,
+    state: &mut MutexGuard<'_, DriverState>,
+    event: AgentEvent,
+    events: &mut Vec<HostEvent>,
+) {
+    let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
+    events.push(HostEvent::Agent {
+        kind: event.kind,
+        turn_id,
+        payload: event.payload,
+    });
+    if let Some(end) = event.run_end
+        && let Some(active) = state.active.take()
+    {
+        let (outcome, error) = outcome_of(&end, active.abort_requested);
+        events.extend(end_of_turn(host, &active.turn_id, outcome, error));
     }
 }
 

@@ -1,0 +1,151 @@
+//! The events the host appends to a session's log. Each variant decides its wire type, its
+//! `data` and its effect on the session's snapshot together, so adding an event is one change
+//! here (docs/protocol.md §8).
+
+use racp_proto::AppError;
+use racp_proto::events::{
+    ApprovalRequestedData, ApprovalSettledData, EventType, SessionClosedData, TurnFinishedData,
+    TurnOutcome, TurnStartedData,
+};
+use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
+use serde_json::value::{RawValue, to_raw_value};
+use std::borrow::Cow;
+
+/// An event before it has a seq.
+#[derive(Debug)]
+pub enum HostEvent {
+    TurnStarted {
+        turn: TurnInfo,
+        device_id: Option<String>,
+    },
+    TurnFinished {
+        turn_id: String,
+        outcome: TurnOutcome,
+        error: Option<AppError>,
+    },
+    ApprovalRequested(ApprovalInfo),
+    /// The approval as it was settled (`state`, `settled_by`, `value`).
+    ApprovalSettled(ApprovalInfo),
+    SessionClosed {
+        device_id: Option<String>,
+    },
+    /// Agent output relayed as `agent.<kind>`, its payload exactly as the agent wrote it.
+    Agent {
+        kind: String,
+        turn_id: Option<String>,
+        payload: Box<RawValue>,
+    },
+}
+
+/// How an event changes the session's snapshot, applied when it is published.
+#[derive(Debug, Clone)]
+pub enum Effect {
+    TurnStarted(TurnInfo),
+    TurnFinished {
+        turn_id: String,
+        state: TurnState,
+        error: Option<AppError>,
+        at: u64,
+    },
+    ApprovalRequested(ApprovalInfo),
+    ApprovalSettled(String),
+    Closed,
+}
+
+/// The snapshot state of a turn that ended with `outcome`.
+pub fn turn_state(outcome: TurnOutcome) -> TurnState {
+    match outcome {
+        TurnOutcome::Completed => TurnState::Completed,
+        TurnOutcome::Aborted => TurnState::Aborted,
+        TurnOutcome::Failed => TurnState::Failed,
+    }
+}
+
+impl HostEvent {
+    /// The wire `type`.
+    pub fn kind(&self) -> Cow<'static, str> {
+        let host = |t: EventType| Cow::Borrowed(t.as_str());
+        match self {
+            HostEvent::TurnStarted { .. } => host(EventType::TurnStarted),
+            HostEvent::TurnFinished { .. } => host(EventType::TurnFinished),
+            HostEvent::ApprovalRequested(_) => host(EventType::ApprovalRequested),
+            HostEvent::ApprovalSettled(_) => host(EventType::ApprovalSettled),
+            HostEvent::SessionClosed { .. } => host(EventType::SessionClosed),
+            HostEvent::Agent { kind, .. } => {
+                Cow::Owned(format!("{}{kind}", EventType::AGENT_PREFIX))
+            }
+        }
+    }
+
+    pub fn turn_id(&self) -> Option<&str> {
+        match self {
+            HostEvent::TurnStarted { turn, .. } => Some(&turn.turn_id),
+            HostEvent::TurnFinished { turn_id, .. } => Some(turn_id),
+            HostEvent::ApprovalRequested(info) | HostEvent::ApprovalSettled(info) => {
+                Some(&info.turn_id)
+            }
+            HostEvent::SessionClosed { .. } => None,
+            HostEvent::Agent { turn_id, .. } => turn_id.as_deref(),
+        }
+    }
+
+    /// True for the event after which the session takes no more.
+    pub fn closes_session(&self) -> bool {
+        matches!(self, HostEvent::SessionClosed { .. })
+    }
+
+    /// The `data` as JSON: the agent's payload as it came, or the host type's encoding.
+    pub fn data(&self) -> serde_json::Result<Cow<'_, RawValue>> {
+        let encoded = match self {
+            HostEvent::Agent { payload, .. } => return Ok(Cow::Borrowed(&**payload)),
+            HostEvent::TurnStarted { turn, device_id } => to_raw_value(&TurnStartedData {
+                text: turn.text.clone(),
+                device_id: device_id.clone(),
+            }),
+            HostEvent::TurnFinished { outcome, error, .. } => to_raw_value(&TurnFinishedData {
+                outcome: *outcome,
+                error: error.clone(),
+            }),
+            HostEvent::ApprovalRequested(info) => to_raw_value(&ApprovalRequestedData {
+                approval_id: info.approval_id.clone(),
+                turn_id: info.turn_id.clone(),
+                kind: info.kind,
+                title: info.title.clone(),
+                message: info.message.clone(),
+                options: info.options.clone(),
+                deadline: info.deadline,
+            }),
+            HostEvent::ApprovalSettled(info) => to_raw_value(&ApprovalSettledData {
+                approval_id: info.approval_id.clone(),
+                outcome: info.state,
+                device_id: info.settled_by.clone(),
+                value: info.value.clone(),
+            }),
+            HostEvent::SessionClosed { device_id } => to_raw_value(&SessionClosedData {
+                device_id: device_id.clone(),
+            }),
+        };
+        encoded.map(Cow::Owned)
+    }
+
+    /// What the event does to the snapshot once published; `at` is the event's time.
+    pub fn into_effect(self, at: u64) -> Option<Effect> {
+        match self {
+            HostEvent::TurnStarted { turn, .. } => Some(Effect::TurnStarted(turn)),
+            HostEvent::TurnFinished {
+                turn_id,
+                outcome,
+                error,
+            } => Some(Effect::TurnFinished {
+                turn_id,
+                state: turn_state(outcome),
+                error,
+                at,
+            }),
+            HostEvent::ApprovalRequested(info) => Some(Effect::ApprovalRequested(info)),
+            HostEvent::ApprovalSettled(info) => Some(Effect::ApprovalSettled(info.approval_id)),
+            HostEvent::SessionClosed { .. } => Some(Effect::Closed),
+            HostEvent::Agent { .. } => None,
+        }
+    }
+}
