@@ -1,4 +1,5 @@
-//! Method handlers: one function per method, each returning the method's result or an error.
+//! Method handlers: one function per method, each returning the method's result or an error,
+//! and [`route`], the one table that says where each method is answered.
 
 use crate::auth::Credential;
 use crate::clock::now_ms;
@@ -9,17 +10,20 @@ use crate::store::{DeviceRow, PairingOutcome};
 use racp_proto::limits::{
     DEFAULT_PAIRING_TTL_SECONDS, MAX_PAIRING_TTL_SECONDS, MIN_PAIRING_TTL_SECONDS,
 };
-use racp_proto::methods::handshake::{HostIdentity, Limits, PairParams, PairResult};
+use racp_proto::methods::handshake::{HelloParams, HostIdentity, Limits, PairParams, PairResult};
 use racp_proto::methods::host::{
-    DeviceInfo, DeviceListResult, DeviceRevokeParams, HostInfoResult, PairingCreateParams,
-    PairingCreateResult,
+    DeviceInfo, DeviceListResult, DeviceRevokeParams, HostInfoResult, HostListResult,
+    PairingCreateParams, PairingCreateResult,
 };
 use racp_proto::methods::session::{
     SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult,
+    SessionSubscribeParams, SessionUnsubscribeParams,
 };
 use racp_proto::{Ack, AppError, Call, ErrorCode, Role};
 use serde::Serialize;
 use serde_json::{Value, json};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 /// Capabilities a host can have on; `fs` is off when the operator disabled file browsing.
@@ -47,63 +51,6 @@ fn require(state: &HostState, capability: &str, method: &str) -> Result<(), AppE
 
 fn to_value<T: Serialize>(state: &HostState, result: T) -> Result<Value, AppError> {
     serde_json::to_value(result).map_err(|e| state.internal(e))
-}
-
-/// Runs a decoded call for an authenticated, admitted caller.
-pub fn dispatch(state: &HostState, credential: &Credential, call: Call) -> Result<Value, AppError> {
-    match call {
-        // `hello` is answered by the connection itself (it changes the connection's state).
-        Call::Hello(_) => Err(state.internal("hello reached the dispatcher")),
-        Call::Pair(params) => to_value(state, pair(state, credential, params)?),
-        Call::HostInfo(_) => to_value(state, host_info(state)),
-        Call::HostList(_) => Err(AppError::new(
-            ErrorCode::MethodNotFound,
-            "host/list needs a gateway; this is a single pi-host",
-        )
-        .with_details(json!({"method": "host/list"}))),
-        Call::DeviceList(_) => to_value(state, device_list(state, credential)?),
-        Call::FsList(params) => {
-            require(state, "fs", "fs/list")?;
-            to_value(
-                state,
-                crate::fs::list(&params.path, &Fence::of(&state.config))?,
-            )
-        }
-        Call::FsStat(params) => {
-            require(state, "fs", "fs/stat")?;
-            to_value(
-                state,
-                crate::fs::stat(&params.path, &Fence::of(&state.config))?,
-            )
-        }
-        Call::SessionCreate(params) => to_value(state, session_create(state, params)?),
-        Call::SessionList(_) => to_value(
-            state,
-            SessionListResult {
-                sessions: state.sessions.list().iter().map(|s| s.info()).collect(),
-            },
-        ),
-        Call::SessionGet(params) => {
-            let (session, snapshot, cursor) = state.sessions.find(&params.session_id)?.snapshot();
-            to_value(
-                state,
-                SessionGetResult {
-                    session,
-                    snapshot,
-                    cursor,
-                },
-            )
-        }
-        Call::PairingCreate(params) => {
-            let ttl = params.ttl_seconds.unwrap_or(DEFAULT_PAIRING_TTL_SECONDS);
-            to_value(state, mint_pairing(state, &params.roles, ttl)?)
-        }
-        // Turns, approvals, session/close and device/revoke run in `dispatch_async`.
-        other => Err(state.internal(format!(
-            "{} reached the blocking dispatcher",
-            other.method().as_str()
-        ))),
-    }
 }
 
 fn session_create(
@@ -138,43 +85,116 @@ fn session_create(
     })
 }
 
-/// Runs a call on the async runtime: turns, approvals and session/close talk to agents; the
-/// rest are short store operations run on the blocking pool.
-pub async fn dispatch_async(
-    state: Arc<HostState>,
-    credential: Credential,
-    call: Call,
-) -> Result<Value, AppError> {
+/// A call the connection answers itself: it changes the connection's own state.
+pub enum ConnectionCall {
+    Hello(HelloParams),
+    Subscribe(SessionSubscribeParams),
+    Unsubscribe(SessionUnsubscribeParams),
+}
+
+/// A call's answer, computed on a task of its own.
+pub type Answer = Pin<Box<dyn Future<Output = Result<Value, AppError>> + Send>>;
+
+/// Where a call is answered.
+pub enum Route {
+    Connection(ConnectionCall),
+    Task(Answer),
+}
+
+/// The routing table: every method, in one exhaustive match, so a method without a handler does
+/// not compile. Short store operations run on the blocking pool; turns, approvals,
+/// `session/close` and `device/revoke` wait on agents or connections and run as async tasks.
+pub fn route(state: Arc<HostState>, credential: Credential, call: Call) -> Route {
     match call {
-        Call::TurnStart(params) => {
-            let result = state.turns.start(&state, &credential, params).await?;
-            to_value(&state, result)
-        }
-        Call::TurnSteer(params) => to_value(&state, state.turns.steer(&state, params).await?),
-        Call::TurnAbort(params) => to_value(&state, state.turns.abort(&state, params).await?),
-        Call::ApprovalRespond(params) => {
-            let result = state
-                .turns
-                .approvals
-                .respond(&state, &credential, params)
-                .await?;
-            to_value(&state, result)
-        }
-        Call::SessionClose(params) => {
-            let ack = session_close(&state, &credential, &params.session_id).await?;
-            to_value(&state, ack)
-        }
-        Call::DeviceRevoke(params) => {
+        Call::Hello(params) => Route::Connection(ConnectionCall::Hello(params)),
+        Call::SessionSubscribe(params) => Route::Connection(ConnectionCall::Subscribe(params)),
+        Call::SessionUnsubscribe(params) => Route::Connection(ConnectionCall::Unsubscribe(params)),
+        Call::Pair(params) => blocking(state, move |s| pair(s, &credential, params)),
+        Call::HostInfo(_) => blocking(state, |s| Ok(host_info(s))),
+        Call::HostList(_) => blocking(state, |_| host_list()),
+        Call::DeviceList(_) => blocking(state, move |s| device_list(s, &credential)),
+        Call::FsList(params) => blocking(state, move |s| {
+            require(s, "fs", "fs/list")?;
+            crate::fs::list(&params.path, &Fence::of(&s.config))
+        }),
+        Call::FsStat(params) => blocking(state, move |s| {
+            require(s, "fs", "fs/stat")?;
+            crate::fs::stat(&params.path, &Fence::of(&s.config))
+        }),
+        Call::SessionCreate(params) => blocking(state, move |s| session_create(s, params)),
+        Call::SessionList(_) => blocking(state, |s| Ok(session_list(s))),
+        Call::SessionGet(params) => blocking(state, move |s| session_get(s, &params.session_id)),
+        Call::PairingCreate(params) => blocking(state, move |s| {
+            let ttl = params.ttl_seconds.unwrap_or(DEFAULT_PAIRING_TTL_SECONDS);
+            mint_pairing(s, &params.roles, ttl)
+        }),
+        Call::DeviceRevoke(params) => task(async move {
             let ack = device_revoke(&state, credential.device_id(), params).await?;
             to_value(&state, ack)
-        }
-        other => {
-            let host = state.clone();
-            tokio::task::spawn_blocking(move || dispatch(&host, &credential, other))
-                .await
-                .unwrap_or_else(|e| Err(state.internal(e)))
-        }
+        }),
+        Call::SessionClose(params) => task(async move {
+            let ack = session_close(&state, &credential, &params.session_id).await?;
+            to_value(&state, ack)
+        }),
+        Call::TurnStart(params) => task(async move {
+            let started = state.turns.start(&state, &credential, params).await?;
+            to_value(&state, started)
+        }),
+        Call::TurnSteer(params) => task(async move {
+            let ack = state.turns.steer(&state, params).await?;
+            to_value(&state, ack)
+        }),
+        Call::TurnAbort(params) => task(async move {
+            let ack = state.turns.abort(&state, params).await?;
+            to_value(&state, ack)
+        }),
+        Call::ApprovalRespond(params) => task(async move {
+            let approvals = &state.turns.approvals;
+            let settled = approvals.respond(&state, &credential, params).await?;
+            to_value(&state, settled)
+        }),
     }
+}
+
+fn task(answer: impl Future<Output = Result<Value, AppError>> + Send + 'static) -> Route {
+    Route::Task(Box::pin(answer))
+}
+
+/// A synchronous handler (SQLite, the file system) on the blocking pool, not on a runtime
+/// thread that serves other connections meanwhile.
+fn blocking<T: Serialize>(
+    state: Arc<HostState>,
+    handler: impl FnOnce(&HostState) -> Result<T, AppError> + Send + 'static,
+) -> Route {
+    task(async move {
+        let host = state.clone();
+        tokio::task::spawn_blocking(move || to_value(&host, handler(&host)?))
+            .await
+            .unwrap_or_else(|e| Err(state.internal(e)))
+    })
+}
+
+fn host_list() -> Result<HostListResult, AppError> {
+    Err(AppError::new(
+        ErrorCode::MethodNotFound,
+        "host/list needs a gateway; this is a single pi-host",
+    )
+    .with_details(json!({"method": "host/list"})))
+}
+
+fn session_list(state: &HostState) -> SessionListResult {
+    SessionListResult {
+        sessions: state.sessions.list().iter().map(|s| s.info()).collect(),
+    }
+}
+
+fn session_get(state: &HostState, session_id: &str) -> Result<SessionGetResult, AppError> {
+    let (session, snapshot, cursor) = state.sessions.find(session_id)?.snapshot();
+    Ok(SessionGetResult {
+        session,
+        snapshot,
+        cursor,
+    })
 }
 
 /// Closes a session: its agent's process tree ends, a running turn ends as aborted, and

@@ -4,7 +4,7 @@
 use super::subscriptions::{Delivery, Subscriptions};
 use crate::auth::Credential;
 use crate::connections::{CallPass, DeviceGate, Registration, Slot};
-use crate::handlers;
+use crate::handlers::{self, ConnectionCall, Route};
 use crate::state::HostState;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::SinkExt;
@@ -196,104 +196,90 @@ fn shutting_down() -> AppError {
 }
 
 impl Connection {
-    /// Handles one text frame; returns a reply to send now, if any. Calls other than `hello`
-    /// run on their own task and reply through `replies`.
+    /// Handles one text frame; returns a reply to send now, if any. Calls the connection does
+    /// not answer itself run on their own task and reply through `replies`.
     fn handle_text(&mut self, text: &str, replies: &mpsc::Sender<String>) -> Option<String> {
         let request = match decode_request(text, self.max_frame_bytes) {
             Ok(request) => request,
             Err(Rejected { id, error }) => return Some(encode(&ErrorReply { id, error })),
         };
         let id = request.id;
-        let method = request.method;
-        let fail = |id: RequestId, error: AppError| {
-            Some(encode(&ErrorReply {
-                id: Some(id),
-                error,
-            }))
+        let (call, pass) = match self.admit(request.method, request.params) {
+            Ok(admitted) => admitted,
+            Err(error) => return Some(error_reply(id, error)),
         };
-        if !self.said_hello && method != Method::Hello {
-            return fail(
-                id,
-                AppError::new(
-                    ErrorCode::Unauthorized,
-                    "say hello first: it must be the first call on a connection",
-                ),
-            );
+        match handlers::route(self.state.clone(), self.credential.clone(), call) {
+            Route::Connection(call) => Some(self.answer_here(id, call)),
+            Route::Task(answer) => self.spawn_answer(id, answer, pass, replies),
         }
-        if let Err(error) = method
+    }
+
+    /// Every check between a decoded envelope and a handler: hello first, access, rate, drain,
+    /// params, and the device's gate (src/connections.rs).
+    fn admit(
+        &mut self,
+        method: Method,
+        params: Option<&serde_json::value::RawValue>,
+    ) -> Result<(Call, Option<CallPass>), AppError> {
+        if !self.said_hello && method != Method::Hello {
+            return Err(AppError::new(
+                ErrorCode::Unauthorized,
+                "say hello first: it must be the first call on a connection",
+            ));
+        }
+        method
             .spec()
             .access
-            .check(method.as_str(), &self.credential.principal())
-        {
-            return fail(id, error);
-        }
-        if method != Method::Hello
-            && let Err(error) = self.state.rate.check(&self.rate_key)
-        {
-            return fail(id, error);
+            .check(method.as_str(), &self.credential.principal())?;
+        if method != Method::Hello {
+            self.state.rate.check(&self.rate_key)?;
         }
         if self.state.is_draining() {
-            return fail(
-                id,
-                AppError::new(
-                    ErrorCode::HostShuttingDown,
-                    "the host is shutting down; the call was not started",
-                ),
-            );
+            return Err(AppError::new(
+                ErrorCode::HostShuttingDown,
+                "the host is shutting down; the call was not started",
+            ));
         }
-        let call = match Call::decode(method, request.params) {
-            Ok(call) => call,
-            Err(error) => return fail(id, error),
+        let call = Call::decode(method, params)?;
+        let pass = self.enter().inspect_err(|error| {
+            self.fatal = Some(error.clone());
+        })?;
+        Ok((call, pass))
+    }
+
+    /// Answers the calls that change this connection's own state.
+    fn answer_here(&mut self, id: RequestId, call: ConnectionCall) -> String {
+        let answer = match call {
+            ConnectionCall::Hello(params) => self.hello(params).map(|r| to_value(&r)).inspect_err(
+                // No common version: nothing more can be said on this connection.
+                |error| self.fatal = Some(error.clone()),
+            ),
+            ConnectionCall::Subscribe(params) => self.subscribe(params).map(|r| to_value(&r)),
+            ConnectionCall::Unsubscribe(params) => self
+                .subs
+                .unsubscribe(&params.subscription_id)
+                .map(|()| to_value(&racp_proto::Ack {})),
         };
-        let pass = match self.enter() {
-            Ok(pass) => pass,
-            Err(error) => {
-                self.fatal = Some(error.clone());
-                return fail(id, error);
-            }
-        };
-        match call {
-            Call::SessionSubscribe(params) => {
-                return Some(match self.subscribe(params) {
-                    Ok(result) => encode(&ResultReply { id, result }),
-                    Err(error) => encode(&ErrorReply {
-                        id: Some(id),
-                        error,
-                    }),
-                });
-            }
-            Call::SessionUnsubscribe(params) => {
-                return Some(match self.subs.unsubscribe(&params.subscription_id) {
-                    Ok(()) => encode(&ResultReply {
-                        id,
-                        result: racp_proto::Ack {},
-                    }),
-                    Err(error) => encode(&ErrorReply {
-                        id: Some(id),
-                        error,
-                    }),
-                });
-            }
-            _ => {}
+        match answer {
+            Ok(Ok(result)) => encode(&ResultReply::<Value> { id, result }),
+            Ok(Err(error)) | Err(error) => error_reply(id, error),
         }
-        if let Call::Hello(params) = call {
-            return Some(match self.hello(params) {
-                Ok(result) => encode(&ResultReply { id, result }),
-                Err(error) => {
-                    // No common version: nothing more can be said on this connection.
-                    self.fatal = Some(error.clone());
-                    encode(&ErrorReply {
-                        id: Some(id),
-                        error,
-                    })
-                }
-            });
-        }
+    }
+
+    /// Runs a call on its own task within the in-flight bounds (HOST_OVERLOADED beyond them);
+    /// its reply goes through `replies`.
+    fn spawn_answer(
+        &self,
+        id: RequestId,
+        answer: handlers::Answer,
+        pass: Option<CallPass>,
+        replies: &mpsc::Sender<String>,
+    ) -> Option<String> {
         let (Ok(permit), Ok(host_permit)) = (
             self.in_flight.clone().try_acquire_owned(),
             self.state.in_flight.clone().try_acquire_owned(),
         ) else {
-            return fail(
+            return Some(error_reply(
                 id,
                 AppError::new(ErrorCode::HostOverloaded, "too many calls in flight")
                     .with_details(json!({
@@ -301,19 +287,13 @@ impl Connection {
                         "maxInFlightHost": self.state.config.limits.max_in_flight_host,
                     }))
                     .with_retry_after_ms(50),
-            );
+            ));
         };
-        let state = self.state.clone();
-        let credential = self.credential.clone();
         let replies = replies.clone();
         tokio::spawn(async move {
-            let outcome = handlers::dispatch_async(state, credential, call).await;
-            let reply = match outcome {
+            let reply = match answer.await {
                 Ok(result) => encode(&ResultReply::<Value> { id, result }),
-                Err(error) => encode(&ErrorReply {
-                    id: Some(id),
-                    error,
-                }),
+                Err(error) => error_reply(id, error),
             };
             drop((permit, host_permit));
             let _ = replies.send(reply).await;
@@ -433,6 +413,22 @@ impl Connection {
             _ => None,
         }
     }
+}
+
+fn error_reply(id: RequestId, error: AppError) -> String {
+    encode(&ErrorReply {
+        id: Some(id),
+        error,
+    })
+}
+
+/// A handler's result as JSON; the result types are plain data, so this cannot fail in
+/// practice, and when it does the caller gets INTERNAL.
+fn to_value<T: Serialize>(result: &T) -> Result<Value, AppError> {
+    serde_json::to_value(result).map_err(|err| {
+        tracing::error!(error = %err, "cannot encode a result");
+        AppError::new(ErrorCode::Internal, "the host could not encode a result")
+    })
 }
 
 fn encode<T: Serialize>(frame: &T) -> String {
