@@ -1,4 +1,4 @@
-//! The four scenarios of issue 7, each run against pi-host and (where it applies) the Socket.IO
+//! The four scenarios of docs/benchmarks.md, each run against pi-host and (where it applies) the Socket.IO
 //! peer on the same machine, one after the other, each server fresh.
 
 use crate::hist::Histogram;

@@ -885,10 +885,6 @@ export type Snapshot = {
   pendingApprovals: ApprovalInfo[];
   state: SessionState;
   /**
-   * The agent's own view of the conversation, when the agent provides one.
-   */
-  transcript?: unknown;
-  /**
    * Recent turns, oldest first (the running one last).
    */
   turns: TurnInfo[];

@@ -43,7 +43,7 @@ pub struct ServeConfig {
     pub retention: crate::sessions::log::Retention,
 }
 
-/// Bounds the host enforces (invariant 6).
+/// Bounds the host enforces (docs/protocol.md §5.2, §6).
 #[derive(Debug, Clone)]
 pub struct HostLimits {
     pub max_frame_bytes: u32,

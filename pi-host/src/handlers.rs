@@ -7,6 +7,7 @@ use crate::paths::Fence;
 use crate::sessions::HostEvent;
 use crate::state::HostState;
 use crate::store::{DeviceRow, PairingOutcome};
+use crate::wire::to_value;
 use racp_proto::limits::{
     DEFAULT_PAIRING_TTL_SECONDS, MAX_PAIRING_TTL_SECONDS, MIN_PAIRING_TTL_SECONDS,
 };
@@ -47,10 +48,6 @@ fn require(state: &HostState, capability: &str, method: &str) -> Result<(), AppE
         format!("{method} needs the `{capability}` capability, which this host has off"),
     )
     .with_details(json!({"capability": capability, "method": method})))
-}
-
-fn to_value<T: Serialize>(state: &HostState, result: T) -> Result<Value, AppError> {
-    serde_json::to_value(result).map_err(|e| state.internal(e))
 }
 
 fn session_create(
@@ -130,28 +127,28 @@ pub fn route(state: Arc<HostState>, credential: Credential, call: Call) -> Route
         }),
         Call::DeviceRevoke(params) => task(async move {
             let ack = device_revoke(&state, credential.device_id(), params).await?;
-            to_value(&state, ack)
+            to_value(&ack)
         }),
         Call::SessionClose(params) => task(async move {
             let ack = session_close(&state, &credential, &params.session_id).await?;
-            to_value(&state, ack)
+            to_value(&ack)
         }),
         Call::TurnStart(params) => task(async move {
             let started = state.turns.start(&state, &credential, params).await?;
-            to_value(&state, started)
+            to_value(&started)
         }),
         Call::TurnSteer(params) => task(async move {
             let ack = state.turns.steer(&state, params).await?;
-            to_value(&state, ack)
+            to_value(&ack)
         }),
         Call::TurnAbort(params) => task(async move {
             let ack = state.turns.abort(&state, params).await?;
-            to_value(&state, ack)
+            to_value(&ack)
         }),
         Call::ApprovalRespond(params) => task(async move {
             let approvals = &state.turns.approvals;
             let settled = approvals.respond(&state, &credential, params).await?;
-            to_value(&state, settled)
+            to_value(&settled)
         }),
     }
 }
@@ -168,7 +165,7 @@ fn blocking<T: Serialize>(
 ) -> Route {
     task(async move {
         let host = state.clone();
-        tokio::task::spawn_blocking(move || to_value(&host, handler(&host)?))
+        tokio::task::spawn_blocking(move || to_value(&handler(&host)?))
             .await
             .unwrap_or_else(|e| Err(state.internal(e)))
     })
@@ -311,10 +308,7 @@ fn pair(
 }
 
 fn device_list(state: &HostState, credential: &Credential) -> Result<DeviceListResult, AppError> {
-    let current = match credential {
-        Credential::Device { device_id, .. } => Some(device_id.as_str()),
-        Credential::Pairing { .. } => None,
-    };
+    let current = credential.device_id();
     let devices = state
         .store
         .devices()

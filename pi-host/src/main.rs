@@ -17,6 +17,7 @@ mod sessions;
 mod state;
 mod store;
 mod turns;
+mod wire;
 
 use clap::{Parser, Subcommand};
 use config::ServeConfig;

@@ -1,5 +1,5 @@
 //! The desktop flow over SSH: resolve → connect → host key → authenticate → probe → transfer →
-//! verify → install → start → forward → pair → handshake (DESIGN.md, "The bootstrapper").
+//! verify → install → start → forward → pair → handshake (docs/architecture.md, "One `pi-remote connect`").
 //!
 //! A host that already runs the wanted version is reused as is: one probe command, no transfer,
 //! no restart. Pairing mints a token over SSH (`pi-host pair --json`, run remotely) and trades it

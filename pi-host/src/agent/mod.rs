@@ -108,7 +108,7 @@ pub enum UiMethod {
 }
 
 impl UiMethod {
-    #[allow(dead_code)] // the wire name, for logs and tests
+    #[cfg(test)]
     pub fn as_str(self) -> &'static str {
         match self {
             UiMethod::Confirm => "confirm",
@@ -507,12 +507,6 @@ impl Agent {
         *self.inner.exit.borrow()
     }
 
-    /// Waits until the process has ended.
-    #[allow(dead_code)] // used by tests; the host learns of exits from `AgentOutput::Exited`
-    pub async fn wait(&self) -> ExitInfo {
-        wait_for_exit(&mut self.inner.exit.clone()).await
-    }
-
     /// Starts an agent run with this user message (`{"type": "prompt", "message"}`); returns once
     /// pi accepted it. The run itself is reported through the events; a failure after acceptance
     /// never comes back here. While a run goes on pi refuses: see [`AgentError::is_busy`].
@@ -560,7 +554,7 @@ impl Agent {
     }
 
     /// pi's session state (`RpcSessionState`: model, isStreaming, messageCount, ...).
-    #[allow(dead_code)] // for the snapshot's transcript (issue 4)
+    #[cfg(test)]
     pub async fn get_state(&self) -> Result<Value, AgentError> {
         self.call("get_state", json!({})).await
     }

@@ -6,6 +6,7 @@ use crate::auth::Credential;
 use crate::connections::{CallPass, DeviceGate, Registration, Slot};
 use crate::handlers::{self, ConnectionCall, Route};
 use crate::state::HostState;
+use crate::wire::{encode, to_value};
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::SinkExt;
 use racp_proto::codec::{Rejected, decode_request};
@@ -13,7 +14,6 @@ use racp_proto::frame::{ConnectionError, ErrorReply, RequestId, ResultReply};
 use racp_proto::limits::{MIN_MAX_FRAME_BYTES, PRE_HELLO_MAX_FRAME_BYTES};
 use racp_proto::methods::handshake::{HelloParams, HelloResult, PrincipalInfo, PrincipalKind};
 use racp_proto::{AppError, Call, ErrorCode, Method, PROTOCOL_VERSION};
-use serde::Serialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
@@ -419,22 +419,6 @@ fn error_reply(id: RequestId, error: AppError) -> String {
     encode(&ErrorReply {
         id: Some(id),
         error,
-    })
-}
-
-/// A handler's result as JSON; the result types are plain data, so this cannot fail in
-/// practice, and when it does the caller gets INTERNAL.
-fn to_value<T: Serialize>(result: &T) -> Result<Value, AppError> {
-    serde_json::to_value(result).map_err(|err| {
-        tracing::error!(error = %err, "cannot encode a result");
-        AppError::new(ErrorCode::Internal, "the host could not encode a result")
-    })
-}
-
-fn encode<T: Serialize>(frame: &T) -> String {
-    serde_json::to_string(frame).unwrap_or_else(|err| {
-        tracing::error!(error = %err, "cannot encode a frame");
-        r#"{"error":{"code":"INTERNAL","message":"the host could not encode a frame","retriable":false,"recovery":"stop_and_report","source":"host"}}"#.to_string()
     })
 }
 

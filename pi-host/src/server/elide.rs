@@ -184,7 +184,7 @@ fn too_large(id: Option<RequestId>, size: usize, bound: usize) -> String {
         ),
     )
     .with_details(json!({"size": size, "limit": bound, "reason": "reply_too_large"}));
-    serde_json::to_string(&ErrorReply { id, error }).unwrap_or_default()
+    crate::wire::encode(&ErrorReply { id, error })
 }
 
 /// An event reduced to its position: `seq`, `cursor`, no `data`, and the marker.

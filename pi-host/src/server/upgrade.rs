@@ -12,7 +12,7 @@ use serde_json::json;
 /// The HTTP refusal for an error: its registry status and the error envelope as the body.
 pub fn refusal(error: AppError) -> Response {
     let status = StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-    let body = serde_json::to_string(&json!({ "error": error })).unwrap_or_default();
+    let body = crate::wire::encode(&json!({ "error": error }));
     let mut response = (status, body).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

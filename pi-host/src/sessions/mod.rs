@@ -5,7 +5,7 @@
 //! session's events in seq order. The writer commits, then [`Session::publish`]es: the events
 //! enter the in-memory log, the session's snapshot state changes, and subscribed connections are
 //! woken. Connections pull from the log at their own pace, so a slow subscriber never slows
-//! the producer or anyone else (invariant 3).
+//! the producer or anyone else (docs/architecture.md, "Decisions").
 
 mod event;
 pub mod log;
@@ -127,7 +127,6 @@ impl Session {
             state: state_of(&inner),
             turns: inner.turns.clone(),
             pending_approvals: inner.pending_approvals.clone(),
-            transcript: None,
         };
         (self.info_locked(&inner), snapshot, inner.log.head_cursor())
     }
@@ -451,10 +450,9 @@ fn encode(
     serde_json::to_writer(buf, &wire).map_err(|e| unencodable(event, e))
 }
 
-/// The one answer to an event that cannot be encoded: nothing of its batch is stored.
+/// An event that cannot be encoded: nothing of its batch is stored.
 fn unencodable(event: &HostEvent, err: impl std::fmt::Display) -> AppError {
-    tracing::error!(kind = %event.kind(), error = %err, "cannot encode an event");
-    AppError::new(ErrorCode::Internal, "the host could not encode an event")
+    crate::wire::unencodable(&format!("a {} event", event.kind()), err)
 }
 
 /// Rebuilds the snapshot's turn list from stored host events after a restart.

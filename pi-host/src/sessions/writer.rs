@@ -1,6 +1,6 @@
 //! The group-commit writer: one thread, one SQLite connection. It takes every batch of events
 //! waiting in its queue, commits them in one transaction, and only then publishes them to the
-//! sessions' in-memory logs. So an event is visible only once it is durable (invariant 2), and
+//! sessions' in-memory logs. So an event is visible only once it is durable (docs/architecture.md, "Durable before visible"), and
 //! many events share one fsync when producers are busy.
 
 use super::{Session, log::LoggedEvent};

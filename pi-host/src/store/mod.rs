@@ -1,6 +1,6 @@
 //! The durable store: SQLite in WAL mode (bundled), one connection behind a mutex.
 //!
-//! Calls are short and run on the caller's thread; the event log (issue 3) adds a group-commit
+//! Calls are short and run on the caller's thread; the event log adds a group-commit
 //! writer on its own thread so producers never wait on fsync one by one.
 
 mod approvals;

@@ -7,7 +7,6 @@ use crate::limits::{MAX_ID_CHARS, MAX_NAME_CHARS, MAX_PATH_CHARS};
 use crate::validate::{NAME_PATTERN, Validate, length, name};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// Where a session is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -97,9 +96,6 @@ pub struct Snapshot {
     pub turns: Vec<TurnInfo>,
     /// Approvals waiting for an answer.
     pub pending_approvals: Vec<ApprovalInfo>,
-    /// The agent's own view of the conversation, when the agent provides one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transcript: Option<Value>,
 }
 
 /// A session, its snapshot, and the cursor the snapshot was taken at: subscribing from that
