@@ -107,10 +107,13 @@ fn ssh_failed(stage: Stage, err: SshError) -> AppError {
             known_hosts,
             line,
             fingerprint,
+            algorithm,
+            recorded_fingerprint,
+            recorded_algorithm,
         } => stage_failed(
             Stage::HostKey,
             message,
-            json!({"hostKey": "changed", "host": host, "knownHosts": known_hosts, "line": line, "fingerprint": fingerprint}),
+            json!({"hostKey": "changed", "host": host, "knownHosts": known_hosts, "line": line, "fingerprint": fingerprint, "algorithm": algorithm, "recordedFingerprint": recorded_fingerprint, "recordedAlgorithm": recorded_algorithm}),
         ),
         SshError::HostKeyUnknown {
             host,

@@ -1,6 +1,6 @@
 //! Where to connect: `[user@]host[:port]`, resolved through the user's OpenSSH client config
-//! (HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump, UserKnownHostsFile,
-//! ConnectTimeout), parsed by the `ssh2-config` crate.
+//! (HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump, HostKeyAlias,
+//! UserKnownHostsFile, ConnectTimeout), parsed by the `ssh2-config` crate.
 
 use ssh2_config::{ParseRule, SshConfig};
 use std::io::BufReader;
@@ -36,6 +36,9 @@ pub struct Destination {
     pub identity_agent: Option<String>,
     /// Hosts to hop through, first hop first, each resolved through the config as well.
     pub jumps: Vec<Destination>,
+    /// HostKeyAlias: the name the host key is looked up and recorded under instead of the
+    /// host and port (docs/reliability.md 4.9).
+    pub host_key_alias: Option<String>,
     pub known_hosts: PathBuf,
     pub connect_timeout: Duration,
 }
@@ -181,6 +184,7 @@ fn resolve_with(
         identities_only: field("identitiesonly").is_some_and(|v| v.eq_ignore_ascii_case("yes")),
         identity_agent: field("identityagent"),
         jumps,
+        host_key_alias: field("hostkeyalias"),
         known_hosts,
         connect_timeout: params.connect_timeout.unwrap_or(Duration::from_secs(15)),
         alias,
@@ -251,6 +255,7 @@ Host box
     IdentityFile /keys/box
     IdentitiesOnly yes
     UserKnownHostsFile /tmp/kh
+    HostKeyAlias Box-Prod
     ProxyJump gate
 
 Host gate
@@ -264,6 +269,9 @@ Host gate
         assert_eq!(dest.identity_files, vec![PathBuf::from("/keys/box")]);
         assert!(dest.identities_only);
         assert_eq!(dest.known_hosts, PathBuf::from("/tmp/kh"));
+        // Lowercased where the name is formed (host_key::known_hosts_name), as ssh does.
+        assert_eq!(dest.host_key_alias.as_deref(), Some("Box-Prod"));
+        assert_eq!(dest.jumps[0].host_key_alias, None);
         assert_eq!(dest.jumps.len(), 1);
         assert_eq!(dest.jumps[0].host, "gate.example.org");
         assert_eq!(dest.jumps[0].user, "jump");

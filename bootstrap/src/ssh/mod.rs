@@ -54,16 +54,24 @@ pub enum SshError {
     #[error("cannot reach {target}: {reason}")]
     Unreachable { target: String, reason: String },
     #[error(
-        "the host key of {host} has CHANGED: it does not match line {line} of {known_hosts}. \
-         Someone may be intercepting the connection, or the host was reinstalled. Check the \
-         new key's fingerprint ({fingerprint}) with the host's administrator, then remove the \
-         old line (ssh-keygen -R '{host}' -f '{known_hosts}')"
+        "REMOTE HOST IDENTIFICATION HAS CHANGED: the host key of {host} is not the one on \
+         record. The server offered the {algorithm} key {fingerprint}; line {line} of \
+         {known_hosts} records the {recorded_algorithm} key {recorded_fingerprint}, and no key on \
+         record for {host} matches. Someone may be intercepting the connection, or the host was \
+         reinstalled. Check the new key's fingerprint with the host's administrator, then remove \
+         the old keys (ssh-keygen -R '{host}' -f '{known_hosts}')"
     )]
     HostKeyChanged {
         host: String,
         known_hosts: String,
+        /// The line of the key on record that `ssh` would name (the last one for the host).
         line: usize,
+        /// The offered key.
         fingerprint: String,
+        algorithm: String,
+        /// The key on record at `line`.
+        recorded_fingerprint: String,
+        recorded_algorithm: String,
     },
     #[error(
         "{host} is not in {known_hosts} (key {fingerprint}); confirm the fingerprint and run \
@@ -112,6 +120,7 @@ impl From<russh::keys::Error> for SshError {
 struct Client {
     host: String,
     port: u16,
+    host_key_alias: Option<String>,
     known_hosts: PathBuf,
     policy: HostKeyPolicy,
     closed: watch::Sender<bool>,
@@ -134,6 +143,7 @@ impl client::Handler for Client {
         let check = KnownHostsCheck {
             host: &self.host,
             port: self.port,
+            host_key_alias: self.host_key_alias.as_deref(),
             known_hosts: &self.known_hosts,
         };
         check.verify(key, &self.policy).await
@@ -278,6 +288,7 @@ async fn handshake(
     let handler = Client {
         host: destination.host.clone(),
         port: destination.port,
+        host_key_alias: destination.host_key_alias.clone(),
         known_hosts: destination.known_hosts.clone(),
         policy: options.host_key.clone(),
         closed: closed_tx,
