@@ -12,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use tests::sshd::{SshServer, SshdOptions};
+use tests::sshd::{HostKeyType, SshServer, SshdOptions};
 use tests::{PATIENCE, pi_host_binary, stand_in_agent, workspace_binary};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
@@ -116,24 +116,27 @@ impl World {
     }
 
     fn command(&self, release: &Path, extra: &[&str]) -> tokio::process::Command {
-        self.command_for(&self.ssh_config, "box", release, extra)
+        self.command_for(&self.ssh_config, "box", Some(release), extra)
     }
 
     /// `pi-remote --json connect TARGET -F CONFIG` into this world's install root, with no
-    /// agent and no askpass from the test's own environment.
+    /// agent and no askpass from the test's own environment. Without a release, a connect
+    /// that gets past the host key stops at the transfer (nothing to install).
     fn command_for(
         &self,
         config: &Path,
         target: &str,
-        release: &Path,
+        release: Option<&Path>,
         extra: &[&str],
     ) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(pi_remote());
         command
             .args(["--json", "connect", target, "-F"])
-            .arg(config)
-            .arg("--release-dir")
-            .arg(release)
+            .arg(config);
+        if let Some(release) = release {
+            command.arg("--release-dir").arg(release);
+        }
+        command
             .arg("--remote-dir")
             .arg(self.root())
             .args(extra)
@@ -514,7 +517,7 @@ async fn proxy_jump_and_an_encrypted_key_whose_passphrase_comes_from_askpass() {
         path
     };
     let connect = |askpass: PathBuf| {
-        let mut command = world.command_for(&config, "inner", &release, &["--once"]);
+        let mut command = world.command_for(&config, "inner", Some(&release), &["--once"]);
         command
             .env("SSH_ASKPASS", askpass)
             .env("SSH_ASKPASS_REQUIRE", "force");
@@ -567,7 +570,7 @@ async fn keys_held_by_ssh_agent_are_used() {
     .unwrap();
     let home = tempfile::tempdir().unwrap();
     let command = |extra: &[&str]| {
-        let mut command = world.command_for(&config, "box", &release, extra);
+        let mut command = world.command_for(&config, "box", Some(&release), extra);
         command
             .arg("--once")
             .env("HOME", home.path())
@@ -819,4 +822,260 @@ async fn a_host_killed_on_the_remote_is_started_again_and_clients_come_back() {
     assert_ne!(after, before);
     assert!(pid_alive(&after));
     let _ = child.kill().await;
+}
+
+/// What a client decided about a server's host key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decision {
+    Accepted,
+    Changed,
+    Revoked,
+    /// Refused for another reason: the output is in the failure message.
+    Other,
+}
+
+/// Real OpenSSH's decision: `ssh -o StrictHostKeyChecking=STRICT -o UserKnownHostsFile=FILE
+/// -o BatchMode=yes target true`.
+async fn openssh_decision(config: &Path, known_hosts: &Path, strict: &str) -> (Decision, String) {
+    let mut ssh = tokio::process::Command::new("ssh");
+    ssh.arg("-F")
+        .arg(config)
+        .arg("-o")
+        .arg(format!("StrictHostKeyChecking={strict}"))
+        .arg("-o")
+        .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
+        .args([
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "UpdateHostKeys=no",
+            "target",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(PATIENCE, ssh.output())
+        .await
+        .expect("ssh finished in time")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let decision = if output.status.success() {
+        Decision::Accepted
+    } else if stderr.contains("REMOTE HOST IDENTIFICATION HAS CHANGED") {
+        Decision::Changed
+    } else if stderr.contains("REVOKED HOST KEY") {
+        Decision::Revoked
+    } else {
+        Decision::Other
+    };
+    (decision, stderr)
+}
+
+/// pi-remote's decision: the host_key stage done, or its error.
+fn pi_remote_decision(outcome: &Outcome) -> Decision {
+    if outcome.status("host_key") == Some("done") {
+        return Decision::Accepted;
+    }
+    let Some(error) = outcome.events.iter().find(|e| e["type"] == "error") else {
+        return Decision::Other;
+    };
+    let details = &error["error"]["details"];
+    match (details["reason"].as_str(), details["hostKey"].as_str()) {
+        (Some("host_key"), Some("changed")) => Decision::Changed,
+        (Some("host_key"), Some("revoked")) => Decision::Revoked,
+        _ => Decision::Other,
+    }
+}
+
+/// `ssh-keygen -H` over `line`: the hashed form OpenSSH itself writes.
+fn hashed_by_openssh(dir: &Path, line: &str) -> String {
+    let path = dir.join("to_hash");
+    std::fs::write(&path, format!("{line}\n")).unwrap();
+    let output = std::process::Command::new("ssh-keygen")
+        .arg("-H")
+        .arg("-f")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let hashed = std::fs::read_to_string(&path).unwrap();
+    assert!(hashed.starts_with("|1|"), "{hashed}");
+    hashed
+}
+
+/// For each known_hosts file, pi-remote with `--accept-new` must decide what OpenSSH's own `ssh
+/// -o StrictHostKeyChecking=accept-new` decides against the same server: the three reproduced
+/// bypasses (a hashed entry with a mixed-case target, ed25519 on record while the server offers
+/// RSA, P-256 on record while it offers P-384) and their neighbours. A changed or revoked key
+/// leaves the file byte for byte as it was, also when an askpass would answer yes (it is never
+/// asked); a new host is recorded in a form ssh then accepts strictly. docs/reliability.md 4.9.
+#[tokio::test]
+async fn host_keys_are_decided_as_openssh_decides_them() {
+    let (ed25519, rsa, p384) = tokio::join!(
+        World::start(SshdOptions::default()),
+        World::start(SshdOptions {
+            host_key: HostKeyType::Rsa,
+            ..SshdOptions::default()
+        }),
+        World::start(SshdOptions {
+            host_key: HostKeyType::EcdsaP384,
+            ..SshdOptions::default()
+        }),
+    );
+    let scratch = tempfile::tempdir().unwrap();
+    let other_ed25519 =
+        tests::sshd::generate_key(&scratch.path().join("other_ed25519"), HostKeyType::Ed25519);
+    let other_p256 =
+        tests::sshd::generate_key(&scratch.path().join("other_p256"), HostKeyType::EcdsaP256);
+
+    use Decision::{Accepted, Changed, Revoked};
+    let (port, key) = (ed25519.server.port(), ed25519.server.host_public_key());
+    let (rsa_port, rsa_key) = (rsa.server.port(), rsa.server.host_public_key());
+    let p384_port = p384.server.port();
+    let hashed_other = hashed_by_openssh(
+        scratch.path(),
+        &format!("[localhost]:{port} {other_ed25519}"),
+    );
+    let hashed_own = hashed_by_openssh(scratch.path(), &format!("[localhost]:{port} {key}"));
+    #[rustfmt::skip]
+    let cases: Vec<(&str, &World, &str, String, Decision)> = vec![
+        // (what, server, HostName, known_hosts, decision)
+        ("hashed [localhost]:port, target LOCALHOST, other key", &ed25519, "LOCALHOST", hashed_other.clone(), Changed),
+        ("hashed [localhost]:port, target LOCALHOST, same key", &ed25519, "LOCALHOST", hashed_own, Accepted),
+        ("plain [localhost]:port, target LocalHost, other key", &ed25519, "LocalHost", format!("[localhost]:{port} {other_ed25519}\n"), Changed),
+        ("pattern [local*]:port, target LOCALHOST, other key", &ed25519, "LOCALHOST", format!("[local*]:{port} {other_ed25519}\n"), Changed),
+        ("negated pattern, target LOCALHOST", &ed25519, "LOCALHOST", format!("[*]:{port},![localhost]:{port} {other_ed25519}\n"), Accepted),
+        ("127.1 against [127.0.0.1]:port, other key", &ed25519, "127.1", format!("[127.0.0.1]:{port} {other_ed25519}\n"), Changed),
+        ("other key, then the right one", &ed25519, "127.0.0.1", format!("[127.0.0.1]:{port} {other_ed25519}\n[127.0.0.1]:{port} {key}\n"), Accepted),
+        ("the bare host's key, for another port", &ed25519, "localhost", format!("localhost {key}\n"), Accepted),
+        ("a CA line only: a new host", &ed25519, "localhost", format!("@cert-authority [localhost]:{port} {other_ed25519}\n"), Accepted),
+        ("@revoked", &ed25519, "127.0.0.1", format!("@revoked * {key}\n[127.0.0.1]:{port} {key}\n"), Revoked),
+        ("a new host, target LOCALHOST", &ed25519, "LOCALHOST", String::new(), Accepted),
+        ("ed25519 on record, RSA offered", &rsa, "localhost", format!("[localhost]:{rsa_port} {other_ed25519}\n"), Changed),
+        ("ed25519 on record, then the RSA key offered", &rsa, "127.0.0.1", format!("[127.0.0.1]:{rsa_port} {other_ed25519}\n[127.0.0.1]:{rsa_port} {rsa_key}\n"), Accepted),
+        ("P-256 on record, P-384 offered", &p384, "127.0.0.1", format!("[127.0.0.1]:{p384_port} {other_p256}\n"), Changed),
+    ];
+
+    let started = std::time::Instant::now();
+    let mut failures = Vec::new();
+    for (index, (what, world, host, file, expected)) in cases.iter().enumerate() {
+        let dir = scratch.path().join(format!("case{index}"));
+        std::fs::create_dir(&dir).unwrap();
+        if let Err(why) = host_key_case(world, &dir, host, file, *expected).await {
+            failures.push(format!("{what}: {why}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    eprintln!(
+        "{} known_hosts cases decided as ssh decides them in {:?}",
+        cases.len(),
+        started.elapsed()
+    );
+}
+
+/// Fails the case (with why) unless the condition holds.
+macro_rules! ensure {
+    ($condition:expr, $($why:tt)+) => {
+        if !$condition {
+            return Err(format!($($why)+));
+        }
+    };
+}
+
+/// One known_hosts file against one server: ssh's and pi-remote's decisions, what each
+/// recorded, and (for a refused key) that no prompt is shown.
+async fn host_key_case(
+    world: &World,
+    dir: &Path,
+    host: &str,
+    file: &str,
+    expected: Decision,
+) -> Result<(), String> {
+    let ours = dir.join("known_hosts.pi-remote");
+    let theirs = dir.join("known_hosts.ssh");
+    std::fs::write(&ours, file).unwrap();
+    std::fs::write(&theirs, file).unwrap();
+    let config = dir.join("ssh_config");
+    std::fs::write(
+        &config,
+        format!(
+            "Host target\n  HostName {host}\n  Port {port}\n  User {user}\n  IdentityFile {key}\n  IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile {ours}\n  ConnectTimeout 30\n",
+            port = world.server.port(),
+            user = world.server.user(),
+            key = world.server.client_key().display(),
+            ours = ours.display(),
+        ),
+    )
+    .unwrap();
+    let accept_new = world.command_for(&config, "target", None, &["--once", "--accept-new"]);
+    let ((openssh, stderr), outcome) = tokio::join!(
+        openssh_decision(&config, &theirs, "accept-new"),
+        run(accept_new)
+    );
+    let decided = pi_remote_decision(&outcome);
+    ensure!(
+        openssh == expected && decided == openssh,
+        "expected {expected:?}, ssh {openssh:?}, pi-remote {decided:?}\n  ssh: {}\n  pi-remote: {outcome:?}",
+        stderr.trim()
+    );
+
+    // Both record a new host, and only a new host.
+    let after = std::fs::read_to_string(&ours).unwrap();
+    let ssh_recorded = std::fs::read_to_string(&theirs).unwrap() != file;
+    ensure!(
+        (after != file) == ssh_recorded,
+        "ssh recorded: {ssh_recorded}; pi-remote's file:\n{after}"
+    );
+    if ssh_recorded {
+        // Under the name ssh looks up: it now accepts pi-remote's file strictly.
+        ensure!(
+            after.starts_with(file) && after.lines().count() == file.lines().count() + 1,
+            "pi-remote's file:\n{after}"
+        );
+        let (strict, stderr) = openssh_decision(&config, &ours, "yes").await;
+        ensure!(
+            strict == Decision::Accepted,
+            "ssh refuses pi-remote's file:\n{after}\n{stderr}"
+        );
+    }
+
+    if matches!(openssh, Decision::Changed | Decision::Revoked) {
+        // Without --accept-new, an askpass that would say yes is never asked.
+        let asked = dir.join("asked");
+        let askpass = dir.join("askpass");
+        std::fs::write(
+            &askpass,
+            format!("#!/bin/sh\ntouch '{}'\necho yes\n", asked.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&askpass, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let mut ask = world.command_for(&config, "target", None, &["--once"]);
+        ask.env("SSH_ASKPASS", &askpass)
+            .env("SSH_ASKPASS_REQUIRE", "force");
+        let outcome = run(ask).await;
+        ensure!(
+            pi_remote_decision(&outcome) == openssh,
+            "asking: {outcome:?}"
+        );
+        ensure!(!asked.exists(), "the prompt was shown");
+        ensure!(
+            std::fs::read_to_string(&ours).unwrap() == file,
+            "asking recorded a key"
+        );
+        if openssh == Decision::Changed {
+            let details = &outcome.error()["details"];
+            ensure!(
+                details["recordedFingerprint"]
+                    .as_str()
+                    .is_some_and(|f| f.starts_with("SHA256:"))
+                    && details["recordedFingerprint"] != details["fingerprint"]
+                    && details["line"].as_u64().is_some_and(|line| line >= 1)
+                    && details["knownHosts"] == ours.display().to_string().as_str(),
+                "details: {details}"
+            );
+        }
+    }
+    Ok(())
 }

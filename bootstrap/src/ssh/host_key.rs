@@ -19,7 +19,7 @@
 //! only (a tab-separated line would read as "unknown", and a changed key would then be learned
 //! instead of refused), ignores `@revoked`, and compares keys of the same type only.
 
-use crate::ssh::SshError;
+use crate::ssh::{ChangedHostKey, SshError};
 use russh::keys::{HashAlg, PublicKey};
 use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -235,7 +235,7 @@ impl KnownHostsCheck<'_> {
             Verdict::Changed { line, recorded } => {
                 let recorded_fingerprint = recorded.fingerprint(HashAlg::Sha256).to_string();
                 tracing::warn!(host = %name, %known_hosts, line, %fingerprint, %recorded_fingerprint, "host key changed");
-                Err(SshError::HostKeyChanged {
+                Err(SshError::HostKeyChanged(Box::new(ChangedHostKey {
                     host: name,
                     known_hosts,
                     line,
@@ -243,12 +243,17 @@ impl KnownHostsCheck<'_> {
                     algorithm,
                     recorded_fingerprint,
                     recorded_algorithm: recorded.algorithm().to_string(),
+                })))
+            }
+            Verdict::Revoked { line } => {
+                tracing::warn!(host = %name, %known_hosts, line, %fingerprint, "host key revoked");
+                Err(SshError::HostKeyRevoked {
+                    host: name,
+                    known_hosts,
+                    line,
+                    fingerprint,
                 })
             }
-            Verdict::Revoked { line } => Err(SshError::KnownHosts {
-                known_hosts,
-                reason: format!("the host key {fingerprint} is marked @revoked on line {line}"),
-            }),
             Verdict::Unknown => {
                 let host_part = match self.host_key_alias {
                     Some(_) => name.clone(),
@@ -689,15 +694,16 @@ mod tests {
         for policy in [HostKeyPolicy::Strict, HostKeyPolicy::AcceptNew, ask] {
             let (result, after) = verify_with(&file, "LOCALHOST", 2299, RSA, policy);
             match result {
-                Err(SshError::HostKeyChanged {
-                    host,
-                    line,
-                    algorithm,
-                    recorded_algorithm,
-                    recorded_fingerprint,
-                    fingerprint,
-                    ..
-                }) => {
+                Err(SshError::HostKeyChanged(changed)) => {
+                    let ChangedHostKey {
+                        host,
+                        line,
+                        algorithm,
+                        recorded_algorithm,
+                        recorded_fingerprint,
+                        fingerprint,
+                        ..
+                    } = *changed;
                     assert_eq!(host, "[localhost]:2299");
                     assert_eq!(line, 1);
                     assert_eq!(algorithm, "ssh-rsa");

@@ -53,25 +53,18 @@ impl Default for ConnectOptions {
 pub enum SshError {
     #[error("cannot reach {target}: {reason}")]
     Unreachable { target: String, reason: String },
+    /// Boxed: the details would make every `Result<_, SshError>` large.
+    #[error("{0}")]
+    HostKeyChanged(Box<ChangedHostKey>),
     #[error(
-        "REMOTE HOST IDENTIFICATION HAS CHANGED: the host key of {host} is not the one on \
-         record. The server offered the {algorithm} key {fingerprint}; line {line} of \
-         {known_hosts} records the {recorded_algorithm} key {recorded_fingerprint}, and no key on \
-         record for {host} matches. Someone may be intercepting the connection, or the host was \
-         reinstalled. Check the new key's fingerprint with the host's administrator, then remove \
-         the old keys (ssh-keygen -R '{host}' -f '{known_hosts}')"
+        "the host key of {host} ({fingerprint}) is marked @revoked on line {line} of \
+         {known_hosts}: it may have been stolen, and is refused"
     )]
-    HostKeyChanged {
+    HostKeyRevoked {
         host: String,
         known_hosts: String,
-        /// The line of the key on record that `ssh` would name (the last one for the host).
         line: usize,
-        /// The offered key.
         fingerprint: String,
-        algorithm: String,
-        /// The key on record at `line`.
-        recorded_fingerprint: String,
-        recorded_algorithm: String,
     },
     #[error(
         "{host} is not in {known_hosts} (key {fingerprint}); confirm the fingerprint and run \
@@ -114,6 +107,30 @@ impl From<russh::keys::Error> for SshError {
     fn from(err: russh::keys::Error) -> Self {
         SshError::Protocol(russh::Error::from(err))
     }
+}
+
+/// A host key that matches none of the keys on record for the host (docs/reliability.md 4.9).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "REMOTE HOST IDENTIFICATION HAS CHANGED: the host key of {host} is not the one on record. \
+     The server offered the {algorithm} key {fingerprint}; line {line} of {known_hosts} records \
+     the {recorded_algorithm} key {recorded_fingerprint}, and no key on record for {host} \
+     matches. Someone may be intercepting the connection, or the host was reinstalled. Check \
+     the new key's fingerprint with the host's administrator, then remove the old keys \
+     (ssh-keygen -R '{host}' -f '{known_hosts}')"
+)]
+pub struct ChangedHostKey {
+    /// The name looked up (`host`, `[host]:port` or the HostKeyAlias).
+    pub host: String,
+    pub known_hosts: String,
+    /// The line of the key on record that `ssh` names too (the last one for the host).
+    pub line: usize,
+    /// The offered key.
+    pub fingerprint: String,
+    pub algorithm: String,
+    /// The key on record at `line`.
+    pub recorded_fingerprint: String,
+    pub recorded_algorithm: String,
 }
 
 /// The russh event handler: checks the host key, reports the end of the connection.
