@@ -73,6 +73,8 @@ pub struct SshdOptions {
     pub host_key: HostKeyType,
     /// `AllowTcpForwarding yes` (the default) or `no`.
     pub allow_tcp_forwarding: bool,
+    /// Listen on `[::1]` too, on the same port (see [`ipv6_loopback`]).
+    pub listen_ipv6: bool,
     /// Extra `sshd_config` lines, appended after the generated ones (sshd takes the first value
     /// it reads for most keywords, so these add rather than override).
     pub extra_config: Vec<String>,
@@ -83,6 +85,7 @@ impl Default for SshdOptions {
         SshdOptions {
             host_key: HostKeyType::default(),
             allow_tcp_forwarding: true,
+            listen_ipv6: false,
             extra_config: Vec::new(),
         }
     }
@@ -314,6 +317,11 @@ impl SshServer {
         let dir = self.dir();
         let mut lines = vec![
             format!("ListenAddress 127.0.0.1:{}", self.port),
+            if self.options.listen_ipv6 {
+                format!("ListenAddress [::1]:{}", self.port)
+            } else {
+                String::new()
+            },
             format!("HostKey {}", self.host_key_path().display()),
             format!("PidFile {}", dir.join("sshd.pid").display()),
             format!(
@@ -369,12 +377,20 @@ impl SshServer {
             .spawn()
             .map_err(|e| format!("spawn {SSHD}: {e}"))?;
         self.listener = Some(child);
-        let listening = format!("Server listening on 127.0.0.1 port {}", self.port);
+        let mut listening = vec![format!("Server listening on 127.0.0.1 port {}", self.port)];
+        if self.options.listen_ipv6 {
+            listening.push(format!("Server listening on ::1 port {}", self.port));
+        }
         let deadline = Instant::now() + PATIENCE;
         loop {
             let since = read_from(&log_path, offset);
-            if since.contains(&listening) {
+            if listening.iter().all(|line| since.contains(line)) {
                 break;
+            }
+            // sshd carries on with the addresses it could bind; this server wants them all.
+            if since.contains("Bind to port") {
+                self.kill_tree();
+                return Err(format!("sshd could not bind: {}", since.trim()));
             }
             let exited = self
                 .listener
@@ -487,6 +503,11 @@ fn current_user() -> String {
 fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Whether this machine has an IPv6 loopback to listen on (containers may not).
+pub fn ipv6_loopback() -> bool {
+    TcpListener::bind((std::net::Ipv6Addr::LOCALHOST, 0)).is_ok()
 }
 
 /// A port that was free a moment ago.
