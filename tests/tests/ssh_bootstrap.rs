@@ -846,8 +846,6 @@ async fn openssh_decision(config: &Path, known_hosts: &Path, strict: &str) -> (D
         .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
         .args([
             "-o",
-            "GlobalKnownHostsFile=/dev/null",
-            "-o",
             "BatchMode=yes",
             "-o",
             "UpdateHostKeys=no",
@@ -968,6 +966,8 @@ async fn host_keys_are_decided_as_openssh_decides_them() {
         ("ProxyJump, both known", &ed25519, "127.0.0.1", jump, format!("{hashed_own}[127.0.0.1]:{port} {key}\n"), Accepted),
         ("ed25519 on record, RSA offered", &rsa, "localhost", "", format!("[localhost]:{rsa_port} {other_ed25519}\n"), Changed),
         ("ed25519 on record, then the RSA key offered", &rsa, "127.0.0.1", "", format!("[127.0.0.1]:{rsa_port} {other_ed25519}\n[127.0.0.1]:{rsa_port} {rsa_key}\n"), Accepted),
+        ("a key on record in the global file only", &ed25519, "LOCALHOST", "", format!("--- global\n[localhost]:{port} {other_ed25519}\n"), Changed),
+        ("the right key in the user's file, another in the global one", &ed25519, "127.0.0.1", "", format!("[127.0.0.1]:{port} {key}\n--- global\n[127.0.0.1]:{port} {other_ed25519}\n"), Accepted),
         ("P-256 on record, P-384 offered", &p384, "127.0.0.1", "", format!("[127.0.0.1]:{p384_port} {other_p256}\n"), Changed),
     ];
     if ipv6 {
@@ -1018,26 +1018,31 @@ macro_rules! ensure {
 
 /// One known_hosts file against one server: ssh's and pi-remote's decisions, what each
 /// recorded, and (for a refused key) that no prompt is shown. `extra` goes into the target's
-/// stanza; `gate` is the same server under the name LOCALHOST, for ProxyJump.
+/// stanza; `gate` is the same server under the name LOCALHOST, for ProxyJump. What follows a
+/// `--- global` line in `files` is the GlobalKnownHostsFile, the rest the user's file.
 async fn host_key_case(
     world: &World,
     dir: &Path,
     host: &str,
     extra: &str,
-    file: &str,
+    files: &str,
     expected: Decision,
 ) -> Result<(), String> {
+    let (file, global_file) = files.split_once("--- global\n").unwrap_or((files, ""));
     let ours = dir.join("known_hosts.pi-remote");
     let theirs = dir.join("known_hosts.ssh");
+    let global = dir.join("ssh_known_hosts");
     std::fs::write(&ours, file).unwrap();
     std::fs::write(&theirs, file).unwrap();
+    std::fs::write(&global, global_file).unwrap();
     let config_for = |known_hosts: &Path| {
         let common = format!(
-            "  Port {port}\n  User {user}\n  IdentityFile {key}\n  IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile {known_hosts}\n  ConnectTimeout 30\n",
+            "  Port {port}\n  User {user}\n  IdentityFile {key}\n  IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile {known_hosts}\n  GlobalKnownHostsFile {global}\n  ConnectTimeout 30\n",
             port = world.server.port(),
             user = world.server.user(),
             key = world.server.client_key().display(),
             known_hosts = known_hosts.display(),
+            global = global.display(),
         );
         format!(
             "Host target\n  HostName {host}\n  {extra}\n{common}\nHost gate\n  HostName LOCALHOST\n{common}"
@@ -1051,7 +1056,7 @@ async fn host_key_case(
         std::fs::write(
             &path,
             format!(
-                "{}\nHost *\n  StrictHostKeyChecking {strict}\n  BatchMode yes\n  GlobalKnownHostsFile /dev/null\n  UpdateHostKeys no\n",
+                "{}\nHost *\n  StrictHostKeyChecking {strict}\n  BatchMode yes\n  UpdateHostKeys no\n",
                 config_for(known_hosts)
             ),
         )
@@ -1122,7 +1127,9 @@ async fn host_key_case(
                     .is_some_and(|f| f.starts_with("SHA256:"))
                     && details["recordedFingerprint"] != details["fingerprint"]
                     && details["line"].as_u64().is_some_and(|line| line >= 1)
-                    && details["knownHosts"] == ours.display().to_string().as_str(),
+                    && [&ours, &global]
+                        .iter()
+                        .any(|file| details["knownHosts"] == file.display().to_string().as_str()),
                 "details: {details}"
             );
         }

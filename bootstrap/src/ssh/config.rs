@@ -12,8 +12,8 @@ use std::time::Duration;
 pub struct ResolveOptions {
     /// The ssh config file; `None` reads `~/.ssh/config` when it exists.
     pub config_file: Option<PathBuf>,
-    /// The known_hosts file; `None` takes the config's UserKnownHostsFile, else
-    /// `~/.ssh/known_hosts`.
+    /// The known_hosts file, instead of the config's UserKnownHostsFile (else
+    /// `~/.ssh/known_hosts ~/.ssh/known_hosts2`).
     pub known_hosts: Option<PathBuf>,
     /// Extra identity files (`-i`), tried before the config's.
     pub identity_files: Vec<PathBuf>,
@@ -39,7 +39,12 @@ pub struct Destination {
     /// HostKeyAlias: the name the host key is looked up and recorded under instead of the
     /// host and port (docs/reliability.md 4.9).
     pub host_key_alias: Option<String>,
+    /// The first user known_hosts file: read, and where a new host is recorded.
     pub known_hosts: PathBuf,
+    /// Read too, as `ssh` reads them: the other UserKnownHostsFile entries, then the
+    /// GlobalKnownHostsFile ones (`/etc/ssh/ssh_known_hosts ssh_known_hosts2` by default). A
+    /// key on record in any of them makes the host known (docs/reliability.md 4.9).
+    pub other_known_hosts: Vec<PathBuf>,
     pub connect_timeout: Duration,
 }
 
@@ -136,14 +141,15 @@ fn resolve_with(
     }
     let (user, alias, port) = parse_target(target)?;
     let params = config.query(&alias);
-    let field = |name: &str| -> Option<String> {
+    let fields = |name: &str| -> Option<Vec<String>> {
         params
             .unsupported_fields
             .get(name)
             .or_else(|| params.ignored_fields.get(name))
-            .and_then(|args| args.first())
+            .filter(|args| !args.is_empty())
             .cloned()
     };
+    let field = |name: &str| fields(name).and_then(|args| args.into_iter().next());
     let mut identity_files = options.identity_files.clone();
     identity_files.extend(params.identity_file.clone().unwrap_or_default());
     if identity_files.is_empty()
@@ -153,12 +159,22 @@ fn resolve_with(
             identity_files.push(home.join(".ssh").join(name));
         }
     }
-    let known_hosts = options
-        .known_hosts
-        .clone()
-        .or_else(|| field("userknownhostsfile").map(|f| expand_tilde(&f)))
-        .or_else(|| home().map(|home| home.join(".ssh/known_hosts")))
-        .ok_or("no home directory: pass --known-hosts")?;
+    let user_files = match &options.known_hosts {
+        Some(path) => vec![path.clone()],
+        None => known_hosts_files(
+            fields("userknownhostsfile"),
+            &["~/.ssh/known_hosts", "~/.ssh/known_hosts2"],
+        ),
+    };
+    let mut user_files = user_files.into_iter();
+    let known_hosts = user_files.next().ok_or(
+        "no user known_hosts file (UserKnownHostsFile none, or no home directory): pass --known-hosts",
+    )?;
+    let mut other_known_hosts: Vec<PathBuf> = user_files.collect();
+    other_known_hosts.extend(known_hosts_files(
+        fields("globalknownhostsfile"),
+        &["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"],
+    ));
     let mut jumps = Vec::new();
     for hop in params.proxy_jump.clone().unwrap_or_default() {
         let hop = hop.trim();
@@ -186,9 +202,24 @@ fn resolve_with(
         jumps,
         host_key_alias: field("hostkeyalias"),
         known_hosts,
+        other_known_hosts,
         connect_timeout: params.connect_timeout.unwrap_or(Duration::from_secs(15)),
         alias,
     })
+}
+
+/// A UserKnownHostsFile or GlobalKnownHostsFile value (`none` is no file), else the defaults;
+/// `~/` expanded, and a `~` path dropped when there is no home directory.
+fn known_hosts_files(configured: Option<Vec<String>>, defaults: &[&str]) -> Vec<PathBuf> {
+    let names = configured.unwrap_or_else(|| defaults.iter().map(|d| d.to_string()).collect());
+    if names.len() == 1 && names[0].eq_ignore_ascii_case("none") {
+        return Vec::new();
+    }
+    names
+        .iter()
+        .filter(|name| !name.starts_with('~') || home().is_some())
+        .map(|name| expand_tilde(name))
+        .collect()
 }
 
 fn home() -> Option<PathBuf> {
@@ -254,7 +285,7 @@ Host box
     Port 2200
     IdentityFile /keys/box
     IdentitiesOnly yes
-    UserKnownHostsFile /tmp/kh
+    UserKnownHostsFile /tmp/kh /tmp/kh2
     HostKeyAlias Box-Prod
     ProxyJump gate
 
@@ -269,6 +300,14 @@ Host gate
         assert_eq!(dest.identity_files, vec![PathBuf::from("/keys/box")]);
         assert!(dest.identities_only);
         assert_eq!(dest.known_hosts, PathBuf::from("/tmp/kh"));
+        assert_eq!(
+            dest.other_known_hosts,
+            vec![
+                PathBuf::from("/tmp/kh2"),
+                PathBuf::from("/etc/ssh/ssh_known_hosts"),
+                PathBuf::from("/etc/ssh/ssh_known_hosts2"),
+            ]
+        );
         // Lowercased where the name is formed (host_key::known_hosts_name), as ssh does.
         assert_eq!(dest.host_key_alias.as_deref(), Some("Box-Prod"));
         assert_eq!(dest.jumps[0].host_key_alias, None);
@@ -293,5 +332,41 @@ Host gate
             .unwrap();
         let err = resolve_with("a", &ResolveOptions::default(), &parsed, 0).unwrap_err();
         assert!(err.contains("loop"), "{err}");
+    }
+
+    #[test]
+    fn known_hosts_files_are_the_user_ones_then_the_global_ones_as_ssh_reads_them() {
+        let config = "\
+Host a
+    UserKnownHostsFile /k1
+    GlobalKnownHostsFile none
+Host b
+    UserKnownHostsFile none
+Host c
+    GlobalKnownHostsFile /g1 /g2
+";
+        let parsed = SshConfig::default()
+            .parse(
+                &mut BufReader::new(config.as_bytes()),
+                ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
+            )
+            .unwrap();
+        let defaults = ResolveOptions::default();
+        let a = resolve_with("u@a", &defaults, &parsed, 0).unwrap();
+        assert_eq!(a.known_hosts, PathBuf::from("/k1"));
+        assert!(a.other_known_hosts.is_empty());
+        // Nowhere to record a new host: said, rather than a file named "none".
+        let err = resolve_with("u@b", &defaults, &parsed, 0).unwrap_err();
+        assert!(err.contains("--known-hosts"), "{err}");
+        let given = ResolveOptions {
+            known_hosts: Some(PathBuf::from("/given")),
+            ..ResolveOptions::default()
+        };
+        let c = resolve_with("u@c", &given, &parsed, 0).unwrap();
+        assert_eq!(c.known_hosts, PathBuf::from("/given"));
+        assert_eq!(
+            c.other_known_hosts,
+            vec![PathBuf::from("/g1"), PathBuf::from("/g2")]
+        );
     }
 }

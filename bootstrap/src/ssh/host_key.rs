@@ -49,13 +49,16 @@ pub enum HostKeyPolicy {
     Ask(Arc<dyn Fn(&UnknownHost) -> bool + Send + Sync>),
 }
 
-/// One host's lookup in one known_hosts file.
+/// One host's lookup in its known_hosts files.
 pub(crate) struct KnownHostsCheck<'a> {
     pub host: &'a str,
     pub port: u16,
     /// The config's HostKeyAlias: looked up and recorded instead of the host and port.
     pub host_key_alias: Option<&'a str>,
+    /// Read first, and where a new host is recorded.
     pub known_hosts: &'a Path,
+    /// Read too (the other user files, then the global ones), as `ssh` reads them all.
+    pub other_known_hosts: &'a [PathBuf],
 }
 
 /// The name a host's keys are filed under in known_hosts, as the OpenSSH client forms it:
@@ -169,18 +172,26 @@ fn recordable(host: &str) -> bool {
         .any(|c| "@?*#[]|'\"\\,".contains(c) || c.is_whitespace() || c.is_control())
 }
 
-/// What the file says about a key.
+/// A line of one of the files: the file's index (0: the one new hosts are recorded in) and the
+/// line number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Place {
+    file: usize,
+    line: usize,
+}
+
+/// What the files say about a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Verdict {
     /// A key on record for the name is this key.
-    Known { line: usize },
+    Known { at: Place },
     /// No key on record for the name.
     Unknown,
-    /// Keys are on record for the name and none is this key; `line` and `recorded` are the
-    /// last of them, the one `ssh` reports as the offending key.
-    Changed { line: usize, recorded: PublicKey },
+    /// Keys are on record for the name and none is this key; `at` and `recorded` are the last
+    /// of them, the one `ssh` reports as the offending key.
+    Changed { at: Place, recorded: PublicKey },
     /// An `@revoked` line for the name holds this key.
-    Revoked { line: usize },
+    Revoked { at: Place },
 }
 
 impl KnownHostsCheck<'_> {
@@ -193,12 +204,13 @@ impl KnownHostsCheck<'_> {
         (self.host_key_alias.is_none() && self.port != 22).then(|| canonical_host(self.host))
     }
 
-    fn lookup(&self, text: &str, key: &PublicKey) -> Verdict {
-        match lookup(text, &self.name(), key) {
+    /// What `texts` (the files' contents, in order) say about `key` for this host.
+    fn lookup(&self, texts: &[String], key: &PublicKey) -> Verdict {
+        match lookup(texts, &self.name(), key) {
             Verdict::Unknown => match self.name_without_port() {
                 // A revoked key stays refused here, which `ssh` does not insist on: it would go
                 // on to treat the host as new.
-                Some(bare) => match lookup(text, &bare, key) {
+                Some(bare) => match lookup(texts, &bare, key) {
                     verdict @ (Verdict::Known { .. } | Verdict::Revoked { .. }) => verdict,
                     Verdict::Unknown | Verdict::Changed { .. } => Verdict::Unknown,
                 },
@@ -216,23 +228,38 @@ impl KnownHostsCheck<'_> {
         let name = self.name();
         let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
         let algorithm = key.algorithm().to_string();
-        let known_hosts = self.known_hosts.display().to_string();
-        let text = match std::fs::read_to_string(self.known_hosts) {
-            Ok(text) => text,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(err) => {
-                return Err(SshError::KnownHosts {
-                    known_hosts,
-                    reason: err.to_string(),
-                });
+        let files: Vec<&Path> = std::iter::once(self.known_hosts)
+            .chain(self.other_known_hosts.iter().map(PathBuf::as_path))
+            .collect();
+        let mut texts = Vec::with_capacity(files.len());
+        for file in &files {
+            match std::fs::read_to_string(file) {
+                Ok(text) => texts.push(text),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => texts.push(String::new()),
+                // A file that cannot be read may hold the key on record: refuse rather than
+                // take the host for new.
+                Err(err) => {
+                    return Err(SshError::KnownHosts {
+                        known_hosts: file.display().to_string(),
+                        reason: err.to_string(),
+                    });
+                }
             }
+        }
+        let file_name = |place: Place| {
+            files
+                .get(place.file)
+                .map(|file| file.display().to_string())
+                .unwrap_or_default()
         };
-        match self.lookup(&text, key) {
-            Verdict::Known { line } => {
-                tracing::debug!(host = %name, %known_hosts, line, "host key known");
+        let known_hosts = self.known_hosts.display().to_string();
+        match self.lookup(&texts, key) {
+            Verdict::Known { at } => {
+                tracing::debug!(host = %name, known_hosts = %file_name(at), line = at.line, "host key known");
                 Ok(true)
             }
-            Verdict::Changed { line, recorded } => {
+            Verdict::Changed { at, recorded } => {
+                let (known_hosts, line) = (file_name(at), at.line);
                 let recorded_fingerprint = recorded.fingerprint(HashAlg::Sha256).to_string();
                 tracing::warn!(host = %name, %known_hosts, line, %fingerprint, %recorded_fingerprint, "host key changed");
                 Err(SshError::HostKeyChanged(Box::new(ChangedHostKey {
@@ -245,7 +272,8 @@ impl KnownHostsCheck<'_> {
                     recorded_algorithm: recorded.algorithm().to_string(),
                 })))
             }
-            Verdict::Revoked { line } => {
+            Verdict::Revoked { at } => {
+                let (known_hosts, line) = (file_name(at), at.line);
                 tracing::warn!(host = %name, %known_hosts, line, %fingerprint, "host key revoked");
                 Err(SshError::HostKeyRevoked {
                     host: name,
@@ -309,9 +337,9 @@ enum Marker {
     Revoked,
 }
 
-/// A line of the file whose names match.
+/// A line of a file whose names match.
 struct Entry {
-    line: usize,
+    at: Place,
     marker: Marker,
     key: PublicKey,
 }
@@ -319,8 +347,7 @@ struct Entry {
 /// The lines for `name`, read as `ssh` reads them: fields split on spaces and tabs, `#`
 /// comments, at most one marker (an unknown one voids the line), and lines whose names or key
 /// cannot be read skipped.
-fn entries(text: &str, name: &str) -> Vec<Entry> {
-    let mut found = Vec::new();
+fn entries(text: &str, name: &str, file: usize, found: &mut Vec<Entry>) {
     for (index, line) in text.split('\n').enumerate() {
         let mut fields = line.split([' ', '\t']).filter(|field| !field.is_empty());
         let Some(mut first) = fields.next() else {
@@ -352,35 +379,41 @@ fn entries(text: &str, name: &str) -> Vec<Entry> {
             continue;
         };
         found.push(Entry {
-            line: index + 1,
+            at: Place {
+                file,
+                line: index + 1,
+            },
             marker,
             key,
         });
     }
-    found
 }
 
-/// What the file says about `key` for `name`, the way `ssh` decides it: the first plain key on
-/// record that equals it makes it known, else any plain key on record makes it changed (any
-/// type, any curve); an `@revoked` line holding it overrides both.
-fn lookup(text: &str, name: &str, key: &PublicKey) -> Verdict {
-    let entries = entries(text, name);
+/// What the files (their texts, in order) say about `key` for `name`, the way `ssh` decides
+/// it over all of them at once: the first plain key on record that equals it makes it known,
+/// else any plain key on record makes it changed (any type, any curve); an `@revoked` line
+/// holding it overrides both.
+fn lookup(texts: &[String], name: &str, key: &PublicKey) -> Verdict {
+    let mut found = Vec::new();
+    for (file, text) in texts.iter().enumerate() {
+        entries(text, name, file, &mut found);
+    }
     let mut verdict = Verdict::Unknown;
-    for entry in entries.iter().filter(|e| e.marker == Marker::None) {
+    for entry in found.iter().filter(|e| e.marker == Marker::None) {
         if entry.key.key_data() == key.key_data() {
-            verdict = Verdict::Known { line: entry.line };
+            verdict = Verdict::Known { at: entry.at };
             break;
         }
         verdict = Verdict::Changed {
-            line: entry.line,
+            at: entry.at,
             recorded: entry.key.clone(),
         };
     }
-    let revoked = entries
+    let revoked = found
         .iter()
         .find(|e| e.marker == Marker::Revoked && e.key.key_data() == key.key_data());
     match revoked {
-        Some(entry) => Verdict::Revoked { line: entry.line },
+        Some(entry) => Verdict::Revoked { at: entry.at },
         None => verdict,
     }
 }
@@ -507,26 +540,43 @@ mod tests {
         PublicKey::from_openssh(text).unwrap()
     }
 
+    /// `known:LINE`, `changed:LINE:TYPE`, ...; `FILE/LINE` for a file after the first.
     fn label(verdict: &Verdict) -> String {
+        let place = |at: &Place| match at.file {
+            0 => at.line.to_string(),
+            file => format!("{file}/{}", at.line),
+        };
         match verdict {
-            Verdict::Known { line } => format!("known:{line}"),
+            Verdict::Known { at } => format!("known:{}", place(at)),
             Verdict::Unknown => "unknown".into(),
-            Verdict::Changed { line, recorded } => {
-                format!("changed:{line}:{}", recorded.algorithm())
+            Verdict::Changed { at, recorded } => {
+                format!("changed:{}:{}", place(at), recorded.algorithm())
             }
-            Verdict::Revoked { line } => format!("revoked:{line}"),
+            Verdict::Revoked { at } => format!("revoked:{}", place(at)),
         }
     }
 
     /// What the check says for `target` (as typed: host and port) with `offered`.
     fn decide(file: &str, host: &str, port: u16, alias: Option<&str>, offered: &str) -> String {
+        decide_files(&[file], host, port, alias, offered)
+    }
+
+    fn decide_files(
+        files: &[&str],
+        host: &str,
+        port: u16,
+        alias: Option<&str>,
+        offered: &str,
+    ) -> String {
         let check = KnownHostsCheck {
             host,
             port,
             host_key_alias: alias,
             known_hosts: Path::new("/nonexistent"),
+            other_known_hosts: &[],
         };
-        label(&check.lookup(file, &key(offered)))
+        let texts: Vec<String> = files.iter().map(|f| f.to_string()).collect();
+        label(&check.lookup(&texts, &key(offered)))
     }
 
     #[test]
@@ -594,6 +644,33 @@ mod tests {
     }
 
     #[test]
+    fn every_file_counts_as_ssh_reads_them_all() {
+        let user = format!("other {ED_A}\n");
+        let global = format!("# global\nbox {ED_A}\n");
+        // A key on record only in a global file: the host is known, a new key changed.
+        assert_eq!(
+            decide_files(&[&user, &global], "box", 22, None, ED_A),
+            "known:1/2"
+        );
+        assert_eq!(
+            decide_files(&[&user, &global], "box", 22, None, RSA),
+            "changed:1/2:ssh-ed25519"
+        );
+        // The first match wins across files; revocation anywhere wins over it.
+        let second = format!("box {RSA}\n");
+        assert_eq!(
+            decide_files(&[&global, &second], "box", 22, None, RSA),
+            "known:1/1"
+        );
+        let revoked = format!("@revoked * {RSA}\n");
+        assert_eq!(
+            decide_files(&[&second, &revoked], "box", 22, None, RSA),
+            "revoked:1/1"
+        );
+        assert_eq!(decide_files(&[&user, ""], "box", 22, None, RSA), "unknown");
+    }
+
+    #[test]
     fn a_host_key_alias_is_the_name_whatever_the_host_and_port() {
         let file = format!("prod-box {ED_A}\n[10.0.0.5]:2222 {ED_B}\n");
         assert_eq!(
@@ -652,11 +729,12 @@ mod tests {
         learn(&path, "box", &key(ED_B)).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 2);
+        let texts = [text];
         assert_eq!(
-            label(&lookup(&text, "[127.0.0.1]:2222", &key(ED_A))),
+            label(&lookup(&texts, "[127.0.0.1]:2222", &key(ED_A))),
             "known:1"
         );
-        assert_eq!(label(&lookup(&text, "box", &key(ED_B))), "known:2");
+        assert_eq!(label(&lookup(&texts, "box", &key(ED_B))), "known:2");
     }
 
     fn verify_with(
@@ -674,6 +752,7 @@ mod tests {
             port,
             host_key_alias: None,
             known_hosts: &path,
+            other_known_hosts: &[],
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()

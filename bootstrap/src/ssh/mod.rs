@@ -139,6 +139,7 @@ struct Client {
     port: u16,
     host_key_alias: Option<String>,
     known_hosts: PathBuf,
+    other_known_hosts: Vec<PathBuf>,
     policy: HostKeyPolicy,
     closed: watch::Sender<bool>,
 }
@@ -162,6 +163,7 @@ impl client::Handler for Client {
             port: self.port,
             host_key_alias: self.host_key_alias.as_deref(),
             known_hosts: &self.known_hosts,
+            other_known_hosts: &self.other_known_hosts,
         };
         check.verify(key, &self.policy).await
     }
@@ -307,6 +309,7 @@ async fn handshake(
         port: destination.port,
         host_key_alias: destination.host_key_alias.clone(),
         known_hosts: destination.known_hosts.clone(),
+        other_known_hosts: destination.other_known_hosts.clone(),
         policy: options.host_key.clone(),
         closed: closed_tx,
     };
