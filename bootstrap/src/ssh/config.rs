@@ -110,19 +110,41 @@ fn load_config(path: Option<&Path>) -> Result<SshConfig, String> {
     let Some(path) = path else {
         return Ok(SshConfig::default());
     };
-    let file = match std::fs::File::open(&path) {
-        Ok(file) => file,
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
         Err(err) if !required && err.kind() == std::io::ErrorKind::NotFound => {
             return Ok(SshConfig::default());
         }
         Err(err) => return Err(format!("cannot read {}: {err}", path.display())),
     };
-    SshConfig::default()
-        .parse(
-            &mut BufReader::new(file),
-            ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
-        )
-        .map_err(|err| format!("cannot parse {}: {err}", path.display()))
+    parse_config(&text).map_err(|err| format!("cannot parse {}: {err}", path.display()))
+}
+
+/// Parses a config, with its `Host` patterns in lowercase: `ssh` matches them without regard to
+/// case and `ssh2-config` with, so both sides are lowercased (the patterns here, the name in
+/// [`resolve_with`]) and `pi-remote connect BOX` takes the `Host box` stanza as `ssh BOX` does
+/// (docs/reliability.md 4.9). Files it `Include`s are read by `ssh2-config` as they are.
+fn parse_config(text: &str) -> Result<SshConfig, ssh2_config::SshParserError> {
+    let lowered: String = text
+        .lines()
+        .map(|line| {
+            let keyword = line
+                .trim_start()
+                .split(|c: char| c.is_whitespace() || c == '=')
+                .next()
+                .unwrap_or_default();
+            if keyword.eq_ignore_ascii_case("host") {
+                line.to_ascii_lowercase()
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    SshConfig::default().parse(
+        &mut BufReader::new(lowered.as_bytes()),
+        ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
+    )
 }
 
 /// OpenSSH nests jumps through the same config; a loop is cut at a fixed depth.
@@ -140,7 +162,8 @@ fn resolve_with(
         ));
     }
     let (user, alias, port) = parse_target(target)?;
-    let params = config.query(&alias);
+    // Host patterns are in lowercase (parse_config).
+    let params = config.query(alias.to_ascii_lowercase());
     let fields = |name: &str| -> Option<Vec<String>> {
         params
             .unsupported_fields
@@ -263,12 +286,7 @@ mod tests {
     }
 
     fn resolve_text(target: &str, config: &str) -> Destination {
-        let parsed = SshConfig::default()
-            .parse(
-                &mut BufReader::new(config.as_bytes()),
-                ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
-            )
-            .unwrap();
+        let parsed = parse_config(config).unwrap();
         let options = ResolveOptions {
             known_hosts: None,
             ..ResolveOptions::default()
@@ -319,6 +337,15 @@ Host gate
         // What the user typed wins over the config.
         let dest = resolve_text("root@box:2300", config);
         assert_eq!((dest.user.as_str(), dest.port), ("root", 2300));
+
+        // Host patterns match without regard to case, as in ssh.
+        let dest = resolve_text("BOX", config);
+        assert_eq!(
+            (dest.host.as_str(), dest.alias.as_str()),
+            ("10.0.0.5", "BOX")
+        );
+        let dest = resolve_text("u@Gate", "Host GATE\n    HostName gate.example.org\n");
+        assert_eq!(dest.host, "gate.example.org");
     }
 
     #[test]
