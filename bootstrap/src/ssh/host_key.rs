@@ -287,7 +287,8 @@ impl KnownHostsCheck<'_> {
                     Some(_) => name.clone(),
                     None => canonical_host(self.host),
                 };
-                if !recordable(&host_part) && !matches!(policy, HostKeyPolicy::Strict) {
+                // Said under every policy: --accept-new would not help.
+                if !recordable(&host_part) {
                     return Err(SshError::KnownHosts {
                         known_hosts,
                         reason: format!(
@@ -815,5 +816,10 @@ mod tests {
             "{result:?}"
         );
         assert_eq!(after, "");
+        let (result, _) = verify_with("", "a*b", 22, ED_A, HostKeyPolicy::Strict);
+        assert!(
+            matches!(result, Err(SshError::KnownHosts { .. })),
+            "{result:?}"
+        );
     }
 }
