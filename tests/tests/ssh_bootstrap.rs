@@ -1140,3 +1140,42 @@ async fn host_key_case(
     }
     Ok(())
 }
+
+/// The names the host-key check files hosts under are the ones `ssh` forms: `ssh -G` prints the
+/// host after its lowercasing and address canonicalization (docs/reliability.md 4.9).
+#[test]
+fn host_names_are_canonical_as_ssh_makes_them() {
+    let mut differ = Vec::new();
+    for host in [
+        "LOCALHOST",
+        "Box.Example.",
+        "127.1",
+        "0x7f.0.0.1",
+        "0177.0.0.1",
+        "2130706433",
+        "127.0.0.256",
+        "0:0:0:0:0:0:0:1",
+        "FE80::1",
+        "FE80:0::1",
+        "::FFFF:7F00:1",
+        "::FFFF:127.0.0.1",
+        "::1.2.3.4",
+        "1:0:0:1:0:0:0:1",
+    ] {
+        let output = std::process::Command::new("ssh")
+            .args(["-F", "/dev/null", "-G", host])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let printed = String::from_utf8_lossy(&output.stdout);
+        let ssh = printed
+            .lines()
+            .find_map(|line| line.strip_prefix("hostname "))
+            .unwrap_or_else(|| panic!("ssh -G {host}: {output:?}"));
+        let ours = bootstrap::ssh::host_key::canonical_host(host);
+        if ours != ssh {
+            differ.push(format!("{host}: ssh {ssh}, pi-remote {ours}"));
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}

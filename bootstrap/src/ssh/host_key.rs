@@ -1,8 +1,10 @@
 //! Host keys: the known_hosts check and what to do with a host seen for the first time.
 //!
-//! The check follows the OpenSSH client, so that the two never disagree about one file
+//! The check follows the OpenSSH client, so that the two never disagree about the same files
 //! (docs/reliability.md 4.9 has the attack this closes and the tests that hold it):
 //!
+//! - Every file `ssh` reads is read (the user files, then the global ones), and the decision is
+//!   made over all of them at once; a new host is recorded in the first user file.
 //! - The name looked up is [`known_hosts_name`]: `HostKeyAlias` lowercased, else the host
 //!   canonicalized the way `ssh` does (names lowercased, IP addresses in their numeric canonical
 //!   form), bare for port 22 and `[host]:port` otherwise. Plain names, `*`/`?` patterns, `!`
@@ -15,7 +17,7 @@
 //! - For a port other than 22 with no key on record, a matching key under the bare host name is
 //!   accepted, as `ssh` does.
 //!
-//! The file is read here rather than with russh's helper, which splits fields on single spaces
+//! The files are read here rather than with russh's helper, which splits fields on single spaces
 //! only (a tab-separated line would read as "unknown", and a changed key would then be learned
 //! instead of refused), ignores `@revoked`, and compares keys of the same type only.
 
