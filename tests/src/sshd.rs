@@ -1,5 +1,5 @@
 //! A real OpenSSH server for tests: `/usr/sbin/sshd` on a loopback port the OS chose, with its
-//! own host key, an authorized client key and its configuration in a temporary directory. Tests
+//! own host key (ed25519, RSA, ECDSA P-256 or P-384), an authorized client key and its configuration in a temporary directory. Tests
 //! drive it with the OpenSSH client ([`SshServer::openssh`]) or with the bootstrapper.
 //!
 //! [`SshServer::kill_all`] ends the listener *and* every per-connection process below it, as a
@@ -18,11 +18,63 @@ use tokio::io::AsyncReadExt;
 const SSHD: &str = "/usr/sbin/sshd";
 const POLL: Duration = Duration::from_millis(20);
 
+/// The type of the server's one host key (sshd offers only that one, so a client that knows
+/// another type for the host has no way around the mismatch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostKeyType {
+    #[default]
+    Ed25519,
+    Rsa,
+    EcdsaP256,
+    EcdsaP384,
+}
+
+impl HostKeyType {
+    /// `ssh-keygen` arguments (RSA at 2048 bits, which is quick to generate).
+    fn keygen_args(self) -> &'static [&'static str] {
+        match self {
+            HostKeyType::Ed25519 => &["-t", "ed25519"],
+            HostKeyType::Rsa => &["-t", "rsa", "-b", "2048"],
+            HostKeyType::EcdsaP256 => &["-t", "ecdsa", "-b", "256"],
+            HostKeyType::EcdsaP384 => &["-t", "ecdsa", "-b", "384"],
+        }
+    }
+
+    fn file_name(self) -> &'static str {
+        match self {
+            HostKeyType::Ed25519 => "host_ed25519",
+            HostKeyType::Rsa => "host_rsa",
+            HostKeyType::EcdsaP256 => "host_ecdsa_p256",
+            HostKeyType::EcdsaP384 => "host_ecdsa_p384",
+        }
+    }
+}
+
+/// Generates an unencrypted key pair of `kind` at `path` (and `path.pub`); returns the public
+/// key as `type AAAA...` (no comment).
+pub fn generate_key(path: &Path, kind: HostKeyType) -> String {
+    keygen_typed(path, kind, None);
+    public_key_of(path)
+}
+
+fn public_key_of(private_key: &Path) -> String {
+    let public = std::fs::read_to_string(private_key.with_extension("pub")).expect("public key");
+    public
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// How the server is configured.
 #[derive(Clone, Debug)]
 pub struct SshdOptions {
+    /// The host key's type (ed25519 by default).
+    pub host_key: HostKeyType,
     /// `AllowTcpForwarding yes` (the default) or `no`.
     pub allow_tcp_forwarding: bool,
+    /// Listen on `[::1]` too, on the same port (see [`ipv6_loopback`]).
+    pub listen_ipv6: bool,
     /// Extra `sshd_config` lines, appended after the generated ones (sshd takes the first value
     /// it reads for most keywords, so these add rather than override).
     pub extra_config: Vec<String>,
@@ -31,7 +83,9 @@ pub struct SshdOptions {
 impl Default for SshdOptions {
     fn default() -> Self {
         SshdOptions {
+            host_key: HostKeyType::default(),
             allow_tcp_forwarding: true,
+            listen_ipv6: false,
             extra_config: Vec::new(),
         }
     }
@@ -67,7 +121,11 @@ impl SshServer {
             .prefix("sshd-")
             .tempdir()
             .expect("temp dir");
-        keygen(&dir.path().join("host_ed25519"), None);
+        keygen_typed(
+            &dir.path().join(options.host_key.file_name()),
+            options.host_key,
+            None,
+        );
         let client_key = dir.path().join("client_ed25519");
         keygen(&client_key, None);
         std::fs::copy(
@@ -135,15 +193,13 @@ impl SshServer {
         key
     }
 
-    /// `ssh-ed25519 AAAA...` (no comment).
+    /// `ssh-ed25519 AAAA...` (no comment; the type is the one [`SshdOptions::host_key`] chose).
     pub fn host_public_key(&self) -> String {
-        let public =
-            std::fs::read_to_string(self.dir().join("host_ed25519.pub")).expect("host public key");
-        public
-            .split_whitespace()
-            .take(2)
-            .collect::<Vec<_>>()
-            .join(" ")
+        public_key_of(&self.host_key_path())
+    }
+
+    fn host_key_path(&self) -> PathBuf {
+        self.dir().join(self.options.host_key.file_name())
     }
 
     /// The server's `known_hosts` line: `[127.0.0.1]:PORT ssh-ed25519 AAAA...`.
@@ -237,10 +293,10 @@ impl SshServer {
     /// that knows the old key must refuse it.
     pub async fn restart_with_new_host_key(&mut self) {
         self.kill_all().await;
-        let key = self.dir().join("host_ed25519");
+        let key = self.host_key_path();
         let _ = std::fs::remove_file(&key);
         let _ = std::fs::remove_file(key.with_extension("pub"));
-        keygen(&key, None);
+        keygen_typed(&key, self.options.host_key, None);
         self.restart().await;
     }
 
@@ -261,7 +317,12 @@ impl SshServer {
         let dir = self.dir();
         let mut lines = vec![
             format!("ListenAddress 127.0.0.1:{}", self.port),
-            format!("HostKey {}", dir.join("host_ed25519").display()),
+            if self.options.listen_ipv6 {
+                format!("ListenAddress [::1]:{}", self.port)
+            } else {
+                String::new()
+            },
+            format!("HostKey {}", self.host_key_path().display()),
             format!("PidFile {}", dir.join("sshd.pid").display()),
             format!(
                 "AuthorizedKeysFile {}",
@@ -316,12 +377,20 @@ impl SshServer {
             .spawn()
             .map_err(|e| format!("spawn {SSHD}: {e}"))?;
         self.listener = Some(child);
-        let listening = format!("Server listening on 127.0.0.1 port {}", self.port);
+        let mut listening = vec![format!("Server listening on 127.0.0.1 port {}", self.port)];
+        if self.options.listen_ipv6 {
+            listening.push(format!("Server listening on ::1 port {}", self.port));
+        }
         let deadline = Instant::now() + PATIENCE;
         loop {
             let since = read_from(&log_path, offset);
-            if since.contains(&listening) {
+            if listening.iter().all(|line| since.contains(line)) {
                 break;
+            }
+            // sshd carries on with the addresses it could bind; this server wants them all.
+            if since.contains("Bind to port") {
+                self.kill_tree();
+                return Err(format!("sshd could not bind: {}", since.trim()));
             }
             let exited = self
                 .listener
@@ -402,17 +471,15 @@ impl Drop for SshServer {
 
 /// `ssh-keygen -q -t ed25519 -N PASSPHRASE -f PATH -C test`.
 fn keygen(path: &Path, passphrase: Option<&str>) {
+    keygen_typed(path, HostKeyType::Ed25519, passphrase);
+}
+
+/// `ssh-keygen -q -t TYPE [-b BITS] -N PASSPHRASE -f PATH -C test`.
+fn keygen_typed(path: &Path, kind: HostKeyType, passphrase: Option<&str>) {
     let output = std::process::Command::new("ssh-keygen")
-        .args([
-            "-q",
-            "-t",
-            "ed25519",
-            "-N",
-            passphrase.unwrap_or(""),
-            "-C",
-            "test",
-            "-f",
-        ])
+        .arg("-q")
+        .args(kind.keygen_args())
+        .args(["-N", passphrase.unwrap_or(""), "-C", "test", "-f"])
         .arg(path)
         .stdin(Stdio::null())
         .output()
@@ -436,6 +503,11 @@ fn current_user() -> String {
 fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// Whether this machine has an IPv6 loopback to listen on (containers may not).
+pub fn ipv6_loopback() -> bool {
+    TcpListener::bind((std::net::Ipv6Addr::LOCALHOST, 0)).is_ok()
 }
 
 /// A port that was free a moment ago.

@@ -12,15 +12,19 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use tests::sshd::{SshServer, SshdOptions};
+use tests::sshd::{HostKeyType, SshServer, SshdOptions};
 use tests::{PATIENCE, pi_host_binary, stand_in_agent, workspace_binary};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// Built again when older than this test binary: the test links the bootstrap library, so a
+/// change there (the host-key check, say) rebuilds the test, and a pi-remote from before the
+/// change must not be what is tested.
 fn pi_remote() -> PathBuf {
-    workspace_binary("bootstrap", "pi-remote", None)
+    let this_test = std::env::current_exe().unwrap();
+    workspace_binary("bootstrap", "pi-remote", Some(&this_test))
 }
 
 fn repo_root() -> PathBuf {
@@ -116,24 +120,27 @@ impl World {
     }
 
     fn command(&self, release: &Path, extra: &[&str]) -> tokio::process::Command {
-        self.command_for(&self.ssh_config, "box", release, extra)
+        self.command_for(&self.ssh_config, "box", Some(release), extra)
     }
 
     /// `pi-remote --json connect TARGET -F CONFIG` into this world's install root, with no
-    /// agent and no askpass from the test's own environment.
+    /// agent and no askpass from the test's own environment. Without a release, a connect
+    /// that gets past the host key stops at the transfer (nothing to install).
     fn command_for(
         &self,
         config: &Path,
         target: &str,
-        release: &Path,
+        release: Option<&Path>,
         extra: &[&str],
     ) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(pi_remote());
         command
             .args(["--json", "connect", target, "-F"])
-            .arg(config)
-            .arg("--release-dir")
-            .arg(release)
+            .arg(config);
+        if let Some(release) = release {
+            command.arg("--release-dir").arg(release);
+        }
+        command
             .arg("--remote-dir")
             .arg(self.root())
             .args(extra)
@@ -514,7 +521,7 @@ async fn proxy_jump_and_an_encrypted_key_whose_passphrase_comes_from_askpass() {
         path
     };
     let connect = |askpass: PathBuf| {
-        let mut command = world.command_for(&config, "inner", &release, &["--once"]);
+        let mut command = world.command_for(&config, "inner", Some(&release), &["--once"]);
         command
             .env("SSH_ASKPASS", askpass)
             .env("SSH_ASKPASS_REQUIRE", "force");
@@ -567,7 +574,7 @@ async fn keys_held_by_ssh_agent_are_used() {
     .unwrap();
     let home = tempfile::tempdir().unwrap();
     let command = |extra: &[&str]| {
-        let mut command = world.command_for(&config, "box", &release, extra);
+        let mut command = world.command_for(&config, "box", Some(&release), extra);
         command
             .arg("--once")
             .env("HOME", home.path())
@@ -819,4 +826,356 @@ async fn a_host_killed_on_the_remote_is_started_again_and_clients_come_back() {
     assert_ne!(after, before);
     assert!(pid_alive(&after));
     let _ = child.kill().await;
+}
+
+/// What a client decided about a server's host key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decision {
+    Accepted,
+    Changed,
+    Revoked,
+    /// Refused for another reason: the output is in the failure message.
+    Other,
+}
+
+/// Real OpenSSH's decision: `ssh -o StrictHostKeyChecking=STRICT -o UserKnownHostsFile=FILE
+/// -o BatchMode=yes target true`.
+async fn openssh_decision(config: &Path, known_hosts: &Path, strict: &str) -> (Decision, String) {
+    let mut ssh = tokio::process::Command::new("ssh");
+    ssh.arg("-F")
+        .arg(config)
+        .arg("-o")
+        .arg(format!("StrictHostKeyChecking={strict}"))
+        .arg("-o")
+        .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
+        .args([
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "UpdateHostKeys=no",
+            "target",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(PATIENCE * 4, ssh.output())
+        .await
+        .expect("ssh finished in time")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let decision = if output.status.success() {
+        Decision::Accepted
+    } else if stderr.contains("REMOTE HOST IDENTIFICATION HAS CHANGED") {
+        Decision::Changed
+    } else if stderr.contains("REVOKED HOST KEY") {
+        Decision::Revoked
+    } else {
+        Decision::Other
+    };
+    (decision, stderr)
+}
+
+/// pi-remote's decision: the host_key stage done, or its error.
+fn pi_remote_decision(outcome: &Outcome) -> Decision {
+    if outcome.status("host_key") == Some("done") {
+        return Decision::Accepted;
+    }
+    let Some(error) = outcome.events.iter().find(|e| e["type"] == "error") else {
+        return Decision::Other;
+    };
+    let details = &error["error"]["details"];
+    match (details["reason"].as_str(), details["hostKey"].as_str()) {
+        (Some("host_key"), Some("changed")) => Decision::Changed,
+        (Some("host_key"), Some("revoked")) => Decision::Revoked,
+        _ => Decision::Other,
+    }
+}
+
+/// `ssh-keygen -H` over `line`: the hashed form OpenSSH itself writes.
+fn hashed_by_openssh(dir: &Path, line: &str) -> String {
+    let path = dir.join("to_hash");
+    std::fs::write(&path, format!("{line}\n")).unwrap();
+    let output = std::process::Command::new("ssh-keygen")
+        .arg("-H")
+        .arg("-f")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let hashed = std::fs::read_to_string(&path).unwrap();
+    assert!(hashed.starts_with("|1|"), "{hashed}");
+    hashed
+}
+
+/// For each known_hosts file, pi-remote with `--accept-new` must decide what OpenSSH's own `ssh
+/// -o StrictHostKeyChecking=accept-new` decides against the same server: the three reproduced
+/// bypasses (a hashed entry with a mixed-case target, ed25519 on record while the server offers
+/// RSA, P-256 on record while it offers P-384) and their neighbours. A changed or revoked key
+/// leaves the file byte for byte as it was, also when an askpass would answer yes (it is never
+/// asked); a new host is recorded in a form ssh then accepts strictly. docs/reliability.md 4.9.
+#[tokio::test]
+async fn host_keys_are_decided_as_openssh_decides_them() {
+    let ipv6 = tests::sshd::ipv6_loopback();
+    let (ed25519, rsa, p384) = tokio::join!(
+        World::start(SshdOptions {
+            listen_ipv6: ipv6,
+            ..SshdOptions::default()
+        }),
+        World::start(SshdOptions {
+            host_key: HostKeyType::Rsa,
+            ..SshdOptions::default()
+        }),
+        World::start(SshdOptions {
+            host_key: HostKeyType::EcdsaP384,
+            ..SshdOptions::default()
+        }),
+    );
+    let scratch = tempfile::tempdir().unwrap();
+    let other_ed25519 =
+        tests::sshd::generate_key(&scratch.path().join("other_ed25519"), HostKeyType::Ed25519);
+    let other_p256 =
+        tests::sshd::generate_key(&scratch.path().join("other_p256"), HostKeyType::EcdsaP256);
+
+    use Decision::{Accepted, Changed, Revoked};
+    let (port, key) = (ed25519.server.port(), ed25519.server.host_public_key());
+    let (rsa_port, rsa_key) = (rsa.server.port(), rsa.server.host_public_key());
+    let p384_port = p384.server.port();
+    let hashed_other = hashed_by_openssh(
+        scratch.path(),
+        &format!("[localhost]:{port} {other_ed25519}"),
+    );
+    let hashed_own = hashed_by_openssh(scratch.path(), &format!("[localhost]:{port} {key}"));
+    // Through `gate` (HostName LOCALHOST, the same server) to 127.0.0.1.
+    let jump = "ProxyJump gate";
+    let alias = "HostKeyAlias Prod-Box";
+    #[rustfmt::skip]
+    let mut cases: Vec<(&str, &World, &str, &str, String, Decision)> = vec![
+        // (what, server, HostName, more config for the target, known_hosts, decision)
+        ("hashed [localhost]:port, target LOCALHOST, other key", &ed25519, "LOCALHOST", "", hashed_other.clone(), Changed),
+        ("hashed [localhost]:port, target LOCALHOST, same key", &ed25519, "LOCALHOST", "", hashed_own.clone(), Accepted),
+        ("plain [localhost]:port, target LocalHost, other key", &ed25519, "LocalHost", "", format!("[localhost]:{port} {other_ed25519}\n"), Changed),
+        ("pattern [local*]:port, target LOCALHOST, other key", &ed25519, "LOCALHOST", "", format!("[local*]:{port} {other_ed25519}\n"), Changed),
+        ("negated pattern, target LOCALHOST", &ed25519, "LOCALHOST", "", format!("[*]:{port},![localhost]:{port} {other_ed25519}\n"), Accepted),
+        ("127.1 against [127.0.0.1]:port, other key", &ed25519, "127.1", "", format!("[127.0.0.1]:{port} {other_ed25519}\n"), Changed),
+        ("other key, then the right one", &ed25519, "127.0.0.1", "", format!("[127.0.0.1]:{port} {other_ed25519}\n[127.0.0.1]:{port} {key}\n"), Accepted),
+        ("the bare host's key, for another port", &ed25519, "localhost", "", format!("localhost {key}\n"), Accepted),
+        ("a CA line only: a new host", &ed25519, "localhost", "", format!("@cert-authority [localhost]:{port} {other_ed25519}\n"), Accepted),
+        ("@revoked", &ed25519, "127.0.0.1", "", format!("@revoked * {key}\n[127.0.0.1]:{port} {key}\n"), Revoked),
+        ("a new host, target LOCALHOST", &ed25519, "LOCALHOST", "", String::new(), Accepted),
+        ("HostKeyAlias, other key", &ed25519, "127.0.0.1", alias, format!("prod-box {other_ed25519}\n[127.0.0.1]:{port} {key}\n"), Changed),
+        ("HostKeyAlias, same key", &ed25519, "127.0.0.1", alias, format!("PROD-BOX {key}\n"), Accepted),
+        ("HostKeyAlias, a new host", &ed25519, "127.0.0.1", alias, format!("[127.0.0.1]:{port} {other_ed25519}\n"), Accepted),
+        ("ProxyJump, the jump host LOCALHOST changed", &ed25519, "127.0.0.1", jump, format!("{hashed_other}[127.0.0.1]:{port} {key}\n"), Changed),
+        ("ProxyJump, the target changed", &ed25519, "127.0.0.1", jump, format!("{hashed_own}[127.0.0.1]:{port} {other_ed25519}\n"), Changed),
+        ("ProxyJump, both known", &ed25519, "127.0.0.1", jump, format!("{hashed_own}[127.0.0.1]:{port} {key}\n"), Accepted),
+        ("ed25519 on record, RSA offered", &rsa, "localhost", "", format!("[localhost]:{rsa_port} {other_ed25519}\n"), Changed),
+        ("ed25519 on record, then the RSA key offered", &rsa, "127.0.0.1", "", format!("[127.0.0.1]:{rsa_port} {other_ed25519}\n[127.0.0.1]:{rsa_port} {rsa_key}\n"), Accepted),
+        ("a key on record in the global file only", &ed25519, "LOCALHOST", "", format!("--- global\n[localhost]:{port} {other_ed25519}\n"), Changed),
+        ("the right key in the user's file, another in the global one", &ed25519, "127.0.0.1", "", format!("[127.0.0.1]:{port} {key}\n--- global\n[127.0.0.1]:{port} {other_ed25519}\n"), Accepted),
+        ("P-256 on record, P-384 offered", &p384, "127.0.0.1", "", format!("[127.0.0.1]:{p384_port} {other_p256}\n"), Changed),
+    ];
+    if ipv6 {
+        #[rustfmt::skip]
+        cases.push(("[::1]:port, target 0:0:0:0:0:0:0:1, other key", &ed25519, "0:0:0:0:0:0:0:1", "", format!("[::1]:{port} {other_ed25519}\n"), Changed));
+    } else {
+        eprintln!("no IPv6 loopback here: the IPv6 literal case is left out");
+    }
+
+    // The cases share nothing but the servers.
+    let started = std::time::Instant::now();
+    let runs =
+        cases
+            .iter()
+            .enumerate()
+            .map(|(index, (what, world, host, extra, file, expected))| {
+                let dir = scratch.path().join(format!("case{index}"));
+                std::fs::create_dir(&dir).unwrap();
+                async move {
+                    host_key_case(world, &dir, host, extra, file, *expected)
+                        .await
+                        .map_err(|why| format!("{what}: {why}"))
+                }
+            });
+    // A few at a time, so a loaded machine's timeouts are not what is tested.
+    use futures_util::StreamExt;
+    let failures: Vec<String> = futures_util::stream::iter(runs)
+        .buffer_unordered(6)
+        .filter_map(|result| async move { result.err() })
+        .collect()
+        .await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    eprintln!(
+        "{} known_hosts cases decided as ssh decides them in {:?}",
+        cases.len(),
+        started.elapsed()
+    );
+}
+
+/// Fails the case (with why) unless the condition holds.
+macro_rules! ensure {
+    ($condition:expr, $($why:tt)+) => {
+        if !$condition {
+            return Err(format!($($why)+));
+        }
+    };
+}
+
+/// One known_hosts file against one server: ssh's and pi-remote's decisions, what each
+/// recorded, and (for a refused key) that no prompt is shown. `extra` goes into the target's
+/// stanza; `gate` is the same server under the name LOCALHOST, for ProxyJump. What follows a
+/// `--- global` line in `files` is the GlobalKnownHostsFile, the rest the user's file.
+async fn host_key_case(
+    world: &World,
+    dir: &Path,
+    host: &str,
+    extra: &str,
+    files: &str,
+    expected: Decision,
+) -> Result<(), String> {
+    let (file, global_file) = files.split_once("--- global\n").unwrap_or((files, ""));
+    let ours = dir.join("known_hosts.pi-remote");
+    let theirs = dir.join("known_hosts.ssh");
+    let global = dir.join("ssh_known_hosts");
+    std::fs::write(&ours, file).unwrap();
+    std::fs::write(&theirs, file).unwrap();
+    std::fs::write(&global, global_file).unwrap();
+    let config_for = |known_hosts: &Path| {
+        let common = format!(
+            "  Port {port}\n  User {user}\n  IdentityFile {key}\n  IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile {known_hosts}\n  GlobalKnownHostsFile {global}\n  ConnectTimeout 30\n",
+            port = world.server.port(),
+            user = world.server.user(),
+            key = world.server.client_key().display(),
+            known_hosts = known_hosts.display(),
+            global = global.display(),
+        );
+        format!(
+            "Host target\n  HostName {host}\n  {extra}\n{common}\nHost gate\n  HostName LOCALHOST\n{common}"
+        )
+    };
+    let config = dir.join("ssh_config");
+    std::fs::write(&config, config_for(&ours)).unwrap();
+    // ssh runs the jump host's ssh with the config and none of its own -o options.
+    let openssh_config = |known_hosts: &Path, strict: &str| {
+        let path = dir.join(format!("ssh_config.openssh-{strict}"));
+        std::fs::write(
+            &path,
+            format!(
+                "{}\nHost *\n  StrictHostKeyChecking {strict}\n  BatchMode yes\n  UpdateHostKeys no\n",
+                config_for(known_hosts)
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let ssh_config = openssh_config(&theirs, "accept-new");
+    let accept_new = world.command_for(&config, "target", None, &["--once", "--accept-new"]);
+    let ((openssh, stderr), outcome) = tokio::join!(
+        openssh_decision(&ssh_config, &theirs, "accept-new"),
+        run(accept_new)
+    );
+    let decided = pi_remote_decision(&outcome);
+    ensure!(
+        openssh == expected && decided == openssh,
+        "expected {expected:?}, ssh {openssh:?}, pi-remote {decided:?}\n  ssh: {}\n  pi-remote: {outcome:?}",
+        stderr.trim()
+    );
+
+    // Both record a new host, and only a new host.
+    let after = std::fs::read_to_string(&ours).unwrap();
+    let ssh_recorded = std::fs::read_to_string(&theirs).unwrap() != file;
+    ensure!(
+        (after != file) == ssh_recorded,
+        "ssh recorded: {ssh_recorded}; pi-remote's file:\n{after}"
+    );
+    if ssh_recorded {
+        // Under the name ssh looks up: it now accepts pi-remote's file strictly.
+        ensure!(
+            after.starts_with(file) && after.lines().count() == file.lines().count() + 1,
+            "pi-remote's file:\n{after}"
+        );
+        let (strict, stderr) = openssh_decision(&openssh_config(&ours, "yes"), &ours, "yes").await;
+        ensure!(
+            strict == Decision::Accepted,
+            "ssh refuses pi-remote's file:\n{after}\n{stderr}"
+        );
+    }
+
+    if matches!(openssh, Decision::Changed | Decision::Revoked) {
+        // Without --accept-new, an askpass that would say yes is never asked.
+        let asked = dir.join("asked");
+        let askpass = dir.join("askpass");
+        std::fs::write(
+            &askpass,
+            format!("#!/bin/sh\ntouch '{}'\necho yes\n", asked.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&askpass, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let mut ask = world.command_for(&config, "target", None, &["--once"]);
+        ask.env("SSH_ASKPASS", &askpass)
+            .env("SSH_ASKPASS_REQUIRE", "force");
+        let outcome = run(ask).await;
+        ensure!(
+            pi_remote_decision(&outcome) == openssh,
+            "asking: {outcome:?}"
+        );
+        ensure!(!asked.exists(), "the prompt was shown");
+        ensure!(
+            std::fs::read_to_string(&ours).unwrap() == file,
+            "asking recorded a key"
+        );
+        if openssh == Decision::Changed {
+            let details = &outcome.error()["details"];
+            ensure!(
+                details["recordedFingerprint"]
+                    .as_str()
+                    .is_some_and(|f| f.starts_with("SHA256:"))
+                    && details["recordedFingerprint"] != details["fingerprint"]
+                    && details["line"].as_u64().is_some_and(|line| line >= 1)
+                    && [&ours, &global]
+                        .iter()
+                        .any(|file| details["knownHosts"] == file.display().to_string().as_str()),
+                "details: {details}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The names the host-key check files hosts under are the ones `ssh` forms: `ssh -G` prints the
+/// host after its lowercasing and address canonicalization (docs/reliability.md 4.9).
+#[test]
+fn host_names_are_canonical_as_ssh_makes_them() {
+    let mut differ = Vec::new();
+    for host in [
+        "LOCALHOST",
+        "Box.Example.",
+        "127.1",
+        "0x7f.0.0.1",
+        "0177.0.0.1",
+        "2130706433",
+        "127.0.0.256",
+        "0:0:0:0:0:0:0:1",
+        "FE80::1",
+        "FE80:0::1",
+        "::FFFF:7F00:1",
+        "::FFFF:127.0.0.1",
+        "::1.2.3.4",
+        "1:0:0:1:0:0:0:1",
+    ] {
+        let output = std::process::Command::new("ssh")
+            .args(["-F", "/dev/null", "-G", host])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let printed = String::from_utf8_lossy(&output.stdout);
+        let ssh = printed
+            .lines()
+            .find_map(|line| line.strip_prefix("hostname "))
+            .unwrap_or_else(|| panic!("ssh -G {host}: {output:?}"));
+        let ours = bootstrap::ssh::host_key::canonical_host(host);
+        if ours != ssh {
+            differ.push(format!("{host}: ssh {ssh}, pi-remote {ours}"));
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
 }

@@ -123,13 +123,16 @@ struct ConnectCommand {
     /// The ssh config file [default: ~/.ssh/config].
     #[arg(long, short = 'F')]
     ssh_config: Option<std::path::PathBuf>,
-    /// The known_hosts file [default: the config's UserKnownHostsFile, or ~/.ssh/known_hosts].
+    /// The known_hosts file to check and to record new hosts in, instead of the config's
+    /// UserKnownHostsFile [default: ~/.ssh/known_hosts ~/.ssh/known_hosts2]; the global ones
+    /// (GlobalKnownHostsFile, /etc/ssh/ssh_known_hosts) are checked too, as ssh does.
     #[arg(long)]
     known_hosts: Option<std::path::PathBuf>,
     /// A private key to try (before the config's IdentityFile); may be repeated.
     #[arg(long = "identity", short = 'i')]
     identities: Vec<std::path::PathBuf>,
-    /// Trust and record a host seen for the first time (a changed key is always refused).
+    /// Trust and record a host seen for the first time: one with no key on record. A key that
+    /// matches none of the host's keys on record, of any type, is always refused.
     #[arg(long)]
     accept_new: bool,
     /// Do not use keys from ssh-agent.

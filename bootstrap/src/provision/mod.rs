@@ -13,7 +13,7 @@ pub mod remote;
 pub mod stage;
 
 use crate::ssh::config::{Destination, ResolveOptions};
-use crate::ssh::{self, ConnectOptions, ConnectStep, SshError, SshSession};
+use crate::ssh::{self, ChangedHostKey, ConnectOptions, ConnectStep, SshError, SshSession};
 use racp_proto::client::{ClientOptions, RacpClient};
 use racp_proto::methods::handshake::PairParams;
 use racp_proto::{AppError, Empty, ErrorCode, ErrorSource, Role, calls};
@@ -102,7 +102,23 @@ pub fn stage_failed(stage: Stage, message: impl std::fmt::Display, extra: Value)
 fn ssh_failed(stage: Stage, err: SshError) -> AppError {
     let message = err.to_string();
     match err {
-        SshError::HostKeyChanged {
+        SshError::HostKeyChanged(changed) => {
+            let ChangedHostKey {
+                host,
+                known_hosts,
+                line,
+                fingerprint,
+                algorithm,
+                recorded_fingerprint,
+                recorded_algorithm,
+            } = *changed;
+            stage_failed(
+                Stage::HostKey,
+                message,
+                json!({"hostKey": "changed", "host": host, "knownHosts": known_hosts, "line": line, "fingerprint": fingerprint, "algorithm": algorithm, "recordedFingerprint": recorded_fingerprint, "recordedAlgorithm": recorded_algorithm}),
+            )
+        }
+        SshError::HostKeyRevoked {
             host,
             known_hosts,
             line,
@@ -110,7 +126,7 @@ fn ssh_failed(stage: Stage, err: SshError) -> AppError {
         } => stage_failed(
             Stage::HostKey,
             message,
-            json!({"hostKey": "changed", "host": host, "knownHosts": known_hosts, "line": line, "fingerprint": fingerprint}),
+            json!({"hostKey": "revoked", "host": host, "knownHosts": known_hosts, "line": line, "fingerprint": fingerprint}),
         ),
         SshError::HostKeyUnknown {
             host,

@@ -1,6 +1,6 @@
 //! Where to connect: `[user@]host[:port]`, resolved through the user's OpenSSH client config
-//! (HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump, UserKnownHostsFile,
-//! ConnectTimeout), parsed by the `ssh2-config` crate.
+//! (HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump, HostKeyAlias,
+//! UserKnownHostsFile, ConnectTimeout), parsed by the `ssh2-config` crate.
 
 use ssh2_config::{ParseRule, SshConfig};
 use std::io::BufReader;
@@ -12,8 +12,8 @@ use std::time::Duration;
 pub struct ResolveOptions {
     /// The ssh config file; `None` reads `~/.ssh/config` when it exists.
     pub config_file: Option<PathBuf>,
-    /// The known_hosts file; `None` takes the config's UserKnownHostsFile, else
-    /// `~/.ssh/known_hosts`.
+    /// The known_hosts file, instead of the config's UserKnownHostsFile (else
+    /// `~/.ssh/known_hosts ~/.ssh/known_hosts2`).
     pub known_hosts: Option<PathBuf>,
     /// Extra identity files (`-i`), tried before the config's.
     pub identity_files: Vec<PathBuf>,
@@ -36,7 +36,15 @@ pub struct Destination {
     pub identity_agent: Option<String>,
     /// Hosts to hop through, first hop first, each resolved through the config as well.
     pub jumps: Vec<Destination>,
+    /// HostKeyAlias: the name the host key is looked up and recorded under instead of the
+    /// host and port (docs/reliability.md 4.9).
+    pub host_key_alias: Option<String>,
+    /// The first user known_hosts file: read, and where a new host is recorded.
     pub known_hosts: PathBuf,
+    /// Read too, as `ssh` reads them: the other UserKnownHostsFile entries, then the
+    /// GlobalKnownHostsFile ones (`/etc/ssh/ssh_known_hosts ssh_known_hosts2` by default). A
+    /// key on record in any of them makes the host known (docs/reliability.md 4.9).
+    pub other_known_hosts: Vec<PathBuf>,
     pub connect_timeout: Duration,
 }
 
@@ -102,19 +110,41 @@ fn load_config(path: Option<&Path>) -> Result<SshConfig, String> {
     let Some(path) = path else {
         return Ok(SshConfig::default());
     };
-    let file = match std::fs::File::open(&path) {
-        Ok(file) => file,
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
         Err(err) if !required && err.kind() == std::io::ErrorKind::NotFound => {
             return Ok(SshConfig::default());
         }
         Err(err) => return Err(format!("cannot read {}: {err}", path.display())),
     };
-    SshConfig::default()
-        .parse(
-            &mut BufReader::new(file),
-            ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
-        )
-        .map_err(|err| format!("cannot parse {}: {err}", path.display()))
+    parse_config(&text).map_err(|err| format!("cannot parse {}: {err}", path.display()))
+}
+
+/// Parses a config, with its `Host` patterns in lowercase: `ssh` matches them without regard to
+/// case and `ssh2-config` with, so both sides are lowercased (the patterns here, the name in
+/// [`resolve_with`]) and `pi-remote connect BOX` takes the `Host box` stanza as `ssh BOX` does
+/// (docs/reliability.md 4.9). Files it `Include`s are read by `ssh2-config` as they are.
+fn parse_config(text: &str) -> Result<SshConfig, ssh2_config::SshParserError> {
+    let lowered: String = text
+        .lines()
+        .map(|line| {
+            let keyword = line
+                .trim_start()
+                .split(|c: char| c.is_whitespace() || c == '=')
+                .next()
+                .unwrap_or_default();
+            if keyword.eq_ignore_ascii_case("host") {
+                line.to_ascii_lowercase()
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    SshConfig::default().parse(
+        &mut BufReader::new(lowered.as_bytes()),
+        ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
+    )
 }
 
 /// OpenSSH nests jumps through the same config; a loop is cut at a fixed depth.
@@ -132,15 +162,17 @@ fn resolve_with(
         ));
     }
     let (user, alias, port) = parse_target(target)?;
-    let params = config.query(&alias);
-    let field = |name: &str| -> Option<String> {
+    // Host patterns are in lowercase (parse_config).
+    let params = config.query(alias.to_ascii_lowercase());
+    let fields = |name: &str| -> Option<Vec<String>> {
         params
             .unsupported_fields
             .get(name)
             .or_else(|| params.ignored_fields.get(name))
-            .and_then(|args| args.first())
+            .filter(|args| !args.is_empty())
             .cloned()
     };
+    let field = |name: &str| fields(name).and_then(|args| args.into_iter().next());
     let mut identity_files = options.identity_files.clone();
     identity_files.extend(params.identity_file.clone().unwrap_or_default());
     if identity_files.is_empty()
@@ -150,12 +182,22 @@ fn resolve_with(
             identity_files.push(home.join(".ssh").join(name));
         }
     }
-    let known_hosts = options
-        .known_hosts
-        .clone()
-        .or_else(|| field("userknownhostsfile").map(|f| expand_tilde(&f)))
-        .or_else(|| home().map(|home| home.join(".ssh/known_hosts")))
-        .ok_or("no home directory: pass --known-hosts")?;
+    let user_files = match &options.known_hosts {
+        Some(path) => vec![path.clone()],
+        None => known_hosts_files(
+            fields("userknownhostsfile"),
+            &["~/.ssh/known_hosts", "~/.ssh/known_hosts2"],
+        ),
+    };
+    let mut user_files = user_files.into_iter();
+    let known_hosts = user_files.next().ok_or(
+        "no user known_hosts file (UserKnownHostsFile none, or no home directory): pass --known-hosts",
+    )?;
+    let mut other_known_hosts: Vec<PathBuf> = user_files.collect();
+    other_known_hosts.extend(known_hosts_files(
+        fields("globalknownhostsfile"),
+        &["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"],
+    ));
     let mut jumps = Vec::new();
     for hop in params.proxy_jump.clone().unwrap_or_default() {
         let hop = hop.trim();
@@ -181,10 +223,26 @@ fn resolve_with(
         identities_only: field("identitiesonly").is_some_and(|v| v.eq_ignore_ascii_case("yes")),
         identity_agent: field("identityagent"),
         jumps,
+        host_key_alias: field("hostkeyalias"),
         known_hosts,
+        other_known_hosts,
         connect_timeout: params.connect_timeout.unwrap_or(Duration::from_secs(15)),
         alias,
     })
+}
+
+/// A UserKnownHostsFile or GlobalKnownHostsFile value (`none` is no file), else the defaults;
+/// `~/` expanded, and a `~` path dropped when there is no home directory.
+fn known_hosts_files(configured: Option<Vec<String>>, defaults: &[&str]) -> Vec<PathBuf> {
+    let names = configured.unwrap_or_else(|| defaults.iter().map(|d| d.to_string()).collect());
+    if names.len() == 1 && names[0].eq_ignore_ascii_case("none") {
+        return Vec::new();
+    }
+    names
+        .iter()
+        .filter(|name| !name.starts_with('~') || home().is_some())
+        .map(|name| expand_tilde(name))
+        .collect()
 }
 
 fn home() -> Option<PathBuf> {
@@ -228,12 +286,7 @@ mod tests {
     }
 
     fn resolve_text(target: &str, config: &str) -> Destination {
-        let parsed = SshConfig::default()
-            .parse(
-                &mut BufReader::new(config.as_bytes()),
-                ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
-            )
-            .unwrap();
+        let parsed = parse_config(config).unwrap();
         let options = ResolveOptions {
             known_hosts: None,
             ..ResolveOptions::default()
@@ -250,7 +303,8 @@ Host box
     Port 2200
     IdentityFile /keys/box
     IdentitiesOnly yes
-    UserKnownHostsFile /tmp/kh
+    UserKnownHostsFile /tmp/kh /tmp/kh2
+    HostKeyAlias Box-Prod
     ProxyJump gate
 
 Host gate
@@ -264,6 +318,17 @@ Host gate
         assert_eq!(dest.identity_files, vec![PathBuf::from("/keys/box")]);
         assert!(dest.identities_only);
         assert_eq!(dest.known_hosts, PathBuf::from("/tmp/kh"));
+        assert_eq!(
+            dest.other_known_hosts,
+            vec![
+                PathBuf::from("/tmp/kh2"),
+                PathBuf::from("/etc/ssh/ssh_known_hosts"),
+                PathBuf::from("/etc/ssh/ssh_known_hosts2"),
+            ]
+        );
+        // Lowercased where the name is formed (host_key::known_hosts_name), as ssh does.
+        assert_eq!(dest.host_key_alias.as_deref(), Some("Box-Prod"));
+        assert_eq!(dest.jumps[0].host_key_alias, None);
         assert_eq!(dest.jumps.len(), 1);
         assert_eq!(dest.jumps[0].host, "gate.example.org");
         assert_eq!(dest.jumps[0].user, "jump");
@@ -272,6 +337,15 @@ Host gate
         // What the user typed wins over the config.
         let dest = resolve_text("root@box:2300", config);
         assert_eq!((dest.user.as_str(), dest.port), ("root", 2300));
+
+        // Host patterns match without regard to case, as in ssh.
+        let dest = resolve_text("BOX", config);
+        assert_eq!(
+            (dest.host.as_str(), dest.alias.as_str()),
+            ("10.0.0.5", "BOX")
+        );
+        let dest = resolve_text("u@Gate", "Host GATE\n    HostName gate.example.org\n");
+        assert_eq!(dest.host, "gate.example.org");
     }
 
     #[test]
@@ -285,5 +359,41 @@ Host gate
             .unwrap();
         let err = resolve_with("a", &ResolveOptions::default(), &parsed, 0).unwrap_err();
         assert!(err.contains("loop"), "{err}");
+    }
+
+    #[test]
+    fn known_hosts_files_are_the_user_ones_then_the_global_ones_as_ssh_reads_them() {
+        let config = "\
+Host a
+    UserKnownHostsFile /k1
+    GlobalKnownHostsFile none
+Host b
+    UserKnownHostsFile none
+Host c
+    GlobalKnownHostsFile /g1 /g2
+";
+        let parsed = SshConfig::default()
+            .parse(
+                &mut BufReader::new(config.as_bytes()),
+                ParseRule::ALLOW_UNKNOWN_FIELDS | ParseRule::ALLOW_UNSUPPORTED_FIELDS,
+            )
+            .unwrap();
+        let defaults = ResolveOptions::default();
+        let a = resolve_with("u@a", &defaults, &parsed, 0).unwrap();
+        assert_eq!(a.known_hosts, PathBuf::from("/k1"));
+        assert!(a.other_known_hosts.is_empty());
+        // Nowhere to record a new host: said, rather than a file named "none".
+        let err = resolve_with("u@b", &defaults, &parsed, 0).unwrap_err();
+        assert!(err.contains("--known-hosts"), "{err}");
+        let given = ResolveOptions {
+            known_hosts: Some(PathBuf::from("/given")),
+            ..ResolveOptions::default()
+        };
+        let c = resolve_with("u@c", &given, &parsed, 0).unwrap();
+        assert_eq!(c.known_hosts, PathBuf::from("/given"));
+        assert_eq!(
+            c.other_known_hosts,
+            vec![PathBuf::from("/g1"), PathBuf::from("/g2")]
+        );
     }
 }

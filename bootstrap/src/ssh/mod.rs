@@ -53,13 +53,14 @@ impl Default for ConnectOptions {
 pub enum SshError {
     #[error("cannot reach {target}: {reason}")]
     Unreachable { target: String, reason: String },
+    /// Boxed: the details would make every `Result<_, SshError>` large.
+    #[error("{0}")]
+    HostKeyChanged(Box<ChangedHostKey>),
     #[error(
-        "the host key of {host} has CHANGED: it does not match line {line} of {known_hosts}. \
-         Someone may be intercepting the connection, or the host was reinstalled. Check the \
-         new key's fingerprint ({fingerprint}) with the host's administrator, then remove the \
-         old line (ssh-keygen -R '{host}' -f '{known_hosts}')"
+        "the host key of {host} ({fingerprint}) is marked @revoked on line {line} of \
+         {known_hosts}: it may have been stolen, and is refused"
     )]
-    HostKeyChanged {
+    HostKeyRevoked {
         host: String,
         known_hosts: String,
         line: usize,
@@ -108,11 +109,37 @@ impl From<russh::keys::Error> for SshError {
     }
 }
 
+/// A host key that matches none of the keys on record for the host (docs/reliability.md 4.9).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "REMOTE HOST IDENTIFICATION HAS CHANGED: the host key of {host} is not the one on record. \
+     The server offered the {algorithm} key {fingerprint}; line {line} of {known_hosts} records \
+     the {recorded_algorithm} key {recorded_fingerprint}, and no key on record for {host} \
+     matches. Someone may be intercepting the connection, or the host was reinstalled. Check \
+     the new key's fingerprint with the host's administrator, then remove the old keys \
+     (ssh-keygen -R '{host}' -f '{known_hosts}')"
+)]
+pub struct ChangedHostKey {
+    /// The name looked up (`host`, `[host]:port` or the HostKeyAlias).
+    pub host: String,
+    pub known_hosts: String,
+    /// The line of the key on record that `ssh` names too (the last one for the host).
+    pub line: usize,
+    /// The offered key.
+    pub fingerprint: String,
+    pub algorithm: String,
+    /// The key on record at `line`.
+    pub recorded_fingerprint: String,
+    pub recorded_algorithm: String,
+}
+
 /// The russh event handler: checks the host key, reports the end of the connection.
 struct Client {
     host: String,
     port: u16,
+    host_key_alias: Option<String>,
     known_hosts: PathBuf,
+    other_known_hosts: Vec<PathBuf>,
     policy: HostKeyPolicy,
     closed: watch::Sender<bool>,
 }
@@ -134,7 +161,9 @@ impl client::Handler for Client {
         let check = KnownHostsCheck {
             host: &self.host,
             port: self.port,
+            host_key_alias: self.host_key_alias.as_deref(),
             known_hosts: &self.known_hosts,
+            other_known_hosts: &self.other_known_hosts,
         };
         check.verify(key, &self.policy).await
     }
@@ -278,7 +307,9 @@ async fn handshake(
     let handler = Client {
         host: destination.host.clone(),
         port: destination.port,
+        host_key_alias: destination.host_key_alias.clone(),
         known_hosts: destination.known_hosts.clone(),
+        other_known_hosts: destination.other_known_hosts.clone(),
         policy: options.host_key.clone(),
         closed: closed_tx,
     };
