@@ -32,6 +32,10 @@ pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
 /// request of a kept-alive connection and does not cover a slow body or a peer that does not
 /// read the answer, so this bounds the whole HTTP phase.
 pub const PRE_UPGRADE_DEADLINE: Duration = Duration::from_secs(15);
+/// On SIGTERM, how long a request under way may take to get its answer (a refusal: the host is
+/// draining) before its socket is closed; idle ones close at once. An unauthenticated peer must
+/// not hold the drain up for a whole deadline.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// Request line and headers together; more is answered 431. A real upgrade is under 1 KiB
 /// (tokens are short); hyper's default (about 400 KiB) let 300 stalled peers cost 90 MB.
 pub const MAX_HEADER_BYTES: usize = 16 << 10;
@@ -126,10 +130,11 @@ fn raise_nofile_limit() -> u64 {
     }
 }
 
-/// Connections between accept and upgrade, oldest first. When the bound is reached the oldest
-/// is dropped, not the newcomer: a flood of stalled sockets then cannot keep a fresh, legitimate
-/// client out, it only pushes out the stalled ones that came before it.
-pub struct PreUpgrade {
+/// Connections not yet past their first exchange (here: between accept and upgrade; admin.rs:
+/// before the reply), oldest first. When the bound is reached the oldest is dropped, not the
+/// newcomer: a flood of stalled sockets then cannot keep a fresh, legitimate client out, it only
+/// pushes out the stalled ones that came before it.
+pub struct DropOldest {
     bound: usize,
     inner: Mutex<Slots>,
 }
@@ -145,14 +150,14 @@ struct Slots {
 /// One connection's place among the pre-upgrade ones; dropping it frees the place.
 pub struct Slot {
     id: u64,
-    registry: Arc<PreUpgrade>,
+    registry: Arc<DropOldest>,
     /// Resolves when the connection was dropped to make room.
-    evicted: oneshot::Receiver<()>,
+    pub evicted: oneshot::Receiver<()>,
 }
 
-impl PreUpgrade {
-    pub fn new(bound: usize) -> Arc<PreUpgrade> {
-        Arc::new(PreUpgrade {
+impl DropOldest {
+    pub fn new(bound: usize) -> Arc<DropOldest> {
+        Arc::new(DropOldest {
             bound: bound.max(1),
             inner: Mutex::new(Slots::default()),
         })
@@ -239,7 +244,7 @@ async fn accept_loop(
     budget: FdBudget,
     shutdown: impl Future<Output = ()>,
 ) {
-    let registry = PreUpgrade::new(budget.pre_upgrade);
+    let registry = DropOldest::new(budget.pre_upgrade);
     let acceptor = tls.map(TlsAcceptor::from);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -319,7 +324,7 @@ impl Warned {
 
 /// Out of descriptors (EMFILE, ENFILE) or memory: drop the oldest pre-upgrade connection to
 /// free one, and wait a moment instead of spinning on an accept that keeps failing.
-async fn accept_failed(registry: &PreUpgrade, err: &std::io::Error, warned: &mut Warned) {
+async fn accept_failed(registry: &DropOldest, err: &std::io::Error, warned: &mut Warned) {
     use nix::libc;
     let exhausted = matches!(
         err.raw_os_error(),
@@ -354,6 +359,11 @@ async fn connection(
     stop: watch::Receiver<bool>,
     _alive: watch::Receiver<()>,
 ) {
+    let mut draining = stop.clone();
+    let drained = async move {
+        let _ = draining.wait_for(|stop| *stop).await;
+        tokio::time::sleep(DRAIN_GRACE).await;
+    };
     let phase = async {
         match tls {
             None => serve_http(tcp, service, &http, stop).await,
@@ -375,6 +385,7 @@ async fn connection(
         _ = &mut slot.evicted => {
             tracing::debug!(%peer, "dropped to make room for newer connections");
         }
+        () = drained => tracing::debug!(%peer, "closed by the drain"),
     }
 }
 
@@ -417,7 +428,7 @@ mod tests {
 
     #[test]
     fn the_oldest_is_dropped_at_the_bound_and_a_finished_one_frees_its_place() {
-        let registry = PreUpgrade::new(3);
+        let registry = DropOldest::new(3);
         let (mut a, _) = registry.admit();
         let (b, _) = registry.admit();
         let (mut c, _) = registry.admit();
