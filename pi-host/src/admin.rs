@@ -3,6 +3,7 @@
 //! line, one JSON reply line: `{"ok": result}` or `{"error": AppError}`.
 
 use crate::handlers;
+use crate::server::listener::DropOldest;
 use crate::state::HostState;
 use racp_proto::methods::host::DeviceRevokeParams;
 use racp_proto::{AppError, ErrorCode, Role};
@@ -14,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
 
 pub fn socket_path(data_dir: &Path) -> PathBuf {
     data_dir.join("admin.sock")
@@ -49,29 +49,30 @@ pub fn bind(data_dir: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Admin connections served at once. The socket is the owner's alone (0600), so this is against
-/// a stray or stuck client rather than an attacker; each connection also has a deadline.
+/// Admin connections served at once; beyond it the oldest is dropped (server/listener.rs
+/// `DropOldest`), so the owner's command always gets in. The socket is the owner's alone (0600):
+/// this is against a stray or stuck client rather than an attacker.
 pub const MAX_ADMIN_CONNECTIONS: usize = 8;
 /// For reading the request line, and again for writing the reply: a client that connects and
-/// never sends (or never reads) is dropped, freeing its place for the next command.
+/// never sends (or never reads) is dropped.
 const ADMIN_IO_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Accepts admin connections until the process ends. An accept error (out of descriptors)
 /// waits and retries: the owner must be able to `revoke` once the pressure is gone.
 pub async fn serve(listener: UnixListener, state: Arc<HostState>) {
-    let places = Arc::new(Semaphore::new(MAX_ADMIN_CONNECTIONS));
+    let open = DropOldest::new(MAX_ADMIN_CONNECTIONS);
     loop {
-        // A place first, then the accept: beyond the bound, clients wait in the backlog (at most
-        // one deadline) instead of holding descriptors here.
-        let Ok(place) = places.clone().acquire_owned().await else {
-            return;
-        };
         match listener.accept().await {
             Ok((stream, _)) => {
+                let (mut slot, _) = open.admit();
                 let state = state.clone();
                 tokio::spawn(async move {
-                    handle(stream, state).await;
-                    drop(place);
+                    tokio::select! {
+                        () = handle(stream, state) => {}
+                        _ = &mut slot.evicted => {
+                            tracing::debug!("admin connection dropped to make room");
+                        }
+                    }
                 });
             }
             Err(err) => {
