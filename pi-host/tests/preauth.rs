@@ -633,3 +633,45 @@ async fn unfinished_tls_handshakes_are_bounded_and_cut_off() {
         }),
     );
 }
+
+#[tokio::test]
+async fn stalled_admin_clients_neither_block_the_owner_nor_stay_open() {
+    let host = HostProcess::start(bin()).await;
+    let socket = host.data_dir.path().join("admin.sock");
+    // More than the admin socket serves at once, each connected and silent.
+    let mut stalled = JoinSet::new();
+    for _ in 0..20 {
+        let mut stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        stalled.spawn(async move {
+            let start = Instant::now();
+            let mut buf = [0u8; 64];
+            let closed = tokio::time::timeout(PATIENCE, async {
+                while let Ok(n) = stream.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                }
+            })
+            .await
+            .is_ok();
+            closed.then(|| start.elapsed())
+        });
+    }
+    let status = admin_answers(&host, &["status", "--json"]).await;
+    let mut closed_after = Vec::new();
+    while let Some(closed) = stalled.join_next().await {
+        closed_after.push(closed.unwrap().expect("a stalled admin client stayed open"));
+    }
+    closed_after.sort();
+    record_figures(
+        "preauth_admin",
+        &json!({
+            "stalledAdminClients": closed_after.len(),
+            "statusMs": ms(status),
+            "closedAfterSeconds": {
+                "min": round(closed_after[0].as_secs_f64()),
+                "max": round(closed_after[closed_after.len() - 1].as_secs_f64()),
+            },
+        }),
+    );
+}
