@@ -37,7 +37,8 @@ pub const PRE_UPGRADE_DEADLINE: Duration = Duration::from_secs(15);
 /// not hold the drain up for a whole deadline.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(1);
 /// Request line and headers together; more is answered 431. A real upgrade is under 1 KiB
-/// (tokens are short); hyper's default (about 400 KiB) let 300 stalled peers cost 90 MB.
+/// (tokens are short); with hyper's default (about 400 KiB), 300 unfinished 300 KB headers grew
+/// the host by 70 to 90 MB (docs/reliability.md 4.10).
 pub const MAX_HEADER_BYTES: usize = 16 << 10;
 
 /// Descriptors kept out of the connection budget: stdio, the runtime (epoll, eventfd, signal
@@ -218,9 +219,9 @@ impl Drop for Slot {
     }
 }
 
-/// Accepts until `shutdown` resolves, then stops accepting, lets connections still before their
-/// upgrade finish (bounded by their deadlines) and returns. Upgraded connections are not waited
-/// for here: the drain closes them (state.rs `begin_drain`).
+/// Accepts until `shutdown` resolves, then stops accepting, gives connections still before their
+/// upgrade [`DRAIN_GRACE`] to finish and returns. Upgraded connections are not waited for here:
+/// the drain closes them (state.rs `begin_drain`).
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<ServerConfig>>,
