@@ -28,10 +28,10 @@ use tokio_rustls::rustls::ServerConfig;
 pub const HEADER_DEADLINE: Duration = Duration::from_secs(5);
 /// How long a client may take to finish the TLS handshake.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
-/// From accept to upgrade, whatever the peer does: hyper's header timer restarts with each
-/// request of a kept-alive connection and does not cover a slow body or a peer that does not
-/// read the answer, so this bounds the whole HTTP phase.
-pub const PRE_UPGRADE_DEADLINE: Duration = Duration::from_secs(15);
+/// From the start of HTTP (after the TLS handshake) to the upgrade, whatever the peer does:
+/// hyper's header timer restarts with each request of a kept-alive connection and does not
+/// cover a slow body or a peer that does not read the answer, so this bounds the whole phase.
+pub const HTTP_PHASE_DEADLINE: Duration = Duration::from_secs(10);
 /// On SIGTERM, how long a request under way may take to get its answer (a refusal: the host is
 /// draining) before its socket is closed; idle ones close at once. An unauthenticated peer must
 /// not hold the drain up for a whole deadline.
@@ -45,7 +45,8 @@ pub const MAX_HEADER_BYTES: usize = 16 << 10;
 /// pipe), both listeners, the log, two SQLite connections with their WAL and SHM files, the
 /// admin socket's connections (admin.rs), and files the handlers open (`fs/*`, the host key).
 pub const RESERVED_FDS: u64 = 64;
-/// One part in this many of the rest is kept for agents (3 pipes and a pidfd each).
+/// One part in this many of the rest is kept for agents (3 pipes each, and a pidfd where tokio
+/// uses one).
 const AGENT_SHARE: u64 = 8;
 /// One part in this many of the rest is for pre-upgrade connections.
 const PRE_UPGRADE_SHARE: u64 = 4;
@@ -251,7 +252,7 @@ async fn accept_loop(
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_DEADLINE)
         // Keep-alive stays on: hyper answers `Connection: close` without it, which breaks the
-        // 101. A peer that keeps sending requests is stopped by PRE_UPGRADE_DEADLINE.
+        // 101. A peer that keeps sending requests is stopped by HTTP_PHASE_DEADLINE.
         .max_buf_size(MAX_HEADER_BYTES);
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection task holds a receiver; `closed()` says they have all ended.
@@ -347,8 +348,9 @@ async fn accept_failed(registry: &DropOldest, err: &std::io::Error, warned: &mut
 
 type Service = TowerToHyperService<Router>;
 
-/// One connection until its upgrade (or its end), within [`PRE_UPGRADE_DEADLINE`]; the slot
-/// is freed when this returns.
+/// One connection until its upgrade (or its end): the TLS handshake within
+/// [`HANDSHAKE_DEADLINE`], then HTTP within [`HTTP_PHASE_DEADLINE`]; the slot is freed when this
+/// returns.
 #[allow(clippy::too_many_arguments)]
 async fn connection(
     tcp: TcpStream,
@@ -366,23 +368,34 @@ async fn connection(
         tokio::time::sleep(DRAIN_GRACE).await;
     };
     let phase = async {
-        match tls {
-            None => serve_http(tcp, service, &http, stop).await,
+        let http_phase = match tls {
+            None => {
+                tokio::time::timeout(HTTP_PHASE_DEADLINE, serve_http(tcp, service, &http, stop))
+                    .await
+            }
             Some(acceptor) => {
                 match tokio::time::timeout(HANDSHAKE_DEADLINE, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => serve_http(stream, service, &http, stop).await,
-                    Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    Ok(Ok(stream)) => {
+                        let served = serve_http(stream, service, &http, stop);
+                        tokio::time::timeout(HTTP_PHASE_DEADLINE, served).await
+                    }
+                    Ok(Err(err)) => {
+                        tracing::debug!(%peer, error = %err, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
                 }
             }
+        };
+        if http_phase.is_err() {
+            tracing::debug!(%peer, "no upgrade before the deadline: closed");
         }
     };
     tokio::select! {
-        finished = tokio::time::timeout(PRE_UPGRADE_DEADLINE, phase) => {
-            if finished.is_err() {
-                tracing::debug!(%peer, "no upgrade before the deadline: closed");
-            }
-        }
+        () = phase => {}
         _ = &mut slot.evicted => {
             tracing::debug!(%peer, "dropped to make room for newer connections");
         }
