@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 /// RLIMIT_NOFILE (soft and hard) of the hosts under attack.
 const FD_LIMIT: u32 = 256;
 /// Stalled sockets per attack: several times what the host could hold before the fix.
-const STALLED: usize = 1500;
+const STALLED: usize = 1000;
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pi-host"))
@@ -430,14 +430,8 @@ fn request_with_header(bytes: usize, finished: bool) -> Vec<u8> {
 }
 
 #[tokio::test]
-async fn slow_headers_are_cut_off_and_oversized_ones_get_431_in_bounded_memory() {
+async fn slow_or_endless_requests_are_cut_off_and_oversized_headers_get_431_in_bounded_memory() {
     let (host, _wrapper) = limited_host(&[]).await;
-    // Headers trickled a line at a time (fewer peers than the pre-upgrade bound, so none is
-    // dropped to make room: the header deadline has to close them).
-    let mut slow = JoinSet::new();
-    trickle(&mut slow, host.addr, 20, Duration::from_millis(200));
-    let slow_figures = all_closed("trickling", &fates(slow).await);
-
     // Under the cap: an ordinary refusal (no token) — the cap leaves room for real requests.
     let small = answer_to(host.addr, &request_with_header(8 << 10, true)).await;
     assert!(small.starts_with("HTTP/1.1 401"), "{small:.200}");
@@ -475,7 +469,6 @@ async fn slow_headers_are_cut_off_and_oversized_ones_get_431_in_bounded_memory()
         &json!({
             "header8KiB": small.lines().next(),
             "header20KiB": large.lines().next(),
-            "trickling": slow_figures,
             "oversizedAttempts": results.len(),
             "connected": connected,
             "hostRssKiB": {"before": rss_before, "peak": peak_rss, "growth": growth_kib},
@@ -486,6 +479,25 @@ async fn slow_headers_are_cut_off_and_oversized_ones_get_431_in_bounded_memory()
         growth_kib < 32 << 10,
         "RSS grew by {growth_kib} KiB ({rss_before} → {peak_rss})"
     );
+    // Headers trickled a line at a time, and a kept-alive connection sending one complete
+    // (refused) request every 2 s: fewer peers than the pre-upgrade bound, so none is dropped
+    // to make room; the deadlines have to close them.
+    let mut slow = JoinSet::new();
+    trickle(&mut slow, host.addr, 20, Duration::from_millis(200));
+    let endless = tokio::spawn(endless_requests(host.addr));
+    let slow_figures = all_closed("trickling", &fates(slow).await);
+    let (requests, closed_after) = endless.await.unwrap();
+    let closed_after = closed_after.expect("the kept-alive connection is still open");
+    // Past the header deadline: it took the deadline on the whole HTTP phase.
+    assert!(requests > 2, "closed after {requests} requests");
+    record_figures(
+        "preauth_slow",
+        &json!({
+            "trickling": slow_figures,
+            "keptAlive": {"requests": requests, "closedAfterSeconds": round(closed_after.as_secs_f64())},
+        }),
+    );
+
     // And the host still answers.
     let after = answer_to(host.addr, &request_with_header(100, true)).await;
     assert!(after.starts_with("HTTP/1.1 401"), "{after:.200}");
@@ -585,19 +597,10 @@ async fn tls_device_gets_in(
 async fn unfinished_tls_handshakes_are_bounded_and_cut_off() {
     let certificate = tests::TestCertificate::localhost();
     let (host, _wrapper) = limited_host(&certificate.serve_args()).await;
-    // The harness pairs over ws://; this host speaks wss://.
     let pairing = host.pairing_token(&[]).await["token"]
         .as_str()
         .unwrap()
         .to_string();
-    let paired = tls_session(
-        host.addr,
-        &certificate,
-        &pairing,
-        &[hello(), ("pair", json!({"deviceName": "laptop"}))],
-    )
-    .await;
-    let token = paired[1]["deviceToken"].as_str().unwrap().to_string();
     let stalled = (STALLED * 2 / 3).min(own_fd_room());
     let sampler = Sampler::start(host.pid());
 
@@ -615,6 +618,16 @@ async fn unfinished_tls_handshakes_are_bounded_and_cut_off() {
     );
     wait_settled(&settled, stalled + 50).await;
 
+    // While the stalled sockets are held: a device pairs over TLS (the harness pairs over
+    // ws://), then connects with its new token.
+    let paired = tls_session(
+        host.addr,
+        &certificate,
+        &pairing,
+        &[hello(), ("pair", json!({"deviceName": "laptop"}))],
+    )
+    .await;
+    let token = paired[1]["deviceToken"].as_str().unwrap().to_string();
     let device = tls_device_gets_in(host.addr, &certificate, &token).await;
     let status = admin_answers(&host, &["status", "--json"]).await;
 
@@ -676,4 +689,37 @@ async fn stalled_admin_clients_neither_block_the_owner_nor_stay_open() {
             },
         }),
     );
+}
+
+/// One kept-alive connection sending a complete request every 2 s until the host closes it;
+/// returns how many it sent and when (from its connect) it was closed.
+async fn endless_requests(addr: std::net::SocketAddr) -> (usize, Option<Duration>) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let start = Instant::now();
+    // Each request is complete (and refused), so hyper's header timer restarts with each one;
+    // only the deadline on the whole phase before the upgrade ends this.
+    let request = request_with_header(16, true);
+    let mut requests = 0;
+    let closed = tokio::time::timeout(PATIENCE, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            if stream.write_all(&request).await.is_err() {
+                return;
+            }
+            requests += 1;
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            // The next request 2 s later (well inside the header deadline), unless the host
+            // closes first: the pace of this client, not a synchronisation.
+            if let Ok(Ok(0) | Err(_)) =
+                tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf)).await
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    (requests, closed.is_ok().then(|| start.elapsed()))
 }
