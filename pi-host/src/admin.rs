@@ -3,6 +3,7 @@
 //! line, one JSON reply line: `{"ok": result}` or `{"error": AppError}`.
 
 use crate::handlers;
+use crate::server::listener::DropOldest;
 use crate::state::HostState;
 use racp_proto::methods::host::DeviceRevokeParams;
 use racp_proto::{AppError, ErrorCode, Role};
@@ -11,6 +12,7 @@ use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -47,15 +49,35 @@ pub fn bind(data_dir: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// Admin connections served at once; beyond it the oldest is dropped (server/listener.rs
+/// `DropOldest`), so the owner's command always gets in. The socket is the owner's alone (0600):
+/// this is against a stray or stuck client rather than an attacker.
+pub const MAX_ADMIN_CONNECTIONS: usize = 8;
+/// For reading the request line, and again for writing the reply: a client that connects and
+/// never sends (or never reads) is dropped.
+const ADMIN_IO_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Accepts admin connections until the process ends. An accept error (out of descriptors)
+/// waits and retries: the owner must be able to `revoke` once the pressure is gone.
 pub async fn serve(listener: UnixListener, state: Arc<HostState>) {
+    let open = DropOldest::new(MAX_ADMIN_CONNECTIONS);
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(handle(stream, state.clone()));
+                let (mut slot, _) = open.admit();
+                let state = state.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = handle(stream, state) => {}
+                        _ = &mut slot.evicted => {
+                            tracing::debug!("admin connection dropped to make room");
+                        }
+                    }
+                });
             }
             Err(err) => {
                 tracing::warn!(error = %err, "admin socket accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     }
@@ -66,8 +88,13 @@ async fn handle(stream: UnixStream, state: Arc<HostState>) {
     let mut line = String::new();
     // One request per connection, bounded so a stray client cannot make the host buffer much.
     let mut reader = BufReader::new(read).take(64 << 10);
-    if reader.read_line(&mut line).await.is_err() {
-        return;
+    match tokio::time::timeout(ADMIN_IO_DEADLINE, reader.read_line(&mut line)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) => return,
+        Err(_) => {
+            tracing::debug!("admin client sent no request in time");
+            return;
+        }
     }
     let reply = match serde_json::from_str::<AdminRequest>(&line) {
         Ok(AdminRequest::Revoke { device_id }) => {
@@ -92,7 +119,7 @@ async fn handle(stream: UnixStream, state: Arc<HostState>) {
     };
     let mut text = body.to_string();
     text.push('\n');
-    let _ = write.write_all(text.as_bytes()).await;
+    let _ = tokio::time::timeout(ADMIN_IO_DEADLINE, write.write_all(text.as_bytes())).await;
 }
 
 fn execute(state: &HostState, request: AdminRequest) -> Result<Value, AppError> {

@@ -295,6 +295,8 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     // The real port (when asked for port 0) is what pairing URLs and `status` must show.
     config.listen = local;
+    // Before anything else opens descriptors: the limit is raised and split (server/listener.rs).
+    let budget = server::listener::plan(&mut config.limits);
     let state = state::HostState::open(config).map_err(|e| e.to_string())?;
     turns::end_interrupted_turns(&state).await;
     let admin = admin::bind(&state.config.data_dir)
@@ -316,28 +318,7 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
         tracing::info!("draining");
         drain_state.begin_drain();
     };
-    let served = match tls {
-        Some(config) => {
-            let listener = server::tls::TlsListener::new(listener, config)
-                .map_err(|e| format!("cannot start TLS: {e}"))?;
-            axum::serve(listener, router)
-                .with_graceful_shutdown(drained)
-                .await
-        }
-        None => {
-            // Without TCP_NODELAY, Nagle holds a small event frame back until the previous
-            // one is acknowledged: p50 delivery latency went from 8.2 ms to 0.37 ms with it
-            // (docs/benchmarks.md).
-            use axum::serve::ListenerExt;
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            axum::serve(listener, router)
-                .with_graceful_shutdown(drained)
-                .await
-        }
-    };
-    served.map_err(|e| e.to_string())?;
+    server::listener::serve(listener, tls, router, &budget, drained).await;
     // Every connection has closed: end the agents, then commit what is queued before exiting.
     state.turns.stop_all(&state).await;
     state.sessions.flush_and_stop();
