@@ -2,6 +2,7 @@
 
 mod connection;
 mod elide;
+pub mod identity;
 mod subscriptions;
 pub mod tls;
 pub mod upgrade;

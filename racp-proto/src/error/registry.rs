@@ -248,6 +248,8 @@ error_registry! {
     PairingTokenExpired = "PAIRING_TOKEN_EXPIRED" { retriable: No, recovery: Reauthorize, close: 4037, http: 401, }
     /// The call needs a capability the host advertised as unavailable in `hello`.
     CapabilityUnavailable = "CAPABILITY_UNAVAILABLE" { retriable: No, recovery: StopAndReport, close: 4038, http: 501, }
+    /// The endpoint's TLS certificate is not the one pinned at pairing (`details.expected`, `details.found`: SHA-256 fingerprints); nothing was sent. Another process may hold the port, or the host's identity was reset: re-pair only if you trust the change.
+    HostIdentityMismatch = "HOST_IDENTITY_MISMATCH" { retriable: No, recovery: StopAndReport, close: 4039, http: 502, }
 }
 
 impl ErrorCode {
