@@ -47,6 +47,21 @@ impl std::str::FromStr for CertSha256 {
     }
 }
 
+impl serde::Serialize for CertSha256 {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for CertSha256 {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        CertSha256::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom("expected a SHA-256 fingerprint (64 hex digits)")
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

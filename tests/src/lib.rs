@@ -894,3 +894,209 @@ impl FaultProxy {
         *self.target.lock().expect("target lock") = target;
     }
 }
+
+/// A process that took over a port a client expects its host on (docs/reliability.md §4.11):
+/// it accepts connections, answers nothing useful, and records every byte it is sent. The TLS
+/// flavour presents a certificate of its own and also records what it could decrypt.
+pub struct Squatter {
+    pub addr: SocketAddr,
+    /// Raw bytes received, over all connections.
+    received: Arc<Mutex<Vec<u8>>>,
+    /// Bytes decrypted after a completed TLS handshake (TLS flavour only).
+    plaintext: Arc<Mutex<Vec<u8>>>,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+    /// The squatter's own certificate (TLS flavour).
+    pub certificate: Option<TestCertificate>,
+}
+
+impl Squatter {
+    /// A plain TCP listener on `addr` (e.g. a stopped host's port) that answers an HTTP upgrade
+    /// as a host would, so a client that sends a credential would send it in full.
+    pub async fn plain(addr: SocketAddr) -> Squatter {
+        Squatter::start(addr, None).await
+    }
+
+    /// A TLS listener on `addr` with its own self-signed certificate.
+    pub async fn tls(addr: SocketAddr) -> Squatter {
+        Squatter::start(addr, Some(TestCertificate::localhost())).await
+    }
+
+    async fn start(addr: SocketAddr, certificate: Option<TestCertificate>) -> Squatter {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .expect("bind the squatter");
+        let addr = listener.local_addr().expect("squatter address");
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let plaintext = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let acceptor = certificate.as_ref().map(|certificate| {
+            use tokio_rustls::rustls::pki_types::pem::PemObject;
+            use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+            let certs = vec![CertificateDer::from_pem_file(&certificate.cert).expect("cert")];
+            let key = PrivateKeyDer::from_pem_file(&certificate.key).expect("key");
+            let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+            let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("TLS versions")
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .expect("squatter TLS config");
+            tokio_rustls::TlsAcceptor::from(Arc::new(config))
+        });
+        let (task_received, task_plaintext, task_connections) =
+            (received.clone(), plaintext.clone(), connections.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                task_connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let received = task_received.clone();
+                let plaintext = task_plaintext.clone();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let recorder = Recorder {
+                        inner: stream,
+                        log: received,
+                    };
+                    let answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Protocol: racp.v1\r\n\r\n";
+                    match acceptor {
+                        None => {
+                            let mut recorder = recorder;
+                            let mut buf = [0u8; 4096];
+                            let mut answered = false;
+                            while let Ok(n) = recorder.read(&mut buf).await {
+                                if n == 0 {
+                                    break;
+                                }
+                                if !answered {
+                                    answered = true;
+                                    let _ = recorder.write_all(answer).await;
+                                }
+                            }
+                        }
+                        Some(acceptor) => {
+                            let Ok(mut tls) = acceptor.accept(recorder).await else {
+                                return;
+                            };
+                            let mut buf = [0u8; 4096];
+                            while let Ok(n) = tls.read(&mut buf).await {
+                                if n == 0 {
+                                    break;
+                                }
+                                plaintext
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .extend_from_slice(&buf[..n]);
+                                let _ = tls.write_all(answer).await;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Squatter {
+            addr,
+            received,
+            plaintext,
+            connections,
+            task,
+            certificate,
+        }
+    }
+
+    /// Every raw byte received so far.
+    pub fn received(&self) -> Vec<u8> {
+        self.received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// What the TLS flavour could decrypt (empty unless a client finished the handshake).
+    pub fn plaintext(&self) -> Vec<u8> {
+        self.plaintext
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Asserts that nothing the squatter read carries a credential: no token, no
+    /// `Authorization` header, no `racp.bearer.` subprotocol, no HTTP request at all.
+    pub fn assert_got_no_credential(&self, tokens: &[&str]) {
+        for (what, bytes) in [("raw", self.received()), ("decrypted", self.plaintext())] {
+            let text = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
+            for needle in ["authorization", "racp.bearer.", "get /racp", "pdt_", "ppt_"] {
+                assert!(
+                    !text.contains(needle),
+                    "the squatter read {needle:?} ({what}): {text:?}"
+                );
+            }
+            for token in tokens {
+                let (_, secret) = token.split_once('.').unwrap_or(("", token));
+                assert!(
+                    !text.contains(&secret.to_ascii_lowercase()),
+                    "the squatter read a token ({what})"
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Squatter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A stream that appends everything read through it to a log.
+struct Recorder {
+    inner: TcpStream,
+    log: Arc<Mutex<Vec<u8>>>,
+}
+
+impl tokio::io::AsyncRead for Recorder {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &polled {
+            let fresh = buf.filled()[before..].to_vec();
+            self.log
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(&fresh);
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for Recorder {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
