@@ -162,6 +162,13 @@ impl World {
             .unwrap_or_default()
     }
 
+    /// The certificate fingerprint the profile pins.
+    fn pin(&self) -> Option<racp_proto::fingerprint::CertSha256> {
+        self.profile()["certSha256"]
+            .as_str()
+            .and_then(racp_proto::fingerprint::CertSha256::parse)
+    }
+
     fn profile(&self) -> Value {
         let path = self.local_config.path().join("profiles/default.json");
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
@@ -291,6 +298,16 @@ async fn a_cold_install_then_a_warm_connect_that_transfers_and_restarts_nothing(
     assert!(profile["deviceToken"].as_str().unwrap().starts_with("pdt_"));
     assert_eq!(profile["ssh"]["target"], "box");
     assert_eq!(profile["ssh"]["hostId"], ready["hostId"]);
+    // TLS through the forward, pinned to the fingerprint the host wrote on the remote.
+    assert!(
+        ready["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("wss://127.0.0.1:")
+    );
+    assert_eq!(profile["url"], ready["url"]);
+    assert_eq!(profile["certSha256"], state["certSha256"]);
+    assert_eq!(ready["certSha256"], state["certSha256"]);
 
     let warm = world.connect(&release, &[]).await;
     let ready = warm.assert_ok();
@@ -307,6 +324,53 @@ async fn a_cold_install_then_a_warm_connect_that_transfers_and_restarts_nothing(
         "the running host was reused"
     );
     assert_eq!(world.profile()["deviceId"], profile["deviceId"]);
+}
+
+#[tokio::test]
+async fn a_reset_host_identity_is_paired_again_over_ssh_and_an_old_profile_too() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    world.connect(&release, &[]).await.assert_ok();
+    let before = world.profile();
+
+    // The remote's data directory loses its TLS identity (a reset): the host makes a new one.
+    let stopped = std::process::Command::new("sh")
+        .arg(world.root().join("install.sh"))
+        .args(["stop", "--root"])
+        .arg(world.root())
+        .output()
+        .unwrap();
+    assert!(stopped.status.success(), "{stopped:?}");
+    for file in ["tls-cert.pem", "tls-key.pem"] {
+        std::fs::remove_file(world.root().join("data").join(file)).unwrap();
+    }
+    let again = world.connect(&release, &[]).await;
+    let ready = again.assert_ok();
+    // The stored token was not offered to the changed endpoint: pairing ran again over SSH.
+    assert_eq!(again.status("pair"), Some("done"), "{again:#?}");
+    assert_eq!(ready["paired"], true);
+    let after = world.profile();
+    assert_ne!(after["certSha256"], before["certSha256"]);
+    assert_eq!(after["certSha256"], world.state()["certSha256"]);
+    assert_ne!(after["deviceId"], before["deviceId"]);
+
+    // A profile from before pinning (no certSha256) is paired again the same way.
+    let mut old = after.clone();
+    old.as_object_mut().unwrap().remove("certSha256");
+    old["url"] = old["url"]
+        .as_str()
+        .unwrap()
+        .replace("wss://", "ws://")
+        .into();
+    std::fs::write(
+        world.local_config.path().join("profiles/default.json"),
+        old.to_string(),
+    )
+    .unwrap();
+    let migrated = world.connect(&release, &[]).await;
+    migrated.assert_ok();
+    assert_eq!(migrated.status("pair"), Some("done"), "{migrated:#?}");
+    assert_eq!(world.profile()["certSha256"], world.state()["certSha256"]);
 }
 
 #[tokio::test]
@@ -616,6 +680,7 @@ async fn sshd_killed_mid_stream_then_the_forward_reconnects_and_the_client_resum
     let token = world.profile()["deviceToken"].as_str().unwrap().to_string();
 
     let mut options = ClientOptions::new(&url, &token);
+    options.pinned_sha256 = world.pin();
     options.max_backoff = Duration::from_millis(500);
     let client = RacpClient::connect(options).await.unwrap();
     let workspace = world.workspaces.path().join("project");
@@ -792,6 +857,7 @@ async fn a_host_killed_on_the_remote_is_started_again_and_clients_come_back() {
     let ready = until_event(&mut lines, "ready").await;
     let token = world.profile()["deviceToken"].as_str().unwrap().to_string();
     let mut options = ClientOptions::new(ready["url"].as_str().unwrap(), &token);
+    options.pinned_sha256 = world.pin();
     options.max_backoff = Duration::from_millis(500);
     let mut client = RacpClient::connect(options).await.unwrap();
     client.call_raw("session/list", json!({})).await.unwrap();
