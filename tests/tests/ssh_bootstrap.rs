@@ -807,6 +807,56 @@ async fn other_commands_use_the_profile_while_connect_runs_and_say_how_to_reconn
 }
 
 #[tokio::test]
+async fn the_forward_closes_connections_from_other_local_users() {
+    if bootstrap::ssh::peer_uid::own_uid() != Some(0) {
+        eprintln!("skipped: needs root to run a client as another uid (setpriv)");
+        return;
+    }
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    let mut child = world
+        .command(&release, &[])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = until_event(&mut lines, "ready").await;
+    let port = ready["url"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("wss://127.0.0.1:")
+        .trim_end_matches("/racp")
+        .to_string();
+    // As nobody: connect, send a ClientHello-sized nothing, and wait for the other end. The
+    // forward closes at once (cat sees EOF, exit 0); a relayed connection would sit in the
+    // host's TLS handshake until `timeout` ends it (124).
+    let script = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port} || exit 3; timeout 8 cat <&3 >/dev/null; echo \"exit=$?\""
+    );
+    let started = std::time::Instant::now();
+    let other = tokio::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(["bash", "-c", &script])
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&other.stdout);
+    assert!(said.contains("exit=0"), "{other:?}");
+    assert!(started.elapsed() < Duration::from_secs(8));
+
+    // Our own user still goes through.
+    let listed = tokio::process::Command::new(pi_remote())
+        .args(["--json", "sessions"])
+        .env("PI_REMOTE_CONFIG_DIR", world.local_config.path())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    let _ = child.kill().await;
+}
+
+#[tokio::test]
 async fn an_unknown_host_is_trusted_when_the_user_answers_yes() {
     let world = World::start(SshdOptions::default()).await;
     let release = world.release("release", None);
