@@ -261,6 +261,27 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .with_source(ErrorSource::Client),
             ));
         }
+        // Over SSH the host's identity can be checked again on a channel already trusted.
+        Err(error)
+            if error.code() == ErrorCode::HostIdentityMismatch
+                && let Some(origin) = &stored.ssh =>
+        {
+            let mut refused = AppError::new(
+                error.code(),
+                format!(
+                    "{}; this profile reaches {} through SSH: `pi-remote --profile {} connect {}` checks the host's certificate over SSH and pairs again if it changed",
+                    error.message(),
+                    origin.target,
+                    cli.profile,
+                    origin.target
+                ),
+            )
+            .with_source(ErrorSource::Client);
+            if let Some(details) = error.details() {
+                refused = refused.with_details(details.clone());
+            }
+            return Err(Failure::App(refused));
+        }
         Err(error) => return Err(error.into()),
     };
     match cli.command {
