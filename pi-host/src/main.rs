@@ -361,24 +361,29 @@ fn tls_config(
         );
         return Ok(None);
     }
-    let (cert, key, sha256) = match &config.tls {
+    let (cert, key, sha256, own) = match &config.tls {
         Some((cert, key)) => {
             let sha256 = server::identity::fingerprint(cert).map_err(|e| e.to_string())?;
-            (cert.clone(), key.clone(), sha256)
+            (cert.clone(), key.clone(), sha256, false)
         }
         None => {
             let identity = server::identity::load_or_create(&config.data_dir)
                 .map_err(|e| format!("cannot load the host's TLS identity: {e}"))?;
-            (identity.cert, identity.key, identity.sha256)
+            (identity.cert, identity.key, identity.sha256, true)
         }
     };
     let served = server::tls::server_config(&cert, &key).map_err(|e| {
-        format!(
-            "{e} (remove {} and {} only to make a new identity: every paired device must then \
-             pair again)",
-            cert.display(),
-            key.display()
-        )
+        if own {
+            // Never replaced silently: a new identity breaks every device's pin.
+            format!(
+                "{e} (the host's TLS identity; remove {} and {} only to make a new one, after \
+                 which every paired device must pair again)",
+                cert.display(),
+                key.display()
+            )
+        } else {
+            e
+        }
     })?;
     config.tls = Some((cert, key));
     config.cert_sha256 = Some(sha256);

@@ -705,7 +705,6 @@ mod tests {
             let refused = check(url, false, false).unwrap_err();
             assert_eq!(refused.code(), ErrorCode::RemoteConnectionFailed);
             assert_eq!(refused.details().unwrap()["reason"], "plain_refused");
-            assert!(!refused.retriable());
             // A pin cannot be checked without TLS, whatever the opt-in says.
             assert!(check(url, true, true).is_err(), "{url}");
         }
