@@ -205,10 +205,14 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
         }
         Command::Status { json } => {
             admin_command(&data_dir, &admin::AdminRequest::Status, json, |v| {
+                let cert = match v["certSha256"].as_str() {
+                    Some(sha256) => format!("certificate SHA-256 {sha256}\n"),
+                    None => "plain ws:// (--plain): no certificate\n".into(),
+                };
                 format!(
-                    "pi-host {} listening on {} ({} connections{})\n",
+                    "pi-host {} listening on {} ({} connections{})\n{cert}",
                     v["host"]["version"].as_str().unwrap_or_default(),
-                    v["listen"].as_str().unwrap_or_default(),
+                    v["url"].as_str().unwrap_or_default(),
                     v["connections"],
                     if v["draining"] == true {
                         ", draining"

@@ -167,6 +167,11 @@ async fn a_host_serves_tls_with_its_own_identity_by_default_and_keeps_it() {
         ok && text.contains(&served) && text.contains("racps://"),
         "{text}"
     );
+    let (ok, text, _) = host.cli(&["status"]).await;
+    assert!(
+        ok && text.contains(&served) && text.contains("wss://"),
+        "{text}"
+    );
     let (ok, status, _) = host.cli(&["status", "--json"]).await;
     assert!(ok);
     let status: Value = serde_json::from_str(status.trim()).unwrap();
