@@ -50,7 +50,9 @@ impl PiHost {
             .append(true)
             .open(tools.log_dir.join("pi-host.log"))?;
         let mut child = Command::new(&tools.pi_host)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            // Plain ws://, as the Socket.IO peer speaks: the comparison is of the protocols, not
+            // of TLS (docs/benchmarks.md). Never a setup to copy for real use.
+            .args(["serve", "--plain", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir.path())
             .arg("--root")
             .arg(root.path())

@@ -212,6 +212,9 @@ async fn pair_stores_a_private_profile_and_never_prints_the_token() {
     assert!(!token.is_empty());
     assert_eq!(profile["deviceId"], printed["deviceId"]);
     assert_eq!(profile["url"], host.url());
+    assert!(host.url().starts_with("wss://"));
+    assert_eq!(profile["certSha256"], host.cert_sha256.unwrap().to_hex());
+    assert_eq!(printed["certSha256"], profile["certSha256"]);
     for stream in [&output.stdout, &output.stderr] {
         assert!(
             !text(stream).contains(token),
@@ -246,19 +249,35 @@ async fn a_reused_pairing_token_exits_4_with_pairing_failed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bare_token_pairs_with_host_and_a_tls_link_is_refused_clearly() {
+async fn a_bare_token_pairs_with_host_and_fingerprint_and_unpinned_links_are_refused() {
     let host = host().await;
     let minted = host.pairing_token(&[]).await;
     let token = minted["token"].as_str().unwrap();
+    let cert = minted["certSha256"].as_str().unwrap();
     let remote = Remote::new();
     let output = remote.run(&["pair", token]).await;
     assert_eq!(output.status.code(), Some(1));
     assert!(text(&output.stderr).contains("--host"));
-    // Read from stdin, so the token stays out of argv.
     let host_arg = host.addr.to_string();
+    // A bare token needs the fingerprint too: the pairing token goes only to the pinned host.
+    let output = remote
+        .run_with_stdin(&["pair", "-", "--host", &host_arg], &format!("{token}\n"))
+        .await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stderr).contains("--cert-sha256"));
+    // Read from stdin, so the token stays out of argv.
     let output = remote
         .run_with_stdin(
-            &["pair", "-", "--host", &host_arg, "--profile", "lab"],
+            &[
+                "pair",
+                "-",
+                "--host",
+                &host_arg,
+                "--cert-sha256",
+                cert,
+                "--profile",
+                "lab",
+            ],
             &format!("{token}\n"),
         )
         .await;
@@ -266,15 +285,34 @@ async fn a_bare_token_pairs_with_host_and_a_tls_link_is_refused_clearly() {
     assert!(remote.config.path().join("profiles/lab.json").exists());
     remote.ok(&["sessions", "--profile", "lab"]).await;
 
-    let output = remote
-        .run(&["pair", "racps://192.0.2.1:7878/pair#ppt_x"])
-        .await;
-    assert_eq!(output.status.code(), Some(1));
-    assert!(
-        text(&output.stderr).contains("not supported"),
-        "{}",
-        text(&output.stderr)
-    );
+    for (link, why) in [
+        ("racps://192.0.2.1:7878/pair#ppt_x", "fingerprint"),
+        ("racp://127.0.0.1:7878/pair#ppt_x", "--plain"),
+    ] {
+        let output = remote.run(&["pair", link]).await;
+        assert_eq!(output.status.code(), Some(1));
+        assert!(
+            text(&output.stderr).contains(why),
+            "{}",
+            text(&output.stderr)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_host_pairs_only_with_the_explicit_opt_in() {
+    let agent = tests::stand_in_agent();
+    let host =
+        HostProcess::start_with(&pi_host(), &["--plain", "--agent", agent.to_str().unwrap()]).await;
+    let minted = host.pairing_token(&[]).await;
+    let link = minted["url"].as_str().unwrap();
+    assert!(link.starts_with("racp://"));
+    let remote = Remote::new();
+    let output = remote.run(&["pair", link]).await;
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    remote.ok(&["pair", link, "--plain"]).await;
+    assert_eq!(remote.profile()["plain"], true);
+    remote.ok(&["sessions"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -466,7 +504,14 @@ async fn attach_survives_a_cut_link_without_losing_events() {
     let proxy_addr = proxy.addr.to_string();
     let output = remote
         .run_with_stdin(
-            &["pair", "-", "--host", &proxy_addr],
+            &[
+                "pair",
+                "-",
+                "--host",
+                &proxy_addr,
+                "--cert-sha256",
+                minted["certSha256"].as_str().unwrap(),
+            ],
             &format!("{}\n", minted["token"].as_str().unwrap()),
         )
         .await;

@@ -291,7 +291,7 @@ export type EntryKind = "file" | "dir" | "symlink" | "other";
 /**
  * A registered error code. Only these can appear on the wire.
  */
-export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE";
+export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH";
 
 /**
  * A failed reply. `id` is `null` when the request could not be read far enough to find it.
@@ -631,6 +631,11 @@ export type PairingCreateRequest = {
  */
 export type PairingCreateResult = {
   /**
+   * The SHA-256 of the host's TLS certificate (64 lowercase hex digits), which the new
+   * device pins; absent when the host serves plain WebSocket (`--plain`).
+   */
+  certSha256?: string | null;
+  /**
    * When the token stops working (ms since the Unix epoch).
    */
   expiresAt: number;
@@ -638,7 +643,8 @@ export type PairingCreateResult = {
   token: string;
   /**
    * A pairing link carrying the host address and the token (in the fragment, which is
-   * never sent to a server).
+   * never sent to a server): `racps://HOST:PORT/pair?cert=sha256:<hex>#<token>`, or
+   * `racp://HOST:PORT/pair#<token>` for a host serving plain WebSocket.
    */
   url: string;
 };
@@ -1151,4 +1157,5 @@ export const ERROR_CODES = {
   PAIRING_FAILED: { retriable: "no", recovery: "reauthorize", closeCode: 4036, httpStatus: 401 },
   PAIRING_TOKEN_EXPIRED: { retriable: "no", recovery: "reauthorize", closeCode: 4037, httpStatus: 401 },
   CAPABILITY_UNAVAILABLE: { retriable: "no", recovery: "stop_and_report", closeCode: 4038, httpStatus: 501 },
+  HOST_IDENTITY_MISMATCH: { retriable: "no", recovery: "stop_and_report", closeCode: 4039, httpStatus: 502 },
 } as const satisfies Record<ErrorCode, unknown>;

@@ -150,6 +150,13 @@ fn execute(state: &HostState, request: AdminRequest) -> Result<Value, AppError> 
         AdminRequest::Status => Ok(json!({
             "host": handlers::host_identity(state),
             "listen": state.config.listen.to_string(),
+            "url": format!(
+                "{}://{}{}",
+                if state.config.tls.is_some() { "wss" } else { "ws" },
+                state.config.listen,
+                racp_proto::ENDPOINT_PATH
+            ),
+            "certSha256": state.config.cert_sha256.map(|sha256| sha256.to_hex()),
             "dataDir": state.config.data_dir.display().to_string(),
             "startedAt": state.started_at,
             "connections": state.connections.count(),

@@ -32,8 +32,14 @@ pub struct ServeConfig {
     /// The host's own files outside the data directory (its config file, state file): like the
     /// data directory, refused to clients whatever the roots.
     pub host_files: Vec<PathBuf>,
-    /// PEM certificate chain and private key: serve `wss://`.
+    /// PEM certificate chain and private key served as `wss://`: `--tls-cert`/`--tls-key`, or
+    /// the host's own identity in the data directory (server/identity.rs), set at startup.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Serve plain `ws://` (loopback only): no TLS, so nothing proves to a client that it
+    /// reached this host (docs/protocol.md §2.4).
+    pub plain: bool,
+    /// SHA-256 of the served certificate, which devices pin; set at startup when serving TLS.
+    pub cert_sha256: Option<racp_proto::fingerprint::CertSha256>,
     /// Serve plain `ws://` on a non-loopback address anyway.
     pub insecure_bind: bool,
     /// Whether `fs/list` and `fs/stat` are offered (the `fs` capability).
@@ -106,6 +112,8 @@ impl ServeConfig {
             roots: home_dir().into_iter().collect(),
             host_files: Vec::new(),
             tls: None,
+            plain: false,
+            cert_sha256: None,
             insecure_bind: false,
             fs_enabled: true,
             approval_timeout: Duration::from_secs(10 * 60),
@@ -192,6 +200,12 @@ pub struct Settings {
     #[arg(long)]
     #[serde(default)]
     pub insecure_bind: bool,
+    /// Serve plain ws:// instead of TLS (loopback only). Clients must opt in to send tokens
+    /// without TLS, and nothing protects them from a process that takes over the port; for
+    /// benchmarks and browser clients that cannot pin a certificate.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    #[serde(default)]
+    pub plain: bool,
     /// Turn off file browsing (fs/list, fs/stat): the `fs` capability disappears from hello.
     #[arg(long)]
     #[serde(default)]
@@ -223,6 +237,7 @@ impl Settings {
             tls_cert: self.tls_cert.or(file.tls_cert),
             tls_key: self.tls_key.or(file.tls_key),
             insecure_bind: self.insecure_bind || file.insecure_bind,
+            plain: self.plain || file.plain,
             disable_fs: self.disable_fs || file.disable_fs,
         }
     }
@@ -297,6 +312,10 @@ pub fn load(
         (None, None) => None,
         _ => return Err("TLS needs both tls_cert and tls_key".into()),
     };
+    if s.plain && config.tls.is_some() {
+        return Err("plain and tls_cert/tls_key exclude each other".into());
+    }
+    config.plain = s.plain;
     config.insecure_bind = s.insecure_bind;
     config.fs_enabled = !s.disable_fs;
     Ok(config)

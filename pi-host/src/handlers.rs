@@ -405,18 +405,10 @@ pub fn mint_pairing(
         .map_err(|e| state.internal(e))?;
     tracing::info!(roles = ?roles, expires_at, "pairing token minted");
     Ok(PairingCreateResult {
-        url: format!(
-            "{}://{}/pair#{}",
-            if state.config.tls.is_some() {
-                "racps"
-            } else {
-                "racp"
-            },
-            state.config.listen,
-            minted.token
-        ),
+        url: crate::server::identity::pairing_url(&state.config, &minted.token),
         token: minted.token,
         expires_at,
         roles: roles.to_vec(),
+        cert_sha256: state.config.cert_sha256.map(|sha256| sha256.to_hex()),
     })
 }

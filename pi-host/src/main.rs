@@ -47,8 +47,9 @@ enum Command {
         /// A TOML file with the same settings as these flags (flags win).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Once listening, write `{version, pid, listen, url, dataDir, startedAt}` here (atomically;
-        /// removed on a clean exit). The SSH bootstrapper reads the port from it.
+        /// Once listening, write `{version, pid, listen, url, dataDir, startedAt, certSha256}` here
+        /// (atomically; removed on a clean exit). The SSH bootstrapper reads the port and the
+        /// certificate fingerprint from it.
         #[arg(long)]
         state_file: Option<PathBuf>,
         #[command(flatten)]
@@ -164,8 +165,12 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
             admin_command(&data_dir, &request, json, |v| {
                 let token = v["token"].as_str().unwrap_or_default();
                 let url = v["url"].as_str().unwrap_or_default();
+                let cert = match v["certSha256"].as_str() {
+                    Some(sha256) => format!("Host certificate SHA-256 (pinned by the device):\n  {sha256}\n"),
+                    None => "The host serves plain ws:// (--plain): the device cannot check its identity.\n".into(),
+                };
                 format!(
-                    "Pairing token (single use, roles {}, expires at {} ms):\n  {token}\nPairing URL:\n  {url}\n{}",
+                    "Pairing token (single use, roles {}, expires at {} ms):\n  {token}\n{cert}Pairing URL:\n  {url}\n{}",
                     v["roles"],
                     v["expiresAt"],
                     terminal_qr(url)
@@ -204,10 +209,14 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
         }
         Command::Status { json } => {
             admin_command(&data_dir, &admin::AdminRequest::Status, json, |v| {
+                let cert = match v["certSha256"].as_str() {
+                    Some(sha256) => format!("certificate SHA-256 {sha256}\n"),
+                    None => "plain ws:// (--plain): no certificate\n".into(),
+                };
                 format!(
-                    "pi-host {} listening on {} ({} connections{})\n",
+                    "pi-host {} listening on {} ({} connections{})\n{cert}",
                     v["host"]["version"].as_str().unwrap_or_default(),
-                    v["listen"].as_str().unwrap_or_default(),
+                    v["url"].as_str().unwrap_or_default(),
                     v["connections"],
                     if v["draining"] == true {
                         ", draining"
@@ -277,14 +286,11 @@ fn report(error: &AppError, json: bool) -> ExitCode {
 
 async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(), String> {
     config.host_files.extend(state_file.iter().cloned());
-    let tls = match &config.tls {
-        Some((cert, key)) => Some(server::tls::server_config(cert, key)?),
-        None => None,
-    };
+    let tls = tls_config(&mut config)?;
     if !config.listen.ip().is_loopback() && tls.is_none() && !config.insecure_bind {
         return Err(format!(
-            "refusing to listen on {} without TLS: pass --tls-cert and --tls-key (or, to send \
-             tokens unencrypted over the network, --insecure-bind)",
+            "refusing to listen on {} without TLS (--plain): drop --plain, or, to send tokens \
+             unencrypted over the network, add --insecure-bind",
             config.listen
         ));
     }
@@ -307,8 +313,11 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
     let shutdown = shutdown_signal()?;
     let url = format!("{scheme}://{local}{}", racp_proto::ENDPOINT_PATH);
     if let Some(path) = &state_file {
-        write_state_file(path, local, &url, &state.config.data_dir)
+        write_state_file(path, local, &url, &state.config)
             .map_err(|e| format!("cannot write the state file {}: {e}", path.display()))?;
+    }
+    if let Some(sha256) = &state.config.cert_sha256 {
+        println!("pi-host certificate SHA-256 {sha256}");
     }
     println!("pi-host listening on {url}");
     let router = server::router(state.clone());
@@ -329,22 +338,68 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
     Ok(())
 }
 
+/// The TLS configuration to serve: `--tls-cert`/`--tls-key`, else the host's own identity from
+/// the data directory (made at first start), else none with `--plain`. Records the served
+/// certificate's fingerprint in `config` for pairing links, `status` and the state file.
+fn tls_config(
+    config: &mut ServeConfig,
+) -> Result<Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>, String> {
+    if config.plain {
+        tracing::warn!(
+            "serving plain ws:// (--plain): clients cannot check they reached this host, so a \
+             process that takes over the port can collect their tokens (docs/protocol.md §2.4)"
+        );
+        return Ok(None);
+    }
+    let (cert, key, sha256, own) = match &config.tls {
+        Some((cert, key)) => {
+            let sha256 = server::identity::fingerprint(cert).map_err(|e| e.to_string())?;
+            (cert.clone(), key.clone(), sha256, false)
+        }
+        None => {
+            let identity = server::identity::load_or_create(&config.data_dir)
+                .map_err(|e| format!("cannot load the host's TLS identity: {e}"))?;
+            (identity.cert, identity.key, identity.sha256, true)
+        }
+    };
+    let served = server::tls::server_config(&cert, &key).map_err(|e| {
+        if own {
+            // Never replaced silently: a new identity breaks every device's pin.
+            format!(
+                "{e} (the host's TLS identity; remove {} and {} only to make a new one, after \
+                 which every paired device must pair again)",
+                cert.display(),
+                key.display()
+            )
+        } else {
+            e
+        }
+    })?;
+    config.tls = Some((cert, key));
+    config.cert_sha256 = Some(sha256);
+    Ok(Some(served))
+}
+
 /// Writes the state file through a temporary name and a rename, so a reader never sees half of
 /// it.
 fn write_state_file(
     path: &std::path::Path,
     listen: std::net::SocketAddr,
     url: &str,
-    data_dir: &std::path::Path,
+    config: &ServeConfig,
 ) -> std::io::Result<()> {
-    let state = serde_json::json!({
+    let mut state = serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),
         "listen": listen.to_string(),
         "url": url,
-        "dataDir": data_dir.display().to_string(),
+        "dataDir": config.data_dir.display().to_string(),
         "startedAt": clock::now_ms(),
     });
+    // The bootstrapper pins this (it arrives over SSH, a channel it already trusts).
+    if let Some(sha256) = &config.cert_sha256 {
+        state["certSha256"] = sha256.to_hex().into();
+    }
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::write(&tmp, format!("{state}\n"))?;
     std::fs::rename(&tmp, path)

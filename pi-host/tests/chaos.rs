@@ -60,7 +60,8 @@ fn percentiles(values: &mut [f64]) -> Value {
 }
 
 fn options(url: String, token: &str) -> ClientOptions {
-    let mut options = ClientOptions::new(url, token);
+    // The host's certificate pinned (the harness knows each host's fingerprint).
+    let mut options = tests::client_options(url, token);
     options.min_backoff = Duration::from_millis(20);
     options.max_backoff = Duration::from_millis(250);
     options.call_timeout = PATIENCE;

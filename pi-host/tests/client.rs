@@ -23,7 +23,8 @@ async fn host(extra: &[&str]) -> HostProcess {
 }
 
 fn options(url: String, token: &str) -> ClientOptions {
-    let mut options = ClientOptions::new(url, token);
+    // The host's certificate pinned (the harness knows each host's fingerprint).
+    let mut options = tests::client_options(url, token);
     options.min_backoff = Duration::from_millis(20);
     options.max_backoff = Duration::from_millis(200);
     options.call_timeout = PATIENCE;
@@ -293,10 +294,10 @@ async fn wss_verifies_the_host_certificate_or_a_pinned_one() {
     let token = minted["token"].as_str().unwrap();
     let url = format!("wss://localhost:{}/racp", host.addr.port());
 
-    let untrusted = RacpClient::connect(options(url.clone(), token))
-        .await
-        .err()
-        .unwrap();
+    // Without any pin, the certificate must chain to the web PKI roots: it does not.
+    let mut unpinned = options(url.clone(), token);
+    unpinned.pinned_sha256 = None;
+    let untrusted = RacpClient::connect(unpinned).await.err().unwrap();
     assert_eq!(
         untrusted.code(),
         ErrorCode::RemoteConnectionFailed,
@@ -304,6 +305,7 @@ async fn wss_verifies_the_host_certificate_or_a_pinned_one() {
     );
 
     let mut pinned = options(url, token);
+    pinned.pinned_sha256 = None;
     pinned.pinned_certificate = Some(certificate.der.clone());
     let pairing = RacpClient::connect(pinned.clone()).await.unwrap();
     let paired = pairing

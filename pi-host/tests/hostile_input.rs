@@ -14,7 +14,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use tests::{Client, HostProcess, PATIENCE, record_figures};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pi-host"))
@@ -762,13 +761,13 @@ async fn a_corpus_of_hostile_frames_gets_registered_codes_and_the_host_stays_up(
 
 /// A WebSocket client that writes whatever bytes it is told to.
 struct Raw {
-    stream: TcpStream,
+    stream: Box<dyn tests::Io>,
     buffer: Vec<u8>,
 }
 
 impl Raw {
     async fn connect(host: &HostProcess, token: &str) -> Raw {
-        let mut stream = TcpStream::connect(host.addr).await.unwrap();
+        let mut stream = host.stream().await;
         let request = format!(
             "GET /racp HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
@@ -1099,7 +1098,7 @@ async fn floods_are_answered_or_refused_with_registered_codes_in_bounded_memory(
     }
     let mut idle = Vec::new();
     for _ in 0..300 {
-        let mut s = TcpStream::connect(host.addr).await.unwrap();
+        let mut s = host.stream().await;
         s.write_all(b"GET /racp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             .await
             .unwrap();

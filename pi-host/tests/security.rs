@@ -23,7 +23,7 @@ fn secret_of(token: &str) -> &str {
 
 /// Sends a hand-written HTTP request; returns the status and the JSON body (if any).
 async fn raw_request(host: &HostProcess, request: String) -> (u16, Value) {
-    let mut stream = tokio::net::TcpStream::connect(host.addr).await.unwrap();
+    let mut stream = host.stream().await;
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut buffer = Vec::new();
     let read = async {

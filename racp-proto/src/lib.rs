@@ -19,6 +19,7 @@ pub mod codegen;
 pub mod cursor;
 pub mod error;
 pub mod events;
+pub mod fingerprint;
 pub mod frame;
 pub mod limits;
 pub mod methods;

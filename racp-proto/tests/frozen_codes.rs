@@ -44,6 +44,7 @@ const PUBLISHED: &[(&str, u16)] = &[
     ("PAIRING_FAILED", 4036),
     ("PAIRING_TOKEN_EXPIRED", 4037),
     ("CAPABILITY_UNAVAILABLE", 4038),
+    ("HOST_IDENTITY_MISMATCH", 4039),
 ];
 
 #[test]

@@ -1,24 +1,177 @@
 //! Shared harness for end-to-end tests: a real `pi-host` process on a loopback port chosen by the
-//! OS, with its own temporary data directory, and a plain WebSocket client that speaks RACP-WS
+//! OS, with its own temporary data directory, and a raw WebSocket client that speaks RACP-WS
 //! frames. Nothing here is mocked.
+//!
+//! Hosts serve TLS with their own certificate, as they do by default, and every client here pins
+//! it by its SHA-256 (docs/protocol.md §2.4): the harness learns each host's fingerprint from the
+//! line it prints at startup and looks it up by port ([`pin_for_url`]), through a [`FaultProxy`]
+//! too. A host started with `--plain` has no pin and is reached over `ws://`.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 pub mod sshd;
 use futures_util::{SinkExt, StreamExt};
+use racp_proto::fingerprint::CertSha256;
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{self, Message};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// Fingerprints of the hosts this test process started, by port.
+static HOST_PINS: Mutex<Option<HashMap<u16, CertSha256>>> = Mutex::new(None);
+/// Each fault proxy's current target, by the proxy's port.
+static PROXY_TARGETS: Mutex<Option<HashMap<u16, Arc<Mutex<SocketAddr>>>>> = Mutex::new(None);
+
+fn register_host(port: u16, pin: CertSha256) {
+    HOST_PINS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(port, pin);
+}
+
+/// The certificate fingerprint of the host at `port` on loopback, or behind the proxy there.
+pub fn pin_for_port(port: u16) -> Option<CertSha256> {
+    let target = PROXY_TARGETS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|proxies| proxies.get(&port).cloned())
+        .map(|target| target.lock().unwrap_or_else(|p| p.into_inner()).port());
+    let port = target.unwrap_or(port);
+    HOST_PINS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|pins| pins.get(&port).copied())
+}
+
+/// The pin for a `ws[s]://127.0.0.1:PORT/...` URL of a host (or proxy) this harness started.
+pub fn pin_for_url(url: &str) -> Option<CertSha256> {
+    let authority = url.split("://").nth(1)?.split('/').next()?;
+    let port = authority.rsplit(':').next()?.parse().ok()?;
+    pin_for_port(port)
+}
+
+/// Client options for a host this harness started: its certificate pinned, or, for a `--plain`
+/// host (`ws://`), the plain-WebSocket opt-in.
+pub fn client_options(url: impl Into<String>, token: &str) -> racp_proto::client::ClientOptions {
+    let url = url.into();
+    let pin = pin_for_url(&url);
+    let plain = url.starts_with("ws://");
+    let mut options = racp_proto::client::ClientOptions::new(url, token);
+    options.pinned_sha256 = pin;
+    options.allow_plain_ws = plain;
+    options
+}
+
+/// A byte stream to the host: plain TCP or TLS over TCP.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// TCP to the URL's port on loopback, and for `wss://` TLS that accepts only the pinned
+/// certificate of the host there.
+async fn dial(url: &str) -> std::io::Result<Box<dyn Io>> {
+    let authority = url
+        .split("://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_default();
+    let tcp = TcpStream::connect(authority).await?;
+    let _ = tcp.set_nodelay(true);
+    if !url.starts_with("wss://") {
+        return Ok(Box::new(tcp));
+    }
+    let pin = pin_for_url(url).unwrap_or_else(|| panic!("no certificate pin known for {url}"));
+    Ok(Box::new(pinned_tls(tcp, pin).await?))
+}
+
+/// A TLS client session over `tcp` that accepts exactly the certificate with SHA-256 `pin`.
+pub async fn pinned_tls(
+    tcp: TcpStream,
+    pin: CertSha256,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    use tokio_rustls::rustls::{self, ClientConfig, pki_types::ServerName};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(PinVerifier {
+        pin,
+        algorithms: provider.signature_verification_algorithms,
+    });
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+}
+
+#[derive(Debug)]
+struct PinVerifier {
+    pin: CertSha256,
+    algorithms: tokio_rustls::rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl tokio_rustls::rustls::client::danger::ServerCertVerifier for PinVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[tokio_rustls::rustls::pki_types::CertificateDer<'_>],
+        _server_name: &tokio_rustls::rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: tokio_rustls::rustls::pki_types::UnixTime,
+    ) -> Result<tokio_rustls::rustls::client::danger::ServerCertVerified, tokio_rustls::rustls::Error>
+    {
+        if racp_proto::client::certificate_sha256(end_entity.as_ref()) == self.pin {
+            Ok(tokio_rustls::rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(tokio_rustls::rustls::Error::General(
+                "not the pinned certificate".into(),
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        dss: &tokio_rustls::rustls::DigitallySignedStruct,
+    ) -> Result<
+        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
+        tokio_rustls::rustls::Error,
+    > {
+        tokio_rustls::rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        dss: &tokio_rustls::rustls::DigitallySignedStruct,
+    ) -> Result<
+        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
+        tokio_rustls::rustls::Error,
+    > {
+        tokio_rustls::rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<tokio_rustls::rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
 
 /// Generous bound for anything a test waits on; a loaded 2-core machine is slow, not stuck.
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -29,6 +182,8 @@ pub struct HostProcess {
     _log_tail: LogTail,
     child: Child,
     pub addr: SocketAddr,
+    /// The SHA-256 of the certificate the host serves (`None` for a `--plain` host).
+    pub cert_sha256: Option<CertSha256>,
     pub data_dir: tempfile::TempDir,
     /// The host's permitted root (`--root`): create workspaces inside it.
     pub root: tempfile::TempDir,
@@ -111,26 +266,37 @@ impl HostProcess {
             .expect("spawn pi-host");
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
-        let addr = tokio::time::timeout(PATIENCE, async {
+        let (addr, cert_sha256) = tokio::time::timeout(PATIENCE, async {
+            let mut cert_sha256 = None;
             while let Some(line) = lines.next_line().await.expect("read stdout") {
+                if let Some(hex) = line.strip_prefix("pi-host certificate SHA-256 ") {
+                    cert_sha256 = Some(hex.trim().parse::<CertSha256>().expect("fingerprint"));
+                }
                 let rest = line
                     .strip_prefix("pi-host listening on ws://")
                     .or_else(|| line.strip_prefix("pi-host listening on wss://"));
                 if let Some(rest) = rest {
                     let addr = rest.trim_end_matches("/racp");
-                    return addr.parse::<SocketAddr>().expect("listen address");
+                    return (
+                        addr.parse::<SocketAddr>().expect("listen address"),
+                        cert_sha256,
+                    );
                 }
             }
             panic!("pi-host exited before listening");
         })
         .await
         .expect("pi-host did not start in time");
+        if let Some(pin) = cert_sha256 {
+            register_host(addr.port(), pin);
+        }
         // Keep draining stdout so the host never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         HostProcess {
             _log_tail: LogTail(log_dir.path().join("host.log")),
             child,
             addr,
+            cert_sha256,
             data_dir,
             root,
             log_dir,
@@ -139,8 +305,20 @@ impl HostProcess {
         }
     }
 
+    /// `wss://` with the host's own certificate, or `ws://` for a `--plain` host.
     pub fn url(&self) -> String {
-        format!("ws://{}/racp", self.addr)
+        let scheme = if self.cert_sha256.is_some() {
+            "wss"
+        } else {
+            "ws"
+        };
+        format!("{scheme}://{}/racp", self.addr)
+    }
+
+    /// A byte stream to the host below HTTP, for hand-written requests: TLS with the pinned
+    /// certificate, or plain TCP for a `--plain` host.
+    pub async fn stream(&self) -> Box<dyn Io> {
+        dial(&self.url()).await.expect("connect to the host")
     }
 
     /// Runs a `pi-host` admin command against this host; returns (success, stdout, stderr).
@@ -272,7 +450,7 @@ pub struct Upgrade<'a> {
 
 /// A raw RACP-WS client for tests.
 pub struct Client {
-    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    ws: WebSocketStream<Box<dyn Io>>,
     next_id: u64,
     /// Frames read while waiting for a reply, handed out by `next_frame` in order.
     pending: std::collections::VecDeque<Value>,
@@ -313,7 +491,11 @@ impl Client {
         if let Some(origin) = options.origin {
             headers.insert("Origin", HeaderValue::from_str(origin).unwrap());
         }
-        match tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(request)).await {
+        let connect = async {
+            let stream = dial(url).await.map_err(tungstenite::Error::Io)?;
+            tokio_tungstenite::client_async(request, stream).await
+        };
+        match tokio::time::timeout(PATIENCE, connect).await {
             Err(_) => panic!("upgrade timed out"),
             Ok(Ok((ws, response))) => Ok(Client {
                 ws,
@@ -604,6 +786,11 @@ impl FaultProxy {
             .expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
         let target = std::sync::Arc::new(std::sync::Mutex::new(target));
+        PROXY_TARGETS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(addr.port(), target.clone());
         let (cut, _) = tokio::sync::broadcast::channel(16);
         let (stalled, _) = tokio::sync::watch::channel(false);
         let delay_ms = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -676,8 +863,14 @@ impl FaultProxy {
         }
     }
 
+    /// `wss://` when the host behind it serves TLS (clients pin that host's certificate).
     pub fn url(&self) -> String {
-        format!("ws://{}/racp", self.addr)
+        let scheme = if pin_for_port(self.addr.port()).is_some() {
+            "wss"
+        } else {
+            "ws"
+        };
+        format!("{scheme}://{}/racp", self.addr)
     }
 
     /// Drops every connection that goes through the proxy now.
@@ -699,5 +892,211 @@ impl FaultProxy {
     /// Sends new connections to another host address.
     pub fn retarget(&self, target: SocketAddr) {
         *self.target.lock().expect("target lock") = target;
+    }
+}
+
+/// A process that took over a port a client expects its host on (docs/reliability.md §4.11):
+/// it accepts connections, answers nothing useful, and records every byte it is sent. The TLS
+/// flavour presents a certificate of its own and also records what it could decrypt.
+pub struct Squatter {
+    pub addr: SocketAddr,
+    /// Raw bytes received, over all connections.
+    received: Arc<Mutex<Vec<u8>>>,
+    /// Bytes decrypted after a completed TLS handshake (TLS flavour only).
+    plaintext: Arc<Mutex<Vec<u8>>>,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+    /// The squatter's own certificate (TLS flavour).
+    pub certificate: Option<TestCertificate>,
+}
+
+impl Squatter {
+    /// A plain TCP listener on `addr` (e.g. a stopped host's port) that answers an HTTP upgrade
+    /// as a host would, so a client that sends a credential would send it in full.
+    pub async fn plain(addr: SocketAddr) -> Squatter {
+        Squatter::start(addr, None).await
+    }
+
+    /// A TLS listener on `addr` with its own self-signed certificate.
+    pub async fn tls(addr: SocketAddr) -> Squatter {
+        Squatter::start(addr, Some(TestCertificate::localhost())).await
+    }
+
+    async fn start(addr: SocketAddr, certificate: Option<TestCertificate>) -> Squatter {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .expect("bind the squatter");
+        let addr = listener.local_addr().expect("squatter address");
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let plaintext = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let acceptor = certificate.as_ref().map(|certificate| {
+            use tokio_rustls::rustls::pki_types::pem::PemObject;
+            use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+            let certs = vec![CertificateDer::from_pem_file(&certificate.cert).expect("cert")];
+            let key = PrivateKeyDer::from_pem_file(&certificate.key).expect("key");
+            let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+            let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("TLS versions")
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .expect("squatter TLS config");
+            tokio_rustls::TlsAcceptor::from(Arc::new(config))
+        });
+        let (task_received, task_plaintext, task_connections) =
+            (received.clone(), plaintext.clone(), connections.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                task_connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let received = task_received.clone();
+                let plaintext = task_plaintext.clone();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let recorder = Recorder {
+                        inner: stream,
+                        log: received,
+                    };
+                    let answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Protocol: racp.v1\r\n\r\n";
+                    match acceptor {
+                        None => {
+                            let mut recorder = recorder;
+                            let mut buf = [0u8; 4096];
+                            let mut answered = false;
+                            while let Ok(n) = recorder.read(&mut buf).await {
+                                if n == 0 {
+                                    break;
+                                }
+                                if !answered {
+                                    answered = true;
+                                    let _ = recorder.write_all(answer).await;
+                                }
+                            }
+                        }
+                        Some(acceptor) => {
+                            let Ok(mut tls) = acceptor.accept(recorder).await else {
+                                return;
+                            };
+                            let mut buf = [0u8; 4096];
+                            while let Ok(n) = tls.read(&mut buf).await {
+                                if n == 0 {
+                                    break;
+                                }
+                                plaintext
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .extend_from_slice(&buf[..n]);
+                                let _ = tls.write_all(answer).await;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Squatter {
+            addr,
+            received,
+            plaintext,
+            connections,
+            task,
+            certificate,
+        }
+    }
+
+    /// Every raw byte received so far.
+    pub fn received(&self) -> Vec<u8> {
+        self.received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// What the TLS flavour could decrypt (empty unless a client finished the handshake).
+    pub fn plaintext(&self) -> Vec<u8> {
+        self.plaintext
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Asserts that nothing the squatter read carries a credential: no token, no
+    /// `Authorization` header, no `racp.bearer.` subprotocol, no HTTP request at all.
+    pub fn assert_got_no_credential(&self, tokens: &[&str]) {
+        for (what, bytes) in [("raw", self.received()), ("decrypted", self.plaintext())] {
+            let text = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
+            for needle in ["authorization", "racp.bearer.", "get /racp", "pdt_", "ppt_"] {
+                assert!(
+                    !text.contains(needle),
+                    "the squatter read {needle:?} ({what}): {text:?}"
+                );
+            }
+            for token in tokens {
+                let (_, secret) = token.split_once('.').unwrap_or(("", token));
+                assert!(
+                    !text.contains(&secret.to_ascii_lowercase()),
+                    "the squatter read a token ({what})"
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Squatter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A stream that appends everything read through it to a log.
+struct Recorder {
+    inner: TcpStream,
+    log: Arc<Mutex<Vec<u8>>>,
+}
+
+impl tokio::io::AsyncRead for Recorder {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &polled {
+            let fresh = buf.filled()[before..].to_vec();
+            self.log
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(&fresh);
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for Recorder {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -169,6 +169,13 @@ impl World {
             .unwrap_or_default()
     }
 
+    /// The certificate fingerprint the profile pins.
+    fn pin(&self) -> Option<racp_proto::fingerprint::CertSha256> {
+        self.profile()["certSha256"]
+            .as_str()
+            .and_then(racp_proto::fingerprint::CertSha256::parse)
+    }
+
     fn profile(&self) -> Value {
         let path = self.local_config.path().join("profiles/default.json");
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
@@ -298,6 +305,16 @@ async fn a_cold_install_then_a_warm_connect_that_transfers_and_restarts_nothing(
     assert!(profile["deviceToken"].as_str().unwrap().starts_with("pdt_"));
     assert_eq!(profile["ssh"]["target"], "box");
     assert_eq!(profile["ssh"]["hostId"], ready["hostId"]);
+    // TLS through the forward, pinned to the fingerprint the host wrote on the remote.
+    assert!(
+        ready["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("wss://127.0.0.1:")
+    );
+    assert_eq!(profile["url"], ready["url"]);
+    assert_eq!(profile["certSha256"], state["certSha256"]);
+    assert_eq!(ready["certSha256"], state["certSha256"]);
 
     let warm = world.connect(&release, &[]).await;
     let ready = warm.assert_ok();
@@ -314,6 +331,53 @@ async fn a_cold_install_then_a_warm_connect_that_transfers_and_restarts_nothing(
         "the running host was reused"
     );
     assert_eq!(world.profile()["deviceId"], profile["deviceId"]);
+}
+
+#[tokio::test]
+async fn a_reset_host_identity_is_paired_again_over_ssh_and_an_old_profile_too() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    world.connect(&release, &[]).await.assert_ok();
+    let before = world.profile();
+
+    // The remote's data directory loses its TLS identity (a reset): the host makes a new one.
+    let stopped = std::process::Command::new("sh")
+        .arg(world.root().join("install.sh"))
+        .args(["stop", "--root"])
+        .arg(world.root())
+        .output()
+        .unwrap();
+    assert!(stopped.status.success(), "{stopped:?}");
+    for file in ["tls-cert.pem", "tls-key.pem"] {
+        std::fs::remove_file(world.root().join("data").join(file)).unwrap();
+    }
+    let again = world.connect(&release, &[]).await;
+    let ready = again.assert_ok();
+    // The stored token was not offered to the changed endpoint: pairing ran again over SSH.
+    assert_eq!(again.status("pair"), Some("done"), "{again:#?}");
+    assert_eq!(ready["paired"], true);
+    let after = world.profile();
+    assert_ne!(after["certSha256"], before["certSha256"]);
+    assert_eq!(after["certSha256"], world.state()["certSha256"]);
+    assert_ne!(after["deviceId"], before["deviceId"]);
+
+    // A profile from before pinning (no certSha256) is paired again the same way.
+    let mut old = after.clone();
+    old.as_object_mut().unwrap().remove("certSha256");
+    old["url"] = old["url"]
+        .as_str()
+        .unwrap()
+        .replace("wss://", "ws://")
+        .into();
+    std::fs::write(
+        world.local_config.path().join("profiles/default.json"),
+        old.to_string(),
+    )
+    .unwrap();
+    let migrated = world.connect(&release, &[]).await;
+    migrated.assert_ok();
+    assert_eq!(migrated.status("pair"), Some("done"), "{migrated:#?}");
+    assert_eq!(world.profile()["certSha256"], world.state()["certSha256"]);
 }
 
 #[tokio::test]
@@ -623,6 +687,7 @@ async fn sshd_killed_mid_stream_then_the_forward_reconnects_and_the_client_resum
     let token = world.profile()["deviceToken"].as_str().unwrap().to_string();
 
     let mut options = ClientOptions::new(&url, &token);
+    options.pinned_sha256 = world.pin();
     options.max_backoff = Duration::from_millis(500);
     let client = RacpClient::connect(options).await.unwrap();
     let workspace = world.workspaces.path().join("project");
@@ -749,6 +814,56 @@ async fn other_commands_use_the_profile_while_connect_runs_and_say_how_to_reconn
 }
 
 #[tokio::test]
+async fn the_forward_closes_connections_from_other_local_users() {
+    if bootstrap::ssh::peer_uid::own_uid() != Some(0) {
+        eprintln!("skipped: needs root to run a client as another uid (setpriv)");
+        return;
+    }
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    let mut child = world
+        .command(&release, &[])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = until_event(&mut lines, "ready").await;
+    let port = ready["url"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("wss://127.0.0.1:")
+        .trim_end_matches("/racp")
+        .to_string();
+    // As nobody: connect, send a ClientHello-sized nothing, and wait for the other end. The
+    // forward closes at once (cat sees EOF, exit 0); a relayed connection would sit in the
+    // host's TLS handshake until `timeout` ends it (124).
+    let script = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port} || exit 3; timeout 8 cat <&3 >/dev/null; echo \"exit=$?\""
+    );
+    let started = std::time::Instant::now();
+    let other = tokio::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(["bash", "-c", &script])
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&other.stdout);
+    assert!(said.contains("exit=0"), "{other:?}");
+    assert!(started.elapsed() < Duration::from_secs(8));
+
+    // Our own user still goes through.
+    let listed = tokio::process::Command::new(pi_remote())
+        .args(["--json", "sessions"])
+        .env("PI_REMOTE_CONFIG_DIR", world.local_config.path())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    let _ = child.kill().await;
+}
+
+#[tokio::test]
 async fn an_unknown_host_is_trusted_when_the_user_answers_yes() {
     let world = World::start(SshdOptions::default()).await;
     let release = world.release("release", None);
@@ -799,6 +914,7 @@ async fn a_host_killed_on_the_remote_is_started_again_and_clients_come_back() {
     let ready = until_event(&mut lines, "ready").await;
     let token = world.profile()["deviceToken"].as_str().unwrap().to_string();
     let mut options = ClientOptions::new(ready["url"].as_str().unwrap(), &token);
+    options.pinned_sha256 = world.pin();
     options.max_backoff = Duration::from_millis(500);
     let mut client = RacpClient::connect(options).await.unwrap();
     client.call_raw("session/list", json!({})).await.unwrap();

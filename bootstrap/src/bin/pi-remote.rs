@@ -35,7 +35,9 @@ Exit codes:
   1  usage error or local problem (no profile, unreadable file)
   2  the host refused the call (its error code is printed)
   3  the host cannot be reached
-  4  the host refused the credential: pair again
+  4  the host refused the credential, the profile has no certificate fingerprint (stored by
+     an older version), or the endpoint is not the paired host (HOST_IDENTITY_MISMATCH): pair
+     again, in the last case only if you trust the change
   5  prompt --wait: the turn ended aborted or failed
   6  connect: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
      HOST_VERSION_MISMATCH; details.reason names the stage)";
@@ -65,12 +67,21 @@ enum Command {
     Connect(Box<ConnectCommand>),
     /// Pair this machine with a host and store the device credential in a profile.
     Pair {
-        /// racp://HOST:PORT/pair#TOKEN, a bare token (with --host), or `-` to read either from
-        /// stdin (keeps the token out of the process list).
+        /// racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN (from `pi-host pair`), a bare token
+        /// (with --host and --cert-sha256), or `-` to read either from stdin (keeps the token
+        /// out of the process list).
         link: String,
         /// The host's HOST:PORT, for a bare token.
         #[arg(long)]
         host: Option<String>,
+        /// The host's certificate SHA-256 (64 hex digits, `certSha256` of `pi-host pair`), for a
+        /// bare token.
+        #[arg(long)]
+        cert_sha256: Option<racp_proto::fingerprint::CertSha256>,
+        /// Accept a plain racp:// link, for a host run with --plain: the token then goes to
+        /// whatever holds the port, with nothing to prove it is the host.
+        #[arg(long)]
+        plain: bool,
         /// The device name shown in `devices` (default: this machine's host name).
         #[arg(long)]
         name: Option<String>,
@@ -183,7 +194,9 @@ fn main() -> ExitCode {
             if json {
                 let error = match &failure {
                     Failure::App(error) => serde_json::to_value(error).unwrap_or(Value::Null),
-                    Failure::Local(message) => json!({"message": message}),
+                    Failure::Local(message) | Failure::PairAgain(message) => {
+                        json!({"message": message})
+                    }
                     Failure::Turn(outcome) => {
                         json!({"message": format!("the turn ended {outcome}")})
                     }
@@ -203,15 +216,35 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), Failure> {
     profile::check_name(&cli.profile).map_err(Failure::Local)?;
     let out = Out { json: cli.json };
-    if let Command::Pair { link, host, name } = &cli.command {
-        return pair(&out, &cli.profile, link, host.as_deref(), name.clone()).await;
+    if let Command::Pair {
+        link,
+        host,
+        name,
+        cert_sha256,
+        plain,
+    } = &cli.command
+    {
+        let hints = pairing::PairingHints {
+            host: host.as_deref(),
+            cert_sha256: *cert_sha256,
+            plain: *plain,
+        };
+        return pair(&out, &cli.profile, link, &hints, name.clone()).await;
     }
     if let Command::Connect(command) = cli.command {
         return connect_over_ssh(*command, cli.profile, cli.json).await;
     }
     let dir = profile::config_dir().map_err(Failure::Local)?;
     let stored = profile::load(&dir, &cli.profile).map_err(Failure::Local)?;
-    let client = match connect(&stored.url, &stored.device_token).await {
+    // Before any connection: a token is only sent to an endpoint that can prove it is the host.
+    if let Some(message) = profile::unpinned_message(&cli.profile, &stored) {
+        return Err(Failure::PairAgain(message));
+    }
+    let security = Security {
+        pin: stored.cert_sha256,
+        plain: stored.plain,
+    };
+    let client = match connect(&stored.url, &stored.device_token, security).await {
         Ok(client) => client,
         // An SSH profile's URL is a local forward that lives only while `connect` runs.
         Err(error)
@@ -231,6 +264,27 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 )
                 .with_source(ErrorSource::Client),
             ));
+        }
+        // Over SSH the host's identity can be checked again on a channel already trusted.
+        Err(error)
+            if error.code() == ErrorCode::HostIdentityMismatch
+                && let Some(origin) = &stored.ssh =>
+        {
+            let mut refused = AppError::new(
+                error.code(),
+                format!(
+                    "{}; this profile reaches {} through SSH: `pi-remote --profile {} connect {}` checks the host's certificate over SSH and pairs again if it changed",
+                    error.message(),
+                    origin.target,
+                    cli.profile,
+                    origin.target
+                ),
+            )
+            .with_source(ErrorSource::Client);
+            if let Some(details) = error.details() {
+                refused = refused.with_details(details.clone());
+            }
+            return Err(Failure::App(refused));
         }
         Err(error) => return Err(error.into()),
     };
@@ -363,8 +417,17 @@ fn enum_name<T: serde::Serialize>(value: &T) -> String {
         .unwrap_or_default()
 }
 
-async fn connect(url: &str, token: &str) -> Result<RacpClient, AppError> {
+/// How the endpoint proves it is the host: the pinned certificate, or nothing (`--plain`).
+#[derive(Clone, Copy)]
+struct Security {
+    pin: Option<racp_proto::fingerprint::CertSha256>,
+    plain: bool,
+}
+
+async fn connect(url: &str, token: &str, security: Security) -> Result<RacpClient, AppError> {
     let mut options = ClientOptions::new(url, token);
+    options.pinned_sha256 = security.pin;
+    options.allow_plain_ws = security.plain;
     options.client_name = "pi-remote".into();
     options.client_version = env!("CARGO_PKG_VERSION").into();
     RacpClient::connect(options).await
@@ -455,7 +518,7 @@ async fn pair(
     out: &Out,
     profile_name: &str,
     link: &str,
-    host: Option<&str>,
+    hints: &pairing::PairingHints<'_>,
     name: Option<String>,
 ) -> Result<(), Failure> {
     let dir = profile::config_dir().map_err(Failure::Local)?;
@@ -468,9 +531,19 @@ async fn pair(
     } else {
         link.to_string()
     };
-    let PairingTarget { url, token } = pairing::parse(&link, host).map_err(Failure::Local)?;
-    // The client says `hello` itself before it reports the connection as up.
-    let client = connect(&url, &token).await?;
+    let PairingTarget {
+        url,
+        token,
+        cert_sha256,
+    } = pairing::parse(&link, hints).map_err(Failure::Local)?;
+    let plain = cert_sha256.is_none();
+    // The pairing token is as replayable as a device token: it too goes only to the pinned
+    // host. The client says `hello` itself before it reports the connection as up.
+    let security = Security {
+        pin: cert_sha256,
+        plain,
+    };
+    let client = connect(&url, &token, security).await?;
     let paired = client
         .call::<calls::Pair>(PairParams {
             device_name: device_name(name),
@@ -478,6 +551,8 @@ async fn pair(
         .await?;
     let stored = Profile {
         url,
+        cert_sha256,
+        plain,
         device_id: paired.device_id,
         device_token: paired.device_token,
         roles: paired.roles,
@@ -490,6 +565,7 @@ async fn pair(
             "roles": stored.roles,
             "profile": profile_name,
             "url": stored.url,
+            "certSha256": stored.cert_sha256,
         }));
     } else {
         let roles: Vec<&str> = stored.roles.iter().map(|r| r.as_str()).collect();

@@ -92,10 +92,11 @@ impl Forward {
         })
     }
 
-    /// `ws://127.0.0.1:PORT/racp`.
+    /// `wss://127.0.0.1:PORT/racp`: TLS end to end with the host, so a client pinning the
+    /// host's certificate knows it reached the host and not whatever else listens locally.
     pub fn url(&self) -> String {
         format!(
-            "ws://127.0.0.1:{}{}",
+            "wss://127.0.0.1:{}{}",
             self.local_port,
             racp_proto::ENDPOINT_PATH
         )

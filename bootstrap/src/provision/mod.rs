@@ -15,6 +15,7 @@ pub mod stage;
 use crate::ssh::config::{Destination, ResolveOptions};
 use crate::ssh::{self, ChangedHostKey, ConnectOptions, ConnectStep, SshError, SshSession};
 use racp_proto::client::{ClientOptions, RacpClient};
+use racp_proto::fingerprint::CertSha256;
 use racp_proto::methods::handshake::PairParams;
 use racp_proto::{AppError, Empty, ErrorCode, ErrorSource, Role, calls};
 use release::Release;
@@ -31,6 +32,9 @@ pub struct Credential {
     pub device_id: String,
     pub device_token: String,
     pub roles: Vec<Role>,
+    /// The host certificate this credential was paired with (learnt over SSH); `None` for a
+    /// profile from before pinning, which is paired again.
+    pub cert_sha256: Option<CertSha256>,
 }
 
 // Hand-written so the token never reaches a log.
@@ -39,6 +43,7 @@ impl std::fmt::Debug for Credential {
         f.debug_struct("Credential")
             .field("device_id", &self.device_id)
             .field("roles", &self.roles)
+            .field("cert_sha256", &self.cert_sha256)
             .finish_non_exhaustive()
     }
 }
@@ -222,6 +227,10 @@ pub(crate) struct Link {
     pub session: Arc<SshSession>,
     pub remote_port: u16,
     pub probe: Probe,
+    /// The running host's certificate fingerprint, from its status or state file: read over
+    /// SSH, whose host key was checked, so it is the one to pin (never what the forward's
+    /// local port presents).
+    pub cert_sha256: CertSha256,
 }
 
 /// What the stages up to `start` did.
@@ -285,11 +294,19 @@ async fn establish(
             skipped(reporter, stage, &format!("pi-host {wanted} is running"));
         }
         let remote_port = running.port;
+        let cert_sha256 = running.cert_sha256.ok_or_else(|| {
+            stage_failed(
+                Stage::Probe,
+                "the running pi-host reports no certificate fingerprint (certSha256); it must serve TLS",
+                json!({}),
+            )
+        })?;
         return Ok((
             Link {
                 session,
                 remote_port,
                 probe,
+                cert_sha256,
             },
             work,
             wanted,
@@ -317,8 +334,8 @@ async fn establish(
             return Err(remote_failed(Stage::Start, "install.sh stop", &output));
         }
     }
-    let remote_port = match start_host(&session, &probe).await {
-        Ok(port) => port,
+    let (remote_port, cert_sha256) = match start_host(&session, &probe).await {
+        Ok(started) => started,
         Err(error) => {
             // The new version installed but does not start: put the old one back, so the
             // remote keeps a working host.
@@ -358,14 +375,16 @@ async fn establish(
             session,
             remote_port,
             probe,
+            cert_sha256,
         },
         work,
         wanted,
     ))
 }
 
-/// `install.sh start`: the host's port on the remote, from the state it wrote.
-async fn start_host(session: &SshSession, probe: &Probe) -> Result<u16, AppError> {
+/// `install.sh start`: the host's port on the remote and its certificate fingerprint, from the
+/// state it wrote.
+async fn start_host(session: &SshSession, probe: &Probe) -> Result<(u16, CertSha256), AppError> {
     let output = session
         .exec(&probe.installer("start --reuse"))
         .await
@@ -382,7 +401,7 @@ async fn start_host(session: &SshSession, probe: &Probe) -> Result<u16, AppError
                 json!({"stdout": output.stdout_text(), "stderrTail": output.stderr_tail()}),
             )
         })?;
-    state["listen"]
+    let port = state["listen"]
         .as_str()
         .and_then(|l| l.parse::<std::net::SocketAddr>().ok())
         .map(|a| a.port())
@@ -392,7 +411,18 @@ async fn start_host(session: &SshSession, probe: &Probe) -> Result<u16, AppError
                 format!("the state has no listen address: {state}"),
                 json!({}),
             )
-        })
+        })?;
+    let cert_sha256 = state["certSha256"]
+        .as_str()
+        .and_then(CertSha256::parse)
+        .ok_or_else(|| {
+            stage_failed(
+                Stage::Start,
+                format!("the state has no certificate fingerprint (certSha256): {state}"),
+                json!({}),
+            )
+        })?;
+    Ok((port, cert_sha256))
 }
 
 async fn ssh_connect(
@@ -636,7 +666,7 @@ fn version_mismatch(
 
 /// A connected remote host: the forward's local URL and the device credential.
 pub struct Connection {
-    /// `ws://127.0.0.1:PORT/racp`.
+    /// `wss://127.0.0.1:PORT/racp`.
     pub url: String,
     pub credential: Credential,
     pub host_version: String,
@@ -654,6 +684,7 @@ pub async fn connect(
 ) -> Result<Connection, AppError> {
     let started = Instant::now();
     let (link, work, wanted) = establish(&options, reporter.as_ref()).await?;
+    let mut pin = link.cert_sha256;
 
     let clock = StageClock::start(reporter.as_ref(), Stage::Forward);
     let forward = forward::Forward::open(&options, link, reporter.clone()).await?;
@@ -662,7 +693,8 @@ pub async fn connect(
 
     let mut paired = false;
     let credential = match options.credential.clone() {
-        Some(credential) => {
+        // Reused only when paired with the certificate the host shows over SSH now.
+        Some(credential) if credential.cert_sha256 == Some(pin) => {
             skipped(
                 reporter.as_ref(),
                 Stage::Pair,
@@ -670,20 +702,27 @@ pub async fn connect(
             );
             credential
         }
-        None => {
+        // The host's identity was reset (new data directory) or the profile predates pinning:
+        // SSH is the trusted path, so pair again through it; the stored token is never sent to
+        // an endpoint with another certificate.
+        Some(_) | None => {
             paired = true;
             pair(&forward, &url, &options, reporter.as_ref()).await?
         }
     };
+    if let Some(paired_with) = credential.cert_sha256 {
+        pin = paired_with;
+    }
 
     let clock = StageClock::start(reporter.as_ref(), Stage::Handshake);
-    let (client, credential) = match open_client(&url, &credential.device_token).await {
+    let (client, credential) = match open_client(&url, &credential.device_token, pin).await {
         Ok(client) => (client, credential),
         Err(err) if !paired && err.code() == ErrorCode::RemoteAuthFailed => {
             // The host no longer knows this device (reinstalled, revoked): pair again over SSH.
             paired = true;
             let credential = pair(&forward, &url, &options, reporter.as_ref()).await?;
-            let client = open_client(&url, &credential.device_token).await?;
+            let pin = credential.cert_sha256.unwrap_or(pin);
+            let client = open_client(&url, &credential.device_token, pin).await?;
             (client, credential)
         }
         Err(err) => return Err(err),
@@ -709,6 +748,7 @@ pub async fn connect(
         "hostId": info.host.id,
         "remotePort": forward.remote_port(),
         "remoteRoot": forward.remote_root(),
+        "certSha256": credential.cert_sha256,
         "transferred": work.transferred,
         "installed": work.installed,
         "started": work.started,
@@ -725,8 +765,10 @@ pub async fn connect(
     })
 }
 
-async fn open_client(url: &str, token: &str) -> Result<RacpClient, AppError> {
+/// A client through the forward that sends its token only to the host with certificate `pin`.
+async fn open_client(url: &str, token: &str, pin: CertSha256) -> Result<RacpClient, AppError> {
     let mut options = ClientOptions::new(url, token);
+    options.pinned_sha256 = Some(pin);
     options.client_name = "pi-remote".into();
     options.call_timeout = Duration::from_secs(30);
     RacpClient::connect(options).await
@@ -762,7 +804,18 @@ async fn pair(
     let token = minted["token"]
         .as_str()
         .ok_or_else(|| stage_failed(Stage::Pair, "pi-host pair printed no token", json!({})))?;
-    let client = open_client(url, token).await?;
+    // The fingerprint came with the token over SSH: pin it for the trade through the forward.
+    let pin = minted["certSha256"]
+        .as_str()
+        .and_then(CertSha256::parse)
+        .ok_or_else(|| {
+            stage_failed(
+                Stage::Pair,
+                "pi-host pair printed no certificate fingerprint (certSha256)",
+                json!({}),
+            )
+        })?;
+    let client = open_client(url, token, pin).await?;
     let paired = client
         .call::<calls::Pair>(PairParams {
             device_name: options.device_name.clone(),
@@ -773,6 +826,7 @@ async fn pair(
         device_id: paired.device_id,
         device_token: paired.device_token,
         roles: paired.roles,
+        cert_sha256: Some(pin),
     })
 }
 

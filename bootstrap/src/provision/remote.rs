@@ -64,6 +64,8 @@ pub struct Running {
     pub version: String,
     pub port: u16,
     pub draining: bool,
+    /// Its certificate fingerprint (`certSha256` of `status --json`).
+    pub cert_sha256: Option<racp_proto::fingerprint::CertSha256>,
 }
 
 impl Probe {
@@ -107,6 +109,9 @@ impl Probe {
             version,
             port: listen.port(),
             draining: status["draining"] == true,
+            cert_sha256: status["certSha256"]
+                .as_str()
+                .and_then(racp_proto::fingerprint::CertSha256::parse),
         })
     }
 
@@ -172,7 +177,7 @@ mod tests {
 
         let warm = format!(
             "{cold}current=versions/0.1.0\ninstaller=yes\nstatus={}\n",
-            serde_json::json!({"host": {"version": "0.1.0", "id": "h"}, "listen": "127.0.0.1:41234", "draining": false})
+            serde_json::json!({"host": {"version": "0.1.0", "id": "h"}, "listen": "127.0.0.1:41234", "draining": false, "certSha256": "ab".repeat(32)})
         );
         let probe = Probe::parse(&warm).unwrap();
         assert_eq!(probe.installed.as_deref(), Some("0.1.0"));
@@ -182,7 +187,8 @@ mod tests {
             Some(Running {
                 version: "0.1.0".into(),
                 port: 41234,
-                draining: false
+                draining: false,
+                cert_sha256: racp_proto::fingerprint::CertSha256::parse(&"ab".repeat(32)),
             })
         );
         assert!(Probe::parse("garbage").is_err());

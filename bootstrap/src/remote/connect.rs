@@ -147,10 +147,12 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
             Some(origin)
                 if origin.target == target && origin.remote_dir == args.options.remote_dir =>
             {
+                // A credential without a pin (an older profile) is paired again over SSH.
                 args.options.credential = Some(Credential {
                     device_id: stored.device_id.clone(),
                     device_token: stored.device_token.clone(),
                     roles: stored.roles.clone(),
+                    cert_sha256: stored.cert_sha256,
                 });
                 if args.options.local_port == 0 {
                     args.options.preferred_local_port = port_of(&stored.url);
@@ -183,6 +185,8 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     };
     let saved = Profile {
         url: connection.url.clone(),
+        cert_sha256: connection.credential.cert_sha256,
+        plain: false,
         device_id: connection.credential.device_id.clone(),
         device_token: connection.credential.device_token.clone(),
         roles: connection.credential.roles.clone(),
@@ -211,6 +215,8 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
 }
 
 fn port_of(url: &str) -> Option<u16> {
-    let rest = url.strip_prefix("ws://127.0.0.1:")?;
+    let rest = url
+        .strip_prefix("wss://127.0.0.1:")
+        .or_else(|| url.strip_prefix("ws://127.0.0.1:"))?;
     rest.split('/').next()?.parse().ok()
 }

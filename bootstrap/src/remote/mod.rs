@@ -1,7 +1,7 @@
 //! `pi-remote`: a command-line RACP-WS client for a pi-host.
 //!
 //! ```text
-//! pi-remote pair racp://127.0.0.1:7878/pair#ppt_…      # store a device credential (profile)
+//! pi-remote pair 'racps://127.0.0.1:7878/pair?cert=sha256:…#ppt_…'  # store a credential (profile)
 //! pi-remote sessions                                   # list sessions
 //! pi-remote new --workspace /srv/code/app --title fix  # create a session
 //! pi-remote prompt SESSION "fix the tests" --wait      # start a turn and follow it
@@ -15,8 +15,12 @@
 //! Notes and errors go to stderr, data to stdout.
 //!
 //! `pair` connects with the pairing token (the client says `hello` before it reports the link
-//! up), calls `pair`, and stores `{url, deviceId, deviceToken, roles}`. Only `racp://` links are
-//! accepted: a `racps://` (TLS) link is refused with a clear message for now.
+//! up), calls `pair`, and stores `{url, certSha256, deviceId, deviceToken, roles}`. The link is
+//! `racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN`: the client pins that certificate fingerprint
+//! for the pairing connection and every later one, so a process squatting the host's port gets
+//! neither token (docs/protocol.md §2.4). A plain `racp://` link is accepted only with `--plain`
+//! (for a host run with `--plain`). A profile without a fingerprint (an older pi-remote's) is
+//! refused before any connection, exit 4: pair again.
 //!
 //! `prompt` starts a turn with a fresh idempotency key (resent as is after a dropped link). With
 //! `--wait` it first subscribes from the session's snapshot cursor (`session/get`), so no event
@@ -38,8 +42,10 @@
 //! printed. `pair -` reads the pairing URL or token from stdin, to keep it out of argv.
 //!
 //! Exit codes ([`Exit`]): 0 ok; 1 usage or other local error; 2 the host refused the call (its
-//! error code is printed); 3 the host cannot be reached; 4 the credential was refused (pair
-//! again); 5 a turn that `prompt --wait` followed ended other than `completed`.
+//! error code is printed); 3 the host cannot be reached; 4 the credential was refused, the
+//! profile has no certificate fingerprint (stored by an older version), or the endpoint is not
+//! the paired host (HOST_IDENTITY_MISMATCH): pair again, in the last case only if you trust the
+//! change; 5 a turn that `prompt --wait` followed ended other than `completed`.
 
 pub mod connect;
 pub mod pairing;
@@ -83,6 +89,9 @@ pub enum Failure {
     App(AppError),
     /// The followed turn ended with this outcome.
     Turn(String),
+    /// The stored profile cannot be used safely (no certificate fingerprint to pin): pair
+    /// again. Exits like a refused credential.
+    PairAgain(String),
 }
 
 impl From<AppError> for Failure {
@@ -101,16 +110,21 @@ impl Failure {
             Failure::Local(_) => Exit::Other,
             Failure::App(error) => exit_for(error.code()),
             Failure::Turn(_) => Exit::TurnNotCompleted,
+            Failure::PairAgain(_) => Exit::Auth,
         }
     }
 
     /// The line printed on stderr.
     pub fn describe(&self) -> String {
         match self {
-            Failure::Local(message) => format!("pi-remote: {message}"),
+            Failure::Local(message) | Failure::PairAgain(message) => {
+                format!("pi-remote: {message}")
+            }
             Failure::Turn(outcome) => format!("pi-remote: the turn ended {outcome}"),
             Failure::App(error) => {
                 let hint = match exit_for(error.code()) {
+                    // The message says what happened and when re-pairing is right.
+                    _ if error.code() == ErrorCode::HostIdentityMismatch => "",
                     Exit::Auth => {
                         "\npi-remote: the host refused this credential; pair again (pi-remote pair)"
                     }
@@ -129,7 +143,8 @@ pub fn exit_for(code: ErrorCode) -> Exit {
         ErrorCode::RemoteAuthFailed
         | ErrorCode::PairingFailed
         | ErrorCode::PairingTokenExpired
-        | ErrorCode::Unauthorized => Exit::Auth,
+        | ErrorCode::Unauthorized
+        | ErrorCode::HostIdentityMismatch => Exit::Auth,
         ErrorCode::RemoteConnectionFailed
         | ErrorCode::HostUnavailable
         | ErrorCode::HostDisconnected

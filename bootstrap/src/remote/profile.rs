@@ -6,6 +6,7 @@
 //! and then narrowed) and renamed into place.
 
 use racp_proto::Role;
+use racp_proto::fingerprint::CertSha256;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,8 +18,17 @@ pub const DEFAULT_PROFILE: &str = "default";
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Profile {
-    /// The endpoint, e.g. `ws://127.0.0.1:7878/racp`.
+    /// The endpoint, e.g. `wss://127.0.0.1:7878/racp`.
     pub url: String,
+    /// The SHA-256 of the host's TLS certificate, pinned at pairing: every connection checks
+    /// it before sending the token (docs/protocol.md §2.4). A profile without it was stored by
+    /// an older pi-remote and is refused until paired again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_sha256: Option<CertSha256>,
+    /// Paired over a plain `racp://` link with `--plain` (a host run with `--plain`): the token
+    /// goes over `ws://` unverified.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plain: bool,
     pub device_id: String,
     /// Secret bearer token.
     pub device_token: String,
@@ -43,6 +53,8 @@ impl std::fmt::Debug for Profile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Profile")
             .field("url", &self.url)
+            .field("cert_sha256", &self.cert_sha256)
+            .field("plain", &self.plain)
             .field("device_id", &self.device_id)
             .field("device_token", &"<secret>")
             .field("roles", &self.roles)
@@ -96,13 +108,33 @@ pub fn load(dir: &Path, name: &str) -> Result<Profile, String> {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(format!(
-                "no profile {name:?} (looked for {}); pair first: pi-remote pair racp://HOST:PORT/pair#TOKEN",
+                "no profile {name:?} (looked for {}); pair first: pi-remote pair 'racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN'",
                 file.display()
             ));
         }
         Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
     };
     serde_json::from_str(&text).map_err(|e| format!("{} is not a profile: {e}", file.display()))
+}
+
+/// Why a stored profile cannot be used as is: it has no certificate fingerprint to pin (an
+/// older pi-remote stored it). Re-pairing is the migration; nothing is sent meanwhile.
+pub fn unpinned_message(name: &str, profile: &Profile) -> Option<String> {
+    if profile.cert_sha256.is_some() || profile.plain {
+        return None;
+    }
+    let how = match &profile.ssh {
+        Some(origin) => format!("pi-remote --profile {name} connect {}", origin.target),
+        None => format!(
+            "pi-remote --profile {name} pair 'racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN' (from `pi-host pair` on the host)"
+        ),
+    };
+    Some(format!(
+        "the profile {name:?} has no certificate fingerprint for its host (it was stored by an \
+         older pi-remote), so nothing could prove that {} is the host; its token was not sent. \
+         Pair again: {how}",
+        profile.url
+    ))
 }
 
 /// Writes profile `name` (replacing an older one) and returns its path.
@@ -143,7 +175,9 @@ mod tests {
 
     fn profile() -> Profile {
         Profile {
-            url: "ws://127.0.0.1:1/racp".into(),
+            url: "wss://127.0.0.1:1/racp".into(),
+            cert_sha256: CertSha256::parse(&"ab".repeat(32)),
+            plain: false,
             device_id: "dev_1".into(),
             device_token: "pdt_secret".into(),
             roles: vec![Role::Owner],
@@ -172,6 +206,28 @@ mod tests {
         for bad in ["", "../x", "a/b", ".hidden", &"x".repeat(65)] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_profile_from_an_older_version_loads_but_is_flagged_unpinned() {
+        let dir = tempfile::tempdir().unwrap();
+        let profiles = dir.path().join("profiles");
+        std::fs::create_dir_all(&profiles).unwrap();
+        std::fs::write(
+            profiles.join("old.json"),
+            r#"{"url":"ws://127.0.0.1:1/racp","deviceId":"dev_1","deviceToken":"pdt_x","roles":["owner"]}"#,
+        )
+        .unwrap();
+        let old = load(dir.path(), "old").unwrap();
+        assert!(
+            unpinned_message("old", &old)
+                .unwrap()
+                .contains("Pair again")
+        );
+        assert!(unpinned_message("default", &profile()).is_none());
+        let text = serde_json::to_value(profile()).unwrap();
+        assert_eq!(text["certSha256"], "ab".repeat(32));
+        assert!(text.get("plain").is_none());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! A local port forward: connections accepted on a local listener ride direct-tcpip channels to
 //! a port on the remote's loopback.
 //!
+//! Only connections from this process's own user are relayed (Linux; see [`super::peer_uid`]).
+//!
 //! The target sits behind a watch channel so the listener can outlive an SSH connection: while
 //! it is `None` (the link is down), new local connections wait up to [`LINK_WAIT`] for the next
 //! one instead of failing.
@@ -66,9 +68,22 @@ pub async fn accept_loop<T: ForwardTarget>(
     channel_timeout: Duration,
     target_gone: Option<Arc<Notify>>,
 ) {
+    // Where peers connect to, for telling their sockets apart from ours in /proc/net/tcp.
+    let local = listener.local_addr().ok();
     loop {
         let socket = match listener.accept().await {
-            Ok((socket, _)) => socket,
+            Ok((socket, peer)) => {
+                // Another local user could otherwise reach the host through this forward
+                // (docs/reliability.md §4.11); close such a connection before relaying a byte.
+                if let Some(local) = local
+                    && let Err(why) = super::peer_uid::same_user(peer, local)
+                {
+                    tracing::warn!(%peer, %why, "refused a forward connection from another user");
+                    drop(socket);
+                    continue;
+                }
+                socket
+            }
             Err(err) => {
                 // Out of file descriptors and the like: wait a little rather than spin.
                 tracing::warn!(%err, "accept failed");

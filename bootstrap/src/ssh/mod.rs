@@ -8,6 +8,7 @@
 pub mod config;
 pub mod forward;
 pub mod host_key;
+pub mod peer_uid;
 pub mod prompt;
 
 use crate::ssh::config::Destination;

@@ -2,6 +2,7 @@
 
 mod connection;
 mod elide;
+pub mod identity;
 pub mod listener;
 mod subscriptions;
 pub mod tls;

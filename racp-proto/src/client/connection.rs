@@ -3,6 +3,7 @@
 use super::{ClientOptions, ClientState, Command, SubscriptionItem, disconnected};
 use crate::codec::decode_server_frame;
 use crate::events::{PushMethod, SessionEventsParams, SubscriptionEndedParams};
+use crate::fingerprint::CertSha256;
 use crate::frame::{RequestId, ServerFrame};
 use crate::methods::handshake::HelloResult;
 use crate::methods::session::{SessionGetResult, SessionSubscribeResult};
@@ -29,17 +30,23 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A link up this long counts as healthy again.
 const STABLE_LINK: Duration = Duration::from_secs(2);
 
-/// Refuses `ws://` to anything but loopback (a token would cross the network in clear text).
-pub(super) fn check_url(url: &str) -> Result<(), AppError> {
-    let refuse = |why: &str| {
+/// Refuses a URL over which the token could reach someone other than the host: `ws://` to a
+/// non-loopback address always, and `ws://` at all unless the caller opted into plain
+/// WebSocket (docs/protocol.md §2.4). Nothing is connected when this fails.
+pub(super) fn check_url(options: &ClientOptions) -> Result<(), AppError> {
+    let url = options.url.as_str();
+    let refuse = |why: &str, reason: &str| {
         AppError::new(
             ErrorCode::RemoteConnectionFailed,
             format!("cannot connect to {url}: {why}"),
         )
         .with_retriable(false)
+        .with_details(json!({"reason": reason}))
         .with_source(ErrorSource::Client)
     };
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| refuse("not a URL"))?;
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| refuse("not a URL", "bad_url"))?;
     let authority = rest.split('/').next().unwrap_or("");
     let host = if authority.starts_with('[') {
         authority
@@ -56,12 +63,20 @@ pub(super) fn check_url(url: &str) -> Result<(), AppError> {
             .parse::<std::net::Ipv4Addr>()
             .is_ok_and(|ip| ip.is_loopback());
     match scheme {
-        "ws" if loopback => Ok(()),
-        "ws" => Err(refuse(
+        "ws" if !loopback => Err(refuse(
             "ws:// is only allowed to a loopback address; use wss://",
+            "plain_not_loopback",
         )),
-        "wss" => Ok(()),
-        _ => Err(refuse("the scheme must be ws:// or wss://")),
+        "ws" if options.pinned_sha256.is_some() => Err(refuse(
+            "this host's identity is pinned, which needs wss://; a plain ws:// endpoint cannot prove it is the host",
+            "plain_refused",
+        )),
+        "ws" if !options.allow_plain_ws => Err(refuse(
+            "refusing to send a token over plain ws://: nothing proves the endpoint is the host (another local process may hold the port); use the host's wss:// URL and its certificate fingerprint, or opt into plain WebSocket for a host run with --plain",
+            "plain_refused",
+        )),
+        "ws" | "wss" => Ok(()),
+        _ => Err(refuse("the scheme must be ws:// or wss://", "bad_url")),
     }
 }
 
@@ -74,6 +89,7 @@ fn is_fatal(code: ErrorCode) -> bool {
             | ErrorCode::PairingTokenExpired
             | ErrorCode::ProtocolMismatch
             | ErrorCode::Forbidden
+            | ErrorCode::HostIdentityMismatch
     )
 }
 
@@ -334,30 +350,70 @@ async fn dial(
     if !secure {
         return Ok(Box::new(tcp));
     }
-    let mut roots = RootCertStore::empty();
-    match &options.pinned_certificate {
-        Some(der) => roots
-            .add(der.clone().into())
-            .map_err(|e| failed(format!("the pinned certificate is unusable: {e}")))?,
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
+    let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| failed(format!("TLS setup failed: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .map_err(|e| failed(format!("TLS setup failed: {e}")))?;
+    let mut mismatch = None;
+    let config = match (&options.pinned_sha256, &options.pinned_certificate) {
+        (Some(expected), _) => {
+            let verifier = super::pin::PinnedVerifier::new(*expected, &provider);
+            mismatch = Some(verifier.mismatch());
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(std::sync::Arc::new(verifier))
+                .with_no_client_auth()
+        }
+        (None, pinned) => {
+            let mut roots = RootCertStore::empty();
+            match pinned {
+                Some(der) => roots
+                    .add(der.clone().into())
+                    .map_err(|e| failed(format!("the pinned certificate is unusable: {e}")))?,
+                None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+    };
     let name = ServerName::try_from(host.clone())
         .map_err(|_| failed(format!("{host} is not a valid TLS server name")))?;
     let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
         .connect(name, tcp)
-        .await
-        .map_err(|e| {
-            failed(format!(
-                "TLS with {host} failed (certificate not trusted?): {e}"
-            ))
-        })?;
-    Ok(Box::new(tls))
+        .await;
+    match tls {
+        Ok(tls) => Ok(Box::new(tls)),
+        Err(e) => {
+            let found = mismatch
+                .as_ref()
+                .and_then(|slot| slot.lock().ok().and_then(|found| *found));
+            match (found, options.pinned_sha256) {
+                (Some(found), Some(expected)) => Err(identity_mismatch(
+                    &format!("{host}:{port}"),
+                    expected,
+                    found,
+                )),
+                _ => Err(failed(format!(
+                    "TLS with {host}:{port} failed (certificate not trusted?): {e}"
+                ))),
+            }
+        }
+    }
+}
+
+/// The endpoint presented a certificate other than the pinned one. Nothing has been sent: the
+/// handshake stops before the HTTP upgrade that carries the token.
+fn identity_mismatch(endpoint: &str, expected: CertSha256, found: CertSha256) -> AppError {
+    AppError::new(
+        ErrorCode::HostIdentityMismatch,
+        format!(
+            "the endpoint at {endpoint} is not the host this device paired with: its certificate \
+             has SHA-256 {found}, the pinned one is {expected}. Nothing was sent. Another process \
+             may hold the port, or the host's identity was reset; re-pair only if you trust the \
+             change"
+        ),
+    )
+    .with_details(json!({"expected": expected.to_hex(), "found": found.to_hex()}))
+    .with_source(ErrorSource::Client)
 }
 
 struct Link {
@@ -633,18 +689,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn plain_ws_only_to_loopback() {
-        assert!(check_url("ws://127.0.0.1:7878/racp").is_ok());
-        assert!(check_url("ws://localhost:1/racp").is_ok());
-        assert!(check_url("ws://[::1]:1/racp").is_ok());
-        assert!(check_url("wss://example.com:7878/racp").is_ok());
+    fn plain_ws_only_to_loopback_and_only_when_asked_for() {
+        let check = |url: &str, allow_plain_ws: bool, pinned: bool| {
+            let mut options = ClientOptions::new(url, "t");
+            options.allow_plain_ws = allow_plain_ws;
+            options.pinned_sha256 = pinned.then_some(CertSha256([7; 32]));
+            check_url(&options)
+        };
+        for url in [
+            "ws://127.0.0.1:7878/racp",
+            "ws://localhost:1/racp",
+            "ws://[::1]:1/racp",
+        ] {
+            assert!(check(url, true, false).is_ok(), "{url}");
+            let refused = check(url, false, false).unwrap_err();
+            assert_eq!(refused.code(), ErrorCode::RemoteConnectionFailed);
+            assert_eq!(refused.details().unwrap()["reason"], "plain_refused");
+            // A pin cannot be checked without TLS, whatever the opt-in says.
+            assert!(check(url, true, true).is_err(), "{url}");
+        }
+        assert!(check("wss://example.com:7878/racp", false, false).is_ok());
+        assert!(check("wss://127.0.0.1:7878/racp", false, true).is_ok());
         for bad in [
             "ws://192.168.1.5:7878/racp",
             "ws://example.com/racp",
             "http://127.0.0.1/racp",
             "nonsense",
         ] {
-            let err = check_url(bad).unwrap_err();
+            let err = check(bad, true, false).unwrap_err();
             assert_eq!(err.code(), ErrorCode::RemoteConnectionFailed, "{bad}");
         }
     }

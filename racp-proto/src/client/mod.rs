@@ -11,10 +11,13 @@
 //! retrying cannot help.
 
 mod connection;
+mod pin;
 
 pub use connection::Backoff;
+pub use pin::certificate_sha256;
 
 use crate::events::Event;
+use crate::fingerprint::CertSha256;
 use crate::methods::session::{SessionGetResult, SessionSubscribeParams};
 use crate::{AppError, Cursor, ErrorCode, ErrorSource, RacpMethod};
 use serde_json::Value;
@@ -24,7 +27,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// How to reach a host.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// `ws://127.0.0.1:PORT/racp` (loopback only) or `wss://HOST:PORT/racp`.
+    /// `wss://HOST:PORT/racp`, or `ws://127.0.0.1:PORT/racp` (loopback only, and only with
+    /// [`ClientOptions::allow_plain_ws`]).
     pub url: String,
     /// A device token (or a pairing token, for `pair`).
     pub token: String,
@@ -38,6 +42,14 @@ pub struct ClientOptions {
     /// For `wss://`: trust exactly this certificate (DER), e.g. a host's self-signed one.
     /// Without it the host's certificate must chain to the bundled web PKI roots.
     pub pinned_certificate: Option<Vec<u8>>,
+    /// For `wss://`: accept exactly the certificate whose DER has this SHA-256 (pinned at
+    /// pairing; no name, chain or expiry check). Any other certificate fails the handshake with
+    /// HOST_IDENTITY_MISMATCH before anything is sent (docs/protocol.md §2.4).
+    pub pinned_sha256: Option<CertSha256>,
+    /// Send the token over unencrypted `ws://` (loopback only), for a host run with `--plain`.
+    /// Nothing then proves the endpoint is the host: whoever holds the port gets the token.
+    /// Off by default: a `ws://` URL is refused before connecting.
+    pub allow_plain_ws: bool,
 }
 
 impl ClientOptions {
@@ -51,6 +63,8 @@ impl ClientOptions {
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
             pinned_certificate: None,
+            pinned_sha256: None,
+            allow_plain_ws: false,
         }
     }
 }
@@ -118,7 +132,7 @@ impl RacpClient {
     /// Starts the client and waits for its first connection; an error then is returned as is
     /// (the client retries only after it has been connected once).
     pub async fn connect(options: ClientOptions) -> Result<RacpClient, AppError> {
-        connection::check_url(&options.url)?;
+        connection::check_url(&options)?;
         let (commands, rx) = mpsc::unbounded_channel();
         let (state_tx, mut state) = watch::channel(ClientState::Connecting);
         let call_timeout = options.call_timeout;

@@ -234,7 +234,7 @@ error_registry! {
     HostVersionMismatch = "HOST_VERSION_MISMATCH" { retriable: No, recovery: Upgrade, close: 4030, http: 400, }
     /// The device or pairing token was rejected on the upgrade, or the device was revoked.
     RemoteAuthFailed = "REMOTE_AUTH_FAILED" { retriable: No, recovery: Reauthorize, close: 4031, http: 401, }
-    /// The RACP-WS transport could not connect (refused socket, or `ws://` to a non-loopback address).
+    /// The RACP-WS transport could not connect (refused socket, failed TLS handshake), or the client refused a `ws://` URL before connecting (`details.reason`: `plain_not_loopback`, or `plain_refused` without the plain-WebSocket opt-in).
     RemoteConnectionFailed = "REMOTE_CONNECTION_FAILED" { retriable: Yes, recovery: Retry, close: 4032, http: 502, }
     /// The SSH loopback port forward could not be established.
     RemoteForwardFailed = "REMOTE_FORWARD_FAILED" { retriable: Yes, recovery: Retry, close: 4033, http: 502, }
@@ -248,6 +248,8 @@ error_registry! {
     PairingTokenExpired = "PAIRING_TOKEN_EXPIRED" { retriable: No, recovery: Reauthorize, close: 4037, http: 401, }
     /// The call needs a capability the host advertised as unavailable in `hello`.
     CapabilityUnavailable = "CAPABILITY_UNAVAILABLE" { retriable: No, recovery: StopAndReport, close: 4038, http: 501, }
+    /// The endpoint's TLS certificate is not the one pinned at pairing (`details.expected`, `details.found`: SHA-256 fingerprints); nothing was sent. Another process may hold the port, or the host's identity was reset: re-pair only if you trust the change.
+    HostIdentityMismatch = "HOST_IDENTITY_MISMATCH" { retriable: No, recovery: StopAndReport, close: 4039, http: 502, }
 }
 
 impl ErrorCode {

@@ -112,7 +112,12 @@ pub struct PairingCreateResult {
     /// When the token stops working (ms since the Unix epoch).
     pub expires_at: u64,
     /// A pairing link carrying the host address and the token (in the fragment, which is
-    /// never sent to a server).
+    /// never sent to a server): `racps://HOST:PORT/pair?cert=sha256:<hex>#<token>`, or
+    /// `racp://HOST:PORT/pair#<token>` for a host serving plain WebSocket.
     pub url: String,
     pub roles: Vec<Role>,
+    /// The SHA-256 of the host's TLS certificate (64 lowercase hex digits), which the new
+    /// device pins; absent when the host serves plain WebSocket (`--plain`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_sha256: Option<String>,
 }
