@@ -16,7 +16,7 @@ use racp_proto::methods::handshake::{HelloParams, HelloResult, PrincipalInfo, Pr
 use racp_proto::{AppError, Call, ErrorCode, Method, PROTOCOL_VERSION};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 
 /// Replies produced by request tasks, waiting for the socket.
 const REPLY_QUEUE: usize = 256;
@@ -52,125 +52,13 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
         slot: _slot,
     } = state.connections.register(slot, device_id.clone());
     tracing::debug!(connection_id, device_id = ?device_id, "connection opened");
-    // Checked after registering, never before: a revoke or drain that began in between either
-    // saw this connection in the table or is seen here (src/connections.rs).
-    let mut ending: Option<AppError> = kill_rx.borrow_and_update().clone();
-    if ending.is_none() && gate.as_ref().is_some_and(|gate| gate.is_closed()) {
-        ending = Some(revoked());
+    let mut ending = ending_at_start(&state, &mut kill_rx, gate.as_deref());
+    if let (Some(device_id), None) = (device_id, &ending) {
+        touch_device(&state, device_id).await;
     }
-    if ending.is_none() && state.is_draining() {
-        ending = Some(shutting_down());
-    }
-    if let (Some(device_id), None) = (device_id.clone(), &ending) {
-        // A synchronous SQLite write with fsync: on the blocking pool, not on a runtime thread
-        // that serves other connections meanwhile.
-        let store_state = state.clone();
-        let touched = tokio::task::spawn_blocking(move || {
-            store_state
-                .store
-                .touch_device(&device_id, crate::clock::now_ms())
-        })
-        .await;
-        if let Ok(Err(err)) = touched {
-            tracing::warn!(error = %err, "cannot record last-seen time");
-        }
-    }
-    let (reply_tx, mut reply_rx) = mpsc::channel::<String>(REPLY_QUEUE);
-    let limits = &state.config.limits;
-    let stall = limits.send_stall;
-    let mut conn = Connection {
-        in_flight: Arc::new(Semaphore::new(limits.max_in_flight as usize)),
-        subs: Subscriptions::new(limits.max_lag_events, limits.max_events_per_frame),
-        rate_key: match &credential {
-            Credential::Device { device_id, .. } => device_id.clone(),
-            Credential::Pairing { token_id, .. } => format!("pairing:{token_id}"),
-        },
-        state: state.clone(),
-        credential,
-        gate,
-        max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
-        said_hello: false,
-        fatal: None,
-    };
-    let wake = conn.subs.notify.clone();
-    let mut heartbeat = tokio::time::interval(state.config.heartbeat);
-    heartbeat.tick().await;
-
-    while ending.is_none() {
-        let outgoing: Vec<String> = tokio::select! {
-            incoming = socket.recv() => match incoming {
-                Some(Ok(Message::Text(text))) => {
-                    let reply = conn.handle_text(text.as_str(), &reply_tx);
-                    if let Some(fatal) = conn.fatal.take() {
-                        ending = Some(fatal);
-                    }
-                    reply
-                        .into_iter()
-                        .map(|reply| super::elide::fit_reply(reply, conn.max_frame_bytes))
-                        .collect()
-                }
-                Some(Ok(Message::Binary(_))) => vec![encode(&ErrorReply {
-                    id: None,
-                    error: AppError::new(ErrorCode::InvalidArgument, "binary frames are not accepted; send UTF-8 JSON text frames")
-                        .with_details(json!({"reason": "binary_frame"})),
-                })],
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => Vec::new(),
-                Some(Ok(Message::Close(_))) | None => break,
-                Some(Err(err)) => {
-                    tracing::debug!(error = %err, "connection read failed");
-                    ending = conn.read_failure(err);
-                    break;
-                }
-            },
-            Some(reply) = reply_rx.recv() => {
-                vec![super::elide::fit_reply(reply, conn.max_frame_bytes)]
-            }
-            _ = wake.notified() => {
-                let mut frames = Vec::new();
-                while frames.len() < DELIVERY_BURST {
-                    match conn.subs.next_delivery(conn.max_frame_bytes) {
-                        Some(Delivery::Frame(frame)) => frames.push(frame),
-                        Some(Delivery::TooSlow(error)) => {
-                            ending = Some(error);
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                if frames.len() == DELIVERY_BURST {
-                    // More may be waiting; come back after giving requests a turn.
-                    wake.notify_one();
-                }
-                frames
-            }
-            _ = heartbeat.tick(), if conn.said_hello => {
-                conn.subs.heartbeat(crate::clock::now_ms(), conn.max_frame_bytes)
-            }
-            changed = kill_rx.changed() => {
-                match changed {
-                    Ok(()) => ending = kill_rx.borrow_and_update().clone(),
-                    Err(_) => break,
-                }
-                Vec::new()
-            }
-        };
-        if outgoing.is_empty() {
-            continue;
-        }
-        // Once killed, nothing more leaves: a revoke may already have answered (it waits for
-        // this loop to stop, and a write in progress is part of that wait).
-        if let Some(killed) = kill_rx.borrow_and_update().clone() {
-            ending = Some(killed);
-            continue;
-        }
-        match tokio::time::timeout(stall, send_all(&mut socket, outgoing)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => break,
-            Err(_) => {
-                // The client stopped reading: the socket has not taken the frames in `stall`.
-                ending = Some(conn.subs.too_slow("stopped reading"));
-            }
-        }
+    let mut conn = Connection::new(state.clone(), credential, gate);
+    if ending.is_none() {
+        ending = conn.serve(&mut socket, &mut kill_rx).await;
     }
     // Tells a waiting revoke that this connection sends nothing more but its final error.
     drop(kill_rx);
@@ -182,6 +70,37 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
     }
     drop(conn);
     state.connections.unregister(connection_id);
+}
+
+/// Checked after registering, never before: a revoke or drain that began in between either saw
+/// this connection in the table or is seen here (src/connections.rs).
+fn ending_at_start(
+    state: &HostState,
+    kill_rx: &mut watch::Receiver<Option<AppError>>,
+    gate: Option<&DeviceGate>,
+) -> Option<AppError> {
+    if let Some(killed) = kill_rx.borrow_and_update().clone() {
+        return Some(killed);
+    }
+    if gate.is_some_and(DeviceGate::is_closed) {
+        return Some(revoked());
+    }
+    state.is_draining().then(shutting_down)
+}
+
+/// Records the device's last-seen time: a synchronous SQLite write with fsync, on the blocking
+/// pool, not on a runtime thread that serves other connections meanwhile.
+async fn touch_device(state: &Arc<HostState>, device_id: String) {
+    let store_state = state.clone();
+    let touched = tokio::task::spawn_blocking(move || {
+        store_state
+            .store
+            .touch_device(&device_id, crate::clock::now_ms())
+    })
+    .await;
+    if let Ok(Err(err)) = touched {
+        tracing::warn!(error = %err, "cannot record last-seen time");
+    }
 }
 
 fn revoked() -> AppError {
@@ -196,6 +115,124 @@ fn shutting_down() -> AppError {
 }
 
 impl Connection {
+    fn new(state: Arc<HostState>, credential: Credential, gate: Option<Arc<DeviceGate>>) -> Self {
+        let limits = &state.config.limits;
+        Connection {
+            in_flight: Arc::new(Semaphore::new(limits.max_in_flight as usize)),
+            subs: Subscriptions::new(limits.max_lag_events, limits.max_events_per_frame),
+            rate_key: match &credential {
+                Credential::Device { device_id, .. } => device_id.clone(),
+                Credential::Pairing { token_id, .. } => format!("pairing:{token_id}"),
+            },
+            state,
+            credential,
+            gate,
+            max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
+            said_hello: false,
+            fatal: None,
+        }
+    }
+
+    /// The connection's loop: requests, replies, deliveries and heartbeats, until the client
+    /// leaves (`None`) or the connection must end with an error.
+    async fn serve(
+        &mut self,
+        socket: &mut WebSocket,
+        kill_rx: &mut watch::Receiver<Option<AppError>>,
+    ) -> Option<AppError> {
+        let (reply_tx, mut reply_rx) = mpsc::channel::<String>(REPLY_QUEUE);
+        let stall = self.state.config.limits.send_stall;
+        let wake = self.subs.notify.clone();
+        let mut heartbeat = tokio::time::interval(self.state.config.heartbeat);
+        heartbeat.tick().await;
+        loop {
+            let (outgoing, ending) = tokio::select! {
+                incoming = socket.recv() => match incoming {
+                    // The client said goodbye or vanished: no connection error.
+                    Some(Ok(Message::Close(_))) | None => return None,
+                    Some(Ok(message)) => self.on_message(message, &reply_tx),
+                    Some(Err(err)) => {
+                        tracing::debug!(error = %err, "connection read failed");
+                        return self.read_failure(err);
+                    }
+                },
+                Some(reply) = reply_rx.recv() => {
+                    (vec![super::elide::fit_reply(reply, self.max_frame_bytes)], None)
+                }
+                _ = wake.notified() => self.deliveries(&wake),
+                _ = heartbeat.tick(), if self.said_hello => {
+                    (self.subs.heartbeat(crate::clock::now_ms(), self.max_frame_bytes), None)
+                }
+                changed = kill_rx.changed() => match changed {
+                    Ok(()) => return kill_rx.borrow_and_update().clone(),
+                    Err(_) => return None,
+                },
+            };
+            // Once killed, nothing more leaves: a revoke may already have answered (it waits
+            // for this loop to stop, and a write in progress is part of that wait).
+            if let Some(killed) = kill_rx.borrow_and_update().clone() {
+                return Some(killed);
+            }
+            if !outgoing.is_empty() {
+                match tokio::time::timeout(stall, send_all(socket, outgoing)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return ending,
+                    // The client stopped reading: the socket has not taken the frames in time.
+                    Err(_) => return Some(self.subs.too_slow("stopped reading")),
+                }
+            }
+            if ending.is_some() {
+                return ending;
+            }
+        }
+    }
+
+    /// One message from the client: the frames to send back, and the error to end with after
+    /// them, if any.
+    fn on_message(
+        &mut self,
+        message: Message,
+        replies: &mpsc::Sender<String>,
+    ) -> (Vec<String>, Option<AppError>) {
+        match message {
+            Message::Text(text) => {
+                let reply = self.handle_text(text.as_str(), replies);
+                let frames = reply
+                    .into_iter()
+                    .map(|reply| super::elide::fit_reply(reply, self.max_frame_bytes))
+                    .collect();
+                (frames, self.fatal.take())
+            }
+            Message::Binary(_) => {
+                let error = AppError::new(
+                    ErrorCode::InvalidArgument,
+                    "binary frames are not accepted; send UTF-8 JSON text frames",
+                )
+                .with_details(json!({"reason": "binary_frame"}));
+                (vec![encode(&ErrorReply { id: None, error })], None)
+            }
+            // Close is handled by the loop.
+            Message::Ping(_) | Message::Pong(_) | Message::Close(_) => (Vec::new(), None),
+        }
+    }
+
+    /// Up to a burst of subscription frames; the rest waits for the next wake-up, so requests
+    /// get a turn.
+    fn deliveries(&mut self, wake: &tokio::sync::Notify) -> (Vec<String>, Option<AppError>) {
+        let mut frames = Vec::new();
+        while frames.len() < DELIVERY_BURST {
+            match self.subs.next_delivery(self.max_frame_bytes) {
+                Some(Delivery::Frame(frame)) => frames.push(frame),
+                Some(Delivery::TooSlow(error)) => return (frames, Some(error)),
+                None => break,
+            }
+        }
+        if frames.len() == DELIVERY_BURST {
+            wake.notify_one();
+        }
+        (frames, None)
+    }
+
     /// Handles one text frame; returns a reply to send now, if any. Calls the connection does
     /// not answer itself run on their own task and reply through `replies`.
     fn handle_text(&mut self, text: &str, replies: &mpsc::Sender<String>) -> Option<String> {
