@@ -225,46 +225,28 @@ pub(super) fn parse_line(line: &[u8]) -> Option<Parsed> {
     if line.iter().all(u8::is_ascii_whitespace) {
         return None;
     }
-    let raw: Box<RawValue> = match serde_json::from_slice(line) {
-        Ok(raw) => raw,
-        Err(err) => {
-            let error = format!("not JSON: {err}");
-            return Some(Parsed::Output(invalid_output(
-                &error,
-                Some(line),
-                line.len(),
-            )));
-        }
-    };
+    Some(
+        classify(line)
+            .unwrap_or_else(|error| Parsed::Output(invalid_output(&error, Some(line), line.len()))),
+    )
+}
+
+/// A line's meaning, or why it is not agent output.
+fn classify(line: &[u8]) -> Result<Parsed, String> {
+    let not_json = |err: serde_json::Error| format!("not JSON: {err}");
+    let raw: Box<RawValue> = serde_json::from_slice(line).map_err(not_json)?;
     let kind = raw
         .get()
         .starts_with('{')
         .then(|| serde_json::from_str::<Head>(raw.get()).ok())
         .flatten()
         .and_then(|head| head.kind)
-        .map(Cow::into_owned);
-    let Some(kind) = kind else {
-        let error = "not a JSON object with a string `type`";
-        return Some(Parsed::Output(invalid_output(
-            error,
-            Some(line),
-            line.len(),
-        )));
-    };
-    Some(match kind.as_str() {
+        .map(Cow::into_owned)
+        .ok_or("not a JSON object with a string `type`")?;
+    Ok(match kind.as_str() {
         "response" | "extension_ui_request" => {
             // Rare and small: read whole.
-            let value: Value = match serde_json::from_str(raw.get()) {
-                Ok(value) => value,
-                Err(err) => {
-                    let error = format!("not JSON: {err}");
-                    return Some(Parsed::Output(invalid_output(
-                        &error,
-                        Some(line),
-                        line.len(),
-                    )));
-                }
-            };
+            let value: Value = serde_json::from_str(raw.get()).map_err(not_json)?;
             if kind == "response" {
                 parse_response(value, raw)
             } else {
