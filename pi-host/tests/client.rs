@@ -59,6 +59,36 @@ async fn read_turn(sub: &mut Subscription, seqs: &mut Vec<u64>) -> bool {
     }
 }
 
+/// A client subscribed through a fault proxy whose link is stalled, and a second client
+/// connected directly, to produce meanwhile.
+struct StalledSubscriber {
+    proxy: FaultProxy,
+    client: RacpClient,
+    session_id: String,
+    sub: Subscription,
+    direct: RacpClient,
+}
+
+async fn stalled_subscriber(host: &HostProcess) -> StalledSubscriber {
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let proxy = FaultProxy::start(host.addr).await;
+    let client = RacpClient::connect(options(proxy.url(), &token))
+        .await
+        .unwrap();
+    let (session_id, sub) = session_and_subscription(&client, host).await;
+    let direct = RacpClient::connect(options(host.url(), &token))
+        .await
+        .unwrap();
+    proxy.stall(true);
+    StalledSubscriber {
+        proxy,
+        client,
+        session_id,
+        sub,
+        direct,
+    }
+}
+
 async fn session_and_subscription(
     client: &RacpClient,
     host: &HostProcess,
@@ -197,17 +227,14 @@ async fn a_host_restart_is_resumed_by_cursor() {
 #[tokio::test]
 async fn an_expired_cursor_resyncs_from_a_snapshot() {
     let host = host(&["--retain-events", "50"]).await;
-    let (_, token) = host.pair_device("laptop", &[]).await;
-    let proxy = FaultProxy::start(host.addr).await;
-    let client = RacpClient::connect(options(proxy.url(), &token))
-        .await
-        .unwrap();
-    let (session_id, mut sub) = session_and_subscription(&client, &host).await;
-    // A second, direct client produces while the first one's link is stalled.
-    let direct = RacpClient::connect(options(host.url(), &token))
-        .await
-        .unwrap();
-    proxy.stall(true);
+    let StalledSubscriber {
+        proxy,
+        // Kept: dropping the last handle stops the client.
+        client: _client,
+        session_id,
+        mut sub,
+        direct,
+    } = stalled_subscriber(&host).await;
     direct
         .call::<calls::TurnStart>(turn(&session_id, "k", "burst:500"))
         .await
@@ -336,16 +363,14 @@ async fn a_client_cut_off_as_too_slow_resumes_without_loss() {
         ],
     )
     .await;
-    let (_, token) = host.pair_device("laptop", &[]).await;
-    let proxy = FaultProxy::start(host.addr).await;
-    let client = RacpClient::connect(options(proxy.url(), &token))
-        .await
-        .unwrap();
-    let (session_id, mut sub) = session_and_subscription(&client, &host).await;
-    let direct = RacpClient::connect(options(host.url(), &token))
-        .await
-        .unwrap();
-    proxy.stall(true);
+    let StalledSubscriber {
+        proxy,
+        // Kept: dropping the last handle stops the client.
+        client: _client,
+        session_id,
+        mut sub,
+        direct,
+    } = stalled_subscriber(&host).await;
     direct
         .call::<calls::TurnStart>(turn(&session_id, "k", &"big:500000 ".repeat(25)))
         .await

@@ -26,6 +26,19 @@ struct Setup {
     start: Value,
 }
 
+impl Setup {
+    /// Kills the host and starts it again on the same data directory (with the stand-in
+    /// agent); returns it with the device token and the session id.
+    async fn restart(self) -> (HostProcess, String, String) {
+        let agent = tests::stand_in_agent();
+        let host = self
+            .host
+            .restart(&["--agent", agent.to_str().unwrap()])
+            .await;
+        (host, self.token, self.session_id)
+    }
+}
+
 async fn setup(extra: &[&str]) -> Setup {
     let host = start_host(extra).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
@@ -72,6 +85,11 @@ async fn events_until(client: &mut Client, done: impl Fn(&Value) -> bool) -> Vec
     client.events_until(tests::PATIENCE * 4, done).await
 }
 
+fn is_text_delta(event: &Value) -> bool {
+    event["type"] == "agent.message_update"
+        && event["data"]["assistantMessageEvent"]["type"] == "text_delta"
+}
+
 fn is_turn_finished(event: &Value) -> bool {
     event["type"] == "turn.finished"
 }
@@ -100,13 +118,7 @@ async fn a_turn_streams_agent_events_between_turn_started_and_turn_finished() {
     let last = events.last().unwrap();
     assert_eq!(last["data"]["outcome"], "completed");
     assert!(events.iter().all(|e| e["turnId"] == turn_id.as_str()));
-    let deltas = events
-        .iter()
-        .filter(|e| {
-            e["type"] == "agent.message_update"
-                && e["data"]["assistantMessageEvent"]["type"] == "text_delta"
-        })
-        .count();
+    let deltas = events.iter().filter(|e| is_text_delta(e)).count();
     assert_eq!(deltas, 5);
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     let agent_end = kinds.iter().position(|k| *k == "agent.agent_end").unwrap();
@@ -332,13 +344,7 @@ async fn a_subscriber_that_drops_mid_stream_resumes_with_every_event_once() {
     assert_eq!(sub["result"]["cursor"], last_cursor);
     seen.extend(events_until(&mut reader, is_turn_finished).await);
     assert_contiguous(&seen, 1);
-    let deltas = seen
-        .iter()
-        .filter(|e| {
-            e["type"] == "agent.message_update"
-                && e["data"]["assistantMessageEvent"]["type"] == "text_delta"
-        })
-        .count();
+    let deltas = seen.iter().filter(|e| is_text_delta(e)).count();
     assert_eq!(deltas, 10_000);
 }
 
@@ -454,15 +460,7 @@ async fn kill_9_mid_stream_loses_nothing_a_client_saw() {
     subscribe(&mut reader, &s.session_id, Some(&s.start)).await;
     start_turn(&mut s.client, &s.session_id, "k", "burst:20000").await;
     let mut seen = events_until(&mut reader, |e| e["seq"].as_u64().unwrap() >= 2000).await;
-    let Setup {
-        host,
-        token,
-        session_id,
-        ..
-    } = s;
-    let host = host
-        .restart(&["--agent", tests::stand_in_agent().to_str().unwrap()])
-        .await;
+    let (host, token, session_id) = s.restart().await;
     // Keep reading what the first host sent before it died.
     while let Some(frame) = reader.next_frame().await {
         if frame["method"] == "session/events" {
@@ -647,15 +645,7 @@ async fn approvals_pending_at_a_crash_are_cancelled_and_answers_to_them_are_stal
     let seen = events_until(&mut s.client, |e| e["type"] == "approval.requested").await;
     let approval_id = seen.last().unwrap()["data"]["approvalId"].clone();
     let last = seen.last().unwrap()["cursor"].clone();
-    let Setup {
-        host,
-        token,
-        session_id,
-        ..
-    } = s;
-    let host = host
-        .restart(&["--agent", tests::stand_in_agent().to_str().unwrap()])
-        .await;
+    let (host, token, session_id) = s.restart().await;
     let mut client = Client::connect(&host.url(), &token).await.unwrap();
     client.hello().await;
     let reply = client
