@@ -102,7 +102,10 @@ struct Sub {
     items: mpsc::UnboundedSender<SubscriptionItem>,
 }
 
-enum Pending {
+/// What a request in flight on this link waits for, by its id: a caller's reply, a
+/// subscription's start (the first one answers its caller; a resubscription answers no one), or
+/// the snapshot that resumes a subscription whose cursor expired.
+enum InFlight {
     Call(oneshot::Sender<Result<Value, AppError>>),
     Subscribe {
         local: u64,
@@ -178,7 +181,7 @@ pub(super) async fn run(
                 let mut link = Link {
                     socket,
                     next_id: 1,
-                    pending: HashMap::new(),
+                    in_flight: HashMap::new(),
                     heartbeat: Duration::from_millis(hello.heartbeat_ms.max(10)),
                 };
                 let ended = link
@@ -419,16 +422,16 @@ fn identity_mismatch(endpoint: &str, expected: CertSha256, found: CertSha256) ->
 struct Link {
     socket: Socket,
     next_id: u64,
-    pending: HashMap<u64, Pending>,
+    in_flight: HashMap<u64, InFlight>,
     heartbeat: Duration,
 }
 
 impl Link {
-    async fn send(&mut self, method: &str, params: Value, pending: Pending) -> Result<(), String> {
+    async fn send(&mut self, method: &str, params: Value, awaits: InFlight) -> Result<(), String> {
         let id = self.next_id;
         self.next_id += 1;
         let frame = json!({"id": id, "method": method, "params": params});
-        self.pending.insert(id, pending);
+        self.in_flight.insert(id, awaits);
         self.socket
             .send(Message::Text(frame.to_string().into()))
             .await
@@ -448,7 +451,7 @@ impl Link {
         self.send(
             "session/subscribe",
             params,
-            Pending::Subscribe { local, reply },
+            InFlight::Subscribe { local, reply },
         )
         .await
     }
@@ -467,19 +470,19 @@ impl Link {
             Ended::Stop(error) => error.message().to_string(),
             Ended::Shutdown => "the client stopped".into(),
         };
-        for (_, pending) in self.pending.drain() {
-            match pending {
-                Pending::Call(reply) => {
+        for (_, request) in self.in_flight.drain() {
+            match request {
+                InFlight::Call(reply) => {
                     let _ = reply.send(Err(disconnected(&reason)));
                 }
-                Pending::Subscribe {
+                InFlight::Subscribe {
                     local,
                     reply: Some(reply),
                 } => {
                     subs.remove(&local);
                     let _ = reply.send(Err(disconnected(&reason)));
                 }
-                Pending::Subscribe { reply: None, .. } | Pending::Resnapshot { .. } => {}
+                InFlight::Subscribe { reply: None, .. } | InFlight::Resnapshot { .. } => {}
             }
         }
         for sub in subs.values_mut() {
@@ -526,7 +529,7 @@ impl Link {
                 command = commands.recv() => {
                     let Some(command) = command else { return Ended::Shutdown };
                     let sent = match command {
-                        Command::Call { method, params, reply } => self.send(method, params, Pending::Call(reply)).await,
+                        Command::Call { method, params, reply } => self.send(method, params, InFlight::Call(reply)).await,
                         Command::Subscribe { session_id, cursor, items, reply } => {
                             let local = *next_local;
                             *next_local += 1;
@@ -554,13 +557,13 @@ impl Link {
     ) -> Option<Ended> {
         match frame {
             ServerFrame::Result { id, result } => {
-                let pending = self.take(&id)?;
-                match pending {
-                    Pending::Call(reply) => {
+                let request = self.take(&id)?;
+                match request {
+                    InFlight::Call(reply) => {
                         let value = serde_json::from_str(result.get()).unwrap_or(Value::Null);
                         let _ = reply.send(Ok(value));
                     }
-                    Pending::Subscribe { local, reply } => {
+                    InFlight::Subscribe { local, reply } => {
                         let parsed: Option<SessionSubscribeResult> =
                             serde_json::from_str(result.get()).ok();
                         if let (Some(sub), Some(parsed)) = (subs.get_mut(&local), parsed) {
@@ -571,7 +574,7 @@ impl Link {
                             }
                         }
                     }
-                    Pending::Resnapshot { local } => {
+                    InFlight::Resnapshot { local } => {
                         let snapshot: Option<SessionGetResult> =
                             serde_json::from_str(result.get()).ok();
                         let sub = subs.get_mut(&local)?;
@@ -589,12 +592,12 @@ impl Link {
                 None
             }
             ServerFrame::Error { id, error } => {
-                let pending = self.take(&id?)?;
-                match pending {
-                    Pending::Call(reply) => {
+                let request = self.take(&id?)?;
+                match request {
+                    InFlight::Call(reply) => {
                         let _ = reply.send(Err(error));
                     }
-                    Pending::Subscribe { local, reply }
+                    InFlight::Subscribe { local, reply }
                         if error.code() == ErrorCode::CursorExpired =>
                     {
                         // Recover through a snapshot; the first subscribe answers when it lands.
@@ -608,14 +611,14 @@ impl Link {
                             .send(
                                 "session/get",
                                 json!({"sessionId": session_id}),
-                                Pending::Resnapshot { local },
+                                InFlight::Resnapshot { local },
                             )
                             .await
                         {
                             return Some(Ended::Reconnect(reason));
                         }
                     }
-                    Pending::Subscribe { local, reply } => {
+                    InFlight::Subscribe { local, reply } => {
                         let sub = subs.remove(&local)?;
                         match reply {
                             Some(reply) => {
@@ -626,7 +629,7 @@ impl Link {
                             }
                         }
                     }
-                    Pending::Resnapshot { local } => {
+                    InFlight::Resnapshot { local } => {
                         let sub = subs.remove(&local)?;
                         let _ = sub.items.send(SubscriptionItem::Failed(error));
                     }
@@ -676,9 +679,9 @@ impl Link {
         }
     }
 
-    fn take(&mut self, id: &RequestId) -> Option<Pending> {
+    fn take(&mut self, id: &RequestId) -> Option<InFlight> {
         match id {
-            RequestId::Number(n) => self.pending.remove(n),
+            RequestId::Number(n) => self.in_flight.remove(n),
             RequestId::Text(_) => None,
         }
     }
