@@ -129,7 +129,7 @@ struct ConnectCommand {
     #[arg(long, env = "PI_REMOTE_RELEASE_DIR")]
     release_dir: Option<std::path::PathBuf>,
     /// The install root on the remote.
-    #[arg(long, default_value = provision::remote::DEFAULT_REMOTE_DIR)]
+    #[arg(long, default_value = provision::remote_shell::DEFAULT_REMOTE_DIR)]
     remote_dir: String,
     /// The ssh config file [default: ~/.ssh/config].
     #[arg(long, short = 'F')]

@@ -4,13 +4,13 @@
 //! A host that already runs the wanted version is reused as is: one probe command, no transfer,
 //! no restart. Pairing mints a token over SSH (`pi-host pair --json`, run remotely) and trades it
 //! for a device credential through the forward; a stored credential is reused. After that,
-//! [`forward`] keeps the local port open and reconnects SSH with backoff when the link drops,
+//! [`supervisor`] keeps the local port open and reconnects SSH with backoff when the link drops,
 //! running the same stages again (fast: the host is found running).
 
-pub mod forward;
 pub mod release;
-pub mod remote;
+pub mod remote_shell;
 pub mod stage;
+pub mod supervisor;
 
 use crate::ssh::config::{Destination, ResolveOptions};
 use crate::ssh::{self, ChangedHostKey, ConnectOptions, ConnectStep, SshError, SshSession};
@@ -19,7 +19,7 @@ use racp_proto::fingerprint::CertSha256;
 use racp_proto::methods::handshake::PairParams;
 use racp_proto::{AppError, Empty, ErrorCode, ErrorSource, Role, calls};
 use release::Release;
-use remote::{Probe, sh_quote};
+use remote_shell::{Probe, sh_quote};
 use serde_json::{Value, json};
 use stage::{Progress, Reporter, Stage};
 use std::path::PathBuf;
@@ -79,7 +79,7 @@ impl BootstrapOptions {
             resolve: ResolveOptions::default(),
             ssh: ConnectOptions::default(),
             release_dir: None,
-            remote_dir: remote::DEFAULT_REMOTE_DIR.into(),
+            remote_dir: remote_shell::DEFAULT_REMOTE_DIR.into(),
             device_name: "pi-remote".into(),
             credential: None,
             local_port: 0,
@@ -265,7 +265,7 @@ async fn establish(
 
     let clock = StageClock::start(reporter, Stage::Probe);
     let output = session
-        .exec(&remote::probe_script(&options.remote_dir))
+        .exec(&remote_shell::probe_script(&options.remote_dir))
         .await
         .map_err(|e| ssh_failed(Stage::Probe, e))?;
     if !output.success() {
@@ -615,7 +615,7 @@ async fn upload_verify_install(
     if !output.success() {
         return Err(remote_failed(Stage::Verify, sha_command, &output));
     }
-    let sums = remote::parse_sums(&output.stdout_text());
+    let sums = remote_shell::parse_sums(&output.stdout_text());
     for (file, expected) in files {
         let actual = sums
             .iter()
@@ -673,11 +673,11 @@ pub struct Connection {
     pub host_id: String,
     /// What this connect did, for reports: `{transferred, installed, started, paired, ...}`.
     pub summary: Value,
-    pub forward: forward::Forward,
+    pub forward: supervisor::Forward,
 }
 
 /// The whole flow; the forward keeps running (and reconnecting) until the connection is
-/// dropped or [`forward::Forward::stop`] is called.
+/// dropped or [`supervisor::Forward::stop`] is called.
 pub async fn connect(
     options: BootstrapOptions,
     reporter: Arc<dyn Reporter>,
@@ -687,7 +687,7 @@ pub async fn connect(
     let mut pin = link.cert_sha256;
 
     let clock = StageClock::start(reporter.as_ref(), Stage::Forward);
-    let forward = forward::Forward::open(&options, link, reporter.clone()).await?;
+    let forward = supervisor::Forward::open(&options, link, reporter.clone()).await?;
     let url = forward.url();
     clock.done(Some(url.clone()));
 
@@ -776,7 +776,7 @@ async fn open_client(url: &str, token: &str, pin: CertSha256) -> Result<RacpClie
 
 /// Mints a pairing token over SSH and trades it for a device credential through the forward.
 async fn pair(
-    forward: &forward::Forward,
+    forward: &supervisor::Forward,
     url: &str,
     options: &BootstrapOptions,
     reporter: &dyn Reporter,
