@@ -47,7 +47,8 @@
 //! the paired host (HOST_IDENTITY_MISMATCH): pair again, in the last case only if you trust the
 //! change; 5 a turn that `prompt --wait` followed ended other than `completed`.
 
-pub mod connect;
+pub mod commands;
+pub mod out;
 pub mod pairing;
 pub mod profile;
 pub mod view;

@@ -10,11 +10,42 @@ use crate::provision::stage::{Progress, Reporter, Stage};
 use crate::provision::{self, BootstrapOptions, Credential};
 use crate::remote::Failure;
 use crate::remote::profile::{self, Profile, SshOrigin};
+use crate::ssh::PassphrasePrompt;
+use crate::ssh::host_key::{HostKeyPolicy, UnknownHost};
+use crate::ssh::prompt;
 use indicatif::{ProgressBar, ProgressStyle};
 use racp_proto::validate::printable;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// What to do with a host seen for the first time: trust it with `--accept-new`; ask when a
+/// person can answer (a terminal without `--json`, or `SSH_ASKPASS`); else refuse.
+pub fn host_key_policy(accept_new: bool, json: bool) -> HostKeyPolicy {
+    let interactive = !json && std::io::stdin().is_terminal();
+    if accept_new {
+        HostKeyPolicy::AcceptNew
+    } else if interactive || std::env::var_os("SSH_ASKPASS").is_some() {
+        HostKeyPolicy::Ask(Arc::new(|unknown: &UnknownHost| {
+            prompt::ask_yes_no(&format!(
+                "The authenticity of host '{}' can't be established.\n{} key fingerprint is {}.\nTrust it and record it in {}? (yes/no) ",
+                unknown.host,
+                unknown.algorithm,
+                unknown.fingerprint,
+                unknown.known_hosts.display()
+            ))
+        }))
+    } else {
+        HostKeyPolicy::Strict
+    }
+}
+
+/// Asks for an encrypted key's passphrase (`SSH_ASKPASS` or the terminal).
+pub fn passphrase_prompt() -> PassphrasePrompt {
+    Arc::new(|path: &std::path::Path| {
+        prompt::ask_secret(&format!("Enter passphrase for key '{}': ", path.display()))
+    })
+}
 
 /// `--json`: one line per event on stdout.
 pub struct JsonLines;
