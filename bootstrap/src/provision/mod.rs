@@ -19,7 +19,7 @@ use racp_proto::fingerprint::CertSha256;
 use racp_proto::methods::handshake::PairParams;
 use racp_proto::{AppError, Empty, ErrorCode, ErrorSource, Role, calls};
 use release::Release;
-use remote_shell::{Probe, sh_quote};
+use remote_shell::{Probe, Running, sh_quote};
 use serde_json::{Value, json};
 use stage::{Progress, Reporter, Stage};
 use std::path::PathBuf;
@@ -246,6 +246,50 @@ async fn establish(
     options: &BootstrapOptions,
     reporter: &dyn Reporter,
 ) -> Result<(Link, Work, String), AppError> {
+    let (destination, release, wanted) = resolve_stage(options, reporter)?;
+    let session = Arc::new(ssh_connect(&destination, options, reporter).await?);
+    let (mut probe, running) = probe_stage(&session, options, reporter).await?;
+
+    let mut work = Work::default();
+    if let Some(running) = running
+        .as_ref()
+        .filter(|r| r.version == wanted && !r.draining)
+    {
+        let link = warm_link(session, probe, running, &wanted, reporter)?;
+        return Ok((link, work, wanted));
+    }
+
+    let previous = probe.installed.clone();
+    if probe.installed.as_deref() == Some(wanted.as_str()) && probe.has_installer {
+        for stage in [Stage::Transfer, Stage::Verify, Stage::Install] {
+            skipped(reporter, stage, &format!("pi-host {wanted} is installed"));
+        }
+    } else {
+        install(&session, &mut probe, release.as_ref(), &wanted, reporter).await?;
+        work.transferred = true;
+        work.installed = true;
+    }
+
+    // Only a version this connect installed is rolled back, and only to another one.
+    let rollback_to = previous.filter(|p| work.installed && *p != wanted);
+    let (remote_port, cert_sha256) =
+        start_stage(&session, &probe, running.is_some(), rollback_to, reporter).await?;
+    work.started = true;
+    let link = Link {
+        session,
+        remote_port,
+        probe,
+        cert_sha256,
+    };
+    Ok((link, work, wanted))
+}
+
+/// The resolve stage: the SSH destination from the ssh config, the release (if a directory was
+/// given) and the version wanted: the release's, else this build's.
+fn resolve_stage(
+    options: &BootstrapOptions,
+    reporter: &dyn Reporter,
+) -> Result<(Destination, Option<Release>, String), AppError> {
     let clock = StageClock::start(reporter, Stage::Resolve);
     let destination = crate::ssh::config::resolve(&options.target, &options.resolve)
         .map_err(|e| stage_failed(Stage::Resolve, e, json!({})))?;
@@ -260,9 +304,16 @@ async fn establish(
         |r| r.manifest.version.clone(),
     );
     clock.done(Some(destination.display()));
+    Ok((destination, release, wanted))
+}
 
-    let session = Arc::new(ssh_connect(&destination, options, reporter).await?);
-
+/// The probe stage: one remote command (remote_shell.rs) tells the platform, the installed
+/// version and the running host, if any.
+async fn probe_stage(
+    session: &SshSession,
+    options: &BootstrapOptions,
+    reporter: &dyn Reporter,
+) -> Result<(Probe, Option<Running>), AppError> {
     let clock = StageClock::start(reporter, Stage::Probe);
     let output = session
         .exec(&remote_shell::probe_script(&options.remote_dir))
@@ -271,7 +322,7 @@ async fn establish(
     if !output.success() {
         return Err(remote_failed(Stage::Probe, "the probe", &output));
     }
-    let mut probe = Probe::parse(&output.stdout_text())
+    let probe = Probe::parse(&output.stdout_text())
         .map_err(|e| stage_failed(Stage::Probe, e, json!({})))?;
     let running = probe.running();
     clock.done(Some(format!(
@@ -283,48 +334,46 @@ async fn establish(
             .as_ref()
             .map_or("none".to_string(), |r| r.version.clone())
     )));
+    Ok((probe, running))
+}
 
-    let mut work = Work::default();
-    let previous = probe.installed.clone();
-    if let Some(running) = running
-        .as_ref()
-        .filter(|r| r.version == wanted && !r.draining)
-    {
-        for stage in [Stage::Transfer, Stage::Verify, Stage::Install, Stage::Start] {
-            skipped(reporter, stage, &format!("pi-host {wanted} is running"));
-        }
-        let remote_port = running.port;
-        let cert_sha256 = running.cert_sha256.ok_or_else(|| {
-            stage_failed(
-                Stage::Probe,
-                "the running pi-host reports no certificate fingerprint (certSha256); it must serve TLS",
-                json!({}),
-            )
-        })?;
-        return Ok((
-            Link {
-                session,
-                remote_port,
-                probe,
-                cert_sha256,
-            },
-            work,
-            wanted,
-        ));
+/// The warm path: the wanted version already runs, so transfer to start are skipped.
+fn warm_link(
+    session: Arc<SshSession>,
+    probe: Probe,
+    running: &Running,
+    wanted: &str,
+    reporter: &dyn Reporter,
+) -> Result<Link, AppError> {
+    for stage in [Stage::Transfer, Stage::Verify, Stage::Install, Stage::Start] {
+        skipped(reporter, stage, &format!("pi-host {wanted} is running"));
     }
+    let cert_sha256 = running.cert_sha256.ok_or_else(|| {
+        stage_failed(
+            Stage::Probe,
+            "the running pi-host reports no certificate fingerprint (certSha256); it must serve TLS",
+            json!({}),
+        )
+    })?;
+    Ok(Link {
+        session,
+        remote_port: running.port,
+        probe,
+        cert_sha256,
+    })
+}
 
-    if probe.installed.as_deref() == Some(wanted.as_str()) && probe.has_installer {
-        for stage in [Stage::Transfer, Stage::Verify, Stage::Install] {
-            skipped(reporter, stage, &format!("pi-host {wanted} is installed"));
-        }
-    } else {
-        install(&session, &mut probe, release.as_ref(), &wanted, reporter).await?;
-        work.transferred = true;
-        work.installed = true;
-    }
-
+/// The start stage: stop the host that runs (another version, or a draining one), start the
+/// installed one; when that fails, put `rollback_to` back.
+async fn start_stage(
+    session: &SshSession,
+    probe: &Probe,
+    stop_first: bool,
+    rollback_to: Option<String>,
+    reporter: &dyn Reporter,
+) -> Result<(u16, CertSha256), AppError> {
     let clock = StageClock::start(reporter, Stage::Start);
-    if running.is_some() {
+    if stop_first {
         // Another version (or a draining host) holds the data directory: stop it first.
         let output = session
             .exec(&probe.installer("stop"))
@@ -334,52 +383,51 @@ async fn establish(
             return Err(remote_failed(Stage::Start, "install.sh stop", &output));
         }
     }
-    let (remote_port, cert_sha256) = match start_host(&session, &probe).await {
+    let started = match start_host(session, probe).await {
         Ok(started) => started,
         Err(error) => {
-            // The new version installed but does not start: put the old one back, so the
-            // remote keeps a working host.
-            let Some(previous) = previous.filter(|p| work.installed && *p != wanted) else {
-                return Err(error);
-            };
-            let rollback = format!(
-                "{} --version {}",
-                probe.installer("install"),
-                sh_quote(&previous)
-            );
-            let restored = match session.exec(&rollback).await {
-                Ok(output) if output.success() => start_host(&session, &probe).await.is_ok(),
-                _ => false,
-            };
-            let mut details = error.details().cloned().unwrap_or_else(|| json!({}));
-            details["rolledBackTo"] = previous.clone().into();
-            details["rollbackSucceeded"] = restored.into();
-            let message = format!(
-                "{}; {}",
-                error.message(),
-                if restored {
-                    format!("pi-host {previous} was restored and runs")
-                } else {
-                    format!("restoring pi-host {previous} failed too")
-                }
-            );
-            return Err(AppError::new(error.code(), message)
-                .with_details(details)
-                .with_source(ErrorSource::Bootstrap));
+            return Err(match rollback_to {
+                Some(previous) => roll_back(session, probe, &previous, error).await,
+                None => error,
+            });
         }
     };
-    work.started = true;
-    clock.done(Some(format!("listening on 127.0.0.1:{remote_port}")));
-    Ok((
-        Link {
-            session,
-            remote_port,
-            probe,
-            cert_sha256,
-        },
-        work,
-        wanted,
-    ))
+    clock.done(Some(format!("listening on 127.0.0.1:{}", started.0)));
+    Ok(started)
+}
+
+/// The new version installed but does not start: put the old one back, so the remote keeps a
+/// working host. The start failure is returned, saying whether the old version runs again.
+async fn roll_back(
+    session: &SshSession,
+    probe: &Probe,
+    previous: &str,
+    error: AppError,
+) -> AppError {
+    let rollback = format!(
+        "{} --version {}",
+        probe.installer("install"),
+        sh_quote(previous)
+    );
+    let restored = match session.exec(&rollback).await {
+        Ok(output) if output.success() => start_host(session, probe).await.is_ok(),
+        _ => false,
+    };
+    let mut details = error.details().cloned().unwrap_or_else(|| json!({}));
+    details["rolledBackTo"] = previous.into();
+    details["rollbackSucceeded"] = restored.into();
+    let message = format!(
+        "{}; {}",
+        error.message(),
+        if restored {
+            format!("pi-host {previous} was restored and runs")
+        } else {
+            format!("restoring pi-host {previous} failed too")
+        }
+    );
+    AppError::new(error.code(), message)
+        .with_details(details)
+        .with_source(ErrorSource::Bootstrap)
 }
 
 /// `install.sh start`: the host's port on the remote and its certificate fingerprint, from the
@@ -465,38 +513,7 @@ async fn install(
     wanted: &str,
     reporter: &dyn Reporter,
 ) -> Result<(), AppError> {
-    let platform = format!(
-        "{}-{}",
-        release::normalize_os(&probe.os),
-        release::normalize_arch(&probe.arch)
-    );
-    let Some(release) = release else {
-        let message = format!(
-            "pi-host {wanted} is not on the remote and no release directory was given (pass --release-dir; deploy/release.sh makes one)"
-        );
-        return Err(match &probe.installed {
-            Some(installed) => version_mismatch(message, wanted, Some(installed), &platform),
-            None => stage_failed(Stage::Transfer, message, json!({"platform": platform})),
-        });
-    };
-    let Some(artifact) = release.artifact_for(&probe.os, &probe.arch) else {
-        let message = format!(
-            "the release in {} has no build for {platform} (it has {})",
-            release.dir.display(),
-            release.platforms().join(", ")
-        );
-        return Err(match &probe.installed {
-            Some(installed) => version_mismatch(message, wanted, Some(installed), &platform),
-            None => stage_failed(Stage::Transfer, message, json!({"platform": platform})),
-        });
-    };
-    let Some(sha_command) = probe.sha_command.clone() else {
-        return Err(stage_failed(
-            Stage::Verify,
-            "the remote has neither sha256sum nor shasum",
-            json!({}),
-        ));
-    };
+    let (release, artifact, sha_command) = installable(probe, release, wanted)?;
 
     let clock = StageClock::start(reporter, Stage::Transfer);
     let installer = &release.manifest.installer;
@@ -504,19 +521,7 @@ async fn install(
         (artifact.file.as_str(), artifact.sha256.as_str()),
         (installer.file.as_str(), installer.sha256.as_str()),
     ];
-    let mut total = 0;
-    for (file, _) in files {
-        let path = release.dir.join(file);
-        total += std::fs::metadata(&path)
-            .map_err(|e| {
-                stage_failed(
-                    Stage::Transfer,
-                    format!("cannot read {}: {e}", path.display()),
-                    json!({}),
-                )
-            })?
-            .len();
-    }
+    let total = upload_size(release, &files)?;
     // Each connect uploads into its own directory, so two desktops installing at once never
     // mix their files (install.sh's lock serializes the installs themselves). Directories left
     // by a connect that died halfway are removed after an hour.
@@ -533,26 +538,79 @@ async fn install(
     if !mkdir.success() {
         return Err(remote_failed(Stage::Transfer, "mkdir", &mkdir));
     }
-    let result = upload_verify_install(
-        session,
-        probe,
+    let upload = Upload {
         release,
         artifact,
-        &sha_command,
-        &run_dir,
+        files,
+        sha_command,
+        run_dir,
         total,
-        wanted,
-        clock,
-        reporter,
-    )
-    .await;
+    };
+    let result = upload_verify_install(session, probe, &upload, wanted, clock, reporter).await;
     let _ = session
-        .exec(&format!("rm -rf {}", sh_quote(&run_dir)))
+        .exec(&format!("rm -rf {}", sh_quote(&upload.run_dir)))
         .await;
     result?;
     probe.installed = Some(wanted.to_string());
     probe.has_installer = true;
     Ok(())
+}
+
+/// What an install needs: a release with a build for the remote's platform, and a command on
+/// the remote that prints SHA-256 sums.
+fn installable<'r>(
+    probe: &Probe,
+    release: Option<&'r Release>,
+    wanted: &str,
+) -> Result<(&'r Release, &'r release::Artifact, String), AppError> {
+    let platform = format!(
+        "{}-{}",
+        release::normalize_os(&probe.os),
+        release::normalize_arch(&probe.arch)
+    );
+    // With another version installed, not getting the wanted one is a version mismatch.
+    let unavailable = |message: String| match &probe.installed {
+        Some(installed) => version_mismatch(message, wanted, Some(installed), &platform),
+        None => stage_failed(Stage::Transfer, message, json!({"platform": platform})),
+    };
+    let Some(release) = release else {
+        return Err(unavailable(format!(
+            "pi-host {wanted} is not on the remote and no release directory was given (pass --release-dir; deploy/release.sh makes one)"
+        )));
+    };
+    let Some(artifact) = release.artifact_for(&probe.os, &probe.arch) else {
+        return Err(unavailable(format!(
+            "the release in {} has no build for {platform} (it has {})",
+            release.dir.display(),
+            release.platforms().join(", ")
+        )));
+    };
+    let Some(sha_command) = probe.sha_command.clone() else {
+        return Err(stage_failed(
+            Stage::Verify,
+            "the remote has neither sha256sum nor shasum",
+            json!({}),
+        ));
+    };
+    Ok((release, artifact, sha_command))
+}
+
+/// The bytes the upload sends.
+fn upload_size(release: &Release, files: &[(&str, &str)]) -> Result<u64, AppError> {
+    let mut total = 0;
+    for (file, _) in files {
+        let path = release.dir.join(file);
+        total += std::fs::metadata(&path)
+            .map_err(|e| {
+                stage_failed(
+                    Stage::Transfer,
+                    format!("cannot read {}: {e}", path.display()),
+                    json!({}),
+                )
+            })?
+            .len();
+    }
+    Ok(total)
 }
 
 /// Sixteen hex digits from the OS's random source.
@@ -562,36 +620,80 @@ fn nonce() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A release's build and its install.sh on their way to a staging directory on the remote.
+struct Upload<'a> {
+    release: &'a Release,
+    artifact: &'a release::Artifact,
+    /// `(file, SHA-256 in the manifest)`: the build, then install.sh.
+    files: [(&'a str, &'a str); 2],
+    /// The remote's command that prints SHA-256 sums.
+    sha_command: String,
+    /// This connect's staging directory on the remote.
+    run_dir: String,
+    /// The bytes to send.
+    total: u64,
+}
+
+impl Upload<'_> {
+    /// Where `file` goes on the remote, as a shell word.
+    fn remote_path(&self, file: &str) -> String {
+        sh_quote(&format!("{}/{file}", self.run_dir))
+    }
+}
+
+/// The rest of the transfer stage (its clock is running), then verify and install.
 async fn upload_verify_install(
     session: &SshSession,
     probe: &Probe,
-    release: &Release,
-    artifact: &release::Artifact,
-    sha_command: &str,
-    run_dir: &str,
-    total: u64,
+    upload: &Upload<'_>,
     wanted: &str,
     clock: StageClock<'_>,
     reporter: &dyn Reporter,
 ) -> Result<(), AppError> {
-    let installer = &release.manifest.installer;
-    let files = [
-        (artifact.file.as_str(), artifact.sha256.as_str()),
-        (installer.file.as_str(), installer.sha256.as_str()),
-    ];
-    let remote_path = |file: &str| sh_quote(&format!("{run_dir}/{file}"));
+    send_files(session, upload, reporter).await?;
+    clock.done(Some(format!("{} bytes", upload.total)));
+
+    let clock = StageClock::start(reporter, Stage::Verify);
+    verify_sums(session, upload).await?;
+    clock.done(None);
+
+    let clock = StageClock::start(reporter, Stage::Install);
+    let command = format!(
+        "sh {} install --root {} --version {} --artifact {}",
+        upload.remote_path(&upload.release.manifest.installer.file),
+        probe.root_word(),
+        sh_quote(wanted),
+        upload.remote_path(&upload.artifact.file)
+    );
+    let output = session
+        .exec(&command)
+        .await
+        .map_err(|e| ssh_failed(Stage::Install, e))?;
+    if !output.success() {
+        return Err(remote_failed(Stage::Install, "install.sh", &output));
+    }
+    clock.done(last_line(&output.stdout_text()).map(str::to_string));
+    Ok(())
+}
+
+/// Sends the files (`cat > FILE` over SSH), reporting the bytes sent.
+async fn send_files(
+    session: &SshSession,
+    upload: &Upload<'_>,
+    reporter: &dyn Reporter,
+) -> Result<(), AppError> {
+    let release = upload.release;
     let mut sent_before = 0;
-    for (file, _) in files {
+    for (file, _) in upload.files {
         let mut on_progress = |sent: u64| {
             reporter.report(Progress::Transfer {
                 sent: sent_before + sent,
-                total,
+                total: upload.total,
             })
         };
         let output = session
             .exec_with_input(
-                &format!("cat > {}", remote_path(file)),
+                &format!("cat > {}", upload.remote_path(file)),
                 Some(&release.dir.join(file)),
                 &mut on_progress,
             )
@@ -604,10 +706,17 @@ async fn upload_verify_install(
             .map(|m| m.len())
             .unwrap_or(0);
     }
-    clock.done(Some(format!("{total} bytes")));
+    Ok(())
+}
 
-    let clock = StageClock::start(reporter, Stage::Verify);
-    let paths: Vec<String> = files.iter().map(|(f, _)| remote_path(f)).collect();
+/// Checks each file's SHA-256 on the remote against the manifest.
+async fn verify_sums(session: &SshSession, upload: &Upload<'_>) -> Result<(), AppError> {
+    let sha_command = upload.sha_command.as_str();
+    let paths: Vec<String> = upload
+        .files
+        .iter()
+        .map(|(f, _)| upload.remote_path(f))
+        .collect();
     let output = session
         .exec(&format!("{sha_command} {}", paths.join(" ")))
         .await
@@ -616,7 +725,7 @@ async fn upload_verify_install(
         return Err(remote_failed(Stage::Verify, sha_command, &output));
     }
     let sums = remote_shell::parse_sums(&output.stdout_text());
-    for (file, expected) in files {
+    for (file, expected) in upload.files {
         let actual = sums
             .iter()
             .find(|(_, name)| name == file)
@@ -632,24 +741,6 @@ async fn upload_verify_install(
             ));
         }
     }
-    clock.done(None);
-
-    let clock = StageClock::start(reporter, Stage::Install);
-    let command = format!(
-        "sh {} install --root {} --version {} --artifact {}",
-        remote_path(&installer.file),
-        probe.root_word(),
-        sh_quote(wanted),
-        remote_path(&artifact.file)
-    );
-    let output = session
-        .exec(&command)
-        .await
-        .map_err(|e| ssh_failed(Stage::Install, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Install, "install.sh", &output));
-    }
-    clock.done(last_line(&output.stdout_text()).map(str::to_string));
     Ok(())
 }
 
