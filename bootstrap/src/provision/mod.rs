@@ -185,6 +185,24 @@ fn remote_failed(stage: Stage, what: &str, output: &ssh::ExecOutput) -> AppError
     )
 }
 
+/// Runs `command` on the remote as part of `stage`: not getting it to run, or its failing
+/// (`what` names it in the message), fails the stage.
+async fn run_remote(
+    session: &SshSession,
+    stage: Stage,
+    what: &str,
+    command: &str,
+) -> Result<ssh::ExecOutput, AppError> {
+    let output = session
+        .exec(command)
+        .await
+        .map_err(|e| ssh_failed(stage, e))?;
+    if !output.success() {
+        return Err(remote_failed(stage, what, &output));
+    }
+    Ok(output)
+}
+
 fn last_line(text: &str) -> Option<&str> {
     text.lines().rev().find(|l| !l.trim().is_empty())
 }
@@ -315,13 +333,13 @@ async fn probe_stage(
     reporter: &dyn Reporter,
 ) -> Result<(Probe, Option<Running>), AppError> {
     let clock = StageClock::start(reporter, Stage::Probe);
-    let output = session
-        .exec(&remote_shell::probe_script(&options.remote_dir))
-        .await
-        .map_err(|e| ssh_failed(Stage::Probe, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Probe, "the probe", &output));
-    }
+    let output = run_remote(
+        session,
+        Stage::Probe,
+        "the probe",
+        &remote_shell::probe_script(&options.remote_dir),
+    )
+    .await?;
     let probe = Probe::parse(&output.stdout_text())
         .map_err(|e| stage_failed(Stage::Probe, e, json!({})))?;
     let running = probe.running();
@@ -375,13 +393,13 @@ async fn start_stage(
     let clock = StageClock::start(reporter, Stage::Start);
     if stop_first {
         // Another version (or a draining host) holds the data directory: stop it first.
-        let output = session
-            .exec(&probe.installer("stop"))
-            .await
-            .map_err(|e| ssh_failed(Stage::Start, e))?;
-        if !output.success() {
-            return Err(remote_failed(Stage::Start, "install.sh stop", &output));
-        }
+        run_remote(
+            session,
+            Stage::Start,
+            "install.sh stop",
+            &probe.installer("stop"),
+        )
+        .await?;
     }
     let started = match start_host(session, probe).await {
         Ok(started) => started,
@@ -433,13 +451,13 @@ async fn roll_back(
 /// `install.sh start`: the host's port on the remote and its certificate fingerprint, from the
 /// state it wrote.
 async fn start_host(session: &SshSession, probe: &Probe) -> Result<(u16, CertSha256), AppError> {
-    let output = session
-        .exec(&probe.installer("start --reuse"))
-        .await
-        .map_err(|e| ssh_failed(Stage::Start, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Start, "install.sh start", &output));
-    }
+    let output = run_remote(
+        session,
+        Stage::Start,
+        "install.sh start",
+        &probe.installer("start --reuse"),
+    )
+    .await?;
     let state: Value = last_line(&output.stdout_text())
         .and_then(|line| serde_json::from_str(line).ok())
         .ok_or_else(|| {
@@ -531,13 +549,7 @@ async fn install(
         dir = sh_quote(&run_dir),
         staging = sh_quote(&format!("{}/staging", probe.root)),
     );
-    let mkdir = session
-        .exec(&prepare)
-        .await
-        .map_err(|e| ssh_failed(Stage::Transfer, e))?;
-    if !mkdir.success() {
-        return Err(remote_failed(Stage::Transfer, "mkdir", &mkdir));
-    }
+    run_remote(session, Stage::Transfer, "mkdir", &prepare).await?;
     let upload = Upload {
         release,
         artifact,
@@ -665,13 +677,7 @@ async fn upload_verify_install(
         sh_quote(wanted),
         upload.remote_path(&upload.artifact.file)
     );
-    let output = session
-        .exec(&command)
-        .await
-        .map_err(|e| ssh_failed(Stage::Install, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Install, "install.sh", &output));
-    }
+    let output = run_remote(session, Stage::Install, "install.sh", &command).await?;
     clock.done(last_line(&output.stdout_text()).map(str::to_string));
     Ok(())
 }
@@ -717,13 +723,13 @@ async fn verify_sums(session: &SshSession, upload: &Upload<'_>) -> Result<(), Ap
         .iter()
         .map(|(f, _)| upload.remote_path(f))
         .collect();
-    let output = session
-        .exec(&format!("{sha_command} {}", paths.join(" ")))
-        .await
-        .map_err(|e| ssh_failed(Stage::Verify, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Verify, sha_command, &output));
-    }
+    let output = run_remote(
+        session,
+        Stage::Verify,
+        sha_command,
+        &format!("{sha_command} {}", paths.join(" ")),
+    )
+    .await?;
     let sums = remote_shell::parse_sums(&output.stdout_text());
     for (file, expected) in upload.files {
         let actual = sums
@@ -875,16 +881,13 @@ async fn pair(
     let clock = StageClock::start(reporter, Stage::Pair);
     let (session, probe) = forward.current_link().await?;
     // The token travels inside the SSH channel only; it never appears in argv or on screen.
-    let output = session
-        .exec(&format!(
-            "{} pair --json --roles owner --ttl 2m",
-            probe.pi_host()
-        ))
-        .await
-        .map_err(|e| ssh_failed(Stage::Pair, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Pair, "pi-host pair", &output));
-    }
+    let output = run_remote(
+        &session,
+        Stage::Pair,
+        "pi-host pair",
+        &format!("{} pair --json --roles owner --ttl 2m", probe.pi_host()),
+    )
+    .await?;
     let minted: Value = serde_json::from_str(output.stdout_text().trim()).map_err(|e| {
         stage_failed(
             Stage::Pair,
