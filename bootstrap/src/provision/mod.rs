@@ -325,8 +325,8 @@ fn resolve_stage(
     Ok((destination, release, wanted))
 }
 
-/// The probe stage: one remote command (remote_shell.rs) tells the platform, the installed
-/// version and the running host, if any.
+/// The probe stage: one remote command ([`remote_shell::probe_script`]) tells the platform,
+/// the installed version and the running host, if any.
 async fn probe_stage(
     session: &SshSession,
     options: &BootstrapOptions,
