@@ -16,6 +16,7 @@ use crate::ssh::prompt;
 use indicatif::{ProgressBar, ProgressStyle};
 use racp_proto::validate::printable;
 use std::io::{IsTerminal, Write};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -162,45 +163,7 @@ pub struct ConnectArgs {
 pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     let dir = profile::config_dir().map_err(Failure::Local)?;
     let target = args.options.target.clone();
-    let stored = match profile::load(&dir, &args.profile) {
-        Ok(stored) => Some(stored),
-        Err(_)
-            if !profile::path(&dir, &args.profile)
-                .map_err(Failure::Local)?
-                .exists() =>
-        {
-            None
-        }
-        Err(message) => return Err(Failure::Local(message)),
-    };
-    if let Some(stored) = &stored {
-        match &stored.ssh {
-            Some(origin)
-                if origin.target == target && origin.remote_dir == args.options.remote_dir =>
-            {
-                // A credential without a pin (an older profile) is paired again over SSH.
-                args.options.credential = Some(Credential {
-                    device_id: stored.device_id.clone(),
-                    device_token: stored.device_token.clone(),
-                    roles: stored.roles.clone(),
-                    cert_sha256: stored.cert_sha256,
-                });
-                if args.options.local_port == 0 {
-                    args.options.preferred_local_port = port_of(&stored.url);
-                }
-            }
-            _ => {
-                return Err(Failure::Local(format!(
-                    "the profile {:?} is already paired with {}; pass --profile NAME to keep a profile per host",
-                    args.profile,
-                    stored
-                        .ssh
-                        .as_ref()
-                        .map_or(stored.url.clone(), |o| o.target.clone())
-                )));
-            }
-        }
-    }
+    reuse_credential(&dir, &mut args)?;
     let reporter: Arc<dyn Reporter> = if args.json {
         Arc::new(JsonLines)
     } else {
@@ -242,6 +205,48 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
             Ok(())
         }
         error = forward.failed() => Err(Failure::App(error)),
+    }
+}
+
+/// A profile from an earlier `connect` to the same target and install root lends its
+/// credential (and its local port); a profile paired with anything else is left alone.
+fn reuse_credential(dir: &Path, args: &mut ConnectArgs) -> Result<(), Failure> {
+    let stored = match profile::load(dir, &args.profile) {
+        Ok(stored) => stored,
+        Err(_)
+            if !profile::path(dir, &args.profile)
+                .map_err(Failure::Local)?
+                .exists() =>
+        {
+            return Ok(());
+        }
+        Err(message) => return Err(Failure::Local(message)),
+    };
+    match &stored.ssh {
+        Some(origin)
+            if origin.target == args.options.target
+                && origin.remote_dir == args.options.remote_dir =>
+        {
+            // A credential without a pin (an older profile) is paired again over SSH.
+            args.options.credential = Some(Credential {
+                device_id: stored.device_id.clone(),
+                device_token: stored.device_token.clone(),
+                roles: stored.roles.clone(),
+                cert_sha256: stored.cert_sha256,
+            });
+            if args.options.local_port == 0 {
+                args.options.preferred_local_port = port_of(&stored.url);
+            }
+            Ok(())
+        }
+        _ => Err(Failure::Local(format!(
+            "the profile {:?} is already paired with {}; pass --profile NAME to keep a profile per host",
+            args.profile,
+            stored
+                .ssh
+                .as_ref()
+                .map_or(stored.url.clone(), |o| o.target.clone())
+        ))),
     }
 }
 
