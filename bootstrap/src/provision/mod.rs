@@ -17,6 +17,7 @@ use crate::ssh::{self, ChangedHostKey, ConnectOptions, ConnectStep, SshError, Ss
 use racp_proto::client::{ClientOptions, RacpClient};
 use racp_proto::fingerprint::CertSha256;
 use racp_proto::methods::handshake::PairParams;
+use racp_proto::methods::host::HostInfoResult;
 use racp_proto::{AppError, Empty, ErrorCode, ErrorSource, Role, calls};
 use release::Release;
 use remote_shell::{Probe, Running, sh_quote};
@@ -781,63 +782,21 @@ pub async fn connect(
 ) -> Result<Connection, AppError> {
     let started = Instant::now();
     let (link, work, wanted) = establish(&options, reporter.as_ref()).await?;
-    let mut pin = link.cert_sha256;
+    let pin = link.cert_sha256;
 
     let clock = StageClock::start(reporter.as_ref(), Stage::Forward);
     let forward = supervisor::Forward::open(&options, link, reporter.clone()).await?;
     let url = forward.url();
     clock.done(Some(url.clone()));
 
-    let mut paired = false;
-    let credential = match options.credential.clone() {
-        // Reused only when paired with the certificate the host shows over SSH now.
-        Some(credential) if credential.cert_sha256 == Some(pin) => {
-            skipped(
-                reporter.as_ref(),
-                Stage::Pair,
-                "a stored credential is reused",
-            );
-            credential
-        }
-        // The host's identity was reset (new data directory) or the profile predates pinning:
-        // SSH is the trusted path, so pair again through it; the stored token is never sent to
-        // an endpoint with another certificate.
-        Some(_) | None => {
-            paired = true;
-            pair(&forward, &url, &options, reporter.as_ref()).await?
-        }
+    let host = ForwardedHost {
+        forward: &forward,
+        url: &url,
+        options: &options,
+        reporter: reporter.as_ref(),
     };
-    if let Some(paired_with) = credential.cert_sha256 {
-        pin = paired_with;
-    }
-
-    let clock = StageClock::start(reporter.as_ref(), Stage::Handshake);
-    let (client, credential) = match open_client(&url, &credential.device_token, pin).await {
-        Ok(client) => (client, credential),
-        Err(err) if !paired && err.code() == ErrorCode::RemoteAuthFailed => {
-            // The host no longer knows this device (reinstalled, revoked): pair again over SSH.
-            paired = true;
-            let credential = pair(&forward, &url, &options, reporter.as_ref()).await?;
-            let pin = credential.cert_sha256.unwrap_or(pin);
-            let client = open_client(&url, &credential.device_token, pin).await?;
-            (client, credential)
-        }
-        Err(err) => return Err(err),
-    };
-    let info = client.call::<calls::HostInfo>(Empty {}).await?;
-    if info.host.version != wanted {
-        return Err(version_mismatch(
-            format!(
-                "the remote host answers as pi-host {} but {wanted} was wanted",
-                info.host.version
-            ),
-            &wanted,
-            Some(&info.host.version),
-            &format!("{}-{}", info.os, info.arch),
-        ));
-    }
-    clock.done(Some(format!("pi-host {}", info.host.version)));
-    drop(client);
+    let (credential, paired) = host.credential(pin).await?;
+    let (credential, paired, info) = host.handshake(credential, paired, pin, &wanted).await?;
 
     let summary = json!({
         "url": url,
@@ -862,6 +821,120 @@ pub async fn connect(
     })
 }
 
+/// The host through the forward, for the pair and handshake stages.
+struct ForwardedHost<'a> {
+    forward: &'a supervisor::Forward,
+    url: &'a str,
+    options: &'a BootstrapOptions,
+    reporter: &'a dyn Reporter,
+}
+
+impl ForwardedHost<'_> {
+    /// The pair stage: the stored credential, or a new one; `true` when paired now.
+    async fn credential(&self, pin: CertSha256) -> Result<(Credential, bool), AppError> {
+        match self.options.credential.clone() {
+            // Reused only when paired with the certificate the host shows over SSH now.
+            Some(credential) if credential.cert_sha256 == Some(pin) => {
+                skipped(self.reporter, Stage::Pair, "a stored credential is reused");
+                Ok((credential, false))
+            }
+            // The host's identity was reset (new data directory) or the profile predates
+            // pinning: SSH is the trusted path, so pair again through it; the stored token is
+            // never sent to an endpoint with another certificate.
+            Some(_) | None => Ok((self.pair().await?, true)),
+        }
+    }
+
+    /// The handshake stage: hello and `host/info` with the credential, which the host may no
+    /// longer know (then it pairs again, once); the host must run the wanted version.
+    async fn handshake(
+        &self,
+        credential: Credential,
+        mut paired: bool,
+        pin: CertSha256,
+        wanted: &str,
+    ) -> Result<(Credential, bool, HostInfoResult), AppError> {
+        let pin = credential.cert_sha256.unwrap_or(pin);
+        let clock = StageClock::start(self.reporter, Stage::Handshake);
+        let (client, credential) = match open_client(self.url, &credential.device_token, pin).await
+        {
+            Ok(client) => (client, credential),
+            Err(err) if !paired && err.code() == ErrorCode::RemoteAuthFailed => {
+                // The host no longer knows this device (reinstalled, revoked): pair again
+                // over SSH.
+                paired = true;
+                let credential = self.pair().await?;
+                let pin = credential.cert_sha256.unwrap_or(pin);
+                let client = open_client(self.url, &credential.device_token, pin).await?;
+                (client, credential)
+            }
+            Err(err) => return Err(err),
+        };
+        let info = client.call::<calls::HostInfo>(Empty {}).await?;
+        if info.host.version != wanted {
+            return Err(version_mismatch(
+                format!(
+                    "the remote host answers as pi-host {} but {wanted} was wanted",
+                    info.host.version
+                ),
+                wanted,
+                Some(&info.host.version),
+                &format!("{}-{}", info.os, info.arch),
+            ));
+        }
+        clock.done(Some(format!("pi-host {}", info.host.version)));
+        Ok((credential, paired, info))
+    }
+
+    /// Mints a pairing token over SSH and trades it for a device credential through the forward.
+    async fn pair(&self) -> Result<Credential, AppError> {
+        let clock = StageClock::start(self.reporter, Stage::Pair);
+        let (session, probe) = self.forward.current_link().await?;
+        // The token travels inside the SSH channel only; it never appears in argv or on screen.
+        let output = run_remote(
+            &session,
+            Stage::Pair,
+            "pi-host pair",
+            &format!("{} pair --json --roles owner --ttl 2m", probe.pi_host()),
+        )
+        .await?;
+        let minted: Value = serde_json::from_str(output.stdout_text().trim()).map_err(|e| {
+            stage_failed(
+                Stage::Pair,
+                format!("pi-host pair printed no JSON: {e}"),
+                json!({}),
+            )
+        })?;
+        let token = minted["token"]
+            .as_str()
+            .ok_or_else(|| stage_failed(Stage::Pair, "pi-host pair printed no token", json!({})))?;
+        // The fingerprint came with the token over SSH: pin it for the trade through the forward.
+        let pin = minted["certSha256"]
+            .as_str()
+            .and_then(CertSha256::parse)
+            .ok_or_else(|| {
+                stage_failed(
+                    Stage::Pair,
+                    "pi-host pair printed no certificate fingerprint (certSha256)",
+                    json!({}),
+                )
+            })?;
+        let client = open_client(self.url, token, pin).await?;
+        let paired = client
+            .call::<calls::Pair>(PairParams {
+                device_name: self.options.device_name.clone(),
+            })
+            .await?;
+        clock.done(Some(paired.device_id.clone()));
+        Ok(Credential {
+            device_id: paired.device_id,
+            device_token: paired.device_token,
+            roles: paired.roles,
+            cert_sha256: Some(pin),
+        })
+    }
+}
+
 /// A client through the forward that sends its token only to the host with certificate `pin`.
 async fn open_client(url: &str, token: &str, pin: CertSha256) -> Result<RacpClient, AppError> {
     let mut options = ClientOptions::new(url, token);
@@ -869,59 +942,6 @@ async fn open_client(url: &str, token: &str, pin: CertSha256) -> Result<RacpClie
     options.client_name = "pi-remote".into();
     options.call_timeout = Duration::from_secs(30);
     RacpClient::connect(options).await
-}
-
-/// Mints a pairing token over SSH and trades it for a device credential through the forward.
-async fn pair(
-    forward: &supervisor::Forward,
-    url: &str,
-    options: &BootstrapOptions,
-    reporter: &dyn Reporter,
-) -> Result<Credential, AppError> {
-    let clock = StageClock::start(reporter, Stage::Pair);
-    let (session, probe) = forward.current_link().await?;
-    // The token travels inside the SSH channel only; it never appears in argv or on screen.
-    let output = run_remote(
-        &session,
-        Stage::Pair,
-        "pi-host pair",
-        &format!("{} pair --json --roles owner --ttl 2m", probe.pi_host()),
-    )
-    .await?;
-    let minted: Value = serde_json::from_str(output.stdout_text().trim()).map_err(|e| {
-        stage_failed(
-            Stage::Pair,
-            format!("pi-host pair printed no JSON: {e}"),
-            json!({}),
-        )
-    })?;
-    let token = minted["token"]
-        .as_str()
-        .ok_or_else(|| stage_failed(Stage::Pair, "pi-host pair printed no token", json!({})))?;
-    // The fingerprint came with the token over SSH: pin it for the trade through the forward.
-    let pin = minted["certSha256"]
-        .as_str()
-        .and_then(CertSha256::parse)
-        .ok_or_else(|| {
-            stage_failed(
-                Stage::Pair,
-                "pi-host pair printed no certificate fingerprint (certSha256)",
-                json!({}),
-            )
-        })?;
-    let client = open_client(url, token, pin).await?;
-    let paired = client
-        .call::<calls::Pair>(PairParams {
-            device_name: options.device_name.clone(),
-        })
-        .await?;
-    clock.done(Some(paired.device_id.clone()));
-    Ok(Credential {
-        device_id: paired.device_id,
-        device_token: paired.device_token,
-        roles: paired.roles,
-        cert_sha256: Some(pin),
-    })
 }
 
 #[cfg(test)]
