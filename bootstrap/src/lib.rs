@@ -5,8 +5,9 @@
 //!   uploads and direct-tcpip channels.
 //! - [`provision`]: the bootstrap's stages (probe, transfer, verify, install, start, forward,
 //!   pair, handshake) and the forward that reconnects.
-//! - [`remote`]: the pieces of `pi-remote` (exit codes, profiles, pairing URLs, the event view);
-//!   the command line itself is `src/bin/pi-remote.rs`.
+//! - [`remote`]: `pi-remote`: its commands ([`remote::commands`]), exit codes, profiles, pairing
+//!   links, output and the event view; `src/bin/pi-remote.rs` parses the command line and
+//!   dispatches.
 
 pub mod provision;
 pub mod remote;

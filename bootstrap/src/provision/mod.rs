@@ -4,22 +4,24 @@
 //! A host that already runs the wanted version is reused as is: one probe command, no transfer,
 //! no restart. Pairing mints a token over SSH (`pi-host pair --json`, run remotely) and trades it
 //! for a device credential through the forward; a stored credential is reused. After that,
-//! [`forward`] keeps the local port open and reconnects SSH with backoff when the link drops,
+//! [`supervisor`] keeps the local port open and reconnects SSH with backoff when the link drops,
 //! running the same stages again (fast: the host is found running).
 
-pub mod forward;
+mod install;
 pub mod release;
-pub mod remote;
+pub mod remote_shell;
 pub mod stage;
+pub mod supervisor;
 
 use crate::ssh::config::{Destination, ResolveOptions};
 use crate::ssh::{self, ChangedHostKey, ConnectOptions, ConnectStep, SshError, SshSession};
 use racp_proto::client::{ClientOptions, RacpClient};
 use racp_proto::fingerprint::CertSha256;
 use racp_proto::methods::handshake::PairParams;
+use racp_proto::methods::host::HostInfoResult;
 use racp_proto::{AppError, Empty, ErrorCode, ErrorSource, Role, calls};
 use release::Release;
-use remote::{Probe, sh_quote};
+use remote_shell::{Probe, Running, sh_quote};
 use serde_json::{Value, json};
 use stage::{Progress, Reporter, Stage};
 use std::path::PathBuf;
@@ -79,7 +81,7 @@ impl BootstrapOptions {
             resolve: ResolveOptions::default(),
             ssh: ConnectOptions::default(),
             release_dir: None,
-            remote_dir: remote::DEFAULT_REMOTE_DIR.into(),
+            remote_dir: remote_shell::DEFAULT_REMOTE_DIR.into(),
             device_name: "pi-remote".into(),
             credential: None,
             local_port: 0,
@@ -185,6 +187,24 @@ fn remote_failed(stage: Stage, what: &str, output: &ssh::ExecOutput) -> AppError
     )
 }
 
+/// Runs `command` on the remote as part of `stage`: not getting it to run, or its failing
+/// (`what` names it in the message), fails the stage.
+async fn run_remote(
+    session: &SshSession,
+    stage: Stage,
+    what: &str,
+    command: &str,
+) -> Result<ssh::ExecOutput, AppError> {
+    let output = session
+        .exec(command)
+        .await
+        .map_err(|e| ssh_failed(stage, e))?;
+    if !output.success() {
+        return Err(remote_failed(stage, what, &output));
+    }
+    Ok(output)
+}
+
 fn last_line(text: &str) -> Option<&str> {
     text.lines().rev().find(|l| !l.trim().is_empty())
 }
@@ -246,6 +266,50 @@ async fn establish(
     options: &BootstrapOptions,
     reporter: &dyn Reporter,
 ) -> Result<(Link, Work, String), AppError> {
+    let (destination, release, wanted) = resolve_stage(options, reporter)?;
+    let session = Arc::new(ssh_connect(&destination, options, reporter).await?);
+    let (mut probe, running) = probe_stage(&session, options, reporter).await?;
+
+    let mut work = Work::default();
+    if let Some(running) = running
+        .as_ref()
+        .filter(|r| r.version == wanted && !r.draining)
+    {
+        let link = warm_link(session, probe, running, &wanted, reporter)?;
+        return Ok((link, work, wanted));
+    }
+
+    let previous = probe.installed.clone();
+    if probe.installed.as_deref() == Some(wanted.as_str()) && probe.has_installer {
+        for stage in [Stage::Transfer, Stage::Verify, Stage::Install] {
+            skipped(reporter, stage, &format!("pi-host {wanted} is installed"));
+        }
+    } else {
+        install::install(&session, &mut probe, release.as_ref(), &wanted, reporter).await?;
+        work.transferred = true;
+        work.installed = true;
+    }
+
+    // Only a version this connect installed is rolled back, and only to another one.
+    let rollback_to = previous.filter(|p| work.installed && *p != wanted);
+    let (remote_port, cert_sha256) =
+        start_stage(&session, &probe, running.is_some(), rollback_to, reporter).await?;
+    work.started = true;
+    let link = Link {
+        session,
+        remote_port,
+        probe,
+        cert_sha256,
+    };
+    Ok((link, work, wanted))
+}
+
+/// The resolve stage: the SSH destination from the ssh config, the release (if a directory was
+/// given) and the version wanted: the release's, else this build's.
+fn resolve_stage(
+    options: &BootstrapOptions,
+    reporter: &dyn Reporter,
+) -> Result<(Destination, Option<Release>, String), AppError> {
     let clock = StageClock::start(reporter, Stage::Resolve);
     let destination = crate::ssh::config::resolve(&options.target, &options.resolve)
         .map_err(|e| stage_failed(Stage::Resolve, e, json!({})))?;
@@ -260,18 +324,25 @@ async fn establish(
         |r| r.manifest.version.clone(),
     );
     clock.done(Some(destination.display()));
+    Ok((destination, release, wanted))
+}
 
-    let session = Arc::new(ssh_connect(&destination, options, reporter).await?);
-
+/// The probe stage: one remote command ([`remote_shell::probe_script`]) tells the platform,
+/// the installed version and the running host, if any.
+async fn probe_stage(
+    session: &SshSession,
+    options: &BootstrapOptions,
+    reporter: &dyn Reporter,
+) -> Result<(Probe, Option<Running>), AppError> {
     let clock = StageClock::start(reporter, Stage::Probe);
-    let output = session
-        .exec(&remote::probe_script(&options.remote_dir))
-        .await
-        .map_err(|e| ssh_failed(Stage::Probe, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Probe, "the probe", &output));
-    }
-    let mut probe = Probe::parse(&output.stdout_text())
+    let output = run_remote(
+        session,
+        Stage::Probe,
+        "the probe",
+        &remote_shell::probe_script(&options.remote_dir),
+    )
+    .await?;
+    let probe = Probe::parse(&output.stdout_text())
         .map_err(|e| stage_failed(Stage::Probe, e, json!({})))?;
     let running = probe.running();
     clock.done(Some(format!(
@@ -283,115 +354,112 @@ async fn establish(
             .as_ref()
             .map_or("none".to_string(), |r| r.version.clone())
     )));
+    Ok((probe, running))
+}
 
-    let mut work = Work::default();
-    let previous = probe.installed.clone();
-    if let Some(running) = running
-        .as_ref()
-        .filter(|r| r.version == wanted && !r.draining)
-    {
-        for stage in [Stage::Transfer, Stage::Verify, Stage::Install, Stage::Start] {
-            skipped(reporter, stage, &format!("pi-host {wanted} is running"));
-        }
-        let remote_port = running.port;
-        let cert_sha256 = running.cert_sha256.ok_or_else(|| {
-            stage_failed(
-                Stage::Probe,
-                "the running pi-host reports no certificate fingerprint (certSha256); it must serve TLS",
-                json!({}),
-            )
-        })?;
-        return Ok((
-            Link {
-                session,
-                remote_port,
-                probe,
-                cert_sha256,
-            },
-            work,
-            wanted,
-        ));
+/// The warm path: the wanted version already runs, so transfer to start are skipped.
+fn warm_link(
+    session: Arc<SshSession>,
+    probe: Probe,
+    running: &Running,
+    wanted: &str,
+    reporter: &dyn Reporter,
+) -> Result<Link, AppError> {
+    for stage in [Stage::Transfer, Stage::Verify, Stage::Install, Stage::Start] {
+        skipped(reporter, stage, &format!("pi-host {wanted} is running"));
     }
+    let cert_sha256 = running.cert_sha256.ok_or_else(|| {
+        stage_failed(
+            Stage::Probe,
+            "the running pi-host reports no certificate fingerprint (certSha256); it must serve TLS",
+            json!({}),
+        )
+    })?;
+    Ok(Link {
+        session,
+        remote_port: running.port,
+        probe,
+        cert_sha256,
+    })
+}
 
-    if probe.installed.as_deref() == Some(wanted.as_str()) && probe.has_installer {
-        for stage in [Stage::Transfer, Stage::Verify, Stage::Install] {
-            skipped(reporter, stage, &format!("pi-host {wanted} is installed"));
-        }
-    } else {
-        install(&session, &mut probe, release.as_ref(), &wanted, reporter).await?;
-        work.transferred = true;
-        work.installed = true;
-    }
-
+/// The start stage: stop the host that runs (another version, or a draining one), start the
+/// installed one; when that fails, put `rollback_to` back.
+async fn start_stage(
+    session: &SshSession,
+    probe: &Probe,
+    stop_first: bool,
+    rollback_to: Option<String>,
+    reporter: &dyn Reporter,
+) -> Result<(u16, CertSha256), AppError> {
     let clock = StageClock::start(reporter, Stage::Start);
-    if running.is_some() {
+    if stop_first {
         // Another version (or a draining host) holds the data directory: stop it first.
-        let output = session
-            .exec(&probe.installer("stop"))
-            .await
-            .map_err(|e| ssh_failed(Stage::Start, e))?;
-        if !output.success() {
-            return Err(remote_failed(Stage::Start, "install.sh stop", &output));
-        }
+        run_remote(
+            session,
+            Stage::Start,
+            "install.sh stop",
+            &probe.installer("stop"),
+        )
+        .await?;
     }
-    let (remote_port, cert_sha256) = match start_host(&session, &probe).await {
+    let started = match start_host(session, probe).await {
         Ok(started) => started,
         Err(error) => {
-            // The new version installed but does not start: put the old one back, so the
-            // remote keeps a working host.
-            let Some(previous) = previous.filter(|p| work.installed && *p != wanted) else {
-                return Err(error);
-            };
-            let rollback = format!(
-                "{} --version {}",
-                probe.installer("install"),
-                sh_quote(&previous)
-            );
-            let restored = match session.exec(&rollback).await {
-                Ok(output) if output.success() => start_host(&session, &probe).await.is_ok(),
-                _ => false,
-            };
-            let mut details = error.details().cloned().unwrap_or_else(|| json!({}));
-            details["rolledBackTo"] = previous.clone().into();
-            details["rollbackSucceeded"] = restored.into();
-            let message = format!(
-                "{}; {}",
-                error.message(),
-                if restored {
-                    format!("pi-host {previous} was restored and runs")
-                } else {
-                    format!("restoring pi-host {previous} failed too")
-                }
-            );
-            return Err(AppError::new(error.code(), message)
-                .with_details(details)
-                .with_source(ErrorSource::Bootstrap));
+            return Err(match rollback_to {
+                Some(previous) => roll_back(session, probe, &previous, error).await,
+                None => error,
+            });
         }
     };
-    work.started = true;
-    clock.done(Some(format!("listening on 127.0.0.1:{remote_port}")));
-    Ok((
-        Link {
-            session,
-            remote_port,
-            probe,
-            cert_sha256,
-        },
-        work,
-        wanted,
-    ))
+    clock.done(Some(format!("listening on 127.0.0.1:{}", started.0)));
+    Ok(started)
+}
+
+/// The new version installed but does not start: put the old one back, so the remote keeps a
+/// working host. The start failure is returned, saying whether the old version runs again.
+async fn roll_back(
+    session: &SshSession,
+    probe: &Probe,
+    previous: &str,
+    error: AppError,
+) -> AppError {
+    let rollback = format!(
+        "{} --version {}",
+        probe.installer("install"),
+        sh_quote(previous)
+    );
+    let restored = match session.exec(&rollback).await {
+        Ok(output) if output.success() => start_host(session, probe).await.is_ok(),
+        _ => false,
+    };
+    let mut details = error.details().cloned().unwrap_or_else(|| json!({}));
+    details["rolledBackTo"] = previous.into();
+    details["rollbackSucceeded"] = restored.into();
+    let message = format!(
+        "{}; {}",
+        error.message(),
+        if restored {
+            format!("pi-host {previous} was restored and runs")
+        } else {
+            format!("restoring pi-host {previous} failed too")
+        }
+    );
+    AppError::new(error.code(), message)
+        .with_details(details)
+        .with_source(ErrorSource::Bootstrap)
 }
 
 /// `install.sh start`: the host's port on the remote and its certificate fingerprint, from the
 /// state it wrote.
 async fn start_host(session: &SshSession, probe: &Probe) -> Result<(u16, CertSha256), AppError> {
-    let output = session
-        .exec(&probe.installer("start --reuse"))
-        .await
-        .map_err(|e| ssh_failed(Stage::Start, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Start, "install.sh start", &output));
-    }
+    let output = run_remote(
+        session,
+        Stage::Start,
+        "install.sh start",
+        &probe.installer("start --reuse"),
+    )
+    .await?;
     let state: Value = last_line(&output.stdout_text())
         .and_then(|line| serde_json::from_str(line).ok())
         .ok_or_else(|| {
@@ -456,203 +524,6 @@ async fn ssh_connect(
     }
 }
 
-/// transfer → verify → install. Nothing of the running host or of `current` changes until
-/// install.sh switches `current` at its very end.
-async fn install(
-    session: &SshSession,
-    probe: &mut Probe,
-    release: Option<&Release>,
-    wanted: &str,
-    reporter: &dyn Reporter,
-) -> Result<(), AppError> {
-    let platform = format!(
-        "{}-{}",
-        release::normalize_os(&probe.os),
-        release::normalize_arch(&probe.arch)
-    );
-    let Some(release) = release else {
-        let message = format!(
-            "pi-host {wanted} is not on the remote and no release directory was given (pass --release-dir; deploy/release.sh makes one)"
-        );
-        return Err(match &probe.installed {
-            Some(installed) => version_mismatch(message, wanted, Some(installed), &platform),
-            None => stage_failed(Stage::Transfer, message, json!({"platform": platform})),
-        });
-    };
-    let Some(artifact) = release.artifact_for(&probe.os, &probe.arch) else {
-        let message = format!(
-            "the release in {} has no build for {platform} (it has {})",
-            release.dir.display(),
-            release.platforms().join(", ")
-        );
-        return Err(match &probe.installed {
-            Some(installed) => version_mismatch(message, wanted, Some(installed), &platform),
-            None => stage_failed(Stage::Transfer, message, json!({"platform": platform})),
-        });
-    };
-    let Some(sha_command) = probe.sha_command.clone() else {
-        return Err(stage_failed(
-            Stage::Verify,
-            "the remote has neither sha256sum nor shasum",
-            json!({}),
-        ));
-    };
-
-    let clock = StageClock::start(reporter, Stage::Transfer);
-    let installer = &release.manifest.installer;
-    let files = [
-        (artifact.file.as_str(), artifact.sha256.as_str()),
-        (installer.file.as_str(), installer.sha256.as_str()),
-    ];
-    let mut total = 0;
-    for (file, _) in files {
-        let path = release.dir.join(file);
-        total += std::fs::metadata(&path)
-            .map_err(|e| {
-                stage_failed(
-                    Stage::Transfer,
-                    format!("cannot read {}: {e}", path.display()),
-                    json!({}),
-                )
-            })?
-            .len();
-    }
-    // Each connect uploads into its own directory, so two desktops installing at once never
-    // mix their files (install.sh's lock serializes the installs themselves). Directories left
-    // by a connect that died halfway are removed after an hour.
-    let run_dir = format!("{}/staging/{}", probe.root, nonce());
-    let prepare = format!(
-        "mkdir -p {dir} && find {staging} -mindepth 1 -maxdepth 1 -mmin +60 -exec rm -rf {{}} + 2>/dev/null; true",
-        dir = sh_quote(&run_dir),
-        staging = sh_quote(&format!("{}/staging", probe.root)),
-    );
-    let mkdir = session
-        .exec(&prepare)
-        .await
-        .map_err(|e| ssh_failed(Stage::Transfer, e))?;
-    if !mkdir.success() {
-        return Err(remote_failed(Stage::Transfer, "mkdir", &mkdir));
-    }
-    let result = upload_verify_install(
-        session,
-        probe,
-        release,
-        artifact,
-        &sha_command,
-        &run_dir,
-        total,
-        wanted,
-        clock,
-        reporter,
-    )
-    .await;
-    let _ = session
-        .exec(&format!("rm -rf {}", sh_quote(&run_dir)))
-        .await;
-    result?;
-    probe.installed = Some(wanted.to_string());
-    probe.has_installer = true;
-    Ok(())
-}
-
-/// Sixteen hex digits from the OS's random source.
-fn nonce() -> String {
-    let mut bytes = [0u8; 8];
-    let _ = getrandom::fill(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn upload_verify_install(
-    session: &SshSession,
-    probe: &Probe,
-    release: &Release,
-    artifact: &release::Artifact,
-    sha_command: &str,
-    run_dir: &str,
-    total: u64,
-    wanted: &str,
-    clock: StageClock<'_>,
-    reporter: &dyn Reporter,
-) -> Result<(), AppError> {
-    let installer = &release.manifest.installer;
-    let files = [
-        (artifact.file.as_str(), artifact.sha256.as_str()),
-        (installer.file.as_str(), installer.sha256.as_str()),
-    ];
-    let remote_path = |file: &str| sh_quote(&format!("{run_dir}/{file}"));
-    let mut sent_before = 0;
-    for (file, _) in files {
-        let mut on_progress = |sent: u64| {
-            reporter.report(Progress::Transfer {
-                sent: sent_before + sent,
-                total,
-            })
-        };
-        let output = session
-            .exec_with_input(
-                &format!("cat > {}", remote_path(file)),
-                Some(&release.dir.join(file)),
-                &mut on_progress,
-            )
-            .await
-            .map_err(|e| ssh_failed(Stage::Transfer, e))?;
-        if !output.success() {
-            return Err(remote_failed(Stage::Transfer, "the upload", &output));
-        }
-        sent_before += std::fs::metadata(release.dir.join(file))
-            .map(|m| m.len())
-            .unwrap_or(0);
-    }
-    clock.done(Some(format!("{total} bytes")));
-
-    let clock = StageClock::start(reporter, Stage::Verify);
-    let paths: Vec<String> = files.iter().map(|(f, _)| remote_path(f)).collect();
-    let output = session
-        .exec(&format!("{sha_command} {}", paths.join(" ")))
-        .await
-        .map_err(|e| ssh_failed(Stage::Verify, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Verify, sha_command, &output));
-    }
-    let sums = remote::parse_sums(&output.stdout_text());
-    for (file, expected) in files {
-        let actual = sums
-            .iter()
-            .find(|(_, name)| name == file)
-            .map(|(hash, _)| hash.as_str());
-        if actual != Some(&expected.to_ascii_lowercase()) {
-            return Err(stage_failed(
-                Stage::Verify,
-                format!(
-                    "{file} arrived with SHA-256 {} but the manifest says {expected}; nothing was installed",
-                    actual.unwrap_or("(none)")
-                ),
-                json!({"file": file, "expected": expected, "actual": actual}),
-            ));
-        }
-    }
-    clock.done(None);
-
-    let clock = StageClock::start(reporter, Stage::Install);
-    let command = format!(
-        "sh {} install --root {} --version {} --artifact {}",
-        remote_path(&installer.file),
-        probe.root_word(),
-        sh_quote(wanted),
-        remote_path(&artifact.file)
-    );
-    let output = session
-        .exec(&command)
-        .await
-        .map_err(|e| ssh_failed(Stage::Install, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Install, "install.sh", &output));
-    }
-    clock.done(last_line(&output.stdout_text()).map(str::to_string));
-    Ok(())
-}
-
 fn version_mismatch(
     message: String,
     wanted: &str,
@@ -673,74 +544,32 @@ pub struct Connection {
     pub host_id: String,
     /// What this connect did, for reports: `{transferred, installed, started, paired, ...}`.
     pub summary: Value,
-    pub forward: forward::Forward,
+    pub forward: supervisor::Forward,
 }
 
 /// The whole flow; the forward keeps running (and reconnecting) until the connection is
-/// dropped or [`forward::Forward::stop`] is called.
+/// dropped or [`supervisor::Forward::stop`] is called.
 pub async fn connect(
     options: BootstrapOptions,
     reporter: Arc<dyn Reporter>,
 ) -> Result<Connection, AppError> {
     let started = Instant::now();
     let (link, work, wanted) = establish(&options, reporter.as_ref()).await?;
-    let mut pin = link.cert_sha256;
+    let pin = link.cert_sha256;
 
     let clock = StageClock::start(reporter.as_ref(), Stage::Forward);
-    let forward = forward::Forward::open(&options, link, reporter.clone()).await?;
+    let forward = supervisor::Forward::open(&options, link, reporter.clone()).await?;
     let url = forward.url();
     clock.done(Some(url.clone()));
 
-    let mut paired = false;
-    let credential = match options.credential.clone() {
-        // Reused only when paired with the certificate the host shows over SSH now.
-        Some(credential) if credential.cert_sha256 == Some(pin) => {
-            skipped(
-                reporter.as_ref(),
-                Stage::Pair,
-                "a stored credential is reused",
-            );
-            credential
-        }
-        // The host's identity was reset (new data directory) or the profile predates pinning:
-        // SSH is the trusted path, so pair again through it; the stored token is never sent to
-        // an endpoint with another certificate.
-        Some(_) | None => {
-            paired = true;
-            pair(&forward, &url, &options, reporter.as_ref()).await?
-        }
+    let host = ForwardedHost {
+        forward: &forward,
+        url: &url,
+        options: &options,
+        reporter: reporter.as_ref(),
     };
-    if let Some(paired_with) = credential.cert_sha256 {
-        pin = paired_with;
-    }
-
-    let clock = StageClock::start(reporter.as_ref(), Stage::Handshake);
-    let (client, credential) = match open_client(&url, &credential.device_token, pin).await {
-        Ok(client) => (client, credential),
-        Err(err) if !paired && err.code() == ErrorCode::RemoteAuthFailed => {
-            // The host no longer knows this device (reinstalled, revoked): pair again over SSH.
-            paired = true;
-            let credential = pair(&forward, &url, &options, reporter.as_ref()).await?;
-            let pin = credential.cert_sha256.unwrap_or(pin);
-            let client = open_client(&url, &credential.device_token, pin).await?;
-            (client, credential)
-        }
-        Err(err) => return Err(err),
-    };
-    let info = client.call::<calls::HostInfo>(Empty {}).await?;
-    if info.host.version != wanted {
-        return Err(version_mismatch(
-            format!(
-                "the remote host answers as pi-host {} but {wanted} was wanted",
-                info.host.version
-            ),
-            &wanted,
-            Some(&info.host.version),
-            &format!("{}-{}", info.os, info.arch),
-        ));
-    }
-    clock.done(Some(format!("pi-host {}", info.host.version)));
-    drop(client);
+    let (credential, paired) = host.credential(pin).await?;
+    let (credential, paired, info) = host.handshake(credential, paired, pin, &wanted).await?;
 
     let summary = json!({
         "url": url,
@@ -765,6 +594,120 @@ pub async fn connect(
     })
 }
 
+/// The host through the forward, for the pair and handshake stages.
+struct ForwardedHost<'a> {
+    forward: &'a supervisor::Forward,
+    url: &'a str,
+    options: &'a BootstrapOptions,
+    reporter: &'a dyn Reporter,
+}
+
+impl ForwardedHost<'_> {
+    /// The pair stage: the stored credential, or a new one; `true` when paired now.
+    async fn credential(&self, pin: CertSha256) -> Result<(Credential, bool), AppError> {
+        match self.options.credential.clone() {
+            // Reused only when paired with the certificate the host shows over SSH now.
+            Some(credential) if credential.cert_sha256 == Some(pin) => {
+                skipped(self.reporter, Stage::Pair, "a stored credential is reused");
+                Ok((credential, false))
+            }
+            // The host's identity was reset (new data directory) or the profile predates
+            // pinning: SSH is the trusted path, so pair again through it; the stored token is
+            // never sent to an endpoint with another certificate.
+            Some(_) | None => Ok((self.pair().await?, true)),
+        }
+    }
+
+    /// The handshake stage: hello and `host/info` with the credential, which the host may no
+    /// longer know (then it pairs again, once); the host must run the wanted version.
+    async fn handshake(
+        &self,
+        credential: Credential,
+        mut paired: bool,
+        pin: CertSha256,
+        wanted: &str,
+    ) -> Result<(Credential, bool, HostInfoResult), AppError> {
+        let pin = credential.cert_sha256.unwrap_or(pin);
+        let clock = StageClock::start(self.reporter, Stage::Handshake);
+        let (client, credential) = match open_client(self.url, &credential.device_token, pin).await
+        {
+            Ok(client) => (client, credential),
+            Err(err) if !paired && err.code() == ErrorCode::RemoteAuthFailed => {
+                // The host no longer knows this device (reinstalled, revoked): pair again
+                // over SSH.
+                paired = true;
+                let credential = self.pair().await?;
+                let pin = credential.cert_sha256.unwrap_or(pin);
+                let client = open_client(self.url, &credential.device_token, pin).await?;
+                (client, credential)
+            }
+            Err(err) => return Err(err),
+        };
+        let info = client.call::<calls::HostInfo>(Empty {}).await?;
+        if info.host.version != wanted {
+            return Err(version_mismatch(
+                format!(
+                    "the remote host answers as pi-host {} but {wanted} was wanted",
+                    info.host.version
+                ),
+                wanted,
+                Some(&info.host.version),
+                &format!("{}-{}", info.os, info.arch),
+            ));
+        }
+        clock.done(Some(format!("pi-host {}", info.host.version)));
+        Ok((credential, paired, info))
+    }
+
+    /// Mints a pairing token over SSH and trades it for a device credential through the forward.
+    async fn pair(&self) -> Result<Credential, AppError> {
+        let clock = StageClock::start(self.reporter, Stage::Pair);
+        let (session, probe) = self.forward.current_link().await?;
+        // The token travels inside the SSH channel only; it never appears in argv or on screen.
+        let output = run_remote(
+            &session,
+            Stage::Pair,
+            "pi-host pair",
+            &format!("{} pair --json --roles owner --ttl 2m", probe.pi_host()),
+        )
+        .await?;
+        let minted: Value = serde_json::from_str(output.stdout_text().trim()).map_err(|e| {
+            stage_failed(
+                Stage::Pair,
+                format!("pi-host pair printed no JSON: {e}"),
+                json!({}),
+            )
+        })?;
+        let token = minted["token"]
+            .as_str()
+            .ok_or_else(|| stage_failed(Stage::Pair, "pi-host pair printed no token", json!({})))?;
+        // The fingerprint came with the token over SSH: pin it for the trade through the forward.
+        let pin = minted["certSha256"]
+            .as_str()
+            .and_then(CertSha256::parse)
+            .ok_or_else(|| {
+                stage_failed(
+                    Stage::Pair,
+                    "pi-host pair printed no certificate fingerprint (certSha256)",
+                    json!({}),
+                )
+            })?;
+        let client = open_client(self.url, token, pin).await?;
+        let paired = client
+            .call::<calls::Pair>(PairParams {
+                device_name: self.options.device_name.clone(),
+            })
+            .await?;
+        clock.done(Some(paired.device_id.clone()));
+        Ok(Credential {
+            device_id: paired.device_id,
+            device_token: paired.device_token,
+            roles: paired.roles,
+            cert_sha256: Some(pin),
+        })
+    }
+}
+
 /// A client through the forward that sends its token only to the host with certificate `pin`.
 async fn open_client(url: &str, token: &str, pin: CertSha256) -> Result<RacpClient, AppError> {
     let mut options = ClientOptions::new(url, token);
@@ -772,62 +715,6 @@ async fn open_client(url: &str, token: &str, pin: CertSha256) -> Result<RacpClie
     options.client_name = "pi-remote".into();
     options.call_timeout = Duration::from_secs(30);
     RacpClient::connect(options).await
-}
-
-/// Mints a pairing token over SSH and trades it for a device credential through the forward.
-async fn pair(
-    forward: &forward::Forward,
-    url: &str,
-    options: &BootstrapOptions,
-    reporter: &dyn Reporter,
-) -> Result<Credential, AppError> {
-    let clock = StageClock::start(reporter, Stage::Pair);
-    let (session, probe) = forward.current_link().await?;
-    // The token travels inside the SSH channel only; it never appears in argv or on screen.
-    let output = session
-        .exec(&format!(
-            "{} pair --json --roles owner --ttl 2m",
-            probe.pi_host()
-        ))
-        .await
-        .map_err(|e| ssh_failed(Stage::Pair, e))?;
-    if !output.success() {
-        return Err(remote_failed(Stage::Pair, "pi-host pair", &output));
-    }
-    let minted: Value = serde_json::from_str(output.stdout_text().trim()).map_err(|e| {
-        stage_failed(
-            Stage::Pair,
-            format!("pi-host pair printed no JSON: {e}"),
-            json!({}),
-        )
-    })?;
-    let token = minted["token"]
-        .as_str()
-        .ok_or_else(|| stage_failed(Stage::Pair, "pi-host pair printed no token", json!({})))?;
-    // The fingerprint came with the token over SSH: pin it for the trade through the forward.
-    let pin = minted["certSha256"]
-        .as_str()
-        .and_then(CertSha256::parse)
-        .ok_or_else(|| {
-            stage_failed(
-                Stage::Pair,
-                "pi-host pair printed no certificate fingerprint (certSha256)",
-                json!({}),
-            )
-        })?;
-    let client = open_client(url, token, pin).await?;
-    let paired = client
-        .call::<calls::Pair>(PairParams {
-            device_name: options.device_name.clone(),
-        })
-        .await?;
-    clock.done(Some(paired.device_id.clone()));
-    Ok(Credential {
-        device_id: paired.device_id,
-        device_token: paired.device_token,
-        roles: paired.roles,
-        cert_sha256: Some(pin),
-    })
 }
 
 #[cfg(test)]

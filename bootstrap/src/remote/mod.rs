@@ -10,6 +10,9 @@
 //! pi-remote devices | revoke DEVICE                    # owner only
 //! ```
 //!
+//! The commands are in [`commands`], one module per group; [`out`] is where their output goes;
+//! `src/bin/pi-remote.rs` parses the command line and dispatches.
+//!
 //! Every command takes `--profile NAME` (default `default`) and `--json` (machine-readable
 //! output: one JSON document, or one JSON line per event for `attach` and `prompt --wait`).
 //! Notes and errors go to stderr, data to stdout.
@@ -47,7 +50,8 @@
 //! the paired host (HOST_IDENTITY_MISMATCH): pair again, in the last case only if you trust the
 //! change; 5 a turn that `prompt --wait` followed ended other than `completed`.
 
-pub mod connect;
+pub mod commands;
+pub mod out;
 pub mod pairing;
 pub mod profile;
 pub mod view;

@@ -96,19 +96,22 @@ pub async fn accept_loop<T: ForwardTarget>(
         tokio::spawn(async move {
             match relay(socket, targets, channel_timeout).await {
                 Ok(()) => {}
-                Err(Failure::TargetGone(err)) => {
+                Err(RelayFailure::TargetGone(err)) => {
                     tracing::debug!(%err, "nothing listens at the forward's target");
                     if let Some(gone) = target_gone {
                         gone.notify_waiters();
                     }
                 }
-                Err(Failure::Other(err)) => tracing::debug!(%err, "forwarded connection ended"),
+                Err(RelayFailure::Other(err)) => {
+                    tracing::debug!(%err, "forwarded connection ended")
+                }
             }
         });
     }
 }
 
-enum Failure {
+/// Why one relayed connection ended.
+enum RelayFailure {
     TargetGone(String),
     Other(String),
 }
@@ -117,11 +120,11 @@ async fn relay<T: ForwardTarget>(
     mut socket: TcpStream,
     targets: watch::Receiver<Option<Arc<T>>>,
     channel_timeout: Duration,
-) -> Result<(), Failure> {
+) -> Result<(), RelayFailure> {
     let _ = socket.set_nodelay(true);
     let target = wait_for_target(targets, LINK_WAIT)
         .await
-        .ok_or_else(|| Failure::Other("the SSH link did not come back".into()))?;
+        .ok_or_else(|| RelayFailure::Other("the SSH link did not come back".into()))?;
     let mut channel = target
         .session()
         .open_tcp("127.0.0.1", target.port(), channel_timeout)
@@ -129,13 +132,13 @@ async fn relay<T: ForwardTarget>(
         .map_err(|e| match e {
             SshError::ChannelOpen {
                 prohibited: false, ..
-            } => Failure::TargetGone(e.to_string()),
-            other => Failure::Other(other.to_string()),
+            } => RelayFailure::TargetGone(e.to_string()),
+            other => RelayFailure::Other(other.to_string()),
         })?;
     // Drained promptly in both directions: a channel whose queue fills up stalls russh's
     // session loop, and with it every other channel of the connection.
     tokio::io::copy_bidirectional_with_sizes(&mut socket, &mut channel, 64 << 10, 64 << 10)
         .await
         .map(|_| ())
-        .map_err(|e| Failure::Other(e.to_string()))
+        .map_err(|e| RelayFailure::Other(e.to_string()))
 }

@@ -9,6 +9,7 @@ use crate::methods::handshake::HelloResult;
 use crate::methods::session::{SessionGetResult, SessionSubscribeResult};
 use crate::{AppError, Cursor, ErrorCode, ErrorSource, PROTOCOL_VERSION, SUBPROTOCOL};
 use futures_util::{SinkExt, StreamExt};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -102,7 +103,10 @@ struct Sub {
     items: mpsc::UnboundedSender<SubscriptionItem>,
 }
 
-enum Pending {
+/// What a request in flight on this link waits for, by its id: a caller's reply, a
+/// subscription's start (the first one answers its caller; a resubscription answers no one), or
+/// the snapshot that resumes a subscription whose cursor expired.
+enum InFlight {
     Call(oneshot::Sender<Result<Value, AppError>>),
     Subscribe {
         local: u64,
@@ -178,7 +182,7 @@ pub(super) async fn run(
                 let mut link = Link {
                     socket,
                     next_id: 1,
-                    pending: HashMap::new(),
+                    in_flight: HashMap::new(),
                     heartbeat: Duration::from_millis(hello.heartbeat_ms.max(10)),
                 };
                 let ended = link
@@ -419,16 +423,16 @@ fn identity_mismatch(endpoint: &str, expected: CertSha256, found: CertSha256) ->
 struct Link {
     socket: Socket,
     next_id: u64,
-    pending: HashMap<u64, Pending>,
+    in_flight: HashMap<u64, InFlight>,
     heartbeat: Duration,
 }
 
 impl Link {
-    async fn send(&mut self, method: &str, params: Value, pending: Pending) -> Result<(), String> {
+    async fn send(&mut self, method: &str, params: Value, awaits: InFlight) -> Result<(), String> {
         let id = self.next_id;
         self.next_id += 1;
         let frame = json!({"id": id, "method": method, "params": params});
-        self.pending.insert(id, pending);
+        self.in_flight.insert(id, awaits);
         self.socket
             .send(Message::Text(frame.to_string().into()))
             .await
@@ -448,7 +452,7 @@ impl Link {
         self.send(
             "session/subscribe",
             params,
-            Pending::Subscribe { local, reply },
+            InFlight::Subscribe { local, reply },
         )
         .await
     }
@@ -467,19 +471,19 @@ impl Link {
             Ended::Stop(error) => error.message().to_string(),
             Ended::Shutdown => "the client stopped".into(),
         };
-        for (_, pending) in self.pending.drain() {
-            match pending {
-                Pending::Call(reply) => {
+        for (_, request) in self.in_flight.drain() {
+            match request {
+                InFlight::Call(reply) => {
                     let _ = reply.send(Err(disconnected(&reason)));
                 }
-                Pending::Subscribe {
+                InFlight::Subscribe {
                     local,
                     reply: Some(reply),
                 } => {
                     subs.remove(&local);
                     let _ = reply.send(Err(disconnected(&reason)));
                 }
-                Pending::Subscribe { reply: None, .. } | Pending::Resnapshot { .. } => {}
+                InFlight::Subscribe { reply: None, .. } | InFlight::Resnapshot { .. } => {}
             }
         }
         for sub in subs.values_mut() {
@@ -526,7 +530,7 @@ impl Link {
                 command = commands.recv() => {
                     let Some(command) = command else { return Ended::Shutdown };
                     let sent = match command {
-                        Command::Call { method, params, reply } => self.send(method, params, Pending::Call(reply)).await,
+                        Command::Call { method, params, reply } => self.send(method, params, InFlight::Call(reply)).await,
                         Command::Subscribe { session_id, cursor, items, reply } => {
                             let local = *next_local;
                             *next_local += 1;
@@ -554,118 +558,15 @@ impl Link {
     ) -> Option<Ended> {
         match frame {
             ServerFrame::Result { id, result } => {
-                let pending = self.take(&id)?;
-                match pending {
-                    Pending::Call(reply) => {
-                        let value = serde_json::from_str(result.get()).unwrap_or(Value::Null);
-                        let _ = reply.send(Ok(value));
-                    }
-                    Pending::Subscribe { local, reply } => {
-                        let parsed: Option<SessionSubscribeResult> =
-                            serde_json::from_str(result.get()).ok();
-                        if let (Some(sub), Some(parsed)) = (subs.get_mut(&local), parsed) {
-                            sub.server_id = Some(parsed.subscription_id);
-                            sub.last = Some(sub.last.unwrap_or(parsed.cursor));
-                            if let Some(reply) = reply {
-                                let _ = reply.send(Ok(parsed.cursor));
-                            }
-                        }
-                    }
-                    Pending::Resnapshot { local } => {
-                        let snapshot: Option<SessionGetResult> =
-                            serde_json::from_str(result.get()).ok();
-                        let sub = subs.get_mut(&local)?;
-                        let snapshot = snapshot?;
-                        sub.last = Some(snapshot.cursor);
-                        let _ = sub
-                            .items
-                            .send(SubscriptionItem::Resynced(Box::new(snapshot)));
-                        let sub = subs.get(&local)?;
-                        if let Err(reason) = self.subscribe(local, sub, None).await {
-                            return Some(Ended::Reconnect(reason));
-                        }
-                    }
-                }
-                None
+                let request = self.take(&id)?;
+                self.on_result(request, &result, subs).await
             }
             ServerFrame::Error { id, error } => {
-                let pending = self.take(&id?)?;
-                match pending {
-                    Pending::Call(reply) => {
-                        let _ = reply.send(Err(error));
-                    }
-                    Pending::Subscribe { local, reply }
-                        if error.code() == ErrorCode::CursorExpired =>
-                    {
-                        // Recover through a snapshot; the first subscribe answers when it lands.
-                        if let Some(reply) = reply {
-                            subs.remove(&local);
-                            let _ = reply.send(Err(error));
-                            return None;
-                        }
-                        let session_id = subs.get(&local)?.session_id.clone();
-                        if let Err(reason) = self
-                            .send(
-                                "session/get",
-                                json!({"sessionId": session_id}),
-                                Pending::Resnapshot { local },
-                            )
-                            .await
-                        {
-                            return Some(Ended::Reconnect(reason));
-                        }
-                    }
-                    Pending::Subscribe { local, reply } => {
-                        let sub = subs.remove(&local)?;
-                        match reply {
-                            Some(reply) => {
-                                let _ = reply.send(Err(error));
-                            }
-                            None => {
-                                let _ = sub.items.send(SubscriptionItem::Failed(error));
-                            }
-                        }
-                    }
-                    Pending::Resnapshot { local } => {
-                        let sub = subs.remove(&local)?;
-                        let _ = sub.items.send(SubscriptionItem::Failed(error));
-                    }
-                }
-                None
+                let request = self.take(&id?)?;
+                self.on_error(request, error, subs).await
             }
             ServerFrame::Push { method, params } => {
-                match PushMethod::from_name(&method)? {
-                    PushMethod::SessionEvents => {
-                        let push: SessionEventsParams = serde_json::from_str(params.get()).ok()?;
-                        let sub = subs.values_mut().find(|s| {
-                            s.server_id.as_deref() == Some(push.subscription_id.as_str())
-                        })?;
-                        for event in push.events {
-                            // After a reconnect the host replays from our cursor; never repeat.
-                            if sub.last.is_some_and(|c| {
-                                c.epoch == event.cursor.epoch && event.seq <= c.seq
-                            }) {
-                                continue;
-                            }
-                            sub.last = Some(event.cursor);
-                            let _ = sub.items.send(SubscriptionItem::Event(Box::new(event)));
-                        }
-                    }
-                    PushMethod::SubscriptionEnded => {
-                        let push: SubscriptionEndedParams =
-                            serde_json::from_str(params.get()).ok()?;
-                        let local = subs
-                            .iter()
-                            .find(|(_, s)| {
-                                s.server_id.as_deref() == Some(push.subscription_id.as_str())
-                            })
-                            .map(|(local, _)| *local)?;
-                        if let Some(sub) = subs.remove(&local) {
-                            let _ = sub.items.send(SubscriptionItem::Ended);
-                        }
-                    }
-                    PushMethod::Heartbeat => {}
-                }
+                on_push(&method, &params, subs);
                 None
             }
             ServerFrame::ConnectionError { error } => Some(if is_fatal(error.code()) {
@@ -676,12 +577,139 @@ impl Link {
         }
     }
 
-    fn take(&mut self, id: &RequestId) -> Option<Pending> {
+    /// A request succeeded: answer its caller, start its subscription, or resume one from the
+    /// snapshot it fetched.
+    async fn on_result(
+        &mut self,
+        request: InFlight,
+        result: &RawValue,
+        subs: &mut HashMap<u64, Sub>,
+    ) -> Option<Ended> {
+        match request {
+            InFlight::Call(reply) => {
+                let value = serde_json::from_str(result.get()).unwrap_or(Value::Null);
+                let _ = reply.send(Ok(value));
+            }
+            InFlight::Subscribe { local, reply } => {
+                let parsed: Option<SessionSubscribeResult> =
+                    serde_json::from_str(result.get()).ok();
+                if let (Some(sub), Some(parsed)) = (subs.get_mut(&local), parsed) {
+                    sub.server_id = Some(parsed.subscription_id);
+                    sub.last = Some(sub.last.unwrap_or(parsed.cursor));
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Ok(parsed.cursor));
+                    }
+                }
+            }
+            InFlight::Resnapshot { local } => {
+                let snapshot: Option<SessionGetResult> = serde_json::from_str(result.get()).ok();
+                let sub = subs.get_mut(&local)?;
+                let snapshot = snapshot?;
+                sub.last = Some(snapshot.cursor);
+                let _ = sub
+                    .items
+                    .send(SubscriptionItem::Resynced(Box::new(snapshot)));
+                let sub = subs.get(&local)?;
+                if let Err(reason) = self.subscribe(local, sub, None).await {
+                    return Some(Ended::Reconnect(reason));
+                }
+            }
+        }
+        None
+    }
+
+    /// A request failed: tell its caller or its subscriber. A resubscription whose cursor
+    /// expired recovers through a snapshot instead.
+    async fn on_error(
+        &mut self,
+        request: InFlight,
+        error: AppError,
+        subs: &mut HashMap<u64, Sub>,
+    ) -> Option<Ended> {
+        match request {
+            InFlight::Call(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            InFlight::Subscribe { local, reply } if error.code() == ErrorCode::CursorExpired => {
+                // Recover through a snapshot; the first subscribe answers when it lands.
+                if let Some(reply) = reply {
+                    subs.remove(&local);
+                    let _ = reply.send(Err(error));
+                    return None;
+                }
+                let session_id = subs.get(&local)?.session_id.clone();
+                if let Err(reason) = self
+                    .send(
+                        "session/get",
+                        json!({"sessionId": session_id}),
+                        InFlight::Resnapshot { local },
+                    )
+                    .await
+                {
+                    return Some(Ended::Reconnect(reason));
+                }
+            }
+            InFlight::Subscribe { local, reply } => {
+                let sub = subs.remove(&local)?;
+                match reply {
+                    Some(reply) => {
+                        let _ = reply.send(Err(error));
+                    }
+                    None => {
+                        let _ = sub.items.send(SubscriptionItem::Failed(error));
+                    }
+                }
+            }
+            InFlight::Resnapshot { local } => {
+                let sub = subs.remove(&local)?;
+                let _ = sub.items.send(SubscriptionItem::Failed(error));
+            }
+        }
+        None
+    }
+
+    fn take(&mut self, id: &RequestId) -> Option<InFlight> {
         match id {
-            RequestId::Number(n) => self.pending.remove(n),
+            RequestId::Number(n) => self.in_flight.remove(n),
             RequestId::Text(_) => None,
         }
     }
+}
+
+/// A push: events go to their subscription (none at or below its cursor is repeated),
+/// `subscription/ended` ends one. `None`: a push this client cannot read or place, dropped.
+fn on_push(method: &str, params: &RawValue, subs: &mut HashMap<u64, Sub>) -> Option<()> {
+    match PushMethod::from_name(method)? {
+        PushMethod::SessionEvents => {
+            let push: SessionEventsParams = serde_json::from_str(params.get()).ok()?;
+            let sub = subs
+                .values_mut()
+                .find(|s| s.server_id.as_deref() == Some(push.subscription_id.as_str()))?;
+            for event in push.events {
+                // After a reconnect the host replays from our cursor; never repeat.
+                if sub
+                    .last
+                    .is_some_and(|c| c.epoch == event.cursor.epoch && event.seq <= c.seq)
+                {
+                    continue;
+                }
+                sub.last = Some(event.cursor);
+                let _ = sub.items.send(SubscriptionItem::Event(Box::new(event)));
+            }
+        }
+        PushMethod::SubscriptionEnded => {
+            let push: SubscriptionEndedParams = serde_json::from_str(params.get()).ok()?;
+            let local = subs
+                .iter()
+                .find(|(_, s)| s.server_id.as_deref() == Some(push.subscription_id.as_str()))
+                .map(|(local, _)| *local)?;
+            if let Some(sub) = subs.remove(&local) {
+                let _ = sub.items.send(SubscriptionItem::Ended);
+            }
+        }
+        PushMethod::Heartbeat => {}
+    }
+    Some(())
 }
 
 #[cfg(test)]

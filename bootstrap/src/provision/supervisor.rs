@@ -8,7 +8,7 @@
 
 use super::stage::{Progress, Reporter, Stage};
 use super::{BootstrapOptions, Link, establish, ssh_failed};
-use crate::provision::remote::Probe;
+use crate::provision::remote_shell::Probe;
 use crate::ssh::SshSession;
 use crate::ssh::forward::{self, ForwardTarget, LINK_WAIT, wait_for_target};
 use racp_proto::client::Backoff;

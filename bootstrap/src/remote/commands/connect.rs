@@ -10,11 +10,43 @@ use crate::provision::stage::{Progress, Reporter, Stage};
 use crate::provision::{self, BootstrapOptions, Credential};
 use crate::remote::Failure;
 use crate::remote::profile::{self, Profile, SshOrigin};
+use crate::ssh::PassphrasePrompt;
+use crate::ssh::host_key::{HostKeyPolicy, UnknownHost};
+use crate::ssh::prompt;
 use indicatif::{ProgressBar, ProgressStyle};
 use racp_proto::validate::printable;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// What to do with a host seen for the first time: trust it with `--accept-new`; ask when a
+/// person can answer (a terminal without `--json`, or `SSH_ASKPASS`); else refuse.
+pub fn host_key_policy(accept_new: bool, json: bool) -> HostKeyPolicy {
+    let interactive = !json && std::io::stdin().is_terminal();
+    if accept_new {
+        HostKeyPolicy::AcceptNew
+    } else if interactive || std::env::var_os("SSH_ASKPASS").is_some() {
+        HostKeyPolicy::Ask(Arc::new(|unknown: &UnknownHost| {
+            prompt::ask_yes_no(&format!(
+                "The authenticity of host '{}' can't be established.\n{} key fingerprint is {}.\nTrust it and record it in {}? (yes/no) ",
+                unknown.host,
+                unknown.algorithm,
+                unknown.fingerprint,
+                unknown.known_hosts.display()
+            ))
+        }))
+    } else {
+        HostKeyPolicy::Strict
+    }
+}
+
+/// Asks for an encrypted key's passphrase (`SSH_ASKPASS` or the terminal).
+pub fn passphrase_prompt() -> PassphrasePrompt {
+    Arc::new(|path: &std::path::Path| {
+        prompt::ask_secret(&format!("Enter passphrase for key '{}': ", path.display()))
+    })
+}
 
 /// `--json`: one line per event on stdout.
 pub struct JsonLines;
@@ -131,45 +163,7 @@ pub struct ConnectArgs {
 pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     let dir = profile::config_dir().map_err(Failure::Local)?;
     let target = args.options.target.clone();
-    let stored = match profile::load(&dir, &args.profile) {
-        Ok(stored) => Some(stored),
-        Err(_)
-            if !profile::path(&dir, &args.profile)
-                .map_err(Failure::Local)?
-                .exists() =>
-        {
-            None
-        }
-        Err(message) => return Err(Failure::Local(message)),
-    };
-    if let Some(stored) = &stored {
-        match &stored.ssh {
-            Some(origin)
-                if origin.target == target && origin.remote_dir == args.options.remote_dir =>
-            {
-                // A credential without a pin (an older profile) is paired again over SSH.
-                args.options.credential = Some(Credential {
-                    device_id: stored.device_id.clone(),
-                    device_token: stored.device_token.clone(),
-                    roles: stored.roles.clone(),
-                    cert_sha256: stored.cert_sha256,
-                });
-                if args.options.local_port == 0 {
-                    args.options.preferred_local_port = port_of(&stored.url);
-                }
-            }
-            _ => {
-                return Err(Failure::Local(format!(
-                    "the profile {:?} is already paired with {}; pass --profile NAME to keep a profile per host",
-                    args.profile,
-                    stored
-                        .ssh
-                        .as_ref()
-                        .map_or(stored.url.clone(), |o| o.target.clone())
-                )));
-            }
-        }
-    }
+    reuse_credential(&dir, &mut args)?;
     let reporter: Arc<dyn Reporter> = if args.json {
         Arc::new(JsonLines)
     } else {
@@ -211,6 +205,48 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
             Ok(())
         }
         error = forward.failed() => Err(Failure::App(error)),
+    }
+}
+
+/// A profile from an earlier `connect` to the same target and install root lends its
+/// credential (and its local port); a profile paired with anything else is left alone.
+fn reuse_credential(dir: &Path, args: &mut ConnectArgs) -> Result<(), Failure> {
+    let stored = match profile::load(dir, &args.profile) {
+        Ok(stored) => stored,
+        Err(_)
+            if !profile::path(dir, &args.profile)
+                .map_err(Failure::Local)?
+                .exists() =>
+        {
+            return Ok(());
+        }
+        Err(message) => return Err(Failure::Local(message)),
+    };
+    match &stored.ssh {
+        Some(origin)
+            if origin.target == args.options.target
+                && origin.remote_dir == args.options.remote_dir =>
+        {
+            // A credential without a pin (an older profile) is paired again over SSH.
+            args.options.credential = Some(Credential {
+                device_id: stored.device_id.clone(),
+                device_token: stored.device_token.clone(),
+                roles: stored.roles.clone(),
+                cert_sha256: stored.cert_sha256,
+            });
+            if args.options.local_port == 0 {
+                args.options.preferred_local_port = port_of(&stored.url);
+            }
+            Ok(())
+        }
+        _ => Err(Failure::Local(format!(
+            "the profile {:?} is already paired with {}; pass --profile NAME to keep a profile per host",
+            args.profile,
+            stored
+                .ssh
+                .as_ref()
+                .map_or(stored.url.clone(), |o| o.target.clone())
+        ))),
     }
 }
 

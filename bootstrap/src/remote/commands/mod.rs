@@ -1,0 +1,112 @@
+//! `pi-remote`'s commands, one module per group; `src/bin/pi-remote.rs` parses the command line
+//! and calls them. What they share: opening a client from a profile, resending safe calls.
+
+pub mod attach;
+pub mod connect;
+pub mod devices;
+pub mod pair;
+pub mod sessions;
+pub mod turns;
+
+use crate::remote::profile::{self, SshOrigin};
+use crate::remote::{Exit, Failure, exit_for};
+use racp_proto::client::{ClientOptions, RacpClient};
+use racp_proto::fingerprint::CertSha256;
+use racp_proto::{AppError, ErrorCode, ErrorSource, RacpMethod};
+
+/// How the endpoint proves it is the host: the pinned certificate, or nothing (`--plain`).
+#[derive(Clone, Copy)]
+pub(crate) struct Security {
+    pub pin: Option<CertSha256>,
+    pub plain: bool,
+}
+
+pub(crate) async fn open_client(
+    url: &str,
+    token: &str,
+    security: Security,
+) -> Result<RacpClient, AppError> {
+    let mut options = ClientOptions::new(url, token);
+    options.pinned_sha256 = security.pin;
+    options.allow_plain_ws = security.plain;
+    options.client_name = "pi-remote".into();
+    options.client_version = env!("CARGO_PKG_VERSION").into();
+    RacpClient::connect(options).await
+}
+
+/// A client for the host the profile was paired with, using its credential.
+pub async fn open_profile(profile_name: &str) -> Result<RacpClient, Failure> {
+    let dir = profile::config_dir().map_err(Failure::Local)?;
+    let stored = profile::load(&dir, profile_name).map_err(Failure::Local)?;
+    // Before any connection: a token is only sent to an endpoint that can prove it is the host.
+    if let Some(message) = profile::unpinned_message(profile_name, &stored) {
+        return Err(Failure::PairAgain(message));
+    }
+    let security = Security {
+        pin: stored.cert_sha256,
+        plain: stored.plain,
+    };
+    open_client(&stored.url, &stored.device_token, security)
+        .await
+        .map_err(|error| match &stored.ssh {
+            Some(origin) => Failure::App(with_ssh_advice(error, profile_name, origin)),
+            None => Failure::App(error),
+        })
+}
+
+/// A connection error of a profile made by `connect`, with the `connect` command that mends it.
+fn with_ssh_advice(error: AppError, profile_name: &str, origin: &SshOrigin) -> AppError {
+    let target = &origin.target;
+    let (advice, keep_details) = if exit_for(error.code()) == Exit::Unreachable {
+        // An SSH profile's URL is a local forward that lives only while `connect` runs.
+        (
+            format!(
+                "this profile reaches {target} through an SSH forward: run `pi-remote --profile {profile_name} connect {target}` (it keeps the forward up)"
+            ),
+            false,
+        )
+    } else if error.code() == ErrorCode::HostIdentityMismatch {
+        // Over SSH the host's identity can be checked again on a channel already trusted.
+        (
+            format!(
+                "this profile reaches {target} through SSH: `pi-remote --profile {profile_name} connect {target}` checks the host's certificate over SSH and pairs again if it changed"
+            ),
+            true,
+        )
+    } else {
+        return error;
+    };
+    let mut advised = AppError::new(error.code(), format!("{}; {advice}", error.message()))
+        .with_source(ErrorSource::Client);
+    if keep_details && let Some(details) = error.details() {
+        advised = advised.with_details(details.clone());
+    }
+    advised
+}
+
+/// Calls a method that is safe to resend, resending it after a dropped link.
+pub(crate) async fn call_resending<M: RacpMethod>(
+    client: &RacpClient,
+    params: M::Params,
+) -> Result<M::Result, AppError>
+where
+    M::Params: Clone,
+{
+    let mut client = client.clone();
+    let mut attempts = 0;
+    loop {
+        match client.call::<M>(params.clone()).await {
+            Err(e) if e.code() == ErrorCode::HostDisconnected && attempts < 5 => {
+                attempts += 1;
+                client.wait_connected().await?;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A subscription's channel closed under us: the client is gone.
+pub(crate) fn client_stopped() -> AppError {
+    AppError::new(ErrorCode::HostDisconnected, "the client stopped")
+        .with_source(ErrorSource::Client)
+}

@@ -1,0 +1,52 @@
+//! `pi-remote sessions` and `pi-remote new`.
+
+use crate::remote::Failure;
+use crate::remote::out::{Out, enum_name};
+use racp_proto::client::RacpClient;
+use racp_proto::methods::session::SessionCreateParams;
+use racp_proto::validate::printable;
+use racp_proto::{Empty, calls};
+
+/// Lists sessions: one line each, `ID  STATE  TITLE  WORKSPACE[ turn=ID]`.
+pub async fn list(out: &Out, client: &RacpClient) -> Result<(), Failure> {
+    let list = client.call::<calls::SessionList>(Empty {}).await?;
+    if out.json {
+        out.json_value(&list);
+    } else if list.sessions.is_empty() {
+        out.line("no sessions");
+    } else {
+        for s in &list.sessions {
+            let state = enum_name(&s.state);
+            let title = printable(s.title.as_deref().unwrap_or("-"), false);
+            let turn = s
+                .active_turn_id
+                .as_deref()
+                .map(|t| format!(" turn={t}"))
+                .unwrap_or_default();
+            out.line(&format!(
+                "{}\t{state}\t{title}\t{}{turn}",
+                printable(&s.session_id, false),
+                printable(&s.workspace, false)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Creates a session and prints its id.
+pub async fn create(
+    out: &Out,
+    client: &RacpClient,
+    workspace: String,
+    title: Option<String>,
+) -> Result<(), Failure> {
+    let created = client
+        .call::<calls::SessionCreate>(SessionCreateParams { workspace, title })
+        .await?;
+    if out.json {
+        out.json_value(&created.session);
+    } else {
+        out.line(&created.session.session_id);
+    }
+    Ok(())
+}

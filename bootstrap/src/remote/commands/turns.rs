@@ -1,0 +1,173 @@
+//! `pi-remote prompt` (start a turn, and with `--wait` follow it), `approve` and `deny`.
+
+use super::{call_resending, client_stopped};
+use crate::remote::Failure;
+use crate::remote::out::{Out, enum_name};
+use crate::remote::view::View;
+use racp_proto::calls;
+use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
+use racp_proto::events::{TurnFinishedData, TurnOutcome};
+use racp_proto::methods::session::{SessionRef, SessionSubscribeParams};
+use racp_proto::methods::turn::{
+    Answer, ApprovalRespondParams, Decision, TurnStartParams, TurnState, Verdict,
+};
+use serde_json::json;
+
+/// Starts a turn; with `wait`, follows it to its end (an outcome other than `completed` is
+/// [`Failure::Turn`]).
+pub async fn prompt(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    text: String,
+    wait: bool,
+) -> Result<(), Failure> {
+    let params = TurnStartParams {
+        session_id: session_id.clone(),
+        idempotency_key: idempotency_key()?,
+        text,
+    };
+    if !wait {
+        let started = call_resending::<calls::TurnStart>(client, params).await?;
+        if out.json {
+            out.json_value(&json!({"sessionId": session_id, "turnId": started.turn_id}));
+        } else {
+            out.line(&started.turn_id);
+        }
+        return Ok(());
+    }
+    // Subscribe first, from the snapshot's cursor, so no event of the turn is missed.
+    let got = client
+        .call::<calls::SessionGet>(SessionRef {
+            session_id: session_id.clone(),
+        })
+        .await?;
+    let sub = client
+        .subscribe(SessionSubscribeParams {
+            session_id,
+            cursor: Some(got.cursor),
+        })
+        .await?;
+    let turn_id = call_resending::<calls::TurnStart>(client, params)
+        .await?
+        .turn_id;
+    follow_turn(out, sub, &turn_id).await
+}
+
+/// Prints the turn's events until it ends.
+async fn follow_turn(out: &Out, mut sub: Subscription, turn_id: &str) -> Result<(), Failure> {
+    let mut view = View::default();
+    let outcome = loop {
+        let Some(item) = sub.items.recv().await else {
+            return Err(client_stopped().into());
+        };
+        match item {
+            SubscriptionItem::Event(event) => {
+                if event.turn_id.as_deref() != Some(turn_id) {
+                    continue;
+                }
+                out.event(&mut view, &event);
+                if event.kind == "approval.requested"
+                    && !out.json
+                    && let Some(id) = event.data["approvalId"].as_str()
+                {
+                    out.note(&format!(
+                        "answer with: pi-remote approve {id}   or   pi-remote deny {id}"
+                    ));
+                }
+                if event.kind == "turn.finished" {
+                    break serde_json::from_value::<TurnFinishedData>(event.data.clone())
+                        .map(|d| outcome_name(d.outcome))
+                        .unwrap_or("failed");
+                }
+            }
+            SubscriptionItem::Resynced(snapshot) => {
+                out.note("pi-remote: reconnecting… (resumed from a snapshot; some output may be missing)");
+                let ended = snapshot
+                    .snapshot
+                    .turns
+                    .iter()
+                    .find(|t| t.turn_id == turn_id && t.state != TurnState::Running);
+                if let Some(turn) = ended {
+                    break match turn.state {
+                        TurnState::Completed => "completed",
+                        TurnState::Aborted => "aborted",
+                        TurnState::Failed | TurnState::Running => "failed",
+                    };
+                }
+            }
+            SubscriptionItem::Ended => break "aborted (the session was closed)",
+            SubscriptionItem::Failed(error) => return Err(error.into()),
+        }
+    };
+    out.text(&view.break_line());
+    if outcome == "completed" {
+        Ok(())
+    } else {
+        Err(Failure::Turn(outcome.to_string()))
+    }
+}
+
+fn outcome_name(outcome: TurnOutcome) -> &'static str {
+    match outcome {
+        TurnOutcome::Completed => "completed",
+        TurnOutcome::Aborted => "aborted",
+        TurnOutcome::Failed => "failed",
+    }
+}
+
+/// A fresh idempotency key for `turn/start`.
+fn idempotency_key() -> Result<String, Failure> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Failure::local(format!("cannot draw a random key: {e}")))?;
+    Ok(format!(
+        "pi-remote-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
+}
+
+/// `approve`: allow, or answer with `value` (select, input, editor).
+pub async fn approve(
+    out: &Out,
+    client: &RacpClient,
+    approval_id: String,
+    value: Option<String>,
+) -> Result<(), Failure> {
+    let decision = match value {
+        Some(value) => Decision::Answer(Answer { value }),
+        None => Decision::Verdict(Verdict::Allow),
+    };
+    respond(out, client, approval_id, decision).await
+}
+
+/// `deny`.
+pub async fn deny(out: &Out, client: &RacpClient, approval_id: String) -> Result<(), Failure> {
+    respond(out, client, approval_id, Decision::Verdict(Verdict::Deny)).await
+}
+
+async fn respond(
+    out: &Out,
+    client: &RacpClient,
+    approval_id: String,
+    decision: Decision,
+) -> Result<(), Failure> {
+    let result = call_resending::<calls::ApprovalRespond>(
+        client,
+        ApprovalRespondParams {
+            approval_id,
+            decision,
+        },
+    )
+    .await?;
+    if out.json {
+        out.json_value(&result.approval);
+    } else {
+        out.line(&format!(
+            "approval {} {}",
+            result.approval.approval_id,
+            enum_name(&result.approval.state)
+        ));
+    }
+    Ok(())
+}
