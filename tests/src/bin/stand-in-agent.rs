@@ -45,6 +45,8 @@
 //! | `tool` | an assistant message with a `bash` tool call (`toolcall_start/delta/end`, `stopReason: "toolUse"`), then `tool_execution_start`, `tool_execution_update`, `tool_execution_end` and the `toolResult` message |
 //! | `approve:KIND[:TIMEOUT_MS]` | like `tool`, but after `tool_execution_start` an `extension_ui_request` (KIND = `confirm`, `select`, `input` or `editor`, with a fresh UUID `id`) waits for the matching `extension_ui_response`. Allowed (`confirmed: true`, or a `value` other than `Block`): the tool runs and its result text says `stand-in tool ran (answer: X)`. Refused (`confirmed: false`, `cancelled`, `Block`, or TIMEOUT_MS passed): `tool_execution_end` with `isError: true` and `Blocked by user (answer: X)`, as pi reports a tool blocked by an extension |
 //! | `fail` | ends the run as failed, like a provider error in pi: an assistant message with `stopReason: "error"` and `errorMessage`, `turn_end`, `agent_end`; later directives do not run |
+//! | `fail:TEXT` | the same, with `errorMessage` TEXT (`_` read as a space), e.g. `fail:401_Incorrect_API_key_provided` |
+//! | `oom` | writes node's V8 heap-limit banner (`FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory`) to stderr and aborts (SIGABRT), as node does |
 //! | `crash` | writes `stand-in-agent: scripted crash` to stderr and exits with status 3 at once |
 //! | `exit:CODE` | exits with status CODE at once |
 //! | `sleep:MS` | pauses MS milliseconds (commands are still answered; `abort` ends the run as aborted) |
@@ -477,7 +479,10 @@ impl StandIn {
                 }
                 ("fail", _) => {
                     self.new_turn_if_needed(run);
-                    let message = with_error(assistant(json!([]), "error"), FAILED);
+                    // `fail:TEXT`: the errorMessage is TEXT with `_` as spaces (a provider's
+                    // wording, e.g. `fail:429_Too_many_requests`).
+                    let error = arg.map_or(FAILED.to_string(), |text| text.replace('_', " "));
+                    let message = with_error(assistant(json!([]), "error"), &error);
                     emit(&json!({"type": "message_start", "message": message}));
                     emit(&json!({"type": "message_end", "message": message}));
                     run.new_messages.push(message.clone());
@@ -488,6 +493,13 @@ impl StandIn {
                 ("crash", _) => {
                     eprintln!("stand-in-agent: scripted crash");
                     std::process::exit(3);
+                }
+                ("oom", _) => {
+                    // What node prints when V8 hits its heap limit, then it aborts (SIGABRT).
+                    eprintln!(
+                        "\n<--- Last few GCs --->\n\n[4242:0x5e0c000]    12345 ms: Mark-Compact                          4040.1 (4130.3) -> 4031.9 (4133.1) MB, 1500.2 / 0.0 ms  (average mu =                          0.101, current mu = 0.012) allocation failure; scavenge might not succeed\n\n                         <--- JS stacktrace --->\n\nFATAL ERROR: Reached heap limit Allocation                          failed - JavaScript heap out of memory\n 1: 0xb7a940 node::Abort() [node]"
+                    );
+                    std::process::abort();
                 }
                 ("exit", Some(code)) => {
                     std::process::exit(i32::try_from(code).unwrap_or(1));

@@ -568,9 +568,8 @@ fn code_for(message: &str) -> (ErrorCode, bool) {
     if status.is_some_and(|s| s >= 500) || is_gateway(&m) {
         return (ErrorCode::ProviderError, true);
     }
-    if let Some(status) = status {
+    if status.is_some() {
         // Another 4xx: the request itself was refused.
-        let _ = status;
         return (ErrorCode::ProviderError, false);
     }
     if is_stream_cut(&m) {
@@ -648,8 +647,8 @@ fn classify(end: &RunEnd, trail: &RetryTrail, trace_id: &str) -> AppError {
     error
 }
 
-/// The agent process died: AGENT_SIDECAR_OOM when its stderr tail carries V8's heap-limit
-/// banner, else None (a plain crash).
+/// The agent process died of V8's heap limit: its stderr tail carries node's fatal-error banner
+/// (AGENT_SIDECAR_OOM rather than a plain crash).
 pub fn is_heap_exhausted(stderr_tail: &str) -> bool {
     stderr_tail.contains("JavaScript heap out of memory")
         || stderr_tail.contains("Reached heap limit")
