@@ -921,3 +921,37 @@ async fn agent_failures_are_classified_and_an_oom_is_told_from_a_crash() {
         "{last}"
     );
 }
+
+/// pi's automatic retries stay inside the turn (docs/protocol.md §8.7): a retry that succeeds
+/// completes it; one pi gives up on fails it with `details.retryAttempt`.
+#[tokio::test]
+async fn pi_retries_stay_in_the_turn_and_a_give_up_counts_them() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    let started = start_turn(&mut s.client, &s.session_id, "r", "retry:2").await;
+    let turn_id = started["result"]["turnId"].clone();
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["data"]["outcome"], "completed", "{last}");
+    let agent_ends = events
+        .iter()
+        .filter(|e| e["type"] == "agent.agent_end")
+        .count();
+    assert_eq!(agent_ends, 3, "two failed runs and the retried one");
+    assert!(
+        events.iter().all(|e| e["turnId"] == turn_id),
+        "every retry belongs to the turn"
+    );
+    start_turn(&mut s.client, &s.session_id, "g", "gaveup:3").await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["data"]["outcome"], "failed", "{last}");
+    let error = &last["data"]["error"];
+    assert_eq!(error["code"], "PROVIDER_RATE_LIMITED", "{last}");
+    assert_eq!(error["retriable"], true);
+    assert_eq!(error["retryAfterMs"], 2000, "{last}");
+    assert_eq!(error["details"]["retryAttempt"], 3, "{last}");
+    assert_eq!(error["details"]["providerStatus"], 429, "{last}");
+    let before = &events[events.len() - 2];
+    assert_eq!(before["type"], "agent.auto_retry_end", "{before}");
+}
