@@ -9,8 +9,8 @@
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::header;
 use axum::http::StatusCode;
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
@@ -79,7 +79,12 @@ struct Stub {
 fn api_error(status: u16, message: &str, kind: &str, code: &str) -> Response {
     let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
     let status = StatusCode::from_u16(status).unwrap();
-    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 /// The stub's failure modes: what a real provider answers in each case.
@@ -539,13 +544,37 @@ async fn provider_failures_end_the_turn_with_the_local_codes() {
 
     // (stub mode, code, retriable, recovery, providerStatus)
     let cases: &[(&str, &str, bool, &str, Option<u64>)] = &[
-        ("401", "PROVIDER_UNAUTHORIZED", false, "stop_and_report", Some(401)),
-        ("429", "PROVIDER_RATE_LIMITED", true, "retry_after", Some(429)),
+        (
+            "401",
+            "PROVIDER_UNAUTHORIZED",
+            false,
+            "stop_and_report",
+            Some(401),
+        ),
+        (
+            "429",
+            "PROVIDER_RATE_LIMITED",
+            true,
+            "retry_after",
+            Some(429),
+        ),
         ("quota", "PROVIDER_ERROR", false, "retry", Some(429)),
         ("500", "PROVIDER_ERROR", true, "retry", Some(500)),
         ("502", "PROVIDER_ERROR", true, "retry", Some(502)),
-        ("context", "CONTEXT_TOO_LARGE", false, "fix_arguments", Some(400)),
-        ("404", "MODEL_NOT_CONFIGURED", false, "stop_and_report", Some(404)),
+        (
+            "context",
+            "CONTEXT_TOO_LARGE",
+            false,
+            "fix_arguments",
+            Some(400),
+        ),
+        (
+            "404",
+            "MODEL_NOT_CONFIGURED",
+            false,
+            "stop_and_report",
+            Some(404),
+        ),
         ("cut", "STREAM_FAILED", true, "retry", None),
         ("empty", "EMPTY_MODEL_RESPONSE", true, "retry", None),
     ];
@@ -579,14 +608,21 @@ async fn provider_failures_end_the_turn_with_the_local_codes() {
         let details = &error["details"];
         assert_eq!(details["provider"], "stub", "{mode}: {error}");
         assert_eq!(details["model"], "stub-model", "{mode}: {error}");
-        assert_eq!(details["providerStatus"].as_u64(), *status, "{mode}: {error}");
+        assert_eq!(
+            details["providerStatus"].as_u64(),
+            *status,
+            "{mode}: {error}"
+        );
         assert!(
             details["retryAttempt"].is_null(),
             "pi's retries are off: {error}"
         );
         if let Some(text) = details["providerMessage"].as_str() {
             assert!(text.chars().count() <= 601, "{mode}: capped");
-            assert!(!text.contains("abcdefghijklmnopqrstuvwxyz"), "{mode}: redacted: {text}");
+            assert!(
+                !text.contains("abcdefghijklmnopqrstuvwxyz"),
+                "{mode}: redacted: {text}"
+            );
         }
         match *mode {
             // The wait pi's message names; the `retry-after` header does not reach past pi-ai.

@@ -490,7 +490,10 @@ async fn kill_9_mid_stream_loses_nothing_a_client_saw() {
     let finished = seen.last().unwrap();
     // The host, not the agent, cut the turn off (docs/protocol.md §8.7).
     assert_eq!(finished["data"]["outcome"], "aborted");
-    assert_eq!(finished["data"]["error"]["code"], "HOST_UNAVAILABLE", "{finished}");
+    assert_eq!(
+        finished["data"]["error"]["code"], "HOST_UNAVAILABLE",
+        "{finished}"
+    );
 }
 
 #[tokio::test]

@@ -241,7 +241,8 @@ fn run_end(raw: &RawValue) -> RunEnd {
         Some("error") => StopReason::Error,
         _ => StopReason::Unknown,
     };
-    let empty = last.stop_reason.as_deref() == Some("stop") && is_empty_answer(last.content.as_deref());
+    let empty =
+        last.stop_reason.as_deref() == Some("stop") && is_empty_answer(last.content.as_deref());
     RunEnd {
         stop_reason,
         error_message: last.error_message,

@@ -135,10 +135,15 @@ impl Turns {
         // Not under the lock: the pump needs it to read what the agent says meanwhile.
         drop(state);
         if let Err(err) = agent.prompt(&params.text).await {
-            // The turn is recorded; end it so the session is usable again.
-            driver
-                .end_turn_early(host, &turn_id, TurnOutcome::Failed, err.to_app_error())
-                .await;
+            // The turn is recorded; end it so the session is usable again. An agent that died
+            // under the prompt settles it as aborted, like a crash mid-run (protocol.md §8.7).
+            let error = err.to_app_error();
+            let outcome = if error.code() == ErrorCode::AgentSidecarCrashed {
+                TurnOutcome::Aborted
+            } else {
+                TurnOutcome::Failed
+            };
+            driver.end_turn_early(host, &turn_id, outcome, error).await;
         }
         Ok(TurnStartResult { turn_id })
     }
@@ -659,16 +664,27 @@ fn on_agent_event(
     if let Some(active) = state.active.as_mut() {
         finished = follow_retry(active, event.signal.as_ref());
         if let Some((outcome, error)) = finished.take() {
-            // The failed run is final: the turn ends before this event, which is not its own.
             let turn_id = active.turn_id.clone();
             state.active = None;
-            let relayed_turn = (event.signal.is_some()).then(|| turn_id.clone());
-            events.push(HostEvent::Agent {
-                kind: event.kind,
-                turn_id: relayed_turn,
-                payload: event.payload,
-            });
-            events.extend(end_of_turn(host, &turn_id, outcome, error));
+            let end = end_of_turn(host, &turn_id, outcome, error);
+            if event.signal.is_some() {
+                // pi's own verdict (`auto_retry_end`, `compaction_end`) belongs to the turn it
+                // ends, and comes before `turn.finished`.
+                events.push(HostEvent::Agent {
+                    kind: event.kind,
+                    turn_id: Some(turn_id),
+                    payload: event.payload,
+                });
+                events.extend(end);
+            } else {
+                // pi moved on without retrying: the turn ended before this event.
+                events.extend(end);
+                events.push(HostEvent::Agent {
+                    kind: event.kind,
+                    turn_id: None,
+                    payload: event.payload,
+                });
+            }
             return;
         }
     }

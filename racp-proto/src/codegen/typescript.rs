@@ -109,7 +109,11 @@ pub fn render_typescript(schema: &Value) -> String {
             spec.recovery.as_str(),
             spec.close_code,
             spec.http_status,
-            if spec.reserved { ", reserved: true" } else { "" }
+            if spec.reserved {
+                ", reserved: true"
+            } else {
+                ""
+            }
         );
     }
     out.push_str("} as const satisfies Record<ErrorCode, unknown>;\n");

@@ -227,7 +227,7 @@ error_registry! {
     AgentUnavailable = "AGENT_UNAVAILABLE" { retriable: Yes, recovery: Retry, close: 4023, http: 503, }
     /// The session already has an active turn; steer it, abort it, or wait for it to finish.
     AgentBusy = "AGENT_BUSY" { retriable: No, recovery: CheckState, close: 4024, http: 409, }
-    /// The agent process died mid-turn; the turn ended, and the next turn restarts the agent.
+    /// The agent process died mid-turn; the turn settles as aborted, and the next turn restarts the agent.
     AgentSidecarCrashed = "AGENT_SIDECAR_CRASHED" { retriable: No, recovery: CheckState, close: 4025, http: 502, }
     /// The turn id is unknown in this session.
     TurnNotFound = "TURN_NOT_FOUND" { retriable: No, recovery: CheckState, close: 4026, http: 404, }

@@ -419,10 +419,10 @@ fn retry_after_ms(message: &str) -> Option<u64> {
 /// [`PROVIDER_MESSAGE_CAP`] characters. Applied before the error is stored or sent.
 pub fn redact(message: &str) -> String {
     let mut out = String::with_capacity(message.len().min(PROVIDER_MESSAGE_CAP + 8));
-    let mut words = message.split_inclusive(char::is_whitespace).peekable();
+    let words = message.split_inclusive(char::is_whitespace);
     // After `Authorization:` / `api-key:` style headers and `Bearer`, the next value is a secret.
     let mut hide_next = false;
-    while let Some(word) = words.next() {
+    for word in words {
         let trimmed = word.trim_end();
         let gap = &word[trimmed.len()..];
         let lower = trimmed.to_ascii_lowercase();

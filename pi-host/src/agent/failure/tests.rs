@@ -23,12 +23,21 @@ fn error_of(verdict: &Verdict) -> &AppError {
     }
 }
 
+/// pi's errorMessage, code, retriable, pi may retry it, providerStatus, providerCode/networkCode.
+type Row = (
+    &'static str,
+    ErrorCode,
+    bool,
+    bool,
+    Option<u16>,
+    Option<&'static str>,
+);
+
 #[test]
 fn one_row_per_rule() {
     use ErrorCode::*;
-    // (pi's errorMessage, code, retriable, pi may retry it, providerStatus, providerCode/networkCode)
     #[rustfmt::skip]
-    let rows: &[(&str, ErrorCode, bool, bool, Option<u16>, Option<&str>)] = &[
+    let rows: &[Row] = &[
         // A cut stream: undici's exact "terminated", and the other premature-close wordings.
         ("terminated", StreamFailed, true, true, None, None),
         ("Premature close", StreamFailed, true, false, None, None),
@@ -122,7 +131,10 @@ fn one_row_per_rule() {
 fn registry_rows_of_the_agent_codes() {
     let row = |code: ErrorCode| (code.spec().retriable, code.spec().recovery);
     use racp_proto::Retriable::*;
-    assert_eq!(row(ErrorCode::ProviderRateLimited), (Yes, Recovery::RetryAfter));
+    assert_eq!(
+        row(ErrorCode::ProviderRateLimited),
+        (Yes, Recovery::RetryAfter)
+    );
     assert_eq!(row(ErrorCode::StreamFailed), (Yes, Recovery::Retry));
     assert_eq!(row(ErrorCode::ProviderError), (Maybe, Recovery::Retry));
     assert_eq!(row(ErrorCode::NetworkError), (Maybe, Recovery::Retry));
@@ -195,12 +207,17 @@ fn credentials_are_redacted_and_the_message_capped() {
         assert!(!redacted.contains(secret), "{secret} in {redacted}");
     }
     assert!(redacted.starts_with("401 Incorrect API key provided: sk-[redacted]."));
-    assert!(redacted.contains("Authorization: Bearer [redacted]"), "{redacted}");
+    assert!(
+        redacted.contains("Authorization: Bearer [redacted]"),
+        "{redacted}"
+    );
     let long = "x".repeat(5000);
     assert_eq!(redact(&long).chars().count(), PROVIDER_MESSAGE_CAP + 1);
     let end = failed(message);
     let error = error_of(&verdict(&end, &RetryTrail::default(), "t")).clone();
-    let shown = error.details().unwrap()["providerMessage"].as_str().unwrap();
+    let shown = error.details().unwrap()["providerMessage"]
+        .as_str()
+        .unwrap();
     assert!(!shown.contains("hunter2secret"));
     assert!(!error.message().contains("sk-proj"));
 }
