@@ -306,7 +306,11 @@ impl AgentError {
             } => AppError::new(ErrorCode::AgentUnavailable, message)
                 .with_details(json!({"command": command, "reason": reason})),
         };
-        error.with_source(ErrorSource::Agent)
+        let trace_id = failure::trace_id();
+        tracing::warn!(%trace_id, code = %error.code(), error = %self, "agent failure");
+        error
+            .with_source(ErrorSource::Agent)
+            .with_trace_id(trace_id)
     }
 }
 

@@ -23,7 +23,6 @@ use racp_proto::methods::turn::{
 use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
 use serde_json::json;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{Mutex, MutexGuard, mpsc};
 
@@ -62,14 +61,7 @@ impl ActiveTurn {
     }
 }
 
-/// A trace id for an agent-originated error, to find it in the host's log.
-fn trace_id() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "a{:x}",
-        now_ms().rotate_left(20) ^ NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use failure::trace_id;
 
 /// A session's agent and its running turn.
 #[derive(Default)]
@@ -289,6 +281,18 @@ fn end_of_turn(
     error: Option<AppError>,
 ) -> Vec<HostEvent> {
     let mut events = host.turns.approvals.cancel_turn(host, turn_id);
+    if let Some(error) = &error {
+        // The traceId in the event finds this line (protocol.md §8.7).
+        tracing::warn!(
+            turn_id,
+            ?outcome,
+            code = %error.code(),
+            trace_id = error.trace_id().unwrap_or(""),
+            message = error.message(),
+            details = %error.details().cloned().unwrap_or_default(),
+            "turn did not complete"
+        );
+    }
     events.push(HostEvent::TurnFinished {
         turn_id: turn_id.to_string(),
         outcome,

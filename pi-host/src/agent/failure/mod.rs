@@ -13,6 +13,20 @@
 use super::{RunEnd, StopReason};
 use racp_proto::{AppError, ErrorCode, ErrorSource};
 use serde_json::{Map, Value, json};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A trace id for an agent-originated error; the host logs it with the error, so the id in an
+/// event finds the log line.
+pub fn trace_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    format!(
+        "a{:x}",
+        now.rotate_left(20) ^ NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
 
 /// How much of the provider's message is kept in `details.providerMessage`.
 pub const PROVIDER_MESSAGE_CAP: usize = 600;
