@@ -155,6 +155,11 @@ fn failure(mode: &str) -> Response {
             sse += "data: [DONE]\n\n";
             ([(header::CONTENT_TYPE, "text/event-stream")], sse).into_response()
         }
+        "drop" => {
+            // The connection closes with no response at all: unwinding ends the connection's
+            // task (resume_unwind skips the panic hook, so nothing is printed).
+            std::panic::resume_unwind(Box::new("the stub drops the connection"))
+        }
         other => panic!("unknown stub failure {other}"),
     }
 }
@@ -577,6 +582,7 @@ async fn provider_failures_end_the_turn_with_the_local_codes() {
         ),
         ("cut", "STREAM_FAILED", true, "retry", None),
         ("empty", "EMPTY_MODEL_RESPONSE", true, "retry", None),
+        ("drop", "NETWORK_ERROR", true, "retry", None),
     ];
     let mut report = Vec::new();
     for (i, (mode, code, retriable, recovery, status)) in cases.iter().enumerate() {
