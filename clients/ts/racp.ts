@@ -291,7 +291,7 @@ export type EntryKind = "file" | "dir" | "symlink" | "other";
 /**
  * A registered error code. Only these can appear on the wire.
  */
-export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH";
+export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND";
 
 /**
  * A failed reply. `id` is `null` when the request could not be read far enough to find it.
@@ -1158,4 +1158,15 @@ export const ERROR_CODES = {
   PAIRING_TOKEN_EXPIRED: { retriable: "no", recovery: "reauthorize", closeCode: 4037, httpStatus: 401 },
   CAPABILITY_UNAVAILABLE: { retriable: "no", recovery: "stop_and_report", closeCode: 4038, httpStatus: 501 },
   HOST_IDENTITY_MISMATCH: { retriable: "no", recovery: "stop_and_report", closeCode: 4039, httpStatus: 502 },
+  MODEL_NOT_CONFIGURED: { retriable: "no", recovery: "stop_and_report", closeCode: 4040, httpStatus: 424 },
+  PROVIDER_ERROR: { retriable: "maybe", recovery: "retry", closeCode: 4041, httpStatus: 502 },
+  PROVIDER_UNAUTHORIZED: { retriable: "no", recovery: "stop_and_report", closeCode: 4042, httpStatus: 502 },
+  PROVIDER_RATE_LIMITED: { retriable: "yes", recovery: "retry_after", closeCode: 4043, httpStatus: 429 },
+  CONTEXT_TOO_LARGE: { retriable: "no", recovery: "fix_arguments", closeCode: 4044, httpStatus: 413 },
+  STREAM_FAILED: { retriable: "yes", recovery: "retry", closeCode: 4045, httpStatus: 502 },
+  NETWORK_ERROR: { retriable: "maybe", recovery: "retry", closeCode: 4046, httpStatus: 502 },
+  EMPTY_MODEL_RESPONSE: { retriable: "yes", recovery: "retry", closeCode: 4047, httpStatus: 502 },
+  AGENT_SIDECAR_OOM: { retriable: "no", recovery: "check_state", closeCode: 4048, httpStatus: 502 },
+  PROVIDER_TIMEOUT: { retriable: "yes", recovery: "retry", closeCode: 4049, httpStatus: 504, reserved: true },
+  PROVIDER_MODEL_NOT_FOUND: { retriable: "no", recovery: "stop_and_report", closeCode: 4050, httpStatus: 404, reserved: true },
 } as const satisfies Record<ErrorCode, unknown>;

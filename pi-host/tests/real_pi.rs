@@ -9,8 +9,9 @@
 
 use axum::Router;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::http::header;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -70,6 +71,97 @@ fn pi_cli() -> PathBuf {
 struct Stub {
     /// Every request body, in arrival order.
     requests: Arc<Mutex<Vec<Value>>>,
+    /// When set, every request fails this way (see [`failure`]).
+    failure: Arc<Mutex<Option<&'static str>>>,
+}
+
+/// An OpenAI-style error response.
+fn api_error(status: u16, message: &str, kind: &str, code: &str) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+    let status = StatusCode::from_u16(status).unwrap();
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// The stub's failure modes: what a real provider answers in each case.
+fn failure(mode: &str) -> Response {
+    match mode {
+        "401" => api_error(
+            401,
+            "Incorrect API key provided: sk-test-abcdefghijklmnopqrstuvwxyz0123. You can find your API key at https://platform.openai.com/account/api-keys.",
+            "invalid_request_error",
+            "invalid_api_key",
+        ),
+        "429" => {
+            let mut response = api_error(
+                429,
+                "Rate limit reached for stub-model on requests per min (RPM): Limit 3, Used 3, Requested 1. Please try again in 7s.",
+                "requests",
+                "rate_limit_exceeded",
+            );
+            response
+                .headers_mut()
+                .insert("retry-after", header::HeaderValue::from_static("7"));
+            response
+        }
+        "quota" => api_error(
+            429,
+            "You exceeded your current quota, please check your plan and billing details.",
+            "insufficient_quota",
+            "insufficient_quota",
+        ),
+        "500" => api_error(
+            500,
+            "The server had an error while processing your request. Sorry about that!",
+            "server_error",
+            "server_error",
+        ),
+        "502" => (StatusCode::BAD_GATEWAY, "Bad Gateway").into_response(),
+        "context" => api_error(
+            400,
+            "This model's maximum context length is 32000 tokens. However, your messages resulted in 40213 tokens. Please reduce the length of the messages.",
+            "invalid_request_error",
+            "context_length_exceeded",
+        ),
+        "404" => api_error(
+            404,
+            "The model `stub-model` does not exist or you do not have access to it.",
+            "invalid_request_error",
+            "model_not_found",
+        ),
+        "cut" => {
+            // One chunk, then the connection drops without the stream's end.
+            use futures_util::StreamExt;
+            let first = chunk(json!({"role": "assistant", "content": "Half an ans"}), None);
+            let parts: Vec<Result<String, std::io::Error>> =
+                vec![Ok(first), Err(std::io::Error::other("cut"))];
+            let body = futures_util::stream::iter(parts).then(|part| async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                part
+            });
+            (
+                [(header::CONTENT_TYPE, "text/event-stream")],
+                axum::body::Body::from_stream(body),
+            )
+                .into_response()
+        }
+        "empty" => {
+            let mut sse = chunk(json!({"role": "assistant", "content": ""}), None);
+            sse += &chunk(json!({}), Some("stop"));
+            sse += "data: [DONE]\n\n";
+            ([(header::CONTENT_TYPE, "text/event-stream")], sse).into_response()
+        }
+        "drop" => {
+            // The connection closes with no response at all: unwinding ends the connection's
+            // task (resume_unwind skips the panic hook, so nothing is printed).
+            std::panic::resume_unwind(Box::new("the stub drops the connection"))
+        }
+        other => panic!("unknown stub failure {other}"),
+    }
 }
 
 fn chunk(delta: Value, finish_reason: Option<&str>) -> String {
@@ -83,7 +175,15 @@ fn chunk(delta: Value, finish_reason: Option<&str>) -> String {
     format!("data: {chunk}\n\n")
 }
 
-async fn completions(State(stub): State<Stub>, body: String) -> impl IntoResponse {
+async fn completions(State(stub): State<Stub>, body: String) -> Response {
+    let failing = *stub.failure.lock().unwrap();
+    if let Some(mode) = failing {
+        stub.requests
+            .lock()
+            .unwrap()
+            .push(serde_json::from_str(&body).unwrap_or(Value::Null));
+        return failure(mode);
+    }
     let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     let has_tool_result = request["messages"]
         .as_array()
@@ -123,6 +223,7 @@ async fn completions(State(stub): State<Stub>, body: String) -> impl IntoRespons
         ],
         sse,
     )
+        .into_response()
 }
 
 /// Serves the stub on 127.0.0.1 with an OS-chosen port; returns the port.
@@ -138,7 +239,11 @@ async fn start_stub(stub: Stub) -> u16 {
     port
 }
 
-/// pi's config dir (`PI_CODING_AGENT_DIR`): the stub provider as default model, retries off.
+/// pi's config dir (`PI_CODING_AGENT_DIR`): the stub provider as default model, retries off:
+/// `retry.enabled: false` stops pi's own retries (agent-session's `auto_retry`), and
+/// `retry.provider.maxRetries: 0` the provider SDK's (the OpenAI SDK retries a 429 or 5xx twice
+/// by default, waiting for `retry-after`); `compaction.enabled: false` keeps a context overflow
+/// from starting a summary request. Each failure then costs one request.
 fn pi_config(port: u16) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
     let models = json!({"providers": {"stub": {
@@ -155,7 +260,8 @@ fn pi_config(port: u16) -> tempfile::TempDir {
         "defaultProvider": "stub",
         "defaultModel": "stub-model",
         "quietStartup": true,
-        "retry": {"enabled": false},
+        "retry": {"enabled": false, "provider": {"maxRetries": 0}},
+        "compaction": {"enabled": false},
     });
     std::fs::write(dir.path().join("models.json"), models.to_string()).unwrap();
     std::fs::write(dir.path().join("settings.json"), settings.to_string()).unwrap();
@@ -389,4 +495,159 @@ async fn a_real_pi_turn_with_a_tool_call_an_approval_and_a_reconnect() {
     assert_eq!(got["result"]["snapshot"]["state"], "idle", "{got}");
     assert_eq!(got["result"]["snapshot"]["pendingApprovals"], json!([]));
     eprintln!("real pi test took {:?}", began.elapsed());
+}
+
+/// Every way a provider fails, driven through the real pi and pi-host over RACP-WS: the terminal
+/// `turn.finished` carries the code, retriable, recovery and details of docs/protocol.md §8.7.
+/// One pi process serves every case (each is one turn in the same session), so the cost is one
+/// pi start plus, for the failures pi could retry, the host's wait for pi's retry decision.
+#[tokio::test]
+async fn provider_failures_end_the_turn_with_the_local_codes() {
+    let began = Instant::now();
+    let cli = pi_cli();
+    let stub = Stub::default();
+    let port = start_stub(stub.clone()).await;
+    let pi_dir = pi_config(port);
+    let agent = shell_words::join([
+        "node",
+        cli.to_str().unwrap(),
+        "--mode",
+        "rpc",
+        "--offline",
+        "--no-session",
+        "--thinking",
+        "off",
+        "--no-skills",
+        "--no-prompt-templates",
+        "--no-context-files",
+    ]);
+    let host = HostProcess::start_with_env(
+        bin(),
+        &["--agent", &agent],
+        &[
+            ("PI_CODING_AGENT_DIR", pi_dir.path().to_str().unwrap()),
+            ("PI_OFFLINE", "1"),
+            ("PI_SKIP_VERSION_CHECK", "1"),
+            ("PI_TELEMETRY", "0"),
+        ],
+    )
+    .await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session = &created["result"]["session"];
+    let session_id = session["sessionId"].as_str().unwrap().to_string();
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": session["cursor"]}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+
+    // (stub mode, code, retriable, recovery, providerStatus)
+    let cases: &[(&str, &str, bool, &str, Option<u64>)] = &[
+        (
+            "401",
+            "PROVIDER_UNAUTHORIZED",
+            false,
+            "stop_and_report",
+            Some(401),
+        ),
+        (
+            "429",
+            "PROVIDER_RATE_LIMITED",
+            true,
+            "retry_after",
+            Some(429),
+        ),
+        ("quota", "PROVIDER_ERROR", false, "retry", Some(429)),
+        ("500", "PROVIDER_ERROR", true, "retry", Some(500)),
+        ("502", "PROVIDER_ERROR", true, "retry", Some(502)),
+        (
+            "context",
+            "CONTEXT_TOO_LARGE",
+            false,
+            "fix_arguments",
+            Some(400),
+        ),
+        (
+            "404",
+            "MODEL_NOT_CONFIGURED",
+            false,
+            "stop_and_report",
+            Some(404),
+        ),
+        ("cut", "STREAM_FAILED", true, "retry", None),
+        ("empty", "EMPTY_MODEL_RESPONSE", true, "retry", None),
+        ("drop", "NETWORK_ERROR", true, "retry", None),
+    ];
+    let mut report = Vec::new();
+    for (i, (mode, code, retriable, recovery, status)) in cases.iter().enumerate() {
+        *stub.failure.lock().unwrap() = Some(mode);
+        let started = Instant::now();
+        let turn = client
+            .call(
+                "turn/start",
+                json!({"sessionId": session_id, "idempotencyKey": format!("k{i}"), "text": "Hello."}),
+            )
+            .await;
+        let turn_id = turn["result"]["turnId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("turn/start failed: {turn}"))
+            .to_string();
+        let seen = events_until(&mut client, |e| {
+            e["type"] == "turn.finished" && e["turnId"] == turn_id.as_str()
+        })
+        .await;
+        let finished = seen.last().unwrap();
+        let error = &finished["data"]["error"];
+        report.push(format!("{mode}: {error} in {:?}", started.elapsed()));
+        assert_eq!(finished["data"]["outcome"], "failed", "{mode}: {finished}");
+        assert_eq!(error["code"], *code, "{mode}: {error}");
+        assert_eq!(error["retriable"], *retriable, "{mode}: {error}");
+        assert_eq!(error["recovery"], *recovery, "{mode}: {error}");
+        assert_eq!(error["source"], "agent", "{mode}: {error}");
+        assert!(error["traceId"].is_string(), "{mode}: {error}");
+        let details = &error["details"];
+        assert_eq!(details["provider"], "stub", "{mode}: {error}");
+        assert_eq!(details["model"], "stub-model", "{mode}: {error}");
+        assert_eq!(
+            details["providerStatus"].as_u64(),
+            *status,
+            "{mode}: {error}"
+        );
+        assert!(
+            details["retryAttempt"].is_null(),
+            "pi's retries are off: {error}"
+        );
+        if let Some(text) = details["providerMessage"].as_str() {
+            assert!(text.chars().count() <= 601, "{mode}: capped");
+            assert!(
+                !text.contains("abcdefghijklmnopqrstuvwxyz"),
+                "{mode}: redacted: {text}"
+            );
+        }
+        match *mode {
+            // The wait pi's message names; the `retry-after` header does not reach past pi-ai.
+            "429" => assert_eq!(error["retryAfterMs"], 7000, "{error}"),
+            "401" => assert!(
+                details["providerMessage"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("sk-[redacted]")),
+                "{error}"
+            ),
+            _ => assert!(error["retryAfterMs"].is_null(), "{mode}: {error}"),
+        }
+        let got = client
+            .call("session/get", json!({"sessionId": session_id}))
+            .await;
+        assert_eq!(got["result"]["snapshot"]["state"], "idle", "{mode}: {got}");
+    }
+    eprintln!("{}", report.join("\n"));
+    // One request per failure: neither pi nor its provider SDK retried.
+    assert_eq!(stub.requests.lock().unwrap().len(), cases.len());
+    eprintln!("provider failure cases took {:?}", began.elapsed());
 }

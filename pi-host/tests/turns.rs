@@ -207,8 +207,10 @@ async fn busy_steer_abort_and_crash() {
     start_turn(&mut s.client, &s.session_id, "c", "deltas:1 crash").await;
     let events = events_until(&mut s.client, is_turn_finished).await;
     let last = events.last().unwrap();
-    assert_eq!(last["data"]["outcome"], "failed");
+    // A crash settles the turn as aborted (docs/protocol.md §8.7).
+    assert_eq!(last["data"]["outcome"], "aborted");
     assert_eq!(last["data"]["error"]["code"], "AGENT_SIDECAR_CRASHED");
+    assert!(last["data"]["error"]["traceId"].is_string(), "{last}");
     assert!(
         last["data"]["error"]["details"]["stderrTail"]
             .as_str()
@@ -486,7 +488,12 @@ async fn kill_9_mid_stream_loses_nothing_a_client_saw() {
     seen.extend(events_until(&mut client, is_turn_finished).await);
     assert_contiguous(&seen, 1);
     let finished = seen.last().unwrap();
-    assert_eq!(finished["data"]["outcome"], "failed");
+    // The host, not the agent, cut the turn off (docs/protocol.md §8.7).
+    assert_eq!(finished["data"]["outcome"], "aborted");
+    assert_eq!(
+        finished["data"]["error"]["code"], "HOST_UNAVAILABLE",
+        "{finished}"
+    );
 }
 
 #[tokio::test]
@@ -664,7 +671,7 @@ async fn approvals_pending_at_a_crash_are_cancelled_and_answers_to_them_are_stal
     assert_eq!(settled["data"]["outcome"], "cancelled");
     assert_eq!(
         events.last().unwrap()["data"]["error"]["code"],
-        "AGENT_SIDECAR_CRASHED"
+        "HOST_UNAVAILABLE"
     );
     let got = client
         .call("session/get", json!({"sessionId": session_id}))
@@ -870,4 +877,84 @@ async fn a_run_whose_end_is_too_long_to_read_still_ends_the_turn() {
         .expect("the over-long line is reported");
     assert!(dropped["data"]["bytes"].as_u64().unwrap() > 16 << 20);
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+}
+
+/// A failed run ends the turn with the classified code (docs/protocol.md §8.7); one pi may
+/// retry ends it only after pi stayed silent; an OOM death is AGENT_SIDECAR_OOM.
+#[tokio::test]
+async fn agent_failures_are_classified_and_an_oom_is_told_from_a_crash() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    let cases = [
+        (
+            "fail:401_Incorrect_API_key_provided:_sk-proj-abcdefghijklmnopqrstuv",
+            "PROVIDER_UNAUTHORIZED",
+            false,
+        ),
+        // pi may retry a 502: the turn waits for its decision, then ends.
+        ("fail:502_Bad_Gateway", "PROVIDER_ERROR", true),
+        ("fail:terminated", "STREAM_FAILED", true),
+    ];
+    for (i, (text, code, retriable)) in cases.iter().enumerate() {
+        start_turn(&mut s.client, &s.session_id, &format!("f{i}"), text).await;
+        let events = events_until(&mut s.client, is_turn_finished).await;
+        let last = events.last().unwrap();
+        assert_eq!(last["data"]["outcome"], "failed", "{last}");
+        let error = &last["data"]["error"];
+        assert_eq!(error["code"], *code, "{last}");
+        assert_eq!(error["retriable"], *retriable, "{last}");
+        assert_eq!(error["source"], "agent", "{last}");
+        assert!(error["traceId"].is_string(), "{last}");
+        assert!(
+            !error.to_string().contains("abcdefghijklmnop"),
+            "the key is redacted: {last}"
+        );
+    }
+    start_turn(&mut s.client, &s.session_id, "oom", "deltas:1 oom").await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["data"]["outcome"], "failed", "{last}");
+    assert_eq!(last["data"]["error"]["code"], "AGENT_SIDECAR_OOM", "{last}");
+    assert_eq!(last["data"]["error"]["retriable"], false);
+    assert!(
+        last["data"]["error"]["details"]["stderrTail"]
+            .as_str()
+            .unwrap()
+            .contains("JavaScript heap out of memory"),
+        "{last}"
+    );
+}
+
+/// pi's automatic retries stay inside the turn (docs/protocol.md §8.7): a retry that succeeds
+/// completes it; one pi gives up on fails it with `details.retryAttempt`.
+#[tokio::test]
+async fn pi_retries_stay_in_the_turn_and_a_give_up_counts_them() {
+    let mut s = setup(&[]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    let started = start_turn(&mut s.client, &s.session_id, "r", "retry:2").await;
+    let turn_id = started["result"]["turnId"].clone();
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["data"]["outcome"], "completed", "{last}");
+    let agent_ends = events
+        .iter()
+        .filter(|e| e["type"] == "agent.agent_end")
+        .count();
+    assert_eq!(agent_ends, 3, "two failed runs and the retried one");
+    assert!(
+        events.iter().all(|e| e["turnId"] == turn_id),
+        "every retry belongs to the turn"
+    );
+    start_turn(&mut s.client, &s.session_id, "g", "gaveup:3").await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let last = events.last().unwrap();
+    assert_eq!(last["data"]["outcome"], "failed", "{last}");
+    let error = &last["data"]["error"];
+    assert_eq!(error["code"], "PROVIDER_RATE_LIMITED", "{last}");
+    assert_eq!(error["retriable"], true);
+    assert_eq!(error["retryAfterMs"], 2000, "{last}");
+    assert_eq!(error["details"]["retryAttempt"], 3, "{last}");
+    assert_eq!(error["details"]["providerStatus"], 429, "{last}");
+    let before = &events[events.len() - 2];
+    assert_eq!(before["type"], "agent.auto_retry_end", "{before}");
 }

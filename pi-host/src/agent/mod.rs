@@ -22,6 +22,7 @@
 //! output is [`AgentOutput::Exited`] with the exit status and the tail of its stderr. Dropping
 //! the last [`Agent`] handle kills the group too.
 
+pub mod failure;
 mod protocol;
 #[cfg(test)]
 mod tests;
@@ -192,18 +193,26 @@ pub struct AgentEvent {
     pub payload: Box<RawValue>,
     /// Set when this output ends the agent's run.
     pub run_end: Option<RunEnd>,
+    /// Set for the events that decide whether a failed run is final (pi's automatic retry and
+    /// overflow compaction).
+    pub signal: Option<failure::RunSignal>,
 }
 
 /// How an agent run ended: pi's `agent_end`, read from its last assistant message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RunEnd {
     pub stop_reason: StopReason,
     /// pi's `errorMessage` when the run failed.
     pub error_message: Option<String>,
+    /// The message's `provider` and `model` (which model failed).
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    /// The model finished with no visible text and no tool call.
+    pub empty: bool,
 }
 
 /// pi's `stopReason` of the last assistant message of a run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum StopReason {
     /// The model finished (`stop`, `length`, `toolUse`).
     Finished,
@@ -211,6 +220,7 @@ pub enum StopReason {
     Error,
     /// No assistant message, an unknown reason, or an `agent_end` too long to read (its head
     /// still named it).
+    #[default]
     Unknown,
 }
 
@@ -296,7 +306,11 @@ impl AgentError {
             } => AppError::new(ErrorCode::AgentUnavailable, message)
                 .with_details(json!({"command": command, "reason": reason})),
         };
-        error.with_source(ErrorSource::Agent)
+        let trace_id = failure::trace_id();
+        tracing::warn!(%trace_id, code = %error.code(), error = %self, "agent failure");
+        error
+            .with_source(ErrorSource::Agent)
+            .with_trace_id(trace_id)
     }
 }
 

@@ -1,6 +1,7 @@
 //! pi's RPC mode on the wire: LF-framed JSON lines, read with a bound on the line length, and
 //! classified into [`AgentOutput`] values; commands written as JSON lines.
 
+use super::failure::RunSignal;
 use super::{AgentEvent, AgentOutput, RunEnd, StopReason, UiAnswer, UiMethod};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -150,10 +151,8 @@ pub(super) fn invalid_output(error: &str, line: Option<&[u8]>, bytes: usize) -> 
         kind: INVALID_OUTPUT.into(),
         // A map of strings and a number always encodes; the fallback is never used.
         payload: serde_json::value::to_raw_value(&payload).unwrap_or_else(|_| raw_null()),
-        run_end: ends_run.then_some(RunEnd {
-            stop_reason: StopReason::Unknown,
-            error_message: None,
-        }),
+        run_end: ends_run.then(RunEnd::default),
+        signal: None,
     })
 }
 
@@ -190,6 +189,38 @@ struct MessageHead {
     stop_reason: Option<String>,
     #[serde(default)]
     error_message: Option<String>,
+    #[serde(default)]
+    provider: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    /// Kept raw: only the last assistant message's blocks are read.
+    #[serde(default)]
+    content: Option<Box<RawValue>>,
+}
+
+/// One content block of an assistant message, read for whether it is visible output.
+#[derive(Deserialize)]
+struct BlockHead {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+/// A message with no visible text and no tool call (thinking alone is not an answer).
+fn is_empty_answer(content: Option<&RawValue>) -> bool {
+    let Some(content) = content else {
+        return true;
+    };
+    match serde_json::from_str::<Vec<BlockHead>>(content.get()) {
+        Ok(blocks) => !blocks.iter().any(|b| match b.kind.as_deref() {
+            Some("text") => b.text.as_deref().is_some_and(|t| !t.trim().is_empty()),
+            Some("thinking") => false,
+            _ => true,
+        }),
+        // A string (or anything else): visible unless blank.
+        Err(_) => serde_json::from_str::<String>(content.get()).is_ok_and(|t| t.trim().is_empty()),
+    }
 }
 
 fn run_end(raw: &RawValue) -> RunEnd {
@@ -202,10 +233,7 @@ fn run_end(raw: &RawValue) -> RunEnd {
                 .find(|m| m.role.as_deref() == Some("assistant"))
         });
     let Some(last) = last else {
-        return RunEnd {
-            stop_reason: StopReason::Unknown,
-            error_message: None,
-        };
+        return RunEnd::default();
     };
     let stop_reason = match last.stop_reason.as_deref() {
         Some("stop" | "length" | "toolUse") => StopReason::Finished,
@@ -213,10 +241,61 @@ fn run_end(raw: &RawValue) -> RunEnd {
         Some("error") => StopReason::Error,
         _ => StopReason::Unknown,
     };
+    let empty =
+        last.stop_reason.as_deref() == Some("stop") && is_empty_answer(last.content.as_deref());
     RunEnd {
         stop_reason,
         error_message: last.error_message,
+        provider: last.provider,
+        model: last.model,
+        empty,
     }
+}
+
+/// The fields of pi's `auto_retry_*` and `compaction_*` events that decide whether a failed run
+/// is final.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SignalHead {
+    #[serde(default)]
+    attempt: Option<u32>,
+    #[serde(default)]
+    success: Option<bool>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    will_retry: Option<bool>,
+}
+
+fn signal(kind: &str, raw: &RawValue) -> Option<RunSignal> {
+    const SIGNALS: &[&str] = &[
+        "auto_retry_start",
+        "auto_retry_end",
+        "compaction_start",
+        "auto_compaction_start",
+        "compaction_end",
+        "auto_compaction_end",
+    ];
+    if !SIGNALS.contains(&kind) {
+        return None;
+    }
+    let head = serde_json::from_str::<SignalHead>(raw.get()).ok()?;
+    Some(match kind {
+        "auto_retry_start" => RunSignal::RetryStart {
+            attempt: head.attempt.unwrap_or(1),
+        },
+        "auto_retry_end" => RunSignal::RetryEnd {
+            success: head.success.unwrap_or(false),
+            attempt: head.attempt.unwrap_or(0),
+        },
+        "compaction_start" | "auto_compaction_start" => RunSignal::CompactionStart {
+            overflow: head.reason.as_deref() == Some("overflow"),
+        },
+        "compaction_end" | "auto_compaction_end" => RunSignal::CompactionEnd {
+            will_retry: head.will_retry.unwrap_or(false),
+        },
+        _ => return None,
+    })
 }
 
 /// Classifies one complete stdout line; `None` for a blank line. Events are kept as the raw
@@ -255,10 +334,12 @@ fn classify(line: &[u8]) -> Result<Parsed, String> {
         }
         _ => {
             let run_end = (kind == "agent_end").then(|| run_end(&raw));
+            let signal = signal(&kind, &raw);
             Parsed::Output(AgentOutput::Event(AgentEvent {
                 kind,
                 payload: raw,
                 run_end,
+                signal,
             }))
         }
     })

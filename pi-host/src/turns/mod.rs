@@ -9,9 +9,8 @@ mod approvals;
 
 pub use approvals::Approvals;
 
-use crate::agent::{
-    Agent, AgentError, AgentEvent, AgentOutput, AgentSpec, RunEnd, StopReason, UiAnswer,
-};
+use crate::agent::failure::{self, RetryTrail, RunSignal, Verdict};
+use crate::agent::{Agent, AgentError, AgentEvent, AgentOutput, AgentSpec, RunEnd, UiAnswer};
 use crate::auth::Credential;
 use crate::clock::now_ms;
 use crate::sessions::{HostEvent, Session};
@@ -24,16 +23,45 @@ use racp_proto::methods::turn::{
 use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
 use serde_json::json;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{Mutex, MutexGuard, mpsc};
 
 /// Most agent outputs appended as one group.
 const PUMP_BATCH: usize = 1024;
 
+/// How long a failed run that pi may retry waits for pi's `auto_retry_start` (or overflow
+/// compaction) before its failure is final. pi decides at once after `agent_end`, but only pi
+/// knows whether its retries are enabled, so silence is the only "no" (docs/protocol.md §8.7).
+const RETRY_SETTLE: Duration = Duration::from_millis(1500);
+
 /// The running turn of a session.
 struct ActiveTurn {
     turn_id: String,
     abort_requested: bool,
+    /// pi's automatic retries during this turn.
+    retries: RetryTrail,
+    /// A failed run pi may still retry: it ends the turn unless pi retries or recovers.
+    pending: Option<Pending>,
 }
+
+struct Pending {
+    end: RunEnd,
+    /// pi is compacting after a context overflow: wait for `compaction_end`, however long.
+    held: bool,
+}
+
+impl ActiveTurn {
+    fn new(turn_id: String) -> Self {
+        ActiveTurn {
+            turn_id,
+            abort_requested: false,
+            retries: RetryTrail::default(),
+            pending: None,
+        }
+    }
+}
+
+use failure::trace_id;
 
 /// A session's agent and its running turn.
 #[derive(Default)]
@@ -95,17 +123,19 @@ impl Turns {
         }
         let agent = driver.ensure_agent(host, &mut state).await?;
         let turn_id = record_turn(host, &session, credential, &params).await?;
-        state.active = Some(ActiveTurn {
-            turn_id: turn_id.clone(),
-            abort_requested: false,
-        });
+        state.active = Some(ActiveTurn::new(turn_id.clone()));
         // Not under the lock: the pump needs it to read what the agent says meanwhile.
         drop(state);
         if let Err(err) = agent.prompt(&params.text).await {
-            // The turn is recorded; end it so the session is usable again.
-            driver
-                .end_turn_early(host, &turn_id, TurnOutcome::Failed, err.to_app_error())
-                .await;
+            // The turn is recorded; end it so the session is usable again. An agent that died
+            // under the prompt settles it as aborted, like a crash mid-run (protocol.md §8.7).
+            let error = err.to_app_error();
+            let outcome = if error.code() == ErrorCode::AgentSidecarCrashed {
+                TurnOutcome::Aborted
+            } else {
+                TurnOutcome::Failed
+            };
+            driver.end_turn_early(host, &turn_id, outcome, error).await;
         }
         Ok(TurnStartResult { turn_id })
     }
@@ -180,18 +210,21 @@ impl Turns {
     }
 }
 
-/// After a restart no agent runs: a turn that was running when the host died has failed.
+/// After a restart no agent runs: a turn that was running when the host stopped was cut off by
+/// the host, not by its agent, so it ends as aborted with HOST_UNAVAILABLE (docs/protocol.md
+/// §8.7), never as a sidecar crash.
 pub async fn end_interrupted_turns(host: &HostState) {
     for session in host.sessions.list() {
         let mut events = Approvals::cancel_stored(host, &session.id);
         if let Some(turn_id) = session.active_turn() {
             let error = AppError::new(
-                ErrorCode::AgentSidecarCrashed,
-                "the host restarted during this turn; start a new turn to continue",
-            );
+                ErrorCode::HostUnavailable,
+                "the host stopped during this turn; start a new turn to continue",
+            )
+            .with_details(json!({"reason": "host_restarted"}));
             events.push(HostEvent::TurnFinished {
                 turn_id,
-                outcome: TurnOutcome::Failed,
+                outcome: TurnOutcome::Aborted,
                 error: Some(error),
             });
         }
@@ -248,6 +281,18 @@ fn end_of_turn(
     error: Option<AppError>,
 ) -> Vec<HostEvent> {
     let mut events = host.turns.approvals.cancel_turn(host, turn_id);
+    if let Some(error) = &error {
+        // The traceId in the event finds this line (protocol.md §8.7).
+        tracing::warn!(
+            turn_id,
+            ?outcome,
+            code = %error.code(),
+            trace_id = error.trace_id().unwrap_or(""),
+            message = error.message(),
+            details = %error.details().cloned().unwrap_or_default(),
+            "turn did not complete"
+        );
+    }
     events.push(HostEvent::TurnFinished {
         turn_id: turn_id.to_string(),
         outcome,
@@ -316,26 +361,31 @@ async fn record_turn(
     Ok(turn_id)
 }
 
-/// How a run ended, from pi's `agent_end` (its last assistant message's stop reason).
-fn outcome_of(end: &RunEnd, abort_requested: bool) -> (TurnOutcome, Option<AppError>) {
-    if abort_requested || end.stop_reason == StopReason::Aborted {
+/// A turn's outcome and error from the classifier's verdict; `None` while pi may still retry.
+fn outcome_of(verdict: Verdict, abort_requested: bool) -> Option<(TurnOutcome, Option<AppError>)> {
+    if abort_requested {
         let error = AppError::new(ErrorCode::TurnAborted, "the turn was aborted");
-        return (TurnOutcome::Aborted, Some(error));
+        return Some((TurnOutcome::Aborted, Some(error)));
     }
-    if end.stop_reason == StopReason::Error {
-        let message = end
-            .error_message
-            .as_deref()
-            .unwrap_or("the agent reported an error");
-        let error = AppError::new(ErrorCode::Internal, message.to_string())
-            .with_source(ErrorSource::Agent)
-            .with_cause_code("agent_error");
-        return (TurnOutcome::Failed, Some(error));
+    match verdict {
+        Verdict::Completed => Some((TurnOutcome::Completed, None)),
+        Verdict::Aborted(error) => Some((TurnOutcome::Aborted, Some(error))),
+        Verdict::Failed(error) => Some((TurnOutcome::Failed, Some(error))),
+        Verdict::FailedUnlessRetried(_) => None,
     }
-    (TurnOutcome::Completed, None)
 }
 
-/// The error a turn ends with when its agent process dies under it.
+/// The end of a turn whose failed run pi did not retry (or gave up on).
+fn settled(active: &mut ActiveTurn, pending: &Pending) -> (TurnOutcome, Option<AppError>) {
+    // Nothing more will come of this run: its verdict is final.
+    active.retries.gave_up = true;
+    let verdict = failure::verdict(&pending.end, &active.retries, &trace_id());
+    outcome_of(verdict, active.abort_requested).unwrap_or((TurnOutcome::Failed, None))
+}
+
+/// The error a turn ends with when its agent process dies under it: AGENT_SIDECAR_OOM when V8
+/// reported its heap limit (the same input fails the same way), else AGENT_SIDECAR_CRASHED, and
+/// the turn settles as aborted (docs/protocol.md §8.7).
 fn died_during_turn(
     abort_requested: bool,
     status: Option<i32>,
@@ -346,17 +396,29 @@ fn died_during_turn(
         let error = AppError::new(ErrorCode::TurnAborted, "the turn was aborted");
         return (TurnOutcome::Aborted, error);
     }
+    let details = json!({
+        "exitCode": status,
+        "signal": signal,
+        "stderrTail": stderr_tail,
+    });
+    if failure::is_heap_exhausted(&stderr_tail) {
+        let error = AppError::new(
+            ErrorCode::AgentSidecarOom,
+            "the agent process ran out of JavaScript heap during the turn",
+        )
+        .with_source(ErrorSource::Agent)
+        .with_details(details)
+        .with_trace_id(trace_id());
+        return (TurnOutcome::Failed, error);
+    }
     let error = AppError::new(
         ErrorCode::AgentSidecarCrashed,
         "the agent process died during the turn; the next turn restarts it",
     )
     .with_source(ErrorSource::Agent)
-    .with_details(json!({
-        "exitCode": status,
-        "signal": signal,
-        "stderrTail": stderr_tail,
-    }));
-    (TurnOutcome::Failed, error)
+    .with_details(details)
+    .with_trace_id(trace_id());
+    (TurnOutcome::Aborted, error)
 }
 
 /// Reads the agent's output until it exits, appending each batch as one committed group.
@@ -367,7 +429,27 @@ async fn pump(
     mut output: mpsc::Receiver<AgentOutput>,
 ) {
     let session = driver.session.clone();
-    while let Some(first) = output.recv().await {
+    loop {
+        let next = if driver.awaits_retry().await {
+            match tokio::time::timeout(RETRY_SETTLE, output.recv()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    // pi said nothing after a failed run it could retry: it did not retry.
+                    let events = driver.settle_pending(&host).await;
+                    if !events.is_empty()
+                        && let Err(err) = host.sessions.commit(&session, events).await
+                    {
+                        tracing::warn!(error = %err, session_id = %session.id, "turn end not recorded");
+                    }
+                    continue;
+                }
+            }
+        } else {
+            output.recv().await
+        };
+        let Some(first) = next else {
+            break;
+        };
         let mut batch = vec![first];
         while batch.len() < PUMP_BATCH {
             match output.try_recv() {
@@ -427,6 +509,31 @@ impl Driver {
         state.agent = Some(agent.clone());
         state.spawned_before = true;
         Ok(agent)
+    }
+
+    /// A failed run of the running turn waits for pi's retry decision.
+    async fn awaits_retry(&self) -> bool {
+        let state = self.state.lock().await;
+        state
+            .active
+            .as_ref()
+            .and_then(|a| a.pending.as_ref())
+            .is_some_and(|p| !p.held)
+    }
+
+    /// Ends the running turn with its pending failure: pi did not retry it.
+    async fn settle_pending(&self, host: &HostState) -> Vec<HostEvent> {
+        let mut state = self.state.lock().await;
+        let Some(active) = state.active.as_mut() else {
+            return Vec::new();
+        };
+        let Some(pending) = active.pending.take() else {
+            return Vec::new();
+        };
+        let (outcome, error) = settled(active, &pending);
+        let turn_id = active.turn_id.clone();
+        state.active = None;
+        end_of_turn(host, &turn_id, outcome, error)
     }
 
     /// Ends `turn_id` if it is still the running turn (the prompt never reached the agent).
@@ -524,10 +631,23 @@ impl Driver {
                     if state.agent.as_ref().is_some_and(|a| a.pid() == agent.pid()) {
                         state.agent = None;
                     }
-                    if let Some(active) = state.active.take() {
-                        let (outcome, error) =
-                            died_during_turn(active.abort_requested, status, signal, stderr_tail);
-                        events.extend(end_of_turn(host, &active.turn_id, outcome, Some(error)));
+                    if let Some(mut active) = state.active.take() {
+                        // A run that already failed explains the turn better than the exit.
+                        let (outcome, error) = match active.pending.take() {
+                            Some(pending) if !active.abort_requested => {
+                                settled(&mut active, &pending)
+                            }
+                            _ => {
+                                let (outcome, error) = died_during_turn(
+                                    active.abort_requested,
+                                    status,
+                                    signal,
+                                    stderr_tail,
+                                );
+                                (outcome, Some(error))
+                            }
+                        };
+                        events.extend(end_of_turn(host, &active.turn_id, outcome, error));
                     }
                 }
             }
@@ -536,13 +656,42 @@ impl Driver {
     }
 }
 
-/// An agent event is relayed; one that ends the run also ends the running turn.
+/// An agent event is relayed; one that ends the run also ends the running turn, unless the run
+/// failed in a way pi may retry: then pi's next event decides (docs/protocol.md §8.7).
 fn on_agent_event(
     host: &HostState,
     state: &mut MutexGuard<'_, DriverState>,
     event: AgentEvent,
     events: &mut Vec<HostEvent>,
 ) {
+    let mut finished = None;
+    if let Some(active) = state.active.as_mut() {
+        finished = follow_retry(active, event.signal.as_ref());
+        if let Some((outcome, error)) = finished.take() {
+            let turn_id = active.turn_id.clone();
+            state.active = None;
+            let end = end_of_turn(host, &turn_id, outcome, error);
+            if event.signal.is_some() {
+                // pi's own verdict (`auto_retry_end`, `compaction_end`) belongs to the turn it
+                // ends, and comes before `turn.finished`.
+                events.push(HostEvent::Agent {
+                    kind: event.kind,
+                    turn_id: Some(turn_id),
+                    payload: event.payload,
+                });
+                events.extend(end);
+            } else {
+                // pi moved on without retrying: the turn ended before this event.
+                events.extend(end);
+                events.push(HostEvent::Agent {
+                    kind: event.kind,
+                    turn_id: None,
+                    payload: event.payload,
+                });
+            }
+            return;
+        }
+    }
     let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
     events.push(HostEvent::Agent {
         kind: event.kind,
@@ -550,10 +699,64 @@ fn on_agent_event(
         payload: event.payload,
     });
     if let Some(end) = event.run_end
+        && let Some(active) = state.active.as_mut()
+    {
+        let verdict = failure::verdict(&end, &active.retries, &trace_id());
+        match outcome_of(verdict, active.abort_requested) {
+            Some(end) => finished = Some(end),
+            None => active.pending = Some(Pending { end, held: false }),
+        }
+    }
+    if let Some((outcome, error)) = finished
         && let Some(active) = state.active.take()
     {
-        let (outcome, error) = outcome_of(&end, active.abort_requested);
         events.extend(end_of_turn(host, &active.turn_id, outcome, error));
+    }
+}
+
+/// Follows pi's retry and overflow-recovery events; returns the turn's end when one settles a
+/// pending failure for good.
+fn follow_retry(
+    active: &mut ActiveTurn,
+    signal: Option<&RunSignal>,
+) -> Option<(TurnOutcome, Option<AppError>)> {
+    match signal {
+        Some(RunSignal::RetryStart { attempt }) => {
+            active.retries.attempts = active.retries.attempts.max(*attempt);
+            active.pending = None;
+            None
+        }
+        Some(RunSignal::RetryEnd { success: true, .. }) => {
+            active.retries = RetryTrail::default();
+            None
+        }
+        Some(RunSignal::RetryEnd {
+            success: false,
+            attempt,
+        }) => {
+            active.retries.attempts = active.retries.attempts.max(*attempt);
+            let pending = active.pending.take()?;
+            Some(settled(active, &pending))
+        }
+        Some(RunSignal::CompactionStart { overflow }) => {
+            if let Some(pending) = active.pending.as_mut() {
+                pending.held = *overflow;
+            }
+            None
+        }
+        Some(RunSignal::CompactionEnd { will_retry: true }) => {
+            active.pending = None;
+            None
+        }
+        Some(RunSignal::CompactionEnd { will_retry: false }) => {
+            let pending = active.pending.take()?;
+            Some(settled(active, &pending))
+        }
+        // Any other event after a failed run: pi moved on without retrying.
+        None => {
+            let pending = active.pending.take()?;
+            Some(settled(active, &pending))
+        }
     }
 }
 

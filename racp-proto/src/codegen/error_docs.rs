@@ -22,7 +22,9 @@ pub fn render_error_codes_md() -> String {
          resend (reads, idempotent mutations, and `turn/start` with the same `idempotencyKey`; see the \
          method table in [protocol.md](protocol.md)).\n\
          - **close** is the WebSocket close code used when the error ends a connection; **HTTP** is the \
-         status used when it refuses a WebSocket upgrade (the body is the error envelope `{\"error\": ...}`).\n\n",
+         status used when it refuses a WebSocket upgrade (the body is the error envelope `{\"error\": ...}`).\n\
+         - Codes marked *(reserved)* are documented ahead of emission: nothing emits them yet, and their \
+         meaning names the code used today.\n\n",
     );
     out.push_str("| code | retriable | recovery | close | HTTP | meaning |\n");
     out.push_str("|---|---|---|---|---|---|\n");
@@ -35,8 +37,9 @@ pub fn render_error_codes_md() -> String {
         };
         let _ = writeln!(
             out,
-            "| `{}` | {} | `{}` | {} | {} | {} |",
+            "| `{}`{} | {} | `{}` | {} | {} | {} |",
             spec.name,
+            if spec.reserved { " *(reserved)*" } else { "" },
             retriable,
             spec.recovery.as_str(),
             spec.close_code,

@@ -103,12 +103,17 @@ pub fn render_typescript(schema: &Value) -> String {
         };
         let _ = writeln!(
             out,
-            "  {}: {{ retriable: {}, recovery: \"{}\", closeCode: {}, httpStatus: {} }},",
+            "  {}: {{ retriable: {}, recovery: \"{}\", closeCode: {}, httpStatus: {}{} }},",
             spec.name,
             retriable,
             spec.recovery.as_str(),
             spec.close_code,
-            spec.http_status
+            spec.http_status,
+            if spec.reserved {
+                ", reserved: true"
+            } else {
+                ""
+            }
         );
     }
     out.push_str("} as const satisfies Record<ErrorCode, unknown>;\n");

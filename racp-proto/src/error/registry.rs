@@ -108,6 +108,9 @@ pub struct CodeSpec {
     pub close_code: u16,
     /// HTTP status used when this error refuses a WebSocket upgrade.
     pub http_status: u16,
+    /// Documented ahead of emission: registered so clients can prepare for it, but nothing emits
+    /// it yet (its meaning says which code is used today).
+    pub reserved: bool,
     /// The row's doc comment, as written (see [`CodeSpec::meaning`]).
     doc: &'static str,
 }
@@ -120,6 +123,8 @@ impl CodeSpec {
 }
 
 macro_rules! error_registry {
+    (@reserved) => { false };
+    (@reserved $reserved:literal) => { $reserved };
     ($(
         $(#[doc = $doc:literal])*
         $variant:ident = $name:literal {
@@ -127,6 +132,7 @@ macro_rules! error_registry {
             recovery: $recovery:ident,
             close: $close:literal,
             http: $http:literal,
+            $(reserved: $reserved:literal,)?
         }
     )*) => {
         /// A registered error code. Only these can appear on the wire.
@@ -153,6 +159,7 @@ macro_rules! error_registry {
                         recovery: Recovery::$recovery,
                         close_code: $close,
                         http_status: $http,
+                        reserved: error_registry!(@reserved $($reserved)?),
                         doc: concat!($($doc),*),
                     },)*
                 }
@@ -220,7 +227,7 @@ error_registry! {
     AgentUnavailable = "AGENT_UNAVAILABLE" { retriable: Yes, recovery: Retry, close: 4023, http: 503, }
     /// The session already has an active turn; steer it, abort it, or wait for it to finish.
     AgentBusy = "AGENT_BUSY" { retriable: No, recovery: CheckState, close: 4024, http: 409, }
-    /// The agent process died mid-turn; the turn ended, and the next turn restarts the agent.
+    /// The agent process died mid-turn; the turn settles as aborted, and the next turn restarts the agent.
     AgentSidecarCrashed = "AGENT_SIDECAR_CRASHED" { retriable: No, recovery: CheckState, close: 4025, http: 502, }
     /// The turn id is unknown in this session.
     TurnNotFound = "TURN_NOT_FOUND" { retriable: No, recovery: CheckState, close: 4026, http: 404, }
@@ -250,6 +257,28 @@ error_registry! {
     CapabilityUnavailable = "CAPABILITY_UNAVAILABLE" { retriable: No, recovery: StopAndReport, close: 4038, http: 501, }
     /// The endpoint's TLS certificate is not the one pinned at pairing (`details.expected`, `details.found`: SHA-256 fingerprints); nothing was sent. Another process may hold the port, or the host's identity was reset: re-pair only if you trust the change.
     HostIdentityMismatch = "HOST_IDENTITY_MISMATCH" { retriable: No, recovery: StopAndReport, close: 4039, http: 502, }
+    /// No usable model is selected, or the provider rejects the selected model as unknown (HTTP 404). Fix the model in the agent's settings on the host.
+    ModelNotConfigured = "MODEL_NOT_CONFIGURED" { retriable: No, recovery: StopAndReport, close: 4040, http: 424, }
+    /// The model provider failed. Transient for gateway and server errors (5xx, overloaded); terminal (`retriable: false`) for malformed 400/422 requests and for billing, credit, spend or quota exhaustion, even when returned with HTTP 429. `details.providerStatus`, `details.providerCode`, `details.providerMessage` (redacted, at most 600 characters).
+    ProviderError = "PROVIDER_ERROR" { retriable: Maybe, recovery: Retry, close: 4041, http: 502, }
+    /// The provider refused the credentials configured on the host (HTTP 401/403, a missing or invalid API key).
+    ProviderUnauthorized = "PROVIDER_UNAUTHORIZED" { retriable: No, recovery: StopAndReport, close: 4042, http: 502, }
+    /// The provider's throughput limit (HTTP 429, rate-limit wording); `retryAfterMs` when the provider said how long to wait. Billing exhaustion is PROVIDER_ERROR instead.
+    ProviderRateLimited = "PROVIDER_RATE_LIMITED" { retriable: Yes, recovery: RetryAfter, close: 4043, http: 429, }
+    /// The conversation does not fit the model's context window (HTTP 413 or the provider's overflow wording), and the agent's own recovery (compaction) did not bring it back. The same input fails the same way.
+    ContextTooLarge = "CONTEXT_TOO_LARGE" { retriable: No, recovery: FixArguments, close: 4044, http: 413, }
+    /// The provider's response stream was terminated or closed before the response was complete.
+    StreamFailed = "STREAM_FAILED" { retriable: Yes, recovery: Retry, close: 4045, http: 502, }
+    /// The provider could not be reached (DNS, refused or reset connection, TLS); `details.networkCode` is the errno when known (`ENOTFOUND`, `ECONNRESET`, ...). Not retriable for a certificate verification failure.
+    NetworkError = "NETWORK_ERROR" { retriable: Maybe, recovery: Retry, close: 4046, http: 502, }
+    /// The model ended its turn with no visible text and no tool call.
+    EmptyModelResponse = "EMPTY_MODEL_RESPONSE" { retriable: Yes, recovery: Retry, close: 4047, http: 502, }
+    /// The agent process died after its JavaScript heap hit its limit (V8's fatal-error banner in its stderr); the same turn fails the same way until the input shrinks.
+    AgentSidecarOom = "AGENT_SIDECAR_OOM" { retriable: No, recovery: CheckState, close: 4048, http: 502, }
+    /// Reserved: the provider did not answer in time. Emitted today as TIMEOUT.
+    ProviderTimeout = "PROVIDER_TIMEOUT" { retriable: Yes, recovery: Retry, close: 4049, http: 504, reserved: true, }
+    /// Reserved: the provider does not know the model id (HTTP 404). Emitted today as MODEL_NOT_CONFIGURED.
+    ProviderModelNotFound = "PROVIDER_MODEL_NOT_FOUND" { retriable: No, recovery: StopAndReport, close: 4050, http: 404, reserved: true, }
 }
 
 impl ErrorCode {

@@ -45,6 +45,10 @@
 //! | `tool` | an assistant message with a `bash` tool call (`toolcall_start/delta/end`, `stopReason: "toolUse"`), then `tool_execution_start`, `tool_execution_update`, `tool_execution_end` and the `toolResult` message |
 //! | `approve:KIND[:TIMEOUT_MS]` | like `tool`, but after `tool_execution_start` an `extension_ui_request` (KIND = `confirm`, `select`, `input` or `editor`, with a fresh UUID `id`) waits for the matching `extension_ui_response`. Allowed (`confirmed: true`, or a `value` other than `Block`): the tool runs and its result text says `stand-in tool ran (answer: X)`. Refused (`confirmed: false`, `cancelled`, `Block`, or TIMEOUT_MS passed): `tool_execution_end` with `isError: true` and `Blocked by user (answer: X)`, as pi reports a tool blocked by an extension |
 //! | `fail` | ends the run as failed, like a provider error in pi: an assistant message with `stopReason: "error"` and `errorMessage`, `turn_end`, `agent_end`; later directives do not run |
+//! | `fail:TEXT` | the same, with `errorMessage` TEXT (`_` read as a space), e.g. `fail:401_Incorrect_API_key_provided` |
+//! | `retry:N` | pi's automatic retry that succeeds: N times a failed run (`errorMessage` `503 Service Unavailable`, `turn_end`, `agent_end`) followed by `auto_retry_start` and a new `agent_start`/`turn_start`; then an assistant message `retried ok` and `auto_retry_end` (`success: true`) |
+//! | `gaveup:N` | pi's automatic retry that gives up: N failed runs each followed by `auto_retry_start`, then a last failed run (`429 Rate limit reached …`) followed by `auto_retry_end` (`success: false`, `attempt: N`); later directives do not run |
+//! | `oom` | writes node's V8 heap-limit banner (`FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory`) to stderr and aborts (SIGABRT), as node does |
 //! | `crash` | writes `stand-in-agent: scripted crash` to stderr and exits with status 3 at once |
 //! | `exit:CODE` | exits with status CODE at once |
 //! | `sleep:MS` | pauses MS milliseconds (commands are still answered; `abort` ends the run as aborted) |
@@ -68,6 +72,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const BUSY: &str = "Agent is already processing. Specify streamingBehavior ('steer' or 'followUp') to queue the message.";
 const ABORTED: &str = "Request was aborted";
 const FAILED: &str = "stand-in: scripted failure (fail directive)";
+const RETRIED: &str = "503 Service Unavailable";
+const RATE_LIMITED: &str = "429 Rate limit reached for requests. Please try again in 2s.";
 
 enum Input {
     Line(String),
@@ -477,7 +483,10 @@ impl StandIn {
                 }
                 ("fail", _) => {
                     self.new_turn_if_needed(run);
-                    let message = with_error(assistant(json!([]), "error"), FAILED);
+                    // `fail:TEXT`: the errorMessage is TEXT with `_` as spaces (a provider's
+                    // wording, e.g. `fail:429_Too_many_requests`).
+                    let error = arg.map_or(FAILED.to_string(), |text| text.replace('_', " "));
+                    let message = with_error(assistant(json!([]), "error"), &error);
                     emit(&json!({"type": "message_start", "message": message}));
                     emit(&json!({"type": "message_end", "message": message}));
                     run.new_messages.push(message.clone());
@@ -485,9 +494,50 @@ impl StandIn {
                     emit(&json!({"type": "agent_end", "messages": run.new_messages}));
                     return Err(Stop::Failed);
                 }
+                ("retry", Some(n)) => {
+                    // pi's automatic retry: N failed runs, each followed by `auto_retry_start`,
+                    // then the request succeeds (`auto_retry_end` with `success: true`).
+                    for attempt in 1..=n {
+                        self.failed_attempt(run, RETRIED);
+                        emit(&json!({
+                            "type": "auto_retry_start", "attempt": attempt, "maxAttempts": n,
+                            "delayMs": 1, "errorMessage": RETRIED,
+                        }));
+                        emit(&json!({"type": "agent_start"}));
+                        emit(&json!({"type": "turn_start"}));
+                    }
+                    self.stream_text(run, &["retried ok".to_string()])?;
+                    emit(&json!({"type": "auto_retry_end", "success": true, "attempt": n}));
+                }
+                ("gaveup", Some(n)) => {
+                    // pi retried N times and gave up: the last failed run's `agent_end` is
+                    // followed by `auto_retry_end` with `success: false`.
+                    for attempt in 1..=n {
+                        self.failed_attempt(run, RATE_LIMITED);
+                        emit(&json!({
+                            "type": "auto_retry_start", "attempt": attempt, "maxAttempts": n,
+                            "delayMs": 1, "errorMessage": RATE_LIMITED,
+                        }));
+                        emit(&json!({"type": "agent_start"}));
+                        emit(&json!({"type": "turn_start"}));
+                    }
+                    self.failed_attempt(run, RATE_LIMITED);
+                    emit(&json!({
+                        "type": "auto_retry_end", "success": false, "attempt": n,
+                        "finalError": RATE_LIMITED,
+                    }));
+                    return Err(Stop::Failed);
+                }
                 ("crash", _) => {
                     eprintln!("stand-in-agent: scripted crash");
                     std::process::exit(3);
+                }
+                ("oom", _) => {
+                    // What node prints when V8 hits its heap limit, then it aborts (SIGABRT).
+                    eprintln!(
+                        "\n<--- Last few GCs --->\n\n[4242:0x5e0c000]    12345 ms: Mark-Compact                          4040.1 (4130.3) -> 4031.9 (4133.1) MB, 1500.2 / 0.0 ms  (average mu =                          0.101, current mu = 0.012) allocation failure; scavenge might not succeed\n\n                         <--- JS stacktrace --->\n\nFATAL ERROR: Reached heap limit Allocation                          failed - JavaScript heap out of memory\n 1: 0xb7a940 node::Abort() [node]"
+                    );
+                    std::process::abort();
                 }
                 ("exit", Some(code)) => {
                     std::process::exit(i32::try_from(code).unwrap_or(1));
@@ -532,6 +582,18 @@ impl StandIn {
             self.pump(Wait::Poll)?;
         }
         Ok(())
+    }
+
+    /// One failed model call ending its run, as pi reports it: the error message, `turn_end`,
+    /// `agent_end`; the next run starts afresh.
+    fn failed_attempt(&mut self, run: &mut Run, error: &str) {
+        self.new_turn_if_needed(run);
+        let message = with_error(assistant(json!([]), "error"), error);
+        emit(&json!({"type": "message_start", "message": message}));
+        emit(&json!({"type": "message_end", "message": message}));
+        run.new_messages.push(message.clone());
+        emit(&json!({"type": "turn_end", "message": message, "toolResults": []}));
+        emit(&json!({"type": "agent_end", "messages": std::mem::take(&mut run.new_messages)}));
     }
 
     /// Closes the current pi turn and opens the next when it already has its assistant message.
