@@ -1150,7 +1150,7 @@ export const ERROR_CODES = {
   HOST_BOOTSTRAP_FAILED: { retriable: "no", recovery: "stop_and_report", closeCode: 4029, httpStatus: 500 },
   HOST_VERSION_MISMATCH: { retriable: "no", recovery: "upgrade", closeCode: 4030, httpStatus: 400 },
   REMOTE_AUTH_FAILED: { retriable: "no", recovery: "reauthorize", closeCode: 4031, httpStatus: 401 },
-  REMOTE_CONNECTION_FAILED: { retriable: "yes", recovery: "retry", closeCode: 4032, httpStatus: 502 },
+  REMOTE_CONNECTION_FAILED: { retriable: "maybe", recovery: "retry", closeCode: 4032, httpStatus: 502 },
   REMOTE_FORWARD_FAILED: { retriable: "yes", recovery: "retry", closeCode: 4033, httpStatus: 502 },
   REMOTE_PATH_NOT_FOUND: { retriable: "no", recovery: "fix_arguments", closeCode: 4034, httpStatus: 404 },
   REMOTE_PATH_FORBIDDEN: { retriable: "no", recovery: "fix_arguments", closeCode: 4035, httpStatus: 403 },
