@@ -1163,6 +1163,14 @@ async fn floods_are_answered_or_refused_with_registered_codes_in_bounded_memory(
         }
     }
     assert!(codes.contains_key("RATE_LIMITED"), "{codes:?}");
+    // session/list is answered faster than frames arrive, so the in-flight bound may or may not
+    // bite here; `calls_past_the_in_flight_bound_get_host_overloaded` makes it bite.
+    for code in codes.keys() {
+        assert!(
+            ["result", "RATE_LIMITED", "INVALID_ARGUMENT", "HOST_OVERLOADED"].contains(&code.as_str()),
+            "{codes:?}"
+        );
+    }
     figures.insert(
         "pipelined".into(),
         json!({"calls": calls, "seconds": started.elapsed().as_secs_f64(), "answers": codes}),
@@ -1234,4 +1242,79 @@ async fn floods_are_answered_or_refused_with_registered_codes_in_bounded_memory(
         json!({"rssKibBefore": baseline_rss, "peakRssKib": peak}),
     );
     record_figures("hostile_input_floods", &Value::Object(figures));
+}
+
+/// The per-connection in-flight bound (`limits.maxInFlight`, 64), made to bite: the first
+/// `turn/start` waits for an agent that takes seconds to answer, holding its session; every
+/// `turn/start` after it waits behind the first, holding its place; past the bound, calls are
+/// refused with HOST_OVERLOADED at once (docs/protocol.md §11, docs/reliability.md §2.4).
+#[tokio::test]
+async fn calls_past_the_in_flight_bound_get_host_overloaded() {
+    let agent = format!(
+        "sh -c 'sleep 4; exec {}'",
+        tests::stand_in_agent().display()
+    );
+    let host = HostProcess::start_with(bin(), &["--agent", &agent]).await;
+    let (_, token) = host.pair_device("owner", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    let hello = client.hello().await;
+    let bound = hello["limits"]["maxInFlight"].as_u64().unwrap();
+    assert_eq!(bound, 64, "{hello}");
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session_id = created["result"]["session"]["sessionId"].clone();
+    assert!(session_id.is_string(), "{created}");
+    // Within the default burst of 200 calls, so no RATE_LIMITED.
+    let calls = bound + 40;
+    for i in 0..calls {
+        client
+            .send_text(
+                json!({"id": i, "method": "turn/start", "params": {
+                    "sessionId": session_id, "idempotencyKey": format!("k{i}"), "text": "hang"}})
+                .to_string(),
+            )
+            .await;
+    }
+    let mut codes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut overloaded = Vec::new();
+    let mut answered = 0;
+    while answered < calls {
+        let frame = tokio::time::timeout(PATIENCE, client.next_frame())
+            .await
+            .expect("every call is answered")
+            .expect("the connection stays open");
+        if frame.get("id").is_none() {
+            continue;
+        }
+        answered += 1;
+        let key = match frame.get("error") {
+            Some(error) => {
+                let code = registered(error);
+                if code == ErrorCode::HostOverloaded {
+                    assert_eq!(error["details"]["maxInFlight"], bound, "{error}");
+                    assert!(error["retryAfterMs"].as_u64().is_some(), "{error}");
+                    assert_eq!(error["retriable"], true, "{error}");
+                    overloaded.push(frame["id"].as_u64().unwrap());
+                }
+                code.spec().name.to_string()
+            }
+            None => "result".to_string(),
+        };
+        *codes.entry(key).or_default() += 1;
+    }
+    // The first runs, the next bound - 1 wait for it and find it running, the rest are refused
+    // before they start.
+    let expected = BTreeMap::from([
+        ("result".to_string(), 1),
+        ("AGENT_BUSY".to_string(), bound - 1),
+        ("HOST_OVERLOADED".to_string(), calls - bound),
+    ]);
+    assert_eq!(codes, expected);
+    overloaded.sort_unstable();
+    assert_eq!(overloaded, (bound..calls).collect::<Vec<_>>());
+    record_figures(
+        "hostile_input_in_flight",
+        &json!({"maxInFlight": bound, "calls": calls, "answers": codes}),
+    );
 }
