@@ -214,7 +214,7 @@ error_registry! {
     HostShuttingDown = "HOST_SHUTTING_DOWN" { retriable: Yes, recovery: ReconnectAndResume, close: 4020, http: 503, }
     /// A per-device budget was exceeded inside its window; `retryAfterMs` says when it refills.
     RateLimited = "RATE_LIMITED" { retriable: Yes, recovery: RetryAfter, close: 4021, http: 429, }
-    /// A request exceeded a fixed host bound (item count, string length, subscriptions per connection).
+    /// A request exceeded a host bound on what a connection may hold: today, its subscriptions (`details.maxSubscriptions`). A field past its own bound (a string's length, a number's range) is INVALID_PARAMS instead.
     LimitExceeded = "LIMIT_EXCEEDED" { retriable: No, recovery: FixArguments, close: 4022, http: 422, }
     /// The agent process could not be started or reached; `details.suggestion` says what to fix.
     AgentUnavailable = "AGENT_UNAVAILABLE" { retriable: Yes, recovery: Retry, close: 4023, http: 503, }
