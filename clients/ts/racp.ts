@@ -985,8 +985,9 @@ export type TurnRef = {
 };
 
 /**
- * Starts a turn. The same `idempotencyKey` with the same input returns the same turn, so a
- * client may resend it after HOST_DISCONNECTED; other input gives IDEMPOTENCY_CONFLICT.
+ * Starts a turn. Keys are scoped to the session: in one session the same `idempotencyKey` with
+ * the same `text` returns the same turn, so a client may resend it after HOST_DISCONNECTED;
+ * other `text` gives IDEMPOTENCY_CONFLICT (docs/protocol.md §6.3).
  */
 export type TurnStartParams = {
   idempotencyKey: string;

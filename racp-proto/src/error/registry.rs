@@ -196,7 +196,7 @@ error_registry! {
     Forbidden = "FORBIDDEN" { retriable: No, recovery: StopAndReport, close: 4011, http: 403, }
     /// The method is unknown on this host, e.g. `host/list` without a gateway.
     MethodNotFound = "METHOD_NOT_FOUND" { retriable: No, recovery: StopAndReport, close: 4012, http: 404, }
-    /// An idempotency key was reused with different input.
+    /// An idempotency key was reused in the same session with different input (keys are scoped to their session).
     IdempotencyConflict = "IDEMPOTENCY_CONFLICT" { retriable: No, recovery: CheckState, close: 4013, http: 409, }
     /// The replay cursor is older than the retained window or from another epoch; `details` carries the oldest and head cursors. Resubscribe from a snapshot.
     CursorExpired = "CURSOR_EXPIRED" { retriable: No, recovery: Resnapshot, close: 4014, http: 410, }
