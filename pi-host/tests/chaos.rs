@@ -650,7 +650,7 @@ async fn slow_subscribers_do_not_slow_the_healthy_ones() {
         // Each stalled subscriber's connection ends within two seconds, the host having decided
         // CLIENT_TOO_SLOW for it; a delayed one still moves, so whether its writes ever take
         // the stall bound depends on frame sizes: counted, not required. The error frame itself
-        // may be lost when a write was cut off mid-frame (docs/reliability.md §1.3), so it is
+        // may be lost when a write was cut off mid-frame (docs/reliability.md §2.4), so it is
         // counted too. No healthy subscriber is cut (`healthy` panics if its connection ends).
         let endings: Vec<_> = slow
             .into_iter()
@@ -689,7 +689,10 @@ async fn slow_subscribers_do_not_slow_the_healthy_ones() {
                 "phase {round}: CLIENT_TOO_SLOW decided {cut} times, {ended} slow connections ended"
             );
         } else {
-            assert_eq!(cut, 0, "a connection was cut in phase {round}, without slow ones");
+            assert_eq!(
+                cut, 0,
+                "a connection was cut in phase {round}, without slow ones"
+            );
         }
         told_total += told;
         latencies_of[usize::from(with_slow)].append(&mut latencies);
@@ -733,4 +736,3 @@ async fn slow_subscribers_do_not_slow_the_healthy_ones() {
         }),
     );
 }
-

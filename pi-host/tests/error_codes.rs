@@ -69,7 +69,10 @@ async fn a_turn_for_a_closed_session_is_conflict() {
         )
         .await;
     let error = error_of(&reply, ErrorCode::Conflict);
-    assert_eq!(error["retriable"], false, "a closed session stays closed: {reply}");
+    assert_eq!(
+        error["retriable"], false,
+        "a closed session stays closed: {reply}"
+    );
 }
 
 /// LIMIT_EXCEEDED: one subscription past `limits.maxSubscriptions` on a connection; the
@@ -94,7 +97,10 @@ async fn a_subscription_past_the_bound_is_limit_exceeded() {
     let error = error_of(&reply, ErrorCode::LimitExceeded);
     assert_eq!(error["details"]["maxSubscriptions"], max, "{reply}");
     let info = client.call("host/info", json!({})).await;
-    assert!(info.get("result").is_some(), "the connection stays open: {info}");
+    assert!(
+        info.get("result").is_some(),
+        "the connection stays open: {info}"
+    );
 }
 
 /// NOT_FOUND: an answer to an approval the host never had (docs/protocol.md §7.18).

@@ -81,7 +81,11 @@ struct Case {
 fn registered(error: &Value) -> ErrorCode {
     let name = error["code"].as_str().expect("an error code");
     let code = ErrorCode::from_name(name).unwrap_or_else(|| panic!("unregistered code {name}"));
-    assert_ne!(code, ErrorCode::Internal, "INTERNAL for hostile input: {error}");
+    assert_ne!(
+        code,
+        ErrorCode::Internal,
+        "INTERNAL for hostile input: {error}"
+    );
     let spec = code.spec();
     assert_eq!(error["recovery"], spec.recovery.as_str(), "{error}");
     assert!(error["retriable"].is_boolean(), "{error}");
@@ -601,7 +605,11 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
         "{\"id\":1,\"method\":\"hello\\u0000\"}",
         "{\"id\":\"\",\"method\":\"nope\"}",
     ] {
-        push("not_a_request", text.to_string(), Expect::Code("METHOD_NOT_FOUND"));
+        push(
+            "not_a_request",
+            text.to_string(),
+            Expect::Code("METHOD_NOT_FOUND"),
+        );
     }
     // Overlong strings in the envelope.
     push(
@@ -1167,7 +1175,13 @@ async fn floods_are_answered_or_refused_with_registered_codes_in_bounded_memory(
     // bite here; `calls_past_the_in_flight_bound_get_host_overloaded` makes it bite.
     for code in codes.keys() {
         assert!(
-            ["result", "RATE_LIMITED", "INVALID_ARGUMENT", "HOST_OVERLOADED"].contains(&code.as_str()),
+            [
+                "result",
+                "RATE_LIMITED",
+                "INVALID_ARGUMENT",
+                "HOST_OVERLOADED"
+            ]
+            .contains(&code.as_str()),
             "{codes:?}"
         );
     }
@@ -1245,13 +1259,18 @@ async fn floods_are_answered_or_refused_with_registered_codes_in_bounded_memory(
 }
 
 /// The per-connection in-flight bound (`limits.maxInFlight`, 64), made to bite: the first
-/// `turn/start` waits for an agent that takes seconds to answer, holding its session; every
-/// `turn/start` after it waits behind the first, holding its place; past the bound, calls are
-/// refused with HOST_OVERLOADED at once (docs/protocol.md §11, docs/reliability.md §2.4).
+/// `turn/start` waits for an agent that does not answer until the test lets it, holding its
+/// session; every `turn/start` after it waits behind the first, holding its place; past the
+/// bound, calls are refused with HOST_OVERLOADED at once (docs/protocol.md §11,
+/// docs/reliability.md §2.4).
 #[tokio::test]
 async fn calls_past_the_in_flight_bound_get_host_overloaded() {
+    // The agent starts only once `go` exists: after every refusal has arrived.
+    let gate = tempfile::tempdir().unwrap();
+    let go = gate.path().join("go");
     let agent = format!(
-        "sh -c 'sleep 4; exec {}'",
+        "sh -c 'while [ ! -e {} ]; do sleep 0.05; done; exec {}'",
+        go.display(),
         tests::stand_in_agent().display()
     );
     let host = HostProcess::start_with(bin(), &["--agent", &agent]).await;
@@ -1282,7 +1301,7 @@ async fn calls_past_the_in_flight_bound_get_host_overloaded() {
     while answered < calls {
         let frame = tokio::time::timeout(PATIENCE, client.next_frame())
             .await
-            .expect("every call is answered")
+            .expect("every call is answered (the agent starts once every refusal arrived)")
             .expect("the connection stays open");
         if frame.get("id").is_none() {
             continue;
@@ -1292,6 +1311,9 @@ async fn calls_past_the_in_flight_bound_get_host_overloaded() {
             Some(error) => {
                 let code = registered(error);
                 if code == ErrorCode::HostOverloaded {
+                    if overloaded.len() as u64 + 1 == calls - bound {
+                        std::fs::write(&go, b"").unwrap();
+                    }
                     assert_eq!(error["details"]["maxInFlight"], bound, "{error}");
                     assert!(error["retryAfterMs"].as_u64().is_some(), "{error}");
                     assert_eq!(error["retriable"], true, "{error}");

@@ -147,7 +147,10 @@ async fn turn_start_is_idempotent_by_key() {
     // text, starts a turn of its own in another session, and resends there find that turn.
     let created = s
         .client
-        .call("session/create", json!({"workspace": s.host.workspace("w2")}))
+        .call(
+            "session/create",
+            json!({"workspace": s.host.workspace("w2")}),
+        )
         .await;
     let second = created["result"]["session"]["sessionId"]
         .as_str()

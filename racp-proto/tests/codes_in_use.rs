@@ -6,6 +6,8 @@
 //! occurrence of `ErrorCode::Variant` outside `#[cfg(test)] mod … { }` blocks, `tests.rs` files
 //! and the registry itself counts as raising the code.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
 use racp_proto::ErrorCode;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -89,7 +91,9 @@ fn every_registered_code_is_raised_outside_tests_or_marked_reserved() {
         let reserved = ErrorCode::RESERVED.contains(code);
         match (raised.get(&variant), reserved) {
             (None, false) => dead.push(code.as_str()),
-            (Some(files), true) => listed_but_raised.push(format!("{} in {files:?}", code.as_str())),
+            (Some(files), true) => {
+                listed_but_raised.push(format!("{} in {files:?}", code.as_str()))
+            }
             _ => {}
         }
     }
@@ -107,7 +111,9 @@ fn every_registered_code_is_raised_outside_tests_or_marked_reserved() {
 fn test_modules_are_cut_and_their_declarations_kept() {
     let source = "a ErrorCode::A\n#[cfg(test)]\nmod tests;\n#[cfg(test)]\nfn f() {}\n#[cfg(test)]\nmod tests {\n fn g() { ErrorCode::B } \n}\nz";
     let kept = without_test_modules(source);
-    assert!(kept.contains("ErrorCode::A") && kept.contains("mod tests;") && kept.contains("fn f()"));
+    assert!(
+        kept.contains("ErrorCode::A") && kept.contains("mod tests;") && kept.contains("fn f()")
+    );
     assert!(!kept.contains("ErrorCode::B"), "{kept}");
     assert!(kept.ends_with('z'));
 }
