@@ -985,8 +985,9 @@ export type TurnRef = {
 };
 
 /**
- * Starts a turn. The same `idempotencyKey` with the same input returns the same turn, so a
- * client may resend it after HOST_DISCONNECTED; other input gives IDEMPOTENCY_CONFLICT.
+ * Starts a turn. Keys are scoped to the session: in one session the same `idempotencyKey` with
+ * the same `text` returns the same turn, so a client may resend it after HOST_DISCONNECTED;
+ * other `text` gives IDEMPOTENCY_CONFLICT (docs/protocol.md §6.3).
  */
 export type TurnStartParams = {
   idempotencyKey: string;
@@ -1150,7 +1151,7 @@ export const ERROR_CODES = {
   HOST_BOOTSTRAP_FAILED: { retriable: "no", recovery: "stop_and_report", closeCode: 4029, httpStatus: 500 },
   HOST_VERSION_MISMATCH: { retriable: "no", recovery: "upgrade", closeCode: 4030, httpStatus: 400 },
   REMOTE_AUTH_FAILED: { retriable: "no", recovery: "reauthorize", closeCode: 4031, httpStatus: 401 },
-  REMOTE_CONNECTION_FAILED: { retriable: "yes", recovery: "retry", closeCode: 4032, httpStatus: 502 },
+  REMOTE_CONNECTION_FAILED: { retriable: "maybe", recovery: "retry", closeCode: 4032, httpStatus: 502 },
   REMOTE_FORWARD_FAILED: { retriable: "yes", recovery: "retry", closeCode: 4033, httpStatus: 502 },
   REMOTE_PATH_NOT_FOUND: { retriable: "no", recovery: "fix_arguments", closeCode: 4034, httpStatus: 404 },
   REMOTE_PATH_FORBIDDEN: { retriable: "no", recovery: "fix_arguments", closeCode: 4035, httpStatus: 403 },

@@ -295,10 +295,21 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
         ));
     }
     let listen = config.listen;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    // The port is taken now (a second host fails here, before touching the admin socket) but
+    // accepts only once the admin socket is served: whoever sees the port accept can run
+    // `pi-host pair` or `status` at once (docs/reliability.md §2.4).
+    let socket = if listen.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .and_then(|socket| {
+        socket.set_reuseaddr(true)?;
+        socket.bind(listen)?;
+        Ok(socket)
+    })
+    .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let local = socket.local_addr().map_err(|e| e.to_string())?;
     // The real port (when asked for port 0) is what pairing URLs and `status` must show.
     config.listen = local;
     // Before anything else opens descriptors: the limit is raised and split (server/listener.rs).
@@ -308,6 +319,9 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
     tokio::spawn(admin::serve(admin, state.clone()));
+    let listener = socket
+        .listen(1024)
+        .map_err(|e| format!("cannot listen on {local}: {e}"))?;
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     tracing::info!(%local, data_dir = %state.config.data_dir.display(), "pi-host listening");
     let shutdown = shutdown_signal()?;

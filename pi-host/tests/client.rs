@@ -311,6 +311,22 @@ async fn plain_ws_to_a_non_loopback_address_is_refused() {
         .err()
         .unwrap();
     assert_eq!(err.code(), ErrorCode::RemoteConnectionFailed);
+    // The row is `maybe`: a URL refused before connecting is not transient, and the error as a
+    // desktop would serialize it says so (docs/error-codes.md).
+    let json = serde_json::to_value(&err).unwrap();
+    assert_eq!(json["retriable"], false, "{json}");
+    assert_eq!(json["details"]["reason"], "plain_not_loopback", "{json}");
+
+    // A refused socket is transient.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut options = ClientOptions::new(format!("wss://127.0.0.1:{port}/racp"), "t");
+    options.call_timeout = PATIENCE;
+    let err = RacpClient::connect(options).await.err().unwrap();
+    assert_eq!(err.code(), ErrorCode::RemoteConnectionFailed, "{err}");
+    let json = serde_json::to_value(&err).unwrap();
+    assert_eq!(json["retriable"], true, "{json}");
 }
 
 #[tokio::test]

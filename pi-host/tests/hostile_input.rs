@@ -39,10 +39,35 @@ enum Expect {
     Code(&'static str),
     /// INVALID_PARAMS whose `details.path` starts with this path.
     ParamsAt(String),
-    /// Any error reply with a registered code.
-    Registered,
-    /// A result (some odd forms are valid) or an error reply with a registered code.
-    Answered,
+    /// A result: some odd forms are valid.
+    Result,
+}
+
+impl Expect {
+    /// The code (or `result`) this case adds to the per-code counts.
+    fn name(&self) -> &str {
+        match self {
+            Expect::Code(name) => name,
+            Expect::ParamsAt(_) => "INVALID_PARAMS",
+            Expect::Result => "result",
+        }
+    }
+}
+
+/// Whether `token` is a number as JSON writes them (RFC 8259 §6), whatever its size.
+fn is_json_number(token: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let rest = token.strip_prefix('-').unwrap_or(token);
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], Some(&rest[at + 1..])),
+        None => (rest, None),
+    };
+    let (int, frac) = match mantissa.split_once('.') {
+        Some((int, frac)) => (int, Some(frac)),
+        None => (mantissa, None),
+    };
+    let exponent_ok = exponent.is_none_or(|e| digits(e.strip_prefix(['+', '-']).unwrap_or(e)));
+    digits(int) && (int == "0" || !int.starts_with('0')) && frac.is_none_or(digits) && exponent_ok
 }
 
 struct Case {
@@ -52,9 +77,15 @@ struct Case {
 }
 
 /// Checks that an error object is well-formed and its code registered; returns the code.
+/// INTERNAL never answers hostile input: each frame has an expected, specific answer.
 fn registered(error: &Value) -> ErrorCode {
     let name = error["code"].as_str().expect("an error code");
     let code = ErrorCode::from_name(name).unwrap_or_else(|| panic!("unregistered code {name}"));
+    assert_ne!(
+        code,
+        ErrorCode::Internal,
+        "INTERNAL for hostile input: {error}"
+    );
     let spec = code.spec();
     assert_eq!(error["recovery"], spec.recovery.as_str(), "{error}");
     assert!(error["retriable"].is_boolean(), "{error}");
@@ -382,13 +413,15 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
         let arrays = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
         let objects = format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth));
         for nested in [&arrays, &objects] {
+            // Params are parsed lazily, so the depth limit never meets them: they are refused
+            // as the wrong shape.
             push(
                 "deep_nesting",
                 format!(
                     r#"{{"id":{},"method":"session/list","params":{nested}}}"#,
                     next_id()
                 ),
-                Expect::Registered,
+                Expect::Code("INVALID_PARAMS"),
             );
             push(
                 "deep_nesting",
@@ -407,7 +440,7 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
                     r#"{{"id":{},"method":"turn/start","params":{{"sessionId":"s","idempotencyKey":"k","text":{nested}}}}}"#,
                     next_id()
                 ),
-                Expect::Registered,
+                Expect::Code("INVALID_PARAMS"),
             );
         }
     }
@@ -434,10 +467,23 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
         ".5",
         "5.",
     ] {
+        // Not JSON at all: the frame is not a request. As an id, only a u64 (written as an
+        // integer) is one. As a param, each is out of its field's bounds or not an integer.
+        let json = is_json_number(number);
+        // A number past f64's range fails while the params are read, at `params`.
+        let in_range = serde_json::from_str::<Value>(number).is_ok();
+        let as_param = |path: &str| match (json, in_range) {
+            (true, true) => Expect::ParamsAt(path.into()),
+            (true, false) => Expect::ParamsAt("params".into()),
+            (false, _) => bad_json(),
+        };
         push(
             "huge_number",
             format!(r#"{{"id":{number},"method":"session/list"}}"#),
-            Expect::Answered,
+            match number.parse::<u64>() {
+                Ok(_) if json => Expect::Result,
+                _ => bad_json(),
+            },
         );
         push(
             "huge_number",
@@ -445,7 +491,7 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
                 r#"{{"id":{},"method":"pairing/create","params":{{"roles":["observer"],"ttlSeconds":{number}}}}}"#,
                 next_id()
             ),
-            Expect::Answered,
+            as_param("params.ttlSeconds"),
         );
         push(
             "huge_number",
@@ -453,7 +499,7 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
                 r#"{{"id":{},"method":"hello","params":{{"protocol":{{"min":1,"max":1}},"client":{{"name":"x","version":"1"}},"maxFrameBytes":{number}}}}}"#,
                 next_id()
             ),
-            Expect::Answered,
+            as_param("params.maxFrameBytes"),
         );
     }
     // Invalid Unicode that valid UTF-8 text can still carry: escaped lone surrogates, and
@@ -474,29 +520,41 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
         "\n",
         "\t",
     ] {
+        // A well-formed `\uXXXX` escape is JSON (a lone surrogate then fails as a string);
+        // the rest make the frame invalid JSON.
+        let escape = bad
+            .strip_prefix("\\u")
+            .is_some_and(|hex| hex.len() >= 4 && hex[..4].bytes().all(|b| b.is_ascii_hexdigit()));
         for (method, field) in [
             ("fs/list", "path"),
             ("session/get", "sessionId"),
             ("pair", "deviceName"),
         ] {
+            let expect = match (escape, method) {
+                (false, _) => bad_json(),
+                // A device's connection may not pair: refused before its params are read.
+                (true, "pair") => Expect::Code("FORBIDDEN"),
+                // The string cannot be read at all: reported at `params`.
+                (true, _) => Expect::ParamsAt("params".into()),
+            };
             push(
                 "invalid_unicode",
                 format!(
                     r#"{{"id":{},"method":"{method}","params":{{"{field}":"{bad}"}}}}"#,
                     next_id()
                 ),
-                Expect::Registered,
+                expect,
             );
         }
         push(
             "invalid_unicode",
             format!(r#"{{"id":"{bad}","method":"session/list"}}"#),
-            Expect::Registered,
+            bad_json(),
         );
         push(
             "invalid_unicode",
             format!(r#"{{"id":{},"method":"session/{bad}"}}"#, next_id()),
-            Expect::Registered,
+            bad_json(),
         );
     }
     // Shapes that are not a request.
@@ -534,6 +592,11 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
         "{\"id\":1,/*c*/\"method\":\"session/list\"}",
         "{\"id\":1,\"method\":\"session/list\"}\u{0}",
         "\u{0}",
+    ] {
+        push("not_a_request", text.to_string(), bad_json());
+    }
+    // Well-formed requests for methods that do not exist.
+    for text in [
         "{\"id\":1,\"method\":\"\"}",
         "{\"id\":1,\"method\":\"SESSION/LIST\"}",
         "{\"id\":1,\"method\":\"session/list \"}",
@@ -542,7 +605,11 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
         "{\"id\":1,\"method\":\"hello\\u0000\"}",
         "{\"id\":\"\",\"method\":\"nope\"}",
     ] {
-        push("not_a_request", text.to_string(), Expect::Registered);
+        push(
+            "not_a_request",
+            text.to_string(),
+            Expect::Code("METHOD_NOT_FOUND"),
+        );
     }
     // Overlong strings in the envelope.
     push(
@@ -582,37 +649,58 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
     }
     // Huge names and values that error messages could quote back.
     let big = "q".repeat(200_000);
-    for text in [
-        format!(
-            r#"{{"id":{},"method":"session/list","params":{{"{big}":1}}}}"#,
-            next_id()
+    for (text, expect) in [
+        (
+            format!(
+                r#"{{"id":{},"method":"session/list","params":{{"{big}":1}}}}"#,
+                next_id()
+            ),
+            Expect::ParamsAt("params".into()),
         ),
-        format!(
-            r#"{{"id":{},"method":"hello","params":{{"protocol":{{"min":1,"max":1,"{big}":1}},"client":{{"name":"a","version":"1"}}}}}}"#,
-            next_id()
+        (
+            format!(
+                r#"{{"id":{},"method":"hello","params":{{"protocol":{{"min":1,"max":1,"{big}":1}},"client":{{"name":"a","version":"1"}}}}}}"#,
+                next_id()
+            ),
+            Expect::ParamsAt("params.protocol".into()),
         ),
-        format!(
-            r#"{{"id":{},"method":"pairing/create","params":{{"roles":["{big}"]}}}}"#,
-            next_id()
+        (
+            format!(
+                r#"{{"id":{},"method":"pairing/create","params":{{"roles":["{big}"]}}}}"#,
+                next_id()
+            ),
+            Expect::ParamsAt("params.roles".into()),
         ),
-        format!(
-            r#"{{"id":{},"method":"approval/respond","params":{{"approvalId":"a","decision":"{big}"}}}}"#,
-            next_id()
+        (
+            format!(
+                r#"{{"id":{},"method":"approval/respond","params":{{"approvalId":"a","decision":"{big}"}}}}"#,
+                next_id()
+            ),
+            Expect::ParamsAt("params.decision".into()),
         ),
-        format!(
-            r#"{{"id":{},"method":"session/subscribe","params":{{"sessionId":"s","cursor":"{big}"}}}}"#,
-            next_id()
+        (
+            format!(
+                r#"{{"id":{},"method":"session/subscribe","params":{{"sessionId":"s","cursor":"{big}"}}}}"#,
+                next_id()
+            ),
+            Expect::ParamsAt("params.cursor".into()),
         ),
-        format!(
-            r#"{{"id":{},"{big}":1,"method":"session/list"}}"#,
-            next_id()
+        (
+            format!(
+                r#"{{"id":{},"{big}":1,"method":"session/list"}}"#,
+                next_id()
+            ),
+            bad_json(),
         ),
-        format!(
-            r#"{{"id":{},"method":"session/list","params":{{"{big}"}}}}"#,
-            next_id()
+        (
+            format!(
+                r#"{{"id":{},"method":"session/list","params":{{"{big}"}}}}"#,
+                next_id()
+            ),
+            bad_json(),
         ),
     ] {
-        push("echo", text, Expect::Registered);
+        push("echo", text, expect);
     }
     // Unknown methods.
     for method in [
@@ -636,7 +724,7 @@ fn envelope_cases(next_id: &mut impl FnMut() -> u64) -> Vec<Case> {
 fn check(case: &Case, reply: &Value) -> Option<ErrorCode> {
     let Some(error) = reply.get("error") else {
         assert!(
-            matches!(case.expect, Expect::Answered) && reply.get("result").is_some(),
+            matches!(case.expect, Expect::Result) && reply.get("result").is_some(),
             "{}: not an error: {reply} for {:.200}",
             case.category,
             case.text
@@ -649,7 +737,7 @@ fn check(case: &Case, reply: &Value) -> Option<ErrorCode> {
     let size = serde_json::to_string(reply).unwrap().len();
     assert!(size <= 4096, "a {size}-byte error reply: {what}");
     match &case.expect {
-        Expect::Registered | Expect::Answered => {}
+        Expect::Result => panic!("expected a result: {what}"),
         Expect::Code(name) => assert_eq!(error["code"], *name, "{what}"),
         Expect::ParamsAt(path) => {
             assert_eq!(error["code"], "INVALID_PARAMS", "{what}");
@@ -721,6 +809,7 @@ async fn a_corpus_of_hostile_frames_gets_registered_codes_and_the_host_stays_up(
                         case.category
                     );
                     closed += 1;
+                    *by_code.entry("connection_ended".into()).or_default() += 1;
                     client = Client::connect(&host.url(), credential).await.unwrap();
                     client.hello().await;
                     continue;
@@ -733,6 +822,18 @@ async fn a_corpus_of_hostile_frames_gets_registered_codes_and_the_host_stays_up(
         }
     }
     let elapsed = started.elapsed();
+    // The per-code counts are exactly those the cases expect: a frame past the hard cap ends
+    // its connection, every other one gets its own answer (docs/reliability.md §2.4).
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    for case in device_cases.iter().chain(&pairing_cases) {
+        let name = match case.text.len() > 4 << 20 {
+            true => "connection_ended",
+            false => case.expect.name(),
+        };
+        *expected.entry(name.to_string()).or_default() += 1;
+    }
+    assert_eq!(by_code, expected, "answers by code");
+    assert!(!by_code.contains_key("INTERNAL"));
 
     // The host is up, answers, and its memory is bounded.
     let info = client.call("host/info", json!({})).await;
@@ -1070,6 +1171,20 @@ async fn floods_are_answered_or_refused_with_registered_codes_in_bounded_memory(
         }
     }
     assert!(codes.contains_key("RATE_LIMITED"), "{codes:?}");
+    // session/list is answered faster than frames arrive, so the in-flight bound may or may not
+    // bite here; `calls_past_the_in_flight_bound_get_host_overloaded` makes it bite.
+    for code in codes.keys() {
+        assert!(
+            [
+                "result",
+                "RATE_LIMITED",
+                "INVALID_ARGUMENT",
+                "HOST_OVERLOADED"
+            ]
+            .contains(&code.as_str()),
+            "{codes:?}"
+        );
+    }
     figures.insert(
         "pipelined".into(),
         json!({"calls": calls, "seconds": started.elapsed().as_secs_f64(), "answers": codes}),
@@ -1141,4 +1256,102 @@ async fn floods_are_answered_or_refused_with_registered_codes_in_bounded_memory(
         json!({"rssKibBefore": baseline_rss, "peakRssKib": peak}),
     );
     record_figures("hostile_input_floods", &Value::Object(figures));
+}
+
+/// The per-connection in-flight bound (`limits.maxInFlight`, 64), made to bite: one `turn/start`
+/// per session, each waiting for its agent's answer while holding its place; the agents start
+/// only once the test opens a gate (a file appears), after every call past the bound was refused with
+/// HOST_OVERLOADED, so which calls get a place does not depend on timing (docs/protocol.md §11,
+/// docs/reliability.md §2.4).
+#[tokio::test]
+async fn calls_past_the_in_flight_bound_get_host_overloaded() {
+    // The agents start once `go` exists; one gives up when the gate's directory is gone (the
+    // test ended without opening it).
+    let gate = tempfile::tempdir().unwrap();
+    let go = gate.path().join("go");
+    let agent = format!(
+        "sh -c 'while [ ! -e {go} ]; do [ -d {dir} ] || exit 1; sleep 0.1; done; exec {bin}'",
+        go = go.display(),
+        dir = gate.path().display(),
+        bin = tests::stand_in_agent().display()
+    );
+    let host = HostProcess::start_with(
+        bin(),
+        &[
+            "--agent",
+            &agent,
+            "--requests-per-second",
+            "1000000",
+            "--request-burst",
+            "1000000",
+        ],
+    )
+    .await;
+    let (_, token) = host.pair_device("owner", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    let hello = client.hello().await;
+    let bound = hello["limits"]["maxInFlight"].as_u64().unwrap();
+    assert_eq!(bound, 64, "{hello}");
+    let calls = bound + 8;
+    let mut sessions = Vec::new();
+    for _ in 0..calls {
+        let created = client
+            .call("session/create", json!({"workspace": host.workspace("w")}))
+            .await;
+        let session_id = created["result"]["session"]["sessionId"].clone();
+        assert!(session_id.is_string(), "{created}");
+        sessions.push(session_id);
+    }
+    for (i, session_id) in sessions.iter().enumerate() {
+        client
+            .send_text(
+                json!({"id": i, "method": "turn/start", "params": {
+                    "sessionId": session_id, "idempotencyKey": "k", "text": "hi"}})
+                .to_string(),
+            )
+            .await;
+    }
+    let mut codes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut overloaded = Vec::new();
+    let mut answered = 0;
+    while answered < calls {
+        let frame = tokio::time::timeout(PATIENCE, client.next_frame())
+            .await
+            .expect("every call is answered (the agents start once every refusal arrived)")
+            .expect("the connection stays open");
+        if frame.get("id").is_none() {
+            continue;
+        }
+        answered += 1;
+        let key = match frame.get("error") {
+            Some(error) => {
+                let code = registered(error);
+                if code == ErrorCode::HostOverloaded {
+                    assert_eq!(error["details"]["maxInFlight"], bound, "{error}");
+                    assert!(error["retryAfterMs"].as_u64().is_some(), "{error}");
+                    assert_eq!(error["retriable"], true, "{error}");
+                    overloaded.push(frame["id"].as_u64().unwrap());
+                    if overloaded.len() as u64 == calls - bound {
+                        std::fs::write(&go, b"").unwrap();
+                    }
+                }
+                code.spec().name.to_string()
+            }
+            None => "result".to_string(),
+        };
+        *codes.entry(key).or_default() += 1;
+    }
+    // The first `bound` calls wait for their agents and then run; the rest are refused before
+    // they start.
+    let expected = BTreeMap::from([
+        ("result".to_string(), bound),
+        ("HOST_OVERLOADED".to_string(), calls - bound),
+    ]);
+    assert_eq!(codes, expected);
+    overloaded.sort_unstable();
+    assert_eq!(overloaded, (bound..calls).collect::<Vec<_>>());
+    record_figures(
+        "hostile_input_in_flight",
+        &json!({"maxInFlight": bound, "calls": calls, "answers": codes}),
+    );
 }

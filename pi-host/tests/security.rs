@@ -789,7 +789,7 @@ async fn secrets_stay_out_of_logs_argv_and_environments_and_their_files_are_priv
     let key = std::fs::read(host.data_dir.path().join("host.key")).unwrap();
     let key_hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
     let mut looked_at = 0;
-    for process in std::iter::once(pid).chain(processes) {
+    for process in std::iter::once(pid).chain(processes.iter().copied()) {
         for what in ["cmdline", "environ"] {
             let Ok(bytes) = std::fs::read(format!("/proc/{process}/{what}")) else {
                 continue;
@@ -804,6 +804,13 @@ async fn secrets_stay_out_of_logs_argv_and_environments_and_their_files_are_priv
             looked_at += 1;
         }
     }
+    // The host and at least its agent, each with both files: a check that read nothing would
+    // pass whatever the processes held (docs/reliability.md §2.4).
+    assert!(
+        looked_at >= 4,
+        "only {looked_at} /proc files of {} processes were read",
+        1 + processes.len()
+    );
     device
         .call(
             "turn/abort",

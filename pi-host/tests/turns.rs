@@ -154,6 +154,29 @@ async fn turn_start_is_idempotent_by_key() {
         .filter(|e| e["type"] == "turn.started")
         .count();
     assert_eq!(started, 1, "one turn despite the resend");
+
+    // A key is scoped to its session (docs/protocol.md §6.3): the same key, even with the same
+    // text, starts a turn of its own in another session, and resends there find that turn.
+    let created = s
+        .client
+        .call(
+            "session/create",
+            json!({"workspace": s.host.workspace("w2")}),
+        )
+        .await;
+    let second = created["result"]["session"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let there = start_turn(&mut s.client, &second, "same", "deltas:1").await;
+    let there_id = &there["result"]["turnId"];
+    assert!(there_id.is_string(), "{there}");
+    assert_ne!(there_id, &first["result"]["turnId"], "{there}");
+    let resent = start_turn(&mut s.client, &second, "same", "deltas:1").await;
+    assert_eq!(&resent["result"]["turnId"], there_id, "{resent}");
+    let other = start_turn(&mut s.client, &second, "same", "deltas:3").await;
+    assert_eq!(other["error"]["code"], "IDEMPOTENCY_CONFLICT", "{other}");
+    assert_eq!(other["error"]["details"]["turnId"], *there_id, "{other}");
 }
 
 #[tokio::test]

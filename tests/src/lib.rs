@@ -781,6 +781,17 @@ pub struct FaultProxy {
 
 impl FaultProxy {
     pub async fn start(target: SocketAddr) -> FaultProxy {
+        FaultProxy::start_inner(target, false).await
+    }
+
+    /// Like [`FaultProxy::start`], with a small receive buffer on the side facing the target,
+    /// so a stalled or delayed link pushes back on the host after a few KiB instead of after
+    /// the megabytes loopback buffers grow to.
+    pub async fn start_with_small_buffers(target: SocketAddr) -> FaultProxy {
+        FaultProxy::start_inner(target, true).await
+    }
+
+    async fn start_inner(target: SocketAddr, small_buffers: bool) -> FaultProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind proxy");
@@ -807,7 +818,18 @@ impl FaultProxy {
                 let stalled_rx = accept_stalled.subscribe();
                 let delay = accept_delay.clone();
                 tokio::spawn(async move {
-                    let Ok(outbound) = TcpStream::connect(to).await else {
+                    let outbound = if small_buffers {
+                        let socket = match to {
+                            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+                            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+                        };
+                        let Ok(socket) = socket else { return };
+                        let _ = socket.set_recv_buffer_size(4096);
+                        socket.connect(to).await
+                    } else {
+                        TcpStream::connect(to).await
+                    };
+                    let Ok(outbound) = outbound else {
                         return;
                     };
                     let (in_read, in_write) = inbound.into_split();

@@ -246,7 +246,9 @@ fn refuse(command: Command, error: &AppError) {
 
 async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError> {
     let failed = |why: String| {
-        AppError::new(ErrorCode::RemoteConnectionFailed, why).with_source(ErrorSource::Client)
+        AppError::new(ErrorCode::RemoteConnectionFailed, why)
+            .with_retriable(true)
+            .with_source(ErrorSource::Client)
     };
     let mut request = options
         .url
@@ -337,7 +339,9 @@ async fn dial(
 ) -> Result<Box<dyn Io>, AppError> {
     use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, pki_types::ServerName};
     let failed = |why: String| {
-        AppError::new(ErrorCode::RemoteConnectionFailed, why).with_source(ErrorSource::Client)
+        AppError::new(ErrorCode::RemoteConnectionFailed, why)
+            .with_retriable(true)
+            .with_source(ErrorSource::Client)
     };
     let secure = uri.scheme_str() == Some("wss");
     let host = uri

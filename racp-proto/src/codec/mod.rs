@@ -241,7 +241,10 @@ pub fn error_from_wire(value: serde_json::Value) -> AppError {
         .to_string();
     let known = value["code"].as_str().and_then(ErrorCode::from_name);
     let mut error = AppError::new(known.unwrap_or(ErrorCode::Internal), message);
-    if let Some(retriable) = value["retriable"].as_bool() {
+    // Only a `maybe` row takes the sender's answer; a fixed row's value is the row's.
+    if let Some(retriable) = value["retriable"].as_bool()
+        && error.code().spec().retriable == crate::Retriable::Maybe
+    {
         error = error.with_retriable(retriable);
     }
     if known.is_none()

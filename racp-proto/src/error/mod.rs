@@ -119,10 +119,18 @@ impl AppError {
         self
     }
 
-    /// Sets `retriable` for a code the registry marks `maybe`; for other codes the registry's
-    /// answer stands and this is ignored.
+    /// Sets `retriable` for a code the registry marks `maybe`. For a `yes` or `no` row the row's
+    /// value is what the wire says, always: asking for the other value is a mistake at the call
+    /// site (use a code whose row says the truth, or make the row `maybe`), caught by a debug
+    /// assertion; release builds keep the row's value (docs/protocol.md §6.3).
     pub fn with_retriable(mut self, retriable: bool) -> Self {
-        if self.body.code.spec().retriable == Retriable::Maybe {
+        let row = self.body.code.spec().retriable;
+        debug_assert!(
+            row == Retriable::Maybe || retriable == (row == Retriable::Yes),
+            "{} is retriable: {row:?} in the registry; it cannot be made {retriable}",
+            self.body.code
+        );
+        if row == Retriable::Maybe {
             self.body.retriable = retriable;
         }
         self
@@ -186,13 +194,42 @@ mod tests {
         let err = AppError::new(ErrorCode::ClientTooSlow, "slow");
         assert!(err.retriable());
         assert_eq!(err.recovery(), Recovery::ReconnectAndResume);
-        let err = AppError::new(ErrorCode::CursorExpired, "old").with_retriable(true);
-        assert!(!err.retriable(), "a `no` code cannot be made retriable");
-        let err = AppError::new(ErrorCode::Internal, "x").with_retriable(true);
-        assert!(
-            err.retriable(),
-            "a `maybe` code takes the occurrence's answer"
+        let err = AppError::new(ErrorCode::CursorExpired, "old").with_retriable(false);
+        assert!(!err.retriable(), "the row's own value is accepted");
+        for answer in [true, false] {
+            let err = AppError::new(ErrorCode::Internal, "x").with_retriable(answer);
+            assert_eq!(
+                err.retriable(),
+                answer,
+                "a `maybe` code takes the occurrence's answer"
+            );
+            let wire = serde_json::to_value(&err).unwrap();
+            assert_eq!(wire["retriable"], answer, "{wire}");
+        }
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "cannot be made true")]
+    fn overriding_a_fixed_row_is_caught() {
+        let _ = AppError::new(ErrorCode::CursorExpired, "old").with_retriable(true);
+    }
+
+    /// REMOTE_CONNECTION_FAILED is `maybe`: a refused URL is not transient, a refused socket is;
+    /// the wire says which.
+    #[test]
+    fn remote_connection_failed_carries_the_occurrence_on_the_wire() {
+        assert_eq!(
+            ErrorCode::RemoteConnectionFailed.spec().retriable,
+            Retriable::Maybe
         );
+        for answer in [false, true] {
+            let err = AppError::new(ErrorCode::RemoteConnectionFailed, "x").with_retriable(answer);
+            let wire = serde_json::to_value(&err).unwrap();
+            assert_eq!(wire["retriable"], answer, "{wire}");
+            let back = crate::codec::error_from_wire(wire);
+            assert_eq!(back.retriable(), answer);
+        }
     }
 
     #[test]

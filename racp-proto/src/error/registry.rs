@@ -197,13 +197,13 @@ error_registry! {
     SessionNotFound = "SESSION_NOT_FOUND" { retriable: No, recovery: CheckState, close: 4008, http: 404, }
     /// The call conflicts with the current state of the entity (for example a closed session).
     Conflict = "CONFLICT" { retriable: Maybe, recovery: CheckState, close: 4009, http: 409, }
-    /// The operation has no implementation on this host.
+    /// The operation has no implementation on this host. Reserved: nothing raises it today (a method this host lacks is METHOD_NOT_FOUND, a capability it has off CAPABILITY_UNAVAILABLE).
     Unsupported = "UNSUPPORTED" { retriable: No, recovery: StopAndReport, close: 4010, http: 501, }
     /// The principal's roles do not admit the method, or the upgrade came from a Host or Origin the host does not allow.
     Forbidden = "FORBIDDEN" { retriable: No, recovery: StopAndReport, close: 4011, http: 403, }
     /// The method is unknown on this host, e.g. `host/list` without a gateway.
     MethodNotFound = "METHOD_NOT_FOUND" { retriable: No, recovery: StopAndReport, close: 4012, http: 404, }
-    /// An idempotency key was reused with different input.
+    /// An idempotency key was reused in the same session with different input (keys are scoped to their session).
     IdempotencyConflict = "IDEMPOTENCY_CONFLICT" { retriable: No, recovery: CheckState, close: 4013, http: 409, }
     /// The replay cursor is older than the retained window or from another epoch; `details` carries the oldest and head cursors. Resubscribe from a snapshot.
     CursorExpired = "CURSOR_EXPIRED" { retriable: No, recovery: Resnapshot, close: 4014, http: 410, }
@@ -221,7 +221,7 @@ error_registry! {
     HostShuttingDown = "HOST_SHUTTING_DOWN" { retriable: Yes, recovery: ReconnectAndResume, close: 4020, http: 503, }
     /// A per-device budget was exceeded inside its window; `retryAfterMs` says when it refills.
     RateLimited = "RATE_LIMITED" { retriable: Yes, recovery: RetryAfter, close: 4021, http: 429, }
-    /// A request exceeded a fixed host bound (item count, string length, subscriptions per connection).
+    /// A request exceeded a host bound on what a connection may hold: today, its subscriptions (`details.maxSubscriptions`). A field past its own bound (a string's length, a number's range) is INVALID_PARAMS instead.
     LimitExceeded = "LIMIT_EXCEEDED" { retriable: No, recovery: FixArguments, close: 4022, http: 422, }
     /// The agent process could not be started or reached; `details.suggestion` says what to fix.
     AgentUnavailable = "AGENT_UNAVAILABLE" { retriable: Yes, recovery: Retry, close: 4023, http: 503, }
@@ -241,8 +241,8 @@ error_registry! {
     HostVersionMismatch = "HOST_VERSION_MISMATCH" { retriable: No, recovery: Upgrade, close: 4030, http: 400, }
     /// The device or pairing token was rejected on the upgrade, or the device was revoked.
     RemoteAuthFailed = "REMOTE_AUTH_FAILED" { retriable: No, recovery: Reauthorize, close: 4031, http: 401, }
-    /// The RACP-WS transport could not connect (refused socket, failed TLS handshake), or the client refused a `ws://` URL before connecting (`details.reason`: `plain_not_loopback`, or `plain_refused` without the plain-WebSocket opt-in).
-    RemoteConnectionFailed = "REMOTE_CONNECTION_FAILED" { retriable: Yes, recovery: Retry, close: 4032, http: 502, }
+    /// The RACP-WS transport could not connect (refused socket, failed TLS handshake: `retriable: true`), or the client refused the URL before connecting (`retriable: false`; `details.reason`: `bad_url`, `plain_not_loopback`, or `plain_refused` without the plain-WebSocket opt-in).
+    RemoteConnectionFailed = "REMOTE_CONNECTION_FAILED" { retriable: Maybe, recovery: Retry, close: 4032, http: 502, }
     /// The SSH loopback port forward could not be established.
     RemoteForwardFailed = "REMOTE_FORWARD_FAILED" { retriable: Yes, recovery: Retry, close: 4033, http: 502, }
     /// A remote workspace or file path does not exist on the host.
@@ -282,6 +282,11 @@ error_registry! {
 }
 
 impl ErrorCode {
+    /// Registered codes that nothing raises today. Published codes never disappear
+    /// (`tests/frozen_codes.rs`), so an unused one stays, marked here; `tests/codes_in_use.rs`
+    /// fails for an unused code missing from this list, and for a listed code that is raised.
+    pub const RESERVED: &'static [ErrorCode] = &[ErrorCode::Unsupported];
+
     pub fn as_str(self) -> &'static str {
         self.spec().name
     }

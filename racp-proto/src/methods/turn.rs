@@ -6,8 +6,9 @@ use crate::validate::{Validate, length};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Starts a turn. The same `idempotencyKey` with the same input returns the same turn, so a
-/// client may resend it after HOST_DISCONNECTED; other input gives IDEMPOTENCY_CONFLICT.
+/// Starts a turn. Keys are scoped to the session: in one session the same `idempotencyKey` with
+/// the same `text` returns the same turn, so a client may resend it after HOST_DISCONNECTED;
+/// other `text` gives IDEMPOTENCY_CONFLICT (docs/protocol.md §6.3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TurnStartParams {
