@@ -1129,7 +1129,7 @@ export const ERROR_CODES = {
   NOT_FOUND: { retriable: "no", recovery: "check_state", closeCode: 4007, httpStatus: 404 },
   SESSION_NOT_FOUND: { retriable: "no", recovery: "check_state", closeCode: 4008, httpStatus: 404 },
   CONFLICT: { retriable: "maybe", recovery: "check_state", closeCode: 4009, httpStatus: 409 },
-  UNSUPPORTED: { retriable: "no", recovery: "stop_and_report", closeCode: 4010, httpStatus: 501 },
+  UNSUPPORTED: { retriable: "no", recovery: "stop_and_report", closeCode: 4010, httpStatus: 501, reserved: true },
   FORBIDDEN: { retriable: "no", recovery: "stop_and_report", closeCode: 4011, httpStatus: 403 },
   METHOD_NOT_FOUND: { retriable: "no", recovery: "stop_and_report", closeCode: 4012, httpStatus: 404 },
   IDEMPOTENCY_CONFLICT: { retriable: "no", recovery: "check_state", closeCode: 4013, httpStatus: 409 },

@@ -198,7 +198,7 @@ error_registry! {
     /// The call conflicts with the current state of the entity (for example a closed session).
     Conflict = "CONFLICT" { retriable: Maybe, recovery: CheckState, close: 4009, http: 409, }
     /// The operation has no implementation on this host. Reserved: nothing raises it today (a method this host lacks is METHOD_NOT_FOUND, a capability it has off CAPABILITY_UNAVAILABLE).
-    Unsupported = "UNSUPPORTED" { retriable: No, recovery: StopAndReport, close: 4010, http: 501, }
+    Unsupported = "UNSUPPORTED" { retriable: No, recovery: StopAndReport, close: 4010, http: 501, reserved: true, }
     /// The principal's roles do not admit the method, or the upgrade came from a Host or Origin the host does not allow.
     Forbidden = "FORBIDDEN" { retriable: No, recovery: StopAndReport, close: 4011, http: 403, }
     /// The method is unknown on this host, e.g. `host/list` without a gateway.
@@ -282,11 +282,6 @@ error_registry! {
 }
 
 impl ErrorCode {
-    /// Registered codes that nothing raises today. Published codes never disappear
-    /// (`tests/frozen_codes.rs`), so an unused one stays, marked here; `tests/codes_in_use.rs`
-    /// fails for an unused code missing from this list, and for a listed code that is raised.
-    pub const RESERVED: &'static [ErrorCode] = &[ErrorCode::Unsupported];
-
     pub fn as_str(self) -> &'static str {
         self.spec().name
     }
