@@ -314,7 +314,7 @@ impl AgentError {
     }
 }
 
-type Pending = std::sync::Mutex<Option<HashMap<String, oneshot::Sender<Reply>>>>;
+type ReplyWaiters = std::sync::Mutex<Option<HashMap<String, oneshot::Sender<Reply>>>>;
 
 /// A handle on one running agent; clones share it.
 #[derive(Clone)]
@@ -328,7 +328,7 @@ struct Inner {
     /// None once it broke or was closed.
     stdin: Mutex<Option<ChildStdin>>,
     /// Commands waiting for their response, by id; None once stdout closed.
-    pending: Arc<Pending>,
+    pending: Arc<ReplyWaiters>,
     next_id: AtomicU64,
     exit: watch::Receiver<Option<ExitInfo>>,
     options: AgentOptions,
@@ -476,7 +476,7 @@ impl Agent {
 
         let (exit_tx, exit_rx) = watch::channel(None);
         let (out_tx, out_rx) = mpsc::channel(options.output_capacity.max(1));
-        let pending: Arc<Pending> = Arc::new(std::sync::Mutex::new(Some(HashMap::new())));
+        let pending: Arc<ReplyWaiters> = Arc::new(std::sync::Mutex::new(Some(HashMap::new())));
         let tail = Arc::new(std::sync::Mutex::new(Tail::new(options.stderr_tail_bytes)));
 
         tokio::spawn(supervise(child, pid, pgid, exit_tx));
@@ -817,7 +817,7 @@ async fn read_stderr(mut stderr: ChildStderr, tail: Arc<std::sync::Mutex<Tail>>)
 struct StdoutPump {
     reader: LineReader<BufReader<ChildStdout>>,
     out: mpsc::Sender<AgentOutput>,
-    pending: Arc<Pending>,
+    pending: Arc<ReplyWaiters>,
     exit: watch::Receiver<Option<ExitInfo>>,
     stderr_task: JoinHandle<()>,
     tail: Arc<std::sync::Mutex<Tail>>,

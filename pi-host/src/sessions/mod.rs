@@ -254,7 +254,7 @@ pub enum SessionsError {
 /// Every session of the host.
 pub struct Sessions {
     map: DashMap<String, Arc<Session>>,
-    writer: Mutex<Option<mpsc::UnboundedSender<writer::Pending>>>,
+    writer: Mutex<Option<mpsc::UnboundedSender<writer::QueuedBatch>>>,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     retention: Retention,
 }
@@ -387,7 +387,7 @@ impl Sessions {
             .map(|(logged, event)| (logged, event.into_effect(at)))
             .collect();
         writer
-            .send(writer::Pending {
+            .send(writer::QueuedBatch {
                 session: session.clone(),
                 events,
                 done: Some(done),

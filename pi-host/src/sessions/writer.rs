@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// Events of one session waiting to be committed, in seq order.
-pub struct Pending {
+pub struct QueuedBatch {
     pub session: Arc<Session>,
     pub events: Vec<(Arc<LoggedEvent>, Option<super::Effect>)>,
     /// Told the cursor of the last event once it is committed and published.
@@ -25,7 +25,7 @@ const PRUNE_SLACK: u64 = 1024;
 
 pub fn spawn(
     mut conn: rusqlite::Connection,
-    mut queue: mpsc::UnboundedReceiver<Pending>,
+    mut queue: mpsc::UnboundedReceiver<QueuedBatch>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("pi-host-writer".into())
@@ -51,7 +51,7 @@ pub fn spawn(
 
 /// Commits a group, retrying while the disk refuses: events already have their seqs, so
 /// giving up would leave a gap. Producers wait meanwhile; nothing is published uncommitted.
-fn commit_until_done(conn: &mut rusqlite::Connection, group: &[Pending]) {
+fn commit_until_done(conn: &mut rusqlite::Connection, group: &[QueuedBatch]) {
     let batch: Vec<SessionBatch<'_>> = group
         .iter()
         .map(|p| SessionBatch {

@@ -41,10 +41,10 @@ struct ActiveTurn {
     /// pi's automatic retries during this turn.
     retries: RetryTrail,
     /// A failed run pi may still retry: it ends the turn unless pi retries or recovers.
-    pending: Option<Pending>,
+    pending: Option<UnsettledFailure>,
 }
 
-struct Pending {
+struct UnsettledFailure {
     end: RunEnd,
     /// pi is compacting after a context overflow: wait for `compaction_end`, however long.
     held: bool,
@@ -376,7 +376,7 @@ fn outcome_of(verdict: Verdict, abort_requested: bool) -> Option<(TurnOutcome, O
 }
 
 /// The end of a turn whose failed run pi did not retry (or gave up on).
-fn settled(active: &mut ActiveTurn, pending: &Pending) -> (TurnOutcome, Option<AppError>) {
+fn settled(active: &mut ActiveTurn, pending: &UnsettledFailure) -> (TurnOutcome, Option<AppError>) {
     // Nothing more will come of this run: its verdict is final.
     active.retries.gave_up = true;
     let verdict = failure::verdict(&pending.end, &active.retries, &trace_id());
@@ -704,7 +704,7 @@ fn on_agent_event(
         let verdict = failure::verdict(&end, &active.retries, &trace_id());
         match outcome_of(verdict, active.abort_requested) {
             Some(end) => finished = Some(end),
-            None => active.pending = Some(Pending { end, held: false }),
+            None => active.pending = Some(UnsettledFailure { end, held: false }),
         }
     }
     if let Some((outcome, error)) = finished
