@@ -383,6 +383,26 @@ fn settled(active: &mut ActiveTurn, pending: &UnsettledFailure) -> (TurnOutcome,
     outcome_of(verdict, active.abort_requested).unwrap_or((TurnOutcome::Failed, None))
 }
 
+/// The events that end the running turn when its agent process exits. A run that already
+/// failed explains the turn better than the exit does.
+fn ended_by_exit(
+    host: &HostState,
+    mut active: ActiveTurn,
+    status: Option<i32>,
+    signal: Option<i32>,
+    stderr_tail: String,
+) -> Vec<HostEvent> {
+    let (outcome, error) = match active.pending.take() {
+        Some(pending) if !active.abort_requested => settled(&mut active, &pending),
+        _ => {
+            let (outcome, error) =
+                died_during_turn(active.abort_requested, status, signal, stderr_tail);
+            (outcome, Some(error))
+        }
+    };
+    end_of_turn(host, &active.turn_id, outcome, error)
+}
+
 /// The error a turn ends with when its agent process dies under it: AGENT_SIDECAR_OOM when V8
 /// reported its heap limit (the same input fails the same way), else AGENT_SIDECAR_CRASHED, and
 /// the turn settles as aborted (docs/protocol.md §8.7).
@@ -555,6 +575,28 @@ impl Driver {
         }
     }
 
+    /// A dialog of the running turn becomes an approval (`approval.requested`, not an agent
+    /// event); one outside any turn has nobody to answer it and is cancelled at once.
+    async fn open_dialog(
+        &self,
+        host: &Arc<HostState>,
+        agent: &Agent,
+        turn_id: Option<String>,
+        request: approvals::Request,
+    ) -> Option<HostEvent> {
+        match turn_id {
+            Some(turn_id) => {
+                let approvals = &host.turns.approvals;
+                Some(approvals.open(host, &self.session, agent, &turn_id, request))
+            }
+            None => {
+                let id = request.agent_request_id;
+                let _ = agent.answer_ui(&id, UiAnswer::Cancelled).await;
+                None
+            }
+        }
+    }
+
     /// Turns a batch of agent output into events, under the driver's lock (which orders them
     /// with turn starts and aborts).
     async fn translate(
@@ -585,22 +627,8 @@ impl Driver {
                         options,
                         timeout_ms,
                     };
-                    match turn_id {
-                        // The dialog reaches clients as `approval.requested`, not as an agent
-                        // event.
-                        Some(turn_id) => events.push(host.turns.approvals.open(
-                            host,
-                            &self.session,
-                            agent,
-                            &turn_id,
-                            request,
-                        )),
-                        // A dialog outside any turn has nobody to answer it: cancel at once.
-                        None => {
-                            let id = request.agent_request_id;
-                            let _ = agent.answer_ui(&id, UiAnswer::Cancelled).await;
-                        }
-                    }
+                    let opened = self.open_dialog(host, agent, turn_id, request).await;
+                    events.extend(opened);
                 }
                 AgentOutput::UiNotice { method, payload } => {
                     tracing::trace!(method, "agent notice");
@@ -631,23 +659,8 @@ impl Driver {
                     if state.agent.as_ref().is_some_and(|a| a.pid() == agent.pid()) {
                         state.agent = None;
                     }
-                    if let Some(mut active) = state.active.take() {
-                        // A run that already failed explains the turn better than the exit.
-                        let (outcome, error) = match active.pending.take() {
-                            Some(pending) if !active.abort_requested => {
-                                settled(&mut active, &pending)
-                            }
-                            _ => {
-                                let (outcome, error) = died_during_turn(
-                                    active.abort_requested,
-                                    status,
-                                    signal,
-                                    stderr_tail,
-                                );
-                                (outcome, Some(error))
-                            }
-                        };
-                        events.extend(end_of_turn(host, &active.turn_id, outcome, error));
+                    if let Some(active) = state.active.take() {
+                        events.extend(ended_by_exit(host, active, status, signal, stderr_tail));
                     }
                 }
             }
