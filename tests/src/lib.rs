@@ -104,10 +104,8 @@ pub async fn pinned_tls(
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     use tokio_rustls::rustls::{self, ClientConfig, pki_types::ServerName};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = Arc::new(PinVerifier {
-        pin,
-        algorithms: provider.signature_verification_algorithms,
-    });
+    // The client's own verifier: the harness trusts hosts exactly as devices do.
+    let verifier = Arc::new(racp_proto::client::PinnedVerifier::new(pin, &provider));
     let config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("TLS versions")
@@ -117,60 +115,6 @@ pub async fn pinned_tls(
     tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(ServerName::try_from("localhost").expect("name"), tcp)
         .await
-}
-
-#[derive(Debug)]
-struct PinVerifier {
-    pin: CertSha256,
-    algorithms: tokio_rustls::rustls::crypto::WebPkiSupportedAlgorithms,
-}
-
-impl tokio_rustls::rustls::client::danger::ServerCertVerifier for PinVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[tokio_rustls::rustls::pki_types::CertificateDer<'_>],
-        _server_name: &tokio_rustls::rustls::pki_types::ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: tokio_rustls::rustls::pki_types::UnixTime,
-    ) -> Result<tokio_rustls::rustls::client::danger::ServerCertVerified, tokio_rustls::rustls::Error>
-    {
-        if racp_proto::client::certificate_sha256(end_entity.as_ref()) == self.pin {
-            Ok(tokio_rustls::rustls::client::danger::ServerCertVerified::assertion())
-        } else {
-            Err(tokio_rustls::rustls::Error::General(
-                "not the pinned certificate".into(),
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
-        dss: &tokio_rustls::rustls::DigitallySignedStruct,
-    ) -> Result<
-        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
-        tokio_rustls::rustls::Error,
-    > {
-        tokio_rustls::rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
-        dss: &tokio_rustls::rustls::DigitallySignedStruct,
-    ) -> Result<
-        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
-        tokio_rustls::rustls::Error,
-    > {
-        tokio_rustls::rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<tokio_rustls::rustls::SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
 }
 
 /// Generous bound for anything a test waits on; a loaded 2-core machine is slow, not stuck.

@@ -14,7 +14,7 @@ mod connection;
 mod pin;
 
 pub use connection::Backoff;
-pub use pin::certificate_sha256;
+pub use pin::{PinnedVerifier, certificate_sha256};
 
 use crate::events::Event;
 use crate::fingerprint::CertSha256;

@@ -17,7 +17,7 @@ use tokio_rustls::rustls::{self, DigitallySignedStruct, SignatureScheme};
 /// still verified (with the ring provider's algorithms), so the peer must hold the key too. No
 /// name, chain or validity check: the pin is the whole trust decision.
 #[derive(Debug)]
-pub(super) struct PinnedVerifier {
+pub struct PinnedVerifier {
     expected: CertSha256,
     algorithms: WebPkiSupportedAlgorithms,
     /// The fingerprint of a certificate that did not match, for the error report.
@@ -25,7 +25,7 @@ pub(super) struct PinnedVerifier {
 }
 
 impl PinnedVerifier {
-    pub(super) fn new(expected: CertSha256, provider: &CryptoProvider) -> Self {
+    pub fn new(expected: CertSha256, provider: &CryptoProvider) -> Self {
         PinnedVerifier {
             expected,
             algorithms: provider.signature_verification_algorithms,
