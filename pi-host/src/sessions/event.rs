@@ -37,6 +37,27 @@ pub enum HostEvent {
     },
 }
 
+/// An event's wire `type`, written without building a string: `agent.` and the agent's kind
+/// are written one after the other, once per event on the hot path.
+#[derive(Debug, Clone, Copy)]
+pub struct EventTypeName<'a> {
+    prefix: &'static str,
+    name: &'a str,
+}
+
+impl std::fmt::Display for EventTypeName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.prefix)?;
+        f.write_str(self.name)
+    }
+}
+
+impl serde::Serialize for EventTypeName<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 /// How an event changes the session's snapshot, applied when it is published.
 #[derive(Debug, Clone)]
 pub enum Effect {
@@ -63,17 +84,21 @@ pub fn turn_state(outcome: TurnOutcome) -> TurnState {
 
 impl HostEvent {
     /// The wire `type`.
-    pub fn kind(&self) -> Cow<'static, str> {
-        let host = |t: EventType| Cow::Borrowed(t.as_str());
+    pub fn kind(&self) -> EventTypeName<'_> {
+        let host = |t: EventType| EventTypeName {
+            prefix: "",
+            name: t.as_str(),
+        };
         match self {
             HostEvent::TurnStarted { .. } => host(EventType::TurnStarted),
             HostEvent::TurnFinished { .. } => host(EventType::TurnFinished),
             HostEvent::ApprovalRequested(_) => host(EventType::ApprovalRequested),
             HostEvent::ApprovalSettled(_) => host(EventType::ApprovalSettled),
             HostEvent::SessionClosed { .. } => host(EventType::SessionClosed),
-            HostEvent::Agent { kind, .. } => {
-                Cow::Owned(format!("{}{kind}", EventType::AGENT_PREFIX))
-            }
+            HostEvent::Agent { kind, .. } => EventTypeName {
+                prefix: EventType::AGENT_PREFIX,
+                name: kind,
+            },
         }
     }
 

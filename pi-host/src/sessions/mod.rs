@@ -424,7 +424,7 @@ struct WireEvent<'a> {
     seq: u64,
     cursor: Cursor,
     #[serde(rename = "type")]
-    kind: &'a str,
+    kind: event::EventTypeName<'a>,
     at: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     turn_id: Option<&'a str>,
@@ -442,7 +442,7 @@ fn encode(
     let wire = WireEvent {
         seq,
         cursor,
-        kind: &event.kind(),
+        kind: event.kind(),
         at,
         turn_id: event.turn_id(),
         data: &data,

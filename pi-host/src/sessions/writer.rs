@@ -52,22 +52,30 @@ pub fn spawn(
 /// Commits a group, retrying while the disk refuses: events already have their seqs, so
 /// giving up would leave a gap. Producers wait meanwhile; nothing is published uncommitted.
 fn commit_until_done(conn: &mut rusqlite::Connection, group: &[QueuedBatch]) {
-    let batch: Vec<SessionBatch<'_>> = group
-        .iter()
-        .map(|p| SessionBatch {
-            session_id: &p.session.id,
-            events: p
-                .events
-                .iter()
-                .map(|(e, _)| NewEvent {
-                    seq: e.seq,
-                    at: e.at,
-                    json: &e.json,
-                })
-                .collect(),
-            prune_below: p.session.prune_below(PRUNE_SLACK),
-        })
-        .collect();
+    // One part per session, so each session writes one chunk per commit: a session's batches
+    // are queued in seq order, so appending them in queue order keeps each part consecutive.
+    let mut batch: Vec<SessionBatch<'_>> = Vec::new();
+    for queued in group {
+        let id = queued.session.id.as_str();
+        let index = match batch.iter().position(|part| part.session_id == id) {
+            Some(index) => index,
+            None => {
+                batch.push(SessionBatch {
+                    session_id: id,
+                    events: Vec::new(),
+                    prune_below: queued.session.prune_below(PRUNE_SLACK),
+                });
+                batch.len() - 1
+            }
+        };
+        batch[index]
+            .events
+            .extend(queued.events.iter().map(|(e, _)| NewEvent {
+                seq: e.seq,
+                at: e.at,
+                json: &e.json,
+            }));
+    }
     let mut delay = Duration::from_millis(10);
     loop {
         match store::commit_events(conn, &batch) {

@@ -4,6 +4,7 @@
 //! writer on its own thread so producers never wait on fsync one by one.
 
 mod approvals;
+mod chunk;
 mod devices;
 mod sessions;
 
@@ -22,6 +23,8 @@ pub enum StoreError {
     Poisoned,
     #[error("cannot create the database file: {0}")]
     Io(#[from] std::io::Error),
+    #[error("the database holds data the host cannot read: {0}")]
+    Corrupt(String),
 }
 
 pub struct Store {
@@ -59,13 +62,17 @@ CREATE TABLE IF NOT EXISTS sessions (
     created_at INTEGER NOT NULL,
     closed_at  INTEGER
 );
-CREATE TABLE IF NOT EXISTS events (
+-- A session's events in chunks: one row per session per group commit, holding consecutive
+-- events from first_seq to last_seq (the encoding is `store::chunk`). One row per event cost
+-- SQLite more than everything else the host does per event (docs/benchmarks.md, "Events in
+-- chunks").
+CREATE TABLE IF NOT EXISTS event_chunks (
     session_id TEXT NOT NULL,
-    seq        INTEGER NOT NULL,
-    at         INTEGER NOT NULL,
-    json       TEXT NOT NULL,
-    PRIMARY KEY (session_id, seq)
-) WITHOUT ROWID;
+    first_seq  INTEGER NOT NULL,
+    last_seq   INTEGER NOT NULL,
+    body       BLOB NOT NULL,
+    PRIMARY KEY (session_id, first_seq)
+);
 CREATE TABLE IF NOT EXISTS approvals (
     approval_id TEXT PRIMARY KEY,
     session_id  TEXT NOT NULL,
@@ -99,8 +106,9 @@ impl Store {
         if !path.exists() {
             crate::fsutil::write_private(path, b"")?;
         }
-        let conn = connect(path)?;
+        let mut conn = connect(path)?;
         conn.execute_batch(SCHEMA)?;
+        sessions::migrate_event_rows(&mut conn)?;
         Ok(Store {
             conn: Mutex::new(conn),
         })

@@ -4,7 +4,7 @@
 //! this file holds the reads and the small writes.
 
 use super::{Store, StoreError};
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::{Connection, OptionalExtension, Transaction};
 
 #[derive(Debug, Clone)]
 pub struct SessionRow {
@@ -92,22 +92,35 @@ impl Store {
     pub fn event_tail(&self, session_id: &str, limit: usize) -> Result<Vec<EventRow>, StoreError> {
         let conn = self.conn()?;
         let mut stmt = conn.prepare(
-            "SELECT seq, at, json FROM events WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2",
+            "SELECT first_seq, body FROM event_chunks WHERE session_id = ?1 ORDER BY first_seq DESC",
         )?;
-        let mut rows = stmt
-            .query_map(
-                (session_id, i64::try_from(limit).unwrap_or(i64::MAX)),
-                |r| {
-                    Ok(EventRow {
-                        seq: to_u64(r.get(0)?),
-                        at: to_u64(r.get(1)?),
-                        json: r.get(2)?,
-                    })
-                },
-            )?
-            .collect::<Result<Vec<_>, _>>()?;
-        rows.reverse();
-        Ok(rows)
+        let mut rows = stmt.query([session_id])?;
+        // Newest chunk first, until the chunks hold `limit` events.
+        let mut chunks = Vec::new();
+        let mut count = 0;
+        while count < limit {
+            let Some(row) = rows.next()? else { break };
+            let first_seq = to_u64(row.get(0)?);
+            let body = row
+                .get_ref(1)?
+                .as_blob()
+                .map_err(|e| StoreError::Corrupt(format!("event chunk: {e}")))?;
+            let events = super::chunk::decode(body)?;
+            count += events.len();
+            chunks.push((first_seq, events));
+        }
+        let mut tail: Vec<EventRow> = chunks
+            .into_iter()
+            .rev()
+            .flat_map(|(first_seq, events)| {
+                events
+                    .into_iter()
+                    .zip(first_seq..)
+                    .map(|((at, json), seq)| EventRow { seq, at, json })
+            })
+            .collect();
+        tail.drain(..tail.len().saturating_sub(limit));
+        Ok(tail)
     }
 
     /// The highest seq ever committed for a session (0 when none), even if pruned since.
@@ -121,7 +134,7 @@ impl Store {
             )
             .optional()?;
         let stored: Option<i64> = conn.query_row(
-            "SELECT MAX(seq) FROM events WHERE session_id = ?1",
+            "SELECT MAX(last_seq) FROM event_chunks WHERE session_id = ?1",
             [session_id],
             |r| r.get(0),
         )?;
@@ -188,37 +201,50 @@ pub struct NewEvent<'a> {
     pub json: &'a str,
 }
 
-/// One session's part of a group commit: its events, and the seq to prune below, if any.
+/// One session's part of a group commit: its events, consecutive in seq, and the seq to prune
+/// below, if any.
 pub struct SessionBatch<'a> {
     pub session_id: &'a str,
     pub events: Vec<NewEvent<'a>>,
     pub prune_below: Option<u64>,
 }
 
-/// Writes one batch of events for several sessions in one transaction (group commit), records
-/// each session's head so it survives pruning, and prunes below each session's oldest kept seq.
+/// Writes one batch of events for several sessions in one transaction (group commit), one
+/// chunk row per session part, records each session's head so it survives pruning, and drops
+/// the chunks wholly below each session's oldest kept seq.
 pub fn commit_events(conn: &mut Connection, batch: &[SessionBatch<'_>]) -> Result<(), StoreError> {
     let tx = conn.transaction()?;
+    insert_chunks(&tx, batch)?;
+    tx.commit()?;
+    Ok(())
+}
+
+fn insert_chunks(tx: &Transaction<'_>, batch: &[SessionBatch<'_>]) -> Result<(), StoreError> {
     {
         let mut insert = tx.prepare_cached(
-            "INSERT INTO events (session_id, seq, at, json) VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO event_chunks (session_id, first_seq, last_seq, body)
+             VALUES (?1, ?2, ?3, ?4)",
         )?;
         let mut head = tx.prepare_cached(
             "INSERT INTO meta (key, value) VALUES ('head:' || ?1, ?2)
              ON CONFLICT (key) DO UPDATE SET value = excluded.value",
         )?;
-        let mut prune =
-            tx.prepare_cached("DELETE FROM events WHERE session_id = ?1 AND seq < ?2")?;
+        let mut prune = tx.prepare_cached(
+            "DELETE FROM event_chunks WHERE session_id = ?1 AND first_seq < ?2 AND last_seq < ?2",
+        )?;
+        let mut body = Vec::new();
         for part in batch {
-            for event in &part.events {
-                insert.execute((
-                    part.session_id,
-                    to_i64(event.seq),
-                    to_i64(event.at),
-                    event.json,
-                ))?;
-            }
-            if let Some(last) = part.events.last() {
+            if let (Some(first), Some(last)) = (part.events.first(), part.events.last()) {
+                debug_assert_eq!(
+                    last.seq - first.seq + 1,
+                    part.events.len() as u64,
+                    "a chunk holds consecutive events"
+                );
+                body.clear();
+                for event in &part.events {
+                    super::chunk::push(&mut body, event.at, event.json)?;
+                }
+                insert.execute((part.session_id, to_i64(first.seq), to_i64(last.seq), &body))?;
                 head.execute((part.session_id, last.seq.to_string()))?;
             }
             if let Some(below) = part.prune_below {
@@ -226,6 +252,184 @@ pub fn commit_events(conn: &mut Connection, batch: &[SessionBatch<'_>]) -> Resul
             }
         }
     }
-    tx.commit()?;
     Ok(())
+}
+
+/// Moves a database written before event chunks (one `events` row per event) to chunks, in one
+/// transaction: each run of consecutive seqs of a session becomes chunks of at most
+/// `MIGRATED_CHUNK` events.
+pub fn migrate_event_rows(conn: &mut Connection) -> Result<(), StoreError> {
+    const MIGRATED_CHUNK: usize = 1024;
+    let exists: Option<i64> = conn
+        .query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if exists.is_none() {
+        return Ok(());
+    }
+    let tx = conn.transaction()?;
+    {
+        let mut select =
+            tx.prepare("SELECT session_id, seq, at, json FROM events ORDER BY session_id, seq")?;
+        let mut rows = select.query([])?;
+        let mut parts: Vec<(String, Vec<EventRow>)> = Vec::new();
+        while let Some(row) = rows.next()? {
+            let session_id: String = row.get(0)?;
+            let event = EventRow {
+                seq: to_u64(row.get(1)?),
+                at: to_u64(row.get(2)?),
+                json: row.get(3)?,
+            };
+            let continues = parts.last().is_some_and(|(id, events)| {
+                *id == session_id
+                    && events.len() < MIGRATED_CHUNK
+                    && events.last().is_some_and(|e| e.seq + 1 == event.seq)
+            });
+            match parts.last_mut() {
+                Some((_, events)) if continues => events.push(event),
+                _ => parts.push((session_id, vec![event])),
+            }
+        }
+        let batch: Vec<SessionBatch<'_>> = parts
+            .iter()
+            .map(|(session_id, events)| SessionBatch {
+                session_id,
+                events: events
+                    .iter()
+                    .map(|e| NewEvent {
+                        seq: e.seq,
+                        at: e.at,
+                        json: &e.json,
+                    })
+                    .collect(),
+                prune_below: None,
+            })
+            .collect();
+        insert_chunks(&tx, &batch)?;
+    }
+    tx.execute_batch("DROP TABLE events")?;
+    tx.commit()?;
+    tracing::info!("event rows moved into chunks");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(first: u64, n: u64) -> Vec<EventRow> {
+        (first..first + n)
+            .map(|seq| EventRow {
+                seq,
+                at: 1000 + seq,
+                json: format!(r#"{{"seq":{seq}}}"#),
+            })
+            .collect()
+    }
+
+    fn commit(store: &Store, session_id: &str, rows: &[EventRow], prune_below: Option<u64>) {
+        let batch = [SessionBatch {
+            session_id,
+            events: rows
+                .iter()
+                .map(|e| NewEvent {
+                    seq: e.seq,
+                    at: e.at,
+                    json: &e.json,
+                })
+                .collect(),
+            prune_below,
+        }];
+        commit_events(&mut store.conn().unwrap(), &batch).unwrap();
+    }
+
+    fn seqs(rows: &[EventRow]) -> Vec<u64> {
+        rows.iter().map(|e| e.seq).collect()
+    }
+
+    #[test]
+    fn the_tail_spans_chunks_and_pruning_keeps_the_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("host.db")).unwrap();
+        commit(&store, "a", &events(1, 3), None);
+        commit(&store, "b", &events(1, 2), None);
+        commit(&store, "a", &events(4, 4), None);
+        commit(&store, "a", &events(8, 2), None);
+        let tail = store.event_tail("a", 5).unwrap();
+        assert_eq!(seqs(&tail), [5, 6, 7, 8, 9]);
+        assert_eq!(tail[0].at, 1005);
+        assert_eq!(tail[0].json, r#"{"seq":5}"#);
+        assert_eq!(
+            seqs(&store.event_tail("a", 100).unwrap()),
+            (1..=9).collect::<Vec<_>>()
+        );
+        assert_eq!(seqs(&store.event_tail("b", 100).unwrap()), [1, 2]);
+        // Pruning drops whole chunks below the seq only: 4..=7 holds 5, so it stays.
+        commit(&store, "a", &events(10, 1), Some(5));
+        assert_eq!(
+            seqs(&store.event_tail("a", 100).unwrap()),
+            (4..=10).collect::<Vec<_>>()
+        );
+        commit(&store, "a", &[], Some(11));
+        assert!(store.event_tail("a", 100).unwrap().is_empty());
+        assert_eq!(
+            store.event_head("a").unwrap(),
+            10,
+            "the head outlives its events"
+        );
+    }
+
+    #[test]
+    fn a_database_with_one_row_per_event_is_moved_into_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE events (session_id TEXT NOT NULL, seq INTEGER NOT NULL,
+                    at INTEGER NOT NULL, json TEXT NOT NULL, PRIMARY KEY (session_id, seq))
+                    WITHOUT ROWID;",
+            )
+            .unwrap();
+            // Session a was pruned below 3 and has a gap after 5; b has one event.
+            for (session, seq) in [("a", 3), ("a", 4), ("a", 5), ("a", 9), ("b", 1)] {
+                conn.execute(
+                    "INSERT INTO events (session_id, seq, at, json) VALUES (?1, ?2, ?3, ?4)",
+                    (
+                        session,
+                        seq,
+                        100 + seq,
+                        format!("{{\"s\":\"{session}{seq}\"}}"),
+                    ),
+                )
+                .unwrap();
+            }
+        }
+        let store = Store::open(&path).unwrap();
+        let a = store.event_tail("a", 100).unwrap();
+        assert_eq!(seqs(&a), [3, 4, 5, 9]);
+        assert_eq!((a[3].at, a[3].json.as_str()), (109, r#"{"s":"a9"}"#));
+        assert_eq!(seqs(&store.event_tail("b", 100).unwrap()), [1]);
+        assert_eq!(store.event_head("a").unwrap(), 9);
+        let old: Option<i64> = store
+            .conn()
+            .unwrap()
+            .query_row(
+                "SELECT 1 FROM sqlite_master WHERE name = 'events'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .unwrap();
+        assert!(old.is_none(), "the old table is gone");
+        drop(store);
+        // Opening again finds nothing to move.
+        assert_eq!(
+            seqs(&Store::open(&path).unwrap().event_tail("a", 2).unwrap()),
+            [5, 9]
+        );
+    }
 }

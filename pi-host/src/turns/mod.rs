@@ -22,12 +22,15 @@ use racp_proto::methods::turn::{
 };
 use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
 use serde_json::json;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, MutexGuard, mpsc};
+use tokio::sync::{Mutex, MutexGuard, mpsc, oneshot};
 
 /// Most agent outputs appended as one group.
 const PUMP_BATCH: usize = 1024;
+/// Most of the pump's batches committing at once.
+const PUMP_DEPTH: usize = 4;
 
 /// How long a failed run that pi may retry waits for pi's `auto_retry_start` (or overflow
 /// compaction) before its failure is final. pi decides at once after `agent_end`, but only pi
@@ -442,6 +445,9 @@ fn died_during_turn(
 }
 
 /// Reads the agent's output until it exits, appending each batch as one committed group.
+///
+/// Up to `PUMP_DEPTH` batches are committing while the next is read and translated, so the
+/// agent's output is not held up by each fsync; the depth bounds what waits in memory.
 async fn pump(
     host: Arc<HostState>,
     driver: Arc<Driver>,
@@ -449,12 +455,14 @@ async fn pump(
     mut output: mpsc::Receiver<AgentOutput>,
 ) {
     let session = driver.session.clone();
+    let mut committing = Committing::default();
     loop {
         let next = if driver.awaits_retry().await {
             match tokio::time::timeout(RETRY_SETTLE, output.recv()).await {
                 Ok(next) => next,
                 Err(_) => {
                     // pi said nothing after a failed run it could retry: it did not retry.
+                    committing.wait_all(&session).await;
                     let events = driver.settle_pending(&host).await;
                     if !events.is_empty()
                         && let Err(err) = host.sessions.commit(&session, events).await
@@ -479,13 +487,45 @@ async fn pump(
         }
         let exited = matches!(batch.last(), Some(AgentOutput::Exited { .. }));
         let events = driver.translate(&host, &agent, batch).await;
-        if !events.is_empty()
-            && let Err(err) = host.sessions.commit(&session, events).await
-        {
-            tracing::warn!(error = %err, session_id = %session.id, "agent output not recorded");
+        if !events.is_empty() {
+            match host.sessions.append(&session, events) {
+                Ok(committed) => committing.push(committed, &session).await,
+                Err(err) => {
+                    tracing::warn!(error = %err, session_id = %session.id, "agent output not recorded");
+                }
+            }
         }
         if exited {
             break;
+        }
+    }
+    committing.wait_all(&session).await;
+}
+
+/// Batches of the pump that are queued for commit, oldest first.
+#[derive(Default)]
+struct Committing(VecDeque<oneshot::Receiver<racp_proto::Cursor>>);
+
+impl Committing {
+    /// Adds a batch, first waiting for the oldest when `PUMP_DEPTH` are in flight.
+    async fn push(&mut self, committed: oneshot::Receiver<racp_proto::Cursor>, session: &Session) {
+        if self.0.len() >= PUMP_DEPTH
+            && let Some(oldest) = self.0.pop_front()
+        {
+            Self::wait(oldest, session).await;
+        }
+        self.0.push_back(committed);
+    }
+
+    async fn wait_all(&mut self, session: &Session) {
+        while let Some(oldest) = self.0.pop_front() {
+            Self::wait(oldest, session).await;
+        }
+    }
+
+    async fn wait(committed: oneshot::Receiver<racp_proto::Cursor>, session: &Session) {
+        if committed.await.is_err() {
+            tracing::warn!(session_id = %session.id, "agent output not recorded: the host is shutting down");
         }
     }
 }
