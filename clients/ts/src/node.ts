@@ -11,8 +11,12 @@ import { SUBPROTOCOL } from "../racp.js";
 import { RacpError } from "./errors.js";
 import type { LinkSocket, Transport } from "./transport.js";
 
-/** The `ws` package's WebSocket class (`import WebSocket from "ws"`), typed as much as used. */
-export type WsConstructor = new (url: string, protocols: string[], options: Record<string, unknown>) => WsSocket;
+/**
+ * The `ws` package's WebSocket class (`import WebSocket from "ws"`). Typed loosely so this module
+ * needs no types from `ws`; the instance is used through the WHATWG subset in LinkSocket.
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type WsConstructor = new (url: string, protocols: string[], options: any) => unknown;
 
 interface WsSocket extends LinkSocket {
   on(event: "unexpected-response", listener: (request: { destroy(): void }, response: IncomingMessage) => void): unknown;
@@ -45,7 +49,7 @@ export function nodeTransport(WebSocket: WsConstructor, options: NodeTransportOp
     if (secure && request.certSha256 !== undefined) {
       wsOptions.createConnection = pinnedConnection(request.certSha256.toLowerCase(), (error) => (failure = error));
     }
-    const socket = new WebSocket(request.url, [SUBPROTOCOL], wsOptions);
+    const socket = new WebSocket(request.url, [SUBPROTOCOL], wsOptions) as WsSocket;
     // A refused upgrade carries `{"error": AppError}` (§2.3): read it instead of a bare status.
     socket.on("unexpected-response", (_request, response) => {
       const chunks: Buffer[] = [];

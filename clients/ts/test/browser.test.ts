@@ -45,6 +45,7 @@ async function openPage(context: BrowserContext, origin: string): Promise<Page> 
   const page = await context.newPage();
   await page.goto(origin + "/");
   await page.waitForFunction(() => document.getElementById("state")?.textContent === "ready");
+  page.on("console", (message) => console.log(`[chromium] ${message.text()}`));
   return page;
 }
 
@@ -111,6 +112,7 @@ test("in Chromium: browser-form auth, the Origin allowlist, a session streamed a
     const before = await page.evaluate(() => window.racpTest.readEvents(40));
     assert.equal(before.seqs.length, 40);
 
+    await page.evaluate(() => window.racpTest.markCut());
     proxy.cut();
     const after = await within(page.evaluate(() => window.racpTest.readEvents(100_000)), "the turn in the browser");
     assert.ok(after.finished, "turn.finished arrived");
@@ -118,7 +120,9 @@ test("in Chromium: browser-form auth, the Origin allowlist, a session streamed a
     assert.equal(after.seqs[0], 1);
     assertContiguous(after.seqs);
     assert.ok(after.seqs.length > 300, `${after.seqs.length} events`);
-    assert.equal(await page.evaluate(() => window.racpTest.state()), "connected");
+    const state = await page.evaluate(() => window.racpTest.state());
+    assert.equal(state.status, "connected");
+    assert.ok(state.reconnects >= 1, "the cut made the page reconnect");
 
     mkdirSync(ARTIFACTS, { recursive: true });
     await page.screenshot({ path: join(ARTIFACTS, "browser-session.png"), fullPage: true });

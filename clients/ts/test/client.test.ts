@@ -129,21 +129,22 @@ test("a stalled link fails calls in flight with HOST_DISCONNECTED and recovers",
 });
 
 test("a per-call timeout and an AbortSignal end the wait, not the link", { timeout: TEST_TIMEOUT }, async () => {
-  const { host, connect, done } = await setup();
+  const { proxy, connect, done } = await setup();
   try {
     const client = await connect();
-    const { sessionId } = await sessionAndSubscription(client, host);
-    // A turn that sleeps keeps the agent busy, but calls still answer at once; a timeout of 0
-    // cannot be met by any reply.
-    const timedOut = await client.call("session/list", {}, { timeoutMs: 0 }).catch((e: unknown) => e);
+    // Held traffic: no reply can arrive, and 50 ms is well inside two heartbeat intervals.
+    proxy.stall(true);
+    const timedOut = await client.call("session/list", {}, { timeoutMs: 50 }).catch((e: unknown) => e);
     assert.ok(timedOut instanceof RacpError && timedOut.code === "TIMEOUT", String(timedOut));
     assert.equal(timedOut.source, "client");
+    assert.equal(timedOut.method, "session/list");
     const controller = new AbortController();
-    const pending = client.call("session/get", { sessionId }, { signal: controller.signal });
+    const pending = client.call("session/list", {}, { signal: controller.signal });
     controller.abort(new Error("the user navigated away"));
     await assert.rejects(pending, /navigated away/);
-    assert.equal(client.state.status, "connected");
-    await client.call("session/get", { sessionId });
+    proxy.stall(false);
+    await within(client.waitConnected(), "the link");
+    await client.call("session/list");
   } finally {
     await done();
   }
@@ -296,7 +297,15 @@ test("a squatter with another certificate gets HOST_IDENTITY_MISMATCH and no cre
 test("a client cut off as CLIENT_TOO_SLOW resumes without loss", { timeout: TEST_TIMEOUT }, async () => {
   // Heartbeats far apart: the host notices the stalled socket long before the client notices
   // the silence.
-  const { host, proxy, connect, done } = await setup(["--heartbeat-ms", "10000", "--send-stall-ms", "200"]);
+  const { host, proxy, connect, done } = await setup([
+    "--heartbeat-ms",
+    "10000",
+    "--send-stall-ms",
+    "200",
+    // Room for every byte of the turn (its agent_end repeats each message): nothing to expire.
+    "--retain-bytes",
+    String(512 << 20),
+  ]);
   try {
     const client = await connect();
     const { sessionId, sub } = await sessionAndSubscription(client, host);

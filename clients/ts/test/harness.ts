@@ -71,7 +71,8 @@ export class HostProcess {
   static async start(extra: string[] = []): Promise<HostProcess> {
     const dataDir = tempDir("data");
     const root = tempDir("root");
-    const args = ["--agent", STAND_IN_AGENT, "--heartbeat-ms", "200", ...extra];
+    const heartbeat = extra.includes("--heartbeat-ms") ? [] : ["--heartbeat-ms", "200"];
+    const args = ["--agent", STAND_IN_AGENT, ...heartbeat, ...extra];
     const logFile = join(dataDir, "..", `${dataDir.split("/").pop()}.log`);
     const host = new HostProcess(undefined as unknown as ChildProcess, 0, undefined, dataDir, root, logFile, args);
     await host.spawn();

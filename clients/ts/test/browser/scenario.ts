@@ -6,6 +6,8 @@ import { RacpClient, RacpError, pair, type Subscription } from "../../src/index.
 let client: RacpClient | undefined;
 let subscription: Subscription | undefined;
 const seqs: number[] = [];
+/** Links lost and reopened since the first connection. */
+let reconnects = 0;
 
 function show(text: string): void {
   const item = document.createElement("li");
@@ -15,7 +17,8 @@ function show(text: string): void {
 
 function showState(): void {
   const state = document.getElementById("state");
-  if (state && client) state.textContent = client.state.status;
+  if (client?.state.status === "connecting") reconnects++;
+  if (state && client) state.textContent = `${client.state.status} (reconnected ${reconnects} times)`;
 }
 
 type Outcome = { ok: true; detail?: unknown } | { ok: false; code: string; message: string };
@@ -69,8 +72,13 @@ const racpTest = {
     return { seqs, finished: false, resynced };
   },
 
-  state(): string {
-    return client?.state.status ?? "none";
+  state(): { status: string; reconnects: number } {
+    return { status: client?.state.status ?? "none", reconnects };
+  },
+
+  /** Marks where the test cuts the link. */
+  markCut(): void {
+    show("--- link cut here ---");
   },
 
   waitConnected(): Promise<void> {
