@@ -123,6 +123,18 @@ test("a stalled link fails calls in flight with HOST_DISCONNECTED and recovers",
     proxy.cut();
     await within(client.waitConnected(), "reconnect");
     await client.call("session/list");
+
+    // A cut (rather than silence) fails the call held in flight too.
+    proxy.stall(true);
+    const held = client.call("turn/steer", { sessionId: "ses_x", turnId: "turn_x", text: "t" });
+    proxy.cut();
+    const cutError = await held.catch((e: unknown) => e);
+    assert.ok(cutError instanceof RacpError && cutError.code === "HOST_DISCONNECTED", String(cutError));
+    assert.equal(cutError.safeToResend, false, "turn/steer is not safe to resend");
+    assert.equal(cutError.mayResend, false);
+    proxy.stall(false);
+    await within(client.waitConnected(), "reconnect");
+    await client.call("session/list");
   } finally {
     await done();
   }
