@@ -216,6 +216,7 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
   }
 
   private setState(state: ClientState): void {
+    if (state.status === "connecting" && this.current.status === "connecting") return;
     this.current = state;
     this.dispatchEvent(new Event("statechange"));
   }
