@@ -1,0 +1,100 @@
+// A subscription's items as an async iterator with a bounded buffer. A consumer that stops
+// reading does not make the buffer grow: at the bound the client pauses the subscription on the
+// host and resumes it from the last buffered cursor once the consumer has caught up (client.ts).
+
+import type { Cursor, Event, RacpEventData, SessionGetResult } from "../racp.js";
+import type { RacpError } from "./errors.js";
+
+/** What a subscription yields, in order. */
+export type SubscriptionItem =
+  | { kind: "event"; event: Event }
+  /** The host no longer had the events after the last cursor: here is the session's snapshot;
+   * events continue right after its cursor (§8.4). Replace the view of the session with it. */
+  | { kind: "resynced"; snapshot: SessionGetResult }
+  /** The host ended the subscription (the session was closed). Last item. */
+  | { kind: "ended" }
+  /** The subscription cannot continue (e.g. the credential was revoked). Last item. */
+  | { kind: "failed"; error: RacpError };
+
+/** The event's `data`, typed, when it has this type. */
+export function eventData<T extends keyof RacpEventData>(event: Event, type: T): RacpEventData[T] | undefined {
+  return event.type === type ? (event.data as RacpEventData[T]) : undefined;
+}
+
+/** How the client hears about the consumer's pace. */
+export interface SubscriptionControl {
+  /** The consumer took items and the buffer is at or below the low-water mark. */
+  drained(subscription: Subscription): void;
+  /** The consumer is done with the subscription. */
+  closed(subscription: Subscription): void;
+}
+
+export class Subscription implements AsyncIterableIterator<SubscriptionItem> {
+  private readonly items: SubscriptionItem[] = [];
+  private readonly readers: Array<(result: IteratorResult<SubscriptionItem>) => void> = [];
+  private finished = false;
+  /** Set by the client while the host is told to hold this subscription's events. */
+  paused = false;
+
+  constructor(
+    readonly sessionId: string,
+    /** Where delivery started. */
+    readonly cursor: Cursor,
+    /** Items buffered before the client pauses delivery. */
+    readonly highWater: number,
+    private readonly control: SubscriptionControl,
+  ) {}
+
+  /** Items waiting for the consumer. */
+  get buffered(): number {
+    return this.items.length;
+  }
+
+  get done(): boolean {
+    return this.finished;
+  }
+
+  /** Whether the buffer is at its bound (the client then pauses delivery). */
+  get full(): boolean {
+    return this.items.length >= this.highWater;
+  }
+
+  /** Adds an item for the consumer (client side). */
+  deliver(item: SubscriptionItem): void {
+    if (this.finished) return;
+    if (item.kind === "ended" || item.kind === "failed") this.finished = true;
+    const reader = this.readers.shift();
+    if (reader) reader({ value: item, done: false });
+    else this.items.push(item);
+    if (this.finished) for (const waiting of this.readers.splice(0)) waiting({ value: undefined, done: true });
+  }
+
+  next(): Promise<IteratorResult<SubscriptionItem>> {
+    const item = this.items.shift();
+    if (item !== undefined) {
+      if (this.paused && this.items.length <= this.highWater / 2) this.control.drained(this);
+      return Promise.resolve({ value: item, done: false });
+    }
+    if (this.finished) return Promise.resolve({ value: undefined, done: true });
+    if (this.paused) this.control.drained(this);
+    return new Promise((resolve) => this.readers.push(resolve));
+  }
+
+  /** Stops the subscription (also what `break` in `for await` does). */
+  return(): Promise<IteratorResult<SubscriptionItem>> {
+    this.close();
+    return Promise.resolve({ value: undefined, done: true });
+  }
+
+  close(): void {
+    if (this.finished && this.items.length === 0) return;
+    this.finished = true;
+    this.items.length = 0;
+    for (const waiting of this.readers.splice(0)) waiting({ value: undefined, done: true });
+    this.control.closed(this);
+  }
+
+  [Symbol.asyncIterator](): this {
+    return this;
+  }
+}

@@ -1,0 +1,140 @@
+// The parts of the client that need no host: pairing links, URL checks, backoff, errors, frames.
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { Backoff, ERROR_CODES, RacpError, checkUrl, parsePairingLink } from "../src/index.js";
+import { decodeHostFrame, encodeRequest } from "../src/frames.js";
+
+const PIN = "3f1c9a0e5b7d2468ace013579bdf2468ace013579bdf2468ace013579bdf2468";
+
+function refusal(f: () => unknown): RacpError {
+  try {
+    f();
+  } catch (error) {
+    assert.ok(error instanceof RacpError, String(error));
+    return error;
+  }
+  assert.fail("expected a refusal");
+}
+
+test("a racps:// link gives a pinned wss:// endpoint and the token from the fragment", () => {
+  const endpoint = parsePairingLink(`racps://127.0.0.1:7878/pair?cert=sha256:${PIN.toUpperCase()}#ppt_secret`);
+  assert.deepEqual(endpoint, { url: "wss://127.0.0.1:7878/racp", token: "ppt_secret", certSha256: PIN });
+  const v6 = parsePairingLink(`racps://[::1]:7878/pair?cert=sha256:${PIN}#ppt_x`);
+  assert.equal(v6.url, "wss://[::1]:7878/racp");
+});
+
+test("a racp:// link needs the plain opt-in; racps:// needs a fingerprint", () => {
+  assert.deepEqual(refusal(() => parsePairingLink("racp://127.0.0.1:7878/pair#ppt_x")).details, { reason: "plain_refused" });
+  assert.deepEqual(parsePairingLink("racp://127.0.0.1:7878/pair#ppt_x", { allowPlainWs: true }), {
+    url: "ws://127.0.0.1:7878/racp",
+    token: "ppt_x",
+  });
+  assert.deepEqual(refusal(() => parsePairingLink("racp://192.168.1.5:7878/pair#ppt_x", { allowPlainWs: true })).details, {
+    reason: "plain_not_loopback",
+  });
+  assert.deepEqual(refusal(() => parsePairingLink("racps://127.0.0.1:7878/pair#ppt_x")).details, { reason: "no_fingerprint" });
+  // The fingerprint may come apart from the link, but not contradict it.
+  assert.equal(parsePairingLink("racps://h.example:7878/pair#ppt_x", { certSha256: PIN }).certSha256, PIN);
+  assert.deepEqual(
+    refusal(() => parsePairingLink(`racps://h:1/pair?cert=sha256:${PIN}#t`, { certSha256: "0".repeat(64) })).details,
+    { reason: "bad_fingerprint" },
+  );
+  assert.deepEqual(refusal(() => parsePairingLink("racps://h:1/pair?cert=sha256:abc#t")).details, { reason: "bad_fingerprint" });
+  assert.deepEqual(refusal(() => parsePairingLink(`racps://h:1/pair?cert=sha256:${PIN}`)).details, { reason: "bad_url" });
+});
+
+test("a bare token needs the host, and pins when given a fingerprint", () => {
+  assert.deepEqual(parsePairingLink(" ppt_tok ", { host: "127.0.0.1:7878", certSha256: PIN }), {
+    url: "wss://127.0.0.1:7878/racp",
+    token: "ppt_tok",
+    certSha256: PIN,
+  });
+  assert.deepEqual(refusal(() => parsePairingLink("ppt_tok")).details, { reason: "bad_url" });
+});
+
+test("plain ws:// only to loopback and only when asked for", () => {
+  for (const url of ["ws://127.0.0.1:7878/racp", "ws://localhost:1/racp", "ws://[::1]:1/racp"]) {
+    checkUrl(url, { allowPlainWs: true, pinned: false });
+    const refused = refusal(() => checkUrl(url, { allowPlainWs: false, pinned: false }));
+    assert.equal(refused.code, "REMOTE_CONNECTION_FAILED");
+    assert.equal(refused.retriable, false);
+    assert.deepEqual(refused.details, { reason: "plain_refused" });
+    // A pin cannot be checked without TLS, whatever the opt-in says.
+    refusal(() => checkUrl(url, { allowPlainWs: true, pinned: true }));
+  }
+  checkUrl("wss://example.com:7878/racp", { allowPlainWs: false, pinned: false });
+  for (const bad of ["ws://192.168.1.5:7878/racp", "ws://example.com/racp", "http://127.0.0.1/racp", "nonsense"]) {
+    assert.equal(refusal(() => checkUrl(bad, { allowPlainWs: true, pinned: false })).code, "REMOTE_CONNECTION_FAILED");
+  }
+});
+
+test("full jitter stays within [0, ceiling) and the ceiling doubles up to its maximum, then resets", () => {
+  const backoff = new Backoff(100, 400);
+  const ceilings: number[] = [];
+  for (let i = 0; i < 4; i++) {
+    const ceiling = backoff.currentCeilingMs;
+    ceilings.push(ceiling);
+    const delay = backoff.nextDelay();
+    assert.ok(delay >= 0 && delay < ceiling, `${delay} within [0, ${ceiling})`);
+  }
+  assert.deepEqual(ceilings, [100, 200, 400, 400]);
+  backoff.reset();
+  assert.equal(backoff.currentCeilingMs, 100);
+  // Full jitter reaches both ends of the range.
+  assert.equal(new Backoff(1000, 1000, () => 0).nextDelay(), 0);
+  assert.ok(new Backoff(1000, 1000, () => 0.999).nextDelay() > 990);
+  // A host's retryAfterMs is a floor.
+  assert.equal(new Backoff(100, 100, () => 0).nextDelay(750), 750);
+});
+
+test("errors keep the registry's fields; an unknown code becomes INTERNAL with causeCode", () => {
+  const wire = { code: "CURSOR_EXPIRED", message: "gone", retriable: false, recovery: "resnapshot", source: "host", details: { oldest: "a-1" } };
+  const known = RacpError.fromWire(wire, "session/subscribe");
+  assert.equal(known.code, "CURSOR_EXPIRED");
+  assert.equal(known.causeCode, undefined);
+  assert.equal(known.safeToResend, true);
+  assert.equal(known.mayResend, false);
+  assert.deepEqual(known.toJSON(), wire);
+
+  const future = RacpError.fromWire({ code: "QUANTUM_FLUX", message: "new", retriable: true, recovery: "retry", source: "host" }, "session/create");
+  assert.equal(future.code, "INTERNAL");
+  assert.equal(future.causeCode, "QUANTUM_FLUX");
+  assert.equal(future.retriable, true);
+  assert.equal(future.recovery, "retry");
+  assert.equal(future.safeToResend, false);
+  assert.equal(future.mayResend, false);
+
+  // Refused before it started: any call may be sent again (docs/protocol.md §6.3).
+  const limited = RacpError.fromWire({ code: "RATE_LIMITED", message: "slow down", retriable: true, recovery: "retry_after", source: "host", retryAfterMs: 50 }, "pair");
+  assert.equal(limited.mayResend, true);
+  assert.equal(limited.retryAfterMs, 50);
+
+  // Client-made errors default to the registry row.
+  const disconnected = new RacpError({ code: "HOST_DISCONNECTED", message: "x", method: "turn/start" });
+  assert.equal(disconnected.retriable, ERROR_CODES.HOST_DISCONNECTED.retriable === "yes");
+  assert.equal(disconnected.recovery, "reconnect_and_resume");
+  assert.equal(disconnected.source, "client");
+  assert.equal(disconnected.mayResend, true);
+  assert.ok(disconnected instanceof Error);
+});
+
+test("host frames are told apart by their keys", () => {
+  assert.deepEqual(decodeHostFrame('{"id":3,"result":{}}'), { kind: "result", id: 3, result: {} });
+  assert.deepEqual(decodeHostFrame('{"id":null,"error":{"code":"INVALID_ARGUMENT"}}'), {
+    kind: "error",
+    id: null,
+    error: { code: "INVALID_ARGUMENT" },
+  });
+  assert.deepEqual(decodeHostFrame('{"method":"heartbeat","params":{"at":1}}'), { kind: "push", method: "heartbeat", params: { at: 1 } });
+  const connectionError = decodeHostFrame('{"error":{"code":"CLIENT_TOO_SLOW","message":"m","retriable":true,"recovery":"reconnect_and_resume","source":"host"}}');
+  assert.equal(connectionError?.kind, "connection-error");
+  for (const junk of ["not json", "[]", "null", '{"id":1}', '{"method":"x"}']) assert.equal(decodeHostFrame(junk), undefined, junk);
+});
+
+test("a request over the frame bound fails locally with PAYLOAD_TOO_LARGE", () => {
+  assert.equal(encodeRequest(1, "session/list", {}, 4096), '{"id":1,"method":"session/list","params":{}}');
+  const tooLarge = refusal(() => encodeRequest(2, "turn/start", { text: "é".repeat(3000) }, 4096));
+  assert.equal(tooLarge.code, "PAYLOAD_TOO_LARGE");
+  assert.equal(tooLarge.method, "turn/start");
+});
