@@ -891,6 +891,15 @@ export type Snapshot = {
   pendingApprovals: ApprovalInfo[];
   state: SessionState;
   /**
+   * The assistant message being streamed, as far as the snapshot's cursor (pi's message
+   * shape; docs/protocol.md §8.1, "Compact streams"). Absent when none is.
+   */
+  streamingMessage?: unknown;
+  /**
+   * The output so far of each running tool, by tool call id (pi's `partialResult` shape).
+   */
+  toolOutputs?: Record<string, unknown>;
+  /**
    * Recent turns, oldest first (the running one last).
    */
   turns: TurnInfo[];

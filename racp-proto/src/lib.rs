@@ -8,7 +8,8 @@
 //! - [`error`]: the registry of codes and the `AppError` object.
 //! - [`frame`] and [`codec`]: frame shapes, size-checked decoding, params with JSON paths.
 //! - [`methods`]: the method table (params, results, access, resend safety).
-//! - [`events`]: session events and pushes.
+//! - [`events`]: session events and pushes; [`stream`]: rebuilding a streamed message and
+//!   tool output from compact events.
 //! - [`cursor`], [`role`], [`limits`], [`validate`]: the pieces they are built from.
 //! - [`codegen`]: renders the generated documents.
 
@@ -24,6 +25,7 @@ pub mod frame;
 pub mod limits;
 pub mod methods;
 pub mod role;
+pub mod stream;
 pub mod validate;
 
 pub use cursor::{Cursor, Epoch};

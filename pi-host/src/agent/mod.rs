@@ -22,6 +22,7 @@
 //! output is [`AgentOutput::Exited`] with the exit status and the tail of its stderr. Dropping
 //! the last [`Agent`] handle kills the group too.
 
+mod compact;
 pub mod failure;
 mod protocol;
 #[cfg(test)]
@@ -483,6 +484,7 @@ impl Agent {
         let stderr_task = tokio::spawn(read_stderr(stderr, tail.clone()));
         let pump = StdoutPump {
             reader: LineReader::new(BufReader::new(stdout), options.max_line_bytes),
+            compactor: compact::Compactor::default(),
             out: out_tx,
             pending: pending.clone(),
             exit: exit_rx.clone(),
@@ -816,6 +818,7 @@ async fn read_stderr(mut stderr: ChildStderr, tail: Arc<std::sync::Mutex<Tail>>)
 /// Reads the agent's stdout, hands responses to their callers and forwards the rest.
 struct StdoutPump {
     reader: LineReader<BufReader<ChildStdout>>,
+    compactor: compact::Compactor,
     out: mpsc::Sender<AgentOutput>,
     pending: Arc<ReplyWaiters>,
     exit: watch::Receiver<Option<ExitInfo>>,
@@ -925,7 +928,12 @@ impl StdoutPump {
                     .await;
                 }
             }
-            Some(Parsed::Output(output)) => {
+            Some(Parsed::Output(mut output)) => {
+                if let AgentOutput::Event(event) = &mut output
+                    && let Some(compact) = self.compactor.compact(&event.kind, &event.payload)
+                {
+                    event.payload = compact;
+                }
                 if let AgentOutput::Event(event) = &output
                     && event.kind == protocol::INVALID_OUTPUT
                 {

@@ -8,6 +8,7 @@ use racp_proto::events::{
     TurnOutcome, TurnStartedData,
 };
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
+use racp_proto::stream::StreamState;
 use serde_json::value::{RawValue, to_raw_value};
 use std::borrow::Cow;
 
@@ -71,6 +72,12 @@ pub enum Effect {
     ApprovalRequested(ApprovalInfo),
     ApprovalSettled(String),
     Closed,
+    /// An agent event that changes what is streaming (docs/protocol.md §8.1), read once here
+    /// so the snapshot can show the message and tool outputs in progress.
+    Stream {
+        kind: String,
+        data: serde_json::Value,
+    },
 }
 
 /// The snapshot state of a turn that ended with `outcome`.
@@ -170,7 +177,17 @@ impl HostEvent {
             HostEvent::ApprovalRequested(info) => Some(Effect::ApprovalRequested(info)),
             HostEvent::ApprovalSettled(info) => Some(Effect::ApprovalSettled(info.approval_id)),
             HostEvent::SessionClosed { .. } => Some(Effect::Closed),
-            HostEvent::Agent { .. } => None,
+            HostEvent::Agent { kind, payload, .. } => {
+                if !StreamState::streams(&kind) {
+                    return None;
+                }
+                // The state never reads `message_end`'s message: do not parse a whole reply.
+                let data = match kind.as_str() {
+                    "message_end" => serde_json::Value::Null,
+                    _ => serde_json::from_str(payload.get()).ok()?,
+                };
+                Some(Effect::Stream { kind, data })
+            }
         }
     }
 }

@@ -20,6 +20,7 @@ use log::{EventLog, LoggedEvent, Retention};
 use racp_proto::events::{Event, EventType, TurnFinishedData, TurnStartedData};
 use racp_proto::methods::session::{SessionInfo, SessionState, Snapshot};
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
+use racp_proto::stream::StreamState;
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -50,6 +51,8 @@ struct Inner {
     watchers: Vec<(u64, Arc<Notify>)>,
     /// Seq below which the stored log was last pruned.
     pruned_below: u64,
+    /// The message and tool outputs streaming as of the last published event.
+    stream: StreamState,
 }
 
 impl Session {
@@ -58,6 +61,7 @@ impl Session {
         log: EventLog,
         turns: Vec<TurnInfo>,
         active_turn: Option<String>,
+        stream: StreamState,
     ) -> Arc<Session> {
         Arc::new(Session {
             id: row.session_id.clone(),
@@ -74,6 +78,7 @@ impl Session {
                 active_turn,
                 pending_approvals: Vec::new(),
                 watchers: Vec::new(),
+                stream,
             }),
         })
     }
@@ -127,6 +132,8 @@ impl Session {
             state: state_of(&inner),
             turns: inner.turns.clone(),
             pending_approvals: inner.pending_approvals.clone(),
+            streaming_message: inner.stream.message().cloned(),
+            tool_outputs: inner.stream.tool_outputs().clone(),
         };
         (self.info_locked(&inner), snapshot, inner.log.head_cursor())
     }
@@ -234,12 +241,15 @@ fn apply(inner: &mut Inner, effect: Effect) {
                 turn.error = error;
                 turn.finished_at = Some(at);
             }
+            // A turn that ended ends its streams, even one its agent died in.
+            inner.stream.clear();
         }
         Effect::ApprovalRequested(approval) => inner.pending_approvals.push(approval),
         Effect::ApprovalSettled(approval_id) => inner
             .pending_approvals
             .retain(|a| a.approval_id != approval_id),
         Effect::Closed => inner.closed = true,
+        Effect::Stream { kind, data } => inner.stream.apply_agent(&kind, &data),
     }
 }
 
@@ -275,8 +285,9 @@ impl Sessions {
             let start = tail.first().map_or(head, |e| e.seq - 1);
             let mut log = EventLog::new(Epoch(row.epoch), start, retention);
             let mut turns: Vec<TurnInfo> = Vec::new();
+            let mut stream = StreamState::default();
             for event in tail {
-                restore_turn_state(&mut turns, &event.json);
+                restore_state(&mut turns, &mut stream, &event.json);
                 log.push(
                     Arc::new(LoggedEvent {
                         seq: event.seq,
@@ -290,7 +301,7 @@ impl Sessions {
                 .iter()
                 .find(|t| t.state == TurnState::Running)
                 .map(|t| t.turn_id.clone());
-            let session = Session::new(&row, log, turns, active_turn);
+            let session = Session::new(&row, log, turns, active_turn, stream);
             map.insert(row.session_id, session);
         }
         let (tx, rx) = mpsc::unbounded_channel();
@@ -325,7 +336,7 @@ impl Sessions {
     pub fn create(&self, store: &Store, row: SessionRow) -> Result<Arc<Session>, StoreError> {
         store.insert_session(&row)?;
         let log = EventLog::new(Epoch(row.epoch), 0, self.retention);
-        let session = Session::new(&row, log, Vec::new(), None);
+        let session = Session::new(&row, log, Vec::new(), None, StreamState::default());
         self.map.insert(row.session_id, session.clone());
         Ok(session)
     }
@@ -455,11 +466,16 @@ fn unencodable(event: &HostEvent, err: impl std::fmt::Display) -> AppError {
     crate::wire::unencodable(&format!("a {} event", event.kind()), err)
 }
 
-/// Rebuilds the snapshot's turn list from stored host events after a restart.
-fn restore_turn_state(turns: &mut Vec<TurnInfo>, json: &str) {
+/// Rebuilds the snapshot's turn list and streams from stored events after a restart.
+fn restore_state(turns: &mut Vec<TurnInfo>, stream: &mut StreamState, json: &str) {
     let Ok(event) = serde_json::from_str::<Event>(json) else {
         return;
     };
+    if event.kind == EventType::TurnFinished.as_str() {
+        stream.clear();
+    } else {
+        stream.apply(&event.kind, &event.data);
+    }
     let Some(turn_id) = event.turn_id else {
         return;
     };

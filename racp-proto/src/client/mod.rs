@@ -19,6 +19,7 @@ pub use pin::{PinnedVerifier, certificate_sha256};
 use crate::events::Event;
 use crate::fingerprint::CertSha256;
 use crate::methods::session::{SessionGetResult, SessionSubscribeParams};
+use crate::stream::StreamState;
 use crate::{AppError, Cursor, ErrorCode, ErrorSource, RacpMethod};
 use serde_json::Value;
 use std::time::Duration;
@@ -118,6 +119,43 @@ pub struct Subscription {
     pub items: mpsc::UnboundedReceiver<SubscriptionItem>,
     /// Where delivery started.
     pub cursor: Cursor,
+    stream: StreamState,
+}
+
+impl Subscription {
+    /// The next item, after applying it to [`Subscription::stream`]. Reading `items` directly
+    /// skips that.
+    pub async fn next(&mut self) -> Option<SubscriptionItem> {
+        let item = self.items.recv().await?;
+        match &item {
+            SubscriptionItem::Event(event) => {
+                if event.kind == crate::events::EventType::TurnFinished.as_str() {
+                    self.stream.clear();
+                } else {
+                    self.stream.apply(&event.kind, &event.data);
+                }
+            }
+            SubscriptionItem::Resynced(got) => {
+                self.stream = StreamState::from_snapshot(&got.snapshot);
+            }
+            SubscriptionItem::Ended | SubscriptionItem::Failed(_) => {}
+        }
+        Some(item)
+    }
+
+    /// The assistant message and tool outputs streaming as of the last item [`next`] gave,
+    /// rebuilt from the compact events (docs/protocol.md §8.1).
+    ///
+    /// [`next`]: Subscription::next
+    pub fn stream(&self) -> &StreamState {
+        &self.stream
+    }
+
+    /// Starts [`Subscription::stream`] from a snapshot, for a subscription that continues from
+    /// a `session/get` cursor.
+    pub fn resume_stream(&mut self, snapshot: &crate::methods::session::Snapshot) {
+        self.stream = StreamState::from_snapshot(snapshot);
+    }
 }
 
 pub(crate) fn disconnected(reason: &str) -> AppError {
@@ -236,6 +274,10 @@ impl RacpClient {
                     .with_source(ErrorSource::Client)
             })?
             .map_err(|_| disconnected("the client stopped"))??;
-        Ok(Subscription { items, cursor })
+        Ok(Subscription {
+            items,
+            cursor,
+            stream: StreamState::default(),
+        })
     }
 }

@@ -96,6 +96,13 @@ pub struct Snapshot {
     pub turns: Vec<TurnInfo>,
     /// Approvals waiting for an answer.
     pub pending_approvals: Vec<ApprovalInfo>,
+    /// The assistant message being streamed, as far as the snapshot's cursor (pi's message
+    /// shape; docs/protocol.md §8.1, "Compact streams"). Absent when none is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streaming_message: Option<serde_json::Value>,
+    /// The output so far of each running tool, by tool call id (pi's `partialResult` shape).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tool_outputs: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// A session, its snapshot, and the cursor the snapshot was taken at: subscribing from that

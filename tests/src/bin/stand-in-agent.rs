@@ -57,6 +57,7 @@
 //! | `spawn-child:inherit` | the same, but the child inherits stdin/stdout/stderr (so it holds the pipes open) |
 //! | `burst:N` | one assistant message with N `text_delta` updates as fast as possible; to stay O(N) their `message` and `partial` carry empty `content` |
 //! | `stream:N[:RATE[:TAG]]` | for benchmarks: one assistant message with N `message_update` lines of exactly 200 bytes, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":"xx..","tag":TAG,"i":I,"t":US}}` (`i` counts from 0, `t` is the wall clock in microseconds when the line was written), RATE lines per second (0 or absent: as fast as possible), all lines due in one write, at most one write per millisecond when paced |
+//! | `output:BYTES` | a `bash` tool (`tool_execution_start`, updates, `tool_execution_end`, its `toolResult` message) that prints BYTES of numbered 64-byte lines, with an update after each 4 KiB as pi's bash tool sends them: `partialResult` is the whole output so far, cut to its last 2000 lines or 50 KiB (pi's limits) with `details.truncation` once cut |
 //! | `big:BYTES` | one assistant message with a single `text_delta` of BYTES `x` characters |
 //! | `notify` | a fire-and-forget `extension_ui_request` with `method: "notify"` |
 //! | `garbage` | writes a line that is not JSON |
@@ -460,6 +461,7 @@ impl StandIn {
                     self.stream_text(run, &[delta])?;
                 }
                 ("burst", Some(n)) => self.burst(run, n)?,
+                ("output", Some(bytes)) => self.tool_output(run, bytes)?,
                 ("stream", _) => {
                     // `stream:N[:RATE[:TAG]]`
                     let mut parts = arg.unwrap_or("").split(':').map(|p| p.parse::<u64>().ok());
@@ -857,6 +859,53 @@ impl StandIn {
             Some(Value::String(value)) => Ok(value.clone()),
             _ => Err("cancelled".to_string()),
         })
+    }
+
+    /// The `output` directive: a tool whose output streams as pi's bash tool reports it.
+    fn tool_output(&mut self, run: &mut Run, bytes: u64) -> Result<(), Aborted> {
+        const MAX_LINES: usize = 2000;
+        const MAX_BYTES: usize = 50 * 1024;
+        const UPDATE_BYTES: u64 = 4096;
+        self.new_turn_if_needed(run);
+        self.counter += 1;
+        let call_id = format!("call_{}", self.counter);
+        let args = json!({"command": format!("seq-lines {bytes}")});
+        emit(&json!({
+            "type": "tool_execution_start", "toolCallId": call_id, "toolName": "bash", "args": args
+        }));
+        run.open_tool = Some((call_id.clone(), "bash".to_string(), args.clone()));
+        let mut lines: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+        let (mut kept_bytes, mut written, mut total_lines) = (0usize, 0u64, 0u64);
+        while written < bytes {
+            self.pump(Wait::Poll)?;
+            let goal = (written + UPDATE_BYTES).min(bytes);
+            while written < goal {
+                let line = format!("{:0>63}\n", total_lines);
+                written += line.len() as u64;
+                total_lines += 1;
+                kept_bytes += line.len();
+                lines.push_back(line);
+                while lines.len() > MAX_LINES || kept_bytes > MAX_BYTES {
+                    kept_bytes -= lines.pop_front().map_or(0, |l| l.len());
+                }
+            }
+            let text: String = lines.iter().map(String::as_str).collect();
+            let details = if total_lines as usize > lines.len() {
+                json!({"truncation": {"truncated": true, "truncatedBy": "bytes",
+                       "totalLines": total_lines, "totalBytes": written,
+                       "outputLines": lines.len(), "outputBytes": kept_bytes}})
+            } else {
+                json!({})
+            };
+            emit(&json!({
+                "type": "tool_execution_update", "toolCallId": call_id, "toolName": "bash",
+                "args": args,
+                "partialResult": {"content": [{"type": "text", "text": text}], "details": details}
+            }));
+        }
+        let text: String = lines.iter().map(String::as_str).collect();
+        self.end_tool(run, &text, false);
+        Ok(())
     }
 
     fn end_tool(&mut self, run: &mut Run, text: &str, is_error: bool) {

@@ -1,0 +1,537 @@
+//! Compact streams: pi writes every `message_update` with the whole message so far (twice:
+//! `message` and the step's `partial`) and every `tool_execution_update` with the whole output
+//! so far, so relaying them as they come costs bytes quadratic in a reply's length. This
+//! module rewrites those two events to carry only what is new; `message_end` and
+//! `tool_execution_end` still carry pi's complete copy. The shapes and the rule that rebuilds
+//! pi's state from them are in docs/protocol.md §8.1 ("Compact streams"); the rebuild itself is
+//! `racp_proto::stream`, which the host and the clients share.
+//!
+//! Everything else the agent writes is relayed untouched, and so is any update whose shape is
+//! not the one described there.
+
+use racp_proto::stream::single_text;
+use serde::Deserialize;
+use serde_json::value::{RawValue, to_raw_value};
+use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+
+/// An object read one level deep: each field's value kept as the agent wrote it.
+type RawFields<'a> = BTreeMap<Cow<'a, str>, &'a RawValue>;
+
+/// Most candidate line starts tried when a tool's output window has slid; beyond it the whole
+/// (bounded) window is sent again.
+const MAX_SLIDE_CANDIDATES: usize = 4096;
+
+/// What the compactor remembers of one agent's streams.
+#[derive(Debug, Default)]
+pub(super) struct Compactor {
+    /// The text of each content block of the message being streamed, from its deltas.
+    streamed: Vec<String>,
+    /// The message's fields other than `content` as last sent (JSON text by name).
+    fields: BTreeMap<String, String>,
+    /// The output text each running tool has been sent so far, by tool call id.
+    tool_outputs: HashMap<String, String>,
+}
+
+impl Compactor {
+    /// The compact payload for an agent event, or `None` to relay it as it came.
+    pub(super) fn compact(&mut self, kind: &str, payload: &RawValue) -> Option<Box<RawValue>> {
+        match kind {
+            "message_start" | "message_end" => {
+                self.streamed.clear();
+                self.fields.clear();
+                #[derive(Deserialize)]
+                struct Start<'a> {
+                    #[serde(borrow)]
+                    message: RawFields<'a>,
+                }
+                if kind == "message_start"
+                    && let Ok(start) = serde_json::from_str::<Start<'_>>(payload.get())
+                {
+                    self.changed_fields(&start.message);
+                }
+                None
+            }
+            "message_update" => self.message_update(payload),
+            "turn_end" | "agent_end" => name_messages(payload),
+            "tool_execution_update" => self.tool_update(payload),
+            "tool_execution_end" => {
+                #[derive(Deserialize)]
+                struct End<'a> {
+                    #[serde(borrow, rename = "toolCallId")]
+                    tool_call_id: Cow<'a, str>,
+                }
+                if let Ok(end) = serde_json::from_str::<End<'_>>(payload.get()) {
+                    self.tool_outputs.remove(end.tool_call_id.as_ref());
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn message_update(&mut self, payload: &RawValue) -> Option<Box<RawValue>> {
+        let mut line: RawFields<'_> = serde_json::from_str(payload.get()).ok()?;
+        let step: RawFields<'_> =
+            serde_json::from_str(line.get("assistantMessageEvent")?.get()).ok()?;
+        let step = self.compact_step(step)?;
+        let mut out: BTreeMap<Cow<'_, str>, Cow<'_, RawValue>> = BTreeMap::new();
+        if let Some(message) = line.remove("message") {
+            let message: RawFields<'_> = serde_json::from_str(message.get()).ok()?;
+            let mut sent = self.changed_fields(&message);
+            for identity in ["role", "timestamp"] {
+                if let Some(value) = message.get(identity) {
+                    sent.insert(identity.into(), value);
+                }
+            }
+            out.insert("message".into(), Cow::Owned(to_raw_value(&sent).ok()?));
+        }
+        line.remove("assistantMessageEvent");
+        out.insert("assistantMessageEvent".into(), Cow::Owned(step));
+        out.extend(line.into_iter().map(|(k, v)| (k, Cow::Borrowed(v))));
+        to_raw_value(&out).ok()
+    }
+
+    /// The message's fields other than `content` that differ from those last sent (usage,
+    /// stop reason, response id...), remembered as sent.
+    fn changed_fields<'a>(&mut self, message: &RawFields<'a>) -> RawFields<'a> {
+        let mut changed = RawFields::new();
+        for (name, value) in message {
+            if name == "content"
+                || self.fields.get(name.as_ref()).map(String::as_str) == Some(value.get())
+            {
+                continue;
+            }
+            self.fields.insert(name.to_string(), value.get().to_owned());
+            changed.insert(name.clone(), *value);
+        }
+        changed
+    }
+
+    /// The step without pi's accumulated copies; `None` when it is not a shape this knows.
+    fn compact_step(&mut self, mut step: RawFields<'_>) -> Option<Box<RawValue>> {
+        let kind: Cow<'_, str> = serde_json::from_str(step.get("type")?.get()).ok()?;
+        if kind == "start" {
+            // The skeleton (model, provider, empty content) starts a new message.
+            self.streamed.clear();
+            if let Some(partial) = step
+                .get("partial")
+                .and_then(|p| serde_json::from_str::<RawFields<'_>>(p.get()).ok())
+            {
+                self.fields.clear();
+                self.changed_fields(&partial);
+            }
+            return to_raw_value(&step).ok();
+        }
+        let partial = step.remove("partial");
+        let index: Option<usize> = step
+            .get("contentIndex")
+            .and_then(|i| serde_json::from_str(i.get()).ok());
+        let mut block: Option<Map<String, Value>> = None;
+        if kind.ends_with("_delta") {
+            if let (Some(index), Some(delta)) = (index, step.get("delta")) {
+                let delta: Cow<'_, str> = serde_json::from_str(delta.get()).ok()?;
+                self.streamed_mut(index).push_str(&delta);
+            }
+        } else if kind.ends_with("_start") || kind.ends_with("_end") {
+            if let (Some(index), Some(partial)) = (index, partial) {
+                block = Some(content_block(partial, index)?);
+            }
+            if kind.ends_with("_start") {
+                if let Some(index) = index {
+                    self.streamed_mut(index).clear();
+                }
+            } else if let (Some(index), Some(block)) = (index, block.as_mut()) {
+                let streamed = self.streamed_mut(index).as_str();
+                drop_streamed(block, streamed);
+                if step
+                    .get("content")
+                    .and_then(|c| serde_json::from_str::<Cow<'_, str>>(c.get()).ok())
+                    .is_some_and(|content| content == streamed)
+                {
+                    step.remove("content");
+                }
+                // `toolCall` is the block as it ends: `block` carries it.
+                step.remove("toolCall");
+            }
+        } else if kind == "done" {
+            step.remove("message");
+        } else if kind == "error" {
+            step.remove("error");
+        }
+        let mut out: BTreeMap<Cow<'_, str>, Cow<'_, RawValue>> = step
+            .into_iter()
+            .map(|(k, v)| (k, Cow::Borrowed(v)))
+            .collect();
+        if let Some(block) = block {
+            out.insert("block".into(), Cow::Owned(to_raw_value(&block).ok()?));
+        }
+        to_raw_value(&out).ok()
+    }
+
+    fn streamed_mut(&mut self, index: usize) -> &mut String {
+        if self.streamed.len() <= index {
+            self.streamed.resize_with(index + 1, String::new);
+        }
+        &mut self.streamed[index]
+    }
+
+    fn tool_update(&mut self, payload: &RawValue) -> Option<Box<RawValue>> {
+        let mut line: RawFields<'_> = serde_json::from_str(payload.get()).ok()?;
+        let id: String = serde_json::from_str(line.get("toolCallId")?.get()).ok()?;
+        let result: Value = serde_json::from_str(line.remove("partialResult")?.get()).ok()?;
+        // The tool's arguments are in its `tool_execution_start`; each update repeated them.
+        line.remove("args");
+        let mut out: BTreeMap<Cow<'_, str>, Cow<'_, RawValue>> = line
+            .into_iter()
+            .map(|(k, v)| (k, Cow::Borrowed(v)))
+            .collect();
+        let text = single_text(&result);
+        let previous = self.tool_outputs.get(&id).map_or("", String::as_str);
+        match text.and_then(|text| slide(previous, text).map(|step| (text, step))) {
+            Some((text, (drop_lines, kept))) => {
+                let mut update = Map::new();
+                if drop_lines > 0 {
+                    update.insert("dropLines".into(), drop_lines.into());
+                }
+                update.insert("append".into(), text[kept..].into());
+                out.insert(
+                    "outputUpdate".into(),
+                    Cow::Owned(to_raw_value(&update).ok()?),
+                );
+                if let Some(details) = result.get("details") {
+                    out.insert("details".into(), Cow::Owned(to_raw_value(details).ok()?));
+                }
+            }
+            None => {
+                out.insert(
+                    "partialResult".into(),
+                    Cow::Owned(to_raw_value(&result).ok()?),
+                );
+            }
+        }
+        self.tool_outputs
+            .insert(id, text.unwrap_or_default().to_owned());
+        to_raw_value(&out).ok()
+    }
+}
+
+/// `turn_end` and `agent_end` with each message they repeat named by its identity instead
+/// (`role`, `timestamp`, a tool result's `toolCallId`) and how it ended (`stopReason`,
+/// `errorMessage`): every message is whole in its own `message_end`.
+fn name_messages(payload: &RawValue) -> Option<Box<RawValue>> {
+    #[derive(Deserialize, serde::Serialize)]
+    struct Identity<'a> {
+        #[serde(borrow, skip_serializing_if = "Option::is_none")]
+        role: Option<Cow<'a, str>>,
+        #[serde(borrow, skip_serializing_if = "Option::is_none")]
+        timestamp: Option<&'a RawValue>,
+        #[serde(borrow, rename = "toolCallId", skip_serializing_if = "Option::is_none")]
+        tool_call_id: Option<Cow<'a, str>>,
+        #[serde(borrow, rename = "stopReason", skip_serializing_if = "Option::is_none")]
+        stop_reason: Option<Cow<'a, str>>,
+        #[serde(
+            borrow,
+            rename = "errorMessage",
+            skip_serializing_if = "Option::is_none"
+        )]
+        error_message: Option<Cow<'a, str>>,
+    }
+    let mut line: BTreeMap<Cow<'_, str>, Cow<'_, RawValue>> =
+        serde_json::from_str::<RawFields<'_>>(payload.get())
+            .ok()?
+            .into_iter()
+            .map(|(k, v)| (k, Cow::Borrowed(v)))
+            .collect();
+    for field in ["message", "messages", "toolResults"] {
+        let Some(value) = line.get(field) else {
+            continue;
+        };
+        let named = if field == "message" {
+            to_raw_value(&serde_json::from_str::<Identity<'_>>(value.get()).ok()?)
+        } else {
+            to_raw_value(&serde_json::from_str::<Vec<Identity<'_>>>(value.get()).ok()?)
+        }
+        .ok()?;
+        line.insert(field.into(), Cow::Owned(named));
+    }
+    to_raw_value(&line).ok()
+}
+
+/// Content block `index` of pi's partial message.
+fn content_block(partial: &RawValue, index: usize) -> Option<Map<String, Value>> {
+    #[derive(Deserialize)]
+    struct Partial<'a> {
+        #[serde(borrow)]
+        content: Vec<&'a RawValue>,
+    }
+    let partial: Partial<'_> = serde_json::from_str(partial.get()).ok()?;
+    serde_json::from_str(partial.content.get(index)?.get()).ok()
+}
+
+/// Removes from an ending block what its deltas already gave: its text or thinking when equal
+/// to them, a tool call's argument text, and its arguments when they are that text parsed.
+fn drop_streamed(block: &mut Map<String, Value>, streamed: &str) {
+    let kind = block.get("type").and_then(Value::as_str).map(str::to_owned);
+    match kind.as_deref() {
+        Some(field @ ("text" | "thinking"))
+            if block.get(field).and_then(Value::as_str) == Some(streamed) =>
+        {
+            block.remove(field);
+        }
+        Some("toolCall") => {
+            block.remove("partialArgs");
+            let parsed = serde_json::from_str::<Value>(streamed).ok();
+            if parsed.is_some() && block.get("arguments") == parsed.as_ref() {
+                block.remove("arguments");
+            }
+        }
+        _ => {}
+    }
+}
+
+/// How `next` continues `previous`: the lines to drop from the front of `previous` and where
+/// the appended text starts in `next`. `None` when it does not (then the whole is sent).
+fn slide(previous: &str, next: &str) -> Option<(u64, usize)> {
+    if next.starts_with(previous) {
+        return Some((0, previous.len()));
+    }
+    // pi keeps the last lines of a long output: the window moved down by whole lines.
+    let mut dropped = 0;
+    let mut start = 0;
+    for _ in 0..MAX_SLIDE_CANDIDATES {
+        start += previous[start..].find('\n')? + 1;
+        dropped += 1;
+        let kept = &previous[start..];
+        if next.starts_with(kept) {
+            return Some((dropped, kept.len()));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use racp_proto::stream::StreamState;
+    use serde_json::json;
+
+    fn raw(value: &Value) -> Box<RawValue> {
+        to_raw_value(value).unwrap()
+    }
+
+    /// Feeds pi-shaped events through the compactor and a [`StreamState`]; returns the
+    /// compacted payloads.
+    fn relay(events: &[(&str, Value)], state: &mut StreamState) -> Vec<Value> {
+        let mut compactor = Compactor::default();
+        events
+            .iter()
+            .map(|(kind, payload)| {
+                let compact = compactor.compact(kind, &raw(payload)).map_or_else(
+                    || payload.clone(),
+                    |c| serde_json::from_str(c.get()).unwrap(),
+                );
+                state.apply(&format!("agent.{kind}"), &compact);
+                compact
+            })
+            .collect()
+    }
+
+    fn pi_message(content: Value) -> Value {
+        json!({"role": "assistant", "content": content, "api": "openai-completions",
+               "provider": "stub", "model": "m", "usage": {"input": 1}, "stopReason": "stop",
+               "timestamp": 1764500000000u64})
+    }
+
+    /// The lines pi writes for a reply with a text block and a tool call.
+    fn pi_reply(text_deltas: &[&str], arg_deltas: &[&str]) -> (Vec<(&'static str, Value)>, Value) {
+        let mut events = Vec::new();
+        let mut content: Vec<Value> = Vec::new();
+        let update = |content: &Vec<Value>, step: Value| {
+            let mut step = step;
+            step["partial"] = pi_message(json!(content));
+            json!({"type": "message_update", "message": pi_message(json!(content)), "assistantMessageEvent": step})
+        };
+        events.push((
+            "message_start",
+            json!({"type": "message_start", "message": pi_message(json!([]))}),
+        ));
+        events.push(("message_update", update(&content, json!({"type": "start"}))));
+        content.push(json!({"type": "text", "text": ""}));
+        events.push((
+            "message_update",
+            update(&content, json!({"type": "text_start", "contentIndex": 0})),
+        ));
+        for delta in text_deltas {
+            let text = format!("{}{delta}", content[0]["text"].as_str().unwrap());
+            content[0]["text"] = json!(text);
+            events.push((
+                "message_update",
+                update(
+                    &content,
+                    json!({"type": "text_delta", "contentIndex": 0, "delta": delta}),
+                ),
+            ));
+        }
+        let text = content[0]["text"].clone();
+        events.push((
+            "message_update",
+            update(
+                &content,
+                json!({"type": "text_end", "contentIndex": 0, "content": text}),
+            ),
+        ));
+        content.push(json!({"type": "toolCall", "id": "call_1", "name": "bash", "arguments": {}, "partialArgs": ""}));
+        events.push((
+            "message_update",
+            update(
+                &content,
+                json!({"type": "toolcall_start", "contentIndex": 1}),
+            ),
+        ));
+        for delta in arg_deltas {
+            let args = format!("{}{delta}", content[1]["partialArgs"].as_str().unwrap());
+            content[1]["partialArgs"] = json!(args);
+            events.push((
+                "message_update",
+                update(
+                    &content,
+                    json!({"type": "toolcall_delta", "contentIndex": 1, "delta": delta}),
+                ),
+            ));
+        }
+        let args: Value =
+            serde_json::from_str(content[1]["partialArgs"].as_str().unwrap()).unwrap();
+        content[1].as_object_mut().unwrap().remove("partialArgs");
+        content[1]["arguments"] = args;
+        let tool_call = content[1].clone();
+        events.push((
+            "message_update",
+            update(
+                &content,
+                json!({"type": "toolcall_end", "contentIndex": 1, "toolCall": tool_call}),
+            ),
+        ));
+        let last = pi_message(json!(content));
+        events.push(("message_update", json!({"type": "message_update", "message": last, "assistantMessageEvent": {"type": "done", "reason": "toolUse", "message": last}})));
+        events.push((
+            "message_end",
+            json!({"type": "message_end", "message": last}),
+        ));
+        (events, last)
+    }
+
+    #[test]
+    fn a_compacted_reply_rebuilds_to_pis_own_message() {
+        let deltas: Vec<String> = (0..200).map(|i| format!("word{i} ")).collect();
+        let deltas: Vec<&str> = deltas.iter().map(String::as_str).collect();
+        let (events, last) = pi_reply(&deltas, &["{\"command\":", " \"ls -la\"", "}"]);
+        let mut state = StreamState::default();
+        let mut mid_stream = None;
+        let compact = {
+            let mut compactor = Compactor::default();
+            let mut out = Vec::new();
+            for (i, (kind, payload)) in events.iter().enumerate() {
+                let c = compactor.compact(kind, &raw(payload)).map_or_else(
+                    || payload.clone(),
+                    |c| serde_json::from_str(c.get()).unwrap(),
+                );
+                state.apply(&format!("agent.{kind}"), &c);
+                if i == 100 {
+                    mid_stream = state.message().cloned();
+                    assert_eq!(Some(&payload["message"]), mid_stream.as_ref(), "mid-stream");
+                }
+                if *kind == "message_end" {
+                    let rebuilt = state.finished_message().expect("a finished message");
+                    assert_eq!(rebuilt, &last, "the rebuilt message is pi's message_end");
+                }
+                out.push(c);
+            }
+            out
+        };
+        assert!(mid_stream.is_some());
+        let text_len = last["content"][0]["text"].as_str().unwrap().len();
+        let raw_bytes: usize = events.iter().map(|(_, p)| p.to_string().len()).sum();
+        let compact_bytes: usize = compact.iter().map(|p| p.to_string().len()).sum();
+        // Linear: at most 3x the text plus a fixed overhead per event (docs/protocol.md §8.1).
+        assert!(
+            compact_bytes <= 3 * text_len + 400 * events.len(),
+            "{compact_bytes} bytes for {text_len} of text in {} events (raw {raw_bytes})",
+            events.len()
+        );
+        assert!(
+            raw_bytes > 10 * compact_bytes,
+            "raw {raw_bytes} vs {compact_bytes}"
+        );
+    }
+
+    #[test]
+    fn tool_output_is_sent_as_appends_even_when_the_window_slides() {
+        let mut state = StreamState::default();
+        let update = |text: &str| {
+            (
+                "tool_execution_update",
+                json!({"type": "tool_execution_update", "toolCallId": "t", "toolName": "bash",
+                       "args": {"command": "yes"},
+                       "partialResult": {"content": [{"type": "text", "text": text}], "details": {}}}),
+            )
+        };
+        let lines: Vec<String> = (0..400).map(|i| format!("line {i}\n")).collect();
+        let mut events = vec![(
+            "tool_execution_update",
+            json!({"type": "tool_execution_update", "toolCallId": "t", "toolName": "bash",
+                   "partialResult": {"content": [], "details": null}}),
+        )];
+        let mut expected = Vec::new();
+        for end in (10..=400usize).step_by(10) {
+            // pi keeps the last 100 lines.
+            let text: String = lines[end.saturating_sub(100)..end].concat();
+            expected.push(text.clone());
+            events.push(update(&text));
+        }
+        let compact = relay(&events, &mut state);
+        assert_eq!(
+            state.tool_output("t").unwrap()["content"][0]["text"],
+            expected.last().unwrap().as_str()
+        );
+        for update in &compact[1..] {
+            assert!(update.get("partialResult").is_none(), "{update}");
+            assert!(update.get("args").is_none());
+            assert!(update["outputUpdate"]["append"].as_str().unwrap().len() <= 100);
+        }
+        // A window that does not continue the last one at a line start is sent whole.
+        let compact = relay(&[update("a\nb"), update("c\n")], &mut state);
+        assert_eq!(compact[1]["partialResult"]["content"][0]["text"], "c\n");
+        assert_eq!(state.tool_output("t").unwrap()["content"][0]["text"], "c\n");
+    }
+
+    #[test]
+    fn other_events_and_unknown_shapes_are_relayed_as_they_came() {
+        let mut compactor = Compactor::default();
+        for (kind, payload) in [
+            (
+                "turn_start",
+                json!({"type": "turn_start", "messages": [{"role": "user"}]}),
+            ),
+            (
+                "message_update",
+                json!({"type": "message_update", "assistantMessageEvent": 3}),
+            ),
+            (
+                "tool_execution_update",
+                json!({"type": "tool_execution_update"}),
+            ),
+        ] {
+            assert!(
+                compactor.compact(kind, &raw(&payload)).is_none(),
+                "{payload}"
+            );
+        }
+        // The benchmark's lines carry extra fields in the step; they are kept.
+        let bench = json!({"type": "message_update", "assistantMessageEvent":
+                           {"type": "text_delta", "delta": "xx", "tag": 3, "i": 7, "t": 12}});
+        let out = compactor.compact("message_update", &raw(&bench)).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(out.get()).unwrap(), bench);
+    }
+}

@@ -1,0 +1,371 @@
+//! Rebuilding what the agent streams from compact events (docs/protocol.md §8.1, "Compact
+//! streams"): the assistant message in progress from `agent.message_update` deltas, and each
+//! running tool's output from `agent.tool_execution_update` appends.
+//!
+//! pi writes every update with everything streamed so far; the host relays only what is new,
+//! so a reply costs bytes linear in its length. [`StreamState`] applies those events in order
+//! and holds the same message and tool outputs pi held at that point. The host keeps one per
+//! session for `session/get`'s snapshot; clients keep one per subscription.
+
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// The field of a content block that its deltas extend.
+fn streamed_field(block_type: &str) -> Option<&'static str> {
+    match block_type {
+        "text" => Some("text"),
+        "thinking" => Some("thinking"),
+        "toolCall" => Some("partialArgs"),
+        _ => None,
+    }
+}
+
+/// What the agent is streaming in one session, rebuilt from its events.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct StreamState {
+    /// The assistant message being streamed, as pi holds it (between `message_start` and
+    /// `message_end`).
+    message: Option<Value>,
+    /// The output of each running tool so far, by tool call id, as pi's `partialResult`.
+    tool_outputs: BTreeMap<String, Value>,
+    finished: Option<Value>,
+}
+
+impl StreamState {
+    /// The state a snapshot describes (`session/get`), to continue from its cursor.
+    pub fn from_snapshot(snapshot: &crate::methods::session::Snapshot) -> StreamState {
+        StreamState {
+            message: snapshot.streaming_message.clone(),
+            tool_outputs: snapshot.tool_outputs.clone(),
+            finished: None,
+        }
+    }
+
+    /// The running tools' outputs so far, by tool call id.
+    pub fn tool_outputs(&self) -> &BTreeMap<String, Value> {
+        &self.tool_outputs
+    }
+
+    /// The last message `message_end` finished, as rebuilt just before it (pi's own copy is
+    /// in that event: the two are equal).
+    pub fn finished_message(&self) -> Option<&Value> {
+        self.finished.as_ref()
+    }
+
+    /// Forgets what was streaming: a turn that ended ends its streams.
+    pub fn clear(&mut self) {
+        self.message = None;
+        self.tool_outputs.clear();
+    }
+
+    /// The assistant message in progress, if one is streaming.
+    pub fn message(&self) -> Option<&Value> {
+        self.message.as_ref()
+    }
+
+    /// The output so far of a running tool (pi's `partialResult` shape).
+    pub fn tool_output(&self, tool_call_id: &str) -> Option<&Value> {
+        self.tool_outputs.get(tool_call_id)
+    }
+
+    /// Applies one event, given its wire type (`agent.message_update`, ...) and `data`. Events
+    /// that stream nothing are ignored; so is anything malformed (the state is a view, never a
+    /// reason to refuse an event).
+    pub fn apply(&mut self, event_type: &str, data: &Value) {
+        if let Some(kind) = event_type.strip_prefix("agent.") {
+            self.apply_agent(kind, data);
+        }
+    }
+
+    /// True for the agent event kinds that change the state (the others need not be read).
+    pub fn streams(kind: &str) -> bool {
+        matches!(
+            kind,
+            "message_start"
+                | "message_update"
+                | "message_end"
+                | "tool_execution_update"
+                | "tool_execution_end"
+        )
+    }
+
+    /// [`StreamState::apply`] for an agent event given by its pi `type`.
+    pub fn apply_agent(&mut self, kind: &str, data: &Value) {
+        match kind {
+            "message_start" => {
+                let message = &data["message"];
+                if message["role"] == "assistant" {
+                    self.message = Some(message.clone());
+                }
+            }
+            "message_update" => self.apply_message_update(data),
+            "message_end" => {
+                if let Some(message) = self.message.take() {
+                    self.finished = Some(message);
+                }
+            }
+            "tool_execution_update" => self.apply_tool_update(data),
+            "tool_execution_end" => {
+                if let Some(id) = data["toolCallId"].as_str() {
+                    self.tool_outputs.remove(id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn apply_message_update(&mut self, data: &Value) {
+        let step = &data["assistantMessageEvent"];
+        let Some(kind) = step["type"].as_str() else {
+            return;
+        };
+        if kind == "start" {
+            if let Some(partial) = step.get("partial") {
+                self.message = Some(partial.clone());
+            }
+            return;
+        }
+        let Some(message) = self.message.as_mut() else {
+            return;
+        };
+        // The update's `message` holds the message's fields that changed, never its content.
+        if let (Some(target), Some(Value::Object(fields))) =
+            (message.as_object_mut(), data.get("message"))
+        {
+            for (name, value) in fields {
+                if name != "content" {
+                    target.insert(name.clone(), value.clone());
+                }
+            }
+        }
+        // pi's own full partial (an update the host did not compact) is authoritative.
+        if let Some(partial) = step.get("partial") {
+            *message = partial.clone();
+            return;
+        }
+        let (Some(index), Some(content)) = (
+            step["contentIndex"]
+                .as_u64()
+                .and_then(|i| usize::try_from(i).ok()),
+            message.get_mut("content").and_then(Value::as_array_mut),
+        ) else {
+            return;
+        };
+        if kind.ends_with("_start") {
+            if let Some(block) = step.get("block") {
+                if content.len() <= index {
+                    content.resize(index + 1, Value::Null);
+                }
+                content[index] = block.clone();
+            }
+        } else if kind.ends_with("_delta") {
+            if let (Some(block), Some(delta)) = (content.get_mut(index), step["delta"].as_str()) {
+                extend_streamed(block, delta);
+            }
+        } else if kind.ends_with("_end")
+            && let Some(block) = content.get_mut(index)
+        {
+            end_block(block, step.get("block"));
+        }
+    }
+
+    fn apply_tool_update(&mut self, data: &Value) {
+        let Some(id) = data["toolCallId"].as_str() else {
+            return;
+        };
+        if let Some(whole) = data.get("partialResult") {
+            self.tool_outputs.insert(id.to_owned(), whole.clone());
+            return;
+        }
+        let update = &data["outputUpdate"];
+        let Some(append) = update["append"].as_str() else {
+            return;
+        };
+        let drop_lines = update["dropLines"].as_u64().unwrap_or(0);
+        let previous = self
+            .tool_outputs
+            .get(id)
+            .and_then(single_text)
+            .unwrap_or_default();
+        let kept = skip_lines(previous, drop_lines);
+        let mut text = String::with_capacity(kept.len() + append.len());
+        text.push_str(kept);
+        text.push_str(append);
+        let mut output = Map::new();
+        output.insert(
+            "content".into(),
+            serde_json::json!([{"type": "text", "text": text}]),
+        );
+        if let Some(details) = data.get("details") {
+            output.insert("details".into(), details.clone());
+        }
+        self.tool_outputs
+            .insert(id.to_owned(), Value::Object(output));
+    }
+}
+
+/// Adds a delta to the block's streamed field.
+fn extend_streamed(block: &mut Value, delta: &str) {
+    let Some(field) = block["type"].as_str().and_then(streamed_field) else {
+        return;
+    };
+    let Some(object) = block.as_object_mut() else {
+        return;
+    };
+    match object.get_mut(field) {
+        Some(Value::String(text)) => text.push_str(delta),
+        _ => {
+            object.insert(field.into(), Value::String(delta.to_owned()));
+        }
+    }
+}
+
+/// A block ends: the fields the host sent override; a tool call's arguments are its streamed
+/// argument text, parsed, unless the host sent pi's own (when they differ from that text).
+fn end_block(block: &mut Value, end: Option<&Value>) {
+    let Some(object) = block.as_object_mut() else {
+        return;
+    };
+    if let Some(Value::Object(fields)) = end {
+        for (name, value) in fields {
+            object.insert(name.clone(), value.clone());
+        }
+    }
+    if object.get("type").and_then(Value::as_str) == Some("toolCall") {
+        let streamed = object.remove("partialArgs");
+        if !matches!(end, Some(Value::Object(fields)) if fields.contains_key("arguments"))
+            && let Some(Value::String(text)) = streamed
+            && let Ok(arguments) = serde_json::from_str::<Value>(&text)
+        {
+            object.insert("arguments".into(), arguments);
+        }
+    }
+}
+
+/// The text of a tool result whose content is exactly one text block: the only shape whose
+/// updates the host sends as appends.
+pub fn single_text(result: &Value) -> Option<&str> {
+    match result.get("content")?.as_array()?.as_slice() {
+        [block] if block["type"] == "text" => block["text"].as_str(),
+        _ => None,
+    }
+}
+
+/// `text` without its first `lines` lines (each up to and including its `\n`).
+pub fn skip_lines(text: &str, lines: u64) -> &str {
+    let mut rest = text;
+    for _ in 0..lines {
+        match rest.find('\n') {
+            Some(end) => rest = &rest[end + 1..],
+            None => return "",
+        }
+    }
+    rest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn update(step: Value) -> Value {
+        json!({"type": "message_update", "message": {"role": "assistant", "timestamp": 1}, "assistantMessageEvent": step})
+    }
+
+    #[test]
+    fn a_message_is_rebuilt_from_blocks_and_deltas() {
+        let mut state = StreamState::default();
+        let skeleton = json!({"role": "assistant", "content": [], "model": "m", "timestamp": 1});
+        state.apply("agent.message_start", &json!({"message": skeleton}));
+        let steps = [
+            json!({"type": "start", "partial": skeleton}),
+            json!({"type": "thinking_start", "contentIndex": 0, "block": {"type": "thinking", "thinking": ""}}),
+            json!({"type": "thinking_delta", "contentIndex": 0, "delta": "hmm"}),
+            json!({"type": "thinking_end", "contentIndex": 0, "block": {"type": "thinking", "thinkingSignature": "sig"}}),
+            json!({"type": "text_start", "contentIndex": 1, "block": {"type": "text", "text": ""}}),
+            json!({"type": "text_delta", "contentIndex": 1, "delta": "Hel"}),
+            json!({"type": "text_delta", "contentIndex": 1, "delta": "lo\n"}),
+            json!({"type": "text_end", "contentIndex": 1, "block": {"type": "text"}}),
+            json!({"type": "toolcall_start", "contentIndex": 2, "block": {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {}, "partialArgs": ""}}),
+            json!({"type": "toolcall_delta", "contentIndex": 2, "delta": "{\"command\":"}),
+            json!({"type": "toolcall_delta", "contentIndex": 2, "delta": "\"ls\"}"}),
+        ];
+        for step in steps {
+            state.apply("agent.message_update", &update(step));
+        }
+        assert_eq!(
+            state.message().unwrap()["content"][2]["partialArgs"],
+            "{\"command\":\"ls\"}"
+        );
+        state.apply(
+            "agent.message_update",
+            &update(json!({"type": "toolcall_end", "contentIndex": 2, "block": {"type": "toolCall", "id": "c1", "name": "bash"}})),
+        );
+        state.apply("agent.message_end", &json!({}));
+        let rebuilt = state
+            .finished_message()
+            .expect("message_end finishes the message");
+        assert_eq!(
+            rebuilt["content"],
+            json!([
+                {"type": "thinking", "thinking": "hmm", "thinkingSignature": "sig"},
+                {"type": "text", "text": "Hello\n"},
+                {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {"command": "ls"}},
+            ])
+        );
+        assert!(state.message().is_none());
+    }
+
+    #[test]
+    fn fields_sent_at_the_end_override_the_deltas() {
+        let mut state = StreamState::default();
+        state.apply(
+            "agent.message_start",
+            &json!({"message": {"role": "assistant", "content": []}}),
+        );
+        for step in [
+            json!({"type": "toolcall_start", "contentIndex": 0, "block": {"type": "toolCall", "id": "c", "name": "n", "partialArgs": ""}}),
+            json!({"type": "toolcall_delta", "contentIndex": 0, "delta": "{\"a\":"}),
+            json!({"type": "toolcall_end", "contentIndex": 0, "block": {"type": "toolCall", "id": "c", "name": "n", "arguments": {"a": "repaired"}}}),
+        ] {
+            state.apply("agent.message_update", &update(step));
+        }
+        assert_eq!(
+            state.message().unwrap()["content"][0],
+            json!({"type": "toolCall", "id": "c", "name": "n", "arguments": {"a": "repaired"}})
+        );
+    }
+
+    #[test]
+    fn tool_output_appends_and_slides() {
+        let mut state = StreamState::default();
+        let id = json!("t1");
+        state.apply(
+            "agent.tool_execution_update",
+            &json!({"toolCallId": id, "partialResult": {"content": [], "details": null}}),
+        );
+        assert_eq!(state.tool_output("t1").unwrap()["content"], json!([]));
+        state.apply(
+            "agent.tool_execution_update",
+            &json!({"toolCallId": id, "outputUpdate": {"append": "a\nb\n"}}),
+        );
+        state.apply(
+            "agent.tool_execution_update",
+            &json!({"toolCallId": id, "outputUpdate": {"dropLines": 1, "append": "c\n"}, "details": {"truncation": {"truncated": true}}}),
+        );
+        assert_eq!(
+            state.tool_output("t1").unwrap(),
+            &json!({"content": [{"type": "text", "text": "b\nc\n"}], "details": {"truncation": {"truncated": true}}})
+        );
+        state.apply("agent.tool_execution_end", &json!({"toolCallId": id}));
+        assert!(state.tool_output("t1").is_none());
+    }
+
+    #[test]
+    fn skip_lines_counts_newlines() {
+        assert_eq!(skip_lines("a\nb\nc", 0), "a\nb\nc");
+        assert_eq!(skip_lines("a\nb\nc", 2), "c");
+        assert_eq!(skip_lines("a\nb\nc", 3), "");
+        assert_eq!(skip_lines("", 1), "");
+    }
+}
