@@ -190,7 +190,14 @@ async fn completions(State(stub): State<Stub>, body: String) -> Response {
         .is_some_and(|messages| messages.iter().any(|m| m["role"] == "tool"));
     stub.requests.lock().unwrap().push(request);
     let mut sse = String::new();
-    if has_tool_result {
+    if let Some(chunks) = long_reply(&body) {
+        // `LONG-REPLY:N` in the prompt: N text chunks of 10 characters.
+        sse += &chunk(json!({"role": "assistant", "content": ""}), None);
+        for i in 0..chunks {
+            sse += &chunk(json!({"content": format!("word{i:05} ")}), None);
+        }
+        sse += &chunk(json!({}), Some("stop"));
+    } else if has_tool_result {
         sse += &chunk(json!({"role": "assistant", "content": "done"}), None);
         sse += &chunk(json!({"content": ", the check passed."}), None);
         sse += &chunk(json!({}), Some("stop"));
@@ -224,6 +231,13 @@ async fn completions(State(stub): State<Stub>, body: String) -> Response {
         sse,
     )
         .into_response()
+}
+
+/// N when the request's prompt asks for `LONG-REPLY:N`.
+fn long_reply(body: &str) -> Option<usize> {
+    let rest = &body[body.find("LONG-REPLY:")? + "LONG-REPLY:".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// Serves the stub on 127.0.0.1 with an OS-chosen port; returns the port.
@@ -268,6 +282,43 @@ fn pi_config(port: u16) -> tempfile::TempDir {
     dir
 }
 
+/// A host whose agent is the real pi, talking to `stub`; `extension` is loaded with `-e`. The
+/// returned directory is pi's config, to keep until the host stops.
+async fn pi_host(stub: &Stub, extension: Option<&Path>) -> (HostProcess, tempfile::TempDir) {
+    let cli = pi_cli();
+    let port = start_stub(stub.clone()).await;
+    let pi_dir = pi_config(port);
+    let mut words = vec![
+        "node",
+        cli.to_str().unwrap(),
+        "--mode",
+        "rpc",
+        "--offline",
+        "--no-session",
+        "--thinking",
+        "off",
+        "--no-skills",
+        "--no-prompt-templates",
+        "--no-context-files",
+    ];
+    if let Some(extension) = extension {
+        words.extend(["-e", extension.to_str().unwrap()]);
+    }
+    let agent = shell_words::join(words);
+    let host = HostProcess::start_with_env(
+        bin(),
+        &["--agent", &agent],
+        &[
+            ("PI_CODING_AGENT_DIR", pi_dir.path().to_str().unwrap()),
+            ("PI_OFFLINE", "1"),
+            ("PI_SKIP_VERSION_CHECK", "1"),
+            ("PI_TELEMETRY", "0"),
+        ],
+    )
+    .await;
+    (host, pi_dir)
+}
+
 // ---------------------------------------------------------------------------------------------
 // RACP-WS helpers.
 
@@ -302,41 +353,12 @@ fn find(labels: &[String], from: usize, what: &str, is: impl Fn(&str) -> bool) -
 #[tokio::test]
 async fn a_real_pi_turn_with_a_tool_call_an_approval_and_a_reconnect() {
     let began = Instant::now();
-    let cli = pi_cli();
     let extension = fixture_dir()
         .join("confirm-tools.ts")
         .canonicalize()
         .expect("tests/pi/confirm-tools.ts");
     let stub = Stub::default();
-    let port = start_stub(stub.clone()).await;
-    let pi_dir = pi_config(port);
-
-    let agent = shell_words::join([
-        "node",
-        cli.to_str().unwrap(),
-        "--mode",
-        "rpc",
-        "--offline",
-        "--no-session",
-        "--thinking",
-        "off",
-        "--no-skills",
-        "--no-prompt-templates",
-        "--no-context-files",
-        "-e",
-        extension.to_str().unwrap(),
-    ]);
-    let host = HostProcess::start_with_env(
-        bin(),
-        &["--agent", &agent],
-        &[
-            ("PI_CODING_AGENT_DIR", pi_dir.path().to_str().unwrap()),
-            ("PI_OFFLINE", "1"),
-            ("PI_SKIP_VERSION_CHECK", "1"),
-            ("PI_TELEMETRY", "0"),
-        ],
-    )
-    .await;
+    let (host, _pi_dir) = pi_host(&stub, Some(&extension)).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let mut client = connect(&host, &token).await;
     let created = client
@@ -418,7 +440,15 @@ async fn a_real_pi_turn_with_a_tool_call_an_approval_and_a_reconnect() {
     let toolcall_end = find(&labels, toolcall, "toolcall_end", |l| {
         l == "agent.message_update:toolcall_end"
     });
-    let tool_call = &seen[toolcall_end]["data"]["assistantMessageEvent"]["toolCall"];
+    // The tool call as rebuilt from the compact updates (docs/protocol.md §8.1).
+    let mut stream = racp_proto::stream::StreamState::default();
+    for event in &seen[..=toolcall_end] {
+        stream.apply(event["type"].as_str().unwrap(), &event["data"]);
+    }
+    let index = seen[toolcall_end]["data"]["assistantMessageEvent"]["contentIndex"]
+        .as_u64()
+        .unwrap() as usize;
+    let tool_call = &stream.message().expect("the message in progress")["content"][index];
     assert_eq!(tool_call["name"], "bash", "{tool_call}");
     assert_eq!(
         tool_call["arguments"]["command"], "echo real-pi-ok",
@@ -504,34 +534,8 @@ async fn a_real_pi_turn_with_a_tool_call_an_approval_and_a_reconnect() {
 #[tokio::test]
 async fn provider_failures_end_the_turn_with_the_local_codes() {
     let began = Instant::now();
-    let cli = pi_cli();
     let stub = Stub::default();
-    let port = start_stub(stub.clone()).await;
-    let pi_dir = pi_config(port);
-    let agent = shell_words::join([
-        "node",
-        cli.to_str().unwrap(),
-        "--mode",
-        "rpc",
-        "--offline",
-        "--no-session",
-        "--thinking",
-        "off",
-        "--no-skills",
-        "--no-prompt-templates",
-        "--no-context-files",
-    ]);
-    let host = HostProcess::start_with_env(
-        bin(),
-        &["--agent", &agent],
-        &[
-            ("PI_CODING_AGENT_DIR", pi_dir.path().to_str().unwrap()),
-            ("PI_OFFLINE", "1"),
-            ("PI_SKIP_VERSION_CHECK", "1"),
-            ("PI_TELEMETRY", "0"),
-        ],
-    )
-    .await;
+    let (host, _pi_dir) = pi_host(&stub, None).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let mut client = connect(&host, &token).await;
     let created = client
@@ -650,4 +654,102 @@ async fn provider_failures_end_the_turn_with_the_local_codes() {
     // One request per failure: neither pi nor its provider SDK retried.
     assert_eq!(stub.requests.lock().unwrap().len(), cases.len());
     eprintln!("provider failure cases took {:?}", began.elapsed());
+}
+
+/// A real pi reply of 1000 text deltas through the host: the client rebuilds pi's message
+/// exactly across a cut, and the turn costs bytes linear in the reply on the wire and in the
+/// store (docs/protocol.md §8.1, "Compact streams").
+#[tokio::test]
+async fn a_long_real_reply_is_relayed_in_linear_bytes_and_rebuilt_exactly() {
+    use racp_proto::client::{RacpClient, SubscriptionItem};
+    use racp_proto::methods::session::{SessionCreateParams, SessionSubscribeParams};
+    use racp_proto::methods::turn::TurnStartParams;
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let proxy = tests::FaultProxy::start(host.addr).await;
+    let mut options = tests::client_options(proxy.url(), &token);
+    options.call_timeout = WAIT;
+    options.max_backoff = Duration::from_millis(200);
+    let client = RacpClient::connect(options).await.unwrap();
+    let created = client
+        .call::<racp_proto::calls::SessionCreate>(SessionCreateParams {
+            workspace: host.workspace("w"),
+            title: None,
+        })
+        .await
+        .unwrap();
+    let session_id = created.session.session_id.clone();
+    let mut sub = client
+        .subscribe(SessionSubscribeParams {
+            session_id: session_id.clone(),
+            cursor: Some(created.session.cursor),
+        })
+        .await
+        .unwrap();
+    client
+        .call::<racp_proto::calls::TurnStart>(TurnStartParams {
+            session_id: session_id.clone(),
+            idempotency_key: "long".into(),
+            text: "Answer with LONG-REPLY:1000 please.".into(),
+        })
+        .await
+        .unwrap();
+    let (mut events, mut wire, mut updates) = (0usize, 0usize, 0usize);
+    let mut message_end = None;
+    loop {
+        let item = tokio::time::timeout(WAIT, sub.next())
+            .await
+            .unwrap()
+            .unwrap();
+        let SubscriptionItem::Event(event) = item else {
+            panic!("unexpected {item:?}");
+        };
+        events += 1;
+        wire += serde_json::to_string(&event).unwrap().len();
+        let data = serde_json::to_value(&event.data).unwrap();
+        if event.kind == "agent.message_update" {
+            updates += 1;
+            if updates == 400 {
+                proxy.cut();
+            }
+        }
+        if event.kind == "agent.message_end" && data["message"]["role"] == "assistant" {
+            assert_eq!(
+                sub.stream().finished_message(),
+                Some(&data["message"]),
+                "the rebuilt message is pi's own message_end"
+            );
+            message_end = Some(data["message"].clone());
+        }
+        if event.kind == "turn.finished" {
+            break;
+        }
+    }
+    let message = message_end.expect("pi's assistant message");
+    let text: String = message["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["text"].as_str())
+        .collect();
+    assert_eq!(text.len(), 10_000, "{message}");
+    assert!(updates >= 1000, "{updates} updates");
+    let db = rusqlite::Connection::open(host.data_dir.path().join("pi-host.db")).unwrap();
+    let stored: i64 = db
+        .query_row(
+            "SELECT SUM(LENGTH(body)) FROM event_chunks WHERE session_id = ?1",
+            [&session_id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let stored = usize::try_from(stored).unwrap();
+    // docs/protocol.md §8.1, "Bounds": 3x the text plus 320 bytes an event.
+    let bound = 3 * text.len() + 320 * events;
+    assert!(wire <= bound, "{wire} bytes on the wire, {events} events");
+    assert!(stored <= bound, "{stored} bytes stored, {events} events");
+    tests::record_figures(
+        "real_pi_long_reply",
+        &json!({"text": text.len(), "events": events, "wire": wire, "stored": stored}),
+    );
 }

@@ -156,7 +156,15 @@ impl StreamState {
                 if content.len() <= index {
                     content.resize(index + 1, Value::Null);
                 }
-                content[index] = block.clone();
+                let mut block = block.clone();
+                // The deltas carry the streamed field from its start.
+                if let (Some(field), Some(object)) = (
+                    block["type"].as_str().and_then(streamed_field),
+                    block.as_object_mut(),
+                ) {
+                    object.insert(field.into(), Value::String(String::new()));
+                }
+                content[index] = block;
             }
         } else if kind.ends_with("_delta") {
             if let (Some(block), Some(delta)) = (content.get_mut(index), step["delta"].as_str()) {

@@ -142,6 +142,13 @@ impl Compactor {
                 if let Some(index) = index {
                     self.streamed_mut(index).clear();
                 }
+                // pi fills `partial` when it writes the line, by then often a few deltas on:
+                // the deltas alone carry the streamed text.
+                if let Some(block) = block.as_mut() {
+                    for field in ["text", "thinking", "partialArgs", "arguments"] {
+                        block.remove(field);
+                    }
+                }
             } else if let (Some(index), Some(block)) = (index, block.as_mut()) {
                 let streamed = self.streamed_mut(index).as_str();
                 drop_streamed(block, streamed);
