@@ -14,6 +14,7 @@ import type {
   SessionEventsParams,
   SessionGetResult,
   SessionSubscribeResult,
+  Snapshot,
   SubscriptionEndedParams,
 } from "../racp.js";
 import { Backoff } from "./backoff.js";
@@ -68,6 +69,11 @@ export interface SubscribeOptions {
   cursor?: Cursor;
   /** Overrides the client's `maxBufferedEvents` for this subscription. */
   maxBufferedEvents?: number;
+  /**
+   * The `session/get` snapshot `cursor` came from: seeds `subscription.stream` with the message
+   * and tool outputs streaming at that cursor (§7.11).
+   */
+  snapshot?: Snapshot;
 }
 
 /** What the client tracks per subscription across links. */
@@ -180,6 +186,7 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
       options.maxBufferedEvents ?? this.options.maxBufferedEvents,
       this,
     );
+    if (options.snapshot !== undefined) subscription.resumeStream(options.snapshot);
     this.subscriptions.add({ subscription, last: result.cursor, lastSeq: undefined, serverId: result.subscriptionId });
     return subscription;
   }

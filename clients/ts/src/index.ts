@@ -7,5 +7,6 @@ export type { CallOptions } from "./connection.js";
 export { RacpError, isFatal, isKnownCode, type RacpErrorInit } from "./errors.js";
 export { pair, type PairOptions, type PairedDevice } from "./pair.js";
 export { checkUrl, parsePairingLink, type Endpoint, type PairingLinkOptions } from "./pairing.js";
+export { StreamState, singleText, skipLines, type JsonObject, type JsonValue } from "./stream.js";
 export { Subscription, eventData, type SubscriptionItem } from "./subscription.js";
 export { webSocketTransport, type LinkRequest, type LinkSocket, type Transport, type WebSocketConstructor } from "./transport.js";
