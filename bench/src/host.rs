@@ -136,6 +136,17 @@ impl PiHost {
             .context("no deviceToken in the pair result")
     }
 
+    /// The bytes of a session's events in the host's store (their chunks' bodies).
+    pub fn stored_event_bytes(&self, session_id: &str) -> Result<u64> {
+        let db = rusqlite::Connection::open(self.data_dir.path().join("pi-host.db"))?;
+        let bytes: i64 = db.query_row(
+            "SELECT COALESCE(SUM(LENGTH(body)), 0) FROM event_chunks WHERE session_id = ?1",
+            [session_id],
+            |r| r.get(0),
+        )?;
+        Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+
     /// The pids of the host's child processes (its agents).
     pub fn agent_pids(&self) -> Vec<u32> {
         children(self.pid)

@@ -7,6 +7,7 @@
 //! - `pi-bench report FILE`: the markdown tables of a results file.
 //! - `pi-bench worker`: a load-generating client process (started by `run`).
 
+mod bytes;
 mod hist;
 mod host;
 mod pool;
@@ -49,11 +50,11 @@ struct RunArgs {
     /// Where results.json, results.md and the server logs go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// Scenarios to run (comma-separated): fanout, resume, memory, durability.
+    /// Scenarios to run (comma-separated): fanout, resume, memory, durability, bytes.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "fanout,resume,memory,durability"
+        default_value = "fanout,resume,memory,durability,bytes"
     )]
     only: Vec<String>,
     /// Systems to run: pi-host, socket.io.
@@ -281,7 +282,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let systems = systems(&args)?;
     let mut results = json!({
         "meta": meta(&args, &pi_host),
-        "fanout": [], "resume": [], "memory": [], "durability": null,
+        "fanout": [], "resume": [], "memory": [], "durability": null, "bytes": null,
     });
     let wants = |s: &str| args.only.iter().any(|o| o == s);
     let log = |what: String| {
@@ -337,6 +338,14 @@ async fn run(args: RunArgs) -> Result<()> {
     if wants("durability") && systems.contains(&System::PiHost) {
         log("durability".into());
         results["durability"] = or_error(scenarios::durability(&ctx).await, "durability");
+        save(&out, &results)?;
+    }
+    if wants("bytes") && systems.contains(&System::PiHost) {
+        log("bytes per reply".into());
+        results["bytes"] = or_error(
+            bytes::bytes_per_reply(&ctx.tools, &ctx.disk_dir).await,
+            "bytes per reply",
+        );
         save(&out, &results)?;
     }
     let _ = std::fs::remove_dir_all(&tmpfs);

@@ -373,5 +373,39 @@ pub fn markdown(results: &Value) -> String {
     } else if d.get("error").is_some() {
         let _ = writeln!(out, "### Durability\n\nerror: {}\n", d["error"]);
     }
+    bytes_per_reply(&mut out, &results["bytes"]);
     out
+}
+
+/// Bytes per reply: the agent's stdout, the subscriber's event frames and the store, each
+/// also per byte of the reply itself.
+fn bytes_per_reply(out: &mut String, b: &Value) {
+    if let Some(error) = b.get("error") {
+        let _ = writeln!(out, "### Bytes per reply\n\nerror: {error}\n");
+        return;
+    }
+    let Some(cases) = b["cases"].as_array() else {
+        return;
+    };
+    let _ = writeln!(out, "### Bytes per reply\n");
+    let _ = writeln!(
+        out,
+        "| reply | its bytes | agent's stdout (pi's shape) | to the subscriber | stored | events |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    let cell = |v: &Value, reply: &Value| format!("{} B ({})", count(v), ratio(v, reply));
+    for c in cases {
+        let reply = &c["reply_bytes"];
+        let _ = writeln!(
+            out,
+            "| {} | {} B | {} | {} | {} | {} |",
+            c["case"].as_str().unwrap_or("?"),
+            count(reply),
+            cell(&c["agent_stdout"], reply),
+            cell(&c["wire"], reply),
+            cell(&c["stored"], reply),
+            count(&c["events"]),
+        );
+    }
+    let _ = writeln!(out);
 }
