@@ -14,6 +14,45 @@ export const ENDPOINT_PATH = "/racp" as const;
 export type Ack = Record<string, unknown>;
 
 /**
+ * Why an idle agent was stopped.
+ */
+export type AgentStopReason = "idle" | "capacity";
+
+/**
+ * `session.agent_stopped`: the host stopped the session's idle agent; the next turn (or
+ * subscription) starts it again, resuming its own session (docs/protocol.md §8.1).
+ */
+export type AgentStoppedData = {
+  /**
+   * How long the agent had been idle (ms).
+   */
+  idleMs: number;
+  reason: AgentStopReason;
+};
+
+/**
+ * The agent processes a host runs (docs/architecture.md, "Agent lifecycle").
+ */
+export type AgentsInfo = {
+  /**
+   * An agent with no turn and no subscriber for this long is stopped (ms).
+   */
+  idleStopMs: number;
+  /**
+   * Most agents that run at once.
+   */
+  max: number;
+  /**
+   * Their resident memory together, in bytes.
+   */
+  rssBytes: number;
+  /**
+   * Agents running now.
+   */
+  running: number;
+};
+
+/**
  * A text answer to a select, input or editor approval.
  */
 export type Answer = {
@@ -503,6 +542,10 @@ export type HostInfoRequest = {
  * Facts about the host.
  */
 export type HostInfoResult = {
+  /**
+   * The sessions' agent processes.
+   */
+  agents: AgentsInfo;
   /**
    * CPU architecture, e.g. `x86_64`.
    */
@@ -1101,6 +1144,7 @@ export interface RacpEventData {
   "approval.requested": ApprovalRequestedData;
   "approval.settled": ApprovalSettledData;
   "session.closed": SessionClosedData;
+  "session.agent_stopped": AgentStoppedData;
 }
 
 /** Who may call each method, whether it changes state, and whether it may be resent after a lost reply. */

@@ -161,6 +161,7 @@ fn execute(state: &HostState, request: AdminRequest) -> Result<Value, AppError> 
             "startedAt": state.started_at,
             "connections": state.connections.count(),
             "draining": state.is_draining(),
+            "agents": state.turns.agents_info(state),
         })),
     };
     value.map_err(|e| state.internal(e))

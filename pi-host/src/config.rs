@@ -21,6 +21,11 @@ pub struct ServeConfig {
     /// Arguments added to the agent command when a session's agent is started again (after a
     /// crash or a host restart), so it resumes its own session file.
     pub agent_resume_args: String,
+    /// An agent with no turn and no subscriber for this long is stopped (docs/architecture.md,
+    /// "Agent lifecycle").
+    pub agent_idle: Duration,
+    /// Most agents running at once; the least recently used idle one makes room.
+    pub max_agents: usize,
     /// Extra names accepted in the Host header besides loopback literals and `localhost`.
     pub allowed_hosts: Vec<String>,
     /// Origins accepted when a browser sends one; any other Origin is refused.
@@ -105,6 +110,8 @@ impl ServeConfig {
             data_dir,
             agent: DEFAULT_AGENT.to_string(),
             agent_resume_args: DEFAULT_AGENT_RESUME_ARGS.to_string(),
+            agent_idle: Duration::from_secs(300),
+            max_agents: 16,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             limits: HostLimits::default(),
@@ -175,6 +182,12 @@ pub struct Settings {
     /// Heartbeat interval in milliseconds [default: 15000]
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
+    /// Stop a session's agent after this many ms with no turn and no subscriber [default: 300000]
+    #[arg(long)]
+    pub agent_idle_ms: Option<u64>,
+    /// Most agents running at once; the least recently used idle one is stopped to make room [default: 16]
+    #[arg(long)]
+    pub max_agents: Option<usize>,
     /// A live subscriber this many events behind gets CLIENT_TOO_SLOW [default: 20000]
     #[arg(long)]
     pub max_lag_events: Option<u64>,
@@ -229,6 +242,8 @@ impl Settings {
             retain_bytes: self.retain_bytes.or(file.retain_bytes),
             retain_seconds: self.retain_seconds.or(file.retain_seconds),
             heartbeat_ms: self.heartbeat_ms.or(file.heartbeat_ms),
+            agent_idle_ms: self.agent_idle_ms.or(file.agent_idle_ms),
+            max_agents: self.max_agents.or(file.max_agents),
             max_lag_events: self.max_lag_events.or(file.max_lag_events),
             send_stall_ms: self.send_stall_ms.or(file.send_stall_ms),
             requests_per_second: self.requests_per_second.or(file.requests_per_second),
@@ -291,6 +306,12 @@ pub fn load(
     }
     if let Some(v) = s.heartbeat_ms {
         config.heartbeat = ms(v);
+    }
+    if let Some(v) = s.agent_idle_ms {
+        config.agent_idle = ms(v);
+    }
+    if let Some(n) = s.max_agents {
+        config.max_agents = n.max(1);
     }
     if let Some(v) = s.max_lag_events {
         config.limits.max_lag_events = v;

@@ -118,7 +118,14 @@ pub fn route(state: Arc<HostState>, credential: Credential, call: Call) -> Route
             require(s, "fs", "fs/stat")?;
             crate::fs::stat(&params.path, &Fence::of(&s.config))
         }),
-        Call::SessionCreate(params) => blocking(state, move |s| session_create(s, params)),
+        Call::SessionCreate(params) => task(async move {
+            let created = on_blocking_pool(&state, move |s| session_create(s, params)).await?;
+            // Start the agent now: it loads while the user types (docs/architecture.md).
+            if let Some(session) = state.sessions.get(&created.session.session_id) {
+                state.turns.warm(&state, &session);
+            }
+            to_value(&created)
+        }),
         Call::SessionList(_) => blocking(state, |s| Ok(session_list(s))),
         Call::SessionGet(params) => blocking(state, move |s| session_get(s, &params.session_id)),
         Call::PairingCreate(params) => blocking(state, move |s| {
@@ -159,16 +166,21 @@ fn task(answer: impl Future<Output = Result<Value, AppError>> + Send + 'static) 
 
 /// A synchronous handler (SQLite, the file system) on the blocking pool, not on a runtime
 /// thread that serves other connections meanwhile.
-fn blocking<T: Serialize>(
+fn blocking<T: Serialize + Send + 'static>(
     state: Arc<HostState>,
     handler: impl FnOnce(&HostState) -> Result<T, AppError> + Send + 'static,
 ) -> Route {
-    task(async move {
-        let host = state.clone();
-        tokio::task::spawn_blocking(move || to_value(&handler(&host)?))
-            .await
-            .unwrap_or_else(|e| Err(state.internal(e)))
-    })
+    task(async move { to_value(&on_blocking_pool(&state, handler).await?) })
+}
+
+async fn on_blocking_pool<T: Send + 'static>(
+    state: &Arc<HostState>,
+    handler: impl FnOnce(&HostState) -> Result<T, AppError> + Send + 'static,
+) -> Result<T, AppError> {
+    let host = state.clone();
+    tokio::task::spawn_blocking(move || handler(&host))
+        .await
+        .unwrap_or_else(|e| Err(state.internal(e)))
 }
 
 fn host_list() -> Result<HostListResult, AppError> {
@@ -255,6 +267,7 @@ fn host_info(state: &HostState) -> HostInfoResult {
         started_at: state.started_at,
         capabilities: capabilities(state),
         limits: limits(state, state.config.limits.max_frame_bytes),
+        agents: state.turns.agents_info(state),
     }
 }
 

@@ -213,8 +213,9 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
                     Some(sha256) => format!("certificate SHA-256 {sha256}\n"),
                     None => "plain ws:// (--plain): no certificate\n".into(),
                 };
+                let agents = &v["agents"];
                 format!(
-                    "pi-host {} listening on {} ({} connections{})\n{cert}",
+                    "pi-host {} listening on {} ({} connections{})\n{cert}agents: {} running (at most {}), {} MiB resident\n",
                     v["host"]["version"].as_str().unwrap_or_default(),
                     v["url"].as_str().unwrap_or_default(),
                     v["connections"],
@@ -222,7 +223,10 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
                         ", draining"
                     } else {
                         ""
-                    }
+                    },
+                    agents["running"],
+                    agents["max"],
+                    agents["rssBytes"].as_u64().unwrap_or(0) >> 20,
                 )
             })
             .await
@@ -316,6 +320,7 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
     let budget = server::listener::plan(&mut config.limits);
     let state = state::HostState::open(config).map_err(|e| e.to_string())?;
     turns::end_interrupted_turns(&state).await;
+    tokio::spawn(turns::stop_idle_agents(state.clone()));
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
     tokio::spawn(admin::serve(admin, state.clone()));

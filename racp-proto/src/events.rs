@@ -73,6 +73,7 @@ pub enum EventType {
     ApprovalRequested,
     ApprovalSettled,
     SessionClosed,
+    AgentStopped,
 }
 
 impl EventType {
@@ -82,6 +83,7 @@ impl EventType {
         EventType::ApprovalRequested,
         EventType::ApprovalSettled,
         EventType::SessionClosed,
+        EventType::AgentStopped,
     ];
 
     /// Prefix of the events that relay the agent's own output.
@@ -94,6 +96,7 @@ impl EventType {
             EventType::ApprovalRequested => "approval.requested",
             EventType::ApprovalSettled => "approval.settled",
             EventType::SessionClosed => "session.closed",
+            EventType::AgentStopped => "session.agent_stopped",
         }
     }
 
@@ -105,6 +108,7 @@ impl EventType {
             EventType::ApprovalRequested => generator.subschema_for::<ApprovalRequestedData>(),
             EventType::ApprovalSettled => generator.subschema_for::<ApprovalSettledData>(),
             EventType::SessionClosed => generator.subschema_for::<SessionClosedData>(),
+            EventType::AgentStopped => generator.subschema_for::<AgentStoppedData>(),
         }
     }
 }
@@ -176,6 +180,26 @@ pub struct SessionClosedData {
     /// The device that closed it; absent when the host did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+}
+
+/// `session.agent_stopped`: the host stopped the session's idle agent; the next turn (or
+/// subscription) starts it again, resuming its own session (docs/protocol.md §8.1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStoppedData {
+    pub reason: AgentStopReason,
+    /// How long the agent had been idle (ms).
+    pub idle_ms: u64,
+}
+
+/// Why an idle agent was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentStopReason {
+    /// No turn and no subscriber for the host's idle time.
+    Idle,
+    /// The host runs its most agents at once and another session needed one.
+    Capacity,
 }
 
 /// The pushes a host sends.

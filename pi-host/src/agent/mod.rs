@@ -569,8 +569,8 @@ impl Agent {
         .await
     }
 
-    /// pi's session state (`RpcSessionState`: model, isStreaming, messageCount, ...).
-    #[cfg(test)]
+    /// pi's session state (`RpcSessionState`: model, isStreaming, messageCount, ...). pi answers
+    /// once it has loaded, so a warm start asks it early.
     pub async fn get_state(&self) -> Result<Value, AgentError> {
         self.call("get_state", json!({})).await
     }

@@ -361,7 +361,12 @@ impl Connection {
             .with_details(json!({"maxSubscriptions": max})));
         }
         let session = self.state.sessions.find(&params.session_id)?;
-        self.subs.subscribe(session, params.cursor)
+        let subscribed = self.subs.subscribe(session.clone(), params.cursor)?;
+        // Someone is watching: have the agent ready for their prompt.
+        if !session.is_closing() {
+            self.state.turns.warm(&self.state, &session);
+        }
+        Ok(subscribed)
     }
 
     fn hello(&mut self, params: HelloParams) -> Result<HelloResult, AppError> {

@@ -4,8 +4,8 @@
 
 use racp_proto::AppError;
 use racp_proto::events::{
-    ApprovalRequestedData, ApprovalSettledData, EventType, SessionClosedData, TurnFinishedData,
-    TurnOutcome, TurnStartedData,
+    AgentStopReason, AgentStoppedData, ApprovalRequestedData, ApprovalSettledData, EventType,
+    SessionClosedData, TurnFinishedData, TurnOutcome, TurnStartedData,
 };
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::stream::StreamState;
@@ -29,6 +29,11 @@ pub enum HostEvent {
     ApprovalSettled(ApprovalInfo),
     SessionClosed {
         device_id: Option<String>,
+    },
+    /// The host stopped the session's idle agent.
+    AgentStopped {
+        reason: AgentStopReason,
+        idle_ms: u64,
     },
     /// Agent output relayed as `agent.<kind>`, its payload exactly as the agent wrote it.
     Agent {
@@ -102,6 +107,7 @@ impl HostEvent {
             HostEvent::ApprovalRequested(_) => host(EventType::ApprovalRequested),
             HostEvent::ApprovalSettled(_) => host(EventType::ApprovalSettled),
             HostEvent::SessionClosed { .. } => host(EventType::SessionClosed),
+            HostEvent::AgentStopped { .. } => host(EventType::AgentStopped),
             HostEvent::Agent { kind, .. } => EventTypeName {
                 prefix: EventType::AGENT_PREFIX,
                 name: kind,
@@ -116,7 +122,7 @@ impl HostEvent {
             HostEvent::ApprovalRequested(info) | HostEvent::ApprovalSettled(info) => {
                 Some(&info.turn_id)
             }
-            HostEvent::SessionClosed { .. } => None,
+            HostEvent::SessionClosed { .. } | HostEvent::AgentStopped { .. } => None,
             HostEvent::Agent { turn_id, .. } => turn_id.as_deref(),
         }
     }
@@ -156,6 +162,10 @@ impl HostEvent {
             HostEvent::SessionClosed { device_id } => to_raw_value(&SessionClosedData {
                 device_id: device_id.clone(),
             }),
+            HostEvent::AgentStopped { reason, idle_ms } => to_raw_value(&AgentStoppedData {
+                reason: *reason,
+                idle_ms: *idle_ms,
+            }),
         };
         encoded.map(Cow::Owned)
     }
@@ -177,6 +187,7 @@ impl HostEvent {
             HostEvent::ApprovalRequested(info) => Some(Effect::ApprovalRequested(info)),
             HostEvent::ApprovalSettled(info) => Some(Effect::ApprovalSettled(info.approval_id)),
             HostEvent::SessionClosed { .. } => Some(Effect::Closed),
+            HostEvent::AgentStopped { .. } => None,
             HostEvent::Agent { kind, payload, .. } => {
                 if !StreamState::streams(&kind) {
                     return None;

@@ -166,6 +166,16 @@ impl Session {
         self.lock().watchers.push((id, notify));
     }
 
+    /// True while a connection is subscribed to the session.
+    pub fn has_watchers(&self) -> bool {
+        !self.lock().watchers.is_empty()
+    }
+
+    /// True while an approval waits for an answer.
+    pub fn has_pending_approvals(&self) -> bool {
+        !self.lock().pending_approvals.is_empty()
+    }
+
     pub fn unwatch(&self, id: u64) {
         self.lock().watchers.retain(|(w, _)| *w != id);
     }

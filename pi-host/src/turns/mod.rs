@@ -6,6 +6,9 @@
 //! before reading more, so a slow disk pushes back on the agent, never on subscribers.
 
 mod approvals;
+mod lifecycle;
+
+pub use lifecycle::stop_idle_agents;
 
 pub use approvals::Approvals;
 
@@ -24,7 +27,8 @@ use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
 use serde_json::json;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, MutexGuard, mpsc, oneshot};
 
 /// Most agent outputs appended as one group.
@@ -73,11 +77,16 @@ struct DriverState {
     active: Option<ActiveTurn>,
     /// An agent already ran for this session in this host process.
     spawned_before: bool,
+    /// When the agent last started, ran a turn, said something or had a subscriber.
+    last_used: Option<Instant>,
 }
 
 pub struct Driver {
     session: Arc<Session>,
     state: Mutex<DriverState>,
+    /// The running agent's pid (0 when none), readable without the state's lock: counting and
+    /// reporting agents must not wait on a turn.
+    agent_pid: AtomicU32,
 }
 
 /// Every session's driver, created on first use.
@@ -85,6 +94,8 @@ pub struct Driver {
 pub struct Turns {
     drivers: dashmap::DashMap<String, Arc<Driver>>,
     pub approvals: Approvals,
+    /// Held from the agent count to the spawn, so two starts cannot both take the last slot.
+    spawn_gate: Mutex<()>,
 }
 
 impl Turns {
@@ -95,6 +106,7 @@ impl Turns {
                 Arc::new(Driver {
                     session: session.clone(),
                     state: Mutex::new(DriverState::default()),
+                    agent_pid: AtomicU32::new(0),
                 })
             })
             .clone()
@@ -124,7 +136,14 @@ impl Turns {
             )
             .with_details(json!({"turnId": active.turn_id})));
         }
-        let agent = driver.ensure_agent(host, &mut state).await?;
+        let agent = match state.agent.clone() {
+            Some(agent) => agent,
+            None => {
+                let _slot = self.make_room(host, &driver).await?;
+                driver.ensure_agent(host, &mut state).await?
+            }
+        };
+        state.last_used = Some(Instant::now());
         let turn_id = record_turn(host, &session, credential, &params).await?;
         state.active = Some(ActiveTurn::new(turn_id.clone()));
         // Not under the lock: the pump needs it to read what the agent says meanwhile.
@@ -188,7 +207,7 @@ impl Turns {
             if let Some(active) = state.active.as_mut() {
                 active.abort_requested = true;
             }
-            state.agent.take()
+            driver.take_agent(&mut state)
         };
         // Not under the lock: the pump drains the agent's last output meanwhile.
         if let Some(agent) = agent {
@@ -566,9 +585,17 @@ impl Driver {
         };
         let (agent, output) = Agent::spawn(&spec).await.map_err(|e| e.to_app_error())?;
         tokio::spawn(pump(host.clone(), self.clone(), agent.clone(), output));
+        self.agent_pid.store(agent.pid(), Ordering::Relaxed);
         state.agent = Some(agent.clone());
         state.spawned_before = true;
+        state.last_used = Some(Instant::now());
         Ok(agent)
+    }
+
+    /// Takes the running agent out of the state (the caller stops it).
+    fn take_agent(&self, state: &mut DriverState) -> Option<Agent> {
+        self.agent_pid.store(0, Ordering::Relaxed);
+        state.agent.take()
     }
 
     /// A failed run of the running turn waits for pi's retry decision.
@@ -647,6 +674,7 @@ impl Driver {
     ) -> Vec<HostEvent> {
         let mut events = Vec::with_capacity(batch.len());
         let mut state = self.state.lock().await;
+        state.last_used = Some(Instant::now());
         for out in batch {
             let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
             match out {
@@ -696,9 +724,17 @@ impl Driver {
                     signal,
                     stderr_tail,
                 } => {
-                    if state.agent.as_ref().is_some_and(|a| a.pid() == agent.pid()) {
-                        state.agent = None;
+                    // An agent stopped while idle may exit after the next turn started another:
+                    // only the exit of the agent that runs the turn (or of one taken out by
+                    // `stop_session`) ends it.
+                    let runs_the_turn = match &state.agent {
+                        Some(current) => current.pid() == agent.pid(),
+                        None => true,
+                    };
+                    if !runs_the_turn {
+                        continue;
                     }
+                    self.take_agent(&mut state);
                     if let Some(active) = state.active.take() {
                         events.extend(ended_by_exit(host, active, status, signal, stderr_tail));
                     }

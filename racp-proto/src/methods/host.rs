@@ -23,6 +23,22 @@ pub struct HostInfoResult {
     pub started_at: u64,
     pub capabilities: Vec<String>,
     pub limits: Limits,
+    /// The sessions' agent processes.
+    pub agents: AgentsInfo,
+}
+
+/// The agent processes a host runs (docs/architecture.md, "Agent lifecycle").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentsInfo {
+    /// Agents running now.
+    pub running: u32,
+    /// Most agents that run at once.
+    pub max: u32,
+    /// Their resident memory together, in bytes.
+    pub rss_bytes: u64,
+    /// An agent with no turn and no subscriber for this long is stopped (ms).
+    pub idle_stop_ms: u64,
 }
 
 /// Hosts reachable through a gateway. A plain pi-host has no gateway and answers

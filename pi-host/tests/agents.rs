@@ -1,0 +1,272 @@
+//! When a session's agent runs (docs/architecture.md, "Agent lifecycle"), with the stand-in
+//! agent: started with the session, stopped when idle and resumed by the next turn, at most
+//! `--max-agents` at once, and turns that race an idle stop.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tests::{Client, HostProcess, PATIENCE};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_pi-host"))
+}
+
+async fn host(extra: &[&str]) -> HostProcess {
+    let agent = tests::stand_in_agent();
+    let mut args = vec!["--agent", agent.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    HostProcess::start_with(bin(), &args).await
+}
+
+async fn connect(host: &HostProcess, token: &str) -> Client {
+    let mut client = Client::connect(&host.url(), token).await.unwrap();
+    client.hello().await;
+    client
+}
+
+async fn create_session(client: &mut Client, host: &HostProcess) -> (String, Value) {
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session = &created["result"]["session"];
+    (
+        session["sessionId"].as_str().unwrap().to_string(),
+        session["cursor"].clone(),
+    )
+}
+
+async fn agents(client: &mut Client) -> Value {
+    client.call("host/info", json!({})).await["result"]["agents"].clone()
+}
+
+/// Polls `host/info` until `agents.running` is `want`.
+async fn until_running(client: &mut Client, want: u64) -> Value {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let agents = agents(client).await;
+        if agents["running"] == want {
+            return agents;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{want} agents never ran: {agents}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The host's child processes: its agents.
+fn agent_pids(host: &HostProcess) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{}/task", host.pid())).unwrap() {
+        let children =
+            std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
+        pids.extend(
+            children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    pids.sort_unstable();
+    pids
+}
+
+async fn start_turn(client: &mut Client, session_id: &str, text: &str) -> Value {
+    static KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let key = KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": format!("k{key}"), "text": text}),
+        )
+        .await
+}
+
+/// Polls `session/get` until no turn runs; returns the last turn.
+async fn until_turn_ends(client: &mut Client, session_id: &str) -> Value {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let got = client
+            .call("session/get", json!({"sessionId": session_id}))
+            .await;
+        let snapshot = &got["result"]["snapshot"];
+        if snapshot["state"] != "running" {
+            return snapshot["turns"]
+                .as_array()
+                .unwrap()
+                .last()
+                .unwrap()
+                .clone();
+        }
+        assert!(Instant::now() < deadline, "the turn never ended: {got}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Every event of a session so far, read by a fresh subscription from its first cursor.
+async fn events_of(
+    host: &HostProcess,
+    token: &str,
+    session_id: &str,
+    cursor: &Value,
+    done: impl Fn(&Value) -> bool,
+) -> Vec<Value> {
+    let mut client = connect(host, token).await;
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": cursor}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    client.events_until(PATIENCE, done).await
+}
+
+#[tokio::test]
+async fn a_new_session_starts_its_agent_before_the_first_prompt() {
+    let host = host(&[]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    assert_eq!(agents(&mut client).await["running"], 0);
+    let (session_id, _) = create_session(&mut client, &host).await;
+    let running = until_running(&mut client, 1).await;
+    assert!(running["rssBytes"].as_u64().unwrap() > 0, "{running}");
+    let warm = agent_pids(&host);
+    assert_eq!(warm.len(), 1, "{warm:?}");
+    let (ok, status, _) = host.cli(&["status"]).await;
+    assert!(ok && status.contains("agents: 1 running"), "{status}");
+
+    start_turn(&mut client, &session_id, "deltas:2").await;
+    let turn = until_turn_ends(&mut client, &session_id).await;
+    assert_eq!(turn["state"], "completed", "{turn}");
+    assert_eq!(
+        agent_pids(&host),
+        warm,
+        "the first turn ran on the warm agent"
+    );
+}
+
+#[tokio::test]
+async fn an_idle_agent_stops_and_the_next_turn_resumes_it() {
+    let host = host(&["--agent-idle-ms", "300"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let (session_id, first_cursor) = create_session(&mut client, &host).await;
+    start_turn(&mut client, &session_id, "deltas:1").await;
+    assert_eq!(
+        until_turn_ends(&mut client, &session_id).await["state"],
+        "completed"
+    );
+    // No subscriber and no turn: the agent goes after the idle time.
+    until_running(&mut client, 0).await;
+    assert!(agent_pids(&host).is_empty());
+    let events = events_of(&host, &token, &session_id, &first_cursor, |e| {
+        e["type"] == "session.agent_stopped"
+    })
+    .await;
+    let stopped = events.last().unwrap();
+    assert_eq!(stopped["data"]["reason"], "idle", "{stopped}");
+    assert!(
+        stopped["data"]["idleMs"].as_u64().unwrap() >= 300,
+        "{stopped}"
+    );
+
+    // The next turn starts it again with the resume arguments.
+    let cursor = stopped["cursor"].clone();
+    start_turn(&mut client, &session_id, "whoami").await;
+    assert_eq!(
+        until_turn_ends(&mut client, &session_id).await["state"],
+        "completed"
+    );
+    let events = events_of(&host, &token, &session_id, &cursor, |e| {
+        e["type"] == "agent.stand_in_whoami"
+    })
+    .await;
+    let args = &events.last().unwrap()["data"]["args"];
+    assert_eq!(args, &json!(["--continue"]), "resumed: {args}");
+}
+
+#[tokio::test]
+async fn a_subscribed_session_keeps_its_agent() {
+    let host = host(&["--agent-idle-ms", "100"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let (session_id, cursor) = create_session(&mut client, &host).await;
+    let mut watcher = connect(&host, &token).await;
+    let sub = watcher
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": cursor}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    until_running(&mut client, 1).await;
+    // Many idle periods pass (nothing to wait for: the check is that nothing happens).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(agents(&mut client).await["running"], 1);
+    drop(watcher);
+    until_running(&mut client, 0).await;
+}
+
+#[tokio::test]
+async fn the_cap_stops_the_least_recently_used_idle_agent_then_refuses_when_all_are_busy() {
+    let host = host(&["--max-agents", "2"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let (first, first_cursor) = create_session(&mut client, &host).await;
+    until_running(&mut client, 1).await;
+    let (second, _) = create_session(&mut client, &host).await;
+    until_running(&mut client, 2).await;
+    let (third, _) = create_session(&mut client, &host).await;
+    // The third session's agent takes the slot of the first, the least recently used.
+    let events = events_of(&host, &token, &first, &first_cursor, |e| {
+        e["type"] == "session.agent_stopped"
+    })
+    .await;
+    assert_eq!(events.last().unwrap()["data"]["reason"], "capacity");
+    let agents = until_running(&mut client, 2).await;
+    assert_eq!(agents["max"], 2);
+
+    // Both running agents busy: a turn on the first session is refused, retriable.
+    for session in [&second, &third] {
+        let started = start_turn(&mut client, session, "hang").await;
+        assert!(started.get("result").is_some(), "{started}");
+    }
+    let refused = start_turn(&mut client, &first, "deltas:1").await;
+    let error = &refused["error"];
+    assert_eq!(error["code"], "HOST_OVERLOADED", "{refused}");
+    assert_eq!(error["retriable"], true, "{refused}");
+    assert!(error["retryAfterMs"].as_u64().unwrap() > 0, "{refused}");
+    assert_eq!(error["details"]["maxAgents"], 2, "{refused}");
+}
+
+#[tokio::test]
+async fn turns_racing_idle_stops_all_complete() {
+    let host = host(&["--agent-idle-ms", "15"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let (session_id, cursor) = create_session(&mut client, &host).await;
+    for round in 0..20u64 {
+        // Land each turn at a different point around the idle stop.
+        tokio::time::sleep(Duration::from_millis(round * 3 % 40)).await;
+        let started = start_turn(&mut client, &session_id, "deltas:1").await;
+        assert!(started.get("result").is_some(), "round {round}: {started}");
+        let turn = until_turn_ends(&mut client, &session_id).await;
+        assert_eq!(turn["state"], "completed", "round {round}: {turn}");
+    }
+    let finished = std::cell::Cell::new(0);
+    let events = events_of(&host, &token, &session_id, &cursor, |e| {
+        if e["type"] == "turn.finished" {
+            finished.set(finished.get() + 1);
+        }
+        finished.get() == 20
+    })
+    .await;
+    let stops = events
+        .iter()
+        .filter(|e| e["type"] == "session.agent_stopped")
+        .count();
+    assert!(stops > 0, "some turns came after an idle stop");
+}
