@@ -76,10 +76,12 @@ async fn agent_stdout(agent: &Path, directive: &str) -> Result<Raw> {
             let event: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
             match event["type"].as_str() {
                 Some("message_end") if event["message"]["role"] == "assistant" => {
-                    reply += event["message"]["content"]
-                        .as_array()
-                        .map_or(0, |c| c.iter().filter_map(|b| b["text"].as_str()).map(str::len).sum::<usize>())
-                        as u64;
+                    reply += event["message"]["content"].as_array().map_or(0, |c| {
+                        c.iter()
+                            .filter_map(|b| b["text"].as_str())
+                            .map(str::len)
+                            .sum::<usize>()
+                    }) as u64;
                 }
                 Some("tool_execution_start") => {
                     let command = event["args"]["command"].as_str().unwrap_or_default();
@@ -141,7 +143,10 @@ async fn through_host(host: &PiHost, token: &str, directive: &str) -> Result<Thr
                 continue;
             }
             wire += text.len() as u64;
-            let batch = frame["params"]["events"].as_array().cloned().unwrap_or_default();
+            let batch = frame["params"]["events"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             events += batch.len() as u64;
             if batch.iter().any(|e| e["type"] == "turn.finished") {
                 return Ok::<_, anyhow::Error>(());
