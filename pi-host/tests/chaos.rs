@@ -133,7 +133,7 @@ fn collect(mut sub: Subscription, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHa
             match item {
                 SubscriptionItem::Event(event) => {
                     seen.events
-                        .push((event.seq, fingerprint(&event.kind, &event.data)));
+                        .push((event.seq, fingerprint(&event.kind, &event.data.to_value().unwrap())));
                     seen.arrivals.push(Instant::now());
                 }
                 SubscriptionItem::Resynced(_) => seen.resyncs += 1,
