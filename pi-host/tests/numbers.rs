@@ -36,7 +36,8 @@ fn values_text() -> String {
 
 async fn connect(host: &HostProcess, token: &str, max_frame_bytes: Option<u64>) -> Client {
     let mut client = Client::connect(&host.url(), token).await.unwrap();
-    let mut params = json!({"protocol": {"min": 1, "max": 1}, "client": {"name": "numbers", "version": "0"}});
+    let mut params =
+        json!({"protocol": {"min": 1, "max": 1}, "client": {"name": "numbers", "version": "0"}});
     if let Some(bound) = max_frame_bytes {
         params["maxFrameBytes"] = json!(bound);
     }
@@ -146,7 +147,10 @@ async fn check_every_path(host: &HostProcess, token: &str, session_id: &str, sta
     assert!(cut.len() <= 4096, "{}", cut.len());
     assert!(cut.contains(r#""elided""#), "{cut}");
     assert!(
-        cut.contains(&format!(r#""data":{{"type":"stand_in_numbers",{},"pad":"xxx"#, values_text())),
+        cut.contains(&format!(
+            r#""data":{{"type":"stand_in_numbers",{},"pad":"xxx"#,
+            values_text()
+        )),
         "{cut}"
     );
     let event: Value = serde_json::from_str(cut).unwrap();

@@ -122,7 +122,9 @@ fn wide_integer(text: &str) -> Option<&str> {
             }
             b'-' | b'0'..=b'9' => {
                 let start = i;
-                while i < bytes.len() && matches!(bytes[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+                while i < bytes.len()
+                    && matches!(bytes[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
                     i += 1;
                 }
                 let number = &text[start..i];
@@ -440,8 +442,15 @@ mod tests {
             Err(DataError::WideInteger(n)) => assert_eq!(n, "18446744073709551616"),
             other => panic!("{other:?}"),
         }
-        for wide in ["18446744073709551616", "[-9223372036854775809]", "{\"k\":1e2,\"n\":1234567890123456789012345}"] {
-            assert!(EventData::from_json(wide).unwrap().to_value().is_err(), "{wide}");
+        for wide in [
+            "18446744073709551616",
+            "[-9223372036854775809]",
+            "{\"k\":1e2,\"n\":1234567890123456789012345}",
+        ] {
+            assert!(
+                EventData::from_json(wide).unwrap().to_value().is_err(),
+                "{wide}"
+            );
         }
         for fits in [
             "18446744073709551615",

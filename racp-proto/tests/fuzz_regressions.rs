@@ -109,7 +109,11 @@ fn numbers_in_event_data_arrive_as_written() {
     assert_eq!(digits.len(), 162);
     // Relayed as text: the integer is exactly as the host sent it, and encodes back the same.
     assert_eq!(event.data.get(), format!(r#"{{"at":{digits}}}"#));
-    assert!(serde_json::to_string(&event).unwrap().ends_with(&format!("{digits}}}}}")));
+    assert!(
+        serde_json::to_string(&event)
+            .unwrap()
+            .ends_with(&format!("{digits}}}}}"))
+    );
     // A Value would round it: refused rather than rounded.
     assert!(matches!(
         event.data.to_value(),

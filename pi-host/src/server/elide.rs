@@ -152,7 +152,11 @@ pub fn fit_reply(frame: String, bound: usize) -> String {
         return too_large(None, size, bound);
     };
     let id = reply.id;
-    let Some(result) = reply.result.map(RawValue::get).filter(|r| r.starts_with('{')) else {
+    let Some(result) = reply
+        .result
+        .map(RawValue::get)
+        .filter(|r| r.starts_with('{'))
+    else {
         return too_large(id, size, bound);
     };
     let Some(leaves) = largest_strings(result, "result") else {
@@ -462,12 +466,7 @@ fn plan_cuts(
 
 /// `text` with each of the first `count` leaves cut to the longest prefix whose JSON form fits
 /// `cap`; every other byte is kept.
-fn apply_cuts(
-    text: &str,
-    leaves: &[Leaf],
-    count: usize,
-    cap: usize,
-) -> (String, Vec<ElidedValue>) {
+fn apply_cuts(text: &str, leaves: &[Leaf], count: usize, cap: usize) -> (String, Vec<ElidedValue>) {
     let mut chosen: Vec<&Leaf> = leaves[..count].iter().collect();
     chosen.sort_by_key(|leaf| leaf.start);
     let mut out = String::with_capacity(text.len());
@@ -560,9 +559,7 @@ mod tests {
         assert_eq!(event.turn_id.as_deref(), Some("turn_1"));
         assert_eq!(d["small"], "keep me");
         assert_eq!(d["assistantMessageEvent"]["type"], "text_delta");
-        let delta = d["assistantMessageEvent"]["delta"]
-            .as_str()
-            .unwrap();
+        let delta = d["assistantMessageEvent"]["delta"].as_str().unwrap();
         assert!(!delta.is_empty() && delta.chars().all(|c| c == 'x'));
         let elided = event.elided.unwrap();
         assert_eq!(elided.bytes, original.len() as u64);
@@ -706,7 +703,10 @@ mod tests {
         assert!(out.len() <= 3800, "{}", out.len());
         let event = read(&out);
         let data = event.data.get();
-        assert!(data.starts_with(&format!("{{{NUMBERS}, \"s\" : \"qqq")), "{data}");
+        assert!(
+            data.starts_with(&format!("{{{NUMBERS}, \"s\" : \"qqq")),
+            "{data}"
+        );
         assert!(data.ends_with(r#"", "t":"\u0041"}"#), "{data}");
         assert_eq!(event.elided.unwrap().cut[0].path, "data.s");
     }
