@@ -127,3 +127,17 @@ fn numbers_in_event_data_arrive_as_written() {
     assert_eq!(again, parsed);
     checks::host_frame(text.as_bytes());
 }
+
+/// Integers the host reads itself are 64-bit at most: a larger one is refused, never rounded
+/// (docs/protocol.md §1, "Numbers").
+#[test]
+fn an_integer_param_beyond_its_range_is_invalid_params() {
+    for big in ["18446744073709551616", "4294967296", "1e3"] {
+        let text = format!(
+            r#"{{"id":1,"method":"hello","params":{{"protocol":{{"min":{big},"max":1}},"client":{{"name":"c","version":"1"}}}}}}"#
+        );
+        let request = racp_proto::codec::decode_request(&text, usize::MAX).unwrap();
+        let error = racp_proto::Call::decode(request.method, request.params).unwrap_err();
+        assert_eq!(error.code(), racp_proto::ErrorCode::InvalidParams, "{big}");
+    }
+}
