@@ -358,7 +358,8 @@ export type Event = {
    */
   cursor: Cursor;
   /**
-   * Type-specific payload; for `agent.*` events, the agent's own payload.
+   * Type-specific payload; for `agent.*` events, the agent's own payload. Kept as the JSON
+   * text the host sent, so its numbers arrive exactly as written (docs/protocol.md §1).
    */
   data: unknown;
   /**

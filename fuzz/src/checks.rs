@@ -90,7 +90,24 @@ pub fn host_frame(data: &[u8]) {
         let encoded = serde_json::to_string(&event).expect("an event encodes");
         let again: Event = serde_json::from_str(&encoded).expect("an encoded event decodes");
         assert_eq!(again, event);
+        // `data` is relayed as text: whatever numbers it holds arrive as written
+        // (docs/protocol.md §1, "Numbers").
+        assert!(encoded.contains(again.data.get()));
+        if let Ok(value) = event.data.to_value() {
+            numbers_round_trip(&value);
+        }
     }
+    if let Ok(value) = serde_json::from_str::<Value>(text) {
+        numbers_round_trip(&value);
+    }
+}
+
+/// Where the codec does parse numbers it parses them to the nearest double, so encoding a
+/// parsed value and parsing it again gives the same value (serde_json's `float_roundtrip`).
+fn numbers_round_trip(value: &Value) {
+    let encoded = value.to_string();
+    let again: Value = serde_json::from_str(&encoded).expect("an encoded value decodes");
+    assert_eq!(&again, value, "{encoded} changes when parsed again");
 }
 
 fn check_rejected(rejected: Rejected) {

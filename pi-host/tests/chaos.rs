@@ -132,8 +132,10 @@ fn collect(mut sub: Subscription, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHa
             let mut seen = seen.lock().unwrap();
             match item {
                 SubscriptionItem::Event(event) => {
-                    seen.events
-                        .push((event.seq, fingerprint(&event.kind, &event.data)));
+                    seen.events.push((
+                        event.seq,
+                        fingerprint(&event.kind, &event.data.to_value().unwrap()),
+                    ));
                     seen.arrivals.push(Instant::now());
                 }
                 SubscriptionItem::Resynced(_) => seen.resyncs += 1,

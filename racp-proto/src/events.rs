@@ -6,6 +6,7 @@ use crate::methods::turn::{ApprovalKind, ApprovalState};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// One entry of a session's event log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -24,12 +25,144 @@ pub struct Event {
     /// The turn it belongs to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<String>,
-    /// Type-specific payload; for `agent.*` events, the agent's own payload.
-    pub data: Value,
+    /// Type-specific payload; for `agent.*` events, the agent's own payload. Kept as the JSON
+    /// text the host sent, so its numbers arrive exactly as written (docs/protocol.md §1).
+    #[schemars(with = "Value")]
+    pub data: EventData,
     /// Present only when the event as stored does not fit the connection's frame bound: the
     /// host cut large values out of it (see [`Elided`]). Absent on every event that is whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elided: Option<Elided>,
+}
+
+/// An event's `data` as the JSON text the host sent, byte for byte.
+///
+/// Kept raw rather than as a [`serde_json::Value`] because a `Value` cannot hold every JSON
+/// number: an integer beyond 64 bits becomes the nearest double, and re-encoding a double can
+/// change its text (`1E5` becomes `100000.0`). Agents put such numbers in their payloads and the
+/// host relays them unchanged (docs/protocol.md §1, "Numbers"), so the client does too. Read it
+/// with [`EventData::parse`] into a type of your own, as text with [`EventData::get`], or as a
+/// `Value` with [`EventData::to_value`], which refuses a payload it would change.
+///
+/// Equality is equality of the text.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EventData(Box<RawValue>);
+
+/// Why [`EventData::to_value`] refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// An integer a `Value` cannot hold exactly; it would become the nearest double.
+    #[error(
+        "the data holds the integer {0}, beyond 64 bits, which a serde_json::Value would round; \
+         read it with EventData::get or EventData::parse instead"
+    )]
+    WideInteger(String),
+    #[error("the data is not JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl EventData {
+    /// The JSON text as received.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The raw JSON value, to embed in another frame unchanged.
+    pub fn as_raw(&self) -> &RawValue {
+        &self.0
+    }
+
+    pub fn into_raw(self) -> Box<RawValue> {
+        self.0
+    }
+
+    /// Checks that `text` is one JSON value and keeps it as is.
+    pub fn from_json(text: impl Into<String>) -> Result<EventData, serde_json::Error> {
+        RawValue::from_string(text.into()).map(EventData)
+    }
+
+    /// Encodes `value` (for building events, e.g. in tests or a host).
+    pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<EventData, serde_json::Error> {
+        serde_json::value::to_raw_value(value).map(EventData)
+    }
+
+    /// Decodes the data into `T` (numbers parsed correctly rounded; an integer field refuses a
+    /// value out of its range rather than rounding it).
+    pub fn parse<'a, T: Deserialize<'a>>(&'a self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.0.get())
+    }
+
+    /// The data as a `Value`, or [`DataError::WideInteger`] when it holds an integer beyond 64
+    /// bits, which a `Value` would silently round. Other numbers keep their value (not
+    /// necessarily their spelling: `1E5` becomes `100000.0` when encoded again).
+    pub fn to_value(&self) -> Result<Value, DataError> {
+        if let Some(wide) = wide_integer(self.0.get()) {
+            let shown: String = wide.chars().take(64).collect();
+            let ellipsis = if wide.len() > 64 { "…" } else { "" };
+            return Err(DataError::WideInteger(format!("{shown}{ellipsis}")));
+        }
+        Ok(serde_json::from_str(self.0.get())?)
+    }
+}
+
+/// The first integer in the JSON `text` that fits neither `u64` nor `i64`. Outside strings a
+/// `-` or a digit can only start a number, so a scan that skips strings finds every number.
+fn wide_integer(text: &str) -> Option<&str> {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len()
+                    && matches!(bytes[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
+                    i += 1;
+                }
+                let number = &text[start..i];
+                let integer = !number.contains(['.', 'e', 'E']);
+                if integer && number.parse::<u64>().is_err() && number.parse::<i64>().is_err() {
+                    return Some(number);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+impl PartialEq for EventData {
+    fn eq(&self, other: &EventData) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl Eq for EventData {}
+
+impl std::fmt::Debug for EventData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.get())
+    }
+}
+
+impl std::fmt::Display for EventData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.get())
+    }
+}
+
+impl From<Box<RawValue>> for EventData {
+    fn from(raw: Box<RawValue>) -> EventData {
+        EventData(raw)
+    }
 }
 
 /// What the host cut from an event that did not fit the connection's frame bound. The event
@@ -306,4 +439,70 @@ pub struct SubscriptionEndedParams {
     /// Why, when it was not a normal end (session closed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<AppError>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// Numbers at the edges of what a double or a 64-bit integer holds.
+    const EDGES: &str = r#"{"a":9007199254740993,"b":18446744073709551616,"c":1e308,"d":5e-324,"e":1234567890123456789012345678901234567890,"f":-0.0,"g":1E5,"h":0.1000,"i":-9223372036854775809}"#;
+
+    #[test]
+    fn an_event_keeps_its_data_text_through_decode_and_encode() {
+        let text = format!(
+            r#"{{"seq":1,"cursor":"00000000000000aa-1","type":"agent.x","at":5,"data":{EDGES}}}"#
+        );
+        let event: Event = serde_json::from_str(&text).unwrap();
+        assert_eq!(event.data.get(), EDGES);
+        assert_eq!(serde_json::to_string(&event).unwrap(), text);
+    }
+
+    #[test]
+    fn to_value_refuses_integers_a_value_would_round() {
+        let data = EventData::from_json(EDGES).unwrap();
+        match data.to_value() {
+            Err(DataError::WideInteger(n)) => assert_eq!(n, "18446744073709551616"),
+            other => panic!("{other:?}"),
+        }
+        for wide in [
+            "18446744073709551616",
+            "[-9223372036854775809]",
+            "{\"k\":1e2,\"n\":1234567890123456789012345}",
+        ] {
+            assert!(
+                EventData::from_json(wide).unwrap().to_value().is_err(),
+                "{wide}"
+            );
+        }
+        for fits in [
+            "18446744073709551615",
+            "-9223372036854775808",
+            "[1e300, 0.5, -0]",
+            "\"123456789012345678901234567890\"",
+            "{\"12345678901234567890123\":\"\\\"99999999999999999999999\"}",
+        ] {
+            let value = EventData::from_json(fits).unwrap().to_value();
+            assert!(value.is_ok(), "{fits}: {value:?}");
+        }
+        // Doubles parse to the nearest value (serde_json's float_roundtrip).
+        let value = EventData::from_json("[5e-324, 1e308, 1.7645287777777778e+161]")
+            .unwrap()
+            .to_value()
+            .unwrap();
+        let encoded = value.to_string();
+        assert_eq!(serde_json::from_str::<Value>(&encoded).unwrap(), value);
+    }
+
+    #[test]
+    fn typed_reads_refuse_out_of_range_integers() {
+        let data = EventData::from_json(r#"{"n":18446744073709551616}"#).unwrap();
+        #[derive(Deserialize)]
+        struct N {
+            #[allow(dead_code)]
+            n: u64,
+        }
+        assert!(data.parse::<N>().is_err());
+    }
 }

@@ -95,3 +95,49 @@ fn errors_about_huge_names_stay_small() {
         checks::client_frame(text.as_bytes());
     }
 }
+
+#[test]
+fn numbers_in_event_data_arrive_as_written() {
+    let path = fuzz_dir().join("regressions/host_frames/number-rounded-twice-in-event-data");
+    let text = std::fs::read_to_string(path).unwrap();
+    let event: racp_proto::events::Event = serde_json::from_str(&text).unwrap();
+    let digits = text
+        .split(r#""data":{"at":"#)
+        .nth(1)
+        .unwrap()
+        .trim_end_matches('}');
+    assert_eq!(digits.len(), 162);
+    // Relayed as text: the integer is exactly as the host sent it, and encodes back the same.
+    assert_eq!(event.data.get(), format!(r#"{{"at":{digits}}}"#));
+    assert!(
+        serde_json::to_string(&event)
+            .unwrap()
+            .ends_with(&format!("{digits}}}}}"))
+    );
+    // A Value would round it: refused rather than rounded.
+    assert!(matches!(
+        event.data.to_value(),
+        Err(racp_proto::events::DataError::WideInteger(_))
+    ));
+    // Read as a double it is the nearest one, and stays that one through encode and decode.
+    let nearest: f64 = digits.parse().unwrap();
+    let parsed: f64 = serde_json::from_str(digits).unwrap();
+    assert_eq!(parsed, nearest);
+    let again: f64 = serde_json::from_str(&serde_json::to_string(&parsed).unwrap()).unwrap();
+    assert_eq!(again, parsed);
+    checks::host_frame(text.as_bytes());
+}
+
+/// Integers the host reads itself are 64-bit at most: a larger one is refused, never rounded
+/// (docs/protocol.md §1, "Numbers").
+#[test]
+fn an_integer_param_beyond_its_range_is_invalid_params() {
+    for big in ["18446744073709551616", "4294967296", "1e3"] {
+        let text = format!(
+            r#"{{"id":1,"method":"hello","params":{{"protocol":{{"min":{big},"max":1}},"client":{{"name":"c","version":"1"}}}}}}"#
+        );
+        let request = racp_proto::codec::decode_request(&text, usize::MAX).unwrap();
+        let error = racp_proto::Call::decode(request.method, request.params).unwrap_err();
+        assert_eq!(error.code(), racp_proto::ErrorCode::InvalidParams, "{big}");
+    }
+}

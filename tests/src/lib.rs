@@ -120,6 +120,28 @@ pub async fn pinned_tls(
 /// Generous bound for anything a test waits on; a loaded 2-core machine is slow, not stuck.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
+/// Numbers at the edges of what a double or a 64-bit integer holds, as JSON text. The stand-in
+/// agent's `numbers` directive writes them exactly so; the host relays agent payloads as text,
+/// so every client must receive them exactly so (docs/protocol.md §1, "Numbers").
+pub const EDGE_NUMBERS: &[&str] = &[
+    // 2^53 + 1, the first integer a double cannot hold.
+    "9007199254740993",
+    // 2^64, one past u64.
+    "18446744073709551616",
+    "1e308",
+    // The smallest subnormal double.
+    "5e-324",
+    "1234567890123456789012345678901234567890",
+    "-0.0",
+    // One below i64.
+    "-9223372036854775809",
+    // Spellings that encoding a parsed number would change.
+    "1E5",
+    "0.10",
+    // 162 digits: the integer a fuzzer found rounded, and rounded again, in transit.
+    "176452877777777777777777777777777777777777777777777777777733333333333333333333333333333333333333333333333333333333333333777777777777777777777777777777777777000041",
+];
+
 /// A running `pi-host serve`.
 pub struct HostProcess {
     // First, so it runs before the log directory is removed.
@@ -396,8 +418,9 @@ pub struct Upgrade<'a> {
 pub struct Client {
     ws: WebSocketStream<Box<dyn Io>>,
     next_id: u64,
-    /// Frames read while waiting for a reply, handed out by `next_frame` in order.
-    pending: std::collections::VecDeque<Value>,
+    /// Frames read while waiting for a reply, handed out by `next_frame` in order, as the text
+    /// received (so `next_text` sees them byte for byte).
+    pending: std::collections::VecDeque<String>,
     /// The subprotocol the server selected.
     pub selected_protocol: Option<String>,
 }
@@ -486,14 +509,15 @@ impl Client {
             .await;
         let wait = async {
             loop {
-                let frame = self
-                    .read_frame()
+                let text = self
+                    .read_text()
                     .await
                     .expect("connection closed before the reply");
+                let frame: Value = serde_json::from_str(&text).expect("JSON frame");
                 if frame.get("id") == Some(&json!(id)) {
                     return frame;
                 }
-                self.pending.push_back(frame);
+                self.pending.push_back(text);
             }
         };
         tokio::time::timeout(PATIENCE, wait)
@@ -543,7 +567,7 @@ impl Client {
 
     /// Puts a frame back: the next `next_frame` returns it first.
     pub fn unread(&mut self, frame: Value) {
-        self.pending.push_front(frame);
+        self.pending.push_front(frame.to_string());
     }
 
     /// Sends a frame; an error means the server already closed or reset the connection.
@@ -554,21 +578,26 @@ impl Client {
     /// The next JSON frame (including pushes that arrived while a call waited for its reply),
     /// or `None` once the connection closed.
     pub async fn next_frame(&mut self) -> Option<Value> {
-        if let Some(frame) = self.pending.pop_front() {
-            return Some(frame);
-        }
-        self.read_frame().await
+        let text = self.next_text().await?;
+        Some(serde_json::from_str(&text).expect("JSON frame"))
     }
 
-    async fn read_frame(&mut self) -> Option<Value> {
+    /// The next frame as the text received, byte for byte (a parsed `Value` would not keep
+    /// every number as sent).
+    pub async fn next_text(&mut self) -> Option<String> {
+        if let Some(text) = self.pending.pop_front() {
+            return Some(text);
+        }
+        self.read_text().await
+    }
+
+    async fn read_text(&mut self) -> Option<String> {
         loop {
             let message = tokio::time::timeout(PATIENCE, self.ws.next())
                 .await
                 .expect("no frame in time")?;
             match message {
-                Ok(Message::Text(text)) => {
-                    return Some(serde_json::from_str(text.as_str()).expect("JSON frame"));
-                }
+                Ok(Message::Text(text)) => return Some(text.as_str().to_string()),
                 Ok(Message::Close(_)) | Err(_) => return None,
                 Ok(_) => {}
             }
@@ -577,7 +606,11 @@ impl Client {
 
     /// Reads until the server closes; returns the frames before the close and the close frame.
     pub async fn until_close(&mut self) -> (Vec<Value>, Option<CloseFrame>) {
-        let mut frames: Vec<Value> = self.pending.drain(..).collect();
+        let mut frames: Vec<Value> = self
+            .pending
+            .drain(..)
+            .map(|text| serde_json::from_str(&text).expect("JSON frame"))
+            .collect();
         loop {
             let message = tokio::time::timeout(PATIENCE, self.ws.next())
                 .await

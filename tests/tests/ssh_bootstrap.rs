@@ -729,7 +729,8 @@ async fn sshd_killed_mid_stream_then_the_forward_reconnects_and_the_client_resum
             };
             seqs.push(event.seq);
             if event.kind == "agent.message_update"
-                && let Some(delta) = event.data["assistantMessageEvent"]["delta"].as_str()
+                && let Some(delta) =
+                    event.data.to_value().unwrap()["assistantMessageEvent"]["delta"].as_str()
             {
                 deltas.push(delta.to_string());
             }
@@ -741,7 +742,7 @@ async fn sshd_killed_mid_stream_then_the_forward_reconnects_and_the_client_resum
                 until_event(&mut lines, "reconnected").await;
             }
             if event.kind == "turn.finished" {
-                return event.data.clone();
+                return event.data.to_value().unwrap();
             }
         }
         panic!("the subscription ended");

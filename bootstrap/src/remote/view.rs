@@ -17,7 +17,9 @@ pub struct View {
 impl View {
     /// The text to print for `event` (possibly empty).
     pub fn render(&mut self, event: &Event) -> String {
-        let data = &event.data;
+        // The human view shows text and abbreviated JSON, so a number rounded by `Value` (an
+        // integer beyond 64 bits) is acceptable here; `--json` prints `data` exactly.
+        let data = &serde_json::from_str::<Value>(event.data.get()).unwrap_or(Value::Null);
         let turn = event.turn_id.as_deref().unwrap_or("?");
         match event.kind.as_str() {
             "agent.message_update" => {
@@ -203,10 +205,13 @@ mod tests {
     use serde_json::json;
 
     fn event(kind: &str, data: Value) -> Event {
-        serde_json::from_value(json!({
-            "seq": 1, "cursor": "0000000000000001-1", "type": kind, "at": 0,
-            "turnId": "turn_1", "data": data
-        }))
+        serde_json::from_str(
+            &json!({
+                "seq": 1, "cursor": "0000000000000001-1", "type": kind, "at": 0,
+                "turnId": "turn_1", "data": data
+            })
+            .to_string(),
+        )
         .unwrap()
     }
 

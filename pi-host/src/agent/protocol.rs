@@ -377,6 +377,27 @@ fn parse_response(value: Value, raw: Box<RawValue>) -> Parsed {
     }
 }
 
+/// A dialog's choices as text: strings decoded, anything else as the JSON the agent wrote. Read
+/// from the line rather than from the parsed `Value`, whose numbers would come back re-encoded
+/// (an integer beyond 64 bits rounded: docs/protocol.md §1, "Numbers").
+fn dialog_options(raw: &RawValue) -> Option<Vec<String>> {
+    #[derive(Deserialize)]
+    struct Options<'a> {
+        #[serde(borrow, default)]
+        options: Option<&'a RawValue>,
+    }
+    let options = serde_json::from_str::<Options>(raw.get()).ok()?.options?;
+    let items = serde_json::from_str::<Vec<&RawValue>>(options.get()).ok()?;
+    Some(
+        items
+            .into_iter()
+            .map(|item| {
+                serde_json::from_str::<String>(item.get()).unwrap_or_else(|_| item.get().into())
+            })
+            .collect(),
+    )
+}
+
 fn parse_ui_request(value: Value, raw: Box<RawValue>, line: &[u8]) -> AgentOutput {
     let method_name = string_field(&value, "method").unwrap_or_default();
     let Some(method) = UiMethod::from_wire(&method_name) else {
@@ -388,15 +409,7 @@ fn parse_ui_request(value: Value, raw: Box<RawValue>, line: &[u8]) -> AgentOutpu
     let Some(id) = string_field(&value, "id").filter(|id| !id.is_empty()) else {
         return invalid_output("a dialog request without an id", Some(line), line.len());
     };
-    let options = value.get("options").and_then(Value::as_array).map(|items| {
-        items
-            .iter()
-            .map(|item| match item {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-            .collect()
-    });
+    let options = dialog_options(&raw);
     let timeout_ms = value.get("timeout").and_then(|t| {
         t.as_u64().or_else(|| {
             t.as_f64()

@@ -751,6 +751,18 @@ fn lines_are_classified_like_pi_means_them() {
         }
         other => panic!("{other:?}"),
     }
+    // A select's choices that are not strings are kept as the agent wrote them.
+    match parse(
+        r#"{"type":"extension_ui_request","id":"u3","method":"select","title":"T","options":["a",18446744073709551616,1E5,{"k":[1,-0.0]}]}"#,
+    ) {
+        Some(Parsed::Output(AgentOutput::UiRequest { options, .. })) => {
+            assert_eq!(
+                options.unwrap(),
+                ["a", "18446744073709551616", "1E5", r#"{"k":[1,-0.0]}"#]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
     match parse(r#"{"type":"extension_ui_request","id":"u2","method":"setStatus","statusKey":"k"}"#)
     {
         Some(Parsed::Output(AgentOutput::UiNotice { method, .. })) => {

@@ -4,11 +4,19 @@
 //!
 //! Cutting is rare (the default bound is 1 MiB; agent events are usually small), so it is done
 //! per delivery, on a copy; the shared log keeps the event whole.
+//!
+//! Cutting works on the JSON text: the cut strings are replaced in place and every other byte of
+//! `data` (numbers, key order, spacing) goes out as stored. Going through `serde_json::Value`
+//! would round integers beyond 64 bits and respell other numbers (docs/protocol.md §1,
+//! "Numbers"; §8.6).
 
 use racp_proto::events::{Elided, ElidedValue};
 use racp_proto::frame::{ErrorReply, RequestId};
 use racp_proto::{AppError, Cursor, ErrorCode};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
+use std::collections::{BTreeMap, HashMap};
 
 /// At most this many values are cut one by one; past that `data` is replaced as a whole.
 const MAX_CUTS: usize = 64;
@@ -31,30 +39,25 @@ pub fn elide(json: &str, budget: usize, limit: usize, from: Cursor) -> String {
         // Not readable at all (never the case for events the host wrote): keep the position.
         return minimal(from, bytes, limit);
     };
-    let data = match data {
-        Ok(data) => data,
-        Err(data_bytes) => return without_data(event, data_bytes, marker, budget, from, limit),
+    let data_bytes = data.len() as u64;
+    let Some(leaves) = largest_strings(data, "data") else {
+        return without_data(event, data_bytes, marker, budget, from, limit);
     };
 
     // First choice: cut the largest strings of `data` to a prefix.
-    let mut leaves = Vec::new();
-    collect_strings(&data, &mut Vec::new(), &mut leaves);
-    leaves.sort_by_key(|leaf| std::cmp::Reverse(leaf.encoded));
-    let total = with(&event, data.clone(), &marker(Vec::new())).len();
+    let total = with(&event, data, &marker(Vec::new())).len();
     let mut slack = 256usize;
     for _ in 0..4 {
-        let Some((count, cap)) = plan_cuts(&leaves, total, budget, slack, 2, "data") else {
+        let Some((count, cap)) = plan_cuts(&leaves, total, budget, slack, 2) else {
             break;
         };
-        let (cut_data, cuts) = apply_cuts(&data, &leaves, count, cap, "data");
-        let candidate = with(&event, cut_data, &marker(cuts));
+        let (cut_data, cuts) = apply_cuts(data, &leaves, count, cap);
+        let candidate = with(&event, &cut_data, &marker(cuts));
         if candidate.len() <= budget {
             return candidate;
         }
         slack = slack * 4 + (candidate.len() - budget);
     }
-
-    let data_bytes = encoded_len(&data) as u64;
     without_data(event, data_bytes, marker, budget, from, limit)
 }
 
@@ -72,7 +75,7 @@ fn without_data(
         bytes: data_bytes,
         kept: None,
     }];
-    let candidate = with(&event, Value::Null, &marker(whole.clone()));
+    let candidate = with(&event, "null", &marker(whole.clone()));
     if candidate.len() <= budget {
         return candidate;
     }
@@ -91,45 +94,50 @@ fn without_data(
             });
         }
     }
-    let candidate = with(&event, Value::Null, &marker(cuts));
+    let candidate = with(&event, "null", &marker(cuts));
     if candidate.len() <= budget {
         return candidate;
     }
     minimal(from, marker(Vec::new()).bytes, limit)
 }
 
-/// The event's other fields, and its `data` (or the size of a `data` too deeply nested to read).
-/// The host writes `data` last, so the first `,"data":` in the text is the key: inside a JSON
-/// string every `"` is escaped.
-fn split(json: &str) -> Option<(Map<String, Value>, Result<Value, u64>)> {
-    if let Some(at) = json.find(",\"data\":")
-        && json.ends_with('}')
-        && let Ok(Value::Object(head)) =
-            serde_json::from_str::<Value>(&format!("{}}}", &json[..at]))
-    {
-        let text = &json[at + 8..json.len() - 1];
-        match serde_json::from_str(text) {
-            Ok(data) => return Some((head, Ok(data))),
-            // Only a `data` nested past the parser's limit is given up on; anything else means
-            // `data` was not the last field after all.
-            Err(err) if err.to_string().starts_with("recursion limit exceeded") => {
-                return Some((head, Err(text.len() as u64)));
+/// The event's other fields (the host's own: seq, cursor, type, at, turnId), and its `data` as
+/// the stored text. When the event does not read as an object (a `data` nested deeper than the
+/// parser allows), the text after the first `,"data":` is taken as `data`: the host writes
+/// `data` last, and inside a JSON string every `"` is escaped.
+fn split(json: &str) -> Option<(Map<String, Value>, &str)> {
+    if let Ok(mut fields) = serde_json::from_str::<BTreeMap<String, &RawValue>>(json) {
+        let data = fields.remove("data").map_or("null", |raw| raw.get());
+        let mut head = Map::new();
+        for (key, raw) in fields {
+            if key != "elided" {
+                head.insert(key, serde_json::from_str(raw.get()).ok()?);
             }
-            Err(_) => {}
         }
+        return Some((head, data));
     }
-    match serde_json::from_str::<Value>(json) {
-        Ok(Value::Object(mut event)) => {
-            let data = event.remove("data").unwrap_or(Value::Null);
-            Some((event, Ok(data)))
-        }
-        _ => None,
+    let at = json.find(",\"data\":")?;
+    if !json.ends_with('}') {
+        return None;
     }
+    let Ok(Value::Object(head)) = serde_json::from_str(&format!("{}}}", &json[..at])) else {
+        return None;
+    };
+    Some((head, &json[at + 8..json.len() - 1]))
 }
 
 /// A reply's strings are never cut below this many bytes as JSON, so ids and cursors in it
 /// stay whole.
 const REPLY_MIN_KEPT: usize = 258;
+
+/// The parts of a reply [`fit_reply`] reads; the result stays text.
+#[derive(Deserialize)]
+struct ReplyParts<'a> {
+    #[serde(default)]
+    id: Option<RequestId>,
+    #[serde(default, borrow)]
+    result: Option<&'a RawValue>,
+}
 
 /// A reply that fits the connection's frame bound: `frame` itself when it fits; else the same
 /// reply with the largest strings of its `result` cut to a prefix and
@@ -140,37 +148,35 @@ pub fn fit_reply(frame: String, bound: usize) -> String {
         return frame;
     }
     let size = frame.len();
-    let Ok(Value::Object(mut reply)) = serde_json::from_str::<Value>(&frame) else {
+    let Ok(reply) = serde_json::from_str::<ReplyParts>(&frame) else {
         return too_large(None, size, bound);
     };
-    let id = reply
-        .get("id")
-        .and_then(|id| serde_json::from_value::<RequestId>(id.clone()).ok());
-    if let Some(result @ Value::Object(_)) = reply.remove("result") {
-        let mut leaves = Vec::new();
-        collect_strings(&result, &mut Vec::new(), &mut leaves);
-        leaves.sort_by_key(|leaf| std::cmp::Reverse(leaf.encoded));
-        let mut slack = 256usize;
-        for _ in 0..4 {
-            let Some((count, cap)) =
-                plan_cuts(&leaves, size, bound, slack, REPLY_MIN_KEPT, "result")
-            else {
-                break;
-            };
-            let (Value::Object(mut cut), cuts) = apply_cuts(&result, &leaves, count, cap, "result")
-            else {
-                break;
-            };
-            cut.insert(
-                "elided".into(),
-                json!({"bytes": size, "limit": bound, "cut": cuts}),
-            );
-            let candidate = json!({"id": id, "result": cut}).to_string();
-            if candidate.len() <= bound {
-                return candidate;
-            }
-            slack = slack * 4 + (candidate.len() - bound);
+    let id = reply.id;
+    let Some(result) = reply
+        .result
+        .map(RawValue::get)
+        .filter(|r| r.starts_with('{'))
+    else {
+        return too_large(id, size, bound);
+    };
+    let Some(leaves) = largest_strings(result, "result") else {
+        return too_large(id, size, bound);
+    };
+    let id_json = serde_json::to_string(&id).unwrap_or_else(|_| "null".into());
+    let mut slack = 256usize;
+    for _ in 0..4 {
+        let Some((count, cap)) = plan_cuts(&leaves, size, bound, slack, REPLY_MIN_KEPT) else {
+            break;
+        };
+        let (mut cut, cuts) = apply_cuts(result, &leaves, count, cap);
+        // The result is an object whose last byte is `}`: the marker goes in before it.
+        cut.pop();
+        let marker = json!({"bytes": size, "limit": bound, "cut": cuts});
+        let candidate = format!(r#"{{"id":{id_json},"result":{cut},"elided":{marker}}}}}"#);
+        if candidate.len() <= bound {
+            return candidate;
         }
+        slack = slack * 4 + (candidate.len() - bound);
     }
     too_large(id, size, bound)
 }
@@ -206,74 +212,215 @@ fn minimal(from: Cursor, bytes: u64, limit: usize) -> String {
     .to_string()
 }
 
-fn with(event: &Map<String, Value>, data: Value, elided: &Elided) -> String {
-    let mut event = event.clone();
-    event.insert("data".into(), data);
-    event.insert("elided".into(), json!(elided));
-    Value::Object(event).to_string()
+/// The event: its host fields, then `data` spliced in as text, then the marker.
+fn with(event: &Map<String, Value>, data: &str, elided: &Elided) -> String {
+    let mut out = Value::Object(event.clone()).to_string();
+    out.pop();
+    if !event.is_empty() {
+        out.push(',');
+    }
+    out.push_str("\"data\":");
+    out.push_str(data);
+    out.push_str(",\"elided\":");
+    out.push_str(&json!(elided).to_string());
+    out.push('}');
+    out
 }
 
 fn encoded_len(value: &Value) -> usize {
     serde_json::to_string(value).map_or(0, |s| s.len())
 }
 
-/// One step from a value to a value inside it.
-#[derive(Clone)]
-enum Step {
-    Key(String),
-    Index(usize),
-}
-
-/// A string inside `data`: where it is and its size as JSON (quotes and escapes included).
+/// A string value inside `data` (or a reply's `result`): where its JSON text is, and the path
+/// reported when it is cut (filled in only for the largest strings, the only ones ever cut).
 struct Leaf {
-    steps: Vec<Step>,
-    encoded: usize,
+    start: usize,
+    end: usize,
+    path: String,
 }
 
 impl Leaf {
-    /// `data.message.content.0.text` (for `root` = `data`)
-    fn path(&self, root: &str) -> String {
-        let mut path = String::from(root);
-        for step in &self.steps {
-            path.push('.');
-            match step {
-                Step::Key(key) => path.push_str(key),
-                Step::Index(i) => path.push_str(&i.to_string()),
-            }
-            if path.len() > MAX_PATH_CHARS * 4 {
-                break;
-            }
-        }
-        path.chars().take(MAX_PATH_CHARS).collect()
+    /// Its size as JSON text, quotes and escapes included.
+    fn encoded(&self) -> usize {
+        self.end - self.start
     }
 }
 
-fn collect_strings(value: &Value, steps: &mut Vec<Step>, out: &mut Vec<Leaf>) {
-    match value {
-        Value::String(text) => out.push(Leaf {
-            steps: steps.clone(),
-            encoded: text.chars().map(escaped_len).sum::<usize>() + 2,
-        }),
-        Value::Array(items) => {
-            for (i, item) in items.iter().enumerate() {
-                steps.push(Step::Index(i));
-                collect_strings(item, steps, out);
-                steps.pop();
+/// The string values of the JSON `text`, largest first, with paths under `root` for the first
+/// [`MAX_CUTS`] + 1; `None` when `text` is not readable JSON.
+fn largest_strings(text: &str, root: &str) -> Option<Vec<Leaf>> {
+    let mut leaves = Vec::new();
+    scan(text, None, &mut |start, end, _| {
+        leaves.push(Leaf {
+            start,
+            end,
+            path: String::new(),
+        })
+    })?;
+    leaves.sort_by_key(|leaf| std::cmp::Reverse(leaf.encoded()));
+    let named: HashMap<usize, usize> = leaves
+        .iter()
+        .take(MAX_CUTS + 1)
+        .enumerate()
+        .map(|(i, leaf)| (leaf.start, i))
+        .collect();
+    scan(text, Some(root), &mut |start, _, path| {
+        if let Some(&i) = named.get(&start) {
+            leaves[i].path = path.chars().take(MAX_PATH_CHARS).collect();
+        }
+    })?;
+    Some(leaves)
+}
+
+/// Paths are built only this far (bytes); the reported path is cut shorter anyway.
+const PATH_BUILT_BYTES: usize = MAX_PATH_CHARS * 4;
+
+/// Appends `.step` to a path being built, unless it is already long enough to report.
+fn push_step(path: &mut String, step: &str) {
+    if path.len() < PATH_BUILT_BYTES {
+        path.push('.');
+        path.push_str(step);
+    }
+}
+
+/// The end (exclusive) of the JSON string starting at `at` (its opening quote).
+fn string_end(bytes: &[u8], at: usize) -> Option<usize> {
+    let mut i = at + 1;
+    loop {
+        match bytes.get(i)? {
+            b'"' => return Some(i + 1),
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+}
+
+fn skip_space(bytes: &[u8], i: &mut usize) {
+    while bytes.get(*i).is_some_and(|b| b.is_ascii_whitespace()) {
+        *i += 1;
+    }
+}
+
+/// Walks the JSON `text` without building it, calling `on_string(start, end, path)` for every
+/// string value (not key). Iterative, so no nesting depth is too deep. With `root`, `path` is
+/// the value's dotted path under it (keys decoded, array items by index); without, it is empty
+/// and keys are not decoded. Numbers and literals are skipped, not checked: the text is JSON
+/// the host stored. `None` when the structure is not JSON.
+fn scan(
+    text: &str,
+    root: Option<&str>,
+    on_string: &mut dyn FnMut(usize, usize, &str),
+) -> Option<()> {
+    enum Open {
+        Object,
+        Array(usize),
+    }
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    let mut stack: Vec<Open> = Vec::new();
+    let mut path = root.unwrap_or_default().to_string();
+    // The path's length when each open container was entered.
+    let mut path_at: Vec<usize> = Vec::new();
+    // Reads an object key at `i` (after `{` or `,`) and the `:` after it.
+    let key = |i: &mut usize, path: &mut String| -> Option<()> {
+        skip_space(bytes, i);
+        if bytes.get(*i) != Some(&b'"') {
+            return None;
+        }
+        let end = string_end(bytes, *i)?;
+        if root.is_some() && path.len() < PATH_BUILT_BYTES {
+            let name: String = serde_json::from_str(&text[*i..end]).ok()?;
+            push_step(path, &name);
+        }
+        *i = end;
+        skip_space(bytes, i);
+        (bytes.get(*i) == Some(&b':')).then(|| *i += 1)
+    };
+    loop {
+        // A value starts at `i`.
+        skip_space(bytes, &mut i);
+        match *bytes.get(i)? {
+            b'{' => {
+                i += 1;
+                skip_space(bytes, &mut i);
+                if bytes.get(i) == Some(&b'}') {
+                    i += 1;
+                } else {
+                    stack.push(Open::Object);
+                    path_at.push(path.len());
+                    key(&mut i, &mut path)?;
+                    continue;
+                }
+            }
+            b'[' => {
+                i += 1;
+                skip_space(bytes, &mut i);
+                if bytes.get(i) == Some(&b']') {
+                    i += 1;
+                } else {
+                    stack.push(Open::Array(0));
+                    path_at.push(path.len());
+                    if root.is_some() {
+                        push_step(&mut path, "0");
+                    }
+                    continue;
+                }
+            }
+            b'"' => {
+                let end = string_end(bytes, i)?;
+                on_string(i, end, &path);
+                i = end;
+            }
+            _ => {
+                let start = i;
+                while bytes
+                    .get(i)
+                    .is_some_and(|b| !matches!(b, b',' | b']' | b'}') && !b.is_ascii_whitespace())
+                {
+                    i += 1;
+                }
+                if i == start {
+                    return None;
+                }
             }
         }
-        Value::Object(map) => {
-            for (key, item) in map {
-                steps.push(Step::Key(key.clone()));
-                collect_strings(item, steps, out);
-                steps.pop();
+        // A value ended: close containers until one continues with another value.
+        loop {
+            skip_space(bytes, &mut i);
+            let Some(open) = stack.last_mut() else {
+                return (i == bytes.len()).then_some(());
+            };
+            let entered = path_at.last().copied().unwrap_or(0);
+            match (open, *bytes.get(i)?) {
+                (Open::Object, b',') => {
+                    i += 1;
+                    path.truncate(entered);
+                    key(&mut i, &mut path)?;
+                    break;
+                }
+                (Open::Array(index), b',') => {
+                    i += 1;
+                    *index += 1;
+                    path.truncate(entered);
+                    if root.is_some() {
+                        push_step(&mut path, &index.to_string());
+                    }
+                    break;
+                }
+                (Open::Object, b'}') | (Open::Array(_), b']') => {
+                    i += 1;
+                    stack.pop();
+                    path_at.pop();
+                    path.truncate(entered);
+                }
+                _ => return None,
             }
         }
-        _ => {}
     }
 }
 
 /// How many of the largest strings to cut and the common cap (in encoded bytes) they are cut
-/// to, so that the event loses enough bytes to fit `budget` with room for the marker. `None`
+/// to, so that the text loses enough bytes to fit `budget` with room for the marker. `None`
 /// when cutting strings cannot be enough (or would take more than [`MAX_CUTS`] cuts).
 fn plan_cuts(
     leaves: &[Leaf],
@@ -281,7 +428,6 @@ fn plan_cuts(
     budget: usize,
     slack: usize,
     min_cap: usize,
-    root: &str,
 ) -> Option<(usize, usize)> {
     // The marker: fixed fields plus one entry per cut (path and sizes).
     let fixed = 160;
@@ -289,8 +435,8 @@ fn plan_cuts(
     let outcome = |cap: usize| -> Option<(usize, usize)> {
         let mut saved = 0;
         let mut count = 0;
-        for leaf in leaves.iter().take_while(|l| l.encoded > cap) {
-            saved += leaf.encoded - cap;
+        for leaf in leaves.iter().take_while(|l| l.encoded() > cap) {
+            saved += leaf.encoded() - cap;
             count += 1;
             if count > MAX_CUTS {
                 return None;
@@ -299,12 +445,12 @@ fn plan_cuts(
         let marker = fixed
             + leaves[..count]
                 .iter()
-                .map(|l| l.path(root).len() + per_cut)
+                .map(|l| l.path.len() + per_cut)
                 .sum::<usize>();
         (total + marker + slack <= budget + saved).then_some((count, cap))
     };
     // The largest cap that fits: a binary search over [min_cap, largest string].
-    let largest = leaves.first()?.encoded;
+    let largest = leaves.first()?.encoded();
     outcome(min_cap)?;
     let (mut lo, mut hi) = (min_cap, largest.max(min_cap));
     while lo < hi {
@@ -318,24 +464,22 @@ fn plan_cuts(
     outcome(lo)
 }
 
-/// Cuts each of the first `count` leaves to the longest prefix whose JSON form fits `cap`.
-fn apply_cuts(
-    data: &Value,
-    leaves: &[Leaf],
-    count: usize,
-    cap: usize,
-    root: &str,
-) -> (Value, Vec<ElidedValue>) {
-    let mut data = data.clone();
+/// `text` with each of the first `count` leaves cut to the longest prefix whose JSON form fits
+/// `cap`; every other byte is kept.
+fn apply_cuts(text: &str, leaves: &[Leaf], count: usize, cap: usize) -> (String, Vec<ElidedValue>) {
+    let mut chosen: Vec<&Leaf> = leaves[..count].iter().collect();
+    chosen.sort_by_key(|leaf| leaf.start);
+    let mut out = String::with_capacity(text.len());
     let mut cuts = Vec::with_capacity(count);
-    for leaf in &leaves[..count] {
-        let Some(Value::String(text)) = at_mut(&mut data, &leaf.steps) else {
+    let mut copied = 0;
+    for leaf in chosen {
+        let Ok(mut string) = serde_json::from_str::<String>(&text[leaf.start..leaf.end]) else {
             continue;
         };
         let mut used = 2; // the quotes
         let mut end = 0;
         let mut kept = 0u64;
-        for (at, ch) in text.char_indices() {
+        for (at, ch) in string.char_indices() {
             let cost = escaped_len(ch);
             if used + cost > cap {
                 break;
@@ -344,14 +488,20 @@ fn apply_cuts(
             end = at + ch.len_utf8();
             kept += 1;
         }
-        text.truncate(end);
+        string.truncate(end);
+        out.push_str(&text[copied..leaf.start]);
+        out.push_str(&Value::String(string).to_string());
+        copied = leaf.end;
         cuts.push(ElidedValue {
-            path: leaf.path(root),
-            bytes: leaf.encoded as u64,
+            path: leaf.path.clone(),
+            bytes: leaf.encoded() as u64,
             kept: Some(kept),
         });
     }
-    (data, cuts)
+    out.push_str(&text[copied..]);
+    // Reported largest first, as they were chosen.
+    cuts.sort_by_key(|cut| std::cmp::Reverse(cut.bytes));
+    (out, cuts)
 }
 
 /// Bytes `ch` takes inside a JSON string as serde_json writes it.
@@ -363,22 +513,11 @@ fn escaped_len(ch: char) -> usize {
     }
 }
 
-fn at_mut<'a>(mut value: &'a mut Value, steps: &[Step]) -> Option<&'a mut Value> {
-    for step in steps {
-        value = match (value, step) {
-            (Value::Object(map), Step::Key(key)) => map.get_mut(key)?,
-            (Value::Array(items), Step::Index(i)) => items.get_mut(*i)?,
-            _ => return None,
-        };
-    }
-    Some(value)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use racp_proto::Epoch;
-    use racp_proto::events::Event;
+    use racp_proto::events::{Event, EventData};
 
     /// An event as the host stores it (fields in the struct's order, `data` last).
     fn event(data: Value) -> String {
@@ -388,7 +527,7 @@ mod tests {
             kind: "agent.message_update".into(),
             at: 5,
             turn_id: Some("turn_1".into()),
-            data,
+            data: EventData::encode(&data).unwrap(),
             elided: None,
         })
         .unwrap()
@@ -402,6 +541,10 @@ mod tests {
         serde_json::from_str(text).expect("an event")
     }
 
+    fn data(event: &Event) -> Value {
+        event.data.to_value().expect("data a Value holds")
+    }
+
     #[test]
     fn the_largest_strings_are_cut_to_a_prefix() {
         let original = event(json!({"assistantMessageEvent": {
@@ -410,14 +553,13 @@ mod tests {
         let out = elide(&original, 4000, 4096, from());
         assert!(out.len() <= 4000, "{}", out.len());
         let event = read(&out);
+        let d = data(&event);
         assert_eq!(event.seq, 8);
         assert_eq!(event.kind, "agent.message_update");
         assert_eq!(event.turn_id.as_deref(), Some("turn_1"));
-        assert_eq!(event.data["small"], "keep me");
-        assert_eq!(event.data["assistantMessageEvent"]["type"], "text_delta");
-        let delta = event.data["assistantMessageEvent"]["delta"]
-            .as_str()
-            .unwrap();
+        assert_eq!(d["small"], "keep me");
+        assert_eq!(d["assistantMessageEvent"]["type"], "text_delta");
+        let delta = d["assistantMessageEvent"]["delta"].as_str().unwrap();
         assert!(!delta.is_empty() && delta.chars().all(|c| c == 'x'));
         let elided = event.elided.unwrap();
         assert_eq!(elided.bytes, original.len() as u64);
@@ -440,7 +582,8 @@ mod tests {
         let out = elide(&original, 5000, 8192, from());
         assert!(out.len() <= 5000, "{}", out.len());
         let event = read(&out);
-        let kept = event.data["text"].as_str().unwrap();
+        let d = data(&event);
+        let kept = d["text"].as_str().unwrap();
         assert!(text.starts_with(kept));
         let elided = event.elided.unwrap();
         let by_path = |p: &str| elided.cut.iter().find(|c| c.path == p);
@@ -449,7 +592,7 @@ mod tests {
             Some(kept.chars().count() as u64)
         );
         if let Some(cut) = by_path("data.k.e.y.a.1") {
-            let z = event.data["k.e.y"]["a"][1].as_str().unwrap();
+            let z = d["k.e.y"]["a"][1].as_str().unwrap();
             assert_eq!(cut.kept, Some(z.len() as u64));
         }
     }
@@ -463,7 +606,7 @@ mod tests {
         let out = elide(&original, 4000, 4096, from());
         assert!(out.len() <= 4000);
         let event = read(&out);
-        assert_eq!(event.data, Value::Null);
+        assert_eq!(data(&event), Value::Null);
         let elided = event.elided.unwrap();
         assert_eq!(elided.cut.len(), 1);
         assert_eq!(elided.cut[0].path, "data");
@@ -493,8 +636,9 @@ mod tests {
             "serde_json sorts keys: data is not last"
         );
         let event = read(&elide(&original, 3800, 4096, from()));
+        let d = data(&event);
         assert_eq!(event.seq, 8);
-        assert!(event.data["s"].as_str().unwrap().len() > 1000);
+        assert!(d["s"].as_str().unwrap().len() > 1000);
     }
 
     #[test]
@@ -542,7 +686,72 @@ mod tests {
         let event = read(&out);
         assert_eq!(event.seq, 8);
         assert_eq!(event.kind, "agent.x");
-        assert_eq!(event.data, Value::Null);
+        assert_eq!(data(&event), Value::Null);
         assert_eq!(event.elided.unwrap().cut[0].bytes, 1000);
+    }
+
+    /// Numbers that `serde_json::Value` would round or respell, and keys out of sorted order.
+    const NUMBERS: &str = r#""z":18446744073709551616,"n":[9007199254740993,1e308,5e-324,-0.0,1E5,0.10],"big":176452877777777777777777777777777777777777777777777777777733333333333333333333333333333333333333333333333333333333333333777777777777777777777777777777777777000041"#;
+
+    #[test]
+    fn cutting_strings_keeps_every_other_byte_of_data() {
+        let original = format!(
+            r#"{{"seq":8,"cursor":"00000000000000aa-8","type":"agent.x","at":5,"data":{{{NUMBERS}, "s" : "{}", "t":"\u0041"}}}}"#,
+            "q".repeat(10_000)
+        );
+        let out = elide(&original, 3800, 4096, from());
+        assert!(out.len() <= 3800, "{}", out.len());
+        let event = read(&out);
+        let data = event.data.get();
+        assert!(
+            data.starts_with(&format!("{{{NUMBERS}, \"s\" : \"qqq")),
+            "{data}"
+        );
+        assert!(data.ends_with(r#"", "t":"\u0041"}"#), "{data}");
+        assert_eq!(event.elided.unwrap().cut[0].path, "data.s");
+    }
+
+    #[test]
+    fn replacing_data_keeps_the_host_fields() {
+        let items = vec![r#"{"n":18446744073709551616,"s":"abcdefgh"}"#; 2000].join(",");
+        let original = format!(
+            r#"{{"seq":8,"cursor":"00000000000000aa-8","type":"agent.x","at":5,"turnId":"t","data":[{items}]}}"#
+        );
+        let event = read(&elide(&original, 4000, 4096, from()));
+        assert_eq!(event.data.get(), "null");
+        assert_eq!((event.seq, event.at), (8, 5));
+        assert_eq!(event.turn_id.as_deref(), Some("t"));
+        let elided = event.elided.unwrap();
+        assert_eq!(elided.cut[0].bytes, items.len() as u64 + 2);
+    }
+
+    #[test]
+    fn a_cut_reply_keeps_its_numbers() {
+        let big = format!(
+            r#"{{"id":4,"result":{{{NUMBERS},"text":"{}"}}}}"#,
+            "p".repeat(20_000)
+        );
+        let out = fit_reply(big, 4096);
+        assert!(out.len() <= 4096);
+        assert!(
+            out.starts_with(&format!(r#"{{"id":4,"result":{{{NUMBERS},"text":"ppp"#)),
+            "{out}"
+        );
+        let reply: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(reply["result"]["elided"]["cut"][0]["path"], "result.text");
+    }
+
+    #[test]
+    fn paths_follow_nesting_escaped_keys_and_array_items() {
+        let text = r#"{"a":[1,{"b\u0041":["x","yy"]}],"c":"zzz","d":{}}"#;
+        let leaves = largest_strings(text, "data").unwrap();
+        let paths: Vec<_> = leaves.iter().map(|l| l.path.as_str()).collect();
+        assert_eq!(paths, ["data.c", "data.a.1.bA.1", "data.a.1.bA.0"]);
+        for bad in ["{\"a\":", "[1,]x", "{\"a\" 1}", "\"open"] {
+            assert!(largest_strings(bad, "data").is_none(), "{bad}");
+        }
+        let deep = format!("{}\"s\"{}", "[".repeat(100_000), "]".repeat(100_000));
+        let leaves = largest_strings(&deep, "data").unwrap();
+        assert_eq!(leaves[0].path.chars().count(), MAX_PATH_CHARS);
     }
 }

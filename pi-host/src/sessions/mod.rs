@@ -490,7 +490,7 @@ fn restore_state(turns: &mut Vec<TurnInfo>, stream: &mut StreamState, json: &str
         return;
     };
     if event.kind == EventType::TurnStarted.as_str() {
-        let Ok(data) = serde_json::from_value::<TurnStartedData>(event.data) else {
+        let Ok(data) = event.data.parse::<TurnStartedData>() else {
             return;
         };
         turns.push(TurnInfo {
@@ -507,7 +507,7 @@ fn restore_state(turns: &mut Vec<TurnInfo>, stream: &mut StreamState, json: &str
     } else if event.kind == EventType::TurnFinished.as_str()
         && let Some(turn) = turns.iter_mut().find(|t| t.turn_id == turn_id)
     {
-        let Ok(data) = serde_json::from_value::<TurnFinishedData>(event.data) else {
+        let Ok(data) = event.data.parse::<TurnFinishedData>() else {
             return;
         };
         turn.state = event::turn_state(data.outcome);

@@ -59,6 +59,7 @@
 //! | `stream:N[:RATE[:TAG]]` | for benchmarks: one assistant message with N `message_update` lines of exactly 200 bytes, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":"xx..","tag":TAG,"i":I,"t":US}}` (`i` counts from 0, `t` is the wall clock in microseconds when the line was written), RATE lines per second (0 or absent: as fast as possible), all lines due in one write, at most one write per millisecond when paced |
 //! | `output:BYTES` | a `bash` tool (`tool_execution_start`, updates, `tool_execution_end`, its `toolResult` message) that prints BYTES of numbered 64-byte lines, with an update after each 4 KiB as pi's bash tool sends them: `partialResult` is the whole output so far, cut to its last 2000 lines or 50 KiB (pi's limits) with `details.truncation` once cut |
 //! | `big:BYTES` | one assistant message with a single `text_delta` of BYTES `x` characters |
+//! | `numbers[:PAD]` | emits `{"type":"stand_in_numbers","values":[…],"pad":"xx…"}`: the numbers of `tests::EDGE_NUMBERS` written as that exact text (not through a parser), and PAD `x` characters (0 when absent), so a test can have the event cut to a frame bound |
 //! | `notify` | a fire-and-forget `extension_ui_request` with `method: "notify"` |
 //! | `garbage` | writes a line that is not JSON |
 //! | `whoami` | emits `{"type": "stand_in_whoami", "args", "sessionDir", "cwd"}`: its arguments, `PI_CODING_AGENT_SESSION_DIR` and working directory |
@@ -551,6 +552,15 @@ impl StandIn {
                     self.pump(Wait::Forever)?;
                 }
                 ("spawn-child", _) => self.spawn_child(arg == Some("inherit")),
+                ("numbers", _) => {
+                    // Written by hand: encoding through `Value` would change the very numbers
+                    // under test.
+                    let pad = "x".repeat(usize::try_from(number.unwrap_or(0)).unwrap_or(0));
+                    write_line(&format!(
+                        r#"{{"type":"stand_in_numbers","values":[{}],"pad":"{pad}"}}"#,
+                        tests::EDGE_NUMBERS.join(",")
+                    ));
+                }
                 ("notify", _) => {
                     let id = self.uuid();
                     emit(&json!({

@@ -8,7 +8,7 @@ use crate::remote::view::{self, View};
 use racp_proto::ErrorCode;
 use racp_proto::calls;
 use racp_proto::client::{ClientState, RacpClient, Subscription, SubscriptionItem};
-use racp_proto::events::Event;
+use racp_proto::events::{ApprovalSettledData, Event};
 use racp_proto::methods::session::{SessionGetResult, SessionRef, SessionSubscribeParams};
 use racp_proto::methods::turn::{
     Answer, ApprovalInfo, ApprovalKind, ApprovalRespondParams, Decision, Verdict,
@@ -241,13 +241,15 @@ impl<'a> Attached<'a> {
         self.out.event(&mut self.view, event);
         match event.kind.as_str() {
             "approval.requested" => {
-                if let Some(approval) = WaitingApproval::requested(&event.data) {
+                if let Ok(data) = event.data.to_value()
+                    && let Some(approval) = WaitingApproval::requested(&data)
+                {
                     self.approvals.push(approval);
                 }
             }
             "approval.settled" => {
-                if let Some(id) = event.data["approvalId"].as_str() {
-                    self.approvals.retain(|p| p.id != id);
+                if let Ok(settled) = event.data.parse::<ApprovalSettledData>() {
+                    self.approvals.retain(|p| p.id != settled.approval_id);
                 }
             }
             "session.closed" => return ControlFlow::Break(()),

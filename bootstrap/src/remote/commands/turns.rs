@@ -6,7 +6,7 @@ use crate::remote::out::{Out, enum_name};
 use crate::remote::view::View;
 use racp_proto::calls;
 use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
-use racp_proto::events::{TurnFinishedData, TurnOutcome};
+use racp_proto::events::{ApprovalRequestedData, TurnFinishedData, TurnOutcome};
 use racp_proto::methods::session::{SessionRef, SessionSubscribeParams};
 use racp_proto::methods::turn::{
     Answer, ApprovalRespondParams, Decision, TurnStartParams, TurnState, Verdict,
@@ -69,14 +69,17 @@ async fn follow_turn(out: &Out, mut sub: Subscription, turn_id: &str) -> Result<
                 out.event(&mut view, &event);
                 if event.kind == "approval.requested"
                     && !out.json
-                    && let Some(id) = event.data["approvalId"].as_str()
+                    && let Ok(requested) = event.data.parse::<ApprovalRequestedData>()
                 {
                     out.note(&format!(
-                        "answer with: pi-remote approve {id}   or   pi-remote deny {id}"
+                        "answer with: pi-remote approve {id}   or   pi-remote deny {id}",
+                        id = requested.approval_id
                     ));
                 }
                 if event.kind == "turn.finished" {
-                    break serde_json::from_value::<TurnFinishedData>(event.data.clone())
+                    break event
+                        .data
+                        .parse::<TurnFinishedData>()
                         .map(|d| outcome_name(d.outcome))
                         .unwrap_or("failed");
                 }
