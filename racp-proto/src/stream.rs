@@ -89,6 +89,20 @@ impl StreamState {
         )
     }
 
+    /// [`StreamState::apply`] for an event as received, reading its data only when the event
+    /// streams. (An integer beyond 64 bits inside a streamed block is held as the nearest
+    /// double here; the event itself keeps it exactly.)
+    pub fn apply_event(&mut self, event: &crate::events::Event) {
+        let Some(kind) = event.kind.strip_prefix(crate::events::EventType::AGENT_PREFIX) else {
+            return;
+        };
+        if Self::streams(kind)
+            && let Ok(data) = serde_json::from_str::<Value>(event.data.get())
+        {
+            self.apply_agent(kind, &data);
+        }
+    }
+
     /// [`StreamState::apply`] for an agent event given by its pi `type`.
     pub fn apply_agent(&mut self, kind: &str, data: &Value) {
         match kind {

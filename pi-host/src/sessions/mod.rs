@@ -484,7 +484,7 @@ fn restore_state(turns: &mut Vec<TurnInfo>, stream: &mut StreamState, json: &str
     if event.kind == EventType::TurnFinished.as_str() {
         stream.clear();
     } else {
-        stream.apply(&event.kind, &event.data);
+        stream.apply_event(&event);
     }
     let Some(turn_id) = event.turn_id else {
         return;

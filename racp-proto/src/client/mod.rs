@@ -132,7 +132,7 @@ impl Subscription {
                 if event.kind == crate::events::EventType::TurnFinished.as_str() {
                     self.stream.clear();
                 } else {
-                    self.stream.apply(&event.kind, &event.data);
+                    self.stream.apply_event(event);
                 }
             }
             SubscriptionItem::Resynced(got) => {
