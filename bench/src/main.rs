@@ -63,6 +63,10 @@ struct RunArgs {
     /// Subscriber counts for fan-out.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
     subscribers: Vec<usize>,
+    /// Fan-out with the agent writing pi's own shape (each update carries the message so far,
+    /// messages of 100 deltas) instead of fixed 200-byte lines.
+    #[arg(long)]
+    pi_shaped: bool,
     /// Seconds each fan-out rate step produces for.
     #[arg(long, default_value_t = 2.0)]
     step_secs: f64,
@@ -268,6 +272,7 @@ async fn run(args: RunArgs) -> Result<()> {
             log_dir: out.join("logs"),
         },
         disk_dir: out.join("tmp"),
+        pi_shaped: args.pi_shaped,
         tmpfs_dir: tmpfs.clone(),
         deadline: started + Duration::from_secs(args.budget_secs),
         step_secs: args.step_secs,

@@ -27,6 +27,8 @@ pub struct Ctx {
     pub tools: Tools,
     /// Data directories on the disk (fsync reaches the device).
     pub disk_dir: PathBuf,
+    /// Fan-out with pi-shaped agent lines (`--pi-shaped`).
+    pub pi_shaped: bool,
     /// Data directories on tmpfs (fsync returns at once): the durability baseline.
     pub tmpfs_dir: PathBuf,
     pub deadline: Instant,
@@ -59,6 +61,8 @@ enum Producer<'a> {
     Pi {
         control: &'a mut Control,
         session: &'a str,
+        /// The agent writes pi's own shape (the message so far in every update).
+        pi_shaped: bool,
     },
     Sio {
         server: &'a mut SocketIo,
@@ -68,8 +72,13 @@ enum Producer<'a> {
 impl Producer<'_> {
     async fn start(&mut self, n: u64, rate: u64, tag: u64) -> Result<()> {
         match self {
-            Producer::Pi { control, session } => {
-                start_turn(control, session, &format!("stream:{n}:{rate}:{tag}")).await
+            Producer::Pi {
+                control,
+                session,
+                pi_shaped,
+            } => {
+                let shape = if *pi_shaped { ":pi" } else { "" };
+                start_turn(control, session, &format!("stream:{n}:{rate}:{tag}{shape}")).await
             }
             Producer::Sio { server } => {
                 server
@@ -82,7 +91,9 @@ impl Producer<'_> {
 
     async fn finish(&mut self, timeout: Duration) -> Result<()> {
         match self {
-            Producer::Pi { control, session } => {
+            Producer::Pi {
+                control, session, ..
+            } => {
                 wait_idle(control, session, timeout).await?;
             }
             Producer::Sio { server } => {
@@ -313,6 +324,7 @@ pub async fn fanout(ctx: &Ctx, system: System, subscribers: usize) -> Result<Val
                 let mut producer = Producer::Pi {
                     control: &mut control,
                     session: &session,
+                    pi_shaped: ctx.pi_shaped,
                 };
                 let ramped = ramp(ctx, &mut producer, &mut pool, host.pid, agent).await;
                 pool.stop().await;

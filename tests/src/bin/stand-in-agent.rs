@@ -57,6 +57,7 @@
 //! | `spawn-child:inherit` | the same, but the child inherits stdin/stdout/stderr (so it holds the pipes open) |
 //! | `burst:N` | one assistant message with N `text_delta` updates as fast as possible; to stay O(N) their `message` and `partial` carry empty `content` |
 //! | `stream:N[:RATE[:TAG]]` | for benchmarks: one assistant message with N `message_update` lines of exactly 200 bytes, `{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":"xx..","tag":TAG,"i":I,"t":US}}` (`i` counts from 0, `t` is the wall clock in microseconds when the line was written), RATE lines per second (0 or absent: as fast as possible), all lines due in one write, at most one write per millisecond when paced |
+//! | `stream:N:RATE:TAG:pi` | the same deltas in pi's own shape: messages of 100 deltas of 32 characters (`message_start`, the updates, `message_end`), each update carrying the whole message so far twice (`message` and the step's `partial`), with `contentIndex` and the step's `tag`, `i` and `t` |
 //! | `output:BYTES` | a `bash` tool (`tool_execution_start`, updates, `tool_execution_end`, its `toolResult` message) that prints BYTES of numbered 64-byte lines, with an update after each 4 KiB as pi's bash tool sends them: `partialResult` is the whole output so far, cut to its last 2000 lines or 50 KiB (pi's limits) with `details.truncation` once cut |
 //! | `big:BYTES` | one assistant message with a single `text_delta` of BYTES `x` characters |
 //! | `numbers[:PAD]` | emits `{"type":"stand_in_numbers","values":[…],"pad":"xx…"}`: the numbers of `tests::EDGE_NUMBERS` written as that exact text (not through a parser), and PAD `x` characters (0 when absent), so a test can have the event cut to a frame bound |
@@ -203,6 +204,52 @@ fn write_line(line: &str) {
 }
 
 /// Writes lines that already end in LF, in one write.
+/// The lines of the `stream` directive.
+#[derive(Clone, Copy)]
+enum StreamShape {
+    /// 200 bytes each, without `message` or `partial`.
+    Fixed,
+    /// pi's own: the whole message so far in `message` and `partial`.
+    Pi,
+}
+
+/// Deltas per message of a pi-shaped stream, and their size.
+const PI_MESSAGE_DELTAS: u64 = 100;
+const PI_DELTA: &str = "abcdefghijklmnopqrstuvwxyz012345";
+
+/// Appends update `i` of a pi-shaped stream to `buf`, preceded by `message_start` (and the last
+/// message's `message_end`) at a message boundary. Written by hand: this is the benchmark's
+/// producer, and serializing a growing message with serde would cost more than the host does.
+fn pi_shaped_update(buf: &mut String, i: u64, tag: u64, t: u64) {
+    use std::fmt::Write as _;
+    let index = i % PI_MESSAGE_DELTAS;
+    let message = |buf: &mut String, deltas: u64| {
+        buf.push_str(r#"{"role":"assistant","content":[{"type":"text","text":""#);
+        for _ in 0..deltas {
+            buf.push_str(PI_DELTA);
+        }
+        buf.push_str(r#""}],"api":"openai-completions","provider":"stand-in","model":"stand-in-model","stopReason":"stop","timestamp":1764528000000}"#);
+    };
+    if index == 0 {
+        if i > 0 {
+            buf.push_str(r#"{"type":"message_end","message":"#);
+            message(buf, PI_MESSAGE_DELTAS);
+            buf.push_str("}\n");
+        }
+        buf.push_str(r#"{"type":"message_start","message":"#);
+        message(buf, 0);
+        buf.push_str("}\n");
+    }
+    buf.push_str(r#"{"type":"message_update","message":"#);
+    message(buf, index + 1);
+    let _ = write!(
+        buf,
+        r#","assistantMessageEvent":{{"type":"text_delta","contentIndex":0,"delta":"{PI_DELTA}","tag":{tag},"i":{i},"t":{t},"partial":"#
+    );
+    message(buf, index + 1);
+    buf.push_str("}}");
+}
+
 fn write_raw(lines: &str) {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -464,14 +511,24 @@ impl StandIn {
                 ("burst", Some(n)) => self.burst(run, n)?,
                 ("output", Some(bytes)) => self.tool_output(run, bytes)?,
                 ("stream", _) => {
-                    // `stream:N[:RATE[:TAG]]`
-                    let mut parts = arg.unwrap_or("").split(':').map(|p| p.parse::<u64>().ok());
-                    let Some(Some(n)) = parts.next() else {
+                    // `stream:N[:RATE[:TAG[:pi]]]`
+                    let words: Vec<&str> = arg.unwrap_or("").split(':').collect();
+                    let number = |i: usize| words.get(i).and_then(|w| w.parse::<u64>().ok());
+                    let Some(n) = number(0) else {
                         continue;
                     };
-                    let rate = parts.next().flatten().unwrap_or(0);
-                    let tag = parts.next().flatten().unwrap_or(0);
-                    self.stream(run, n, rate, tag)?;
+                    let shape = if words.get(3) == Some(&"pi") {
+                        StreamShape::Pi
+                    } else {
+                        StreamShape::Fixed
+                    };
+                    self.stream(
+                        run,
+                        n,
+                        number(1).unwrap_or(0),
+                        number(2).unwrap_or(0),
+                        shape,
+                    )?;
                 }
                 ("tool", _) => self.tool(run, None)?,
                 ("approve", _) => {
@@ -690,9 +747,16 @@ impl StandIn {
         Ok(())
     }
 
-    /// The `stream` directive: fixed-size, timestamped deltas at a steady rate. Every line due
-    /// goes out in one write, so the agent side costs little next to the host it measures.
-    fn stream(&mut self, run: &mut Run, n: u64, rate: u64, tag: u64) -> Result<(), Aborted> {
+    /// The `stream` directive: timestamped deltas at a steady rate. Every line due goes out in
+    /// one write, so the agent side costs little next to the host it measures.
+    fn stream(
+        &mut self,
+        run: &mut Run,
+        n: u64,
+        rate: u64,
+        tag: u64,
+        shape: StreamShape,
+    ) -> Result<(), Aborted> {
         const LINE_BYTES: usize = 200;
         // Lines per write when there is no rate to keep (well under a 64 KiB pipe buffer).
         const CHUNK: u64 = 256;
@@ -726,12 +790,17 @@ impl StandIn {
                 .unwrap_or(0);
             buf.clear();
             for i in sent..due {
-                let head = r#"{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":""#;
-                let tail = format!(r#"","tag":{tag},"i":{i},"t":{t}}}}}"#);
-                let fill = LINE_BYTES.saturating_sub(head.len() + tail.len());
-                buf.push_str(head);
-                buf.push_str(&pad[..fill]);
-                buf.push_str(&tail);
+                match shape {
+                    StreamShape::Fixed => {
+                        let head = r#"{"type":"message_update","assistantMessageEvent":{"type":"text_delta","delta":""#;
+                        let tail = format!(r#"","tag":{tag},"i":{i},"t":{t}}}}}"#);
+                        let fill = LINE_BYTES.saturating_sub(head.len() + tail.len());
+                        buf.push_str(head);
+                        buf.push_str(&pad[..fill]);
+                        buf.push_str(&tail);
+                    }
+                    StreamShape::Pi => pi_shaped_update(&mut buf, i, tag, t),
+                }
                 buf.push('\n');
             }
             write_raw(&buf);
