@@ -285,10 +285,12 @@ fn pi_config(port: u16) -> tempfile::TempDir {
 /// A host whose agent is the real pi, talking to `stub`; `extension` is loaded with `-e`. The
 /// returned directory is pi's config, to keep until the host stops.
 async fn pi_host(stub: &Stub, extension: Option<&Path>) -> (HostProcess, tempfile::TempDir) {
-    let cli = pi_cli();
-    let port = start_stub(stub.clone()).await;
-    let pi_dir = pi_config(port);
-    let mut words = vec![
+    pi_host_with(stub, extension, &[]).await
+}
+
+/// The words of the command that runs the real pi offline (`extension` loaded with `-e`).
+fn pi_words(cli: &Path, extension: Option<&Path>) -> Vec<String> {
+    let mut words: Vec<String> = [
         "node",
         cli.to_str().unwrap(),
         "--mode",
@@ -300,22 +302,39 @@ async fn pi_host(stub: &Stub, extension: Option<&Path>) -> (HostProcess, tempfil
         "--no-skills",
         "--no-prompt-templates",
         "--no-context-files",
-    ];
+    ]
+    .map(String::from)
+    .to_vec();
     if let Some(extension) = extension {
-        words.extend(["-e", extension.to_str().unwrap()]);
+        words.extend(["-e".to_string(), extension.to_str().unwrap().to_string()]);
     }
-    let agent = shell_words::join(words);
-    let host = HostProcess::start_with_env(
-        bin(),
-        &["--agent", &agent],
-        &[
-            ("PI_CODING_AGENT_DIR", pi_dir.path().to_str().unwrap()),
-            ("PI_OFFLINE", "1"),
-            ("PI_SKIP_VERSION_CHECK", "1"),
-            ("PI_TELEMETRY", "0"),
-        ],
-    )
-    .await;
+    words
+}
+
+/// The environment pi runs with: its own config dir, offline.
+fn pi_env(pi_dir: &Path) -> [(&'static str, String); 4] {
+    [
+        ("PI_CODING_AGENT_DIR", pi_dir.to_str().unwrap().to_string()),
+        ("PI_OFFLINE", "1".to_string()),
+        ("PI_SKIP_VERSION_CHECK", "1".to_string()),
+        ("PI_TELEMETRY", "0".to_string()),
+    ]
+}
+
+/// [`pi_host`] with extra `serve` arguments.
+async fn pi_host_with(
+    stub: &Stub,
+    extension: Option<&Path>,
+    extra: &[&str],
+) -> (HostProcess, tempfile::TempDir) {
+    let port = start_stub(stub.clone()).await;
+    let pi_dir = pi_config(port);
+    let agent = shell_words::join(pi_words(&pi_cli(), extension));
+    let mut args = vec!["--agent", agent.as_str()];
+    args.extend_from_slice(extra);
+    let env = pi_env(pi_dir.path());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let host = HostProcess::start_with_env(bin(), &args, &env).await;
     (host, pi_dir)
 }
 
@@ -752,4 +771,204 @@ async fn a_long_real_reply_is_relayed_in_linear_bytes_and_rebuilt_exactly() {
         "real_pi_long_reply",
         &json!({"text": text.len(), "events": events, "wire": wire, "stored": stored}),
     );
+}
+
+/// The host's child processes: its agents.
+fn agent_pids(host: &HostProcess) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{}/task", host.pid())).unwrap() {
+        let children =
+            std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
+        pids.extend(
+            children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    pids.sort_unstable();
+    pids
+}
+
+async fn running_agents(client: &mut Client) -> u64 {
+    let info = client.call("host/info", json!({})).await;
+    info["result"]["agents"]["running"].as_u64().unwrap()
+}
+
+/// Creates a session and subscribes to it; returns its id.
+async fn subscribed_session(client: &mut Client, host: &HostProcess) -> String {
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session = &created["result"]["session"];
+    let session_id = session["sessionId"].as_str().unwrap().to_string();
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": session["cursor"]}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    session_id
+}
+
+/// Starts a turn and returns the time from sending `turn/start` to the first text delta, and the
+/// events up to `turn.finished`.
+async fn time_to_first_delta(
+    client: &mut Client,
+    session_id: &str,
+    key: &str,
+) -> (Duration, Vec<Value>) {
+    let sent = Instant::now();
+    let turn = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": key, "text": "Say hello."}),
+        )
+        .await;
+    assert!(turn.get("result").is_some(), "{turn}");
+    let mut events = events_until(client, |e| {
+        e["data"]["assistantMessageEvent"]["type"] == "text_delta"
+    })
+    .await;
+    let first = sent.elapsed();
+    events.extend(events_until(client, |e| e["type"] == "turn.finished").await);
+    (first, events)
+}
+
+/// With the real pi: a new session's agent starts with the session, and its first turn runs on
+/// that agent (docs/architecture.md, "Agent lifecycle").
+#[tokio::test]
+async fn a_new_sessions_first_turn_runs_on_the_agent_started_with_it() {
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = subscribed_session(&mut client, &host).await;
+    let deadline = Instant::now() + WAIT;
+    while running_agents(&mut client).await != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "no agent started with the session"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let warm = agent_pids(&host);
+    let (first, events) = time_to_first_delta(&mut client, &session_id, "k1").await;
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+    assert_eq!(
+        agent_pids(&host),
+        warm,
+        "the first turn ran on the warm agent"
+    );
+    tests::record_figures(
+        "real_pi_warm_first_delta",
+        &json!({"first_delta_ms": first.as_millis() as u64}),
+    );
+}
+
+/// The figures of docs/benchmarks.md, "First reply and idle agents" (not a CI check: timings
+/// are measured, never asserted): time from the prompt to the first text delta, with pi run
+/// directly and through pi-host, on a new session (prompt at once, and 3 s after
+/// `session/create`) and on a warm one; the agents' memory with 10 idle sessions, before and
+/// after the idle stop. Run: `cargo nextest run -p pi-host --test real_pi --run-ignored only
+/// --no-capture first_reply_figures`.
+#[tokio::test]
+#[ignore = "a measurement, run by hand for docs/benchmarks.md"]
+async fn first_reply_figures() {
+    let stub = Stub::default();
+    let mut figures = json!({});
+
+    // pi alone: spawn it, prompt at once, then prompt again.
+    let port = start_stub(stub.clone()).await;
+    let pi_dir = pi_config(port);
+    let words = pi_words(&pi_cli(), None);
+    let mut pi = tokio::process::Command::new(&words[0])
+        .args(&words[1..])
+        .envs(pi_env(pi_dir.path()))
+        .current_dir(pi_dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = pi.stdin.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(pi.stdout.take().unwrap()).lines();
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut direct = Vec::new();
+    for id in ["1", "2", "3"] {
+        let sent = Instant::now();
+        let prompt = json!({"id": id, "type": "prompt", "message": "Say hello."});
+        stdin
+            .write_all(format!("{prompt}\n").as_bytes())
+            .await
+            .unwrap();
+        let mut first = None;
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let event: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if first.is_none() && event["assistantMessageEvent"]["type"] == "text_delta" {
+                first = Some(sent.elapsed().as_millis() as u64);
+            }
+            if event["type"] == "agent_end" {
+                break;
+            }
+        }
+        direct.push(first.unwrap());
+    }
+    figures["pi_direct_ms"] = json!({"new": direct[0], "warm": &direct[1..]});
+    drop(pi);
+
+    let (host, _pi_dir) = pi_host_with(&stub, None, &["--agent-idle-ms", "3000"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    // A new session prompted at once: the warm start has had no time.
+    let at_once = subscribed_session(&mut client, &host).await;
+    let (new_at_once, _) = time_to_first_delta(&mut client, &at_once, "a1").await;
+    let (warm, _) = time_to_first_delta(&mut client, &at_once, "a2").await;
+    // A new session prompted 3 s after it was created.
+    let later = subscribed_session(&mut client, &host).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (new_after_3s, _) = time_to_first_delta(&mut client, &later, "b1").await;
+    figures["pi_host_ms"] = json!({
+        "new_prompt_at_once": new_at_once.as_millis() as u64,
+        "new_prompt_after_3s": new_after_3s.as_millis() as u64,
+        "warm": warm.as_millis() as u64,
+    });
+    drop(client);
+
+    // Ten idle sessions on a fresh host: their agents' memory, then none after the idle time.
+    drop(host);
+    let (host, _pi_dir) = pi_host_with(&stub, None, &["--agent-idle-ms", "8000"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    for _ in 0..10 {
+        client
+            .call("session/create", json!({"workspace": host.workspace("w")}))
+            .await;
+    }
+    let deadline = Instant::now() + WAIT;
+    let mut loaded = json!(null);
+    while Instant::now() < deadline {
+        let info = client.call("host/info", json!({})).await;
+        loaded = info["result"]["agents"].clone();
+        if loaded["running"] == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let each pi finish loading before reading its memory.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let info = client.call("host/info", json!({})).await;
+    figures["ten_sessions_running"] = info["result"]["agents"].clone();
+    drop(client);
+    let mut client = connect(&host, &token).await;
+    let deadline = Instant::now() + WAIT;
+    while running_agents(&mut client).await != 0 {
+        assert!(Instant::now() < deadline, "the idle agents did not stop");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let info = client.call("host/info", json!({})).await;
+    figures["ten_sessions_after_idle"] = info["result"]["agents"].clone();
+    figures["host_rss_kib"] = json!(host.rss_kib());
+    let _ = loaded;
+    tests::record_figures("first_reply", &figures);
 }
