@@ -7,8 +7,33 @@
 //! and holds the same message and tool outputs pi held at that point. The host keeps one per
 //! session for `session/get`'s snapshot; clients keep one per subscription.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+
+/// The fields of a compact `message_update` the rebuild reads, borrowed from its text.
+#[derive(serde::Deserialize)]
+struct UpdateRef<'a> {
+    #[serde(borrow, default)]
+    message: Option<&'a RawValue>,
+    #[serde(borrow, rename = "assistantMessageEvent")]
+    step: StepRef<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct StepRef<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Cow<'a, str>,
+    #[serde(rename = "contentIndex", default)]
+    content_index: Option<u64>,
+    #[serde(borrow, default)]
+    delta: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    block: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    partial: Option<&'a RawValue>,
+}
 
 /// The field of a content block that its deltas extend.
 fn streamed_field(block_type: &str) -> Option<&'static str> {
@@ -93,13 +118,31 @@ impl StreamState {
     /// streams. (An integer beyond 64 bits inside a streamed block is held as the nearest
     /// double here; the event itself keeps it exactly.)
     pub fn apply_event(&mut self, event: &crate::events::Event) {
-        let Some(kind) = event.kind.strip_prefix(crate::events::EventType::AGENT_PREFIX) else {
-            return;
-        };
-        if Self::streams(kind)
-            && let Ok(data) = serde_json::from_str::<Value>(event.data.get())
+        if let Some(kind) = event
+            .kind
+            .strip_prefix(crate::events::EventType::AGENT_PREFIX)
         {
-            self.apply_agent(kind, &data);
+            self.apply_agent_text(kind, event.data.get());
+        }
+    }
+
+    /// [`StreamState::apply_agent`] for an agent event's data as JSON text. A delta, the event
+    /// that comes most, is read into borrowed fields without building a `Value`.
+    pub fn apply_agent_text(&mut self, kind: &str, data: &str) {
+        match kind {
+            "message_update" => {
+                if let Ok(update) = serde_json::from_str::<UpdateRef<'_>>(data) {
+                    self.apply_message_update(update);
+                }
+            }
+            // The state reads nothing of `message_end`: do not parse a whole reply.
+            "message_end" => self.apply_agent(kind, &Value::Null),
+            _ if Self::streams(kind) => {
+                if let Ok(data) = serde_json::from_str::<Value>(data) {
+                    self.apply_agent(kind, &data);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -112,7 +155,7 @@ impl StreamState {
                     self.message = Some(message.clone());
                 }
             }
-            "message_update" => self.apply_message_update(data),
+            "message_update" => self.apply_agent_text(kind, &data.to_string()),
             "message_end" => {
                 if let Some(message) = self.message.take() {
                     self.finished = Some(message);
@@ -128,14 +171,13 @@ impl StreamState {
         }
     }
 
-    fn apply_message_update(&mut self, data: &Value) {
-        let step = &data["assistantMessageEvent"];
-        let Some(kind) = step["type"].as_str() else {
-            return;
-        };
-        if kind == "start" {
-            if let Some(partial) = step.get("partial") {
-                self.message = Some(partial.clone());
+    fn apply_message_update(&mut self, update: UpdateRef<'_>) {
+        let step = update.step;
+        let parse =
+            |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+        if step.kind == "start" {
+            if let Some(partial) = parse(step.partial) {
+                self.message = Some(partial);
             }
             return;
         }
@@ -144,33 +186,31 @@ impl StreamState {
         };
         // The update's `message` holds the message's fields that changed, never its content.
         if let (Some(target), Some(Value::Object(fields))) =
-            (message.as_object_mut(), data.get("message"))
+            (message.as_object_mut(), parse(update.message))
         {
             for (name, value) in fields {
                 if name != "content" {
-                    target.insert(name.clone(), value.clone());
+                    target.insert(name, value);
                 }
             }
         }
         // pi's own full partial (an update the host did not compact) is authoritative.
-        if let Some(partial) = step.get("partial") {
-            *message = partial.clone();
+        if let Some(partial) = parse(step.partial) {
+            *message = partial;
             return;
         }
         let (Some(index), Some(content)) = (
-            step["contentIndex"]
-                .as_u64()
-                .and_then(|i| usize::try_from(i).ok()),
+            step.content_index.and_then(|i| usize::try_from(i).ok()),
             message.get_mut("content").and_then(Value::as_array_mut),
         ) else {
             return;
         };
+        let kind = step.kind.as_ref();
         if kind.ends_with("_start") {
-            if let Some(block) = step.get("block") {
+            if let Some(mut block) = parse(step.block) {
                 if content.len() <= index {
                     content.resize(index + 1, Value::Null);
                 }
-                let mut block = block.clone();
                 // The deltas carry the streamed field from its start.
                 if let (Some(field), Some(object)) = (
                     block["type"].as_str().and_then(streamed_field),
@@ -181,13 +221,13 @@ impl StreamState {
                 content[index] = block;
             }
         } else if kind.ends_with("_delta") {
-            if let (Some(block), Some(delta)) = (content.get_mut(index), step["delta"].as_str()) {
+            if let (Some(block), Some(delta)) = (content.get_mut(index), step.delta.as_deref()) {
                 extend_streamed(block, delta);
             }
         } else if kind.ends_with("_end")
             && let Some(block) = content.get_mut(index)
         {
-            end_block(block, step.get("block"));
+            end_block(block, parse(step.block).as_ref());
         }
     }
 

@@ -77,11 +77,11 @@ pub enum Effect {
     ApprovalRequested(ApprovalInfo),
     ApprovalSettled(String),
     Closed,
-    /// An agent event that changes what is streaming (docs/protocol.md §8.1), read once here
-    /// so the snapshot can show the message and tool outputs in progress.
+    /// An agent event that changes what is streaming (docs/protocol.md §8.1), applied to the
+    /// snapshot's message and tool outputs when published.
     Stream {
         kind: String,
-        data: serde_json::Value,
+        payload: Box<RawValue>,
     },
 }
 
@@ -189,15 +189,7 @@ impl HostEvent {
             HostEvent::SessionClosed { .. } => Some(Effect::Closed),
             HostEvent::AgentStopped { .. } => None,
             HostEvent::Agent { kind, payload, .. } => {
-                if !StreamState::streams(&kind) {
-                    return None;
-                }
-                // The state never reads `message_end`'s message: do not parse a whole reply.
-                let data = match kind.as_str() {
-                    "message_end" => serde_json::Value::Null,
-                    _ => serde_json::from_str(payload.get()).ok()?,
-                };
-                Some(Effect::Stream { kind, data })
+                StreamState::streams(&kind).then_some(Effect::Stream { kind, payload })
             }
         }
     }

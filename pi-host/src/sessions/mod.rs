@@ -259,7 +259,7 @@ fn apply(inner: &mut Inner, effect: Effect) {
             .pending_approvals
             .retain(|a| a.approval_id != approval_id),
         Effect::Closed => inner.closed = true,
-        Effect::Stream { kind, data } => inner.stream.apply_agent(&kind, &data),
+        Effect::Stream { kind, payload } => inner.stream.apply_agent_text(&kind, payload.get()),
     }
 }
 
