@@ -130,6 +130,12 @@ impl StreamState {
     /// that comes most, is read into borrowed fields without building a `Value`.
     pub fn apply_agent_text(&mut self, kind: &str, data: &str) {
         match kind {
+            // The rule reads an update's `contentIndex`, `partial` and `message` only: without
+            // them it changes nothing, and is not parsed.
+            "message_update"
+                if !["\"contentIndex\"", "\"partial\"", "\"message\""]
+                    .iter()
+                    .any(|field| data.contains(field)) => {}
             "message_update" => {
                 if let Ok(update) = serde_json::from_str::<UpdateRef<'_>>(data) {
                     self.apply_message_update(update);

@@ -245,9 +245,14 @@ fn insert_chunks(tx: &Transaction<'_>, batch: &[SessionBatch<'_>]) -> Result<(),
                     super::chunk::push(&mut body, event.at, event.json)?;
                 }
                 insert.execute((part.session_id, to_i64(first.seq), to_i64(last.seq), &body))?;
-                head.execute((part.session_id, last.seq.to_string()))?;
             }
             if let Some(below) = part.prune_below {
+                // Pruning never removes the chunk holding the head (the in-memory log always
+                // keeps the newest event), so `MAX(last_seq)` is the head; the meta row, a second
+                // record of it, is written only here rather than once per commit.
+                if let Some(last) = part.events.last() {
+                    head.execute((part.session_id, last.seq.to_string()))?;
+                }
                 prune.execute((part.session_id, to_i64(below)))?;
             }
         }
