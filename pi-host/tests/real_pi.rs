@@ -878,44 +878,52 @@ async fn first_reply_figures() {
     let stub = Stub::default();
     let mut figures = json!({});
 
-    // pi alone: spawn it, prompt at once, then prompt again.
+    // pi alone: spawn it, prompt at once (or 3 s later), then prompt again.
     let port = start_stub(stub.clone()).await;
     let pi_dir = pi_config(port);
     let words = pi_words(&pi_cli(), None);
-    let mut pi = tokio::process::Command::new(&words[0])
-        .args(&words[1..])
-        .envs(pi_env(pi_dir.path()))
-        .current_dir(pi_dir.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdin = pi.stdin.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(pi.stdout.take().unwrap()).lines();
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let mut direct = Vec::new();
-    for id in ["1", "2", "3"] {
-        let sent = Instant::now();
-        let prompt = json!({"id": id, "type": "prompt", "message": "Say hello."});
-        stdin
-            .write_all(format!("{prompt}\n").as_bytes())
-            .await
+    for wait in [0, 3] {
+        let mut pi = tokio::process::Command::new(&words[0])
+            .args(&words[1..])
+            .envs(pi_env(pi_dir.path()))
+            .current_dir(pi_dir.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
             .unwrap();
-        let mut first = None;
-        while let Some(line) = lines.next_line().await.unwrap() {
-            let event: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-            if first.is_none() && event["assistantMessageEvent"]["type"] == "text_delta" {
-                first = Some(sent.elapsed().as_millis() as u64);
+        let mut stdin = pi.stdin.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(pi.stdout.take().unwrap()).lines();
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+        let mut direct = Vec::new();
+        for id in ["1", "2", "3"] {
+            let sent = Instant::now();
+            let prompt = json!({"id": id, "type": "prompt", "message": "Say hello."});
+            stdin
+                .write_all(format!("{prompt}\n").as_bytes())
+                .await
+                .unwrap();
+            let mut first = None;
+            while let Some(line) = lines.next_line().await.unwrap() {
+                let event: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                if first.is_none() && event["assistantMessageEvent"]["type"] == "text_delta" {
+                    first = Some(sent.elapsed().as_millis() as u64);
+                }
+                if event["type"] == "agent_end" {
+                    break;
+                }
             }
-            if event["type"] == "agent_end" {
-                break;
-            }
+            direct.push(first.unwrap());
         }
-        direct.push(first.unwrap());
+        let key = if wait == 0 {
+            "pi_direct_ms"
+        } else {
+            "pi_direct_prompt_after_3s_ms"
+        };
+        figures[key] = json!({"new": direct[0], "warm": &direct[1..]});
+        drop(pi);
     }
-    figures["pi_direct_ms"] = json!({"new": direct[0], "warm": &direct[1..]});
-    drop(pi);
 
     let (host, _pi_dir) = pi_host_with(&stub, None, &["--agent-idle-ms", "3000"]).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
