@@ -136,7 +136,14 @@ fn a_symbol_newer_than_the_floor_or_a_big_tarball_is_caught() {
             .collect()
     };
     let sections = "  [27] .symtab           SYMTAB\n";
-    assert!(problems(5_000_000, &objdump(&["GLIBC_2.2.5", "GLIBC_2.17"]), sections).is_empty());
+    assert!(
+        problems(
+            5_000_000,
+            &objdump(&["GLIBC_2.2.5", "GLIBC_2.17"]),
+            sections
+        )
+        .is_empty()
+    );
     let newer = problems(5_000_000, &objdump(&["GLIBC_2.17", "GLIBC_2.34"]), sections);
     assert_eq!(newer.len(), 1, "{newer:?}");
     assert!(newer[0].contains("GLIBC_2.34"));
@@ -145,9 +152,16 @@ fn a_symbol_newer_than_the_floor_or_a_big_tarball_is_caught() {
     let big = problems(MAX_TARBALL + 1, &objdump(&["GLIBC_2.17"]), sections);
     assert_eq!(big.len(), 1, "{big:?}");
     assert!(big[0].contains("tarball"));
-    let unstripped = problems(5_000_000, &objdump(&["GLIBC_2.17"]), "  [30] .debug_info PROGBITS\n");
+    let unstripped = problems(
+        5_000_000,
+        &objdump(&["GLIBC_2.17"]),
+        "  [30] .debug_info PROGBITS\n",
+    );
     assert_eq!(unstripped.len(), 1, "{unstripped:?}");
-    assert!(!problems(5_000_000, "", sections).is_empty(), "no glibc at all");
+    assert!(
+        !problems(5_000_000, "", sections).is_empty(),
+        "no glibc at all"
+    );
 }
 
 /// The checker on a real binary: this machine's own build of pi-host needs the build machine's
