@@ -154,7 +154,8 @@ fn failed(
                         "{file} arrived with SHA-256 {} but the manifest says {expected}; nothing was installed",
                         actual.unwrap_or("(none)")
                     ),
-                    json!({"file": file, "expected": expected, "actual": actual}),
+                    // stderr says why, when the remote knows (a write that failed: disk full).
+                    json!({"file": file, "expected": expected, "actual": actual, "stderrTail": output.stderr_tail()}),
                 );
             }
         }
