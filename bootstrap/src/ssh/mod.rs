@@ -533,7 +533,7 @@ impl RemoteCommand {
 
     /// Sends bytes to the command's stdin.
     pub async fn send(&mut self, bytes: &[u8]) -> Result<(), SshError> {
-        self.channel.data(bytes).await?;
+        self.channel.data_bytes(bytes.to_vec()).await?;
         Ok(())
     }
 
@@ -555,7 +555,9 @@ impl RemoteCommand {
             if n == 0 {
                 return Ok(());
             }
-            self.channel.data(&buffer[..n]).await?;
+            // Owned bytes go out in packets of the peer's maximum size; `data` would copy them
+            // through an AsyncWrite in 8 KiB packets, each a trip through the session loop.
+            self.channel.data_bytes(buffer[..n].to_vec()).await?;
             sent += n as u64;
             progress(sent);
         }
