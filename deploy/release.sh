@@ -1,10 +1,16 @@
 #!/bin/sh
-# release.sh — packages pi-host for the platform it runs on, for the SSH bootstrapper.
+# release.sh — packages pi-host for the SSH bootstrapper.
 #
-#   deploy/release.sh [--binary PATH] [--version V] [--out DIR]
+#   deploy/release.sh [--binary PATH] [--version V] [--out DIR] [--native]
 #
-# Without --binary it builds `cargo build --release --locked -p pi-host`. The version defaults to
-# what `PATH version --json` reports. Writes into DIR (default dist/):
+# Without --binary it builds pi-host itself. On x86_64 Linux that is `cargo zigbuild --release
+# --locked -p pi-host --target x86_64-unknown-linux-gnu.2.17`: the binary runs on glibc 2.17 and
+# later (deploy/README.md, "The glibc floor"). cargo-zigbuild (crates.io) and zig (PyPI's
+# ziglang) are installed into a cache directory when missing ($PI_HOST_RELEASE_TOOLS, default
+# ~/.cache/pi-host/release-tools). --native builds with plain `cargo build --release` instead
+# (other platforms always do). The shipped binary is stripped; its debug info stays beside the
+# release as pi-host-V-OS-ARCH.debug (not in the manifest, never uploaded).
+# The version defaults to what `PATH version --json` reports. Writes into DIR (default dist/):
 #   pi-host-V-OS-ARCH.tar.gz   bin/pi-host and share/pi-host.service
 #   install.sh, pi-host.service, SHA256SUMS, manifest.json
 # Run it once per platform with the same --out to collect several platforms into one release:
@@ -22,7 +28,7 @@ die() {
     exit 1
 }
 
-BINARY='' VERSION='' OUT=dist
+BINARY='' VERSION='' OUT=dist NATIVE=''
 while [ $# -gt 0 ]; do
     case $1 in
         --binary | --version | --out)
@@ -34,19 +40,77 @@ while [ $# -gt 0 ]; do
             esac
             shift 2
             ;;
+        --native)
+            NATIVE=yes
+            shift
+            ;;
         -h | --help)
-            sed -n '2,14p' "$0"
+            sed -n '2,20p' "$0"
             exit 0
             ;;
-        *) die "unknown argument '$1' (usage: release.sh [--binary PATH] [--version V] [--out DIR])" ;;
+        *) die "unknown argument '$1' (usage: release.sh [--binary PATH] [--version V] [--out DIR] [--native])" ;;
     esac
 done
 
+# The oldest glibc the x86_64 Linux build runs on (deploy/README.md, "The glibc floor").
+GLIBC_FLOOR=2.17
+ZIGBUILD_VERSION=0.24.1
+ZIG_VERSION=0.15.2
+tools=${PI_HOST_RELEASE_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/pi-host/release-tools}
+target_dir=${CARGO_TARGET_DIR:-$repo/target}
+
+# cargo-zigbuild from crates.io and zig from PyPI, each into its own versioned directory of the
+# cache, installed under a temporary name and renamed, so a broken install is never used.
+install_tools() {
+    zigbuild_dir=$tools/cargo-zigbuild-$ZIGBUILD_VERSION
+    if [ ! -x "$zigbuild_dir/bin/cargo-zigbuild" ]; then
+        printf 'release.sh: installing cargo-zigbuild %s into %s\n' "$ZIGBUILD_VERSION" "$zigbuild_dir" >&2
+        mkdir -p "$tools"
+        rm -rf "$zigbuild_dir.tmp"
+        cargo install --quiet --locked --version "$ZIGBUILD_VERSION" --root "$zigbuild_dir.tmp" \
+            cargo-zigbuild || die "cargo install cargo-zigbuild failed"
+        rm -rf "$zigbuild_dir"
+        mv "$zigbuild_dir.tmp" "$zigbuild_dir"
+    fi
+    zig_dir=$tools/ziglang-$ZIG_VERSION
+    if [ ! -x "$zig_dir/ziglang/zig" ]; then
+        printf 'release.sh: installing zig %s (PyPI ziglang) into %s\n' "$ZIG_VERSION" "$zig_dir" >&2
+        command -v python3 >/dev/null 2>&1 || die "python3 is needed to install zig from PyPI"
+        mkdir -p "$tools"
+        rm -rf "$zig_dir.tmp"
+        python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+            --target "$zig_dir.tmp" "ziglang==$ZIG_VERSION" || die "pip install ziglang failed"
+        rm -rf "$zig_dir"
+        mv "$zig_dir.tmp" "$zig_dir"
+    fi
+    PATH=$zig_dir/ziglang:$zigbuild_dir/bin:$PATH
+    export PATH
+}
+
 if [ -z "$BINARY" ]; then
-    (cd "$repo" && cargo build --release --locked -p pi-host)
-    BINARY=$repo/target/release/pi-host
+    if [ -z "$NATIVE" ] && [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; then
+        install_tools
+        (cd "$repo" && cargo zigbuild --release --locked -p pi-host \
+            --target "x86_64-unknown-linux-gnu.$GLIBC_FLOOR") || die "cargo zigbuild failed"
+        BINARY=$target_dir/x86_64-unknown-linux-gnu/release/pi-host
+        CHECK_FLOOR=yes
+    else
+        (cd "$repo" && cargo build --release --locked -p pi-host) || die "cargo build failed"
+        BINARY=$target_dir/release/pi-host
+    fi
 fi
 [ -x "$BINARY" ] || die "$BINARY is not an executable"
+
+# The highest GLIBC_x.y version the binary's dynamic symbols need (empty when none).
+glibc_needed() {
+    objdump -T "$1" 2>/dev/null | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -t. -k1,1n -k2,2n -k3,3n | tail -1
+}
+if [ "${CHECK_FLOOR:-}" = yes ]; then
+    needed=$(glibc_needed "$BINARY")
+    highest=$(printf '%s\n%s\n' "$GLIBC_FLOOR" "$needed" | sort -t. -k1,1n -k2,2n -k3,3n | tail -1)
+    [ "$highest" = "$GLIBC_FLOOR" ] ||
+        die "$BINARY needs GLIBC_$needed, above the floor $GLIBC_FLOOR"
+fi
 
 if [ -z "$VERSION" ]; then
     VERSION=$("$BINARY" version --json | sed -n 's/.*"version":[ ]*"\([^"]*\)".*/\1/p')
@@ -80,7 +144,21 @@ trap 'rm -rf "$stage"' EXIT
 # The tarball: the binary and the unit template (install.sh renders it from the installed
 # version, so the unit always matches the binary it starts).
 mkdir -p "$stage/pkg/bin" "$stage/pkg/share"
-cp "$BINARY" "$stage/pkg/bin/pi-host"
+# Shipped stripped; the debug info goes beside the release, linked by name (.gnu_debuglink) so
+# gdb and addr2line find it for symbolication. Without objcopy (macOS), or for a binary objcopy
+# does not read (a script standing in for pi-host in tests), it ships as is.
+debug_file=pi-host-$VERSION-$os-$arch.debug
+if command -v objcopy >/dev/null 2>&1 && [ "$os" = linux ] &&
+    objcopy --only-keep-debug "$BINARY" "$stage/$debug_file" 2>/dev/null; then
+    objcopy --strip-all "$BINARY" "$stage/pi-host.stripped"
+    (cd "$stage" && objcopy --add-gnu-debuglink="$debug_file" pi-host.stripped pkg/bin/pi-host)
+    rm -f "$stage/pi-host.stripped"
+    chmod 644 "$stage/$debug_file"
+else
+    rm -f "$stage/$debug_file"
+    cp "$BINARY" "$stage/pkg/bin/pi-host"
+    debug_file=''
+fi
 cp "$here/pi-host.service" "$stage/pkg/share/pi-host.service"
 chmod 755 "$stage/pkg/bin" "$stage/pkg/share" "$stage/pkg/bin/pi-host"
 chmod 644 "$stage/pkg/share/pi-host.service"
@@ -96,11 +174,18 @@ fi
 cp "$here/install.sh" "$stage/install.sh"
 chmod 755 "$stage/install.sh"
 cp "$here/pi-host.service" "$stage/pi-host.service"
-for f in "$artifact" install.sh pi-host.service; do
+for f in "$artifact" install.sh pi-host.service $debug_file; do
     mv -f "$stage/$f" "$OUT/$f"
 done
 
 size=$(wc -c <"$OUT/$artifact" | tr -d ' ')
+# The oldest glibc the build runs on, for the bootstrapper's platform check (empty: not linked
+# against glibc). The zig build was linked against the floor's symbols; another build needs at
+# least the highest version its symbols name.
+min_glibc=''
+if [ "$os" = linux ]; then
+    if [ "${CHECK_FLOOR:-}" = yes ]; then min_glibc=$GLIBC_FLOOR; else min_glibc=$(glibc_needed "$BINARY" || true); fi
+fi
 entry_sha=$(sha256 "$OUT/$artifact")
 installer_sha=$(sha256 "$OUT/install.sh")
 unit_sha=$(sha256 "$OUT/pi-host.service")
@@ -108,9 +193,9 @@ unit_sha=$(sha256 "$OUT/pi-host.service")
 # manifest.json, then SHA256SUMS for every file it names.
 if command -v python3 >/dev/null 2>&1; then
     files=$(python3 - "$OUT/manifest.json" "$VERSION" "$os" "$arch" "$artifact" "$entry_sha" \
-        "$size" "$installer_sha" "$unit_sha" <<'EOF'
+        "$size" "$installer_sha" "$unit_sha" "$min_glibc" <<'EOF'
 import json, os, sys
-path, version, os_, arch, file, sha, size, installer_sha, unit_sha = sys.argv[1:]
+path, version, os_, arch, file, sha, size, installer_sha, unit_sha, min_glibc = sys.argv[1:]
 artifacts = []
 try:
     with open(path) as f:
@@ -123,7 +208,10 @@ try:
         print(f"release.sh: replacing the manifest of version {old.get('version')}", file=sys.stderr)
 except FileNotFoundError:
     pass
-artifacts.append({"os": os_, "arch": arch, "file": file, "sha256": sha, "size": int(size)})
+entry = {"os": os_, "arch": arch, "file": file, "sha256": sha, "size": int(size)}
+if min_glibc:
+    entry["glibc"] = min_glibc
+artifacts.append(entry)
 artifacts.sort(key=lambda a: (a["os"], a["arch"]))
 manifest = {
     "version": version,
@@ -143,11 +231,13 @@ EOF
 else
     [ ! -f "$OUT/manifest.json" ] ||
         printf 'release.sh: no python3: manifest.json rewritten with %s-%s only\n' "$os" "$arch" >&2
+    glibc_json=''
+    [ -z "$min_glibc" ] || glibc_json=", \"glibc\": \"$min_glibc\""
     cat >"$OUT/manifest.json.tmp" <<EOF
 {
   "version": "$VERSION",
   "artifacts": [
-    {"os": "$os", "arch": "$arch", "file": "$artifact", "sha256": "$entry_sha", "size": $size}
+    {"os": "$os", "arch": "$arch", "file": "$artifact", "sha256": "$entry_sha", "size": $size$glibc_json}
   ],
   "installer": {"file": "install.sh", "sha256": "$installer_sha"},
   "unit": {"file": "pi-host.service", "sha256": "$unit_sha"}
@@ -163,4 +253,5 @@ for f in $files install.sh pi-host.service; do
 done
 mv -f "$stage/SHA256SUMS" "$OUT/SHA256SUMS"
 
-printf 'release version=%s artifact=%s dir=%s\n' "$VERSION" "$OUT/$artifact" "$OUT"
+printf 'release version=%s artifact=%s size=%s glibc=%s dir=%s\n' "$VERSION" "$OUT/$artifact" \
+    "$size" "$(glibc_needed "$BINARY" || true)" "$OUT"

@@ -609,3 +609,65 @@ async fn printed_names_paths_and_agent_text_cannot_drive_the_terminal() {
         text(&output.stdout)
     );
 }
+
+/// A racps:// link without its `cert=` (cut off when pasted, say) pairs with the fingerprint
+/// given as `--cert`, in the link's `sha256:HEX` form or openssl's `AB:CD:…`; a `--cert` that
+/// contradicts the link's is refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_racps_link_is_pinned_with_cert_and_a_contradicting_cert_is_refused() {
+    let host = host().await;
+    let remote = Remote::new();
+    let minted = host.pairing_token(&[]).await;
+    let cert = minted["certSha256"].as_str().unwrap().to_string();
+    let token = minted["token"].as_str().unwrap();
+    let other = "ab".repeat(32);
+    let contradicting = format!("racps://{}/pair?cert=sha256:{other}#{token}", host.addr);
+    let output = remote
+        .run_with_stdin(
+            &["pair", "-", "--cert", &cert],
+            &format!("{contradicting}\n"),
+        )
+        .await;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains(&other),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let bare_link = format!("racps://{}/pair#{token}", host.addr);
+    let output = remote
+        .run_with_stdin(
+            &["pair", "-", "--cert", &format!("sha256:{cert}")],
+            &format!("{bare_link}\n"),
+        )
+        .await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let profile: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(remote.config.path().join("profiles/default.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(profile["certSha256"], cert);
+
+    let minted = host.pairing_token(&[]).await;
+    let token = minted["token"].as_str().unwrap();
+    let colons: Vec<String> = cert
+        .as_bytes()
+        .chunks(2)
+        .map(|pair| String::from_utf8_lossy(pair).to_uppercase())
+        .collect();
+    let output = remote
+        .run_with_stdin(
+            &[
+                "pair",
+                "-",
+                "--cert",
+                &colons.join(":"),
+                "--profile",
+                "second",
+            ],
+            &format!("racps://{}/pair#{token}\n", host.addr),
+        )
+        .await;
+    assert!(output.status.success(), "{}", text(&output.stderr));
+}

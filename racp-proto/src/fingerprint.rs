@@ -38,12 +38,28 @@ impl std::fmt::Debug for CertSha256 {
     }
 }
 
+/// For people typing a fingerprint (`pi-remote pair --cert`): 64 hex digits, optionally after
+/// `sha256:` (as in pairing links) and with colons between the bytes (as `openssl x509
+/// -fingerprint -sha256` prints it). [`CertSha256::parse`] stays strict for the wire.
 impl std::str::FromStr for CertSha256 {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        CertSha256::parse(text)
-            .ok_or_else(|| format!("expected a SHA-256 fingerprint (64 hex digits), got {text:?}"))
+        let trimmed = text.trim();
+        let hex = trimmed
+            .strip_prefix("sha256:")
+            .or_else(|| trimmed.strip_prefix("SHA256:"))
+            .unwrap_or(trimmed);
+        let hex = if hex.len() == 95 && hex.bytes().skip(2).step_by(3).all(|b| b == b':') {
+            hex.replace(':', "")
+        } else {
+            hex.to_string()
+        };
+        CertSha256::parse(&hex).ok_or_else(|| {
+            format!(
+                "expected a SHA-256 fingerprint (64 hex digits, optionally sha256:HEX or AB:CD:…), got {text:?}"
+            )
+        })
     }
 }
 
@@ -65,6 +81,24 @@ impl<'de> serde::Deserialize<'de> for CertSha256 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_typed_fingerprint_may_carry_the_link_prefix_or_openssl_colons() {
+        let hex = "ab".repeat(32);
+        let plain: CertSha256 = hex.parse().unwrap();
+        assert_eq!(
+            format!("sha256:{hex}").parse::<CertSha256>().unwrap(),
+            plain
+        );
+        let openssl = vec!["AB"; 32].join(":");
+        assert_eq!(openssl.parse::<CertSha256>().unwrap(), plain);
+        assert!(format!("md5:{hex}").parse::<CertSha256>().is_err());
+        assert!("ab:cd".parse::<CertSha256>().is_err());
+        assert!(
+            CertSha256::parse(&format!("sha256:{hex}")).is_none(),
+            "the wire form is strict"
+        );
+    }
 
     #[test]
     fn round_trips_and_refuses_malformed_text() {

@@ -78,6 +78,44 @@ pub struct SshdOptions {
     /// Extra `sshd_config` lines, appended after the generated ones (sshd takes the first value
     /// it reads for most keywords, so these add rather than override).
     pub extra_config: Vec<String>,
+    /// The login shell and home directory sshd gives the user, instead of the ones in
+    /// /etc/passwd (see [`RemoteAccount`]).
+    pub account: Option<RemoteAccount>,
+    /// Directories put first on the `PATH` of every session (`SetEnv PATH=...`): stand-in
+    /// commands the remote then runs instead of the system's.
+    pub path_prefix: Vec<PathBuf>,
+    /// `/tmp` is `noexec` for sshd and everything it runs: sshd starts in a private mount
+    /// namespace where /tmp is bind-mounted onto itself with `noexec` (the rest of the machine
+    /// keeps its /tmp). Needs CAP_SYS_ADMIN, which the test user (root) has.
+    pub noexec_tmp: bool,
+}
+
+/// The remote user as sshd sees it: sshd looks the user up with getpwnam(3), and runs under
+/// nss_wrapper (Debian's libnss-wrapper, an LD_PRELOAD library made for tests) with a passwd
+/// file where the user has this shell and home. The sessions' own environment is built by sshd
+/// and does not carry LD_PRELOAD, so the shell and what it runs see the real system.
+#[derive(Clone, Debug)]
+pub struct RemoteAccount {
+    /// The login shell: sshd runs every command as `SHELL -c COMMAND`, with `argv[0]` the
+    /// shell's file name (so a symlink named `ash` to busybox runs busybox's ash).
+    pub shell: PathBuf,
+    /// The home directory (`$HOME`, and the directory sessions start in).
+    pub home: PathBuf,
+}
+
+/// The nss_wrapper library [`RemoteAccount`] needs (scripts/test installs libnss-wrapper).
+pub const NSS_WRAPPER: &str = "libnss_wrapper.so";
+
+/// Whether nss_wrapper is installed.
+pub fn nss_wrapper_installed() -> bool {
+    [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib",
+        "/usr/lib64",
+    ]
+    .iter()
+    .any(|dir| Path::new(dir).join(NSS_WRAPPER).exists())
 }
 
 impl Default for SshdOptions {
@@ -87,6 +125,9 @@ impl Default for SshdOptions {
             allow_tcp_forwarding: true,
             listen_ipv6: false,
             extra_config: Vec::new(),
+            account: None,
+            path_prefix: Vec::new(),
+            noexec_tmp: false,
         }
     }
 }
@@ -352,9 +393,42 @@ impl SshServer {
             "LogLevel VERBOSE".into(),
             "ClientAliveInterval 0".into(),
         ];
+        if !self.options.path_prefix.is_empty() {
+            let mut path: Vec<String> = self
+                .options
+                .path_prefix
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            path.push("/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin".into());
+            lines.push(format!("SetEnv PATH={}", path.join(":")));
+        }
         lines.extend(self.options.extra_config.iter().cloned());
         let path = dir.join("sshd_config");
         std::fs::write(&path, lines.join("\n") + "\n").expect("write sshd_config");
+        path
+    }
+
+    /// A copy of /etc/passwd where the user has the account's shell and home (the other users,
+    /// sshd's privilege separation user among them, stay as they are).
+    fn write_passwd(&self, account: &RemoteAccount) -> PathBuf {
+        let passwd = std::fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
+        let mut found = false;
+        let lines: Vec<String> = passwd
+            .lines()
+            .map(|line| {
+                let mut fields: Vec<String> = line.split(':').map(str::to_string).collect();
+                if fields.len() == 7 && fields[0] == self.user {
+                    found = true;
+                    fields[5] = account.home.display().to_string();
+                    fields[6] = account.shell.display().to_string();
+                }
+                fields.join(":")
+            })
+            .collect();
+        assert!(found, "{} is not in /etc/passwd", self.user);
+        let path = self.dir().join("passwd");
+        std::fs::write(&path, lines.join("\n") + "\n").expect("write passwd");
         path
     }
 
@@ -368,7 +442,30 @@ impl SshServer {
             .append(true)
             .open(&log_path)
             .expect("open sshd log");
-        let child = std::process::Command::new(SSHD)
+        let mut command = if self.options.noexec_tmp {
+            // unshare and sh exec in place: the listener's pid stays sshd's.
+            let mut command = std::process::Command::new("unshare");
+            command.args([
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                "mount --bind /tmp /tmp && mount -o remount,bind,noexec /tmp && exec \"$@\"",
+                "sh",
+                SSHD,
+            ]);
+            command
+        } else {
+            std::process::Command::new(SSHD)
+        };
+        if let Some(account) = &self.options.account {
+            command
+                .env("LD_PRELOAD", NSS_WRAPPER)
+                .env("NSS_WRAPPER_PASSWD", self.write_passwd(account))
+                .env("NSS_WRAPPER_GROUP", "/etc/group");
+        }
+        let child = command
             .args(["-D", "-e", "-f"])
             .arg(&config)
             .stdin(Stdio::null())

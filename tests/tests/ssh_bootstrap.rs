@@ -42,12 +42,25 @@ fn sha256_of(path: &Path) -> String {
     String::from_utf8(output.stdout).unwrap()[..64].to_string()
 }
 
+/// A login shell for [`World::plain`].
+#[derive(Clone, Copy, Debug)]
+enum Shell {
+    /// Debian's busybox, as `ash`.
+    BusyboxAsh,
+    Dash,
+}
+
 /// One sshd, one install root, one local pi-remote config directory.
 struct World {
     server: SshServer,
     known_hosts: PathBuf,
     ssh_config: PathBuf,
-    remote_root: tempfile::TempDir,
+    /// The install root, or (for a [`World::plain`] remote) the home that holds it.
+    _remote_root: tempfile::TempDir,
+    /// The install root on the remote.
+    root: PathBuf,
+    /// What `--remote-dir` says (the root, or `~/.pi-host`).
+    remote_dir: String,
     workspaces: tempfile::TempDir,
     local_config: tempfile::TempDir,
     scratch: tempfile::TempDir,
@@ -55,16 +68,69 @@ struct World {
 
 impl World {
     async fn start(options: SshdOptions) -> World {
+        let remote_root = tempfile::tempdir().unwrap();
+        let root = remote_root.path().to_path_buf();
+        let remote_dir = root.display().to_string();
+        World::start_with(options, remote_root, root, remote_dir).await
+    }
+
+    /// A remote as plain as they come: `shell` is the login shell, the home's path holds spaces
+    /// and lies outside /tmp, which is mounted `noexec` (the install root is the default,
+    /// `~/.pi-host`), and there is no systemd. docs/architecture.md, "One `pi-remote connect`".
+    async fn plain(shell: Shell) -> World {
+        // Outside /tmp, which is noexec for this sshd; in the target dir, removed with it.
+        let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let home = tempfile::Builder::new()
+            .prefix("plain home ")
+            .tempdir_in(base)
+            .unwrap();
+        let root = home.path().join(".pi-host");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let shell = match shell {
+            Shell::BusyboxAsh => {
+                // sshd runs the shell with its file name as argv[0]: busybox then runs ash.
+                let dir = home.path().join(".login-shell");
+                std::fs::create_dir(&dir).unwrap();
+                let busybox = ["/usr/bin/busybox", "/bin/busybox"]
+                    .into_iter()
+                    .find(|p| Path::new(p).exists())
+                    .expect("busybox is installed (scripts/test installs it)");
+                std::os::unix::fs::symlink(busybox, dir.join("ash")).unwrap();
+                dir.join("ash")
+            }
+            Shell::Dash => PathBuf::from("/bin/dash"),
+        };
+        assert!(
+            tests::sshd::nss_wrapper_installed(),
+            "libnss-wrapper is missing (scripts/test installs it)"
+        );
+        let options = SshdOptions {
+            account: Some(tests::sshd::RemoteAccount {
+                shell,
+                home: home.path().to_path_buf(),
+            }),
+            noexec_tmp: true,
+            ..SshdOptions::default()
+        };
+        World::start_with(options, home, root, "~/.pi-host".into()).await
+    }
+
+    async fn start_with(
+        options: SshdOptions,
+        remote_root: tempfile::TempDir,
+        root: PathBuf,
+        remote_dir: String,
+    ) -> World {
         let server = SshServer::start(options).await;
         let scratch = tempfile::tempdir().unwrap();
         let known_hosts = scratch.path().join("known_hosts");
         std::fs::write(&known_hosts, format!("{}\n", server.known_hosts_line())).unwrap();
         let ssh_config = server.write_ssh_config("box", &known_hosts);
-        let remote_root = tempfile::tempdir().unwrap();
         let workspaces = tempfile::tempdir().unwrap();
         // The operator's config for the remote host: the stand-in agent, the test's roots.
         std::fs::write(
-            remote_root.path().join("config.toml"),
+            root.join("config.toml"),
             format!(
                 "agent = {:?}\nroots = [{:?}]\n",
                 stand_in_agent().display().to_string(),
@@ -76,7 +142,9 @@ impl World {
             server,
             known_hosts,
             ssh_config,
-            remote_root,
+            _remote_root: remote_root,
+            root,
+            remote_dir,
             workspaces,
             local_config: tempfile::tempdir().unwrap(),
             scratch,
@@ -84,7 +152,7 @@ impl World {
     }
 
     fn root(&self) -> &Path {
-        self.remote_root.path()
+        &self.root
     }
 
     /// deploy/release.sh over a stripped copy of the test build of pi-host (a fifth of the
@@ -142,7 +210,7 @@ impl World {
         }
         command
             .arg("--remote-dir")
-            .arg(self.root())
+            .arg(&self.remote_dir)
             .args(extra)
             .env("PI_REMOTE_CONFIG_DIR", self.local_config.path())
             .env_remove("SSH_AUTH_SOCK")
@@ -1295,4 +1363,164 @@ fn host_names_are_canonical_as_ssh_makes_them() {
         }
     }
     assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
+/// `ssh box COMMAND` with the OpenSSH client: its stdout.
+async fn remote_output(world: &World, command: &str) -> String {
+    let output = world
+        .server
+        .openssh(&world.ssh_config, "box")
+        .arg(command)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "ssh {command}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A remote with a plain login shell, a home whose path holds spaces, /tmp `noexec` and no
+/// systemd: a cold install then a warm connect, into the default `~/.pi-host`.
+async fn plain_remote_installs_and_runs(shell: Shell, shell_name: &str) {
+    let world = World::plain(shell).await;
+    // The remote is what the test says it is.
+    let seen = remote_output(
+        &world,
+        r#"echo "$0"; echo "$HOME"; grep ' /tmp ' /proc/self/mountinfo"#,
+    )
+    .await;
+    let mut lines = seen.lines();
+    assert_eq!(lines.next(), Some(shell_name), "{seen}");
+    let home = lines.next().unwrap();
+    assert!(home.contains(' '), "{seen}");
+    assert!(
+        lines.any(|l| l.contains("noexec")),
+        "/tmp is noexec: {seen}"
+    );
+    let release = world.release("release", None);
+
+    let cold = world.connect(&release, &[]).await;
+    let ready = cold.assert_ok();
+    assert_eq!(ready["hostVersion"], VERSION);
+    assert_eq!(ready["transferred"], true);
+    assert!(world.root().starts_with(home));
+    assert!(world.current().ends_with(&format!("versions/{VERSION}")));
+    let state = world.state();
+    assert!(pid_alive(&state["pid"]));
+    // Detached (no systemd here, and a root with spaces never takes the systemd path).
+    assert!(
+        !world
+            .root()
+            .join("staging")
+            .read_dir()
+            .unwrap()
+            .any(|_| true),
+        "the staging dir is left empty"
+    );
+
+    let warm = world.connect(&release, &[]).await;
+    let ready = warm.assert_ok();
+    assert_eq!(ready["transferred"], false);
+    assert_eq!(ready["started"], false);
+    assert_eq!(world.state()["pid"], state["pid"]);
+}
+
+#[tokio::test]
+async fn a_remote_whose_login_shell_is_busybox_ash() {
+    plain_remote_installs_and_runs(Shell::BusyboxAsh, "ash").await;
+}
+
+#[tokio::test]
+async fn a_remote_whose_login_shell_is_dash() {
+    plain_remote_installs_and_runs(Shell::Dash, "dash").await;
+}
+
+/// A remote whose `uname`, `getconf` and `ldd` are the given scripts (first on the session's
+/// PATH): the connect must stop after the probe with `unsupported_platform`, before anything
+/// is uploaded.
+async fn refused_platform(stand_ins: &[(&str, &str)]) -> Value {
+    let bin = tempfile::tempdir().unwrap();
+    for (name, script) in stand_ins {
+        let path = bin.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let world = World::start(SshdOptions {
+        path_prefix: vec![bin.path().to_path_buf()],
+        ..SshdOptions::default()
+    })
+    .await;
+    let release = world.release("release", None);
+    let outcome = world.connect(&release, &[]).await;
+    let error = outcome.error().clone();
+    assert_eq!(error["code"], "HOST_BOOTSTRAP_FAILED", "{outcome:#?}");
+    assert_eq!(
+        error["details"]["reason"], "unsupported_platform",
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.status("probe"), Some("done"));
+    assert_eq!(
+        outcome.status("transfer"),
+        None,
+        "nothing was uploaded: {outcome:#?}"
+    );
+    assert!(!outcome.events.iter().any(|e| e["type"] == "progress"));
+    let staged = world.root().join("staging");
+    assert!(!staged.exists() || staged.read_dir().unwrap().next().is_none());
+    assert!(!world.root().join("versions").exists());
+    error["details"].clone()
+}
+
+/// `uname` on an arm machine: `-m` says aarch64, the rest is the real uname.
+const ARM_UNAME: &str =
+    r#"for a; do case $a in -m) echo aarch64; exit 0;; esac; done; exec /bin/uname "$@""#;
+
+#[tokio::test]
+async fn an_arm_remote_is_refused_before_the_upload() {
+    let details = refused_platform(&[("uname", ARM_UNAME)]).await;
+    assert_eq!(details["found"]["arch"], "aarch64");
+    assert_eq!(details["found"]["os"], "Linux");
+    let platforms = details["needed"]["platforms"].as_array().unwrap();
+    assert!(
+        platforms
+            .iter()
+            .all(|p| p.as_str().unwrap().ends_with(std::env::consts::ARCH))
+    );
+}
+
+#[tokio::test]
+async fn a_remote_with_too_old_a_glibc_is_refused_before_the_upload() {
+    let details = refused_platform(&[(
+        "getconf",
+        r#"[ "$1" = GNU_LIBC_VERSION ] && { echo 'glibc 2.12'; exit 0; }; exec /usr/bin/getconf "$@""#,
+    )])
+    .await;
+    assert_eq!(details["found"]["libc"], "glibc");
+    assert_eq!(details["found"]["libcVersion"], "2.12");
+    assert_eq!(details["needed"]["libc"], "glibc");
+    assert!(
+        details["needed"]["glibcMin"]
+            .as_str()
+            .unwrap()
+            .starts_with("2.")
+    );
+}
+
+#[tokio::test]
+async fn a_musl_remote_is_refused_before_the_upload() {
+    // Alpine: getconf knows no GNU_LIBC_VERSION, musl's ldd names itself on stderr.
+    let details = refused_platform(&[
+        (
+            "getconf",
+            r#"[ "$1" = GNU_LIBC_VERSION ] && exit 1; exec /usr/bin/getconf "$@""#,
+        ),
+        (
+            "ldd",
+            "printf 'musl libc (x86_64)\\nVersion 1.2.4\\n' >&2; exit 1",
+        ),
+    ])
+    .await;
+    assert_eq!(details["found"]["libc"], "musl");
+    assert_eq!(details["found"]["libcVersion"], "1.2.4");
+    assert_eq!(details["needed"]["libc"], "glibc");
 }

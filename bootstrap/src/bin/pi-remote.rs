@@ -62,9 +62,10 @@ enum Command {
         /// The host's HOST:PORT, for a bare token.
         #[arg(long)]
         host: Option<String>,
-        /// The host's certificate SHA-256 (64 hex digits, `certSha256` of `pi-host pair`), for a
-        /// bare token.
-        #[arg(long)]
+        /// The host's certificate SHA-256 to pin (64 hex digits, `certSha256` of `pi-host
+        /// pair`; `sha256:HEX` and openssl's `AB:CD:…` work too): needed with a bare token, and
+        /// checked against the racps:// link's `cert=` when both are given.
+        #[arg(long, visible_alias = "cert")]
         cert_sha256: Option<racp_proto::fingerprint::CertSha256>,
         /// Accept a plain racp:// link, for a host run with --plain: the token then goes to
         /// whatever holds the port, with nothing to prove it is the host.

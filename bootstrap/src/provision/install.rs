@@ -1,71 +1,183 @@
-//! The transfer, verify and install stages: the release's build and install.sh go into a
-//! staging directory of this connect, their SHA-256 sums are checked on the remote against the
-//! manifest, and install.sh installs the build. Nothing of the running host or of `current`
-//! changes until install.sh switches `current` at its very end.
+//! The stages after the probe, in the same remote command ([`remote_shell::session_script`]):
+//! transfer → verify → install → start (and the pairing token's mint). The build streams into
+//! `tee FILE | sha256sum` on the remote, so it is hashed as it arrives, with no second pass;
+//! install.sh travels inside the command. Nothing of the running host or of `current` changes
+//! until install.sh switches `current` at its very end.
 
 use super::release::{self, Release};
-use super::remote_shell::{self, Probe, sh_quote};
+use super::remote_shell::{self, Plan, Probe};
 use super::stage::{Progress, Reporter, Stage};
-use super::{
-    StageClock, last_line, remote_failed, run_remote, ssh_failed, stage_failed, version_mismatch,
-};
-use crate::ssh::SshSession;
-use racp_proto::AppError;
-use serde_json::json;
+use super::{StageClock, remote_failed, ssh_failed, stage_failed, version_mismatch};
+use crate::ssh::{ExecOutput, RemoteCommand, SshError};
+use racp_proto::{AppError, ErrorCode, ErrorSource};
+use serde_json::{Value, json};
 
-/// transfer → verify → install. Nothing of the running host or of `current` changes until
-/// install.sh switches `current` at its very end.
-pub(super) async fn install(
-    session: &SshSession,
-    probe: &mut Probe,
-    release: Option<&Release>,
-    wanted: &str,
+/// What the rest of the command reported.
+#[derive(Debug, Default)]
+pub(super) struct Outcome {
+    /// install.sh start's state line.
+    pub state: Option<Value>,
+    /// `pi-host pair --json`.
+    pub minted: Option<Value>,
+}
+
+/// Sends the plan (and the build, when installing) to the command the probe ran in, and
+/// follows the stages it reports. On failure the error names the stage that was running.
+pub(super) async fn carry_out(
+    mut remote: RemoteCommand,
+    plan: &Plan,
+    artifact: Option<(&Release, &release::Artifact)>,
     reporter: &dyn Reporter,
-) -> Result<(), AppError> {
-    let (release, artifact, sha_command) = installable(probe, release, wanted)?;
+) -> Result<Outcome, AppError> {
+    let mut clock = None;
+    let mut stage = Stage::Start;
+    let mut total = 0;
+    if let Some((release, artifact)) = artifact {
+        let path = release.dir.join(&artifact.file);
+        total = std::fs::metadata(&path)
+            .map_err(|e| {
+                stage_failed(
+                    Stage::Transfer,
+                    format!("cannot read {}: {e}", path.display()),
+                    json!({}),
+                )
+            })?
+            .len();
+        stage = Stage::Transfer;
+        clock = Some(StageClock::start(reporter, Stage::Transfer));
+        let sent = match remote.send(plan.line().as_bytes()).await {
+            Ok(()) => {
+                let mut on_progress =
+                    |sent: u64| reporter.report(Progress::Transfer { sent, total });
+                remote.send_file(&path, &mut on_progress).await
+            }
+            Err(err) => Err(err),
+        };
+        if let Err(err) = sent {
+            return Err(match err {
+                // The remote ended early: its output says why.
+                SshError::Protocol(_) => {
+                    let output = remote.finish().await.unwrap_or_default();
+                    remote_failed(Stage::Transfer, "the upload", &output)
+                }
+                other => ssh_failed(Stage::Transfer, other),
+            });
+        }
+    } else {
+        remote
+            .send(plan.line().as_bytes())
+            .await
+            .map_err(|e| ssh_failed(Stage::Start, e))?;
+    }
+    remote.eof().await.map_err(|e| ssh_failed(stage, e))?;
 
-    let clock = StageClock::start(reporter, Stage::Transfer);
-    let installer = &release.manifest.installer;
-    let files = [
-        (artifact.file.as_str(), artifact.sha256.as_str()),
-        (installer.file.as_str(), installer.sha256.as_str()),
-    ];
-    let total = upload_size(release, &files)?;
-    // Each connect uploads into its own directory, so two desktops installing at once never
-    // mix their files (install.sh's lock serializes the installs themselves). Directories left
-    // by a connect that died halfway are removed after an hour.
-    let run_dir = format!("{}/staging/{}", probe.root, nonce());
-    let prepare = format!(
-        "mkdir -p {dir} && find {staging} -mindepth 1 -maxdepth 1 -mmin +60 -exec rm -rf {{}} + 2>/dev/null; true",
-        dir = sh_quote(&run_dir),
-        staging = sh_quote(&format!("{}/staging", probe.root)),
-    );
-    run_remote(session, Stage::Transfer, "mkdir", &prepare).await?;
-    let upload = Upload {
-        release,
-        artifact,
-        files,
-        sha_command,
-        run_dir,
-        total,
+    let mut outcome = Outcome::default();
+    let mut verified: Vec<(String, String)> = Vec::new();
+    let mut note = None;
+    while let Some(line) = remote.next_line().await {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        match key {
+            "stage" => {
+                let next = match value {
+                    "transfer" => continue,
+                    "verify" => Stage::Verify,
+                    "install" => Stage::Install,
+                    "start" => Stage::Start,
+                    "pair" => Stage::Pair,
+                    _ => continue,
+                };
+                let done_note = match stage {
+                    Stage::Transfer => Some(format!("{total} bytes")),
+                    _ => note.take(),
+                };
+                if let Some(clock) = clock.take() {
+                    clock.done(done_note);
+                }
+                stage = next;
+                // The pair stage is reported when the token is traded, through the forward.
+                if next != Stage::Pair {
+                    clock = Some(StageClock::start(reporter, next));
+                }
+            }
+            "verified" => {
+                if let Some((file, sum)) = value.split_once(' ') {
+                    verified.push((file.to_string(), sum.to_string()));
+                }
+            }
+            "installed" => note = Some(value.to_string()),
+            "state" => {
+                outcome.state = serde_json::from_str(value).ok();
+                note = outcome
+                    .state
+                    .as_ref()
+                    .and_then(|state| state["listen"].as_str())
+                    .map(|listen| format!("listening on {listen}"));
+            }
+            "pair" => outcome.minted = serde_json::from_str(value).ok(),
+            _ => {}
+        }
+    }
+    let output = remote.finish().await.map_err(|e| ssh_failed(stage, e))?;
+    if !output.success() {
+        return Err(failed(stage, &output, plan, &verified));
+    }
+    if let Some(clock) = clock.take() {
+        clock.done(note);
+    }
+    Ok(outcome)
+}
+
+/// The error for a command that failed during `stage`.
+fn failed(
+    stage: Stage,
+    output: &ExecOutput,
+    plan: &Plan,
+    verified: &[(String, String)],
+) -> AppError {
+    if stage == Stage::Verify
+        && let Some((artifact, artifact_sha, installer_sha)) = &plan.install
+    {
+        for (file, expected) in [
+            (artifact, artifact_sha),
+            (&"install.sh".to_string(), installer_sha),
+        ] {
+            let actual = verified
+                .iter()
+                .find(|(f, _)| f == file)
+                .map(|(_, sum)| sum.as_str());
+            if actual.is_some_and(|a| !a.eq_ignore_ascii_case(expected)) {
+                return stage_failed(
+                    Stage::Verify,
+                    format!(
+                        "{file} arrived with SHA-256 {} but the manifest says {expected}; nothing was installed",
+                        actual.unwrap_or("(none)")
+                    ),
+                    // stderr says why, when the remote knows (a write that failed: disk full).
+                    json!({"file": file, "expected": expected, "actual": actual, "stderrTail": output.stderr_tail()}),
+                );
+            }
+        }
+    }
+    let what = match stage {
+        Stage::Transfer => "the upload",
+        Stage::Verify => "the SHA-256 check",
+        Stage::Install => "install.sh install",
+        Stage::Start => "install.sh start",
+        Stage::Pair => "pi-host pair",
+        _ => "the remote command",
     };
-    let result = upload_verify_install(session, probe, &upload, wanted, clock, reporter).await;
-    let _ = session
-        .exec(&format!("rm -rf {}", sh_quote(&upload.run_dir)))
-        .await;
-    result?;
-    probe.installed = Some(wanted.to_string());
-    probe.has_installer = true;
-    Ok(())
+    remote_failed(stage, what, output)
 }
 
 /// What an install needs: a release with a build for the remote's platform, and a command on
 /// the remote that prints SHA-256 sums.
-fn installable<'r>(
+pub(super) fn installable<'r>(
     probe: &Probe,
     release: Option<&'r Release>,
     wanted: &str,
-) -> Result<(&'r Release, &'r release::Artifact, String), AppError> {
+) -> Result<(&'r Release, &'r release::Artifact), AppError> {
     let platform = format!(
         "{}-{}",
         release::normalize_os(&probe.os),
@@ -81,162 +193,151 @@ fn installable<'r>(
             "pi-host {wanted} is not on the remote and no release directory was given (pass --release-dir; deploy/release.sh makes one)"
         )));
     };
-    let Some(artifact) = release.artifact_for(&probe.os, &probe.arch) else {
-        return Err(unavailable(format!(
-            "the release in {} has no build for {platform} (it has {})",
-            release.dir.display(),
-            release.platforms().join(", ")
-        )));
-    };
-    let Some(sha_command) = probe.sha_command.clone() else {
+    let artifact = supported(probe, release)?;
+    if probe.sha_command.is_none() {
         return Err(stage_failed(
             Stage::Verify,
             "the remote has neither sha256sum nor shasum",
             json!({}),
         ));
-    };
-    Ok((release, artifact, sha_command))
+    }
+    Ok((release, artifact))
 }
 
-/// The bytes the upload sends.
-fn upload_size(release: &Release, files: &[(&str, &str)]) -> Result<u64, AppError> {
-    let mut total = 0;
-    for (file, _) in files {
-        let path = release.dir.join(file);
-        total += std::fs::metadata(&path)
-            .map_err(|e| {
-                stage_failed(
-                    Stage::Transfer,
-                    format!("cannot read {}: {e}", path.display()),
-                    json!({}),
-                )
-            })?
-            .len();
+/// The release's build for the remote, checked before anything is uploaded: the remote's OS and
+/// architecture must have one, and a Linux build linked against glibc needs a glibc at least as
+/// new as the one it was built for (musl cannot load it). A C library the probe could not
+/// identify is let through: install.sh runs the binary before switching to it.
+pub(super) fn supported<'r>(
+    probe: &Probe,
+    release: &'r Release,
+) -> Result<&'r release::Artifact, AppError> {
+    let found = json!({
+        "os": probe.os,
+        "arch": probe.arch,
+        "libc": probe.libc.family,
+        "libcVersion": probe.libc.version,
+    });
+    let remote = format!("{} {} with {}", probe.os, probe.arch, probe.libc.describe());
+    let Some(artifact) = release.artifact_for(&probe.os, &probe.arch) else {
+        let platforms = release.platforms();
+        return Err(unsupported_platform(
+            format!(
+                "the remote is {remote}; the release in {} has builds for {} only",
+                release.dir.display(),
+                platforms.join(", ")
+            ),
+            found,
+            json!({"platforms": platforms}),
+        ));
+    };
+    let linux = release::normalize_os(&probe.os) == "linux";
+    let Some(min) = artifact.glibc.as_deref().filter(|_| linux) else {
+        return Ok(artifact);
+    };
+    let needed = json!({"platforms": [format!("{}-{}", artifact.os, artifact.arch)], "libc": "glibc", "glibcMin": min});
+    let too_old = match (probe.libc.family.as_str(), probe.libc.version.as_deref()) {
+        ("musl", _) => true,
+        ("glibc", Some(version)) => remote_shell::version_cmp(version, min).is_lt(),
+        _ => false,
+    };
+    if too_old {
+        return Err(unsupported_platform(
+            format!("the remote is {remote}; this release's build needs glibc {min} or newer"),
+            found,
+            needed,
+        ));
     }
-    Ok(total)
+    Ok(artifact)
+}
+
+/// HOST_BOOTSTRAP_FAILED with `details.reason: "unsupported_platform"`: what the remote is and
+/// what the release needs (docs/error-codes.md).
+fn unsupported_platform(message: String, found: Value, needed: Value) -> AppError {
+    AppError::new(
+        ErrorCode::HostBootstrapFailed,
+        format!("unsupported platform: {message}; nothing was uploaded"),
+    )
+    .with_details(json!({
+        "reason": "unsupported_platform",
+        "found": found,
+        "needed": needed,
+        "hint": "run pi-host on a machine the release has a build for (deploy/README.md, \"The glibc floor\")",
+    }))
+    .with_source(ErrorSource::Bootstrap)
 }
 
 /// Sixteen hex digits from the OS's random source.
-fn nonce() -> String {
+pub(super) fn nonce() -> String {
     let mut bytes = [0u8; 8];
     let _ = getrandom::fill(&mut bytes);
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A release's build and its install.sh on their way to a staging directory on the remote.
-struct Upload<'a> {
-    release: &'a Release,
-    artifact: &'a release::Artifact,
-    /// `(file, SHA-256 in the manifest)`: the build, then install.sh.
-    files: [(&'a str, &'a str); 2],
-    /// The remote's command that prints SHA-256 sums.
-    sha_command: String,
-    /// This connect's staging directory on the remote.
-    run_dir: String,
-    /// The bytes to send.
-    total: u64,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provision::release::{Artifact, FileEntry, Manifest};
 
-impl Upload<'_> {
-    /// Where `file` goes on the remote, as a shell word.
-    fn remote_path(&self, file: &str) -> String {
-        sh_quote(&format!("{}/{file}", self.run_dir))
+    fn release(glibc: Option<&str>) -> Release {
+        Release {
+            dir: "/release".into(),
+            manifest: Manifest {
+                version: "1.0.0".into(),
+                artifacts: vec![Artifact {
+                    os: "linux".into(),
+                    arch: "x86_64".into(),
+                    file: "pi-host-1.0.0-linux-x86_64.tar.gz".into(),
+                    sha256: "00".into(),
+                    glibc: glibc.map(str::to_string),
+                }],
+                installer: FileEntry {
+                    file: "install.sh".into(),
+                    sha256: "00".into(),
+                },
+            },
+        }
     }
-}
 
-/// The rest of the transfer stage (its clock is running), then verify and install.
-async fn upload_verify_install(
-    session: &SshSession,
-    probe: &Probe,
-    upload: &Upload<'_>,
-    wanted: &str,
-    clock: StageClock<'_>,
-    reporter: &dyn Reporter,
-) -> Result<(), AppError> {
-    send_files(session, upload, reporter).await?;
-    clock.done(Some(format!("{} bytes", upload.total)));
+    fn probe(arch: &str, libc: &str) -> Probe {
+        Probe::parse(&format!("root=/r\nos=Linux\narch={arch}\n{libc}\n")).unwrap()
+    }
 
-    let clock = StageClock::start(reporter, Stage::Verify);
-    verify_sums(session, upload).await?;
-    clock.done(None);
-
-    let clock = StageClock::start(reporter, Stage::Install);
-    let command = format!(
-        "sh {} install --root {} --version {} --artifact {}",
-        upload.remote_path(&upload.release.manifest.installer.file),
-        probe.root_word(),
-        sh_quote(wanted),
-        upload.remote_path(&upload.artifact.file)
-    );
-    let output = run_remote(session, Stage::Install, "install.sh", &command).await?;
-    clock.done(last_line(&output.stdout_text()).map(str::to_string));
-    Ok(())
-}
-
-/// Sends the files (`cat > FILE` over SSH), reporting the bytes sent.
-async fn send_files(
-    session: &SshSession,
-    upload: &Upload<'_>,
-    reporter: &dyn Reporter,
-) -> Result<(), AppError> {
-    let release = upload.release;
-    let mut sent_before = 0;
-    for (file, _) in upload.files {
-        let mut on_progress = |sent: u64| {
-            reporter.report(Progress::Transfer {
-                sent: sent_before + sent,
-                total: upload.total,
-            })
+    #[test]
+    fn only_a_remote_the_build_runs_on_is_supported() {
+        let release = release(Some("2.17"));
+        for ok in [
+            "libc=glibc 2.17",
+            "libc=glibc 2.36",
+            "ldd=sh: ldd: not found",
+        ] {
+            assert!(supported(&probe("x86_64", ok), &release).is_ok(), "{ok}");
+        }
+        let refused = |arch: &str, libc: &str| {
+            let error = supported(&probe(arch, libc), &release).unwrap_err();
+            assert_eq!(error.code(), ErrorCode::HostBootstrapFailed);
+            error.details().unwrap().clone()
         };
-        let output = session
-            .exec_with_input(
-                &format!("cat > {}", upload.remote_path(file)),
-                Some(&release.dir.join(file)),
-                &mut on_progress,
+        let old = refused("x86_64", "libc=glibc 2.12");
+        assert_eq!(old["reason"], "unsupported_platform");
+        assert_eq!(old["found"]["libcVersion"], "2.12");
+        assert_eq!(old["needed"]["glibcMin"], "2.17");
+        let musl = refused("x86_64", "ldd=musl libc (x86_64) Version 1.2.4");
+        assert_eq!(musl["found"]["libc"], "musl");
+        let arm = refused("aarch64", "libc=glibc 2.36");
+        assert_eq!(arm["found"]["arch"], "aarch64");
+        assert_eq!(arm["needed"]["platforms"], json!(["linux-x86_64"]));
+        // A manifest from before the floor was recorded: any glibc goes.
+        assert!(
+            supported(
+                &probe("x86_64", "libc=glibc 2.12"),
+                &release_without_floor()
             )
-            .await
-            .map_err(|e| ssh_failed(Stage::Transfer, e))?;
-        if !output.success() {
-            return Err(remote_failed(Stage::Transfer, "the upload", &output));
-        }
-        sent_before += std::fs::metadata(release.dir.join(file))
-            .map(|m| m.len())
-            .unwrap_or(0);
+            .is_ok()
+        );
     }
-    Ok(())
-}
 
-/// Checks each file's SHA-256 on the remote against the manifest.
-async fn verify_sums(session: &SshSession, upload: &Upload<'_>) -> Result<(), AppError> {
-    let sha_command = upload.sha_command.as_str();
-    let paths: Vec<String> = upload
-        .files
-        .iter()
-        .map(|(f, _)| upload.remote_path(f))
-        .collect();
-    let output = run_remote(
-        session,
-        Stage::Verify,
-        sha_command,
-        &format!("{sha_command} {}", paths.join(" ")),
-    )
-    .await?;
-    let sums = remote_shell::parse_sums(&output.stdout_text());
-    for (file, expected) in upload.files {
-        let actual = sums
-            .iter()
-            .find(|(_, name)| name == file)
-            .map(|(hash, _)| hash.as_str());
-        if actual != Some(&expected.to_ascii_lowercase()) {
-            return Err(stage_failed(
-                Stage::Verify,
-                format!(
-                    "{file} arrived with SHA-256 {} but the manifest says {expected}; nothing was installed",
-                    actual.unwrap_or("(none)")
-                ),
-                json!({"file": file, "expected": expected, "actual": actual}),
-            ));
-        }
+    fn release_without_floor() -> Release {
+        release(None)
     }
-    Ok(())
 }

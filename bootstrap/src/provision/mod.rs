@@ -21,7 +21,7 @@ use racp_proto::methods::handshake::PairParams;
 use racp_proto::methods::host::HostInfoResult;
 use racp_proto::{AppError, Empty, ErrorCode, ErrorSource, Role, calls};
 use release::Release;
-use remote_shell::{Probe, Running, sh_quote};
+use remote_shell::{Plan, Probe, Running, sh_quote};
 use serde_json::{Value, json};
 use stage::{Progress, Reporter, Stage};
 use std::path::PathBuf;
@@ -254,47 +254,122 @@ pub(crate) struct Link {
 }
 
 /// What the stages up to `start` did.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Work {
     transferred: bool,
     installed: bool,
     started: bool,
+    /// A pairing token minted in the same remote command (`pi-host pair --json`).
+    minted: Option<Value>,
 }
 
-/// resolve → … → start: an SSH session and the port of a host of the wanted version.
+/// resolve → … → start: an SSH session and the port of a host of the wanted version. One
+/// remote command does it all ([`remote_shell::session_script`]): it probes, and then, as the
+/// bootstrapper decides from the probe, takes the build on stdin and installs, starts and mints
+/// a pairing token (`mint`: when there is no stored credential to reuse).
 async fn establish(
     options: &BootstrapOptions,
     reporter: &dyn Reporter,
+    mint: bool,
 ) -> Result<(Link, Work, String), AppError> {
     let (destination, release, wanted) = resolve_stage(options, reporter)?;
+    let installer = match &release {
+        Some(release) => Some(
+            release
+                .installer_text()
+                .map_err(|e| stage_failed(Stage::Resolve, e, json!({})))?,
+        ),
+        None => None,
+    };
     let session = Arc::new(ssh_connect(&destination, options, reporter).await?);
-    let (mut probe, running) = probe_stage(&session, options, reporter).await?;
+    let script = remote_shell::session_script(
+        &options.remote_dir,
+        &wanted,
+        installer.as_deref(),
+        &install::nonce(),
+    );
+    let (remote, mut probe, running) = probe_stage(&session, &script, reporter).await?;
 
     let mut work = Work::default();
     if let Some(running) = running
         .as_ref()
         .filter(|r| r.version == wanted && !r.draining)
     {
+        let plan = Plan {
+            mint,
+            version: wanted.clone(),
+            ..Plan::default()
+        };
+        if mint {
+            let outcome = install::carry_out(remote, &plan, None, reporter).await?;
+            work.minted = outcome.minted;
+        } else {
+            // EOF instead of a plan: the command ends.
+            let _ = remote.finish().await;
+        }
         let link = warm_link(session, probe, running, &wanted, reporter)?;
         return Ok((link, work, wanted));
     }
 
     let previous = probe.installed.clone();
+    let mut plan = Plan {
+        stop: running.is_some(),
+        start: true,
+        mint,
+        version: wanted.clone(),
+        ..Plan::default()
+    };
+    let mut artifact = None;
     if probe.installed.as_deref() == Some(wanted.as_str()) && probe.has_installer {
         for stage in [Stage::Transfer, Stage::Verify, Stage::Install] {
             skipped(reporter, stage, &format!("pi-host {wanted} is installed"));
         }
     } else {
-        install::install(&session, &mut probe, release.as_ref(), &wanted, reporter).await?;
+        // Checked before anything is uploaded: a platform the release cannot run on, no
+        // release, no SHA-256 tool. The command then gets EOF and ends.
+        let (release, chosen) = match install::installable(&probe, release.as_ref(), &wanted) {
+            Ok(found) => found,
+            Err(err) => {
+                let _ = remote.finish().await;
+                return Err(err);
+            }
+        };
+        plan.install = Some((
+            chosen.file.clone(),
+            chosen.sha256.clone(),
+            release.manifest.installer.sha256.clone(),
+        ));
+        artifact = Some((release, chosen));
         work.transferred = true;
         work.installed = true;
     }
 
     // Only a version this connect installed is rolled back, and only to another one.
     let rollback_to = previous.filter(|p| work.installed && *p != wanted);
-    let (remote_port, cert_sha256) =
-        start_stage(&session, &probe, running.is_some(), rollback_to, reporter).await?;
+    let outcome = match install::carry_out(remote, &plan, artifact, reporter).await {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            let failed_start = error.details().is_some_and(|d| d["reason"] == "start");
+            if work.installed {
+                probe.installed = Some(wanted.clone());
+                probe.has_installer = true;
+            }
+            return Err(match rollback_to.filter(|_| failed_start) {
+                Some(previous) => roll_back(&session, &probe, &previous, error).await,
+                None => error,
+            });
+        }
+    };
+    if work.installed {
+        probe.installed = Some(wanted.clone());
+        probe.has_installer = true;
+    }
+    let state = outcome.state.ok_or_else(|| {
+        stage_failed(Stage::Start, "install.sh start printed no state", json!({}))
+    })?;
+    let (remote_port, cert_sha256) = parse_state(&state)?;
     work.started = true;
+    work.minted = outcome.minted;
     let link = Link {
         session,
         remote_port,
@@ -327,34 +402,55 @@ fn resolve_stage(
     Ok((destination, release, wanted))
 }
 
-/// The probe stage: one remote command ([`remote_shell::probe_script`]) tells the platform,
-/// the installed version and the running host, if any.
+/// The probe stage: the session command starts and prints what it found (the platform, the
+/// installed version and the running host, if any), then waits for the plan.
 async fn probe_stage(
     session: &SshSession,
-    options: &BootstrapOptions,
+    script: &str,
     reporter: &dyn Reporter,
-) -> Result<(Probe, Option<Running>), AppError> {
+) -> Result<(ssh::RemoteCommand, Probe, Option<Running>), AppError> {
     let clock = StageClock::start(reporter, Stage::Probe);
-    let output = run_remote(
-        session,
-        Stage::Probe,
-        "the probe",
-        &remote_shell::probe_script(&options.remote_dir),
-    )
-    .await?;
-    let probe = Probe::parse(&output.stdout_text())
-        .map_err(|e| stage_failed(Stage::Probe, e, json!({})))?;
+    let mut remote = session
+        .start(script)
+        .await
+        .map_err(|e| ssh_failed(Stage::Probe, e))?;
+    let mut text = String::new();
+    loop {
+        match remote.next_line().await {
+            Some(line) if line == remote_shell::PROBE_END => break,
+            Some(line) => {
+                text.push_str(&line);
+                text.push('\n');
+            }
+            None => {
+                // It ended before the probe was through: its exit status and stderr say why.
+                let output = remote
+                    .finish()
+                    .await
+                    .map_err(|e| ssh_failed(Stage::Probe, e))?;
+                return Err(remote_failed(Stage::Probe, "the probe", &output));
+            }
+        }
+    }
+    let probe = match Probe::parse(&text) {
+        Ok(probe) => probe,
+        Err(e) => {
+            let _ = remote.finish().await;
+            return Err(stage_failed(Stage::Probe, e, json!({})));
+        }
+    };
     let running = probe.running();
     clock.done(Some(format!(
-        "{} {}, installed {}, running {}",
+        "{} {} {}, installed {}, running {}",
         probe.os,
         probe.arch,
+        probe.libc.describe(),
         probe.installed.as_deref().unwrap_or("none"),
         running
             .as_ref()
             .map_or("none".to_string(), |r| r.version.clone())
     )));
-    Ok((probe, running))
+    Ok((remote, probe, running))
 }
 
 /// The warm path: the wanted version already runs, so transfer to start are skipped.
@@ -381,39 +477,6 @@ fn warm_link(
         probe,
         cert_sha256,
     })
-}
-
-/// The start stage: stop the host that runs (another version, or a draining one), start the
-/// installed one; when that fails, put `rollback_to` back.
-async fn start_stage(
-    session: &SshSession,
-    probe: &Probe,
-    stop_first: bool,
-    rollback_to: Option<String>,
-    reporter: &dyn Reporter,
-) -> Result<(u16, CertSha256), AppError> {
-    let clock = StageClock::start(reporter, Stage::Start);
-    if stop_first {
-        // Another version (or a draining host) holds the data directory: stop it first.
-        run_remote(
-            session,
-            Stage::Start,
-            "install.sh stop",
-            &probe.installer("stop"),
-        )
-        .await?;
-    }
-    let started = match start_host(session, probe).await {
-        Ok(started) => started,
-        Err(error) => {
-            return Err(match rollback_to {
-                Some(previous) => roll_back(session, probe, &previous, error).await,
-                None => error,
-            });
-        }
-    };
-    clock.done(Some(format!("listening on 127.0.0.1:{}", started.0)));
-    Ok(started)
 }
 
 /// The new version installed but does not start: put the old one back, so the remote keeps a
@@ -469,6 +532,12 @@ async fn start_host(session: &SshSession, probe: &Probe) -> Result<(u16, CertSha
                 json!({"stdout": output.stdout_text(), "stderrTail": output.stderr_tail()}),
             )
         })?;
+    parse_state(&state)
+}
+
+/// The host's port on the remote and its certificate fingerprint, from the state install.sh
+/// start printed.
+fn parse_state(state: &Value) -> Result<(u16, CertSha256), AppError> {
     let port = state["listen"]
         .as_str()
         .and_then(|l| l.parse::<std::net::SocketAddr>().ok())
@@ -554,7 +623,9 @@ pub async fn connect(
     reporter: Arc<dyn Reporter>,
 ) -> Result<Connection, AppError> {
     let started = Instant::now();
-    let (link, work, wanted) = establish(&options, reporter.as_ref()).await?;
+    // Without a stored credential the token is minted in the connect's one remote command.
+    let mint = options.credential.is_none();
+    let (link, mut work, wanted) = establish(&options, reporter.as_ref(), mint).await?;
     let pin = link.cert_sha256;
 
     let clock = StageClock::start(reporter.as_ref(), Stage::Forward);
@@ -568,7 +639,7 @@ pub async fn connect(
         options: &options,
         reporter: reporter.as_ref(),
     };
-    let (credential, paired) = host.credential(pin).await?;
+    let (credential, paired) = host.credential(pin, work.minted.take()).await?;
     let (credential, paired, info) = host.handshake(credential, paired, pin, &wanted).await?;
 
     let summary = json!({
@@ -604,7 +675,11 @@ struct ForwardedHost<'a> {
 
 impl ForwardedHost<'_> {
     /// The pair stage: the stored credential, or a new one; `true` when paired now.
-    async fn credential(&self, pin: CertSha256) -> Result<(Credential, bool), AppError> {
+    async fn credential(
+        &self,
+        pin: CertSha256,
+        minted: Option<Value>,
+    ) -> Result<(Credential, bool), AppError> {
         match self.options.credential.clone() {
             // Reused only when paired with the certificate the host shows over SSH now.
             Some(credential) if credential.cert_sha256 == Some(pin) => {
@@ -614,7 +689,7 @@ impl ForwardedHost<'_> {
             // The host's identity was reset (new data directory) or the profile predates
             // pinning: SSH is the trusted path, so pair again through it; the stored token is
             // never sent to an endpoint with another certificate.
-            Some(_) | None => Ok((self.pair().await?, true)),
+            Some(_) | None => Ok((self.pair(minted).await?, true)),
         }
     }
 
@@ -636,7 +711,7 @@ impl ForwardedHost<'_> {
                 // The host no longer knows this device (reinstalled, revoked): pair again
                 // over SSH.
                 paired = true;
-                let credential = self.pair().await?;
+                let credential = self.pair(None).await?;
                 let pin = credential.cert_sha256.unwrap_or(pin);
                 let client = open_client(self.url, &credential.device_token, pin).await?;
                 (client, credential)
@@ -660,24 +735,31 @@ impl ForwardedHost<'_> {
     }
 
     /// Mints a pairing token over SSH and trades it for a device credential through the forward.
-    async fn pair(&self) -> Result<Credential, AppError> {
+    /// `minted`: a token the connect's remote command minted already; else one is minted now.
+    async fn pair(&self, minted: Option<Value>) -> Result<Credential, AppError> {
         let clock = StageClock::start(self.reporter, Stage::Pair);
-        let (session, probe) = self.forward.current_link().await?;
-        // The token travels inside the SSH channel only; it never appears in argv or on screen.
-        let output = run_remote(
-            &session,
-            Stage::Pair,
-            "pi-host pair",
-            &format!("{} pair --json --roles owner --ttl 2m", probe.pi_host()),
-        )
-        .await?;
-        let minted: Value = serde_json::from_str(output.stdout_text().trim()).map_err(|e| {
-            stage_failed(
-                Stage::Pair,
-                format!("pi-host pair printed no JSON: {e}"),
-                json!({}),
-            )
-        })?;
+        let minted = match minted {
+            Some(minted) => minted,
+            None => {
+                let (session, probe) = self.forward.current_link().await?;
+                // The token travels inside the SSH channel only; it never appears in argv or
+                // on screen.
+                let output = run_remote(
+                    &session,
+                    Stage::Pair,
+                    "pi-host pair",
+                    &format!("{} pair --json --roles owner --ttl 2m", probe.pi_host()),
+                )
+                .await?;
+                serde_json::from_str(output.stdout_text().trim()).map_err(|e| {
+                    stage_failed(
+                        Stage::Pair,
+                        format!("pi-host pair printed no JSON: {e}"),
+                        json!({}),
+                    )
+                })?
+            }
+        };
         let token = minted["token"]
             .as_str()
             .ok_or_else(|| stage_failed(Stage::Pair, "pi-host pair printed no token", json!({})))?;

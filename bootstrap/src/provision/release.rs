@@ -18,6 +18,10 @@ pub struct Artifact {
     pub arch: String,
     pub file: String,
     pub sha256: String,
+    /// The oldest glibc a Linux build runs on (deploy/README.md, "The glibc floor"); absent in
+    /// manifests from before it was recorded, and for builds not linked against glibc.
+    #[serde(default)]
+    pub glibc: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -66,6 +70,15 @@ impl Release {
             dir: dir.to_path_buf(),
             manifest,
         })
+    }
+
+    /// install.sh's text: it travels inside the remote command, and its SHA-256 is checked
+    /// against the manifest where it lands.
+    pub fn installer_text(&self) -> Result<String, String> {
+        let path = self.dir.join(&self.manifest.installer.file);
+        let bytes =
+            std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        String::from_utf8(bytes).map_err(|_| format!("{} is not text", path.display()))
     }
 
     /// The artifact for a platform as `uname -s` / `uname -m` print it.
@@ -139,6 +152,7 @@ mod tests {
                     arch: "aarch64".into(),
                     file: "f".into(),
                     sha256: "00".into(),
+                    glibc: None,
                 }],
                 installer: FileEntry {
                     file: "install.sh".into(),

@@ -1,8 +1,11 @@
 //! What runs on the remote: the probe, and the install.sh commands, as shell text.
 //!
 //! The probe is one command so the warm path costs one round trip: it creates the install root
-//! (private), and prints `key=value` lines: the root's absolute path, the platform, the
-//! installed version and, when a host runs, its `pi-host status --json`.
+//! (private), and prints `key=value` lines: the root's absolute path, the platform (OS,
+//! architecture, C library and its version), the installed version and, when a host runs, its
+//! `pi-host status --json`. The C library comes from `getconf GNU_LIBC_VERSION` (glibc), else
+//! `ldd --version` (musl prints its name and version there), else the presence of musl's
+//! loader (deploy/README.md, "The glibc floor").
 
 use serde_json::Value;
 
@@ -23,24 +26,236 @@ pub fn root_word(remote_dir: &str) -> String {
 /// The default install root on the remote.
 pub const DEFAULT_REMOTE_DIR: &str = "~/.pi-host";
 
-pub fn probe_script(remote_dir: &str) -> String {
+/// The line the probe part of [`session_script`] ends with.
+pub const PROBE_END: &str = "probe-end";
+
+/// The one command a connect runs (docs/architecture.md, "One `pi-remote connect`"): it probes
+/// (`key=value` lines, then [`PROBE_END`]), then reads one line from stdin, the bootstrapper's
+/// [`Plan`]: nothing (EOF: the warm path), or what to do: install the artifact that follows on
+/// stdin (written and hashed in one pass, as it arrives), stop the running host, start,
+/// mint a pairing token. Each step prints `stage=NAME` as it begins, so a failure names its
+/// stage; results come as `verified=`, `installed=`, `state=` and `pair=` lines.
+///
+/// `installer` is install.sh's text: it travels inside the command (a quoted here-document),
+/// written to disk only when installing, so the upload is the artifact alone.
+pub fn session_script(
+    remote_dir: &str,
+    wanted: &str,
+    installer: Option<&str>,
+    staging_name: &str,
+) -> String {
+    // A delimiter the installer's text cannot contain.
+    let mut delimiter = format!("PI_HOST_INSTALLER_{staging_name}");
+    while installer.is_some_and(|text| text.contains(&delimiter)) {
+        delimiter.push('_');
+    }
+    let write_installer = match installer {
+        Some(text) => {
+            let newline = if text.ends_with('\n') { "" } else { "\n" };
+            format!(
+                "write_installer() {{\ncat >\"$1\" <<'{delimiter}'\n{text}{newline}{delimiter}\n}}\n"
+            )
+        }
+        None => "write_installer() { echo 'no installer was sent' >&2; return 1; }\n".into(),
+    };
     format!(
         r#"umask 077
 R={root}
 mkdir -p "$R" && cd "$R" || exit 97
-echo "root=$(pwd -P)"
+R=$(pwd -P)
+echo "root=$R"
 echo "os=$(uname -s)"
 echo "arch=$(uname -m)"
 if [ -L current ]; then echo "current=$(readlink current)"; fi
 if [ -f install.sh ]; then echo "installer=yes"; fi
+s=
 if [ -x current/bin/pi-host ] && [ -S data/admin.sock ]; then
   s=$(current/bin/pi-host --data-dir data status --json 2>/dev/null) && echo "status=$s"
 fi
-if command -v sha256sum >/dev/null 2>&1; then echo "sha=sha256sum"
-elif command -v shasum >/dev/null 2>&1; then echo "sha=shasum -a 256"; fi
+# The C library matters only for an install: not looked at when the wanted version runs.
+case $s in *'"version":"{wanted}"'*) ;; *)
+  if v=$(getconf GNU_LIBC_VERSION 2>/dev/null) && [ -n "$v" ]; then echo "libc=$v"
+  else echo "ldd=$(ldd --version 2>&1 | head -n 2 | tr '\n' ' ')"; fi
+  for f in /lib/ld-musl-*.so.1; do [ -e "$f" ] && echo "musl=$f" && break; done ;;
+esac
+SHA=
+if command -v sha256sum >/dev/null 2>&1; then SHA=sha256sum
+elif command -v shasum >/dev/null 2>&1; then SHA='shasum -a 256'; fi
+[ -z "$SHA" ] || echo "sha=$SHA"
+echo {probe_end}
+{write_installer}IFS= read -r plan || exit 0
+set -f
+set -- $plan
+[ "${{1:-}}" = go ] || exit 0
+STOP=$2 INSTALL=$3 START=$4 MINT=$5 V=$6 ART=$7 ASHA=$8 ISHA=$9
+if [ "$INSTALL" = 1 ]; then
+  D=$R/staging/{staging}
+  find "$R/staging" -mindepth 1 -maxdepth 1 -mmin +60 -exec rm -rf {{}} + 2>/dev/null
+  mkdir -p "$D" || exit 90
+  trap 'rm -rf "$D"' EXIT
+  echo stage=transfer
+  got=$( (tee "$D/$ART" || echo tee-failed) | $SHA) || exit 91
+  echo stage=verify
+  echo "verified=$ART ${{got%% *}}"
+  [ "${{got%% *}}" = "$ASHA" ] || {{ echo "$ART arrived with another SHA-256 than the manifest's" >&2; exit 92; }}
+  write_installer "$D/install.sh" || exit 93
+  got=$($SHA <"$D/install.sh") || exit 93
+  echo "verified=install.sh ${{got%% *}}"
+  [ "${{got%% *}}" = "$ISHA" ] || {{ echo "install.sh arrived with another SHA-256 than the manifest's" >&2; exit 92; }}
+  echo stage=install
+  out=$(sh "$D/install.sh" install --root "$R" --version "$V" --artifact "$D/$ART") || exit $?
+  echo "installed=$(printf '%s\n' "$out" | tail -n 1)"
+fi
+if [ "$START" = 1 ]; then
+  echo stage=start
+  if [ "$STOP" = 1 ]; then sh "$R/install.sh" stop --root "$R" >/dev/null || exit $?; fi
+  out=$(sh "$R/install.sh" start --reuse --root "$R") || exit $?
+  echo "state=$(printf '%s\n' "$out" | tail -n 1)"
+fi
+if [ "$MINT" = 1 ]; then
+  echo stage=pair
+  out=$("$R/current/bin/pi-host" --data-dir "$R/data" pair --json --roles owner --ttl 2m) || exit $?
+  echo "pair=$(printf '%s' "$out" | tr -d '\n')"
+fi
 "#,
-        root = root_word(remote_dir)
+        root = root_word(remote_dir),
+        probe_end = PROBE_END,
+        staging = staging_name,
+        wanted = wanted,
     )
+}
+
+/// What the bootstrapper asks of [`session_script`] after the probe.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Stop the running host first (another version, or a draining one).
+    pub stop: bool,
+    /// `(artifact file, its SHA-256, install.sh's SHA-256)`: install the artifact sent next.
+    pub install: Option<(String, String, String)>,
+    pub start: bool,
+    /// Mint a pairing token after the start.
+    pub mint: bool,
+    pub version: String,
+}
+
+impl Plan {
+    /// The line [`session_script`] reads. Every word is a plain name or hex (checked when the
+    /// manifest was loaded), so it splits on spaces as written.
+    pub fn line(&self) -> String {
+        let flag = |b: bool| if b { "1" } else { "0" };
+        let (artifact, sha, installer_sha) = match &self.install {
+            Some((a, s, i)) => (a.as_str(), s.as_str(), i.as_str()),
+            None => ("-", "-", "-"),
+        };
+        format!(
+            "go {} {} {} {} {} {artifact} {} {}\n",
+            flag(self.stop),
+            flag(self.install.is_some()),
+            flag(self.start),
+            flag(self.mint),
+            self.version,
+            sha.to_ascii_lowercase(),
+            installer_sha.to_ascii_lowercase(),
+        )
+    }
+}
+
+/// The remote's C library, as far as the probe could tell.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Libc {
+    /// `glibc`, `musl`, or `unknown`.
+    pub family: String,
+    /// `2.36`, `1.2.4`; `None` when it could not be read.
+    pub version: Option<String>,
+}
+
+impl Libc {
+    fn unknown() -> Libc {
+        Libc {
+            family: "unknown".into(),
+            version: None,
+        }
+    }
+
+    /// From `getconf GNU_LIBC_VERSION`: `glibc 2.36`.
+    fn from_getconf(text: &str) -> Option<Libc> {
+        let mut words = text.split_whitespace();
+        let family = words.next()?;
+        let version = words.next().filter(|v| is_version(v))?;
+        (family == "glibc").then(|| Libc {
+            family: "glibc".into(),
+            version: Some(version.to_string()),
+        })
+    }
+
+    /// From the first two lines of `ldd --version`: glibc's `ldd (Debian GLIBC 2.36-9) 2.36`,
+    /// musl's `musl libc (x86_64) Version 1.2.4`.
+    fn from_ldd(text: &str) -> Option<Libc> {
+        let lower = text.to_ascii_lowercase();
+        let words: Vec<&str> = text.split_whitespace().collect();
+        if lower.contains("musl") {
+            let version = words
+                .windows(2)
+                .find(|w| w[0].eq_ignore_ascii_case("version"))
+                .map(|w| w[1].to_string())
+                .filter(|v| is_version(v));
+            return Some(Libc {
+                family: "musl".into(),
+                version,
+            });
+        }
+        if lower.contains("glibc") || lower.contains("gnu libc") {
+            // The first line ends with the version; the second is the copyright.
+            let first_line = words
+                .iter()
+                .position(|w| w.eq_ignore_ascii_case("copyright"))
+                .unwrap_or(words.len());
+            let version = words[..first_line]
+                .iter()
+                .rev()
+                .find(|w| is_version(w))
+                .map(|w| w.to_string());
+            return Some(Libc {
+                family: "glibc".into(),
+                version,
+            });
+        }
+        None
+    }
+
+    /// `glibc 2.36`, `musl`, `unknown`.
+    pub fn describe(&self) -> String {
+        match &self.version {
+            Some(version) => format!("{} {version}", self.family),
+            None => self.family.clone(),
+        }
+    }
+}
+
+/// `2.17`, `1.2.4`: digits and dots, starting and ending with a digit.
+fn is_version(text: &str) -> bool {
+    !text.is_empty()
+        && text.starts_with(|c: char| c.is_ascii_digit())
+        && text.ends_with(|c: char| c.is_ascii_digit())
+        && text.contains('.')
+        && text.chars().all(|c| c.is_ascii_digit() || c == '.')
+}
+
+/// Compares dotted versions numerically (`2.9` < `2.17`).
+pub fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    let parts = |v: &str| -> Vec<u64> { v.split('.').map(|p| p.parse().unwrap_or(0)).collect() };
+    let (a, b) = (parts(a), parts(b));
+    for i in 0..a.len().max(b.len()) {
+        let (x, y) = (
+            a.get(i).copied().unwrap_or(0),
+            b.get(i).copied().unwrap_or(0),
+        );
+        match x.cmp(&y) {
+            std::cmp::Ordering::Equal => continue,
+            other => return other,
+        }
+    }
+    std::cmp::Ordering::Equal
 }
 
 /// What the probe found.
@@ -49,6 +264,8 @@ pub struct Probe {
     pub root: String,
     pub os: String,
     pub arch: String,
+    /// The C library (only looked at on Linux: other systems have one of their own).
+    pub libc: Libc,
     /// The version `current` points at.
     pub installed: Option<String>,
     pub has_installer: bool,
@@ -71,6 +288,7 @@ pub struct Running {
 impl Probe {
     pub fn parse(output: &str) -> Result<Probe, String> {
         let mut probe = Probe::default();
+        let (mut getconf, mut ldd, mut musl_loader) = (None, None, false);
         for line in output.lines() {
             let Some((key, value)) = line.split_once('=') else {
                 continue;
@@ -90,9 +308,22 @@ impl Probe {
                 "installer" => probe.has_installer = value == "yes",
                 "status" => probe.status = serde_json::from_str(value).ok(),
                 "sha" => probe.sha_command = Some(value.to_string()),
+                "libc" => getconf = Libc::from_getconf(value),
+                "ldd" => ldd = Libc::from_ldd(value),
+                "musl" => musl_loader = true,
                 _ => {}
             }
         }
+        probe.libc = getconf.or(ldd).unwrap_or_else(|| {
+            if musl_loader {
+                Libc {
+                    family: "musl".into(),
+                    version: None,
+                }
+            } else {
+                Libc::unknown()
+            }
+        });
         if probe.root.is_empty() || probe.os.is_empty() || probe.arch.is_empty() {
             return Err(format!(
                 "the probe printed no root, OS or architecture: {output:?}"
@@ -192,6 +423,35 @@ mod tests {
             })
         );
         assert!(Probe::parse("garbage").is_err());
+    }
+
+    #[test]
+    fn the_c_library_is_read_from_getconf_ldd_or_the_musl_loader() {
+        let base = "root=/r\nos=Linux\narch=x86_64\n";
+        let libc = |extra: &str| Probe::parse(&format!("{base}{extra}")).unwrap().libc;
+        assert_eq!(libc("libc=glibc 2.36\n").describe(), "glibc 2.36");
+        assert_eq!(
+            libc("ldd=ldd (Debian GLIBC 2.31-13+deb11u5) 2.31 Copyright (C) 2020 Free Software Foundation, Inc. \n").describe(),
+            "glibc 2.31"
+        );
+        assert_eq!(
+            libc("ldd=ldd (GNU libc) 2.17 Copyright (C) 2012 Free Software Foundation, Inc. \n")
+                .describe(),
+            "glibc 2.17"
+        );
+        assert_eq!(
+            libc("ldd=musl libc (x86_64) Version 1.2.4 \nmusl=/lib/ld-musl-x86_64.so.1\n")
+                .describe(),
+            "musl 1.2.4"
+        );
+        assert_eq!(
+            libc("ldd=sh: ldd: not found \nmusl=/lib/ld-musl-x86_64.so.1\n").describe(),
+            "musl"
+        );
+        assert_eq!(libc("ldd=sh: ldd: not found \n").describe(), "unknown");
+        assert_eq!(version_cmp("2.9", "2.17"), std::cmp::Ordering::Less);
+        assert_eq!(version_cmp("2.17", "2.17.0"), std::cmp::Ordering::Equal);
+        assert_eq!(version_cmp("2.36", "2.17"), std::cmp::Ordering::Greater);
     }
 
     #[test]

@@ -237,7 +237,8 @@ async fn supervise(
                 error: error.clone(),
             });
             tokio::time::sleep(delay).await;
-            match establish(&options, reporter.as_ref()).await {
+            // The credential is the one connect stored: no token to mint.
+            match establish(&options, reporter.as_ref(), false).await {
                 Ok((link, _, _)) => {
                     let remote_port = link.remote_port;
                     links.send_replace(Some(Arc::new(link)));

@@ -471,6 +471,117 @@ impl ExecOutput {
     }
 }
 
+/// A command running on the remote ([`SshSession::start`]).
+pub struct RemoteCommand {
+    channel: russh::Channel<client::Msg>,
+    output: ExecOutput,
+    /// How much of `output.stdout` [`RemoteCommand::next_line`] has handed out.
+    read: usize,
+    /// The channel closed.
+    ended: bool,
+    eof_sent: bool,
+}
+
+impl RemoteCommand {
+    /// Takes one message from the channel; false once it has closed.
+    async fn receive(&mut self) -> bool {
+        if self.ended {
+            return false;
+        }
+        match self.channel.wait().await {
+            Some(ChannelMsg::Data { data }) => {
+                let room = STDOUT_MAX_BYTES.saturating_sub(self.output.stdout.len());
+                self.output
+                    .stdout
+                    .extend_from_slice(&data[..data.len().min(room)]);
+            }
+            Some(ChannelMsg::ExtendedData { data, .. }) => {
+                self.output.stderr.extend_from_slice(&data);
+                if self.output.stderr.len() > STDERR_TAIL_BYTES {
+                    let cut = self.output.stderr.len() - STDERR_TAIL_BYTES;
+                    self.output.stderr.drain(..cut);
+                }
+            }
+            Some(ChannelMsg::ExitStatus { exit_status }) => self.output.status = Some(exit_status),
+            Some(ChannelMsg::Close) | None => self.ended = true,
+            Some(_) => {}
+        }
+        !self.ended
+    }
+
+    /// The next line the command prints on stdout (without its newline), as it comes; `None`
+    /// once it has closed its output and ended (a last line without a newline comes first).
+    pub async fn next_line(&mut self) -> Option<String> {
+        loop {
+            let pending = &self.output.stdout[self.read..];
+            if let Some(end) = pending.iter().position(|&b| b == b'\n') {
+                let line = String::from_utf8_lossy(&pending[..end]).into_owned();
+                self.read += end + 1;
+                return Some(line);
+            }
+            if !self.receive().await {
+                let rest = &self.output.stdout[self.read..];
+                if rest.is_empty() {
+                    return None;
+                }
+                let line = String::from_utf8_lossy(rest).into_owned();
+                self.read = self.output.stdout.len();
+                return Some(line);
+            }
+        }
+    }
+
+    /// Sends bytes to the command's stdin.
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), SshError> {
+        self.channel.data_bytes(bytes.to_vec()).await?;
+        Ok(())
+    }
+
+    /// Streams a local file to the command's stdin, reporting the bytes sent so far.
+    pub async fn send_file(
+        &mut self,
+        path: &Path,
+        progress: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<(), SshError> {
+        let unreadable = |err: std::io::Error| SshError::LocalFile {
+            path: path.display().to_string(),
+            reason: err.to_string(),
+        };
+        let mut file = tokio::fs::File::open(path).await.map_err(unreadable)?;
+        let mut buffer = vec![0u8; 256 << 10];
+        let mut sent = 0u64;
+        loop {
+            let n = file.read(&mut buffer).await.map_err(unreadable)?;
+            if n == 0 {
+                return Ok(());
+            }
+            // Owned bytes go out in packets of the peer's maximum size; `data` would copy them
+            // through an AsyncWrite in 8 KiB packets, each a trip through the session loop.
+            self.channel.data_bytes(buffer[..n].to_vec()).await?;
+            sent += n as u64;
+            progress(sent);
+        }
+    }
+
+    /// Closes the command's stdin.
+    pub async fn eof(&mut self) -> Result<(), SshError> {
+        if !self.eof_sent {
+            self.eof_sent = true;
+            self.channel.eof().await?;
+        }
+        Ok(())
+    }
+
+    /// Closes stdin (if still open) and waits for the command to end: everything it printed and
+    /// its exit status.
+    pub async fn finish(mut self) -> Result<ExecOutput, SshError> {
+        // The remote command may read until EOF; one that has ended already cannot take it.
+        let _ = self.eof().await;
+        while self.receive().await {}
+        Ok(self.output)
+    }
+}
+
 /// Remote output is kept up to these sizes, so a chatty command cannot exhaust memory.
 const STDOUT_MAX_BYTES: usize = 4 << 20;
 const STDERR_TAIL_BYTES: usize = 16 << 10;
@@ -501,52 +612,28 @@ impl SshSession {
         input: Option<&Path>,
         progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<ExecOutput, SshError> {
-        let mut channel = self.handle.channel_open_session().await?;
-        channel.exec(true, command).await?;
+        let mut remote = self.start(command).await?;
         if let Some(path) = input {
-            let unreadable = |err: std::io::Error| SshError::LocalFile {
-                path: path.display().to_string(),
-                reason: err.to_string(),
-            };
-            let mut file = tokio::fs::File::open(path).await.map_err(unreadable)?;
-            let mut buffer = vec![0u8; 256 << 10];
-            let mut sent = 0u64;
-            loop {
-                let n = file.read(&mut buffer).await.map_err(unreadable)?;
-                if n == 0 {
-                    break;
-                }
-                channel.data(&buffer[..n]).await?;
-                sent += n as u64;
-                progress(sent);
-            }
+            remote.send_file(path, progress).await?;
         }
-        // The remote command reads until EOF.
-        channel.eof().await?;
-        let mut output = ExecOutput::default();
-        while let Some(message) = channel.wait().await {
-            match message {
-                ChannelMsg::Data { data } => {
-                    let room = STDOUT_MAX_BYTES.saturating_sub(output.stdout.len());
-                    output
-                        .stdout
-                        .extend_from_slice(&data[..data.len().min(room)]);
-                }
-                ChannelMsg::ExtendedData { data, .. } => {
-                    output.stderr.extend_from_slice(&data);
-                    if output.stderr.len() > STDERR_TAIL_BYTES {
-                        let cut = output.stderr.len() - STDERR_TAIL_BYTES;
-                        output.stderr.drain(..cut);
-                    }
-                }
-                ChannelMsg::ExitStatus { exit_status } => output.status = Some(exit_status),
-                ChannelMsg::Close => break,
-                _ => {}
-            }
-        }
-        Ok(output)
+        remote.finish().await
     }
 
+    /// Starts `command` through the remote user's shell; the caller talks with it: reads its
+    /// stdout line by line while it runs, decides, then sends it input (a conversation in one
+    /// command saves the per-command cost of the login shell, docs/architecture.md, "One
+    /// `pi-remote connect`").
+    pub async fn start(&self, command: &str) -> Result<RemoteCommand, SshError> {
+        let channel = self.handle.channel_open_session().await?;
+        channel.exec(true, command).await?;
+        Ok(RemoteCommand {
+            channel,
+            output: ExecOutput::default(),
+            read: 0,
+            ended: false,
+            eof_sent: false,
+        })
+    }
     /// Opens a direct-tcpip channel to `host:port` as seen from the remote.
     pub async fn open_tcp(
         &self,
