@@ -57,22 +57,6 @@ async fn until_running(client: &mut Client, want: u64) -> Value {
     }
 }
 
-/// The host's child processes: its agents.
-fn agent_pids(host: &HostProcess) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{}/task", host.pid())).unwrap() {
-        let children =
-            std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
-        pids.extend(
-            children
-                .split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok()),
-        );
-    }
-    pids.sort_unstable();
-    pids
-}
-
 async fn start_turn(client: &mut Client, session_id: &str, text: &str) -> Value {
     static KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let key = KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -133,7 +117,7 @@ async fn a_new_session_starts_its_agent_before_the_first_prompt() {
     let (session_id, _) = create_session(&mut client, &host).await;
     let running = until_running(&mut client, 1).await;
     assert!(running["rssBytes"].as_u64().unwrap() > 0, "{running}");
-    let warm = agent_pids(&host);
+    let warm = host.agent_pids();
     assert_eq!(warm.len(), 1, "{warm:?}");
     let (ok, status, _) = host.cli(&["status"]).await;
     assert!(ok && status.contains("agents: 1 running"), "{status}");
@@ -142,7 +126,7 @@ async fn a_new_session_starts_its_agent_before_the_first_prompt() {
     let turn = until_turn_ends(&mut client, &session_id).await;
     assert_eq!(turn["state"], "completed", "{turn}");
     assert_eq!(
-        agent_pids(&host),
+        host.agent_pids(),
         warm,
         "the first turn ran on the warm agent"
     );
@@ -161,7 +145,7 @@ async fn an_idle_agent_stops_and_the_next_turn_resumes_it() {
     );
     // No subscriber and no turn: the agent goes after the idle time.
     until_running(&mut client, 0).await;
-    assert!(agent_pids(&host).is_empty());
+    assert!(host.agent_pids().is_empty());
     let events = events_of(&host, &token, &session_id, &first_cursor, |e| {
         e["type"] == "session.agent_stopped"
     })

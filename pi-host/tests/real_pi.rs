@@ -773,22 +773,6 @@ async fn a_long_real_reply_is_relayed_in_linear_bytes_and_rebuilt_exactly() {
     );
 }
 
-/// The host's child processes: its agents.
-fn agent_pids(host: &HostProcess) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{}/task", host.pid())).unwrap() {
-        let children =
-            std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
-        pids.extend(
-            children
-                .split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok()),
-        );
-    }
-    pids.sort_unstable();
-    pids
-}
-
 async fn running_agents(client: &mut Client) -> u64 {
     let info = client.call("host/info", json!({})).await;
     info["result"]["agents"]["running"].as_u64().unwrap()
@@ -852,11 +836,11 @@ async fn a_new_sessions_first_turn_runs_on_the_agent_started_with_it() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let warm = agent_pids(&host);
+    let warm = host.agent_pids();
     let (first, events) = time_to_first_delta(&mut client, &session_id, "k1").await;
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
     assert_eq!(
-        agent_pids(&host),
+        host.agent_pids(),
         warm,
         "the first turn ran on the warm agent"
     );

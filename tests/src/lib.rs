@@ -335,6 +335,23 @@ impl HostProcess {
     }
 
     /// The host's process id.
+    /// The host's child processes (its agents), sorted.
+    pub fn agent_pids(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid())).expect("/proc tasks");
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            pids.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+        pids.sort_unstable();
+        pids
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id().expect("host running")
     }
