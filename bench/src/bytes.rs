@@ -3,7 +3,7 @@
 //! every tool update with the whole output window), on the wire to one subscriber, and in the
 //! host's store.
 
-use crate::host::{PiHost, Tools, start_turn, wait_idle};
+use crate::host::{PiHost, Tools, create_session, start_turn, wait_idle};
 use crate::racp::{self, Control};
 use anyhow::{Context, Result, bail};
 use futures_util::StreamExt;
@@ -114,20 +114,14 @@ struct Through {
 /// store holds for the session afterwards.
 async fn through_host(host: &PiHost, token: &str, directive: &str) -> Result<Through> {
     let mut control = Control::connect(&host.url, token).await?;
-    let created = control
-        .call("session/create", json!({"workspace": host.workspace()}))
-        .await?;
-    let session_id = created["session"]["sessionId"]
-        .as_str()
-        .context("no sessionId")?
-        .to_string();
+    let (session_id, cursor) = create_session(&mut control, host).await?;
     let mut ws = racp::upgrade(&host.url, token, 1 << 20).await?;
     racp::call_on(&mut ws, 1, "hello", racp::hello_params(), |_| {}).await?;
     racp::call_on(
         &mut ws,
         2,
         "session/subscribe",
-        json!({"sessionId": session_id, "cursor": created["session"]["cursor"]}),
+        json!({"sessionId": session_id, "cursor": cursor}),
         |_| {},
     )
     .await?;

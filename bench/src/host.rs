@@ -325,9 +325,8 @@ pub async fn start_turn(control: &mut Control, session_id: &str, text: &str) -> 
     Ok(())
 }
 
-/// A session with one warm-up turn done, so the agent process is already running.
-pub async fn session_with_agent(host: &PiHost, token: &str) -> Result<(Control, String)> {
-    let mut control = Control::connect(&host.url, token).await?;
+/// Creates a session in the host's workspace; returns its id and its cursor.
+pub async fn create_session(control: &mut Control, host: &PiHost) -> Result<(String, Value)> {
     let created = control
         .call("session/create", json!({"workspace": host.workspace()}))
         .await?;
@@ -335,6 +334,13 @@ pub async fn session_with_agent(host: &PiHost, token: &str) -> Result<(Control, 
         .as_str()
         .context("no sessionId")?
         .to_string();
+    Ok((session_id, created["session"]["cursor"].clone()))
+}
+
+/// A session with one warm-up turn done, so the agent process is already running.
+pub async fn session_with_agent(host: &PiHost, token: &str) -> Result<(Control, String)> {
+    let mut control = Control::connect(&host.url, token).await?;
+    let (session_id, _) = create_session(&mut control, host).await?;
     start_turn(&mut control, &session_id, "stream:10").await?;
     wait_idle(&mut control, &session_id, Duration::from_secs(30)).await?;
     Ok((control, session_id))

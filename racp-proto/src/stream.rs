@@ -118,7 +118,10 @@ impl StreamState {
     /// streams. (An integer beyond 64 bits inside a streamed block is held as the nearest
     /// double here; the event itself keeps it exactly.)
     pub fn apply_event(&mut self, event: &crate::events::Event) {
-        if let Some(kind) = event
+        if event.kind == crate::events::EventType::TurnFinished.as_str() {
+            // Rule 8: a turn that ended ends its streams, even one its agent died in.
+            self.clear();
+        } else if let Some(kind) = event
             .kind
             .strip_prefix(crate::events::EventType::AGENT_PREFIX)
         {

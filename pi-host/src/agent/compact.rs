@@ -120,15 +120,7 @@ impl Compactor {
     fn compact_step(&mut self, mut step: RawFields<'_>) -> Option<Box<RawValue>> {
         let kind: Cow<'_, str> = serde_json::from_str(step.get("type")?.get()).ok()?;
         if kind == "start" {
-            // The skeleton (model, provider, empty content) starts a new message.
-            self.streamed.clear();
-            if let Some(partial) = step
-                .get("partial")
-                .and_then(|p| serde_json::from_str::<RawFields<'_>>(p.get()).ok())
-            {
-                self.fields.clear();
-                self.changed_fields(&partial);
-            }
+            self.start_message(&step);
             return to_raw_value(&step).ok();
         }
         let partial = step.remove("partial");
@@ -157,17 +149,7 @@ impl Compactor {
                     }
                 }
             } else if let (Some(index), Some(block)) = (index, block.as_mut()) {
-                let streamed = self.streamed_mut(index).as_str();
-                drop_streamed(block, streamed);
-                if step
-                    .get("content")
-                    .and_then(|c| serde_json::from_str::<Cow<'_, str>>(c.get()).ok())
-                    .is_some_and(|content| content == streamed)
-                {
-                    step.remove("content");
-                }
-                // `toolCall` is the block as it ends: `block` carries it.
-                step.remove("toolCall");
+                self.end_block(&mut step, index, block);
             }
         } else if kind == "done" {
             step.remove("message");
@@ -182,6 +164,38 @@ impl Compactor {
             out.insert("block".into(), Cow::Owned(to_raw_value(&block).ok()?));
         }
         to_raw_value(&out).ok()
+    }
+
+    /// A `start` step: its skeleton (model, provider, empty content) starts a new message.
+    fn start_message(&mut self, step: &RawFields<'_>) {
+        self.streamed.clear();
+        if let Some(partial) = step
+            .get("partial")
+            .and_then(|p| serde_json::from_str::<RawFields<'_>>(p.get()).ok())
+        {
+            self.fields.clear();
+            self.changed_fields(&partial);
+        }
+    }
+
+    /// A `*_end` step: the ending block and pi's copies of it lose what the deltas gave.
+    fn end_block(
+        &mut self,
+        step: &mut RawFields<'_>,
+        index: usize,
+        block: &mut Map<String, Value>,
+    ) {
+        let streamed = self.streamed_mut(index).as_str();
+        drop_streamed(block, streamed);
+        if step
+            .get("content")
+            .and_then(|c| serde_json::from_str::<Cow<'_, str>>(c.get()).ok())
+            .is_some_and(|content| content == streamed)
+        {
+            step.remove("content");
+        }
+        // `toolCall` is the block as it ends: `block` carries it.
+        step.remove("toolCall");
     }
 
     fn streamed_mut(&mut self, index: usize) -> &mut String {

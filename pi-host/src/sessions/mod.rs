@@ -481,11 +481,7 @@ fn restore_state(turns: &mut Vec<TurnInfo>, stream: &mut StreamState, json: &str
     let Ok(event) = serde_json::from_str::<Event>(json) else {
         return;
     };
-    if event.kind == EventType::TurnFinished.as_str() {
-        stream.clear();
-    } else {
-        stream.apply_event(&event);
-    }
+    stream.apply_event(&event);
     let Some(turn_id) = event.turn_id else {
         return;
     };

@@ -23,6 +23,17 @@ pub struct EventRow {
     pub json: String,
 }
 
+impl EventRow {
+    /// The row as an event to write, borrowing its JSON.
+    fn as_new(&self) -> NewEvent<'_> {
+        NewEvent {
+            seq: self.seq,
+            at: self.at,
+            json: &self.json,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct TurnRow {
     pub turn_id: String,
@@ -302,14 +313,7 @@ pub fn migrate_event_rows(conn: &mut Connection) -> Result<(), StoreError> {
             .iter()
             .map(|(session_id, events)| SessionBatch {
                 session_id,
-                events: events
-                    .iter()
-                    .map(|e| NewEvent {
-                        seq: e.seq,
-                        at: e.at,
-                        json: &e.json,
-                    })
-                    .collect(),
+                events: events.iter().map(EventRow::as_new).collect(),
                 prune_below: None,
             })
             .collect();
@@ -338,14 +342,7 @@ mod tests {
     fn commit(store: &Store, session_id: &str, rows: &[EventRow], prune_below: Option<u64>) {
         let batch = [SessionBatch {
             session_id,
-            events: rows
-                .iter()
-                .map(|e| NewEvent {
-                    seq: e.seq,
-                    at: e.at,
-                    json: &e.json,
-                })
-                .collect(),
+            events: rows.iter().map(EventRow::as_new).collect(),
             prune_below,
         }];
         commit_events(&mut store.conn().unwrap(), &batch).unwrap();

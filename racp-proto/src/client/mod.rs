@@ -128,13 +128,7 @@ impl Subscription {
     pub async fn next(&mut self) -> Option<SubscriptionItem> {
         let item = self.items.recv().await?;
         match &item {
-            SubscriptionItem::Event(event) => {
-                if event.kind == crate::events::EventType::TurnFinished.as_str() {
-                    self.stream.clear();
-                } else {
-                    self.stream.apply_event(event);
-                }
-            }
+            SubscriptionItem::Event(event) => self.stream.apply_event(event),
             SubscriptionItem::Resynced(got) => {
                 self.stream = StreamState::from_snapshot(&got.snapshot);
             }
