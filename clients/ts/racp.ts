@@ -512,6 +512,28 @@ export type HelloResult = {
 };
 
 /**
+ * One host behind a gateway (docs/protocol.md §11).
+ */
+export type HostEntry = {
+  host: HostIdentity;
+  hostname: string;
+  /**
+   * When the gateway last heard from the host (ms since the Unix epoch, by the NATS
+   * server's clock); absent for a host enrolled but never seen.
+   */
+  lastSeenAt?: number | null;
+  /**
+   * Where a device connects to reach this host through the gateway, e.g. `/racp/hosts/host_…`.
+   */
+  path: string;
+  /**
+   * Sessions the host had at its last heartbeat.
+   */
+  sessions: number;
+  status: HostStatus;
+};
+
+/**
  * Any frame a host sends.
  */
 export type HostFrame = ResultReply | ErrorReply | HostPush | ConnectionError;
@@ -578,17 +600,19 @@ export type HostListRequest = {
 };
 
 /**
- * Hosts reachable through a gateway. A plain pi-host has no gateway and answers
- * METHOD_NOT_FOUND.
+ * Hosts reachable through a gateway, those the calling device may reach. A plain pi-host has
+ * no gateway and answers METHOD_NOT_FOUND.
  */
 export type HostListResult = {
-  hosts: HostIdentity[];
+  hosts: HostEntry[];
 };
 
 /**
  * Any push a host sends.
  */
 export type HostPush = SessionEventsPush | HeartbeatPush | SubscriptionEndedPush;
+
+export type HostStatus = "online" | "offline";
 
 /**
  * Bounds the host enforces on this connection.
@@ -651,6 +675,11 @@ export type PairResult = {
  * Mints a single-use pairing token.
  */
 export type PairingCreateParams = {
+  /**
+   * Through a gateway: the hosts the paired device may reach (all when absent). A plain
+   * pi-host is one host and refuses the field.
+   */
+  hosts?: string[] | null;
   /**
    * Roles the paired device will hold.
    */

@@ -52,6 +52,9 @@ pub struct ServeConfig {
     /// Longest an approval waits for an answer (the agent's own timeout applies when shorter).
     pub approval_timeout: Duration,
     pub retention: crate::sessions::log::Retention,
+    /// NATS servers of a gateway this host dials out to (docs/architecture.md, "Gateway");
+    /// empty: no gateway.
+    pub gateway: Vec<String>,
 }
 
 /// Bounds the host enforces (docs/protocol.md §5.2, §6).
@@ -123,6 +126,7 @@ impl ServeConfig {
             cert_sha256: None,
             insecure_bind: false,
             fs_enabled: true,
+            gateway: Vec::new(),
             approval_timeout: Duration::from_secs(10 * 60),
             retention: crate::sessions::log::Retention::default(),
         }
@@ -188,6 +192,11 @@ pub struct Settings {
     /// Most agents running at once; the least recently used idle one is stopped to make room [default: 16]
     #[arg(long)]
     pub max_agents: Option<usize>,
+    /// Dial out to a gateway's NATS servers (nats://host:port, comma-separated) and serve its
+    /// devices too; enroll the host first (`pi-host gateway-key`)
+    #[arg(long, value_delimiter = ',')]
+    #[serde(default)]
+    pub gateway: Vec<String>,
     /// A live subscriber this many events behind gets CLIENT_TOO_SLOW [default: 20000]
     #[arg(long)]
     pub max_lag_events: Option<u64>,
@@ -244,6 +253,7 @@ impl Settings {
             heartbeat_ms: self.heartbeat_ms.or(file.heartbeat_ms),
             agent_idle_ms: self.agent_idle_ms.or(file.agent_idle_ms),
             max_agents: self.max_agents.or(file.max_agents),
+            gateway: list(self.gateway, file.gateway),
             max_lag_events: self.max_lag_events.or(file.max_lag_events),
             send_stall_ms: self.send_stall_ms.or(file.send_stall_ms),
             requests_per_second: self.requests_per_second.or(file.requests_per_second),
@@ -313,6 +323,7 @@ pub fn load(
     if let Some(n) = s.max_agents {
         config.max_agents = n.max(1);
     }
+    config.gateway = s.gateway;
     if let Some(v) = s.max_lag_events {
         config.limits.max_lag_events = v;
     }

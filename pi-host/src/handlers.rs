@@ -129,6 +129,12 @@ pub fn route(state: Arc<HostState>, credential: Credential, call: Call) -> Route
         Call::SessionList(_) => blocking(state, |s| Ok(session_list(s))),
         Call::SessionGet(params) => blocking(state, move |s| session_get(s, &params.session_id)),
         Call::PairingCreate(params) => blocking(state, move |s| {
+            if params.hosts.is_some() {
+                return Err(racp_proto::validate::invalid(
+                    "hosts",
+                    "names hosts behind a gateway; this is a single pi-host",
+                ));
+            }
             let ttl = params.ttl_seconds.unwrap_or(DEFAULT_PAIRING_TTL_SECONDS);
             mint_pairing(s, &params.roles, ttl)
         }),
@@ -402,6 +408,7 @@ pub fn mint_pairing(
     let params = PairingCreateParams {
         roles: roles.to_vec(),
         ttl_seconds: Some(ttl_seconds),
+        hosts: None,
     };
     racp_proto::validate::Validate::validate(&params)?;
     let ttl = ttl_seconds.clamp(MIN_PAIRING_TTL_SECONDS, MAX_PAIRING_TTL_SECONDS);

@@ -1,23 +1,6 @@
 //! `pi-host`: the RACP-WS host and its local admin commands.
 
-mod admin;
-mod agent;
-mod auth;
-mod clock;
-mod config;
-mod connections;
-mod fs;
-mod fsutil;
-mod handlers;
-mod paths;
-mod ratelimit;
-mod secrets;
-mod server;
-mod sessions;
-mod state;
-mod store;
-mod turns;
-mod wire;
+use pi_host::*;
 
 use clap::{Parser, Subcommand};
 use config::ServeConfig;
@@ -74,6 +57,12 @@ enum Command {
     /// Revoke a device; its open connections close at once.
     Revoke {
         device_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print this host's id and the public nkey it dials a gateway with (made at first use), for
+    /// `pi-gateway enroll` on the gateway's side.
+    GatewayKey {
         #[arg(long)]
         json: bool,
     },
@@ -207,6 +196,7 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
             })
             .await
         }
+        Command::GatewayKey { json } => gateway_key(&data_dir, json),
         Command::Status { json } => {
             admin_command(&data_dir, &admin::AdminRequest::Status, json, |v| {
                 let cert = match v["certSha256"].as_str() {
@@ -245,6 +235,31 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
                 );
             }
             ExitCode::SUCCESS
+        }
+    }
+}
+
+fn gateway_key(data_dir: &std::path::Path, json: bool) -> ExitCode {
+    let identity = state::open_identity(data_dir).map_err(|e| e.to_string());
+    let key = identity.and_then(|(_, _, host_id)| {
+        uplink::key::load_or_create(data_dir)
+            .map(|key| (host_id, key.public))
+            .map_err(|e| e.to_string())
+    });
+    match key {
+        Ok((host_id, nkey)) if json => {
+            println!("{}", serde_json::json!({"hostId": host_id, "nkey": nkey}));
+            ExitCode::SUCCESS
+        }
+        Ok((host_id, nkey)) => {
+            println!(
+                "host id {host_id}\nnkey    {nkey}\nOn the gateway: pi-gateway enroll {host_id} {nkey}"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("pi-host: {message}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -324,6 +339,7 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
     tokio::spawn(admin::serve(admin, state.clone()));
+    uplink::spawn(&state).map_err(|e| e.to_string())?;
     let listener = socket
         .listen(1024)
         .map_err(|e| format!("cannot listen on {local}: {e}"))?;

@@ -41,20 +41,24 @@ pub enum StartError {
     Sessions(#[from] crate::sessions::SessionsError),
 }
 
+/// The data directory's secrets, store and host id (made at first use).
+pub fn open_identity(data_dir: &std::path::Path) -> Result<(Secrets, Store, String), StartError> {
+    crate::fsutil::create_private_dir(data_dir).map_err(|source| StartError::DataDir {
+        path: data_dir.display().to_string(),
+        source,
+    })?;
+    let secrets = Secrets::load_or_create(&data_dir.join("host.key"))?;
+    let store = Store::open(&data_dir.join("pi-host.db"))?;
+    let fresh_id = secrets.new_id("host_")?;
+    let host_id = store.meta_or_init("host_id", || fresh_id)?;
+    Ok((secrets, store, host_id))
+}
+
 impl HostState {
     pub fn open(config: ServeConfig) -> Result<Arc<Self>, StartError> {
-        crate::fsutil::create_private_dir(&config.data_dir).map_err(|source| {
-            StartError::DataDir {
-                path: config.data_dir.display().to_string(),
-                source,
-            }
-        })?;
-        let secrets = Secrets::load_or_create(&config.data_dir.join("host.key"))?;
+        let (secrets, store, host_id) = open_identity(&config.data_dir)?;
         let db_path = config.data_dir.join("pi-host.db");
-        let store = Store::open(&db_path)?;
         let sessions = crate::sessions::Sessions::open(&store, &db_path, config.retention)?;
-        let fresh_id = secrets.new_id("host_")?;
-        let host_id = store.meta_or_init("host_id", || fresh_id)?;
         let limits = config.limits.clone();
         Ok(Arc::new(HostState {
             config,

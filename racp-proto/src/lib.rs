@@ -22,6 +22,7 @@ pub mod error;
 pub mod events;
 pub mod fingerprint;
 pub mod frame;
+pub mod gateway;
 pub mod limits;
 pub mod methods;
 pub mod role;

@@ -9,6 +9,8 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+pub mod gateway;
+pub mod nats;
 pub mod sshd;
 use futures_util::{SinkExt, StreamExt};
 use racp_proto::fingerprint::CertSha256;
@@ -33,7 +35,7 @@ static HOST_PINS: Mutex<Option<HashMap<u16, CertSha256>>> = Mutex::new(None);
 /// Each fault proxy's current target, by the proxy's port.
 static PROXY_TARGETS: Mutex<Option<HashMap<u16, Arc<Mutex<SocketAddr>>>>> = Mutex::new(None);
 
-fn register_host(port: u16, pin: CertSha256) {
+pub(crate) fn register_host(port: u16, pin: CertSha256) {
     HOST_PINS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -183,6 +185,14 @@ impl HostProcess {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         HostProcess::spawn(bin, data_dir, root, log_dir, extra, env).await
+    }
+
+    /// Like [`HostProcess::start_with`], on a data directory made beforehand (a host enrolled
+    /// with a gateway has its key there already).
+    pub async fn start_in(bin: &Path, data_dir: tempfile::TempDir, extra: &[&str]) -> HostProcess {
+        let root = tempfile::tempdir().expect("temp dir");
+        let log_dir = tempfile::tempdir().expect("temp dir");
+        HostProcess::spawn(bin, data_dir, root, log_dir, extra, Vec::new()).await
     }
 
     /// Starts a host again on the same data directory and root (after a kill).

@@ -208,6 +208,10 @@ impl DropOldest {
         self.lock().open.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Connections dropped to make room since the start.
     pub fn evicted(&self) -> u64 {
         self.lock().evicted

@@ -1,7 +1,7 @@
 //! The HTTP server: the `/racp` endpoint, and serving until a shutdown signal.
 
 mod connection;
-mod elide;
+pub mod elide;
 pub mod identity;
 pub mod listener;
 mod subscriptions;

@@ -86,13 +86,13 @@ pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Credential, Slot
 }
 
 /// The header's value when it is present exactly once and readable as text.
-fn single(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
+pub fn single(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
     let mut values = headers.get_all(name).iter();
     let value = values.next()?.to_str().ok()?;
     values.next().is_none().then_some(value)
 }
 
-fn offered_subprotocols(headers: &HeaderMap) -> Vec<&str> {
+pub fn offered_subprotocols(headers: &HeaderMap) -> Vec<&str> {
     headers
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
         .iter()
@@ -103,7 +103,7 @@ fn offered_subprotocols(headers: &HeaderMap) -> Vec<&str> {
         .collect()
 }
 
-fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme

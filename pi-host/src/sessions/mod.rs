@@ -277,6 +277,9 @@ pub struct Sessions {
     writer: Mutex<Option<mpsc::UnboundedSender<writer::QueuedBatch>>>,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     retention: Retention,
+    /// Woken after each group of events is published: the gateway relay (src/uplink/relay.rs)
+    /// follows every session without being a subscriber of any.
+    committed: Arc<Notify>,
 }
 
 impl Sessions {
@@ -316,13 +319,20 @@ impl Sessions {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let conn = crate::store::connect(db_path)?;
-        let thread = writer::spawn(conn, rx).map_err(SessionsError::Writer)?;
+        let committed = Arc::new(Notify::new());
+        let thread = writer::spawn(conn, rx, committed.clone()).map_err(SessionsError::Writer)?;
         Ok(Sessions {
             map,
             writer: Mutex::new(Some(tx)),
             writer_thread: Mutex::new(Some(thread)),
             retention,
+            committed,
         })
+    }
+
+    /// Notified after every published group of events (one stored wake-up when nobody waits).
+    pub fn committed(&self) -> Arc<Notify> {
+        self.committed.clone()
     }
 
     pub fn get(&self, session_id: &str) -> Option<Arc<Session>> {

@@ -26,6 +26,7 @@ const PRUNE_SLACK: u64 = 1024;
 pub fn spawn(
     mut conn: rusqlite::Connection,
     mut queue: mpsc::UnboundedReceiver<QueuedBatch>,
+    committed: Arc<tokio::sync::Notify>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("pi-host-writer".into())
@@ -45,6 +46,7 @@ pub fn spawn(
                         let _ = done.send(cursor);
                     }
                 }
+                committed.notify_one();
             }
         })
 }

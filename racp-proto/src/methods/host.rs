@@ -41,12 +41,36 @@ pub struct AgentsInfo {
     pub idle_stop_ms: u64,
 }
 
-/// Hosts reachable through a gateway. A plain pi-host has no gateway and answers
-/// METHOD_NOT_FOUND.
+/// Hosts reachable through a gateway, those the calling device may reach. A plain pi-host has
+/// no gateway and answers METHOD_NOT_FOUND.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostListResult {
-    pub hosts: Vec<HostIdentity>,
+    pub hosts: Vec<HostEntry>,
+}
+
+/// One host behind a gateway (docs/protocol.md §11).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostEntry {
+    pub host: HostIdentity,
+    pub hostname: String,
+    pub status: HostStatus,
+    /// When the gateway last heard from the host (ms since the Unix epoch, by the NATS
+    /// server's clock); absent for a host enrolled but never seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_at: Option<u64>,
+    /// Sessions the host had at its last heartbeat.
+    pub sessions: u32,
+    /// Where a device connects to reach this host through the gateway, e.g. `/racp/hosts/host_…`.
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HostStatus {
+    Online,
+    Offline,
 }
 
 /// A paired device.
@@ -96,6 +120,11 @@ pub struct PairingCreateParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = MIN_PAIRING_TTL_SECONDS, max = MAX_PAIRING_TTL_SECONDS))]
     pub ttl_seconds: Option<u64>,
+    /// Through a gateway: the hosts the paired device may reach (all when absent). A plain
+    /// pi-host is one host and refuses the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub hosts: Option<Vec<String>>,
 }
 
 impl Validate for PairingCreateParams {
@@ -115,6 +144,16 @@ impl Validate for PairingCreateParams {
                 MIN_PAIRING_TTL_SECONDS,
                 MAX_PAIRING_TTL_SECONDS,
             )?;
+        }
+        if let Some(hosts) = &self.hosts {
+            if hosts.is_empty() || hosts.len() > 256 {
+                return Err(invalid("hosts", "must name 1 to 256 hosts"));
+            }
+            for (i, host) in hosts.iter().enumerate() {
+                if !crate::gateway::valid_host_id(host) {
+                    return Err(invalid(&format!("hosts.{i}"), "is not a host id"));
+                }
+            }
         }
         Ok(())
     }

@@ -1,0 +1,607 @@
+//! One desktop connection to the gateway: the host's protocol (hello first, access by role,
+//! rate, params, in-flight bounds, heartbeats, the frame bound), with each call answered by the
+//! gateway (`hello`, `pair`, `host/list`, devices, pairing, subscriptions) or routed to the
+//! connection's host over NATS.
+
+use crate::devices::Caller;
+use crate::follow::{self, Follow, Outgoing, Span};
+use crate::hosts;
+use crate::state::Gateway;
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::SinkExt;
+use pi_host::server::elide::fit_reply;
+use pi_host::wire::encode;
+use racp_proto::codec::{Rejected, decode_request};
+use racp_proto::frame::{ConnectionError, ErrorReply, RequestId, ResultReply};
+use racp_proto::gateway::{events_stream, events_subject};
+use racp_proto::limits::{MIN_MAX_FRAME_BYTES, PRE_HELLO_MAX_FRAME_BYTES};
+use racp_proto::methods::handshake::{
+    HelloParams, HelloResult, HostIdentity, Limits, PrincipalInfo, PrincipalKind,
+};
+use racp_proto::methods::host::{DeviceInfo, DeviceListResult, PairingCreateResult};
+use racp_proto::methods::session::{SessionSubscribeParams, SessionSubscribeResult};
+use racp_proto::{AppError, Call, Cursor, ErrorCode, Method, PROTOCOL_VERSION};
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::{Semaphore, mpsc};
+
+const REPLY_QUEUE: usize = 256;
+/// Frames subscription tasks may queue for the socket before they wait (and stop pulling from
+/// JetStream): a slow desktop slows only its own consumers.
+const OUTGOING_QUEUE: usize = 32;
+const CAPABILITIES: &[&str] = &[
+    "pairing",
+    "devices",
+    "sessions",
+    "turns",
+    "approvals",
+    "fs",
+    "hosts",
+];
+
+struct Connection {
+    gateway: Arc<Gateway>,
+    caller: Caller,
+    /// The host this connection reaches (`/racp/hosts/<id>`); `None` on `/racp`.
+    host: Option<String>,
+    max_frame_bytes: usize,
+    said_hello: bool,
+    in_flight: Arc<Semaphore>,
+    follows: BTreeMap<String, Follow>,
+    next_subscription: u64,
+    fatal: Option<AppError>,
+}
+
+pub async fn run(
+    mut socket: WebSocket,
+    gateway: Arc<Gateway>,
+    caller: Caller,
+    host: Option<String>,
+) {
+    let (id, mut killed) = gateway.register(caller.device_id().map(str::to_string));
+    let mut conn = Connection {
+        in_flight: Arc::new(Semaphore::new(gateway.settings.max_in_flight as usize)),
+        gateway: gateway.clone(),
+        caller,
+        host,
+        max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
+        said_hello: false,
+        follows: BTreeMap::new(),
+        next_subscription: 1,
+        fatal: None,
+    };
+    // A revoke that landed between the upgrade's check and the registration.
+    let revoked_meanwhile = conn
+        .caller
+        .device_id()
+        .is_some_and(|d| gateway.devices.is_revoked(d));
+    let ending = if revoked_meanwhile {
+        Some(revoked())
+    } else {
+        conn.serve(&mut socket, &mut killed).await
+    };
+    if let Some(error) = ending {
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            close_with(&mut socket, error),
+        )
+        .await;
+    }
+    drop(conn);
+    gateway.unregister(id);
+}
+
+pub fn revoked() -> AppError {
+    AppError::new(ErrorCode::RemoteAuthFailed, "this device was revoked")
+}
+
+async fn close_with(socket: &mut WebSocket, error: AppError) {
+    let code = error.close_code();
+    let frame = encode(&ConnectionError { error });
+    let _ = socket.send(Message::Text(Utf8Bytes::from(frame))).await;
+    let _ = socket
+        .send(Message::Close(Some(CloseFrame {
+            code,
+            reason: Utf8Bytes::from_static(""),
+        })))
+        .await;
+}
+
+async fn send_all(socket: &mut WebSocket, frames: Vec<String>) -> Result<(), axum::Error> {
+    for frame in frames {
+        socket.feed(Message::Text(Utf8Bytes::from(frame))).await?;
+    }
+    socket.flush().await
+}
+
+impl Connection {
+    async fn serve(
+        &mut self,
+        socket: &mut WebSocket,
+        killed: &mut tokio::sync::watch::Receiver<Option<AppError>>,
+    ) -> Option<AppError> {
+        let (reply_tx, mut reply_rx) = mpsc::channel::<String>(REPLY_QUEUE);
+        let (out_tx, mut out_rx) = mpsc::channel::<Outgoing>(OUTGOING_QUEUE);
+        let stall = self.gateway.settings.send_stall;
+        let mut heartbeat = tokio::time::interval(self.gateway.settings.heartbeat);
+        heartbeat.tick().await;
+        loop {
+            let outgoing = tokio::select! {
+                incoming = socket.recv() => match incoming {
+                    Some(Ok(Message::Text(text))) => {
+                        let reply = self.handle_text(text.as_str(), &reply_tx, &out_tx).await;
+                        reply.map(|r| vec![fit_reply(r, self.max_frame_bytes)]).unwrap_or_default()
+                    }
+                    Some(Ok(Message::Binary(_))) => vec![encode(&ErrorReply {
+                        id: None,
+                        error: AppError::new(
+                            ErrorCode::InvalidArgument,
+                            "binary frames are not accepted; send UTF-8 JSON text frames",
+                        )
+                        .with_details(json!({"reason": "binary_frame"})),
+                    })],
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+                    Some(Ok(_)) => Vec::new(),
+                },
+                Some(reply) = reply_rx.recv() => vec![fit_reply(reply, self.max_frame_bytes)],
+                Some(out) = out_rx.recv() => match out {
+                    Outgoing::Frame(frame) => vec![frame],
+                    Outgoing::Ended(id) => {
+                        self.follows.remove(&id);
+                        Vec::new()
+                    }
+                },
+                _ = heartbeat.tick(), if self.said_hello => vec![self.heartbeat()],
+                changed = killed.changed() => match changed {
+                    Ok(()) => return killed.borrow_and_update().clone(),
+                    Err(_) => return None,
+                },
+            };
+            if let Some(error) = killed.borrow_and_update().clone() {
+                return Some(error);
+            }
+            if !outgoing.is_empty() {
+                match tokio::time::timeout(stall, send_all(socket, outgoing)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return None,
+                    Err(_) => return Some(self.too_slow()),
+                }
+            }
+            if let Some(fatal) = self.fatal.take() {
+                return Some(fatal);
+            }
+        }
+    }
+
+    fn too_slow(&self) -> AppError {
+        let last: serde_json::Map<String, Value> = self
+            .follows
+            .iter()
+            .map(|(id, f)| (id.clone(), json!(f.cursor())))
+            .collect();
+        AppError::new(
+            ErrorCode::ClientTooSlow,
+            "the client stopped reading; reconnect and resume from lastCursor",
+        )
+        .with_details(json!({"lastCursor": last}))
+    }
+
+    fn heartbeat(&self) -> String {
+        let subscriptions: Vec<Value> = self
+            .follows
+            .iter()
+            .map(|(id, f)| json!({"subscriptionId": id, "sessionId": f.session_id, "cursor": f.cursor()}))
+            .collect();
+        json!({"method": "heartbeat", "params": {"at": pi_host::clock::now_ms(), "subscriptions": subscriptions}})
+            .to_string()
+    }
+
+    async fn handle_text(
+        &mut self,
+        text: &str,
+        replies: &mpsc::Sender<String>,
+        out: &mpsc::Sender<Outgoing>,
+    ) -> Option<String> {
+        let request = match decode_request(text, self.max_frame_bytes) {
+            Ok(request) => request,
+            Err(Rejected { id, error }) => return Some(encode(&ErrorReply { id, error })),
+        };
+        let id = request.id;
+        let method = request.method;
+        let call = match self.admit(method, request.params) {
+            Ok(call) => call,
+            Err(error) => return Some(error_reply(id, error)),
+        };
+        match call {
+            Call::Hello(params) => {
+                let said = self.hello(params);
+                Some(self.reply(id, said))
+            }
+            Call::SessionSubscribe(params) => {
+                let subscribed = self.subscribe(params, out).await;
+                Some(self.reply(id, subscribed))
+            }
+            Call::SessionUnsubscribe(params) => {
+                let removed = self.follows.remove(&params.subscription_id);
+                let answer = removed.map(|_| racp_proto::Ack {}).ok_or_else(|| {
+                    AppError::new(
+                        ErrorCode::NotFound,
+                        "no such subscription on this connection",
+                    )
+                    .with_details(json!({"subscriptionId": params.subscription_id}))
+                });
+                Some(self.reply(id, answer))
+            }
+            Call::DeviceList(_) => Some(self.reply(id, Ok(self.device_list()))),
+            call => self.spawn(id, method, call, request.params, replies),
+        }
+    }
+
+    fn reply<T: serde::Serialize>(&self, id: RequestId, answer: Result<T, AppError>) -> String {
+        match answer.and_then(|r| pi_host::wire::to_value(&r)) {
+            Ok(result) => encode(&ResultReply::<Value> { id, result }),
+            Err(error) => error_reply(id, error),
+        }
+    }
+
+    /// Every check between a decoded envelope and its handling, as on a host.
+    fn admit(&mut self, method: Method, params: Option<&RawValue>) -> Result<Call, AppError> {
+        if !self.said_hello && method != Method::Hello {
+            return Err(AppError::new(
+                ErrorCode::Unauthorized,
+                "say hello first: it must be the first call on a connection",
+            ));
+        }
+        method
+            .spec()
+            .access
+            .check(method.as_str(), &self.caller.principal())?;
+        if let Caller::Device(device) = &self.caller {
+            // The watch on the devices bucket says whether it was revoked meanwhile.
+            if self.gateway.devices.is_revoked(&device.device_id) {
+                self.fatal = Some(revoked());
+                return Err(revoked());
+            }
+            if method != Method::Hello {
+                self.gateway.rate.check(&device.device_id)?;
+            }
+        }
+        Call::decode(method, params)
+    }
+
+    fn hello(&mut self, params: HelloParams) -> Result<HelloResult, AppError> {
+        if params.protocol.min > PROTOCOL_VERSION || params.protocol.max < PROTOCOL_VERSION {
+            let error = AppError::new(
+                ErrorCode::ProtocolMismatch,
+                format!("this gateway speaks protocol {PROTOCOL_VERSION} only"),
+            )
+            .with_details(json!({"supported": {"min": PROTOCOL_VERSION, "max": PROTOCOL_VERSION}}));
+            self.fatal = Some(error.clone());
+            return Err(error);
+        }
+        let settings = &self.gateway.settings;
+        let bound = params
+            .max_frame_bytes
+            .map_or(settings.max_frame_bytes, |wanted| {
+                wanted.min(settings.max_frame_bytes)
+            })
+            .max(MIN_MAX_FRAME_BYTES);
+        self.max_frame_bytes = bound as usize;
+        self.said_hello = true;
+        let (principal, pairing) = match &self.caller {
+            Caller::Device(device) => (
+                PrincipalInfo {
+                    kind: PrincipalKind::Device,
+                    device_id: Some(device.device_id.clone()),
+                    roles: device.roles.clone(),
+                },
+                false,
+            ),
+            Caller::Pairing { .. } => (
+                PrincipalInfo {
+                    kind: PrincipalKind::Pairing,
+                    device_id: None,
+                    roles: Vec::new(),
+                },
+                true,
+            ),
+        };
+        Ok(HelloResult {
+            protocol: PROTOCOL_VERSION,
+            host: HostIdentity {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                id: self.host.clone().unwrap_or_else(|| "gateway".to_string()),
+            },
+            principal,
+            capabilities: if pairing {
+                Vec::new()
+            } else {
+                CAPABILITIES.iter().map(|c| c.to_string()).collect()
+            },
+            limits: Limits {
+                max_frame_bytes: bound,
+                max_in_flight: settings.max_in_flight,
+                max_subscriptions: if pairing {
+                    0
+                } else {
+                    settings.max_subscriptions
+                },
+                requests_per_second: settings.requests_per_second,
+                request_burst: settings.request_burst,
+            },
+            heartbeat_ms: u64::try_from(settings.heartbeat.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    fn device(&self) -> Result<crate::devices::DeviceRecord, AppError> {
+        match &self.caller {
+            Caller::Device(device) => Ok(device.clone()),
+            Caller::Pairing { .. } => Err(AppError::new(
+                ErrorCode::Unauthorized,
+                "a pairing connection may only call hello and pair",
+            )),
+        }
+    }
+
+    /// The connection's host, for a call that needs one.
+    fn host_for(&self, method: Method) -> Result<String, AppError> {
+        self.host.clone().ok_or_else(|| {
+            AppError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "{} needs a host: connect to {}/hosts/<hostId> (host/list names them)",
+                    method.as_str(),
+                    racp_proto::ENDPOINT_PATH
+                ),
+            )
+            .with_details(json!({"reason": "no_host_selected", "method": method.as_str()}))
+        })
+    }
+
+    fn device_list(&self) -> DeviceListResult {
+        let current = self.caller.device_id();
+        DeviceListResult {
+            devices: self
+                .gateway
+                .devices
+                .list()
+                .into_iter()
+                .map(|d| DeviceInfo {
+                    current: current == Some(d.device_id.as_str()),
+                    device_id: d.device_id,
+                    name: d.name,
+                    roles: d.roles,
+                    created_at: d.created_at,
+                    last_seen_at: None,
+                })
+                .collect(),
+        }
+    }
+
+    async fn subscribe(
+        &mut self,
+        params: SessionSubscribeParams,
+        out: &mpsc::Sender<Outgoing>,
+    ) -> Result<SessionSubscribeResult, AppError> {
+        let host = self.host_for(Method::SessionSubscribe)?;
+        let max = self.gateway.settings.max_subscriptions;
+        if self.follows.len() >= max as usize {
+            return Err(AppError::new(
+                ErrorCode::LimitExceeded,
+                format!("a connection may hold at most {max} subscriptions"),
+            )
+            .with_details(json!({"maxSubscriptions": max})));
+        }
+        let stream = self
+            .gateway
+            .js
+            .get_stream_no_info(events_stream(&host))
+            .await
+            .map_err(|e| hosts::nats_down(&e))?;
+        let subject = events_subject(&host, &params.session_id);
+        let (epoch, after, stream_sequence) = match follow::span(&stream, &subject).await? {
+            Span::Events { epoch, first, last } => {
+                let (oldest, head) = (first.0.saturating_sub(1), last.0);
+                let after = match params.cursor {
+                    None => head,
+                    Some(cursor) if cursor.epoch != epoch => {
+                        return Err(follow::expired("other_epoch", epoch, oldest, head));
+                    }
+                    Some(cursor) if cursor.seq < oldest => {
+                        return Err(follow::expired("older_than_window", epoch, oldest, head));
+                    }
+                    Some(cursor) if cursor.seq > head => {
+                        // Ahead of the stream: valid only if the host has it (not yet relayed).
+                        let at_host = self.host_head(&host, &params.session_id).await?;
+                        if at_host.epoch != epoch || cursor.seq > at_host.seq {
+                            return Err(follow::expired("ahead_of_head", epoch, oldest, head));
+                        }
+                        cursor.seq
+                    }
+                    Some(cursor) => cursor.seq,
+                };
+                let start = follow::stream_start(&stream, &subject, after, first, last).await?;
+                (epoch, after, start)
+            }
+            Span::Empty => {
+                // Nothing relayed yet: the host says whether the session exists, and where.
+                let head = self.host_head(&host, &params.session_id).await?;
+                let after = match params.cursor {
+                    None => head.seq,
+                    Some(cursor) if cursor.epoch != head.epoch || cursor.seq > head.seq => {
+                        let reason = if cursor.epoch != head.epoch {
+                            "other_epoch"
+                        } else {
+                            "ahead_of_head"
+                        };
+                        return Err(follow::expired(reason, head.epoch, 0, head.seq));
+                    }
+                    Some(cursor) => cursor.seq,
+                };
+                (head.epoch, after, 1)
+            }
+        };
+        let subscription_id = format!("sub_{}", self.next_subscription);
+        self.next_subscription += 1;
+        let start = follow::Start {
+            subscription_id: subscription_id.clone(),
+            session_id: params.session_id,
+            subject,
+            epoch,
+            after,
+            stream_sequence,
+            max_frame_bytes: self.max_frame_bytes,
+            max_events_per_frame: self.gateway.settings.max_events_per_frame,
+        };
+        let followed = follow::follow(&stream, start, out.clone()).await?;
+        self.follows.insert(subscription_id.clone(), followed);
+        Ok(SessionSubscribeResult {
+            subscription_id,
+            cursor: Cursor::new(epoch, after),
+        })
+    }
+
+    /// The session's head cursor as its host has it (`session/get` routed to the host).
+    async fn host_head(&self, host: &str, session_id: &str) -> Result<Cursor, AppError> {
+        let device = self.device()?;
+        let params = RawValue::from_string(json!({ "sessionId": session_id }).to_string())
+            .map_err(|e| hosts::internal(&e))?;
+        let got = hosts::route(
+            &self.gateway.client,
+            host,
+            &device,
+            Method::SessionGet,
+            Some(&params),
+        )
+        .await?;
+        #[derive(serde::Deserialize)]
+        struct Head {
+            cursor: Cursor,
+        }
+        serde_json::from_str::<Head>(got.get())
+            .map(|h| h.cursor)
+            .map_err(|e| hosts::internal(&e))
+    }
+
+    /// Runs a call on its own task within the in-flight bound; its reply goes to `replies`.
+    fn spawn(
+        &self,
+        id: RequestId,
+        method: Method,
+        call: Call,
+        params: Option<&RawValue>,
+        replies: &mpsc::Sender<String>,
+    ) -> Option<String> {
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            return Some(error_reply(
+                id,
+                AppError::new(ErrorCode::HostOverloaded, "too many calls in flight")
+                    .with_details(json!({"maxInFlight": self.gateway.settings.max_in_flight}))
+                    .with_retry_after_ms(50),
+            ));
+        };
+        let answer = self.answer(method, call, params.map(ToOwned::to_owned));
+        let replies = replies.clone();
+        tokio::spawn(async move {
+            let reply = match answer.await {
+                Ok(result) => format!(r#"{{"id":{},"result":{}}}"#, encode(&id), result.get()),
+                Err(error) => error_reply(id, error),
+            };
+            drop(permit);
+            let _ = replies.send(reply).await;
+        });
+        None
+    }
+
+    /// A call answered off the connection's loop: by the gateway (pairing, devices, hosts) or
+    /// by the connection's host.
+    fn answer(
+        &self,
+        method: Method,
+        call: Call,
+        params: Option<Box<RawValue>>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Box<RawValue>, AppError>> + Send>>
+    {
+        let gateway = self.gateway.clone();
+        let device = self.device();
+        let caller = self.caller.clone();
+        let host = self.host_for(method);
+        Box::pin(async move {
+            let now = pi_host::clock::now_ms();
+            match call {
+                Call::Pair(params) => {
+                    let Caller::Pairing { token_id } = caller else {
+                        return Err(hosts::internal(&"pair without a pairing token"));
+                    };
+                    raw(&gateway
+                        .devices
+                        .pair(&token_id, params.device_name, now)
+                        .await?)
+                }
+                Call::HostList(_) => raw(&hosts::list(&gateway.hosts, &device?, now).await?),
+                Call::DeviceRevoke(params) => {
+                    gateway.devices.revoke(&params.device_id).await?;
+                    // This replica's connections of the device end now; the others' when their
+                    // watch on the bucket sees it (milliseconds).
+                    gateway.kill_device(&params.device_id, &revoked());
+                    raw(&racp_proto::Ack {})
+                }
+                Call::PairingCreate(params) => {
+                    let ttl = params
+                        .ttl_seconds
+                        .unwrap_or(racp_proto::limits::DEFAULT_PAIRING_TTL_SECONDS);
+                    let expires_at = now + ttl * 1000;
+                    let minted = gateway
+                        .devices
+                        .mint_pairing(params.roles.clone(), params.hosts, expires_at)
+                        .await?;
+                    let settings = &gateway.settings;
+                    let url = match &settings.cert_sha256 {
+                        Some(sha256) => format!(
+                            "racps://{}/pair?cert=sha256:{sha256}#{}",
+                            settings.listen, minted.token
+                        ),
+                        None => format!("racp://{}/pair#{}", settings.listen, minted.token),
+                    };
+                    raw(&PairingCreateResult {
+                        url,
+                        token: minted.token,
+                        expires_at,
+                        roles: params.roles,
+                        cert_sha256: settings.cert_sha256.map(|s| s.to_hex()),
+                    })
+                }
+                _ => {
+                    let host = host?;
+                    let device = device?;
+                    // Checked here too: a device granted some hosts reaches only those.
+                    if !device.may_reach(&host) {
+                        return Err(forbidden_host(&host));
+                    }
+                    hosts::route(&gateway.client, &host, &device, method, params.as_deref()).await
+                }
+            }
+        })
+    }
+}
+
+pub fn forbidden_host(host: &str) -> AppError {
+    AppError::new(
+        ErrorCode::Forbidden,
+        "this device may not reach that host; an owner can pair it with access to it",
+    )
+    .with_details(json!({"hostId": host, "reason": "host_not_granted"}))
+}
+
+fn error_reply(id: RequestId, error: AppError) -> String {
+    encode(&ErrorReply {
+        id: Some(id),
+        error,
+    })
+}
+
+fn raw<T: serde::Serialize>(value: &T) -> Result<Box<RawValue>, AppError> {
+    serde_json::value::to_raw_value(value).map_err(|e| hosts::internal(&e))
+}

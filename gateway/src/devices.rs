@@ -1,0 +1,363 @@
+//! The gateway's devices and pairing tokens, kept in NATS key-value buckets so every replica
+//! sees the same ones (docs/architecture.md, "Gateway"). Tokens are `gdt_<id>.<secret>` (device)
+//! and `gpt_<id>.<secret>` (pairing); only the secret's SHA-256 is stored. A secret is 256
+//! random bits, so a plain digest is as good as a keyed one here, and replicas share no key.
+
+use async_nats::jetstream::kv;
+use dashmap::DashMap;
+use pi_host::secrets::split;
+use racp_proto::methods::handshake::PairResult;
+use racp_proto::{AppError, ErrorCode, Principal, Role};
+use ring::rand::SecureRandom;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::sync::Arc;
+
+pub const DEVICES_BUCKET: &str = "racp_gw_devices";
+pub const PAIRING_BUCKET: &str = "racp_gw_pairing";
+const DEVICE_PREFIX: &str = "gdt_";
+const PAIRING_PREFIX: &str = "gpt_";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceRecord {
+    pub device_id: String,
+    pub name: String,
+    pub roles: Vec<Role>,
+    /// SHA-256 of the token's secret, hex.
+    pub tag: String,
+    pub created_at: u64,
+    /// Hosts the device may reach; `None`: every host.
+    #[serde(default)]
+    pub hosts: Option<Vec<String>>,
+    #[serde(default)]
+    pub revoked: bool,
+}
+
+impl DeviceRecord {
+    pub fn may_reach(&self, host_id: &str) -> bool {
+        self.hosts
+            .as_ref()
+            .is_none_or(|hosts| hosts.iter().any(|h| h == host_id))
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PairingRecord {
+    tag: String,
+    roles: Vec<Role>,
+    #[serde(default)]
+    hosts: Option<Vec<String>>,
+    expires_at: u64,
+    used: bool,
+}
+
+/// Who opened a connection.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    Device(DeviceRecord),
+    Pairing { token_id: String },
+}
+
+impl Caller {
+    pub fn principal(&self) -> Principal {
+        match self {
+            Caller::Device(device) => Principal::Device {
+                device_id: device.device_id.clone(),
+                roles: device.roles.clone(),
+            },
+            Caller::Pairing { .. } => Principal::Pairing,
+        }
+    }
+
+    pub fn device_id(&self) -> Option<&str> {
+        match self {
+            Caller::Device(device) => Some(&device.device_id),
+            Caller::Pairing { .. } => None,
+        }
+    }
+}
+
+pub struct Minted {
+    pub id: String,
+    pub token: String,
+    tag: String,
+}
+
+fn mint(prefix: &str) -> Result<Minted, AppError> {
+    let rng = ring::rand::SystemRandom::new();
+    let mut id = [0u8; 9];
+    let mut secret = [0u8; 32];
+    rng.fill(&mut id)
+        .and_then(|()| rng.fill(&mut secret))
+        .map_err(|_| AppError::new(ErrorCode::Internal, "the system random source failed"))?;
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let (id, secret) = (b64.encode(id), b64.encode(secret));
+    Ok(Minted {
+        token: format!("{prefix}{id}.{secret}"),
+        tag: digest(&secret),
+        id,
+    })
+}
+
+fn digest(secret: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compares in time independent of where the strings differ.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+fn refused() -> AppError {
+    AppError::new(
+        ErrorCode::RemoteAuthFailed,
+        "the token is not valid on this gateway: pair again",
+    )
+}
+
+fn unavailable(err: impl std::fmt::Display) -> AppError {
+    AppError::new(
+        ErrorCode::HostUnavailable,
+        "the gateway cannot reach its NATS servers; retry shortly",
+    )
+    .with_details(json!({"reason": "nats_unavailable", "cause": err.to_string()}))
+    .with_retry_after_ms(1_000)
+}
+
+fn internal(err: impl std::fmt::Display) -> AppError {
+    tracing::error!(error = %err, "device registry");
+    AppError::new(ErrorCode::Internal, "the gateway's device registry failed")
+}
+
+pub struct Devices {
+    devices: kv::Store,
+    pairings: kv::Store,
+    /// Every device record, kept current by a watch on the bucket: each call checks it, so a
+    /// revoke made on any replica stops the device's calls on every replica.
+    cache: Arc<DashMap<String, DeviceRecord>>,
+    removed: Arc<dashmap::DashSet<String>>,
+}
+
+impl Devices {
+    pub fn new(devices: kv::Store, pairings: kv::Store) -> Self {
+        Devices {
+            devices,
+            pairings,
+            cache: Arc::new(DashMap::new()),
+            removed: Arc::new(dashmap::DashSet::new()),
+        }
+    }
+
+    /// Follows the devices bucket; calls `on_revoked` for each device revoked (or deleted).
+    pub async fn follow(&self, on_revoked: impl Fn(&str) + Send + 'static) -> Result<(), AppError> {
+        use futures_util::StreamExt;
+        let mut watch = self
+            .devices
+            .watch_with_history(">")
+            .await
+            .map_err(unavailable)?;
+        let cache = self.cache.clone();
+        let removed = self.removed.clone();
+        tokio::spawn(async move {
+            while let Some(entry) = watch.next().await {
+                let Ok(entry) = entry else { continue };
+                let record = serde_json::from_slice::<DeviceRecord>(&entry.value).ok();
+                match record {
+                    Some(record) if entry.operation == kv::Operation::Put => {
+                        if record.revoked {
+                            on_revoked(&record.device_id);
+                        }
+                        cache.insert(entry.key, record);
+                    }
+                    _ => {
+                        cache.remove(&entry.key);
+                        removed.insert(entry.key.clone());
+                        on_revoked(&entry.key);
+                    }
+                }
+            }
+            tracing::warn!("the devices watch ended");
+        });
+        Ok(())
+    }
+
+    /// Whether the watch has seen the device revoked (or its record removed). A device paired
+    /// a moment ago on another replica may not be in the cache yet: that is not a revocation.
+    pub fn is_revoked(&self, device_id: &str) -> bool {
+        self.cache.get(device_id).is_some_and(|r| r.revoked) || self.removed.contains(device_id)
+    }
+
+    /// Checks a bearer token against the buckets (not the cache: a device paired a moment ago
+    /// on another replica gets in).
+    pub async fn authenticate(&self, token: &str, now: u64) -> Result<Caller, AppError> {
+        if let Some(presented) = split(token, DEVICE_PREFIX) {
+            let value = self
+                .devices
+                .get(device_key(presented.id))
+                .await
+                .map_err(unavailable)?
+                .ok_or_else(refused)?;
+            let device: DeviceRecord = serde_json::from_slice(&value).map_err(internal)?;
+            if device.revoked || !same(&digest(presented.secret), &device.tag) {
+                return Err(refused());
+            }
+            return Ok(Caller::Device(device));
+        }
+        if let Some(presented) = split(token, PAIRING_PREFIX) {
+            let value = self
+                .pairings
+                .get(presented.id)
+                .await
+                .map_err(unavailable)?
+                .ok_or_else(refused)?;
+            let pairing: PairingRecord = serde_json::from_slice(&value).map_err(internal)?;
+            if !same(&digest(presented.secret), &pairing.tag) {
+                return Err(refused());
+            }
+            if pairing.used {
+                return Err(AppError::new(
+                    ErrorCode::PairingFailed,
+                    "this pairing token was already used: mint a new one",
+                ));
+            }
+            if pairing.expires_at <= now {
+                return Err(AppError::new(
+                    ErrorCode::PairingTokenExpired,
+                    "this pairing token has expired: mint a new one",
+                )
+                .with_details(json!({"expiredAt": pairing.expires_at})));
+            }
+            return Ok(Caller::Pairing {
+                token_id: presented.id.to_string(),
+            });
+        }
+        Err(refused())
+    }
+
+    /// Mints a pairing token; the token is returned once and only its digest is kept.
+    pub async fn mint_pairing(
+        &self,
+        roles: Vec<Role>,
+        hosts: Option<Vec<String>>,
+        expires_at: u64,
+    ) -> Result<Minted, AppError> {
+        let minted = mint(PAIRING_PREFIX)?;
+        let record = PairingRecord {
+            tag: minted.tag.clone(),
+            roles,
+            hosts,
+            expires_at,
+            used: false,
+        };
+        self.pairings
+            .create(&minted.id, encode(&record)?)
+            .await
+            .map_err(unavailable)?;
+        Ok(minted)
+    }
+
+    /// Trades a pairing token for a device credential, once: the token is marked used with a
+    /// compare-and-set on its revision, so two replicas cannot both pair with it.
+    pub async fn pair(
+        &self,
+        token_id: &str,
+        name: String,
+        now: u64,
+    ) -> Result<PairResult, AppError> {
+        let entry = self
+            .pairings
+            .entry(token_id)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(refused)?;
+        let mut pairing: PairingRecord = serde_json::from_slice(&entry.value).map_err(internal)?;
+        if pairing.used || pairing.expires_at <= now {
+            return Err(AppError::new(
+                ErrorCode::PairingFailed,
+                "this pairing token was already used or has expired: mint a new one",
+            ));
+        }
+        pairing.used = true;
+        self.pairings
+            .update(token_id, encode(&pairing)?, entry.revision)
+            .await
+            .map_err(|_| {
+                AppError::new(
+                    ErrorCode::PairingFailed,
+                    "this pairing token was already used: mint a new one",
+                )
+            })?;
+        let minted = mint(DEVICE_PREFIX)?;
+        let device = DeviceRecord {
+            device_id: device_key(&minted.id),
+            name,
+            roles: pairing.roles,
+            tag: minted.tag,
+            created_at: now,
+            hosts: pairing.hosts,
+            revoked: false,
+        };
+        self.devices
+            .create(&device.device_id, encode(&device)?)
+            .await
+            .map_err(unavailable)?;
+        tracing::info!(device_id = %device.device_id, "device paired with the gateway");
+        Ok(PairResult {
+            device_token: minted.token,
+            device_id: device.device_id,
+            roles: device.roles,
+        })
+    }
+
+    pub fn list(&self) -> Vec<DeviceRecord> {
+        let mut devices: Vec<_> = self
+            .cache
+            .iter()
+            .map(|r| r.value().clone())
+            .filter(|r| !r.revoked)
+            .collect();
+        devices.sort_by(|a, b| (a.created_at, &a.device_id).cmp(&(b.created_at, &b.device_id)));
+        devices
+    }
+
+    /// Marks a device revoked; every replica's watch then closes its connections.
+    pub async fn revoke(&self, device_id: &str) -> Result<(), AppError> {
+        let not_found = || {
+            AppError::new(ErrorCode::NotFound, "no such device")
+                .with_details(json!({"deviceId": device_id}))
+        };
+        let entry = self
+            .devices
+            .entry(device_id)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(not_found)?;
+        if entry.operation != kv::Operation::Put {
+            return Err(not_found());
+        }
+        let mut device: DeviceRecord = serde_json::from_slice(&entry.value).map_err(internal)?;
+        device.revoked = true;
+        self.devices
+            .put(device_id, encode(&device)?)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+}
+
+/// A device's id (its record's key) from its token's id part.
+fn device_key(token_id: &str) -> String {
+    format!("dev_{token_id}")
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<bytes::Bytes, AppError> {
+    serde_json::to_vec(value).map(Into::into).map_err(internal)
+}

@@ -1,0 +1,315 @@
+//! Subscriptions through the gateway, served from the host's JetStream stream (docs/protocol.md
+//! §11.3): where a cursor starts in the stream, and one task per subscription that turns
+//! stream messages into `session/events` pushes, with the same framing, gap rules and
+//! `subscription/ended` as a host.
+
+use async_nats::jetstream::{self, consumer, stream::DirectGetErrorKind};
+use futures_util::{FutureExt, StreamExt};
+use racp_proto::events::PushMethod;
+use racp_proto::gateway::{EPOCH_HEADER, SEQ_HEADER};
+use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::mpsc;
+
+pub type Stream = jetstream::stream::Stream<()>;
+
+/// What the stream holds of one session.
+pub enum Span {
+    /// Nothing yet (a new session, or one the host has not published).
+    Empty,
+    Events {
+        epoch: Epoch,
+        /// RACP seq and stream sequence of the first and last event.
+        first: (u64, u64),
+        last: (u64, u64),
+    },
+}
+
+fn position(message: &jetstream::message::StreamMessage) -> Option<(Epoch, u64)> {
+    let header = |name| message.headers.get(name).map(|v| v.as_str().to_string());
+    let epoch = u64::from_str_radix(&header(EPOCH_HEADER)?, 16).ok()?;
+    let seq = header(SEQ_HEADER)?.parse().ok()?;
+    Some((Epoch(epoch), seq))
+}
+
+fn lookup_failed(err: &dyn std::fmt::Display) -> AppError {
+    crate::hosts::nats_down(err)
+}
+
+pub async fn span(stream: &Stream, subject: &str) -> Result<Span, AppError> {
+    let first = match stream.direct_get_next_for_subject(subject, None).await {
+        Ok(first) => first,
+        Err(err) if err.kind() == DirectGetErrorKind::NotFound => return Ok(Span::Empty),
+        Err(err) => return Err(lookup_failed(&err)),
+    };
+    let last = stream
+        .direct_get_last_for_subject(subject)
+        .await
+        .map_err(|e| lookup_failed(&e))?;
+    let (Some((epoch, first_seq)), Some((_, last_seq))) = (position(&first), position(&last))
+    else {
+        return Err(crate::hosts::internal(
+            &"an event in the stream has no position headers",
+        ));
+    };
+    Ok(Span::Events {
+        epoch,
+        first: (first_seq, first.sequence),
+        last: (last_seq, last.sequence),
+    })
+}
+
+/// CURSOR_EXPIRED with the details a host gives.
+pub fn expired(reason: &str, epoch: Epoch, oldest: u64, head: u64) -> AppError {
+    AppError::new(
+        ErrorCode::CursorExpired,
+        "the cursor cannot be resumed: call session/get and continue from its cursor",
+    )
+    .with_details(json!({
+        "reason": reason,
+        "oldest": Cursor::new(epoch, oldest),
+        "head": Cursor::new(epoch, head),
+        "snapshot": "session/get",
+    }))
+}
+
+/// The stream sequence of the session's first event after RACP seq `after`, within `span`
+/// (`last.1 + 1` when there is none yet): a binary search with direct gets, O(log n) lookups.
+pub async fn stream_start(
+    stream: &Stream,
+    subject: &str,
+    after: u64,
+    first: (u64, u64),
+    last: (u64, u64),
+) -> Result<u64, AppError> {
+    if after < first.0 {
+        return Ok(first.1);
+    }
+    if after >= last.0 {
+        return Ok(last.1 + 1);
+    }
+    let (mut low, mut high) = (first.1, last.1);
+    while low < high {
+        let mid = low + (high - low) / 2;
+        let message = stream
+            .direct_get_next_for_subject(subject, Some(mid))
+            .await
+            .map_err(|e| lookup_failed(&e))?;
+        let seq = position(&message).map_or(0, |(_, seq)| seq);
+        if seq > after {
+            high = message.sequence.min(high);
+        } else {
+            low = message.sequence + 1;
+        }
+    }
+    Ok(low)
+}
+
+/// What a subscription task hands its connection.
+pub enum Outgoing {
+    Frame(String),
+    /// The subscription is over (its `subscription/ended` push was the frame before).
+    Ended(String),
+}
+
+pub struct Follow {
+    pub session_id: String,
+    pub epoch: Epoch,
+    /// RACP seq of the last event handed to the connection.
+    pub delivered: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Follow {
+    pub fn cursor(&self) -> Cursor {
+        Cursor::new(self.epoch, self.delivered.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub struct Start {
+    pub subscription_id: String,
+    pub session_id: String,
+    pub subject: String,
+    pub epoch: Epoch,
+    /// Events at or below this RACP seq are not delivered.
+    pub after: u64,
+    pub stream_sequence: u64,
+    pub max_frame_bytes: usize,
+    pub max_events_per_frame: usize,
+}
+
+pub async fn follow(
+    stream: &Stream,
+    start: Start,
+    out: mpsc::Sender<Outgoing>,
+) -> Result<Follow, AppError> {
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: start.subject.clone(),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start.stream_sequence.max(1),
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| lookup_failed(&e))?;
+    let messages = consumer.messages().await.map_err(|e| lookup_failed(&e))?;
+    let delivered = Arc::new(AtomicU64::new(start.after));
+    let session_id = start.session_id.clone();
+    let epoch = start.epoch;
+    let task = tokio::spawn(pump(messages, start, delivered.clone(), out));
+    Ok(Follow {
+        session_id,
+        epoch,
+        delivered,
+        task,
+    })
+}
+
+async fn pump(
+    mut messages: consumer::pull::Ordered,
+    start: Start,
+    delivered: Arc<AtomicU64>,
+    out: mpsc::Sender<Outgoing>,
+) {
+    let prefix = format!(
+        r#"{{"method":"{}","params":{{"subscriptionId":{},"sessionId":{},"events":["#,
+        PushMethod::SessionEvents.as_str(),
+        Value::from(start.subscription_id.as_str()),
+        Value::from(start.session_id.as_str()),
+    );
+    let budget = start
+        .max_frame_bytes
+        .saturating_sub(256 + start.subscription_id.len() + start.session_id.len());
+    let mut last = start.after;
+    loop {
+        let Some(first) = messages.next().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        // Whatever else has already arrived goes in the same frame.
+        let mut size = 0;
+        while batch.len() < start.max_events_per_frame && size < budget {
+            match messages.next().now_or_never() {
+                Some(Some(next)) => {
+                    size += next.as_ref().map_or(0, |m| m.payload.len());
+                    batch.push(next);
+                }
+                _ => break,
+            }
+        }
+        let mut events: Vec<(u64, bytes::Bytes)> = Vec::new();
+        for message in batch {
+            let message = match message {
+                Ok(message) => message,
+                Err(err) => {
+                    tracing::warn!(error = %err, "a subscription's stream read failed; it resumes");
+                    continue;
+                }
+            };
+            let seq = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(SEQ_HEADER))
+                .and_then(|v| v.as_str().parse::<u64>().ok())
+                .unwrap_or(0);
+            if seq <= last {
+                continue;
+            }
+            if seq != last + 1 {
+                // Retention removed events this subscriber had not read yet.
+                let error = expired("older_than_window", start.epoch, seq - 1, seq);
+                let _ = out.send(ended(&start, last, Some(error))).await;
+                let _ = out
+                    .send(Outgoing::Ended(start.subscription_id.clone()))
+                    .await;
+                return;
+            }
+            last = seq;
+            events.push((seq, message.payload.clone()));
+        }
+        let mut closed = false;
+        for chunk in frames(&events, budget) {
+            let mut frame = String::with_capacity(prefix.len() + budget.min(1 << 16));
+            frame.push_str(&prefix);
+            for (i, (seq, payload)) in chunk.iter().enumerate() {
+                let json = String::from_utf8_lossy(payload);
+                closed |= is_session_closed(&json);
+                if i > 0 {
+                    frame.push(',');
+                }
+                if json.len() > budget {
+                    let from = Cursor::new(start.epoch, seq - 1);
+                    frame.push_str(&pi_host::server::elide::elide(
+                        &json,
+                        budget,
+                        start.max_frame_bytes,
+                        from,
+                    ));
+                } else {
+                    frame.push_str(&json);
+                }
+            }
+            frame.push_str("]}}");
+            if out.send(Outgoing::Frame(frame)).await.is_err() {
+                return;
+            }
+            if let Some((seq, _)) = chunk.last() {
+                delivered.store(*seq, Ordering::Relaxed);
+            }
+        }
+        if closed {
+            let _ = out.send(ended(&start, last, None)).await;
+            let _ = out
+                .send(Outgoing::Ended(start.subscription_id.clone()))
+                .await;
+            return;
+        }
+    }
+}
+
+/// Whether an event is `session.closed`: a host writes `type` before `data`, so the first
+/// `"type":` in the text is the event's own.
+fn is_session_closed(json: &str) -> bool {
+    json.find("\"type\":")
+        .is_some_and(|at| json[at + 7..].starts_with("\"session.closed\""))
+}
+
+/// Splits events into frames of at most `budget` bytes each (an oversized event alone).
+fn frames(events: &[(u64, bytes::Bytes)], budget: usize) -> Vec<&[(u64, bytes::Bytes)]> {
+    let mut out = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (i, (_, payload)) in events.iter().enumerate() {
+        if i > start && size + payload.len() + 1 > budget {
+            out.push(&events[start..i]);
+            (start, size) = (i, 0);
+        }
+        size += payload.len() + 1;
+    }
+    if start < events.len() {
+        out.push(&events[start..]);
+    }
+    out
+}
+
+fn ended(start: &Start, last: u64, error: Option<AppError>) -> Outgoing {
+    let mut params = json!({
+        "subscriptionId": start.subscription_id,
+        "sessionId": start.session_id,
+        "cursor": Cursor::new(start.epoch, last),
+    });
+    if let Some(error) = error {
+        params["error"] = json!(error);
+    }
+    Outgoing::Frame(
+        json!({"method": PushMethod::SubscriptionEnded.as_str(), "params": params}).to_string(),
+    )
+}

@@ -1,0 +1,147 @@
+//! Hosts as the gateway sees them: their heartbeat records (`host/list`), and RACP calls routed
+//! to one of them over NATS request/reply.
+
+use crate::devices::DeviceRecord;
+use async_nats::jetstream::kv;
+use futures_util::StreamExt;
+use racp_proto::gateway::{HostRecord, OFFLINE_AFTER_MS, RoutedCall, RoutedReply, call_subject};
+use racp_proto::methods::handshake::HostIdentity;
+use racp_proto::methods::host::{HostEntry, HostListResult, HostStatus};
+use racp_proto::{AppError, ErrorCode, Method};
+use serde_json::json;
+use serde_json::value::RawValue;
+use std::time::Duration;
+
+/// How long a routed call may take before the host counts as unreachable. Calls that wait on
+/// an agent (`turn/start` waiting for a starting agent) stay well within it.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One host's record with the server's time of writing it.
+pub struct Seen {
+    pub record: HostRecord,
+    pub written_at: u64,
+}
+
+impl Seen {
+    pub fn online(&self, now: u64) -> bool {
+        self.record.online && now.saturating_sub(self.written_at) <= OFFLINE_AFTER_MS
+    }
+}
+
+pub async fn seen(hosts: &kv::Store, host_id: &str) -> Result<Option<Seen>, AppError> {
+    let entry = hosts.entry(host_id).await.map_err(|e| nats_down(&e))?;
+    Ok(entry.and_then(|entry| read(&entry)))
+}
+
+fn read(entry: &kv::Entry) -> Option<Seen> {
+    if entry.operation != kv::Operation::Put {
+        return None;
+    }
+    let record: HostRecord = serde_json::from_slice(&entry.value).ok()?;
+    let written_at = u64::try_from(entry.created.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+    Some(Seen { record, written_at })
+}
+
+/// `host/list`: every enrolled host the device may reach.
+pub async fn list(
+    hosts: &kv::Store,
+    device: &DeviceRecord,
+    now: u64,
+) -> Result<HostListResult, AppError> {
+    let mut keys = hosts.keys().await.map_err(|e| nats_down(&e))?;
+    let mut entries = Vec::new();
+    while let Some(key) = keys.next().await {
+        let Ok(key) = key else { continue };
+        if !device.may_reach(&key) {
+            continue;
+        }
+        if let Some(seen) = seen(hosts, &key).await? {
+            let online = seen.online(now);
+            let record = seen.record;
+            entries.push(HostEntry {
+                path: format!("{}/hosts/{}", racp_proto::ENDPOINT_PATH, record.host_id),
+                host: HostIdentity {
+                    version: record.version,
+                    id: record.host_id,
+                },
+                hostname: record.hostname,
+                status: if online {
+                    HostStatus::Online
+                } else {
+                    HostStatus::Offline
+                },
+                last_seen_at: (record.at > 0).then_some(seen.written_at),
+                sessions: record.sessions,
+            });
+        }
+    }
+    entries.sort_by(|a, b| a.host.id.cmp(&b.host.id));
+    Ok(HostListResult { hosts: entries })
+}
+
+/// Sends one call to a host and returns its result (raw, as the host wrote it) or its error.
+pub async fn route(
+    client: &async_nats::Client,
+    host_id: &str,
+    device: &DeviceRecord,
+    method: Method,
+    params: Option<&RawValue>,
+) -> Result<Box<RawValue>, AppError> {
+    let empty;
+    let params = match params {
+        Some(params) => params.to_owned(),
+        None => {
+            empty = RawValue::from_string("{}".into()).map_err(|e| internal(&e))?;
+            empty
+        }
+    };
+    let call = RoutedCall {
+        device_id: device.device_id.clone(),
+        roles: device.roles.clone(),
+        method: method.as_str().to_string(),
+        params,
+    };
+    let body = serde_json::to_vec(&call).map_err(|e| internal(&e))?;
+    let request = client.request(call_subject(host_id), body.into());
+    let reply = match tokio::time::timeout(CALL_TIMEOUT, request).await {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(err)) => {
+            use async_nats::RequestErrorKind;
+            return Err(match err.kind() {
+                RequestErrorKind::NoResponders => host_offline(host_id),
+                RequestErrorKind::TimedOut => host_offline(host_id),
+                RequestErrorKind::Other => nats_down(&err),
+            });
+        }
+        Err(_) => return Err(host_offline(host_id)),
+    };
+    let reply: RoutedReply = serde_json::from_slice(&reply.payload).map_err(|e| internal(&e))?;
+    match (reply.result, reply.error) {
+        (_, Some(error)) => Err(error),
+        (Some(result), None) => Ok(result),
+        (None, None) => Err(internal(&"a host's reply had neither result nor error")),
+    }
+}
+
+pub fn host_offline(host_id: &str) -> AppError {
+    AppError::new(
+        ErrorCode::HostUnavailable,
+        "the host is not connected to the gateway; retry when it is back",
+    )
+    .with_details(json!({"hostId": host_id, "reason": "host_offline"}))
+    .with_retry_after_ms(2_000)
+}
+
+pub fn nats_down(err: &dyn std::fmt::Display) -> AppError {
+    AppError::new(
+        ErrorCode::HostUnavailable,
+        "the gateway cannot reach its NATS servers; retry shortly",
+    )
+    .with_details(json!({"reason": "nats_unavailable", "cause": err.to_string()}))
+    .with_retry_after_ms(1_000)
+}
+
+pub fn internal(err: &dyn std::fmt::Display) -> AppError {
+    tracing::error!(error = %err, "gateway");
+    AppError::new(ErrorCode::Internal, "the gateway failed unexpectedly")
+}

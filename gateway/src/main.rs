@@ -1,0 +1,312 @@
+//! `pi-gateway`: RACP-WS for many hosts. Hosts dial out to NATS (`pi-host serve --gateway`);
+//! desktops pair with the gateway and reach each host at `/racp/hosts/<hostId>`. Replicas share
+//! nothing but NATS (docs/architecture.md, "Gateway"; docs/protocol.md §11).
+
+mod connection;
+mod devices;
+mod follow;
+mod hosts;
+mod nats;
+mod server;
+mod state;
+
+use clap::{Parser, Subcommand};
+use racp_proto::Role;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "pi-gateway",
+    version,
+    about = "RACP-WS gateway for many pi-hosts, over NATS JetStream"
+)]
+struct Cli {
+    /// Where the gateway keeps its TLS identity and NATS key [default: $XDG_DATA_HOME/pi-gateway]
+    #[arg(long, global = true, env = "PI_GATEWAY_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// NATS servers (nats://host:port, comma-separated)
+    #[arg(
+        long,
+        global = true,
+        env = "PI_GATEWAY_NATS",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    nats: String,
+    /// Connect to NATS without the gateway's nkey (a server with no authorization)
+    #[arg(long, global = true)]
+    nats_no_auth: bool,
+    /// Copies JetStream keeps of the gateway's buckets and streams (3 on a three-node cluster)
+    #[arg(long, global = true, default_value_t = 1)]
+    replicas: usize,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve RACP-WS until SIGTERM or SIGINT.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:7879")]
+        listen: SocketAddr,
+        /// Serve plain ws:// (loopback only; devices cannot check the gateway's identity)
+        #[arg(long)]
+        plain: bool,
+        /// Heartbeat interval in milliseconds
+        #[arg(long, default_value_t = 15_000)]
+        heartbeat_ms: u64,
+        /// Browser Origins to accept (repeatable)
+        #[arg(long = "allow-origin")]
+        allowed_origins: Vec<String>,
+    },
+    /// Print the gateway's public nkey (made at first use), for the NATS server's configuration.
+    Key,
+    /// Enroll a host: create its events stream and print the NATS user that confines it to its
+    /// own subjects (add it to the server's `authorization.users` and reload the server).
+    Enroll {
+        /// The host's id and nkey, as `pi-host gateway-key` prints them.
+        host_id: String,
+        nkey: String,
+        /// How long the stream keeps a host's events (seconds)
+        #[arg(long, default_value_t = 7 * 86_400)]
+        retention_seconds: u64,
+    },
+    /// Mint a single-use pairing token for a device.
+    Pair {
+        #[arg(long, value_delimiter = ',', default_value = "owner", value_parser = parse_role)]
+        roles: Vec<Role>,
+        /// Hosts the device may reach [default: all]
+        #[arg(long, value_delimiter = ',')]
+        hosts: Vec<String>,
+        #[arg(long, default_value_t = 600)]
+        ttl: u64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PI_GATEWAY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("pi-gateway: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("pi-gateway: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_role(text: &str) -> Result<Role, String> {
+    Role::from_name(text)
+        .ok_or_else(|| format!("unknown role {text:?}: use owner, operator or observer"))
+}
+
+fn default_data_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("pi-gateway");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    home.join(".local/share/pi-gateway")
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let data_dir = cli.data_dir.clone().unwrap_or_else(default_data_dir);
+    let seed = |dir: &Path| -> Result<Option<String>, String> {
+        if cli.nats_no_auth {
+            return Ok(None);
+        }
+        pi_host::uplink::key::load_or_create(dir)
+            .map(|key| Some(key.seed))
+            .map_err(|e| e.to_string())
+    };
+    match &cli.command {
+        Command::Key => {
+            let key = pi_host::uplink::key::load_or_create(&data_dir).map_err(|e| e.to_string())?;
+            println!("{}", key.public);
+            Ok(())
+        }
+        Command::Enroll {
+            host_id,
+            nkey,
+            retention_seconds,
+        } => {
+            let client = nats::connect(&cli.nats, seed(&data_dir)?)
+                .await
+                .map_err(|e| e.to_string())?;
+            let js = async_nats::jetstream::new(client);
+            let enrollment = nats::Enrollment {
+                host_id,
+                nkey,
+                retention: Duration::from_secs(*retention_seconds),
+                replicas: cli.replicas,
+            };
+            let user =
+                tokio::time::timeout(Duration::from_secs(30), nats::enroll(&js, &enrollment))
+                    .await
+                    .map_err(|_| "JetStream did not answer within 30 s".to_string())?
+                    .map_err(|e| e.to_string())?;
+            println!("{user}");
+            Ok(())
+        }
+        Command::Pair {
+            roles,
+            hosts,
+            ttl,
+            json,
+        } => {
+            let client = nats::connect(&cli.nats, seed(&data_dir)?)
+                .await
+                .map_err(|e| e.to_string())?;
+            let js = async_nats::jetstream::new(client);
+            let buckets =
+                tokio::time::timeout(Duration::from_secs(30), nats::buckets(&js, cli.replicas))
+                    .await
+                    .map_err(|_| "JetStream did not answer within 30 s".to_string())?;
+            let registry = devices::Devices::new(buckets.devices, buckets.pairings);
+            let expires_at = pi_host::clock::now_ms() + ttl * 1000;
+            let hosts = (!hosts.is_empty()).then(|| hosts.clone());
+            let minted = registry
+                .mint_pairing(roles.clone(), hosts, expires_at)
+                .await
+                .map_err(|e| e.to_string())?;
+            let identity =
+                pi_host::server::identity::load_or_create(&data_dir).map_err(|e| e.to_string())?;
+            if *json {
+                println!(
+                    "{}",
+                    serde_json::json!({"token": minted.token, "expiresAt": expires_at, "certSha256": identity.sha256.to_hex()})
+                );
+            } else {
+                println!(
+                    "Pairing token (single use):\n  {}\nGateway certificate SHA-256:\n  {}",
+                    minted.token, identity.sha256
+                );
+            }
+            Ok(())
+        }
+        Command::Serve {
+            listen,
+            plain,
+            heartbeat_ms,
+            allowed_origins,
+        } => {
+            let seed = seed(&data_dir)?;
+            serve(
+                &cli,
+                &data_dir,
+                seed,
+                *listen,
+                *plain,
+                *heartbeat_ms,
+                allowed_origins.clone(),
+            )
+            .await
+        }
+    }
+}
+
+async fn serve(
+    cli: &Cli,
+    data_dir: &Path,
+    seed: Option<String>,
+    listen: SocketAddr,
+    plain: bool,
+    heartbeat_ms: u64,
+    allowed_origins: Vec<String>,
+) -> Result<(), String> {
+    if plain && !listen.ip().is_loopback() {
+        return Err("--plain serves ws:// on loopback only".into());
+    }
+    let (tls, cert_sha256) = if plain {
+        (None, None)
+    } else {
+        let identity = pi_host::server::identity::load_or_create(data_dir)
+            .map_err(|e| format!("cannot load the gateway's TLS identity: {e}"))?;
+        let served = pi_host::server::tls::server_config(&identity.cert, &identity.key)?;
+        (Some(served), Some(identity.sha256))
+    };
+    let client = nats::connect(&cli.nats, seed)
+        .await
+        .map_err(|e| e.to_string())?;
+    let js = async_nats::jetstream::new(client.clone());
+    let buckets = nats::buckets(&js, cli.replicas).await;
+    let mut limits = pi_host::config::HostLimits::default();
+    let budget = pi_host::server::listener::plan(&mut limits);
+    let socket = tokio::net::TcpSocket::new_v4()
+        .and_then(|s| {
+            s.set_reuseaddr(true)?;
+            s.bind(listen)?;
+            Ok(s)
+        })
+        .map_err(|e| format!("cannot bind {listen}: {e}"))?;
+    let local = socket.local_addr().map_err(|e| e.to_string())?;
+    let settings = state::Settings {
+        listen: local,
+        heartbeat: Duration::from_millis(heartbeat_ms.max(100)),
+        max_frame_bytes: limits.max_frame_bytes,
+        max_in_flight: limits.max_in_flight,
+        max_subscriptions: limits.max_subscriptions,
+        max_events_per_frame: limits.max_events_per_frame,
+        send_stall: limits.send_stall,
+        requests_per_second: limits.requests_per_second,
+        request_burst: limits.request_burst,
+        allowed_origins,
+        cert_sha256,
+    };
+    let gateway = state::Gateway::new(settings, client, buckets);
+    let watcher = gateway.clone();
+    gateway
+        .devices
+        .follow(move |device_id| {
+            watcher.kill_device(device_id, &connection::revoked());
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let listener = socket.listen(1024).map_err(|e| e.to_string())?;
+    let scheme = if tls.is_some() { "wss" } else { "ws" };
+    if let Some(sha256) = &cert_sha256 {
+        println!("pi-gateway certificate SHA-256 {sha256}");
+    }
+    println!(
+        "pi-gateway listening on {scheme}://{local}{}",
+        racp_proto::ENDPOINT_PATH
+    );
+    let shutdown = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    pi_host::server::listener::serve(listener, tls, server::router(gateway), &budget, shutdown)
+        .await;
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! The gateway's HTTP side: `/racp` (the gateway itself: pairing, devices, `host/list`) and
+//! `/racp/hosts/{hostId}` (one host through the gateway), with the host's upgrade checks.
+
+use crate::devices::Caller;
+use crate::state::Gateway;
+use axum::Router;
+use axum::extract::ws::{WebSocketUpgrade, rejection::WebSocketUpgradeRejection};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
+use axum::response::Response;
+use axum::routing::get;
+use pi_host::server::upgrade::{bearer_token, offered_subprotocols, refusal, single};
+use racp_proto::{AppError, BEARER_SUBPROTOCOL_PREFIX, ENDPOINT_PATH, ErrorCode, SUBPROTOCOL};
+use serde_json::json;
+use std::sync::Arc;
+
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route(ENDPOINT_PATH, get(gateway_endpoint))
+        .route(
+            &format!("{ENDPOINT_PATH}/hosts/{{host_id}}"),
+            get(host_endpoint),
+        )
+        .with_state(gateway)
+}
+
+async fn gateway_endpoint(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    upgrade(gateway, headers, ws, None).await
+}
+
+async fn host_endpoint(
+    State(gateway): State<Arc<Gateway>>,
+    Path(host_id): Path<String>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    upgrade(gateway, headers, ws, Some(host_id)).await
+}
+
+async fn upgrade(
+    gateway: Arc<Gateway>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    host: Option<String>,
+) -> Response {
+    let caller = match admit(&gateway, &headers, host.as_deref()).await {
+        Ok(caller) => caller,
+        Err(error) => return refusal(error),
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => {
+            return refusal(
+                AppError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("not a WebSocket upgrade: {rejection}"),
+                )
+                .with_details(json!({"reason": "not_websocket_upgrade"})),
+            );
+        }
+    };
+    let cap = gateway.settings.max_frame_bytes as usize * 4;
+    ws.protocols([SUBPROTOCOL])
+        .read_buffer_size(1 << 10)
+        .write_buffer_size(64 << 10)
+        .max_write_buffer_size(cap.max(32 << 20))
+        .max_message_size(cap)
+        .max_frame_size(cap)
+        .on_upgrade(move |socket| crate::connection::run(socket, gateway, caller, host))
+}
+
+async fn admit(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+    host: Option<&str>,
+) -> Result<Caller, AppError> {
+    if headers.contains_key(header::ORIGIN) {
+        let allowed = single(headers, header::ORIGIN)
+            .is_some_and(|o| gateway.settings.allowed_origins.iter().any(|a| a == o));
+        if !allowed {
+            return Err(AppError::new(
+                ErrorCode::Forbidden,
+                "requests from this Origin are not allowed; add it to the gateway's allowed origins",
+            )
+            .with_details(json!({"reason": "origin_not_allowed"})));
+        }
+    }
+    let offered = offered_subprotocols(headers);
+    if !offered.contains(&SUBPROTOCOL) {
+        return Err(AppError::new(
+            ErrorCode::ProtocolMismatch,
+            format!("offer the WebSocket subprotocol {SUBPROTOCOL}"),
+        )
+        .with_details(json!({"expected": SUBPROTOCOL})));
+    }
+    let token = bearer_token(headers)
+        .or_else(|| {
+            offered
+                .iter()
+                .find_map(|p| p.strip_prefix(BEARER_SUBPROTOCOL_PREFIX))
+        })
+        .ok_or_else(|| {
+            AppError::new(
+                ErrorCode::RemoteAuthFailed,
+                "no token: send `Authorization: Bearer <token>`",
+            )
+        })?;
+    if !gateway.nats_up() {
+        return Err(crate::hosts::nats_down(&"not connected"));
+    }
+    let caller = gateway
+        .devices
+        .authenticate(token, pi_host::clock::now_ms())
+        .await?;
+    if let Some(host) = host {
+        let Caller::Device(device) = &caller else {
+            return Err(AppError::new(
+                ErrorCode::Unauthorized,
+                format!("pair on {ENDPOINT_PATH}, not on a host's path"),
+            ));
+        };
+        if !device.may_reach(host) {
+            return Err(crate::connection::forbidden_host(host));
+        }
+        if !racp_proto::gateway::valid_host_id(host)
+            || crate::hosts::seen(&gateway.hosts, host).await?.is_none()
+        {
+            return Err(AppError::new(
+                ErrorCode::NotFound,
+                "no host with this id is enrolled with the gateway",
+            )
+            .with_details(json!({"hostId": host})));
+        }
+    }
+    Ok(caller)
+}

@@ -1,0 +1,89 @@
+//! What every connection of one gateway replica shares: NATS, the buckets, settings, and the
+//! open connections (kill switches for revoked devices).
+
+use crate::devices::Devices;
+use async_nats::jetstream::{self, kv};
+use dashmap::DashMap;
+use racp_proto::AppError;
+use racp_proto::fingerprint::CertSha256;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::watch;
+
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub heartbeat: Duration,
+    pub max_frame_bytes: u32,
+    pub max_in_flight: u32,
+    pub max_subscriptions: u32,
+    pub max_events_per_frame: usize,
+    pub send_stall: Duration,
+    pub requests_per_second: u32,
+    pub request_burst: u32,
+    pub allowed_origins: Vec<String>,
+    /// The served certificate's SHA-256 (None with `--plain`).
+    pub cert_sha256: Option<CertSha256>,
+}
+
+pub struct Gateway {
+    pub settings: Settings,
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub hosts: kv::Store,
+    pub devices: Devices,
+    pub rate: pi_host::ratelimit::RateLimiter,
+    connections: DashMap<u64, (Option<String>, watch::Sender<Option<AppError>>)>,
+    next_connection: AtomicU64,
+}
+
+impl Gateway {
+    pub fn new(
+        settings: Settings,
+        client: async_nats::Client,
+        buckets: crate::nats::Buckets,
+    ) -> Arc<Self> {
+        Arc::new(Gateway {
+            rate: pi_host::ratelimit::RateLimiter::new(
+                settings.requests_per_second,
+                settings.request_burst,
+            ),
+            settings,
+            js: jetstream::new(client.clone()),
+            client,
+            hosts: buckets.hosts,
+            devices: Devices::new(buckets.devices, buckets.pairings),
+            connections: DashMap::new(),
+            next_connection: AtomicU64::new(1),
+        })
+    }
+
+    /// Whether NATS is reachable now (the upgrade refuses with HOST_UNAVAILABLE when not).
+    pub fn nats_up(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    pub fn register(&self, device_id: Option<String>) -> (u64, watch::Receiver<Option<AppError>>) {
+        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        let (kill, killed) = watch::channel(None);
+        self.connections.insert(id, (device_id, kill));
+        (id, killed)
+    }
+
+    pub fn unregister(&self, id: u64) {
+        self.connections.remove(&id);
+    }
+
+    /// Ends every connection of a device on this replica.
+    pub fn kill_device(&self, device_id: &str, error: &AppError) -> usize {
+        let mut killed = 0;
+        for entry in self.connections.iter() {
+            if entry.value().0.as_deref() == Some(device_id) {
+                let _ = entry.value().1.send(Some(error.clone()));
+                killed += 1;
+            }
+        }
+        killed
+    }
+}

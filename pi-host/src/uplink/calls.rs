@@ -1,0 +1,103 @@
+//! RACP calls routed from the gateway: the same checks and handlers as a call on a WebSocket
+//! (access, rate, drain, params, in-flight bounds, then `handlers::route`), with the gateway's
+//! device as the caller. Only gateways may publish to this host's call subject (NATS
+//! permissions), so the device and roles in the envelope are the gateway's word.
+
+use crate::auth::Credential;
+use crate::handlers::{self, Route};
+use crate::state::HostState;
+use futures_util::StreamExt;
+use racp_proto::gateway::{RoutedCall, RoutedReply, call_subject};
+use racp_proto::{AppError, Call, ErrorCode, Method, Principal};
+use serde_json::json;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+
+pub async fn run(state: Arc<HostState>, client: async_nats::Client) {
+    let subject = call_subject(&state.host_id);
+    let mut retry = super::Retry::new();
+    // The client resubscribes by itself after a reconnect; this loop is for a refused subscribe.
+    let mut calls = loop {
+        match client.subscribe(subject.clone()).await {
+            Ok(calls) => break calls,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot subscribe to gateway calls; retrying");
+                retry.wait().await;
+            }
+        }
+    };
+    while let Some(message) = calls.next().await {
+        let Some(reply_to) = message.reply else {
+            continue;
+        };
+        let state = state.clone();
+        let client = client.clone();
+        tokio::spawn(async move {
+            let reply = match answer(&state, &message.payload).await {
+                Ok(result) => RoutedReply {
+                    result: Some(result),
+                    error: None,
+                },
+                Err(error) => RoutedReply {
+                    result: None,
+                    error: Some(error),
+                },
+            };
+            let body = crate::wire::encode(&reply);
+            if let Err(err) = client.publish(reply_to, body.into()).await {
+                tracing::warn!(error = %err, "cannot answer a gateway call");
+            }
+        });
+    }
+}
+
+async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>, AppError> {
+    let call: RoutedCall = serde_json::from_slice(payload).map_err(|e| {
+        AppError::new(
+            ErrorCode::InvalidArgument,
+            format!("not a routed call: {e}"),
+        )
+    })?;
+    let method = Method::from_name(&call.method).ok_or_else(|| {
+        AppError::new(ErrorCode::MethodNotFound, "no such method")
+            .with_details(json!({"method": call.method}))
+    })?;
+    let credential = Credential::Device {
+        device_id: call.device_id,
+        roles: call.roles,
+    };
+    let principal: Principal = credential.principal();
+    method.spec().access.check(method.as_str(), &principal)?;
+    if let Some(device_id) = credential.device_id() {
+        state.rate.check(device_id)?;
+    }
+    if state.is_draining() {
+        return Err(AppError::new(
+            ErrorCode::HostShuttingDown,
+            "the host is shutting down; the call was not started",
+        ));
+    }
+    let decoded = Call::decode(method, Some(&call.params))?;
+    let Route::Task(task) = handlers::route(state.clone(), credential, decoded) else {
+        // hello and subscriptions belong to the desktop's connection, which is the gateway's.
+        return Err(AppError::new(
+            ErrorCode::MethodNotFound,
+            format!(
+                "{} is answered by the gateway, not routed to a host",
+                method.as_str()
+            ),
+        )
+        .with_details(json!({"method": method.as_str()})));
+    };
+    let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
+        return Err(
+            AppError::new(ErrorCode::HostOverloaded, "too many calls in flight")
+                .with_details(json!({
+                    "maxInFlightHost": state.config.limits.max_in_flight_host,
+                }))
+                .with_retry_after_ms(50),
+        );
+    };
+    let value = task.await?;
+    serde_json::value::to_raw_value(&value).map_err(|e| state.internal(e))
+}

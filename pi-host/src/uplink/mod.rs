@@ -1,0 +1,89 @@
+//! The host's link to a gateway (docs/architecture.md, "Gateway"): with `--gateway`, the host
+//! dials out to NATS with its own nkey and, while the link is up,
+//! - writes its heartbeat record to the hosts bucket (`heartbeat.rs`),
+//! - answers the RACP calls the gateway routes to it (`calls.rs`),
+//! - publishes every committed event to its JetStream stream (`relay.rs`).
+//!
+//! The host's own log stays the source of truth, and local clients are served whether or not
+//! NATS is reachable: the client library reconnects on its own, and each task retries.
+
+mod calls;
+mod heartbeat;
+pub mod key;
+mod relay;
+
+use crate::state::HostState;
+use racp_proto::gateway::host_inbox_prefix;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Starts the link when the host has a gateway; returns at once (the connection is made, and
+/// remade, in the background).
+pub fn spawn(state: &Arc<HostState>) -> Result<(), key::KeyError> {
+    if state.config.gateway.is_empty() {
+        return Ok(());
+    }
+    let seed = key::load_or_create(&state.config.data_dir)?;
+    let host_id = state.host_id.clone();
+    let options = async_nats::ConnectOptions::with_nkey(seed.seed)
+        .name(format!("pi-host {host_id}"))
+        // Replies to this host come to its own inbox, so its credential reads no one else's.
+        .custom_inbox_prefix(host_inbox_prefix(&host_id))
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(5))
+        .request_timeout(Some(Duration::from_secs(10)))
+        .reconnect_delay_callback(backoff)
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Connected => tracing::info!("gateway link up"),
+                async_nats::Event::Disconnected => tracing::warn!("gateway link down; retrying"),
+                other => tracing::warn!(event = %other, "gateway link"),
+            }
+        });
+    let urls = state.config.gateway.join(",");
+    let state = state.clone();
+    tokio::spawn(async move {
+        let client = match options.connect(urls.as_str()).await {
+            Ok(client) => client,
+            Err(err) => {
+                tracing::error!(error = %err, gateway = %urls, "cannot use the gateway address");
+                return;
+            }
+        };
+        tokio::spawn(heartbeat::run(state.clone(), client.clone()));
+        tokio::spawn(relay::run(state.clone(), client.clone()));
+        calls::run(state, client).await;
+    });
+    Ok(())
+}
+
+/// Reconnect delay: doubling from 100 ms to 5 s, with jitter from the attempt count so many
+/// hosts cut at once do not come back in step.
+fn backoff(attempt: usize) -> Duration {
+    let base = 100u64.saturating_mul(1 << attempt.min(6)).min(5_000);
+    let jitter = (attempt as u64).wrapping_mul(7919) % (base / 4 + 1);
+    Duration::from_millis(base - jitter)
+}
+
+/// Waits with doubling delays (50 ms to 2 s) between tries of an operation that needs NATS.
+struct Retry {
+    delay: Duration,
+}
+
+impl Retry {
+    fn new() -> Self {
+        Retry {
+            delay: Duration::from_millis(50),
+        }
+    }
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.delay).await;
+        self.delay = (self.delay * 2).min(Duration::from_secs(2));
+    }
+
+    fn reset(&mut self) {
+        self.delay = Duration::from_millis(50);
+    }
+}

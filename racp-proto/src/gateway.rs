@@ -1,0 +1,112 @@
+//! What a host and a gateway agree on over NATS (docs/protocol.md §11, "Gateway"): subject and
+//! stream names, message headers, the call envelope and the host's heartbeat record.
+//!
+//! Everything a host sends or answers lives under its own id, so a NATS credential that allows
+//! only `…​.<host id>…` subjects confines a host to itself (docs/architecture.md, "Gateway").
+
+use crate::AppError;
+use crate::role::Role;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// The JetStream key-value bucket holding one heartbeat record per host, keyed by host id.
+pub const HOSTS_BUCKET: &str = "racp_hosts";
+/// Header carrying an event's seq on an events subject (the RACP cursor's seq).
+pub const SEQ_HEADER: &str = "Racp-Seq";
+/// Header carrying the session's epoch (16 hex digits, the RACP cursor's epoch).
+pub const EPOCH_HEADER: &str = "Racp-Epoch";
+/// A host writes its heartbeat record this often.
+pub const HEARTBEAT_MS: u64 = 2_000;
+/// A host whose record is older than this is offline.
+pub const OFFLINE_AFTER_MS: u64 = 3 * HEARTBEAT_MS;
+
+/// The subject a gateway sends a host's RACP calls to (request/reply).
+pub fn call_subject(host_id: &str) -> String {
+    format!("racp.call.{host_id}")
+}
+
+/// The subject of one session's committed events.
+pub fn events_subject(host_id: &str, session_id: &str) -> String {
+    format!("racp.ev.{host_id}.{session_id}")
+}
+
+/// Every events subject of one host (its stream's subjects).
+pub fn host_events_subjects(host_id: &str) -> String {
+    format!("racp.ev.{host_id}.>")
+}
+
+/// The JetStream stream holding one host's events.
+pub fn events_stream(host_id: &str) -> String {
+    format!("RACP_EV_{host_id}")
+}
+
+/// The subject a host publishes its heartbeat record to (the key-value bucket's key).
+pub fn heartbeat_subject(host_id: &str) -> String {
+    format!("$KV.{HOSTS_BUCKET}.{host_id}")
+}
+
+/// The inbox prefix a host's replies come to: its own, so its credential need not read anyone
+/// else's inbox.
+pub fn host_inbox_prefix(host_id: &str) -> String {
+    format!("_INBOX_{host_id}")
+}
+
+/// Whether `id` can be a host id in subjects: one NATS token of safe characters.
+pub fn valid_host_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// One RACP call a gateway routes to a host: who is calling, and the call as the device sent it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutedCall {
+    /// The gateway's device making the call; the host records it as the actor.
+    pub device_id: String,
+    pub roles: Vec<Role>,
+    pub method: String,
+    pub params: Box<RawValue>,
+}
+
+/// A host's answer to a [`RoutedCall`]: exactly one of the two.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutedReply {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Box<RawValue>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<AppError>,
+}
+
+/// What a host writes to [`HOSTS_BUCKET`] every [`HEARTBEAT_MS`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HostRecord {
+    pub host_id: String,
+    pub version: String,
+    pub hostname: String,
+    pub started_at: u64,
+    pub sessions: u32,
+    /// When the record was written (ms since the Unix epoch, the host's clock).
+    pub at: u64,
+    /// False in the last record of a host that is stopping.
+    pub online: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ids_are_single_subject_tokens() {
+        assert!(valid_host_id("host_AbC-9_x"));
+        for bad in ["", "a.b", "a*", "a>", "a b", "héllo", &"x".repeat(65)] {
+            assert!(!valid_host_id(bad), "{bad:?}");
+        }
+        assert_eq!(events_subject("h1", "ses_2"), "racp.ev.h1.ses_2");
+        assert!(host_events_subjects("h1").starts_with("racp.ev.h1."));
+    }
+}

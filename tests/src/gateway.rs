@@ -1,0 +1,272 @@
+//! `pi-gateway` processes for the gateway tests, and a fleet set-up the way an operator does it:
+//! NATS with the gateway's user, hosts enrolled (their users added and NATS reloaded), hosts
+//! started with `--gateway`, devices paired with the gateway.
+
+use crate::nats::NatsCluster;
+use crate::{Client, HostProcess, PATIENCE, register_host, workspace_binary};
+use racp_proto::fingerprint::CertSha256;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub fn gateway_binary() -> PathBuf {
+    workspace_binary("gateway", "pi-gateway", None)
+}
+
+/// A running `pi-gateway serve`.
+pub struct GatewayProcess {
+    child: Child,
+    pub addr: SocketAddr,
+    pub cert_sha256: CertSha256,
+    pub data_dir: tempfile::TempDir,
+    log_dir: tempfile::TempDir,
+    nats: String,
+    replicas: usize,
+}
+
+impl GatewayProcess {
+    /// A gateway's data directory with its nkey made; returns it and the public key.
+    pub async fn prepare() -> (tempfile::TempDir, String) {
+        let data_dir = tempfile::tempdir().expect("temp dir");
+        let output = Command::new(gateway_binary())
+            .arg("key")
+            .arg("--data-dir")
+            .arg(data_dir.path())
+            .output()
+            .await
+            .expect("run pi-gateway key");
+        assert!(output.status.success(), "pi-gateway key failed");
+        let nkey = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        (data_dir, nkey)
+    }
+
+    pub async fn start(data_dir: tempfile::TempDir, nats: &str, replicas: usize) -> GatewayProcess {
+        let log_dir = tempfile::tempdir().expect("temp dir");
+        let log = std::fs::File::create(log_dir.path().join("gateway.log")).expect("log");
+        let mut child = Command::new(gateway_binary())
+            .args(["serve", "--listen", "127.0.0.1:0", "--heartbeat-ms", "1000"])
+            .arg("--data-dir")
+            .arg(data_dir.path())
+            .args(["--nats", nats, "--replicas", &replicas.to_string()])
+            .env("PI_GATEWAY_LOG", "debug,async_nats=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn pi-gateway");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let log_path = log_dir.path().join("gateway.log");
+        let (addr, cert_sha256) = tokio::time::timeout(PATIENCE * 2, async {
+            let mut cert = None;
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(hex) = line.strip_prefix("pi-gateway certificate SHA-256 ") {
+                    cert = hex.trim().parse::<CertSha256>().ok();
+                }
+                if let Some(rest) = line.strip_prefix("pi-gateway listening on wss://") {
+                    let addr = rest.trim_end_matches("/racp").parse::<SocketAddr>();
+                    return (
+                        addr.expect("listen address"),
+                        cert.expect("certificate line"),
+                    );
+                }
+            }
+            panic!(
+                "pi-gateway exited before listening:\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        })
+        .await
+        .expect("pi-gateway did not start in time");
+        register_host(addr.port(), cert_sha256);
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        GatewayProcess {
+            child,
+            addr,
+            cert_sha256,
+            data_dir,
+            log_dir,
+            nats: nats.to_string(),
+            replicas,
+        }
+    }
+
+    /// The gateway's own endpoint (pairing, devices, `host/list`).
+    pub fn url(&self) -> String {
+        format!("wss://{}/racp", self.addr)
+    }
+
+    /// One host through the gateway.
+    pub fn host_url(&self, host_id: &str) -> String {
+        format!("wss://{}/racp/hosts/{host_id}", self.addr)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_dir.path().join("gateway.log")).unwrap_or_default()
+    }
+
+    /// Runs a `pi-gateway` command with this gateway's data directory and NATS.
+    pub async fn cli(&self, args: &[&str]) -> (bool, String, String) {
+        cli(self.data_dir.path(), &self.nats, self.replicas, args).await
+    }
+
+    /// Pairs a device with the gateway (`pi-gateway pair`, then `pair` over RACP); returns its
+    /// id and token.
+    pub async fn pair_device(&self, roles: &str, hosts: &[&str]) -> (String, String) {
+        let mut args = vec!["pair", "--json", "--roles", roles];
+        let joined = hosts.join(",");
+        if !hosts.is_empty() {
+            args.extend(["--hosts", &joined]);
+        }
+        let (ok, out, err) = self.cli(&args).await;
+        assert!(ok, "pi-gateway pair failed: {err}");
+        let minted: Value = serde_json::from_str(out.trim()).expect("pair --json");
+        let token = minted["token"].as_str().expect("token");
+        let mut client = Client::connect(&self.url(), token)
+            .await
+            .unwrap_or_else(|refused| panic!("pairing refused: {refused:?}\n{}", self.log()));
+        client.hello().await;
+        let paired = client
+            .call("pair", json!({"deviceName": "test desktop"}))
+            .await;
+        let result = &paired["result"];
+        (
+            result["deviceId"].as_str().expect("deviceId").to_string(),
+            result["deviceToken"]
+                .as_str()
+                .expect("deviceToken")
+                .to_string(),
+        )
+    }
+
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+pub async fn cli(
+    data_dir: &Path,
+    nats: &str,
+    replicas: usize,
+    args: &[&str],
+) -> (bool, String, String) {
+    let output = Command::new(gateway_binary())
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--nats", nats, "--replicas", &replicas.to_string()])
+        .env("PI_GATEWAY_LOG", "warn")
+        .output()
+        .await
+        .expect("run pi-gateway");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// A host's data directory with its gateway key made: (dir, host id, nkey).
+pub async fn prepare_host(pi_host: &Path) -> (tempfile::TempDir, String, String) {
+    let data_dir = tempfile::tempdir().expect("temp dir");
+    let output = Command::new(pi_host)
+        .args(["gateway-key", "--json", "--data-dir"])
+        .arg(data_dir.path())
+        .output()
+        .await
+        .expect("run pi-host gateway-key");
+    assert!(output.status.success(), "pi-host gateway-key failed");
+    let key: Value = serde_json::from_slice(&output.stdout).expect("gateway-key --json");
+    (
+        data_dir,
+        key["hostId"].as_str().expect("hostId").to_string(),
+        key["nkey"].as_str().expect("nkey").to_string(),
+    )
+}
+
+/// NATS, a gateway's data directory, and enrolled hosts: what the tests build on.
+pub struct Fleet {
+    pub nats: NatsCluster,
+    pub replicas: usize,
+    /// The gateway's NATS user (unrestricted) and each enrolled host's.
+    pub users: Vec<String>,
+    pub gateway_dirs: Vec<tempfile::TempDir>,
+    /// Enrolled hosts not started yet: (data dir, host id).
+    pub hosts: Vec<(tempfile::TempDir, String)>,
+}
+
+impl Fleet {
+    /// `nodes` NATS nodes (1 or 3), `gateways` gateway data directories sharing one TLS
+    /// identity (replicas behind one name), and `hosts` enrolled hosts.
+    pub async fn new(nodes: usize, gateways: usize, hosts: usize, retention_seconds: u64) -> Fleet {
+        let pi_host = crate::pi_host_binary();
+        let mut gateway_dirs = Vec::new();
+        let mut users = Vec::new();
+        for _ in 0..gateways {
+            let (dir, nkey) = GatewayProcess::prepare().await;
+            users.push(format!("{{ nkey: \"{nkey}\" }}"));
+            gateway_dirs.push(dir);
+        }
+        // Replicas serve the same certificate, so a device's pin holds on each (the files the
+        // gateway would otherwise make at first start).
+        let first = gateway_dirs[0].path().to_path_buf();
+        let identity = crate::TestCertificate::localhost();
+        for dir in &gateway_dirs {
+            std::fs::copy(&identity.cert, dir.path().join("tls-cert.pem")).expect("copy cert");
+            let key = dir.path().join("tls-key.pem");
+            std::fs::copy(&identity.key, &key).expect("copy key");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        let replicas = if nodes >= 3 { 3 } else { 1 };
+        let mut nats = NatsCluster::start(nodes, &users).await;
+        let mut enrolled = Vec::new();
+        for _ in 0..hosts {
+            let (dir, host_id, nkey) = prepare_host(&pi_host).await;
+            let retention = retention_seconds.to_string();
+            let (ok, out, err) = cli(
+                &first,
+                &nats.urls(),
+                replicas,
+                &["enroll", &host_id, &nkey, "--retention-seconds", &retention],
+            )
+            .await;
+            assert!(ok, "pi-gateway enroll failed: {err}");
+            users.push(out.trim().to_string());
+            enrolled.push((dir, host_id));
+        }
+        nats.set_users(&users).await;
+        Fleet {
+            nats,
+            replicas,
+            users,
+            gateway_dirs,
+            hosts: enrolled,
+        }
+    }
+
+    /// Starts the next gateway replica.
+    pub async fn gateway(&mut self) -> GatewayProcess {
+        let dir = self.gateway_dirs.remove(0);
+        GatewayProcess::start(dir, &self.nats.urls(), self.replicas).await
+    }
+
+    /// Starts the next enrolled host with the stand-in agent, dialing out to NATS.
+    pub async fn host(&mut self, extra: &[&str]) -> (HostProcess, String) {
+        let (dir, host_id) = self.hosts.remove(0);
+        let agent = crate::stand_in_agent();
+        let urls = self.nats.urls();
+        let mut args = vec![
+            "--agent",
+            agent.to_str().expect("utf-8 path"),
+            "--gateway",
+            &urls,
+        ];
+        args.extend_from_slice(extra);
+        let host = HostProcess::start_in(&crate::pi_host_binary(), dir, &args).await;
+        (host, host_id)
+    }
+}
