@@ -540,7 +540,9 @@ impl Connection {
                         .pair(&token_id, params.device_name, now)
                         .await?)
                 }
-                Call::HostList(_) => raw(&hosts::list(&gateway.hosts, &device?, now).await?),
+                Call::HostList(_) => {
+                    raw(&hosts::list(&gateway.js, &gateway.hosts, &device?, now).await?)
+                }
                 Call::DeviceRevoke(params) => {
                     gateway.devices.revoke(&params.device_id).await?;
                     // This replica's connections of the device end now; the others' when their

@@ -4,7 +4,9 @@
 use crate::devices::DeviceRecord;
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
-use racp_proto::gateway::{HostRecord, OFFLINE_AFTER_MS, RoutedCall, RoutedReply, call_subject};
+use racp_proto::gateway::{
+    HOSTS_BUCKET, HostRecord, OFFLINE_AFTER_MS, RoutedCall, RoutedReply, call_subject,
+};
 use racp_proto::methods::handshake::HostIdentity;
 use racp_proto::methods::host::{HostEntry, HostListResult, HostStatus};
 use racp_proto::{AppError, ErrorCode, Method};
@@ -44,14 +46,28 @@ fn read(entry: &kv::Entry) -> Option<Seen> {
 
 /// `host/list`: every enrolled host the device may reach.
 pub async fn list(
+    js: &async_nats::jetstream::Context,
     hosts: &kv::Store,
     device: &DeviceRecord,
     now: u64,
 ) -> Result<HostListResult, AppError> {
-    let mut keys = hosts.keys().await.map_err(|e| nats_down(&e))?;
+    // The bucket's subjects, read from the stream's info: one request, where the bucket's
+    // `keys()` would create a consumer for every listing.
+    let prefix = format!("$KV.{HOSTS_BUCKET}.");
+    let stream = js
+        .get_stream_no_info(format!("KV_{HOSTS_BUCKET}"))
+        .await
+        .map_err(|e| nats_down(&e))?;
+    let mut subjects = stream
+        .info_with_subjects(format!("{prefix}>"))
+        .await
+        .map_err(|e| nats_down(&e))?;
     let mut entries = Vec::new();
-    while let Some(key) = keys.next().await {
-        let Ok(key) = key else { continue };
+    while let Some(subject) = subjects.next().await {
+        let (subject, _) = subject.map_err(|e| nats_down(&e))?;
+        let Some(key) = subject.strip_prefix(&prefix).map(str::to_string) else {
+            continue;
+        };
         if !device.may_reach(&key) {
             continue;
         }

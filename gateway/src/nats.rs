@@ -36,6 +36,14 @@ pub struct Buckets {
 /// Connects with the gateway's nkey (or without one, to a server with no auth), and keeps
 /// reconnecting on its own for as long as the process lives.
 pub async fn connect(urls: &str, seed: Option<String>) -> Result<async_nats::Client, NatsError> {
+    let servers = urls
+        .split(',')
+        .map(|url| url.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| NatsError::Connect {
+            urls: urls.to_string(),
+            reason: e.to_string(),
+        })?;
     let options = match seed {
         Some(seed) => async_nats::ConnectOptions::with_nkey(seed),
         None => async_nats::ConnectOptions::new(),
@@ -53,7 +61,7 @@ pub async fn connect(urls: &str, seed: Option<String>) -> Result<async_nats::Cli
                 other => tracing::warn!(event = %other, "NATS"),
             }
         })
-        .connect(urls)
+        .connect(servers)
         .await
         .map_err(|e| NatsError::Connect {
             urls: urls.to_string(),
@@ -161,8 +169,9 @@ pub async fn enroll(js: &jetstream::Context, e: &Enrollment<'_>) -> Result<Strin
         storage: stream::StorageType::File,
         num_replicas: e.replicas,
         max_age: e.retention,
-        // A host that republishes after a lost ack is deduplicated within this window.
-        duplicate_window: Duration::from_secs(120),
+        // A host that republishes after a lost ack is deduplicated within this window (which
+        // JetStream wants no longer than the retention).
+        duplicate_window: Duration::from_secs(120).min(e.retention),
         // Replay lookups (the start of a subscription) read from any replica.
         allow_direct: true,
         ..Default::default()

@@ -254,18 +254,23 @@ impl Fleet {
         GatewayProcess::start(dir, &self.nats.urls(), self.replicas).await
     }
 
+    /// The `serve` arguments of a host of this fleet: the stand-in agent, and NATS to dial.
+    pub fn host_args(&self) -> Vec<String> {
+        let agent = crate::stand_in_agent();
+        vec![
+            "--agent".into(),
+            agent.to_str().expect("utf-8 path").into(),
+            "--gateway".into(),
+            self.nats.urls(),
+        ]
+    }
+
     /// Starts the next enrolled host with the stand-in agent, dialing out to NATS.
     pub async fn host(&mut self, extra: &[&str]) -> (HostProcess, String) {
         let (dir, host_id) = self.hosts.remove(0);
-        let agent = crate::stand_in_agent();
-        let urls = self.nats.urls();
-        let mut args = vec![
-            "--agent",
-            agent.to_str().expect("utf-8 path"),
-            "--gateway",
-            &urls,
-        ];
-        args.extend_from_slice(extra);
+        let mut args = self.host_args();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let host = HostProcess::start_in(&crate::pi_host_binary(), dir, &args).await;
         (host, host_id)
     }

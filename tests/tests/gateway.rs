@@ -248,3 +248,291 @@ async fn a_host_credential_is_confined_to_its_own_subjects() {
     }
     drop(own);
 }
+
+fn client_options(url: String, token: &str) -> racp_proto::client::ClientOptions {
+    let mut options = tests::client_options(url, token);
+    options.min_backoff = Duration::from_millis(20);
+    options.max_backoff = Duration::from_millis(300);
+    options.call_timeout = PATIENCE;
+    options
+}
+
+/// Reads a subscription until `turn.finished`, checking every seq follows the one before (no
+/// gap, no repeat); calls `midway` once after `at` events. Returns how many agent deltas came.
+async fn read_to_the_end(
+    sub: &mut racp_proto::client::Subscription,
+    at: usize,
+    mut midway: impl AsyncFnMut(),
+) -> usize {
+    use racp_proto::client::SubscriptionItem;
+    let (mut count, mut deltas, mut last_seq, mut fired) = (0usize, 0usize, 0u64, false);
+    loop {
+        let item = tokio::time::timeout(PATIENCE * 2, sub.next())
+            .await
+            .expect("the stream stalled")
+            .expect("the subscription ended");
+        let SubscriptionItem::Event(event) = item else {
+            panic!("unexpected item {item:?}");
+        };
+        if last_seq > 0 {
+            assert_eq!(
+                event.seq,
+                last_seq + 1,
+                "a gap or a repeat after {last_seq}"
+            );
+        }
+        last_seq = event.seq;
+        count += 1;
+        if event.kind == "agent.message_update" {
+            deltas += 1;
+        }
+        if count == at && !fired {
+            fired = true;
+            midway().await;
+        }
+        if event.kind == "turn.finished" {
+            assert!(fired, "the fault came after the stream ended");
+            return deltas;
+        }
+    }
+}
+
+async fn start_stream(
+    client: &racp_proto::client::RacpClient,
+    host: &tests::HostProcess,
+    script: &str,
+) -> racp_proto::client::Subscription {
+    use racp_proto::calls;
+    use racp_proto::methods::session::{SessionCreateParams, SessionSubscribeParams};
+    use racp_proto::methods::turn::TurnStartParams;
+    let created = client
+        .call::<calls::SessionCreate>(SessionCreateParams {
+            workspace: host.workspace("w"),
+            title: None,
+        })
+        .await
+        .unwrap();
+    let session_id = created.session.session_id;
+    let sub = client
+        .subscribe(SessionSubscribeParams {
+            session_id: session_id.clone(),
+            cursor: Some(created.session.cursor),
+        })
+        .await
+        .unwrap();
+    client
+        .call::<calls::TurnStart>(TurnStartParams {
+            session_id,
+            idempotency_key: "stream".into(),
+            text: script.into(),
+        })
+        .await
+        .unwrap();
+    sub
+}
+
+#[tokio::test]
+async fn a_desktop_cut_from_one_replica_resumes_on_another_with_nothing_lost_or_repeated() {
+    let mut fleet = Fleet::new(3, 2, 1, 3600).await;
+    let mut first = fleet.gateway().await;
+    let second = fleet.gateway().await;
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, token) = first.pair_device("owner", &[]).await;
+    until_status(&mut connect(&first.url(), &token).await, &host_id, "online").await;
+
+    // One address for the desktop, as a load balancer gives it; the replica behind it dies.
+    let proxy = tests::FaultProxy::start(first.addr).await;
+    let url = format!("wss://{}/racp/hosts/{host_id}", proxy.addr);
+    let client = racp_proto::client::RacpClient::connect(client_options(url, &token))
+        .await
+        .unwrap();
+    let mut sub = start_stream(&client, &host, "stream:2000:2000:gw").await;
+    let deltas = read_to_the_end(&mut sub, 300, async || {
+        first.kill().await;
+        proxy.retarget(second.addr);
+        proxy.cut();
+    })
+    .await;
+    assert_eq!(deltas, 2000);
+}
+
+#[tokio::test]
+async fn a_nats_node_killed_mid_stream_loses_nothing() {
+    let mut fleet = Fleet::new(3, 1, 1, 3600).await;
+    let gateway = fleet.gateway().await;
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    until_status(
+        &mut connect(&gateway.url(), &token).await,
+        &host_id,
+        "online",
+    )
+    .await;
+    let client =
+        racp_proto::client::RacpClient::connect(client_options(gateway.host_url(&host_id), &token))
+            .await
+            .unwrap();
+    let mut sub = start_stream(&client, &host, "stream:2000:2000:nats").await;
+    let nats = &mut fleet.nats;
+    let deltas = read_to_the_end(&mut sub, 300, async || nats.kill(0).await).await;
+    assert_eq!(deltas, 2000);
+}
+
+#[tokio::test]
+async fn a_host_offline_is_unavailable_then_comes_back_with_its_sessions() {
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet.gateway().await;
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    until_status(&mut root, &host_id, "online").await;
+    let mut desk = connect(&gateway.host_url(&host_id), &token).await;
+    let created = desk
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session_id = created["result"]["session"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cursor = created["result"]["session"]["cursor"].clone();
+    desk.call("session/subscribe", json!({"sessionId": session_id}))
+        .await;
+    desk.call(
+        "turn/start",
+        json!({"sessionId": session_id, "idempotencyKey": "a", "text": "echo before"}),
+    )
+    .await;
+    desk.events_until(PATIENCE, finished).await;
+
+    // Killed: calls fail retriably, host/list says offline, and the session's events are still
+    // replayed from JetStream.
+    let mut host = host;
+    host.kill().await;
+    let offline = until_status(&mut root, &host_id, "offline").await;
+    assert!(offline["lastSeenAt"].as_u64().unwrap() > 0, "{offline}");
+    let refused = desk.call("session/list", json!({})).await;
+    assert_eq!(refused["error"]["code"], "HOST_UNAVAILABLE", "{refused}");
+    assert_eq!(refused["error"]["retriable"], true);
+    let mut reader = connect(&gateway.host_url(&host_id), &token).await;
+    reader
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": cursor}),
+        )
+        .await;
+    let before = reader.events_until(PATIENCE, finished).await;
+    assert!(before.iter().any(|e| e["type"] == "agent.message_update"));
+
+    // Back: the same session, and events continue after the replayed ones.
+    let args = fleet.host_args();
+    let host = host
+        .restart(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    until_status(&mut root, &host_id, "online").await;
+    let listed = desk.call("session/list", json!({})).await;
+    assert!(listed.to_string().contains(&session_id), "{listed}");
+    desk.call(
+        "turn/start",
+        json!({"sessionId": session_id, "idempotencyKey": "b", "text": "echo after"}),
+    )
+    .await;
+    let after = reader.events_until(PATIENCE, finished).await;
+    let last_before = before.last().unwrap()["seq"].as_u64().unwrap();
+    assert!(after[0]["seq"].as_u64().unwrap() > last_before);
+    drop(host);
+}
+
+#[tokio::test]
+async fn refusals_carry_their_codes() {
+    let mut fleet = Fleet::new(1, 1, 2, 2).await;
+    let gateway = fleet.gateway().await;
+    let (host_a, a_id) = fleet.host(&[]).await;
+    let (_host_b, b_id) = fleet.host(&[]).await;
+    let (_, owner) = gateway.pair_device("owner", &[]).await;
+    let (_, only_a) = gateway.pair_device("operator", &[&a_id]).await;
+    let mut root = connect(&gateway.url(), &owner).await;
+    until_status(&mut root, &a_id, "online").await;
+    until_status(&mut root, &b_id, "online").await;
+
+    // A device granted host A only: host/list shows A alone, and B is FORBIDDEN.
+    let mut limited = connect(&gateway.url(), &only_a).await;
+    let listed = limited.call("host/list", json!({})).await;
+    let ids: Vec<_> = listed["result"]["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["host"]["id"].clone())
+        .collect();
+    assert_eq!(ids, vec![json!(a_id)]);
+    let refused = Client::connect(&gateway.host_url(&b_id), &only_a)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        (refused.status, refused.body["error"]["code"].as_str()),
+        (403, Some("FORBIDDEN"))
+    );
+    let unknown = Client::connect(&gateway.host_url("host_nope"), &owner)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(unknown.body["error"]["code"], "NOT_FOUND");
+
+    // JetStream keeps host A's events 2 s here: an older cursor is CURSOR_EXPIRED, with the
+    // details a host gives.
+    let mut desk = connect(&gateway.host_url(&a_id), &owner).await;
+    let created = desk
+        .call(
+            "session/create",
+            json!({"workspace": host_a.workspace("w")}),
+        )
+        .await;
+    let session_id = created["result"]["session"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    desk.call("session/subscribe", json!({"sessionId": session_id}))
+        .await;
+    desk.call(
+        "turn/start",
+        json!({"sessionId": session_id, "idempotencyKey": "a", "text": "echo one"}),
+    )
+    .await;
+    let first = desk.events_until(PATIENCE, finished).await;
+    let old_cursor = first[0]["cursor"].clone();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    desk.call(
+        "turn/start",
+        json!({"sessionId": session_id, "idempotencyKey": "b", "text": "echo two"}),
+    )
+    .await;
+    desk.events_until(PATIENCE, finished).await;
+    let expired = desk
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": old_cursor}),
+        )
+        .await;
+    assert_eq!(expired["error"]["code"], "CURSOR_EXPIRED", "{expired}");
+    assert_eq!(expired["error"]["details"]["reason"], "older_than_window");
+    assert!(expired["error"]["details"]["head"].is_string());
+
+    // NATS gone: the gateway refuses new connections with HOST_UNAVAILABLE.
+    fleet.nats.kill(0).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match Client::connect(&gateway.url(), &owner).await {
+            Err(refused) if refused.body["error"]["code"] == "HOST_UNAVAILABLE" => {
+                assert_eq!(refused.status, 503);
+                break;
+            }
+            _ => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "still accepted without NATS"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

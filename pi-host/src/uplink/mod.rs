@@ -41,10 +41,23 @@ pub fn spawn(state: &Arc<HostState>) -> Result<(), key::KeyError> {
                 other => tracing::warn!(event = %other, "gateway link"),
             }
         });
+    let servers = state
+        .config
+        .gateway
+        .iter()
+        .map(|url| url.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>();
     let urls = state.config.gateway.join(",");
     let state = state.clone();
     tokio::spawn(async move {
-        let client = match options.connect(urls.as_str()).await {
+        let servers = match servers {
+            Ok(servers) => servers,
+            Err(err) => {
+                tracing::error!(error = %err, gateway = %urls, "cannot use the gateway address");
+                return;
+            }
+        };
+        let client = match options.connect(servers).await {
             Ok(client) => client,
             Err(err) => {
                 tracing::error!(error = %err, gateway = %urls, "cannot use the gateway address");
