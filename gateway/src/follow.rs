@@ -1,5 +1,5 @@
 //! Subscriptions through the gateway, served from the host's JetStream stream (docs/protocol.md
-//! §11.3): where a cursor starts in the stream, and one task per subscription that turns
+//! §15.3): where a cursor starts in the stream, and one task per subscription that turns
 //! stream messages into `session/events` pushes, with the same framing, gap rules and
 //! `subscription/ended` as a host.
 

@@ -1,6 +1,6 @@
 //! `pi-gateway`: RACP-WS for many hosts. Hosts dial out to NATS (`pi-host serve --gateway`);
 //! desktops pair with the gateway and reach each host at `/racp/hosts/<hostId>`. Replicas share
-//! nothing but NATS (docs/architecture.md, "Gateway"; docs/protocol.md §11).
+//! nothing but NATS (docs/architecture.md, "Gateway"; docs/protocol.md §15).
 
 mod connection;
 mod devices;

@@ -1,4 +1,4 @@
-//! What a host and a gateway agree on over NATS (docs/protocol.md §11, "Gateway"): subject and
+//! What a host and a gateway agree on over NATS (docs/protocol.md §15): subject and
 //! stream names, message headers, the call envelope and the host's heartbeat record.
 //!
 //! Everything a host sends or answers lives under its own id, so a NATS credential that allows

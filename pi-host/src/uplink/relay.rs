@@ -1,5 +1,5 @@
 //! Publishes every committed event to the host's JetStream stream, one subject per session, so
-//! a gateway replays and follows sessions without asking the host (docs/protocol.md §11.3).
+//! a gateway replays and follows sessions without asking the host (docs/protocol.md §15.3).
 //!
 //! Only committed events are published (they come from the sessions' logs, which hold nothing
 //! uncommitted), in seq order per session. Where to resume is read from the stream itself (the

@@ -49,7 +49,7 @@ pub struct HostListResult {
     pub hosts: Vec<HostEntry>,
 }
 
-/// One host behind a gateway (docs/protocol.md §11).
+/// One host behind a gateway (docs/protocol.md §15).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostEntry {
