@@ -15,6 +15,11 @@ fn finished(e: &Value) -> bool {
 
 /// Waits until `host/list` on the gateway shows `host_id` with `status`.
 async fn until_status(client: &mut Client, host_id: &str, status: &str) -> Value {
+    until_host(client, host_id, |h| h["status"] == status).await
+}
+
+/// Waits until `host/list` on the gateway shows `host_id` as `wanted` says.
+async fn until_host(client: &mut Client, host_id: &str, wanted: impl Fn(&Value) -> bool) -> Value {
     let deadline = tokio::time::Instant::now() + PATIENCE * 2;
     loop {
         let listed = client.call("host/list", json!({})).await;
@@ -24,13 +29,13 @@ async fn until_status(client: &mut Client, host_id: &str, status: &str) -> Value
             .unwrap_or_default();
         if let Some(host) = hosts
             .iter()
-            .find(|h| h["host"]["id"] == host_id && h["status"] == status)
+            .find(|h| h["host"]["id"] == host_id && wanted(h))
         {
             return host.clone();
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{host_id} never became {status}: {listed}"
+            "{host_id} never became as wanted: {listed}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -530,6 +535,114 @@ async fn refusals_carry_their_codes() {
                 assert!(
                     tokio::time::Instant::now() < deadline,
                     "still accepted without NATS"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_device_revoked_on_one_replica_is_cut_off_on_every_replica() {
+    let mut fleet = Fleet::new(1, 2, 1, 3600).await;
+    let first = fleet.gateway().await;
+    let second = fleet.gateway().await;
+    let (_host, host_id) = fleet.host(&[]).await;
+    let (_, owner) = first.pair_device("owner", &[]).await;
+    let (laptop, laptop_token) = first.pair_device("operator", &[]).await;
+    let mut admin = connect(&first.url(), &owner).await;
+    until_status(&mut admin, &host_id, "online").await;
+
+    // The laptop is connected to the other replica when the owner revokes it on this one.
+    let mut on_second = connect(&second.host_url(&host_id), &laptop_token).await;
+    let listed = on_second.call("host/list", json!({})).await;
+    assert!(listed["result"]["hosts"].is_array(), "{listed}");
+    let revoked = admin
+        .call("device/revoke", json!({"deviceId": laptop}))
+        .await;
+    assert!(revoked["result"].is_object(), "{revoked}");
+    let (frames, close) = tokio::time::timeout(PATIENCE, on_second.until_close())
+        .await
+        .expect("the other replica kept the revoked device's connection");
+    let last = frames.last().expect("a connection error");
+    assert_eq!(last["error"]["code"], "REMOTE_AUTH_FAILED", "{frames:?}");
+    assert_eq!(u16::from(close.expect("close frame").code), 4031);
+    for gateway in [&first, &second] {
+        let refused = Client::connect(&gateway.url(), &laptop_token)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(refused.status, 401);
+    }
+    let devices = admin.call("device/list", json!({})).await;
+    assert!(!devices.to_string().contains(&laptop), "{devices}");
+}
+
+#[tokio::test]
+async fn a_host_serves_its_own_clients_without_nats_and_registers_again_when_it_returns() {
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet.gateway().await;
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    until_status(
+        &mut connect(&gateway.url(), &token).await,
+        &host_id,
+        "online",
+    )
+    .await;
+    let (_, local_token) = host.pair_device("local", &[]).await;
+    let mut local = connect(&host.url(), &local_token).await;
+
+    fleet.nats.kill(0).await;
+    let created = local
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session_id = created["result"]["session"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    local
+        .call("session/subscribe", json!({"sessionId": session_id}))
+        .await;
+    local
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k", "text": "echo offline"}),
+        )
+        .await;
+    local.events_until(PATIENCE, finished).await;
+
+    // NATS back: the host registers again and what it did meanwhile reaches the stream.
+    fleet.nats.restart(0).await;
+    let mut root = connect_when_up(&gateway.url(), &token).await;
+    // A fresh heartbeat: the record from before the cut still counted no session.
+    until_host(&mut root, &host_id, |h| {
+        h["status"] == "online" && h["sessions"] == 1
+    })
+    .await;
+    let mut desk = connect(&gateway.host_url(&host_id), &token).await;
+    desk.call(
+        "session/subscribe",
+        json!({"sessionId": session_id, "cursor": created["result"]["session"]["cursor"]}),
+    )
+    .await;
+    let relayed = desk.events_until(PATIENCE * 2, finished).await;
+    assert_eq!(relayed.last().unwrap()["data"]["outcome"], "completed");
+}
+
+/// Connects once the gateway accepts again (it refuses while it has no NATS).
+async fn connect_when_up(url: &str, token: &str) -> Client {
+    let deadline = tokio::time::Instant::now() + PATIENCE * 2;
+    loop {
+        match Client::connect(url, token).await {
+            Ok(mut client) => {
+                client.hello().await;
+                return client;
+            }
+            Err(refused) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "still refused: {refused:?}"
                 );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
