@@ -6,11 +6,11 @@ use crate::state::Gateway;
 use axum::Router;
 use axum::extract::ws::{WebSocketUpgrade, rejection::WebSocketUpgradeRejection};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, header};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
-use pi_host::server::upgrade::{bearer_token, offered_subprotocols, refusal, single};
-use racp_proto::{AppError, BEARER_SUBPROTOCOL_PREFIX, ENDPOINT_PATH, ErrorCode, SUBPROTOCOL};
+use pi_host::server::upgrade::{presented_token, refusal};
+use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode, SUBPROTOCOL};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -78,37 +78,7 @@ async fn admit(
     headers: &HeaderMap,
     host: Option<&str>,
 ) -> Result<Caller, AppError> {
-    if headers.contains_key(header::ORIGIN) {
-        let allowed = single(headers, header::ORIGIN)
-            .is_some_and(|o| gateway.settings.allowed_origins.iter().any(|a| a == o));
-        if !allowed {
-            return Err(AppError::new(
-                ErrorCode::Forbidden,
-                "requests from this Origin are not allowed; add it to the gateway's allowed origins",
-            )
-            .with_details(json!({"reason": "origin_not_allowed"})));
-        }
-    }
-    let offered = offered_subprotocols(headers);
-    if !offered.contains(&SUBPROTOCOL) {
-        return Err(AppError::new(
-            ErrorCode::ProtocolMismatch,
-            format!("offer the WebSocket subprotocol {SUBPROTOCOL}"),
-        )
-        .with_details(json!({"expected": SUBPROTOCOL})));
-    }
-    let token = bearer_token(headers)
-        .or_else(|| {
-            offered
-                .iter()
-                .find_map(|p| p.strip_prefix(BEARER_SUBPROTOCOL_PREFIX))
-        })
-        .ok_or_else(|| {
-            AppError::new(
-                ErrorCode::RemoteAuthFailed,
-                "no token: send `Authorization: Bearer <token>`",
-            )
-        })?;
+    let token = presented_token(headers, &gateway.settings.allowed_origins)?;
     if !gateway.nats_up() {
         return Err(crate::hosts::nats_down(&"not connected"));
     }

@@ -41,6 +41,39 @@ async fn until_host(client: &mut Client, host_id: &str, wanted: impl Fn(&Value) 
     }
 }
 
+/// Creates a session on `host` over `desk` and subscribes to it from its start; returns its id
+/// and its first cursor.
+async fn open_session(desk: &mut Client, host: &tests::HostProcess) -> (String, Value) {
+    let created = desk
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session = &created["result"]["session"];
+    let session_id = session["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    let subscribed = desk
+        .call("session/subscribe", json!({"sessionId": session_id}))
+        .await;
+    assert!(
+        subscribed["result"]["subscriptionId"].is_string(),
+        "{subscribed}"
+    );
+    (session_id, session["cursor"].clone())
+}
+
+/// Runs a turn with `text` and returns its events up to `turn.finished`.
+async fn run_turn(desk: &mut Client, session_id: &str, key: &str, text: &str) -> Vec<Value> {
+    let started = desk
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
+        )
+        .await;
+    assert!(started["result"]["turnId"].is_string(), "{started}");
+    desk.events_until(PATIENCE, finished).await
+}
+
 async fn connect(url: &str, token: &str) -> Client {
     let mut client = Client::connect(url, token).await.expect("connect");
     let hello = client.hello().await;
@@ -68,28 +101,8 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
     assert_eq!(nowhere["error"]["details"]["reason"], "no_host_selected");
 
     let mut desk = connect(&gateway.host_url(&host_id), &token).await;
-    let created = desk
-        .call("session/create", json!({"workspace": host.workspace("w")}))
-        .await;
-    let session_id = created["result"]["session"]["sessionId"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{created}"))
-        .to_string();
-    let subscribed = desk
-        .call("session/subscribe", json!({"sessionId": session_id}))
-        .await;
-    assert!(
-        subscribed["result"]["subscriptionId"].is_string(),
-        "{subscribed}"
-    );
-    let started = desk
-        .call(
-            "turn/start",
-            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "echo hello there"}),
-        )
-        .await;
-    assert!(started["result"]["turnId"].is_string(), "{started}");
-    let through_gateway = desk.events_until(PATIENCE, finished).await;
+    let (session_id, cursor) = open_session(&mut desk, &host).await;
+    let through_gateway = run_turn(&mut desk, &session_id, "k1", "echo hello there").await;
     assert_eq!(
         through_gateway.last().unwrap()["data"]["outcome"],
         "completed"
@@ -98,7 +111,6 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
     // The same events, byte for byte, as a device of the host itself sees them from seq 0.
     let (_, host_token) = host.pair_device("direct", &[]).await;
     let mut direct = connect(&host.url(), &host_token).await;
-    let cursor = created["result"]["session"]["cursor"].clone();
     direct
         .call(
             "session/subscribe",
@@ -224,24 +236,8 @@ async fn a_host_credential_is_confined_to_its_own_subjects() {
     let mut root = connect(&gateway.url(), &token).await;
     until_status(&mut root, &b_id, "online").await;
     let mut desk = connect(&gateway.host_url(&b_id), &token).await;
-    let created = desk
-        .call(
-            "session/create",
-            json!({"workspace": b_host.workspace("w")}),
-        )
-        .await;
-    let session_id = created["result"]["session"]["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    desk.call("session/subscribe", json!({"sessionId": session_id}))
-        .await;
-    desk.call(
-        "turn/start",
-        json!({"sessionId": session_id, "idempotencyKey": "k", "text": "echo secret"}),
-    )
-    .await;
-    desk.events_until(PATIENCE, finished).await;
+    let (session_id, _) = open_session(&mut desk, &b_host).await;
+    run_turn(&mut desk, &session_id, "k", "echo secret").await;
     thief.flush().await.unwrap();
     use futures_util::StreamExt;
     for mut tap in taps {
@@ -392,22 +388,8 @@ async fn a_host_offline_is_unavailable_then_comes_back_with_its_sessions() {
     let mut root = connect(&gateway.url(), &token).await;
     until_status(&mut root, &host_id, "online").await;
     let mut desk = connect(&gateway.host_url(&host_id), &token).await;
-    let created = desk
-        .call("session/create", json!({"workspace": host.workspace("w")}))
-        .await;
-    let session_id = created["result"]["session"]["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let cursor = created["result"]["session"]["cursor"].clone();
-    desk.call("session/subscribe", json!({"sessionId": session_id}))
-        .await;
-    desk.call(
-        "turn/start",
-        json!({"sessionId": session_id, "idempotencyKey": "a", "text": "echo before"}),
-    )
-    .await;
-    desk.events_until(PATIENCE, finished).await;
+    let (session_id, cursor) = open_session(&mut desk, &host).await;
+    run_turn(&mut desk, &session_id, "a", "echo before").await;
 
     // Killed: calls fail retriably, host/list says offline, and the session's events are still
     // replayed from JetStream.
@@ -486,24 +468,8 @@ async fn refusals_carry_their_codes() {
     // JetStream keeps host A's events 2 s here: an older cursor is CURSOR_EXPIRED, with the
     // details a host gives.
     let mut desk = connect(&gateway.host_url(&a_id), &owner).await;
-    let created = desk
-        .call(
-            "session/create",
-            json!({"workspace": host_a.workspace("w")}),
-        )
-        .await;
-    let session_id = created["result"]["session"]["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    desk.call("session/subscribe", json!({"sessionId": session_id}))
-        .await;
-    desk.call(
-        "turn/start",
-        json!({"sessionId": session_id, "idempotencyKey": "a", "text": "echo one"}),
-    )
-    .await;
-    let first = desk.events_until(PATIENCE, finished).await;
+    let (session_id, _) = open_session(&mut desk, &host_a).await;
+    let first = run_turn(&mut desk, &session_id, "a", "echo one").await;
     let old_cursor = first[0]["cursor"].clone();
     tokio::time::sleep(Duration::from_secs(3)).await;
     desk.call(
@@ -594,23 +560,8 @@ async fn a_host_serves_its_own_clients_without_nats_and_registers_again_when_it_
     let mut local = connect(&host.url(), &local_token).await;
 
     fleet.nats.kill(0).await;
-    let created = local
-        .call("session/create", json!({"workspace": host.workspace("w")}))
-        .await;
-    let session_id = created["result"]["session"]["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    local
-        .call("session/subscribe", json!({"sessionId": session_id}))
-        .await;
-    local
-        .call(
-            "turn/start",
-            json!({"sessionId": session_id, "idempotencyKey": "k", "text": "echo offline"}),
-        )
-        .await;
-    local.events_until(PATIENCE, finished).await;
+    let (session_id, cursor) = open_session(&mut local, &host).await;
+    run_turn(&mut local, &session_id, "k", "echo offline").await;
 
     // NATS back: the host registers again and what it did meanwhile reaches the stream.
     fleet.nats.restart(0).await;
@@ -623,7 +574,7 @@ async fn a_host_serves_its_own_clients_without_nats_and_registers_again_when_it_
     let mut desk = connect(&gateway.host_url(&host_id), &token).await;
     desk.call(
         "session/subscribe",
-        json!({"sessionId": session_id, "cursor": created["result"]["session"]["cursor"]}),
+        json!({"sessionId": session_id, "cursor": cursor}),
     )
     .await;
     let relayed = desk.events_until(PATIENCE * 2, finished).await;

@@ -38,37 +38,7 @@ pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Credential, Slot
         )
         .with_details(json!({"reason": "host_not_allowed"})));
     }
-    if headers.contains_key(header::ORIGIN) {
-        let allowed = single(headers, header::ORIGIN)
-            .is_some_and(|o| state.config.allowed_origins.iter().any(|a| a == o));
-        if !allowed {
-            return Err(AppError::new(
-                ErrorCode::Forbidden,
-                "requests from this Origin are not allowed; add it to the host's allowed origins",
-            )
-            .with_details(json!({"reason": "origin_not_allowed"})));
-        }
-    }
-    let offered = offered_subprotocols(headers);
-    if !offered.contains(&SUBPROTOCOL) {
-        return Err(AppError::new(
-            ErrorCode::ProtocolMismatch,
-            format!("offer the WebSocket subprotocol {SUBPROTOCOL}"),
-        )
-        .with_details(json!({"expected": SUBPROTOCOL})));
-    }
-    let token = bearer_token(headers)
-        .or_else(|| {
-            offered
-                .iter()
-                .find_map(|p| p.strip_prefix(BEARER_SUBPROTOCOL_PREFIX))
-        })
-        .ok_or_else(|| {
-            AppError::new(
-                ErrorCode::RemoteAuthFailed,
-                "no token: send `Authorization: Bearer <token>`",
-            )
-        })?;
+    let token = presented_token(headers, &state.config.allowed_origins)?;
     let credential = authenticate(state, token)?;
     // A place is taken here, not when the connection starts: concurrent upgrades cannot all
     // pass the cap before any of them is counted.
@@ -85,14 +55,54 @@ pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Credential, Slot
     Ok((credential, slot))
 }
 
+/// The checks every RACP-WS upgrade makes, on a host and on a gateway: the Origin (when a
+/// browser sends one) is allowed, `racp.v1` is offered, and a bearer token is presented (in
+/// `Authorization`, or as a `racp.bearer.` subprotocol); returns the token.
+pub fn presented_token<'a>(
+    headers: &'a HeaderMap,
+    allowed_origins: &[String],
+) -> Result<&'a str, AppError> {
+    if headers.contains_key(header::ORIGIN) {
+        let allowed = single(headers, header::ORIGIN)
+            .is_some_and(|o| allowed_origins.iter().any(|a| a == o));
+        if !allowed {
+            return Err(AppError::new(
+                ErrorCode::Forbidden,
+                "requests from this Origin are not allowed; add it to the allowed origins",
+            )
+            .with_details(json!({"reason": "origin_not_allowed"})));
+        }
+    }
+    let offered = offered_subprotocols(headers);
+    if !offered.contains(&SUBPROTOCOL) {
+        return Err(AppError::new(
+            ErrorCode::ProtocolMismatch,
+            format!("offer the WebSocket subprotocol {SUBPROTOCOL}"),
+        )
+        .with_details(json!({"expected": SUBPROTOCOL})));
+    }
+    bearer_token(headers)
+        .or_else(|| {
+            offered
+                .iter()
+                .find_map(|p| p.strip_prefix(BEARER_SUBPROTOCOL_PREFIX))
+        })
+        .ok_or_else(|| {
+            AppError::new(
+                ErrorCode::RemoteAuthFailed,
+                "no token: send `Authorization: Bearer <token>`",
+            )
+        })
+}
+
 /// The header's value when it is present exactly once and readable as text.
-pub fn single(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
+fn single(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
     let mut values = headers.get_all(name).iter();
     let value = values.next()?.to_str().ok()?;
     values.next().is_none().then_some(value)
 }
 
-pub fn offered_subprotocols(headers: &HeaderMap) -> Vec<&str> {
+fn offered_subprotocols(headers: &HeaderMap) -> Vec<&str> {
     headers
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
         .iter()
@@ -103,7 +113,7 @@ pub fn offered_subprotocols(headers: &HeaderMap) -> Vec<&str> {
         .collect()
 }
 
-pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme
