@@ -82,6 +82,9 @@ enum Command {
         hosts: Vec<String>,
         #[arg(long, default_value_t = 600)]
         ttl: u64,
+        /// The address desktops reach the gateway at (host:port), for the pairing link
+        #[arg(long)]
+        address: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -173,6 +176,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             roles,
             hosts,
             ttl,
+            address,
             json,
         } => {
             let client = nats::connect(&cli.nats, seed(&data_dir)?)
@@ -192,16 +196,29 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             let identity =
                 pi_host::server::identity::load_or_create(&data_dir).map_err(|e| e.to_string())?;
+            // The link a host's pairing gives, with the gateway's address and certificate.
+            let url = address.as_ref().map(|address| {
+                format!(
+                    "racps://{address}/pair?cert=sha256:{}#{}",
+                    identity.sha256, minted.token
+                )
+            });
             if *json {
-                println!(
-                    "{}",
-                    serde_json::json!({"token": minted.token, "expiresAt": expires_at, "certSha256": identity.sha256.to_hex()})
-                );
+                let printed = serde_json::json!({
+                    "token": minted.token,
+                    "expiresAt": expires_at,
+                    "certSha256": identity.sha256.to_hex(),
+                    "url": url,
+                });
+                println!("{printed}");
             } else {
                 println!(
                     "Pairing token (single use):\n  {}\nGateway certificate SHA-256:\n  {}",
                     minted.token, identity.sha256
                 );
+                if let Some(url) = url {
+                    println!("Pairing URL:\n  {url}");
+                }
             }
             Ok(())
         }

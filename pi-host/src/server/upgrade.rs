@@ -63,8 +63,8 @@ pub fn presented_token<'a>(
     allowed_origins: &[String],
 ) -> Result<&'a str, AppError> {
     if headers.contains_key(header::ORIGIN) {
-        let allowed = single(headers, header::ORIGIN)
-            .is_some_and(|o| allowed_origins.iter().any(|a| a == o));
+        let allowed =
+            single(headers, header::ORIGIN).is_some_and(|o| allowed_origins.iter().any(|a| a == o));
         if !allowed {
             return Err(AppError::new(
                 ErrorCode::Forbidden,
