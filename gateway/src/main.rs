@@ -323,7 +323,8 @@ async fn serve(
             std::future::pending::<()>().await;
         }
     };
-    pi_host::server::listener::serve(listener, tls, server::router(gateway), &budget, shutdown)
-        .await;
+    let router = server::router(gateway.clone());
+    pi_host::server::listener::serve(listener, tls, router, &budget, shutdown).await;
+    gateway.drain(Duration::from_secs(5)).await;
     Ok(())
 }

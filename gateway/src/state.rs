@@ -4,8 +4,8 @@
 use crate::devices::Devices;
 use async_nats::jetstream::{self, kv};
 use dashmap::DashMap;
-use racp_proto::AppError;
 use racp_proto::fingerprint::CertSha256;
+use racp_proto::{AppError, ErrorCode};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,6 +73,22 @@ impl Gateway {
 
     pub fn unregister(&self, id: u64) {
         self.connections.remove(&id);
+    }
+
+    /// Ends every connection on this replica (the replica is stopping), and waits up to
+    /// `grace` for them to send their connection error and close.
+    pub async fn drain(&self, grace: Duration) {
+        let error = AppError::new(
+            ErrorCode::HostShuttingDown,
+            "this gateway replica is stopping; reconnect (to any replica) and resume",
+        );
+        for entry in self.connections.iter() {
+            let _ = entry.value().1.send(Some(error.clone()));
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while !self.connections.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Ends every connection of a device on this replica.

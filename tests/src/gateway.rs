@@ -145,6 +145,14 @@ impl GatewayProcess {
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
     }
+
+    /// Stops it with SIGTERM and waits for it to exit.
+    pub async fn terminate(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill").arg(pid.to_string()).status().await;
+        }
+        let _ = tokio::time::timeout(PATIENCE, self.child.wait()).await;
+    }
 }
 
 pub async fn cli(

@@ -542,6 +542,16 @@ async fn a_device_revoked_on_one_replica_is_cut_off_on_every_replica() {
     }
     let devices = admin.call("device/list", json!({})).await;
     assert!(!devices.to_string().contains(&laptop), "{devices}");
+
+    // A replica that stops tells its desktops so before it goes.
+    let mut second = second;
+    let mut on_second = connect(&second.url(), &owner).await;
+    second.terminate().await;
+    let (frames, _) = tokio::time::timeout(PATIENCE, on_second.until_close())
+        .await
+        .expect("the stopping replica kept the connection");
+    let last = frames.last().expect("a connection error");
+    assert_eq!(last["error"]["code"], "HOST_SHUTTING_DOWN", "{frames:?}");
 }
 
 #[tokio::test]
