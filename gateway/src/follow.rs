@@ -11,6 +11,7 @@ use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 pub type Stream = jetstream::stream::Stream<()>;
@@ -151,21 +152,18 @@ pub async fn follow(
     start: Start,
     out: mpsc::Sender<Outgoing>,
 ) -> Result<Follow, AppError> {
-    let consumer = stream
-        .create_consumer(consumer::pull::OrderedConfig {
-            filter_subject: start.subject.clone(),
-            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: start.stream_sequence.max(1),
-            },
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| lookup_failed(&e))?;
-    let messages = consumer.messages().await.map_err(|e| lookup_failed(&e))?;
+    // The first consumer is made here, so a subscribe that cannot read the stream fails.
+    let messages = consume(stream, &start.subject, start.stream_sequence).await?;
     let delivered = Arc::new(AtomicU64::new(start.after));
     let session_id = start.session_id.clone();
     let epoch = start.epoch;
-    let task = tokio::spawn(pump(messages, start, delivered.clone(), out));
+    let task = tokio::spawn(pump(
+        stream.clone(),
+        messages,
+        start,
+        delivered.clone(),
+        out,
+    ));
     Ok(Follow {
         session_id,
         epoch,
@@ -174,7 +172,33 @@ pub async fn follow(
     })
 }
 
+/// An ordered consumer of one session's subject from a stream sequence.
+async fn consume(
+    stream: &Stream,
+    subject: &str,
+    from: u64,
+) -> Result<consumer::pull::Ordered, AppError> {
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: subject.to_string(),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: from.max(1),
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| lookup_failed(&e))?;
+    consumer.messages().await.map_err(|e| lookup_failed(&e))
+}
+
+/// Errors in a row after which a consumer is made anew.
+const CONSUMER_ERRORS: u32 = 3;
+
+/// Turns stream messages into frames for the connection. The ordered consumer recovers from
+/// most faults itself; when it ends or keeps failing (its NATS node died), a new one starts
+/// after the last stream message read, so the subscription neither stalls nor repeats.
 async fn pump(
+    stream: Stream,
     mut messages: consumer::pull::Ordered,
     start: Start,
     delivered: Arc<AtomicU64>,
@@ -190,9 +214,24 @@ async fn pump(
         .max_frame_bytes
         .saturating_sub(256 + start.subscription_id.len() + start.session_id.len());
     let mut last = start.after;
+    // Where a new consumer would start: after the last stream message read.
+    let mut resume_at = start.stream_sequence;
+    let mut errors = 0;
+    let mut retry = Duration::from_millis(50);
     loop {
-        let Some(first) = messages.next().await else {
-            return;
+        let Some(first) = messages.next().await.filter(|_| errors < CONSUMER_ERRORS) else {
+            messages = loop {
+                match consume(&stream, &start.subject, resume_at).await {
+                    Ok(messages) => break messages,
+                    Err(error) => {
+                        tracing::debug!(?error, "cannot make a subscription's consumer yet");
+                        tokio::time::sleep(retry).await;
+                        retry = (retry * 2).min(Duration::from_secs(2));
+                    }
+                }
+            };
+            errors = 0;
+            continue;
         };
         let mut batch = vec![first];
         // Whatever else has already arrived goes in the same frame.
@@ -209,12 +248,20 @@ async fn pump(
         let mut events: Vec<(u64, bytes::Bytes)> = Vec::new();
         for message in batch {
             let message = match message {
-                Ok(message) => message,
+                Ok(message) => {
+                    errors = 0;
+                    retry = Duration::from_millis(50);
+                    message
+                }
                 Err(err) => {
-                    tracing::warn!(error = %err, "a subscription's stream read failed; it resumes");
+                    errors += 1;
+                    tracing::warn!(error = %err, "a subscription's stream read failed");
                     continue;
                 }
             };
+            if let Ok(info) = message.info() {
+                resume_at = info.stream_sequence + 1;
+            }
             let seq = message
                 .headers
                 .as_ref()
