@@ -1,16 +1,18 @@
 //! The stages after the probe, in the same remote command ([`remote_shell::session_script`]):
-//! transfer → verify → install → start (and the pairing token's mint). The build streams into
-//! `tee FILE | sha256sum` on the remote, so it is hashed as it arrives, with no second pass;
-//! install.sh travels inside the command. Nothing of the running host or of `current` changes
-//! until install.sh switches `current` at its very end.
+//! transfer → verify → install → start (and the pairing token's mint). install.sh and then the
+//! build follow the plan line on stdin, only when installing (the warm path sends neither);
+//! the build streams into `tee FILE | sha256sum` on the remote, so it is hashed as it arrives,
+//! with no second pass. Nothing of the running host or of `current` changes until install.sh
+//! switches `current` at its very end.
 
 use super::release::{self, Release};
-use super::remote_shell::{self, Plan, Probe};
+use super::remote_shell::{self, Install, Plan, Probe};
 use super::stage::{Progress, Reporter, Stage};
 use super::{StageClock, remote_failed, ssh_failed, stage_failed, version_mismatch};
 use crate::ssh::{ExecOutput, RemoteCommand, SshError};
 use racp_proto::{AppError, ErrorCode, ErrorSource};
 use serde_json::{Value, json};
+use std::path::PathBuf;
 
 /// What the rest of the command reported.
 #[derive(Debug, Default)]
@@ -21,53 +23,73 @@ pub(super) struct Outcome {
     pub minted: Option<Value>,
 }
 
-/// Sends the plan (and the build, when installing) to the command the probe ran in, and
+/// What an install sends after the plan line: install.sh, then the build.
+pub(super) struct Upload {
+    installer: Vec<u8>,
+    artifact: PathBuf,
+    artifact_len: u64,
+}
+
+impl Upload {
+    /// Reads install.sh and sizes the build, and says so in the plan's terms (the plan carries
+    /// install.sh's size: the remote reads exactly that much before the build).
+    pub(super) fn prepare(
+        release: &Release,
+        artifact: &release::Artifact,
+    ) -> Result<(Upload, Install), AppError> {
+        let unreadable = |e: String| stage_failed(Stage::Transfer, e, json!({}));
+        let installer = release.installer_bytes().map_err(unreadable)?;
+        let path = release.dir.join(&artifact.file);
+        let artifact_len = std::fs::metadata(&path)
+            .map_err(|e| unreadable(format!("cannot read {}: {e}", path.display())))?
+            .len();
+        let install = Install {
+            artifact: artifact.file.clone(),
+            artifact_sha256: artifact.sha256.clone(),
+            installer_sha256: release.manifest.installer.sha256.clone(),
+            installer_len: installer.len() as u64,
+        };
+        let upload = Upload {
+            installer,
+            artifact: path,
+            artifact_len,
+        };
+        Ok((upload, install))
+    }
+
+    fn total(&self) -> u64 {
+        self.installer.len() as u64 + self.artifact_len
+    }
+}
+
+/// Sends the plan (and the upload, when installing) to the command the probe ran in, and
 /// follows the stages it reports. On failure the error names the stage that was running.
 pub(super) async fn carry_out(
     mut remote: RemoteCommand,
     plan: &Plan,
-    artifact: Option<(&Release, &release::Artifact)>,
+    upload: Option<&Upload>,
     reporter: &dyn Reporter,
 ) -> Result<Outcome, AppError> {
-    let mut clock = None;
-    let mut stage = Stage::Start;
-    let mut total = 0;
-    if let Some((release, artifact)) = artifact {
-        let path = release.dir.join(&artifact.file);
-        total = std::fs::metadata(&path)
-            .map_err(|e| {
-                stage_failed(
-                    Stage::Transfer,
-                    format!("cannot read {}: {e}", path.display()),
-                    json!({}),
-                )
-            })?
-            .len();
-        stage = Stage::Transfer;
-        clock = Some(StageClock::start(reporter, Stage::Transfer));
-        let sent = match remote.send(plan.line().as_bytes()).await {
-            Ok(()) => {
-                let mut on_progress =
-                    |sent: u64| reporter.report(Progress::Transfer { sent, total });
-                remote.send_file(&path, &mut on_progress).await
+    let (mut stage, mut clock) = match upload {
+        Some(_) => (
+            Stage::Transfer,
+            Some(StageClock::start(reporter, Stage::Transfer)),
+        ),
+        None => (Stage::Start, None),
+    };
+    if let Err(err) = send(&mut remote, plan, upload, reporter).await {
+        return Err(match err {
+            // The remote ended early: its output says why.
+            SshError::Protocol(_) => {
+                let output = remote.finish().await.unwrap_or_default();
+                let what = match upload {
+                    Some(_) => "the upload",
+                    None => "the remote command",
+                };
+                remote_failed(stage, what, &output)
             }
-            Err(err) => Err(err),
-        };
-        if let Err(err) = sent {
-            return Err(match err {
-                // The remote ended early: its output says why.
-                SshError::Protocol(_) => {
-                    let output = remote.finish().await.unwrap_or_default();
-                    remote_failed(Stage::Transfer, "the upload", &output)
-                }
-                other => ssh_failed(Stage::Transfer, other),
-            });
-        }
-    } else {
-        remote
-            .send(plan.line().as_bytes())
-            .await
-            .map_err(|e| ssh_failed(Stage::Start, e))?;
+            other => ssh_failed(stage, other),
+        });
     }
     remote.eof().await.map_err(|e| ssh_failed(stage, e))?;
 
@@ -88,8 +110,8 @@ pub(super) async fn carry_out(
                     "pair" => Stage::Pair,
                     _ => continue,
                 };
-                let done_note = match stage {
-                    Stage::Transfer => Some(format!("{total} bytes")),
+                let done_note = match (stage, upload) {
+                    (Stage::Transfer, Some(upload)) => Some(format!("{} bytes", upload.total())),
                     _ => note.take(),
                 };
                 if let Some(clock) = clock.take() {
@@ -137,11 +159,11 @@ fn failed(
     verified: &[(String, String)],
 ) -> AppError {
     if stage == Stage::Verify
-        && let Some((artifact, artifact_sha, installer_sha)) = &plan.install
+        && let Some(install) = &plan.install
     {
         for (file, expected) in [
-            (artifact, artifact_sha),
-            (&"install.sh".to_string(), installer_sha),
+            (install.artifact.as_str(), &install.artifact_sha256),
+            ("install.sh", &install.installer_sha256),
         ] {
             let actual = verified
                 .iter()
@@ -171,6 +193,35 @@ fn failed(
     remote_failed(stage, what, output)
 }
 
+/// What the session script reads from stdin: the plan line, then, when installing, install.sh
+/// and the build.
+async fn send(
+    remote: &mut RemoteCommand,
+    plan: &Plan,
+    upload: Option<&Upload>,
+    reporter: &dyn Reporter,
+) -> Result<(), SshError> {
+    let mut head = plan.line().into_bytes();
+    let Some(upload) = upload else {
+        return remote.send(&head).await;
+    };
+    // One packet for both: install.sh is small, and the remote reads it right after the plan.
+    head.extend_from_slice(&upload.installer);
+    remote.send(&head).await?;
+    let (before, total) = (upload.installer.len() as u64, upload.total());
+    reporter.report(Progress::Transfer {
+        sent: before,
+        total,
+    });
+    let mut on_progress = |sent: u64| {
+        reporter.report(Progress::Transfer {
+            sent: before + sent,
+            total,
+        })
+    };
+    remote.send_file(&upload.artifact, &mut on_progress).await
+}
+
 /// What an install needs: a release with a build for the remote's platform, and a command on
 /// the remote that prints SHA-256 sums.
 pub(super) fn installable<'r>(
@@ -178,6 +229,15 @@ pub(super) fn installable<'r>(
     release: Option<&'r Release>,
     wanted: &str,
 ) -> Result<(&'r Release, &'r release::Artifact), AppError> {
+    if probe.os.is_empty() || probe.arch.is_empty() {
+        // The probe leaves the platform out only when the wanted version is installed, and
+        // then nothing is installed: a probe that disagrees is a broken one.
+        return Err(stage_failed(
+            Stage::Probe,
+            "the probe printed no OS or architecture",
+            json!({}),
+        ));
+    }
     let platform = format!(
         "{}-{}",
         release::normalize_os(&probe.os),

@@ -273,21 +273,8 @@ async fn establish(
     mint: bool,
 ) -> Result<(Link, Work, String), AppError> {
     let (destination, release, wanted) = resolve_stage(options, reporter)?;
-    let installer = match &release {
-        Some(release) => Some(
-            release
-                .installer_text()
-                .map_err(|e| stage_failed(Stage::Resolve, e, json!({})))?,
-        ),
-        None => None,
-    };
     let session = Arc::new(ssh_connect(&destination, options, reporter).await?);
-    let script = remote_shell::session_script(
-        &options.remote_dir,
-        &wanted,
-        installer.as_deref(),
-        &install::nonce(),
-    );
+    let script = remote_shell::session_script(&options.remote_dir, &wanted, &install::nonce());
     let (remote, mut probe, running) = probe_stage(&session, &script, reporter).await?;
 
     let mut work = Work::default();
@@ -295,17 +282,18 @@ async fn establish(
         .as_ref()
         .filter(|r| r.version == wanted && !r.draining)
     {
-        let plan = Plan {
-            mint,
-            version: wanted.clone(),
-            ..Plan::default()
-        };
         if mint {
+            let plan = Plan {
+                mint,
+                version: wanted.clone(),
+                ..Plan::default()
+            };
             let outcome = install::carry_out(remote, &plan, None, reporter).await?;
             work.minted = outcome.minted;
         } else {
-            // EOF instead of a plan: the command ends.
-            let _ = remote.finish().await;
+            // EOF instead of a plan: the command ends on its own, and nothing it prints now
+            // matters, so the connect goes on without waiting for it.
+            tokio::spawn(remote.finish());
         }
         let link = warm_link(session, probe, running, &wanted, reporter)?;
         return Ok((link, work, wanted));
@@ -319,7 +307,7 @@ async fn establish(
         version: wanted.clone(),
         ..Plan::default()
     };
-    let mut artifact = None;
+    let mut upload = None;
     if probe.installed.as_deref() == Some(wanted.as_str()) && probe.has_installer {
         for stage in [Stage::Transfer, Stage::Verify, Stage::Install] {
             skipped(reporter, stage, &format!("pi-host {wanted} is installed"));
@@ -327,26 +315,24 @@ async fn establish(
     } else {
         // Checked before anything is uploaded: a platform the release cannot run on, no
         // release, no SHA-256 tool. The command then gets EOF and ends.
-        let (release, chosen) = match install::installable(&probe, release.as_ref(), &wanted) {
+        let prepared = install::installable(&probe, release.as_ref(), &wanted)
+            .and_then(|(release, chosen)| install::Upload::prepare(release, chosen));
+        let (prepared, install) = match prepared {
             Ok(found) => found,
             Err(err) => {
                 let _ = remote.finish().await;
                 return Err(err);
             }
         };
-        plan.install = Some((
-            chosen.file.clone(),
-            chosen.sha256.clone(),
-            release.manifest.installer.sha256.clone(),
-        ));
-        artifact = Some((release, chosen));
+        plan.install = Some(install);
+        upload = Some(prepared);
         work.transferred = true;
         work.installed = true;
     }
 
     // Only a version this connect installed is rolled back, and only to another one.
     let rollback_to = previous.filter(|p| work.installed && *p != wanted);
-    let outcome = match install::carry_out(remote, &plan, artifact, reporter).await {
+    let outcome = match install::carry_out(remote, &plan, upload.as_ref(), reporter).await {
         Ok(outcome) => outcome,
         Err(error) => {
             let failed_start = error.details().is_some_and(|d| d["reason"] == "start");
@@ -440,11 +426,14 @@ async fn probe_stage(
         }
     };
     let running = probe.running();
+    // The platform is left out when the wanted version is installed.
+    let platform = if probe.os.is_empty() {
+        String::new()
+    } else {
+        format!("{} {} {}, ", probe.os, probe.arch, probe.libc.describe())
+    };
     clock.done(Some(format!(
-        "{} {} {}, installed {}, running {}",
-        probe.os,
-        probe.arch,
-        probe.libc.describe(),
+        "{platform}installed {}, running {}",
         probe.installed.as_deref().unwrap_or("none"),
         running
             .as_ref()

@@ -72,13 +72,11 @@ impl Release {
         })
     }
 
-    /// install.sh's text: it travels inside the remote command, and its SHA-256 is checked
-    /// against the manifest where it lands.
-    pub fn installer_text(&self) -> Result<String, String> {
+    /// install.sh: sent on stdin ahead of the build, only when installing, and its SHA-256
+    /// checked against the manifest where it lands, before it runs.
+    pub fn installer_bytes(&self) -> Result<Vec<u8>, String> {
         let path = self.dir.join(&self.manifest.installer.file);
-        let bytes =
-            std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        String::from_utf8(bytes).map_err(|_| format!("{} is not text", path.display()))
+        std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
     }
 
     /// The artifact for a platform as `uname -s` / `uname -m` print it.

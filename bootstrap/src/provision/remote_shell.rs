@@ -1,11 +1,13 @@
 //! What runs on the remote: the probe, and the install.sh commands, as shell text.
 //!
 //! The probe is one command so the warm path costs one round trip: it creates the install root
-//! (private), and prints `key=value` lines: the root's absolute path, the platform (OS,
-//! architecture, C library and its version), the installed version and, when a host runs, its
-//! `pi-host status --json`. The C library comes from `getconf GNU_LIBC_VERSION` (glibc), else
-//! `ldd --version` (musl prints its name and version there), else the presence of musl's
-//! loader (deploy/README.md, "The glibc floor").
+//! (private), and prints `key=value` lines: the root's absolute path, the installed version,
+//! whether install.sh is there and, when a host runs, its `pi-host status --json`. Only when
+//! an install may follow (`current` is not the wanted version, or install.sh is missing) does
+//! it also print the platform (OS, architecture, C library and its version) and the SHA-256
+//! tool. The C library comes from `getconf GNU_LIBC_VERSION` (glibc), else `ldd --version`
+//! (musl prints its name and version there), else the presence of musl's loader
+//! (deploy/README.md, "The glibc floor").
 
 use serde_json::Value;
 
@@ -29,100 +31,44 @@ pub const DEFAULT_REMOTE_DIR: &str = "~/.pi-host";
 /// The line the probe part of [`session_script`] ends with.
 pub const PROBE_END: &str = "probe-end";
 
+/// The shell text of [`session_script`], with comments saying why.
+const SESSION_SH: &str = include_str!("session.sh");
+
 /// The one command a connect runs (docs/architecture.md, "One `pi-remote connect`"): it probes
 /// (`key=value` lines, then [`PROBE_END`]), then reads one line from stdin, the bootstrapper's
-/// [`Plan`]: nothing (EOF: the warm path), or what to do: install the artifact that follows on
-/// stdin (written and hashed in one pass, as it arrives), stop the running host, start,
-/// mint a pairing token. Each step prints `stage=NAME` as it begins, so a failure names its
-/// stage; results come as `verified=`, `installed=`, `state=` and `pair=` lines.
+/// [`Plan`]: nothing (EOF: the warm path), or what to do: install the build (install.sh, then
+/// the artifact, follow the plan line on stdin; the artifact is written and hashed in one
+/// pass, as it arrives), stop the running host, start, mint a pairing token. Each step prints
+/// `stage=NAME` as it begins, so a failure names its stage; results come as `verified=`,
+/// `installed=`, `state=` and `pair=` lines.
 ///
-/// `installer` is install.sh's text: it travels inside the command (a quoted here-document),
-/// written to disk only when installing, so the upload is the artifact alone.
-pub fn session_script(
-    remote_dir: &str,
-    wanted: &str,
-    installer: Option<&str>,
-    staging_name: &str,
-) -> String {
-    // A delimiter the installer's text cannot contain.
-    let mut delimiter = format!("PI_HOST_INSTALLER_{staging_name}");
-    while installer.is_some_and(|text| text.contains(&delimiter)) {
-        delimiter.push('_');
-    }
-    let write_installer = match installer {
-        Some(text) => {
-            let newline = if text.ends_with('\n') { "" } else { "\n" };
-            format!(
-                "write_installer() {{\ncat >\"$1\" <<'{delimiter}'\n{text}{newline}{delimiter}\n}}\n"
-            )
+/// The text is session.sh after three assignments; comments and indentation are left out, as
+/// they would only add bytes to every connect.
+pub fn session_script(remote_dir: &str, wanted: &str, staging_name: &str) -> String {
+    let mut script = format!(
+        "R={} W={} N={}\n",
+        root_word(remote_dir),
+        sh_quote(wanted),
+        sh_quote(staging_name)
+    );
+    for line in SESSION_SH.lines().map(str::trim_start) {
+        if !line.is_empty() && !line.starts_with('#') {
+            script.push_str(line);
+            script.push('\n');
         }
-        None => "write_installer() { echo 'no installer was sent' >&2; return 1; }\n".into(),
-    };
-    format!(
-        r#"umask 077
-R={root}
-mkdir -p "$R" && cd "$R" || exit 97
-R=$(pwd -P)
-echo "root=$R"
-echo "os=$(uname -s)"
-echo "arch=$(uname -m)"
-if [ -L current ]; then echo "current=$(readlink current)"; fi
-if [ -f install.sh ]; then echo "installer=yes"; fi
-s=
-if [ -x current/bin/pi-host ] && [ -S data/admin.sock ]; then
-  s=$(current/bin/pi-host --data-dir data status --json 2>/dev/null) && echo "status=$s"
-fi
-# The C library matters only for an install: not looked at when the wanted version runs.
-case $s in *'"version":"{wanted}"'*) ;; *)
-  if v=$(getconf GNU_LIBC_VERSION 2>/dev/null) && [ -n "$v" ]; then echo "libc=$v"
-  else echo "ldd=$(ldd --version 2>&1 | head -n 2 | tr '\n' ' ')"; fi
-  for f in /lib/ld-musl-*.so.1; do [ -e "$f" ] && echo "musl=$f" && break; done ;;
-esac
-SHA=
-if command -v sha256sum >/dev/null 2>&1; then SHA=sha256sum
-elif command -v shasum >/dev/null 2>&1; then SHA='shasum -a 256'; fi
-[ -z "$SHA" ] || echo "sha=$SHA"
-echo {probe_end}
-{write_installer}IFS= read -r plan || exit 0
-set -f
-set -- $plan
-[ "${{1:-}}" = go ] || exit 0
-STOP=$2 INSTALL=$3 START=$4 MINT=$5 V=$6 ART=$7 ASHA=$8 ISHA=$9
-if [ "$INSTALL" = 1 ]; then
-  D=$R/staging/{staging}
-  find "$R/staging" -mindepth 1 -maxdepth 1 -mmin +60 -exec rm -rf {{}} + 2>/dev/null
-  mkdir -p "$D" || exit 90
-  trap 'rm -rf "$D"' EXIT
-  echo stage=transfer
-  got=$( (tee "$D/$ART" || echo tee-failed) | $SHA) || exit 91
-  echo stage=verify
-  echo "verified=$ART ${{got%% *}}"
-  [ "${{got%% *}}" = "$ASHA" ] || {{ echo "$ART arrived with another SHA-256 than the manifest's" >&2; exit 92; }}
-  write_installer "$D/install.sh" || exit 93
-  got=$($SHA <"$D/install.sh") || exit 93
-  echo "verified=install.sh ${{got%% *}}"
-  [ "${{got%% *}}" = "$ISHA" ] || {{ echo "install.sh arrived with another SHA-256 than the manifest's" >&2; exit 92; }}
-  echo stage=install
-  out=$(sh "$D/install.sh" install --root "$R" --version "$V" --artifact "$D/$ART") || exit $?
-  echo "installed=$(printf '%s\n' "$out" | tail -n 1)"
-fi
-if [ "$START" = 1 ]; then
-  echo stage=start
-  if [ "$STOP" = 1 ]; then sh "$R/install.sh" stop --root "$R" >/dev/null || exit $?; fi
-  out=$(sh "$R/install.sh" start --reuse --root "$R") || exit $?
-  echo "state=$(printf '%s\n' "$out" | tail -n 1)"
-fi
-if [ "$MINT" = 1 ]; then
-  echo stage=pair
-  out=$("$R/current/bin/pi-host" --data-dir "$R/data" pair --json --roles owner --ttl 2m) || exit $?
-  echo "pair=$(printf '%s' "$out" | tr -d '\n')"
-fi
-"#,
-        root = root_word(remote_dir),
-        probe_end = PROBE_END,
-        staging = staging_name,
-        wanted = wanted,
-    )
+    }
+    script
+}
+
+/// The build a [`Plan`] installs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Install {
+    /// The artifact's file name and its SHA-256 (from the manifest).
+    pub artifact: String,
+    pub artifact_sha256: String,
+    /// install.sh's SHA-256 (from the manifest) and its size: it comes first on stdin.
+    pub installer_sha256: String,
+    pub installer_len: u64,
 }
 
 /// What the bootstrapper asks of [`session_script`] after the probe.
@@ -130,8 +76,8 @@ fi
 pub struct Plan {
     /// Stop the running host first (another version, or a draining one).
     pub stop: bool,
-    /// `(artifact file, its SHA-256, install.sh's SHA-256)`: install the artifact sent next.
-    pub install: Option<(String, String, String)>,
+    /// Install the build sent after the plan line.
+    pub install: Option<Install>,
     pub start: bool,
     /// Mint a pairing token after the start.
     pub mint: bool,
@@ -139,23 +85,26 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The line [`session_script`] reads. Every word is a plain name or hex (checked when the
-    /// manifest was loaded), so it splits on spaces as written.
+    /// The line [`session_script`] reads. Every word is a plain name, hex or a number (checked
+    /// when the manifest was loaded), so it splits on spaces as written.
     pub fn line(&self) -> String {
         let flag = |b: bool| if b { "1" } else { "0" };
-        let (artifact, sha, installer_sha) = match &self.install {
-            Some((a, s, i)) => (a.as_str(), s.as_str(), i.as_str()),
-            None => ("-", "-", "-"),
+        let (artifact, sha, installer_sha, installer_len) = match &self.install {
+            Some(i) => (
+                i.artifact.as_str(),
+                i.artifact_sha256.to_ascii_lowercase(),
+                i.installer_sha256.to_ascii_lowercase(),
+                i.installer_len,
+            ),
+            None => ("-", "-".into(), "-".into(), 0),
         };
         format!(
-            "go {} {} {} {} {} {artifact} {} {}\n",
+            "go {} {} {} {} {} {artifact} {sha} {installer_sha} {installer_len}\n",
             flag(self.stop),
             flag(self.install.is_some()),
             flag(self.start),
             flag(self.mint),
             self.version,
-            sha.to_ascii_lowercase(),
-            installer_sha.to_ascii_lowercase(),
         )
     }
 }
@@ -262,6 +211,8 @@ pub fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
 #[derive(Debug, Clone, Default)]
 pub struct Probe {
     pub root: String,
+    /// `uname -s` and `uname -m`; empty when the wanted version is installed (no install will
+    /// need them, so the probe does not spend an exec on them).
     pub os: String,
     pub arch: String,
     /// The C library (only looked at on Linux: other systems have one of their own).
@@ -324,10 +275,8 @@ impl Probe {
                 Libc::unknown()
             }
         });
-        if probe.root.is_empty() || probe.os.is_empty() || probe.arch.is_empty() {
-            return Err(format!(
-                "the probe printed no root, OS or architecture: {output:?}"
-            ));
+        if probe.root.is_empty() {
+            return Err(format!("the probe printed no root: {output:?}"));
         }
         Ok(probe)
     }
@@ -464,5 +413,177 @@ mod tests {
                 ("ef01".to_string(), "install.sh.part".to_string())
             ]
         );
+    }
+
+    /// The login shells a remote may have (bash, dash, busybox ash), as far as this machine
+    /// has them (scripts/test installs dash and busybox).
+    fn shells() -> Vec<Vec<&'static str>> {
+        [
+            vec!["sh"],
+            vec!["bash"],
+            vec!["dash"],
+            vec!["busybox", "sh"],
+        ]
+        .into_iter()
+        .filter(|shell| {
+            std::process::Command::new(shell[0])
+                .args(&shell[1..])
+                .args(["-c", "true"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .collect()
+    }
+
+    fn sha256_hex(bytes: &[u8]) -> String {
+        ring::digest::digest(&ring::digest::SHA256, bytes)
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// Runs the session script under `shell` in `root`: the probe's lines, then (when given) the
+    /// plan line and `input` written in `pieces`-byte writes with pauses, so the remote's reads
+    /// come up short; then EOF. Returns the probe, the rest of stdout and the exit status.
+    fn run_session(
+        shell: &[&str],
+        root: &std::path::Path,
+        plan: Option<&Plan>,
+        input: &[u8],
+        pieces: usize,
+    ) -> (String, String, Option<i32>) {
+        use std::io::{BufRead, Read, Write};
+        let script = session_script(root.to_str().unwrap(), "9.9.9", "n1");
+        let mut child = std::process::Command::new(shell[0])
+            .args(&shell[1..])
+            .arg("-c")
+            .arg(&script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut probe = String::new();
+        loop {
+            let mut line = String::new();
+            assert!(
+                stdout.read_line(&mut line).unwrap() > 0,
+                "{shell:?}: {probe}"
+            );
+            if line.trim_end() == PROBE_END {
+                break;
+            }
+            probe.push_str(&line);
+        }
+        if let Some(plan) = plan {
+            stdin.write_all(plan.line().as_bytes()).unwrap();
+            for (i, piece) in input.chunks(pieces).enumerate() {
+                // A remote that has given up makes the rest fail to write: its status says why.
+                if stdin.write_all(piece).and_then(|()| stdin.flush()).is_err() {
+                    break;
+                }
+                if i < 8 {
+                    std::thread::sleep(std::time::Duration::from_millis(15));
+                }
+            }
+        }
+        drop(stdin);
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        (probe, rest, child.wait().unwrap().code())
+    }
+
+    /// A stand-in install.sh (`install --root R --version V --artifact PATH`): keeps the build
+    /// it was given, so the split of stdin can be checked.
+    const STAND_IN_INSTALLER: &[u8] =
+        b"#!/bin/sh\ncp \"$7\" \"$3/received\" || exit 1\necho \"pi-host $5 installed\"\n";
+
+    fn install_plan(artifact: &[u8], installer: &[u8], installer_sha256: String) -> Plan {
+        Plan {
+            install: Some(Install {
+                artifact: "pi-host.tar.gz".into(),
+                artifact_sha256: sha256_hex(artifact),
+                installer_sha256,
+                installer_len: installer.len() as u64,
+            }),
+            version: "9.9.9".into(),
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn install_sh_and_the_build_are_split_on_stdin_at_install_sh_s_size() {
+        let artifact: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let mut input = STAND_IN_INSTALLER.to_vec();
+        input.extend_from_slice(&artifact);
+        let plan = install_plan(
+            &artifact,
+            STAND_IN_INSTALLER,
+            sha256_hex(STAND_IN_INSTALLER),
+        );
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            // A path with a space, as in a home with spaces.
+            let root = dir.path().join("pi host");
+            let (probe, rest, status) = run_session(&shell, &root, Some(&plan), &input, 7);
+            assert_eq!(status, Some(0), "{shell:?}: {probe}{rest}");
+            let probe = Probe::parse(&probe).unwrap();
+            assert_eq!(probe.root, root.to_str().unwrap());
+            assert!(
+                !probe.os.is_empty() && probe.sha_command.is_some(),
+                "{probe:?}"
+            );
+            assert!(
+                rest.contains(&format!(
+                    "verified=pi-host.tar.gz {}\n",
+                    sha256_hex(&artifact)
+                )),
+                "{shell:?}: {rest}"
+            );
+            let installer_sha = sha256_hex(STAND_IN_INSTALLER);
+            assert!(rest.contains(&format!("verified=install.sh {installer_sha}\n")));
+            assert!(rest.contains("stage=install\ninstalled=pi-host 9.9.9 installed\n"));
+            assert!(std::fs::read(root.join("received")).unwrap() == artifact);
+            // The staging directory goes with the command.
+            assert!(!root.join("staging/n1").exists());
+        }
+    }
+
+    #[test]
+    fn an_install_sh_that_does_not_match_the_manifest_never_runs() {
+        let artifact = b"the build".to_vec();
+        let mut input = STAND_IN_INSTALLER.to_vec();
+        input.extend_from_slice(&artifact);
+        let plan = install_plan(&artifact, STAND_IN_INSTALLER, "00".repeat(32));
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            let (_, rest, status) = run_session(&shell, dir.path(), Some(&plan), &input, 4096);
+            assert_eq!(status, Some(92), "{shell:?}: {rest}");
+            assert!(rest.contains("stage=verify\n") && !rest.contains("stage=install"));
+            assert!(!dir.path().join("received").exists());
+        }
+    }
+
+    #[test]
+    fn the_warm_probe_leaves_out_the_platform_and_ends_at_eof() {
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().join("pi host");
+            std::fs::create_dir_all(root.join("versions/9.9.9")).unwrap();
+            std::os::unix::fs::symlink("versions/9.9.9", root.join("current")).unwrap();
+            let (probe, rest, status) = run_session(&shell, &root, None, &[], 1);
+            assert_eq!(status, Some(0), "{shell:?}: {probe}{rest}");
+            // install.sh missing: an install may follow, so the platform is there.
+            assert!(probe.contains("\nos="), "{shell:?}: {probe}");
+            std::fs::write(root.join("install.sh"), STAND_IN_INSTALLER).unwrap();
+            let (probe, rest, status) = run_session(&shell, &root, None, &[], 1);
+            assert_eq!((status, rest.as_str()), (Some(0), ""), "{shell:?}");
+            let parsed = Probe::parse(&probe).unwrap();
+            assert_eq!(parsed.installed.as_deref(), Some("9.9.9"));
+            assert!(parsed.has_installer);
+            assert!(!probe.contains("os=") && !probe.contains("sha="), "{probe}");
+        }
     }
 }

@@ -1,0 +1,97 @@
+# The one remote command of a connect (remote_shell::session_script puts R, W and N before it:
+# the install root as a shell word, the version wanted, this connect's staging directory name).
+# POSIX sh: the login shell may be bash, dash or busybox ash. Nothing is written to or run from
+# /tmp. Full-line comments and indentation are stripped before it is sent.
+umask 077
+# CDPATH would send the relative `cd`s below elsewhere (and make bash print where they went).
+unset CDPATH
+
+# The probe. On the warm path it runs on every connect, so up to `probe-end` it uses builtins
+# only, but for the status query: each fork and exec is paid again on each connect.
+[ -d "$R" ] || mkdir -p "$R" || exit 97
+cd -P "$R" || exit 97
+R=$PWD
+echo "root=$R"
+c=
+if [ -L current ] && cd -P ./current 2>/dev/null; then
+    c=${PWD##*/}
+    echo "current=$PWD"
+    cd "$R" || exit 97
+fi
+i=
+if [ -f install.sh ]; then i=yes; echo installer=yes; fi
+if [ -x current/bin/pi-host ] && [ -S data/admin.sock ]; then
+    s=$(current/bin/pi-host --data-dir data status --json 2>/dev/null) && echo "status=$s"
+fi
+# The platform (OS, architecture, C library) and the SHA-256 tool matter only for an install,
+# and the bootstrapper installs only when `current` is not the wanted version or install.sh is
+# missing: the same test as here.
+if [ "$c" != "$W" ] || [ -z "$i" ]; then
+    echo "os=$(uname -s)"
+    echo "arch=$(uname -m)"
+    if v=$(getconf GNU_LIBC_VERSION 2>/dev/null) && [ -n "$v" ]; then echo "libc=$v"
+    else echo "ldd=$(ldd --version 2>&1 | head -n 2 | tr '\n' ' ')"; fi
+    for f in /lib/ld-musl-*.so.1; do [ -e "$f" ] && echo "musl=$f" && break; done
+    if command -v sha256sum >/dev/null 2>&1; then echo sha=sha256sum
+    elif command -v shasum >/dev/null 2>&1; then echo 'sha=shasum -a 256'; fi
+fi
+echo probe-end
+
+# The plan (remote_shell::Plan::line); EOF instead is the warm path. The shell reads commands
+# one at a time, so nothing below is even parsed then.
+IFS= read -r plan || exit 0
+set -f
+set -- $plan
+[ "${1:-}" = go ] || exit 0
+STOP=$2 INSTALL=$3 START=$4 MINT=$5 V=$6 ART=$7 ASHA=$8 ISHA=$9 ILEN=${10}
+
+# Copies exactly $2 bytes of stdin to $1. The build follows on stdin, so nothing may read past
+# them: dd reads at most bs bytes, and a pipe may hand over fewer, hence the loop (`read` and
+# head -c would do one byte per call, or read ahead).
+take() {
+    : >"$1" || return 1
+    n=0
+    while [ "$n" -lt "$2" ]; do
+        dd bs=$(($2 - n)) count=1 2>/dev/null >>"$1" || return 1
+        m=$(wc -c <"$1") || return 1
+        # EOF before the last byte: the bootstrapper went away.
+        [ "$m" -gt "$n" ] || return 1
+        n=$((m))
+    done
+}
+
+if [ "$INSTALL" = 1 ]; then
+    SHA=sha256sum
+    command -v sha256sum >/dev/null 2>&1 || SHA='shasum -a 256'
+    D=$R/staging/$N
+    find "$R/staging" -mindepth 1 -maxdepth 1 -mmin +60 -exec rm -rf {} + 2>/dev/null
+    mkdir -p "$D" || exit 90
+    trap 'rm -rf "$D"' EXIT
+    echo stage=transfer
+    # install.sh, then the build, hashed as it lands (no second pass over it).
+    take "$D/install.sh" "$ILEN" || exit 91
+    got=$( (tee "$D/$ART" || echo tee-failed) | $SHA) || exit 91
+    asum=${got%% *}
+    echo stage=verify
+    got=$($SHA <"$D/install.sh") || exit 93
+    isum=${got%% *}
+    echo "verified=$ART $asum"
+    echo "verified=install.sh $isum"
+    # Nothing runs before both match the manifest.
+    [ "$asum" = "$ASHA" ] || { echo "$ART arrived with another SHA-256 than the manifest's" >&2; exit 92; }
+    [ "$isum" = "$ISHA" ] || { echo "install.sh arrived with another SHA-256 than the manifest's" >&2; exit 92; }
+    echo stage=install
+    out=$(sh "$D/install.sh" install --root "$R" --version "$V" --artifact "$D/$ART") || exit $?
+    echo "installed=$(printf '%s\n' "$out" | tail -n 1)"
+fi
+if [ "$START" = 1 ]; then
+    echo stage=start
+    if [ "$STOP" = 1 ]; then sh "$R/install.sh" stop --root "$R" >/dev/null || exit $?; fi
+    out=$(sh "$R/install.sh" start --reuse --root "$R") || exit $?
+    echo "state=$(printf '%s\n' "$out" | tail -n 1)"
+fi
+if [ "$MINT" = 1 ]; then
+    echo stage=pair
+    out=$("$R/current/bin/pi-host" --data-dir "$R/data" pair --json --roles owner --ttl 2m) || exit $?
+    echo "pair=$(printf '%s' "$out" | tr -d '\n')"
+fi
