@@ -24,6 +24,9 @@ pub struct HostState {
     next_trace: AtomicU64,
     /// Open connections and the device gates (revoke, drain, the connection cap).
     pub connections: Connections,
+    /// pi-host's preload extension, which agents are started with (`agent::preload`); `None`
+    /// when turned off or when it could not be written.
+    pub agent_preload: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +59,15 @@ impl HostState {
         let fresh_id = secrets.new_id("host_")?;
         let host_id = store.meta_or_init("host_id", || fresh_id)?;
         let limits = config.limits.clone();
+        let agent_preload = if config.agent_preload {
+            crate::agent::preload::install(&config.data_dir)
+                .inspect_err(|err| {
+                    tracing::warn!(error = %err, "cannot write the agent preload extension; agents start without it");
+                })
+                .ok()
+        } else {
+            None
+        };
         Ok(Arc::new(HostState {
             config,
             store,
@@ -74,6 +86,7 @@ impl HostState {
             draining: AtomicBool::new(false),
             next_trace: AtomicU64::new(1),
             connections: Connections::default(),
+            agent_preload,
         }))
     }
 
