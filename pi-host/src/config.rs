@@ -26,6 +26,9 @@ pub struct ServeConfig {
     pub agent_idle: Duration,
     /// Most agents running at once; the least recently used idle one makes room.
     pub max_agents: usize,
+    /// Start agents with pi-host's pi extension that loads at pi's start what pi otherwise
+    /// loads at the first prompt (docs/architecture.md, "Agent lifecycle").
+    pub agent_preload: bool,
     /// Extra names accepted in the Host header besides loopback literals and `localhost`.
     pub allowed_hosts: Vec<String>,
     /// Origins accepted when a browser sends one; any other Origin is refused.
@@ -115,6 +118,7 @@ impl ServeConfig {
             agent_resume_args: DEFAULT_AGENT_RESUME_ARGS.to_string(),
             agent_idle: Duration::from_secs(300),
             max_agents: 16,
+            agent_preload: true,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             limits: HostLimits::default(),
@@ -232,6 +236,11 @@ pub struct Settings {
     #[arg(long)]
     #[serde(default)]
     pub disable_fs: bool,
+    /// Start agents without pi-host's preload extension (`--extension PATH`, added to the agent
+    /// command), e.g. for an agent command that is not pi.
+    #[arg(long)]
+    #[serde(default)]
+    pub disable_agent_preload: bool,
 }
 
 impl Settings {
@@ -264,6 +273,7 @@ impl Settings {
             insecure_bind: self.insecure_bind || file.insecure_bind,
             plain: self.plain || file.plain,
             disable_fs: self.disable_fs || file.disable_fs,
+            disable_agent_preload: self.disable_agent_preload || file.disable_agent_preload,
         }
     }
 }
@@ -350,6 +360,7 @@ pub fn load(
     config.plain = s.plain;
     config.insecure_bind = s.insecure_bind;
     config.fs_enabled = !s.disable_fs;
+    config.agent_preload = !s.disable_agent_preload;
     Ok(config)
 }
 

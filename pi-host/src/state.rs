@@ -24,6 +24,9 @@ pub struct HostState {
     next_trace: AtomicU64,
     /// Open connections and the device gates (revoke, drain, the connection cap).
     pub connections: Connections,
+    /// pi-host's preload extension, which agents are started with (`agent::preload`); `None`
+    /// when turned off or when it could not be written.
+    pub agent_preload: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +63,15 @@ impl HostState {
         let db_path = config.data_dir.join("pi-host.db");
         let sessions = crate::sessions::Sessions::open(&store, &db_path, config.retention)?;
         let limits = config.limits.clone();
+        let agent_preload = if config.agent_preload {
+            crate::agent::preload::install(&config.data_dir)
+                .inspect_err(|err| {
+                    tracing::warn!(error = %err, "cannot write the agent preload extension; agents start without it");
+                })
+                .ok()
+        } else {
+            None
+        };
         Ok(Arc::new(HostState {
             config,
             store,
@@ -78,6 +90,7 @@ impl HostState {
             draining: AtomicBool::new(false),
             next_trace: AtomicU64::new(1),
             connections: Connections::default(),
+            agent_preload,
         }))
     }
 

@@ -132,6 +132,60 @@ async fn a_new_session_starts_its_agent_before_the_first_prompt() {
     );
 }
 
+/// Where the host writes its preload extension (`pi-host/src/agent/preload.ts`).
+fn preload_path(host: &HostProcess) -> std::path::PathBuf {
+    host.data_dir
+        .path()
+        .join("pi-extensions/pi-host-preload.ts")
+}
+
+/// The arguments the session's agent was started with (the stand-in's `whoami`).
+async fn agent_args(client: &mut Client, host: &HostProcess, token: &str) -> Value {
+    let (session_id, cursor) = create_session(client, host).await;
+    until_running(client, 1).await;
+    start_turn(client, &session_id, "whoami").await;
+    assert_eq!(
+        until_turn_ends(client, &session_id).await["state"],
+        "completed"
+    );
+    let events = events_of(host, token, &session_id, &cursor, |e| {
+        e["type"] == "agent.stand_in_whoami"
+    })
+    .await;
+    events.last().unwrap()["data"]["args"].clone()
+}
+
+#[tokio::test]
+async fn agents_start_with_the_preload_extension_unless_it_is_turned_off() {
+    let host = host(&[]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let preload = preload_path(&host);
+    assert_eq!(
+        agent_args(&mut client, &host, &token).await,
+        json!(["--extension", preload.to_str().unwrap()])
+    );
+    assert_eq!(
+        std::fs::read_to_string(&preload).unwrap(),
+        include_str!("../src/agent/preload.ts"),
+        "the extension this build ships"
+    );
+
+    let host = tests::HostProcess::start_with(
+        bin(),
+        &[
+            "--agent",
+            tests::stand_in_agent().to_str().unwrap(),
+            "--disable-agent-preload",
+        ],
+    )
+    .await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    assert_eq!(agent_args(&mut client, &host, &token).await, json!([]));
+    assert!(!preload_path(&host).exists());
+}
+
 #[tokio::test]
 async fn an_idle_agent_stops_and_the_next_turn_resumes_it() {
     let host = host(&["--agent-idle-ms", "300"]).await;
@@ -169,7 +223,12 @@ async fn an_idle_agent_stops_and_the_next_turn_resumes_it() {
     })
     .await;
     let args = &events.last().unwrap()["data"]["args"];
-    assert_eq!(args, &json!(["--continue"]), "resumed: {args}");
+    let preload = preload_path(&host);
+    assert_eq!(
+        args,
+        &json!(["--extension", preload.to_str().unwrap(), "--continue"]),
+        "resumed: {args}"
+    );
 }
 
 #[tokio::test]

@@ -837,6 +837,20 @@ async fn a_new_sessions_first_turn_runs_on_the_agent_started_with_it() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let warm = host.agent_pids();
+    // pi started with the host's preload extension; pi exits when an extension fails to load,
+    // so the turn completing on this agent shows that it loaded.
+    let preload = host
+        .data_dir
+        .path()
+        .join("pi-extensions/pi-host-preload.ts");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", warm[0])).unwrap();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    assert!(
+        args.windows(2)
+            .any(|w| w[0] == b"--extension" && w[1] == preload.as_os_str().as_encoded_bytes()),
+        "{:?}",
+        String::from_utf8_lossy(&cmdline)
+    );
     let (first, events) = time_to_first_delta(&mut client, &session_id, "k1").await;
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
     assert_eq!(
@@ -852,10 +866,12 @@ async fn a_new_sessions_first_turn_runs_on_the_agent_started_with_it() {
 
 /// The figures of docs/benchmarks.md, "First reply and idle agents" (not a CI check: timings
 /// are measured, never asserted): time from the prompt to the first text delta, with pi run
-/// directly and through pi-host, on a new session (prompt at once, and 3 s after
-/// `session/create`) and on a warm one; the agents' memory with 10 idle sessions, before and
-/// after the idle stop. Run: `cargo nextest run -p pi-host --test real_pi --run-ignored only
-/// --no-capture first_reply_figures`.
+/// directly (without and with pi-host's preload extension) and through pi-host (with the preload,
+/// the default, and with `--disable-agent-preload`), on a new session (prompt at once, and five
+/// sessions each prompted 3 s after `session/create`) and on a warm one; how long pi takes to
+/// answer its first command; the agents' memory with 10 idle sessions, before and after the idle
+/// stop. Run: `cargo nextest run -p pi-host --test real_pi --run-ignored only --no-capture
+/// first_reply_figures`.
 #[tokio::test]
 #[ignore = "a measurement, run by hand for docs/benchmarks.md"]
 async fn first_reply_figures() {
@@ -865,102 +881,154 @@ async fn first_reply_figures() {
     // pi alone: spawn it, prompt at once (or 3 s later), then prompt again.
     let port = start_stub(stub.clone()).await;
     let pi_dir = pi_config(port);
-    let words = pi_words(&pi_cli(), None);
-    for wait in [0, 3] {
-        let mut pi = tokio::process::Command::new(&words[0])
-            .args(&words[1..])
-            .envs(pi_env(pi_dir.path()))
-            .current_dir(pi_dir.path())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut stdin = pi.stdin.take().unwrap();
-        let mut lines = tokio::io::BufReader::new(pi.stdout.take().unwrap()).lines();
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-        tokio::time::sleep(Duration::from_secs(wait)).await;
-        let mut direct = Vec::new();
-        for id in ["1", "2", "3"] {
-            let sent = Instant::now();
-            let prompt = json!({"id": id, "type": "prompt", "message": "Say hello."});
-            stdin
-                .write_all(format!("{prompt}\n").as_bytes())
-                .await
+    let preload = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent/preload.ts");
+    for (name, extension) in [("pi_direct", None), ("pi_direct_preload", Some(&preload))] {
+        let words = pi_words(&pi_cli(), extension.map(PathBuf::as_path));
+        for wait in [0, 3] {
+            let spawned = Instant::now();
+            let mut pi = tokio::process::Command::new(&words[0])
+                .args(&words[1..])
+                .envs(pi_env(pi_dir.path()))
+                .current_dir(pi_dir.path())
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
                 .unwrap();
-            let mut first = None;
-            while let Some(line) = lines.next_line().await.unwrap() {
-                let event: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-                if first.is_none() && event["assistantMessageEvent"]["type"] == "text_delta" {
-                    first = Some(sent.elapsed().as_millis() as u64);
-                }
-                if event["type"] == "agent_end" {
-                    break;
+            let mut stdin = pi.stdin.take().unwrap();
+            let mut lines = tokio::io::BufReader::new(pi.stdout.take().unwrap()).lines();
+            use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+            let mut ready_ms = None;
+            if wait > 0 {
+                // When pi answers its first command (what pi-host's warm start waits for).
+                let state = json!({"id": "ready", "type": "get_state"});
+                stdin
+                    .write_all(format!("{state}\n").as_bytes())
+                    .await
+                    .unwrap();
+                while let Some(line) = lines.next_line().await.unwrap() {
+                    let event: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                    if event["id"] == "ready" {
+                        ready_ms = Some(spawned.elapsed().as_millis() as u64);
+                        break;
+                    }
                 }
             }
-            direct.push(first.unwrap());
+            tokio::time::sleep_until((spawned + Duration::from_secs(wait)).into()).await;
+            let mut direct = Vec::new();
+            for id in ["1", "2", "3"] {
+                let sent = Instant::now();
+                let prompt = json!({"id": id, "type": "prompt", "message": "Say hello."});
+                stdin
+                    .write_all(format!("{prompt}\n").as_bytes())
+                    .await
+                    .unwrap();
+                let mut first = None;
+                while let Some(line) = lines.next_line().await.unwrap() {
+                    let event: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                    if first.is_none() && event["assistantMessageEvent"]["type"] == "text_delta" {
+                        first = Some(sent.elapsed().as_millis() as u64);
+                    }
+                    if event["type"] == "agent_end" {
+                        break;
+                    }
+                }
+                direct.push(first.unwrap());
+            }
+            let key = if wait == 0 {
+                name.to_string()
+            } else {
+                format!("{name}_prompt_after_3s")
+            };
+            figures[key] = json!({"new": direct[0], "warm": &direct[1..], "ready_ms": ready_ms});
+            drop(pi);
         }
-        let key = if wait == 0 {
-            "pi_direct_ms"
-        } else {
-            "pi_direct_prompt_after_3s_ms"
-        };
-        figures[key] = json!({"new": direct[0], "warm": &direct[1..]});
-        drop(pi);
     }
 
-    let (host, _pi_dir) = pi_host_with(&stub, None, &["--agent-idle-ms", "3000"]).await;
-    let (_, token) = host.pair_device("laptop", &[]).await;
-    let mut client = connect(&host, &token).await;
-    // A new session prompted at once: the warm start has had no time.
-    let at_once = subscribed_session(&mut client, &host).await;
-    let (new_at_once, _) = time_to_first_delta(&mut client, &at_once, "a1").await;
-    let (warm, _) = time_to_first_delta(&mut client, &at_once, "a2").await;
-    // A new session prompted 3 s after it was created.
-    let later = subscribed_session(&mut client, &host).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (new_after_3s, _) = time_to_first_delta(&mut client, &later, "b1").await;
-    figures["pi_host_ms"] = json!({
-        "new_prompt_at_once": new_at_once.as_millis() as u64,
-        "new_prompt_after_3s": new_after_3s.as_millis() as u64,
-        "warm": warm.as_millis() as u64,
-    });
-    drop(client);
+    // Through pi-host, with the preload extension (the default) and without: two hosts, their
+    // sessions taking turns so that both see the same load.
+    let mut hosts = Vec::new();
+    for (name, extra) in [
+        ("pi_host_ms", &[][..]),
+        (
+            "pi_host_without_preload_ms",
+            &["--disable-agent-preload"][..],
+        ),
+    ] {
+        let (host, pi_dir) = pi_host_with(&stub, None, extra).await;
+        let (_, token) = host.pair_device("laptop", &[]).await;
+        let client = connect(&host, &token).await;
+        hosts.push((name, host, pi_dir, client, Vec::new()));
+    }
+    for (name, host, _, client, _) in &mut hosts {
+        // A new session prompted at once: the warm start has had no time.
+        let at_once = subscribed_session(client, host).await;
+        let (new_at_once, _) = time_to_first_delta(client, &at_once, "a1").await;
+        let (warm, _) = time_to_first_delta(client, &at_once, "a2").await;
+        client
+            .call("session/close", json!({"sessionId": at_once}))
+            .await;
+        figures[*name] = json!({
+            "new_prompt_at_once": new_at_once.as_millis() as u64,
+            "warm": warm.as_millis() as u64,
+        });
+    }
+    for round in 0..5 {
+        for (_, host, _, client, after_3s) in &mut hosts {
+            // A new session prompted 3 s after it was created.
+            let later = subscribed_session(client, host).await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let (first, _) = time_to_first_delta(client, &later, &format!("b{round}")).await;
+            after_3s.push(first.as_millis() as u64);
+            client
+                .call("session/close", json!({"sessionId": later}))
+                .await;
+        }
+    }
+    for (name, _, _, _, after_3s) in hosts {
+        let mut sorted = after_3s.clone();
+        sorted.sort_unstable();
+        figures[name]["new_prompt_after_3s"] = json!(after_3s);
+        figures[name]["new_prompt_after_3s_median"] = json!(sorted[sorted.len() / 2]);
+    }
 
     // Ten idle sessions on a fresh host: their agents' memory, then none after the idle time.
-    drop(host);
-    let (host, _pi_dir) = pi_host_with(&stub, None, &["--agent-idle-ms", "8000"]).await;
-    let (_, token) = host.pair_device("laptop", &[]).await;
-    let mut client = connect(&host, &token).await;
-    for _ in 0..10 {
-        client
-            .call("session/create", json!({"workspace": host.workspace("w")}))
-            .await;
-    }
-    let deadline = Instant::now() + WAIT;
-    let mut loaded = json!(null);
-    while Instant::now() < deadline {
-        let info = client.call("host/info", json!({})).await;
-        loaded = info["result"]["agents"].clone();
-        if loaded["running"] == 10 {
-            break;
+    for (name, extra) in [
+        ("ten_sessions", &[][..]),
+        (
+            "ten_sessions_without_preload",
+            &["--disable-agent-preload"][..],
+        ),
+    ] {
+        let mut args = vec!["--agent-idle-ms", "8000"];
+        args.extend_from_slice(extra);
+        let (host, _pi_dir) = pi_host_with(&stub, None, &args).await;
+        let (_, token) = host.pair_device("laptop", &[]).await;
+        let mut client = connect(&host, &token).await;
+        for _ in 0..10 {
+            client
+                .call("session/create", json!({"workspace": host.workspace("w")}))
+                .await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let deadline = Instant::now() + WAIT;
+        while running_agents(&mut client).await != 10 {
+            assert!(Instant::now() < deadline, "10 agents never ran");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Let each pi finish loading before reading its memory.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let info = client.call("host/info", json!({})).await;
+        figures[format!("{name}_running")] = info["result"]["agents"].clone();
+        drop(client);
+        let mut client = connect(&host, &token).await;
+        let deadline = Instant::now() + WAIT;
+        while running_agents(&mut client).await != 0 {
+            assert!(Instant::now() < deadline, "the idle agents did not stop");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let info = client.call("host/info", json!({})).await;
+        figures[format!("{name}_after_idle")] = info["result"]["agents"].clone();
+        figures[format!("{name}_host_rss_kib")] = json!(host.rss_kib());
     }
-    // Let each pi finish loading before reading its memory.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let info = client.call("host/info", json!({})).await;
-    figures["ten_sessions_running"] = info["result"]["agents"].clone();
-    drop(client);
-    let mut client = connect(&host, &token).await;
-    let deadline = Instant::now() + WAIT;
-    while running_agents(&mut client).await != 0 {
-        assert!(Instant::now() < deadline, "the idle agents did not stop");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let info = client.call("host/info", json!({})).await;
-    figures["ten_sessions_after_idle"] = info["result"]["agents"].clone();
-    figures["host_rss_kib"] = json!(host.rss_kib());
-    let _ = loaded;
     tests::record_figures("first_reply", &figures);
 }

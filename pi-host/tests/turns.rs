@@ -773,7 +773,18 @@ async fn a_restarted_agent_resumes_its_own_session_files() {
         .find(|e| e["type"] == "agent.stand_in_whoami")
         .unwrap()["data"]
         .clone();
-    assert_eq!(first["args"], json!([]), "the first start resumes nothing");
+    // Every start loads the host's preload extension (docs/architecture.md, "Agent lifecycle").
+    let preload = s
+        .host
+        .data_dir
+        .path()
+        .join("pi-extensions/pi-host-preload.ts");
+    let preload = preload.to_str().unwrap();
+    assert_eq!(
+        first["args"],
+        json!(["--extension", preload]),
+        "the first start resumes nothing"
+    );
     let session_dir = first["sessionDir"].as_str().unwrap().to_string();
     assert!(session_dir.ends_with(&s.session_id), "{session_dir}");
     assert!(
@@ -790,7 +801,7 @@ async fn a_restarted_agent_resumes_its_own_session_files() {
         .find(|e| e["type"] == "agent.stand_in_whoami")
         .unwrap()["data"]
         .clone();
-    assert_eq!(again["args"], json!(["--continue"]));
+    assert_eq!(again["args"], json!(["--extension", preload, "--continue"]));
     assert_eq!(again["sessionDir"], session_dir.as_str());
 }
 

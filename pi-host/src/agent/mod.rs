@@ -24,6 +24,7 @@
 
 mod compact;
 pub mod failure;
+pub mod preload;
 mod protocol;
 #[cfg(test)]
 mod tests;

@@ -44,7 +44,8 @@ impl Turns {
                     }
                 }
             };
-            // pi answers its first command once loaded: ask now, not at the first prompt.
+            // pi answers its first command once loaded (with the preload extension, once it has
+            // also loaded what the first prompt needs): ask now, not at the first prompt.
             let _ = tokio::time::timeout(WARM_TIMEOUT, agent.get_state()).await;
         });
     }

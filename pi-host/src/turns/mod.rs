@@ -570,11 +570,13 @@ impl Driver {
             tracing::warn!(error = %err, "cannot create the agent's session directory");
         }
         let resume = state.spawned_before || self.session.has_turns();
-        let command = if resume && !host.config.agent_resume_args.is_empty() {
-            format!("{} {}", host.config.agent, host.config.agent_resume_args)
-        } else {
-            host.config.agent.clone()
-        };
+        let mut command = host.config.agent.clone();
+        if let Some(preload) = &host.agent_preload {
+            command = format!("{command} {}", crate::agent::preload::agent_args(preload));
+        }
+        if resume && !host.config.agent_resume_args.is_empty() {
+            command = format!("{command} {}", host.config.agent_resume_args);
+        }
         let spec = AgentSpec {
             command,
             workspace: self.session.workspace.clone().into(),
