@@ -193,6 +193,16 @@ async fn consume(
 
 /// Errors in a row after which a consumer is made anew.
 const CONSUMER_ERRORS: u32 = 3;
+/// A subscription quiet this long checks that its consumer still delivers.
+const WATCHDOG: Duration = Duration::from_secs(3);
+
+/// Whether the stream holds an event of the session after RACP seq `last`.
+async fn newer_in_stream(stream: &Stream, subject: &str, last: u64) -> bool {
+    match stream.direct_get_last_for_subject(subject).await {
+        Ok(message) => position(&message).is_some_and(|(_, seq)| seq > last),
+        Err(_) => false,
+    }
+}
 
 /// Turns stream messages into frames for the connection. The ordered consumer recovers from
 /// most faults itself; when it ends or keeps failing (its NATS node died), a new one starts
@@ -219,7 +229,18 @@ async fn pump(
     let mut errors = 0;
     let mut retry = Duration::from_millis(50);
     loop {
-        let Some(first) = messages.next().await.filter(|_| errors < CONSUMER_ERRORS) else {
+        let next = match tokio::time::timeout(WATCHDOG, messages.next()).await {
+            Ok(next) => next,
+            // Quiet: fine if the stream has nothing newer, else the consumer is lost (its
+            // node died without the consumer noticing) and a new one is made below.
+            Err(_) if !newer_in_stream(&stream, &start.subject, last).await => continue,
+            Err(_) => None,
+        };
+        let Some(first) = next.filter(|_| errors < CONSUMER_ERRORS) else {
+            tracing::debug!(
+                resume_at,
+                "a subscription's consumer is gone; making a new one"
+            );
             messages = loop {
                 match consume(&stream, &start.subject, resume_at).await {
                     Ok(messages) => break messages,

@@ -51,7 +51,7 @@ impl GatewayProcess {
             .arg("--data-dir")
             .arg(data_dir.path())
             .args(["--nats", nats, "--replicas", &replicas.to_string()])
-            .env("PI_GATEWAY_LOG", "debug,async_nats=info")
+            .env("PI_GATEWAY_LOG", "debug,async_nats=info,hyper=info")
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .kill_on_drop(true)
@@ -152,6 +152,20 @@ impl GatewayProcess {
             let _ = Command::new("kill").arg(pid.to_string()).status().await;
         }
         let _ = tokio::time::timeout(PATIENCE, self.child.wait()).await;
+    }
+}
+
+/// The end of the gateway's log when a test fails while it runs.
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let mut start = log.len().saturating_sub(12 << 10);
+            while !log.is_char_boundary(start) {
+                start += 1;
+            }
+            eprintln!("--- pi-gateway log (tail) ---\n{}", &log[start..]);
+        }
     }
 }
 

@@ -2,7 +2,11 @@
 //! a gateway replays and follows sessions without asking the host (docs/protocol.md §15.3).
 //!
 //! Only committed events are published (they come from the sessions' logs, which hold nothing
-//! uncommitted), in seq order per session. Where to resume is read from the stream itself (the
+//! uncommitted), in seq order per session. Publishes are pipelined, and each carries the id of
+//! the one before it as `Nats-Expected-Last-Msg-Id`: when a link dies with messages in flight,
+//! JetStream refuses everything after the first one lost instead of storing a stream with a
+//! hole (the relay publishes one session at a time, so the stream's last message is always the
+//! relay's previous one). Where to resume is read from the stream itself (the
 //! last message on the session's subject), so a restart publishes nothing twice; a message that
 //! is published again anyway (a lost ack) carries the same `Nats-Msg-Id` and is dropped by
 //! JetStream's duplicate window.
@@ -45,12 +49,21 @@ pub async fn run(state: Arc<HostState>, client: async_nats::Client) {
     let committed = state.sessions.committed();
     // Seq of the last event JetStream holds, per session (learnt from the stream at first).
     let mut marks: HashMap<String, u64> = HashMap::new();
+    // The message id of the relay's last publish, when it is known to be the stream's last.
+    let mut last_id: Option<String> = None;
     let mut retry = Retry::new();
     let mut warned = false;
     loop {
         let mut failed = None;
         for session in state.sessions.list() {
-            let relayed = relay_session(&jetstream, &stream, &state.host_id, &session, &mut marks);
+            let relayed = relay_session(
+                &jetstream,
+                &stream,
+                &state.host_id,
+                &session,
+                &mut marks,
+                &mut last_id,
+            );
             if let Err(error) = relayed.await {
                 failed = Some(error);
                 break;
@@ -63,13 +76,15 @@ pub async fn run(state: Arc<HostState>, client: async_nats::Client) {
                 let _ = tokio::time::timeout(SWEEP, committed.notified()).await;
             }
             Some(error) => {
+                tracing::debug!(%error, "relay retry");
                 if !warned {
                     tracing::warn!(%error, "cannot publish events to the gateway; retrying");
                     warned = true;
                 }
                 // The mark of a failed session is learnt again: some of its events may have
-                // landed before the failure.
+                // landed before the failure (a prefix: see the module comment).
                 marks.clear();
+                last_id = None;
                 retry.wait().await;
             }
         }
@@ -83,6 +98,7 @@ async fn relay_session(
     host_id: &str,
     session: &Session,
     marks: &mut HashMap<String, u64>,
+    last_id: &mut Option<String>,
 ) -> Result<(), RelayError> {
     let subject = events_subject(host_id, &session.id);
     let mut mark = match marks.get(&session.id) {
@@ -108,10 +124,12 @@ async fn relay_session(
             let mut headers = async_nats::HeaderMap::new();
             headers.insert(SEQ_HEADER, event.seq.to_string());
             headers.insert(EPOCH_HEADER, format!("{:016x}", epoch.0));
-            headers.insert(
-                async_nats::header::NATS_MESSAGE_ID,
-                format!("{}:{:016x}:{}", session.id, epoch.0, event.seq),
-            );
+            let id = format!("{}:{:016x}:{}", session.id, epoch.0, event.seq);
+            if let Some(previous) = last_id.take() {
+                headers.insert(async_nats::header::NATS_EXPECTED_LAST_MESSAGE_ID, previous);
+            }
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id.clone());
+            *last_id = Some(id);
             let body = bytes::Bytes::copy_from_slice(event.json.as_bytes());
             let ack = jetstream
                 .publish_with_headers(subject.clone(), headers, body)
