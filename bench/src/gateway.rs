@@ -459,6 +459,15 @@ async fn measure(
     }
     wait_all_idle(members).await?;
 
+    // CPU with every subscriber connected and no events (pull requests, heartbeats), so the
+    // per-delivery figures can be read net of it at low rates.
+    let idle_secs = 5.0;
+    let gw_idle = CpuMeter::start(gateway.pid)?;
+    let nats_idle = CpuMeter::start(nats_pid)?;
+    tokio::time::sleep(Duration::from_secs_f64(idle_secs)).await;
+    let gw_idle_per_s = gw_idle.elapsed_us()? as f64 / idle_secs;
+    let nats_idle_per_s = nats_idle.elapsed_us()? as f64 / idle_secs;
+
     // The measured stream: the same events reach both pools.
     *tag += 1;
     let events = ((options.rate as f64 * options.secs) as u64).max(1);
@@ -478,11 +487,19 @@ async fn measure(
     let gw_workers_cpu = GroupMeter::start(&gw_pool.pids())?;
     let direct_workers_cpu = GroupMeter::start(&direct_pool.pids())?;
     let t0 = now_us();
+    let measured = Instant::now();
     produce(members, events, options.rate, *tag).await?;
     let timeout = Duration::from_secs_f64(options.secs + 30.0);
     let via = gw_pool.await_tag(*tag, events, timeout).await?;
     let gw_cpu_us = gw_cpu.elapsed_us()?;
     let nats_cpu_us = nats_cpu.elapsed_us()?;
+    let measured_secs = measured.elapsed().as_secs_f64();
+    let net = |cpu: u64, idle_per_s: f64| {
+        per(
+            (cpu as f64 - idle_per_s * measured_secs).max(0.0) as u64,
+            via.received,
+        )
+    };
     let direct_r = direct_pool.await_tag(*tag, events, timeout).await?;
     let hosts_cpu_us = hosts_cpu.elapsed_us()?;
     let agents_cpu_us = agents_cpu.elapsed_us().unwrap_or(0);
@@ -514,6 +531,10 @@ async fn measure(
             "cpu_us_per_delivery": per(gw_cpu_us, via.received),
             "nats_cpu_us": nats_cpu_us,
             "nats_cpu_us_per_delivery": per(nats_cpu_us, via.received),
+            "idle_cpu_us_per_s": gw_idle_per_s,
+            "nats_idle_cpu_us_per_s": nats_idle_per_s,
+            "net_cpu_us_per_delivery": net(gw_cpu_us, gw_idle_per_s),
+            "nats_net_cpu_us_per_delivery": net(nats_cpu_us, nats_idle_per_s),
             "workers_cpu_us_per_delivery": per(gw_workers_us, via.received),
             "connect_secs": gw_connect_secs,
         },

@@ -394,6 +394,12 @@ fn signed_us(v: &Value) -> String {
     }
 }
 
+/// CPU microseconds per second as a share of one core.
+fn percent(v: &Value) -> String {
+    v.as_f64()
+        .map_or("–".into(), |v| format!("{:.1}%", v / 10_000.0))
+}
+
 fn load(step: &Value) -> String {
     format!(
         "{:.1}–{:.1}",
@@ -421,11 +427,11 @@ fn gateway(out: &mut String, g: &Value) {
     );
     let _ = writeln!(
         out,
-        "| hosts | connections (each path) | offered events/s | delivered/s via gateway | via gateway p50 / p99 | direct p50 / p99 | added p50 / p99 | gateway CPU per delivery | NATS CPU per delivery | gateway RSS idle → subscribed → after | per connection (subscribed / after) | load |"
+        "| hosts | connections (each path) | offered events/s | delivered/s via gateway | via gateway p50 / p99 | direct p50 / p99 | added p50 / p99 | gateway CPU per delivery (net of idle) | NATS CPU per delivery (net of idle) | idle CPU, gateway / NATS | gateway RSS idle → subscribed → after | per connection (subscribed / after) | load |"
     );
     let _ = writeln!(
         out,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for s in steps {
         if let Some(error) = s.get("error") {
@@ -443,7 +449,7 @@ fn gateway(out: &mut String, g: &Value) {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {}{complete} | {} / {} | {} / {} | {} / {} | {} | {} | {} → {} → {} | {} / {} | {} |",
+            "| {} | {} | {} | {}{complete} | {} / {} | {} / {} | {} / {} | {} ({}) | {} ({}) | {} / {} | {} → {} → {} | {} / {} | {} |",
             s["hosts"],
             s["connections"],
             count(&s["offered_events_per_s"]),
@@ -455,7 +461,11 @@ fn gateway(out: &mut String, g: &Value) {
             signed_us(&s["added_p50_us"]),
             signed_us(&s["added_p99_us"]),
             us(&v["cpu_us_per_delivery"]),
+            us(&v["net_cpu_us_per_delivery"]),
             us(&v["nats_cpu_us_per_delivery"]),
+            us(&v["nats_net_cpu_us_per_delivery"]),
+            percent(&v["idle_cpu_us_per_s"]),
+            percent(&v["nats_idle_cpu_us_per_s"]),
             kib(&m["gateway_rss_idle_kib"]),
             kib(&m["gateway_rss_connected_kib"]),
             kib(&m["gateway_rss_after_kib"]),
