@@ -95,7 +95,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 10)]
     gateway_per_host: usize,
     /// Events per second each host streams in the gateway scenario's measured step.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 5)]
     gateway_rate: u64,
     /// Seconds of the gateway scenario's measured step.
     #[arg(long, default_value_t = 10.0)]
