@@ -35,11 +35,17 @@ impl PiHost {
     /// Starts `pi-host serve` on an OS-chosen loopback port, its data directory a fresh directory
     /// under `data_parent` (which decides the file system, so whether fsync reaches a disk).
     pub async fn start(tools: &Tools, data_parent: &Path, extra: &[&str]) -> Result<PiHost> {
-        std::fs::create_dir_all(data_parent)
-            .with_context(|| format!("create {}", data_parent.display()))?;
-        let data_dir = tempfile::Builder::new()
-            .prefix("pi-host-data-")
-            .tempdir_in(data_parent)?;
+        let data_dir = new_data_dir(data_parent)?;
+        PiHost::start_in(tools, data_dir, data_parent, extra).await
+    }
+
+    /// Starts `pi-host serve` on a data directory made beforehand (`new_data_dir`).
+    pub async fn start_in(
+        tools: &Tools,
+        data_dir: tempfile::TempDir,
+        data_parent: &Path,
+        extra: &[&str],
+    ) -> Result<PiHost> {
         let root = tempfile::Builder::new()
             .prefix("pi-host-root-")
             .tempdir_in(data_parent)?;
@@ -155,6 +161,15 @@ impl PiHost {
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// A fresh, empty pi-host data directory under `data_parent`.
+pub fn new_data_dir(data_parent: &Path) -> Result<tempfile::TempDir> {
+    std::fs::create_dir_all(data_parent)
+        .with_context(|| format!("create {}", data_parent.display()))?;
+    Ok(tempfile::Builder::new()
+        .prefix("pi-host-data-")
+        .tempdir_in(data_parent)?)
 }
 
 /// Direct children of `pid`, from /proc/PID/task/*/children.

@@ -8,6 +8,7 @@
 //! - `pi-bench worker`: a load-generating client process (started by `run`).
 
 mod bytes;
+mod gateway;
 mod hist;
 mod host;
 mod pool;
@@ -50,7 +51,8 @@ struct RunArgs {
     /// Where results.json, results.md and the server logs go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// Scenarios to run (comma-separated): fanout, resume, memory, durability, bytes.
+    /// Scenarios to run (comma-separated): fanout, resume, memory, durability, bytes, and
+    /// gateway (only when named: it needs nats-server and pi-gateway, and takes minutes).
     #[arg(
         long,
         value_delimiter = ',',
@@ -86,6 +88,24 @@ struct RunArgs {
     /// Idle connection counts for the memory scenario.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     memory: Vec<usize>,
+    /// Host counts for the gateway scenario (each step adds hosts to the last one's).
+    #[arg(long, value_delimiter = ',', default_value = "10,30,100")]
+    gateway_hosts: Vec<usize>,
+    /// Subscribers per host in the gateway scenario, on each path (gateway and direct).
+    #[arg(long, default_value_t = 10)]
+    gateway_per_host: usize,
+    /// Events per second each host streams in the gateway scenario's measured step.
+    #[arg(long, default_value_t = 5)]
+    gateway_rate: u64,
+    /// Seconds of the gateway scenario's measured step.
+    #[arg(long, default_value_t = 10.0)]
+    gateway_secs: f64,
+    /// After the largest host count, ramp the per-host rate through the gateway alone.
+    #[arg(long)]
+    gateway_ceiling: bool,
+    /// pi-gateway binary [default: next to pi-bench]
+    #[arg(long)]
+    pi_gateway: Option<PathBuf>,
     /// Stop starting new measurements after this many seconds.
     #[arg(long, default_value_t = 540)]
     budget_secs: u64,
@@ -150,7 +170,7 @@ fn sibling(name: &str) -> Result<PathBuf> {
     let path = exe.with_file_name(name);
     if !path.exists() {
         bail!(
-            "{} not found next to pi-bench: build it (cargo build --release -p pi-host -p tests)",
+            "{} not found next to pi-bench: build it (cargo build --release -p pi-host -p gateway -p tests -p bench --bins)",
             path.display()
         );
     }
@@ -288,6 +308,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut results = json!({
         "meta": meta(&args, &pi_host),
         "fanout": [], "resume": [], "memory": [], "durability": null, "bytes": null,
+        "gateway": null,
     });
     let wants = |s: &str| args.only.iter().any(|o| o == s);
     let log = |what: String| {
@@ -351,6 +372,27 @@ async fn run(args: RunArgs) -> Result<()> {
             bytes::bytes_per_reply(&ctx.tools, &ctx.disk_dir).await,
             "bytes per reply",
         );
+        save(&out, &results)?;
+    }
+    if wants("gateway") {
+        log("gateway".into());
+        let outcome = async {
+            let bin = match &args.pi_gateway {
+                Some(p) => p.clone(),
+                None => sibling("pi-gateway")?,
+            };
+            let options = gateway::Options {
+                hosts: args.gateway_hosts.clone(),
+                per_host: args.gateway_per_host,
+                rate: args.gateway_rate,
+                secs: args.gateway_secs,
+                ceiling: args.gateway_ceiling,
+                processes: args.processes,
+            };
+            gateway::gateway(&ctx.tools, &ctx.disk_dir, &bin, &options, ctx.deadline).await
+        }
+        .await;
+        results["gateway"] = or_error(outcome, "gateway");
         save(&out, &results)?;
     }
     let _ = std::fs::remove_dir_all(&tmpfs);

@@ -3,6 +3,7 @@
 
 use crate::hist::Histogram;
 use crate::host::{JsonProcess, Tools};
+use crate::worker::WorkerTarget;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -89,6 +90,35 @@ impl Pool {
                 &tools.log_dir.join("workers.log"),
             )?);
         }
+        Pool::ready(workers, ready_timeout).await
+    }
+
+    /// Starts `processes` pi-bench workers subscribing to several servers and sessions: whole
+    /// targets are dealt to the workers in turn, so each server's subscribers are spread.
+    pub async fn start_targets(
+        tools: &Tools,
+        name: &str,
+        targets: &[WorkerTarget],
+        processes: usize,
+        ready_timeout: Duration,
+    ) -> Result<Pool> {
+        let processes = processes.clamp(1, targets.len().max(1));
+        let mut workers = Vec::with_capacity(processes);
+        for i in 0..processes {
+            let mine: Vec<&WorkerTarget> = targets.iter().skip(i).step_by(processes).collect();
+            let mut c = Command::new(std::env::current_exe()?);
+            c.args(["worker", "--mode", "fanout", "--targets"])
+                .arg(serde_json::to_string(&mine)?);
+            workers.push(JsonProcess::spawn(
+                c,
+                &format!("{name} worker {i}"),
+                &tools.log_dir.join("workers.log"),
+            )?);
+        }
+        Pool::ready(workers, ready_timeout).await
+    }
+
+    async fn ready(mut workers: Vec<JsonProcess>, ready_timeout: Duration) -> Result<Pool> {
         let mut connections = 0;
         for worker in &mut workers {
             let ready = worker.recv(ready_timeout).await?;

@@ -374,7 +374,136 @@ pub fn markdown(results: &Value) -> String {
         let _ = writeln!(out, "### Durability\n\nerror: {}\n", d["error"]);
     }
     bytes_per_reply(&mut out, &results["bytes"]);
+    gateway(&mut out, &results["gateway"]);
     out
+}
+
+fn kib(v: &Value) -> String {
+    match v.as_f64() {
+        Some(v) if v >= 10_240.0 => format!("{:.0} MiB", v / 1024.0),
+        Some(v) => format!("{v:.1} KiB"),
+        None => "–".into(),
+    }
+}
+
+fn signed_us(v: &Value) -> String {
+    match v.as_f64() {
+        Some(v) if v < 0.0 => format!("−{}", us(&Value::from(-v))),
+        Some(_) => format!("+{}", us(v)),
+        None => "–".into(),
+    }
+}
+
+/// CPU microseconds per second as a share of one core.
+fn percent(v: &Value) -> String {
+    v.as_f64()
+        .map_or("–".into(), |v| format!("{:.1}%", v / 10_000.0))
+}
+
+fn load(step: &Value) -> String {
+    format!(
+        "{:.1}–{:.1}",
+        step["load_before"].as_f64().unwrap_or(0.0),
+        step["load_after"].as_f64().unwrap_or(0.0)
+    )
+}
+
+/// The gateway scenario: one row per host count, then the ceiling steps.
+fn gateway(out: &mut String, g: &Value) {
+    if let Some(error) = g.get("error") {
+        let _ = writeln!(out, "### Gateway\n\nerror: {error}\n");
+        return;
+    }
+    let Some(steps) = g["steps"].as_array() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "### Gateway\n\n{} subscribers per host on each path, {} events/s per host for {} s; {}.\n",
+        g["per_host"],
+        g["rate_per_host"],
+        g["secs"],
+        g["nats"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        out,
+        "| hosts | connections (each path) | offered events/s | delivered/s via gateway | via gateway p50 / p99 | direct p50 / p99 | added p50 / p99 | gateway CPU per delivery (net of idle) | NATS CPU per delivery (net of idle) | idle CPU, gateway / NATS | gateway RSS idle → subscribed → after | per connection (subscribed / after) | load |"
+    );
+    let _ = writeln!(
+        out,
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    );
+    for s in steps {
+        if let Some(error) = s.get("error") {
+            let _ = writeln!(out, "| {} | error: {error} |", s["hosts"]);
+            continue;
+        }
+        let (v, d, m) = (&s["gateway"], &s["direct"], &s["memory"]);
+        let complete = if v["received"] == v["expected"] && d["received"] == d["expected"] {
+            String::new()
+        } else {
+            format!(
+                " (got {} of {} via gateway, {} direct)",
+                v["received"], v["expected"], d["received"]
+            )
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {}{complete} | {} / {} | {} / {} | {} / {} | {} ({}) | {} ({}) | {} / {} | {} → {} → {} | {} / {} | {} |",
+            s["hosts"],
+            s["connections"],
+            count(&s["offered_events_per_s"]),
+            count(&v["delivered_per_s"]),
+            us(&v["latency"]["p50_us"]),
+            us(&v["latency"]["p99_us"]),
+            us(&d["latency"]["p50_us"]),
+            us(&d["latency"]["p99_us"]),
+            signed_us(&s["added_p50_us"]),
+            signed_us(&s["added_p99_us"]),
+            us(&v["cpu_us_per_delivery"]),
+            us(&v["net_cpu_us_per_delivery"]),
+            us(&v["nats_cpu_us_per_delivery"]),
+            us(&v["nats_net_cpu_us_per_delivery"]),
+            percent(&v["idle_cpu_us_per_s"]),
+            percent(&v["nats_idle_cpu_us_per_s"]),
+            kib(&m["gateway_rss_idle_kib"]),
+            kib(&m["gateway_rss_connected_kib"]),
+            kib(&m["gateway_rss_after_kib"]),
+            kib(&m["kib_per_connection_connected"]),
+            kib(&m["kib_per_connection_after"]),
+            load(s),
+        );
+    }
+    let _ = writeln!(out);
+    let Some(ramp) = g["ceiling"]["steps"].as_array() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "Ceiling through the gateway alone ({} hosts, {} s steps):\n",
+        g["ceiling"]["hosts"], g["ceiling"]["secs"]
+    );
+    let _ = writeln!(
+        out,
+        "| events/s per host | offered events/s | delivered/s | p50 | p99 | gateway CPU per delivery | NATS CPU per delivery | kept up | load |"
+    );
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---|---|");
+    for s in ramp {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            s["rate_per_host"],
+            count(&s["offered_events_per_s"]),
+            count(&s["delivered_per_s"]),
+            us(&s["latency"]["p50_us"]),
+            us(&s["latency"]["p99_us"]),
+            us(&s["cpu_us_per_delivery"]),
+            us(&s["nats_cpu_us_per_delivery"]),
+            if s["pass"] == true { "yes" } else { "no" },
+            load(s),
+        );
+    }
+    let _ = writeln!(out);
 }
 
 /// Bytes per reply: the agent's stdout, the subscriber's event frames and the store, each

@@ -3,7 +3,8 @@
 //! One thread (a current-thread runtime), as a Node process has one.
 //!
 //! Modes:
-//! - `fanout`: COUNT connections, each `hello` + `session/subscribe` from the head; every
+//! - `fanout`: COUNT connections (or, with `--targets`, each target's count to its own URL,
+//!   token and session), each `hello` + `session/subscribe` from the head; every
 //!   `stream` delta received is tallied by tag (count, latency from its `t`, first and last
 //!   receipt). `{"cmd":"await","tag","expect","timeout_ms"}` answers once every subscriber got
 //!   `expect` deltas of that tag, or at the timeout.
@@ -37,9 +38,9 @@ pub enum Mode {
 
 #[derive(Debug, clap::Args)]
 pub struct WorkerArgs {
-    #[arg(long)]
+    #[arg(long, default_value = "")]
     pub url: String,
-    #[arg(long)]
+    #[arg(long, default_value = "")]
     pub token: String,
     #[arg(long)]
     pub session: Option<String>,
@@ -47,6 +48,19 @@ pub struct WorkerArgs {
     pub count: usize,
     #[arg(long, value_enum)]
     pub mode: Mode,
+    /// Fan-out to several servers and sessions at once: a JSON array of `{"url", "token",
+    /// "session", "count"}` (replaces the four options above).
+    #[arg(long)]
+    pub targets: Option<String>,
+}
+
+/// Where a group of a worker's subscribers connect.
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+pub struct WorkerTarget {
+    pub url: String,
+    pub token: String,
+    pub session: String,
+    pub count: usize,
 }
 
 /// Connections opened at once, as in the Node worker: more would overflow the accept backlog.
@@ -174,19 +188,43 @@ pub fn run(args: WorkerArgs) -> Result<()> {
     outcome
 }
 
-async fn work(args: WorkerArgs) -> Result<()> {
+async fn work(mut args: WorkerArgs) -> Result<()> {
+    let targets: Vec<WorkerTarget> = match &args.targets {
+        Some(json) => serde_json::from_str(json).context("bad --targets")?,
+        None => Vec::new(),
+    };
+    if !targets.is_empty() {
+        if args.mode != Mode::Fanout {
+            bail!("--targets is for fanout only");
+        }
+        args.count = targets.iter().map(|t| t.count).sum();
+    }
     let tally = Arc::new(Mutex::new(Tally::default()));
     let closed = Arc::new(AtomicUsize::new(0));
     let mut held = Vec::new();
     match args.mode {
         Mode::Fanout => {
-            let session = args.session.clone().context("fanout needs --session")?;
-            let opened = open_all(args.count, || async {
-                let mut ws = connect(&args.url, &args.token).await?;
-                subscribe(&mut ws, &session, None).await?;
-                Ok(ws)
-            })
-            .await?;
+            let targets = if targets.is_empty() {
+                vec![WorkerTarget {
+                    url: args.url.clone(),
+                    token: args.token.clone(),
+                    session: args.session.clone().context("fanout needs --session")?,
+                    count: args.count,
+                }]
+            } else {
+                targets
+            };
+            let each = targets.iter().flat_map(|t| std::iter::repeat_n(t, t.count));
+            let mut opened = Vec::with_capacity(args.count);
+            let mut pending = futures_util::stream::iter(each.map(|t| async move {
+                let mut ws = connect(&t.url, &t.token).await?;
+                subscribe(&mut ws, &t.session, None).await?;
+                Ok::<_, anyhow::Error>(ws)
+            }))
+            .buffer_unordered(CONNECT_WINDOW);
+            while let Some(ws) = pending.next().await {
+                opened.push(ws?);
+            }
             for ws in opened {
                 tokio::task::spawn_local(read_deltas(ws, tally.clone(), closed.clone()));
             }

@@ -163,6 +163,11 @@ impl NatsCluster {
         }
     }
 
+    /// A running node's process id (for measuring its CPU and memory).
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes.get(i)?.child.as_ref()?.id()
+    }
+
     pub fn log(&self, i: usize) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{}.log", self.nodes[i].name)))
             .unwrap_or_default()
