@@ -512,7 +512,7 @@ export type HelloResult = {
 };
 
 /**
- * One host behind a gateway (docs/protocol.md §11).
+ * One host behind a gateway (docs/protocol.md §15).
  */
 export type HostEntry = {
   host: HostIdentity;

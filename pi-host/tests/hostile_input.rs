@@ -1284,6 +1284,10 @@ async fn calls_past_the_in_flight_bound_get_host_overloaded() {
             "1000000",
             "--request-burst",
             "1000000",
+            // Room for an agent per call: the cap on running agents (HOST_OVERLOADED of its
+            // own, tested in agents.rs) must not answer before the in-flight bound does.
+            "--max-agents",
+            "200",
         ],
     )
     .await;

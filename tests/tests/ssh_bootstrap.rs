@@ -78,8 +78,14 @@ impl World {
     /// and lies outside /tmp, which is mounted `noexec` (the install root is the default,
     /// `~/.pi-host`), and there is no systemd. docs/architecture.md, "One `pi-remote connect`".
     async fn plain(shell: Shell) -> World {
-        // Outside /tmp, which is noexec for this sshd; in the target dir, removed with it.
-        let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        // Outside /tmp, which is noexec for this sshd: in the target dir, removed with it, or in
+        // /var/tmp when the checkout itself lies under /tmp (a clone made there).
+        let target_tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let base = if target_tmp.starts_with("/tmp") {
+            Path::new("/var/tmp")
+        } else {
+            target_tmp
+        };
         let home = tempfile::Builder::new()
             .prefix("plain home ")
             .tempdir_in(base)
