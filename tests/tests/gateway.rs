@@ -41,6 +41,36 @@ async fn until_host(client: &mut Client, host_id: &str, wanted: impl Fn(&Value) 
     }
 }
 
+/// One NATS setup (`nodes` nodes), one gateway, one host online behind it, and an owner
+/// device connected to the gateway's own endpoint. Keep `fleet`: dropping it stops NATS.
+struct OneHost {
+    fleet: Fleet,
+    gateway: tests::gateway::GatewayProcess,
+    host: tests::HostProcess,
+    host_id: String,
+    token: String,
+    root: Client,
+    online: Value,
+}
+
+async fn one_host(nodes: usize) -> OneHost {
+    let mut fleet = Fleet::new(nodes, 1, 1, 3600).await;
+    let gateway = fleet.gateway().await;
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    let online = until_status(&mut root, &host_id, "online").await;
+    OneHost {
+        fleet,
+        gateway,
+        host,
+        host_id,
+        token,
+        root,
+        online,
+    }
+}
+
 /// Creates a session on `host` over `desk` and subscribes to it from its start; returns its id
 /// and its first cursor.
 async fn open_session(desk: &mut Client, host: &tests::HostProcess) -> (String, Value) {
@@ -86,13 +116,15 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
     if !tests::nats::available() {
         panic!("nats-server is not installed: scripts/test installs it");
     }
-    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
-    let gateway = fleet.gateway().await;
-    let (host, host_id) = fleet.host(&[]).await;
-    let (_device, token) = gateway.pair_device("owner", &[]).await;
-
-    let mut root = connect(&gateway.url(), &token).await;
-    let listed = until_status(&mut root, &host_id, "online").await;
+    let OneHost {
+        fleet: _nats,
+        gateway,
+        host,
+        host_id,
+        token,
+        mut root,
+        online: listed,
+    } = one_host(1).await;
     assert_eq!(listed["host"]["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(listed["path"], format!("/racp/hosts/{host_id}"));
     // A host-scoped call on the gateway's own endpoint says where to go.
@@ -359,16 +391,14 @@ async fn a_desktop_cut_from_one_replica_resumes_on_another_with_nothing_lost_or_
 
 #[tokio::test]
 async fn a_nats_node_killed_mid_stream_loses_nothing() {
-    let mut fleet = Fleet::new(3, 1, 1, 3600).await;
-    let gateway = fleet.gateway().await;
-    let (host, host_id) = fleet.host(&[]).await;
-    let (_, token) = gateway.pair_device("owner", &[]).await;
-    until_status(
-        &mut connect(&gateway.url(), &token).await,
-        &host_id,
-        "online",
-    )
-    .await;
+    let OneHost {
+        mut fleet,
+        gateway,
+        host,
+        host_id,
+        token,
+        ..
+    } = one_host(3).await;
     let client =
         racp_proto::client::RacpClient::connect(client_options(gateway.host_url(&host_id), &token))
             .await
@@ -381,12 +411,15 @@ async fn a_nats_node_killed_mid_stream_loses_nothing() {
 
 #[tokio::test]
 async fn a_host_offline_is_unavailable_then_comes_back_with_its_sessions() {
-    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
-    let gateway = fleet.gateway().await;
-    let (host, host_id) = fleet.host(&[]).await;
-    let (_, token) = gateway.pair_device("owner", &[]).await;
-    let mut root = connect(&gateway.url(), &token).await;
-    until_status(&mut root, &host_id, "online").await;
+    let OneHost {
+        fleet,
+        gateway,
+        host,
+        host_id,
+        token,
+        mut root,
+        ..
+    } = one_host(1).await;
     let mut desk = connect(&gateway.host_url(&host_id), &token).await;
     let (session_id, cursor) = open_session(&mut desk, &host).await;
     run_turn(&mut desk, &session_id, "a", "echo before").await;
@@ -556,16 +589,14 @@ async fn a_device_revoked_on_one_replica_is_cut_off_on_every_replica() {
 
 #[tokio::test]
 async fn a_host_serves_its_own_clients_without_nats_and_registers_again_when_it_returns() {
-    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
-    let gateway = fleet.gateway().await;
-    let (host, host_id) = fleet.host(&[]).await;
-    let (_, token) = gateway.pair_device("owner", &[]).await;
-    until_status(
-        &mut connect(&gateway.url(), &token).await,
-        &host_id,
-        "online",
-    )
-    .await;
+    let OneHost {
+        mut fleet,
+        gateway,
+        host,
+        host_id,
+        token,
+        ..
+    } = one_host(1).await;
     let (_, local_token) = host.pair_device("local", &[]).await;
     let mut local = connect(&host.url(), &local_token).await;
 
