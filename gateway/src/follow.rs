@@ -191,6 +191,21 @@ async fn consume(
     consumer.messages().await.map_err(|e| lookup_failed(&e))
 }
 
+/// A new consumer from `from`, retried with doubling delays (50 ms to 2 s) until NATS makes it.
+async fn consume_again(stream: &Stream, subject: &str, from: u64) -> consumer::pull::Ordered {
+    let mut retry = Duration::from_millis(50);
+    loop {
+        match consume(stream, subject, from).await {
+            Ok(messages) => return messages,
+            Err(error) => {
+                tracing::debug!(?error, "cannot make a subscription's consumer yet");
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
 /// Errors in a row after which a consumer is made anew.
 const CONSUMER_ERRORS: u32 = 3;
 /// A subscription quiet this long checks that its consumer still delivers.
@@ -227,7 +242,6 @@ async fn pump(
     // Where a new consumer would start: after the last stream message read.
     let mut resume_at = start.stream_sequence;
     let mut errors = 0;
-    let mut retry = Duration::from_millis(50);
     loop {
         let next = match tokio::time::timeout(WATCHDOG, messages.next()).await {
             Ok(next) => next,
@@ -241,37 +255,16 @@ async fn pump(
                 resume_at,
                 "a subscription's consumer is gone; making a new one"
             );
-            messages = loop {
-                match consume(&stream, &start.subject, resume_at).await {
-                    Ok(messages) => break messages,
-                    Err(error) => {
-                        tracing::debug!(?error, "cannot make a subscription's consumer yet");
-                        tokio::time::sleep(retry).await;
-                        retry = (retry * 2).min(Duration::from_secs(2));
-                    }
-                }
-            };
+            messages = consume_again(&stream, &start.subject, resume_at).await;
             errors = 0;
             continue;
         };
-        let mut batch = vec![first];
-        // Whatever else has already arrived goes in the same frame.
-        let mut size = 0;
-        while batch.len() < start.max_events_per_frame && size < budget {
-            match messages.next().now_or_never() {
-                Some(Some(next)) => {
-                    size += next.as_ref().map_or(0, |m| m.payload.len());
-                    batch.push(next);
-                }
-                _ => break,
-            }
-        }
+        let batch = with_arrived(&mut messages, first, start.max_events_per_frame, budget);
         let mut events: Vec<(u64, bytes::Bytes)> = Vec::new();
         for message in batch {
             let message = match message {
                 Ok(message) => {
                     errors = 0;
-                    retry = Duration::from_millis(50);
                     message
                 }
                 Err(err) => {
@@ -283,22 +276,14 @@ async fn pump(
             if let Ok(info) = message.info() {
                 resume_at = info.stream_sequence + 1;
             }
-            let seq = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(SEQ_HEADER))
-                .and_then(|v| v.as_str().parse::<u64>().ok())
-                .unwrap_or(0);
+            let seq = racp_seq(&message);
             if seq <= last {
                 continue;
             }
             if seq != last + 1 {
                 // Retention removed events this subscriber had not read yet.
                 let error = expired("older_than_window", start.epoch, seq - 1, seq);
-                let _ = out.send(ended(&start, last, Some(error))).await;
-                let _ = out
-                    .send(Outgoing::Ended(start.subscription_id.clone()))
-                    .await;
+                end(&out, &start, last, Some(error)).await;
                 return;
             }
             last = seq;
@@ -306,27 +291,8 @@ async fn pump(
         }
         let mut closed = false;
         for chunk in frames(&events, budget) {
-            let mut frame = String::with_capacity(prefix.len() + budget.min(1 << 16));
-            frame.push_str(&prefix);
-            for (i, (seq, payload)) in chunk.iter().enumerate() {
-                let json = String::from_utf8_lossy(payload);
-                closed |= is_session_closed(&json);
-                if i > 0 {
-                    frame.push(',');
-                }
-                if json.len() > budget {
-                    let from = Cursor::new(start.epoch, seq - 1);
-                    frame.push_str(&pi_host::server::elide::elide(
-                        &json,
-                        budget,
-                        start.max_frame_bytes,
-                        from,
-                    ));
-                } else {
-                    frame.push_str(&json);
-                }
-            }
-            frame.push_str("]}}");
+            let (frame, ends) = events_frame(&prefix, chunk, budget, &start);
+            closed |= ends;
             if out.send(Outgoing::Frame(frame)).await.is_err() {
                 return;
             }
@@ -335,13 +301,84 @@ async fn pump(
             }
         }
         if closed {
-            let _ = out.send(ended(&start, last, None)).await;
-            let _ = out
-                .send(Outgoing::Ended(start.subscription_id.clone()))
-                .await;
+            end(&out, &start, last, None).await;
             return;
         }
     }
+}
+
+type Read = Result<jetstream::Message, consumer::pull::OrderedError>;
+
+/// `first` and whatever else has already arrived, up to a frame's worth: they go out together.
+fn with_arrived(
+    messages: &mut consumer::pull::Ordered,
+    first: Read,
+    max_events: usize,
+    budget: usize,
+) -> Vec<Read> {
+    let mut batch = vec![first];
+    let mut size = 0;
+    while batch.len() < max_events && size < budget {
+        match messages.next().now_or_never() {
+            Some(Some(next)) => {
+                size += next.as_ref().map_or(0, |m| m.payload.len());
+                batch.push(next);
+            }
+            _ => break,
+        }
+    }
+    batch
+}
+
+/// The RACP seq a stream message carries (0 when it has none: such a message is skipped).
+fn racp_seq(message: &jetstream::Message) -> u64 {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(SEQ_HEADER))
+        .and_then(|v| v.as_str().parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// One `session/events` frame of `chunk`, an event over `budget` cut to fit as a host cuts it;
+/// and whether the chunk holds `session.closed`.
+fn events_frame(
+    prefix: &str,
+    chunk: &[(u64, bytes::Bytes)],
+    budget: usize,
+    start: &Start,
+) -> (String, bool) {
+    let mut closed = false;
+    let mut frame = String::with_capacity(prefix.len() + budget.min(1 << 16));
+    frame.push_str(prefix);
+    for (i, (seq, payload)) in chunk.iter().enumerate() {
+        let json = String::from_utf8_lossy(payload);
+        closed |= is_session_closed(&json);
+        if i > 0 {
+            frame.push(',');
+        }
+        if json.len() > budget {
+            let from = Cursor::new(start.epoch, seq - 1);
+            frame.push_str(&pi_host::server::elide::elide(
+                &json,
+                budget,
+                start.max_frame_bytes,
+                from,
+            ));
+        } else {
+            frame.push_str(&json);
+        }
+    }
+    frame.push_str("]}}");
+    (frame, closed)
+}
+
+/// Ends the subscription: its `subscription/ended` push, then word to the connection.
+async fn end(out: &mpsc::Sender<Outgoing>, start: &Start, last: u64, error: Option<AppError>) {
+    let _ = out.send(ended(start, last, error)).await;
+    let _ = out
+        .send(Outgoing::Ended(start.subscription_id.clone()))
+        .await;
 }
 
 /// Whether an event is `session.closed`: a host writes `type` before `data`, so the first

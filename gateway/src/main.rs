@@ -154,10 +154,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             nkey,
             retention_seconds,
         } => {
-            let client = nats::connect(&cli.nats, seed(&data_dir)?)
-                .await
-                .map_err(|e| e.to_string())?;
-            let js = async_nats::jetstream::new(client);
+            let js = jetstream(&cli.nats, seed(&data_dir)?).await?;
             let enrollment = nats::Enrollment {
                 host_id,
                 nkey,
@@ -179,48 +176,16 @@ async fn run(cli: Cli) -> Result<(), String> {
             address,
             json,
         } => {
-            let client = nats::connect(&cli.nats, seed(&data_dir)?)
-                .await
-                .map_err(|e| e.to_string())?;
-            let js = async_nats::jetstream::new(client);
-            let buckets =
-                tokio::time::timeout(Duration::from_secs(30), nats::buckets(&js, cli.replicas))
-                    .await
-                    .map_err(|_| "JetStream did not answer within 30 s".to_string())?;
-            let registry = devices::Devices::new(buckets.devices, buckets.pairings);
-            let expires_at = pi_host::clock::now_ms() + ttl * 1000;
+            let js = jetstream(&cli.nats, seed(&data_dir)?).await?;
             let hosts = (!hosts.is_empty()).then(|| hosts.clone());
-            let minted = registry
-                .mint_pairing(roles.clone(), hosts, expires_at)
-                .await
-                .map_err(|e| e.to_string())?;
-            let identity =
-                pi_host::server::identity::load_or_create(&data_dir).map_err(|e| e.to_string())?;
-            // The link a host's pairing gives, with the gateway's address and certificate.
-            let url = address.as_ref().map(|address| {
-                format!(
-                    "racps://{address}/pair?cert=sha256:{}#{}",
-                    identity.sha256, minted.token
-                )
-            });
-            if *json {
-                let printed = serde_json::json!({
-                    "token": minted.token,
-                    "expiresAt": expires_at,
-                    "certSha256": identity.sha256.to_hex(),
-                    "url": url,
-                });
-                println!("{printed}");
-            } else {
-                println!(
-                    "Pairing token (single use):\n  {}\nGateway certificate SHA-256:\n  {}",
-                    minted.token, identity.sha256
-                );
-                if let Some(url) = url {
-                    println!("Pairing URL:\n  {url}");
-                }
-            }
-            Ok(())
+            let request = PairRequest {
+                roles: roles.clone(),
+                hosts,
+                ttl: *ttl,
+                address: address.as_deref(),
+                json: *json,
+            };
+            pair(&js, cli.replicas, &data_dir, request).await
         }
         Command::Serve {
             listen,
@@ -241,6 +206,68 @@ async fn run(cli: Cli) -> Result<(), String> {
             .await
         }
     }
+}
+
+struct PairRequest<'a> {
+    roles: Vec<Role>,
+    hosts: Option<Vec<String>>,
+    ttl: u64,
+    address: Option<&'a str>,
+    json: bool,
+}
+
+/// `pi-gateway pair`: a pairing token minted into the shared bucket, printed once.
+async fn pair(
+    js: &async_nats::jetstream::Context,
+    replicas: usize,
+    data_dir: &Path,
+    request: PairRequest<'_>,
+) -> Result<(), String> {
+    let buckets = tokio::time::timeout(Duration::from_secs(30), nats::buckets(js, replicas))
+        .await
+        .map_err(|_| "JetStream did not answer within 30 s".to_string())?;
+    let registry = devices::Devices::new(buckets.devices, buckets.pairings);
+    let expires_at = pi_host::clock::now_ms() + request.ttl * 1000;
+    let minted = registry
+        .mint_pairing(request.roles, request.hosts, expires_at)
+        .await
+        .map_err(|e| e.to_string())?;
+    let identity =
+        pi_host::server::identity::load_or_create(data_dir).map_err(|e| e.to_string())?;
+    // The link a host's pairing gives, with the gateway's address and certificate.
+    let url = request.address.map(|address| {
+        format!(
+            "racps://{address}/pair?cert=sha256:{}#{}",
+            identity.sha256, minted.token
+        )
+    });
+    if request.json {
+        let printed = serde_json::json!({
+            "token": minted.token,
+            "expiresAt": expires_at,
+            "certSha256": identity.sha256.to_hex(),
+            "url": url,
+        });
+        println!("{printed}");
+    } else {
+        println!(
+            "Pairing token (single use):\n  {}\nGateway certificate SHA-256:\n  {}",
+            minted.token, identity.sha256
+        );
+        if let Some(url) = url {
+            println!("Pairing URL:\n  {url}");
+        }
+    }
+    Ok(())
+}
+
+/// A JetStream context on a fresh connection, for the one-shot commands.
+async fn jetstream(
+    urls: &str,
+    seed: Option<String>,
+) -> Result<async_nats::jetstream::Context, String> {
+    let client = nats::connect(urls, seed).await.map_err(|e| e.to_string())?;
+    Ok(async_nats::jetstream::new(client))
 }
 
 async fn serve(
