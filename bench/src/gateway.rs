@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tests::nats::NatsCluster;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -100,32 +99,16 @@ impl GatewayProcess {
             .open(log)?;
         // Plain ws:// on loopback, as pi-bench serves pi-host: the comparison with the direct
         // path is of the route, not of TLS. The default heartbeat (15 s).
-        let mut child = Command::new(&cli.bin)
+        let mut command = Command::new(&cli.bin);
+        command
             .args(["serve", "--plain", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&cli.data_dir)
             .args(["--nats", &cli.nats])
             .env("PI_GATEWAY_LOG", "warn")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("start {}", cli.bin.display()))?;
-        let pid = child.id().context("pi-gateway exited at once")?;
-        let stdout = child.stdout.take().context("pi-gateway stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let url = tokio::time::timeout(START_TIMEOUT, async {
-            while let Some(line) = lines.next_line().await? {
-                if let Some(url) = line.strip_prefix("pi-gateway listening on ") {
-                    return Ok(url.trim().to_string());
-                }
-            }
-            bail!("pi-gateway exited before listening (see gateway.log)")
-        })
-        .await
-        .context("pi-gateway did not start in time")??;
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            .stderr(Stdio::from(log));
+        let (child, pid, url) =
+            crate::host::spawn_listening(&mut command, "pi-gateway", "gateway.log", START_TIMEOUT)
+                .await?;
         Ok(GatewayProcess { child, pid, url })
     }
 

@@ -55,7 +55,8 @@ impl PiHost {
             .create(true)
             .append(true)
             .open(tools.log_dir.join("pi-host.log"))?;
-        let mut child = Command::new(&tools.pi_host)
+        let mut command = Command::new(&tools.pi_host);
+        command
             // Plain ws://, as the Socket.IO peer speaks: the comparison is of the protocols, not
             // of TLS (docs/benchmarks.md). Never a setup to copy for real use.
             .args(["serve", "--plain", "--listen", "127.0.0.1:0", "--data-dir"])
@@ -74,30 +75,10 @@ impl PiHost {
             ])
             .args(extra)
             .env("PI_HOST_LOG", "warn")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("start {}", tools.pi_host.display()))?;
-        let pid = child.id().context("pi-host exited at once")?;
-        let stdout = child.stdout.take().context("pi-host stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let url = tokio::time::timeout(START_TIMEOUT, async {
-            while let Some(line) = lines.next_line().await? {
-                if let Some(url) = line.strip_prefix("pi-host listening on ") {
-                    return Ok(url.trim().to_string());
-                }
-            }
-            bail!(
-                "pi-host exited before listening (see {})",
-                tools.log_dir.join("pi-host.log").display()
-            )
-        })
-        .await
-        .context("pi-host did not start in time")??;
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            .stderr(Stdio::from(log));
+        let log_hint = tools.log_dir.join("pi-host.log").display().to_string();
+        let (child, pid, url) =
+            spawn_listening(&mut command, "pi-host", &log_hint, START_TIMEOUT).await?;
         Ok(PiHost {
             child,
             pid,
@@ -362,3 +343,42 @@ pub async fn session_with_agent(host: &PiHost, token: &str) -> Result<(Control, 
 }
 
 pub use racp::cursor_seq;
+
+/// Starts a server that prints `NAME listening on URL` once it listens (its stderr already
+/// pointed at a log), waits for that line, and keeps draining its stdout; returns the child,
+/// its pid and the URL. Shared by pi-host and pi-gateway.
+pub async fn spawn_listening(
+    command: &mut Command,
+    name: &str,
+    log_hint: &str,
+    patience: Duration,
+) -> Result<(tokio::process::Child, u32, String)> {
+    let mut child = command
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("start {name}"))?;
+    let pid = child
+        .id()
+        .with_context(|| format!("{name} exited at once"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .with_context(|| format!("{name} stdout"))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let prefix = format!("{name} listening on ");
+    let url = tokio::time::timeout(patience, async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(url) = line.strip_prefix(&prefix) {
+                return Ok(url.trim().to_string());
+            }
+        }
+        bail!("{name} exited before listening (see {log_hint})")
+    })
+    .await
+    .with_context(|| format!("{name} did not start in time"))??;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, pid, url))
+}
