@@ -6,6 +6,7 @@
 use crate::devices::Caller;
 use crate::follow::{self, Follow, Outgoing, Span};
 use crate::hosts;
+use crate::revocation::Revocation;
 use crate::state::Gateway;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::SinkExt;
@@ -263,6 +264,9 @@ impl Connection {
             if self.gateway.devices.is_revoked(&device.device_id) {
                 self.fatal = Some(revoked());
                 return Err(revoked());
+            }
+            if !self.gateway.revocation.current() {
+                return Err(crate::revocation::stale());
             }
             if method != Method::Hello {
                 self.gateway.rate.check(&device.device_id)?;
@@ -544,10 +548,7 @@ impl Connection {
                     raw(&hosts::list(&gateway.js, &gateway.hosts, &device?, now).await?)
                 }
                 Call::DeviceRevoke(params) => {
-                    gateway.devices.revoke(&params.device_id).await?;
-                    // This replica's connections of the device end now; the others' when their
-                    // watch on the bucket sees it (milliseconds).
-                    gateway.kill_device(&params.device_id, &revoked());
+                    Revocation::revoke(&gateway, &params.device_id).await?;
                     raw(&racp_proto::Ack {})
                 }
                 Call::PairingCreate(params) => {

@@ -3,7 +3,7 @@
 //! and `gpt_<id>.<secret>` (pairing); only the secret's SHA-256 is stored. A secret is 256
 //! random bits, so a plain digest is as good as a keyed one here, and replicas share no key.
 
-use async_nats::jetstream::kv;
+use async_nats::jetstream::{self, kv};
 use dashmap::DashMap;
 use pi_host::secrets::split;
 use racp_proto::methods::handshake::PairResult;
@@ -11,7 +11,7 @@ use racp_proto::{AppError, ErrorCode, Principal, Role};
 use ring::rand::SecureRandom;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const DEVICES_BUCKET: &str = "racp_gw_devices";
 pub const PAIRING_BUCKET: &str = "racp_gw_pairing";
@@ -123,7 +123,7 @@ fn refused() -> AppError {
     )
 }
 
-fn unavailable(err: impl std::fmt::Display) -> AppError {
+pub fn unavailable(err: impl std::fmt::Display) -> AppError {
     AppError::new(
         ErrorCode::HostUnavailable,
         "the gateway cannot reach its NATS servers; retry shortly",
@@ -142,8 +142,10 @@ pub struct Devices {
     pairings: kv::Store,
     /// Every device record, kept current by a watch on the bucket: each call checks it, so a
     /// revoke made on any replica stops the device's calls on every replica.
-    cache: Arc<DashMap<String, DeviceRecord>>,
-    removed: Arc<dashmap::DashSet<String>>,
+    cache: DashMap<String, DeviceRecord>,
+    removed: dashmap::DashSet<String>,
+    /// The newest revision of the devices bucket the cache reflects.
+    applied: AtomicU64,
 }
 
 impl Devices {
@@ -151,42 +153,53 @@ impl Devices {
         Devices {
             devices,
             pairings,
-            cache: Arc::new(DashMap::new()),
-            removed: Arc::new(dashmap::DashSet::new()),
+            cache: DashMap::new(),
+            removed: dashmap::DashSet::new(),
+            applied: AtomicU64::new(0),
         }
     }
 
-    /// Follows the devices bucket; calls `on_revoked` for each device revoked (or deleted).
-    pub async fn follow(&self, on_revoked: impl Fn(&str) + Send + 'static) -> Result<(), AppError> {
-        use futures_util::StreamExt;
-        let mut watch = self
-            .devices
+    /// The devices bucket's changes, from each device's current record on.
+    pub async fn watch(&self) -> Result<kv::Watch, AppError> {
+        self.devices
             .watch_with_history(">")
             .await
-            .map_err(unavailable)?;
-        let cache = self.cache.clone();
-        let removed = self.removed.clone();
-        tokio::spawn(async move {
-            while let Some(entry) = watch.next().await {
-                let Ok(entry) = entry else { continue };
-                let record = serde_json::from_slice::<DeviceRecord>(&entry.value).ok();
-                match record {
-                    Some(record) if entry.operation == kv::Operation::Put => {
-                        if record.revoked {
-                            on_revoked(&record.device_id);
-                        }
-                        cache.insert(entry.key, record);
-                    }
-                    _ => {
-                        cache.remove(&entry.key);
-                        removed.insert(entry.key.clone());
-                        on_revoked(&entry.key);
-                    }
-                }
+            .map_err(unavailable)
+    }
+
+    /// Applies one change from the watch; returns the device's id when the change revokes (or
+    /// removes) it. An entry that does not parse counts as a removal: fail closed.
+    pub fn apply(&self, entry: &kv::Entry) -> Option<String> {
+        let record = serde_json::from_slice::<DeviceRecord>(&entry.value).ok();
+        let revoked = match record {
+            Some(record) if entry.operation == kv::Operation::Put => {
+                let revoked = record.revoked.then(|| record.device_id.clone());
+                self.cache.insert(entry.key.clone(), record);
+                revoked
             }
-            tracing::warn!("the devices watch ended");
-        });
-        Ok(())
+            _ => {
+                self.cache.remove(&entry.key);
+                self.removed.insert(entry.key.clone());
+                Some(entry.key.clone())
+            }
+        };
+        self.applied.fetch_max(entry.revision, Ordering::AcqRel);
+        revoked
+    }
+
+    /// The newest revision of the bucket applied so far.
+    pub fn applied(&self) -> u64 {
+        self.applied.load(Ordering::Acquire)
+    }
+
+    /// The bucket's newest revision now, asked of the stream's leader (the store's own
+    /// `status` would answer from what it read when opened).
+    pub async fn last_revision(&self, js: &jetstream::Context) -> Result<u64, AppError> {
+        let stream = js
+            .get_stream(format!("KV_{DEVICES_BUCKET}"))
+            .await
+            .map_err(unavailable)?;
+        Ok(stream.cached_info().state.last_sequence)
     }
 
     /// Whether the watch has seen the device revoked (or its record removed). A device paired
@@ -328,28 +341,40 @@ impl Devices {
         devices
     }
 
-    /// Marks a device revoked; every replica's watch then closes its connections.
-    pub async fn revoke(&self, device_id: &str) -> Result<(), AppError> {
+    /// Marks a device revoked and returns the bucket's revision that says so. The write is a
+    /// compare-and-set, retried when another write to the record came in between.
+    pub async fn revoke(&self, device_id: &str) -> Result<u64, AppError> {
         let not_found = || {
             AppError::new(ErrorCode::NotFound, "no such device")
                 .with_details(json!({"deviceId": device_id}))
         };
-        let entry = self
-            .devices
-            .entry(device_id)
-            .await
-            .map_err(unavailable)?
-            .ok_or_else(not_found)?;
-        if entry.operation != kv::Operation::Put {
-            return Err(not_found());
+        let mut attempts = 0;
+        loop {
+            let entry = self
+                .devices
+                .entry(device_id)
+                .await
+                .map_err(unavailable)?
+                .ok_or_else(not_found)?;
+            if entry.operation != kv::Operation::Put {
+                return Err(not_found());
+            }
+            let mut device: DeviceRecord =
+                serde_json::from_slice(&entry.value).map_err(internal)?;
+            device.revoked = true;
+            match self
+                .devices
+                .update(device_id, encode(&device)?, entry.revision)
+                .await
+            {
+                Ok(revision) => return Ok(revision),
+                Err(err) if attempts < 3 => {
+                    tracing::debug!(error = %err, device_id, "revoke raced another write; again");
+                    attempts += 1;
+                }
+                Err(err) => return Err(unavailable(err)),
+            }
         }
-        let mut device: DeviceRecord = serde_json::from_slice(&entry.value).map_err(internal)?;
-        device.revoked = true;
-        self.devices
-            .put(device_id, encode(&device)?)
-            .await
-            .map_err(unavailable)?;
-        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ mod devices;
 mod follow;
 mod hosts;
 mod nats;
+mod revocation;
 mod server;
 mod state;
 
@@ -48,19 +49,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve RACP-WS until SIGTERM or SIGINT.
-    Serve {
-        #[arg(long, default_value = "127.0.0.1:7879")]
-        listen: SocketAddr,
-        /// Serve plain ws:// (loopback only; devices cannot check the gateway's identity)
-        #[arg(long)]
-        plain: bool,
-        /// Heartbeat interval in milliseconds
-        #[arg(long, default_value_t = 15_000)]
-        heartbeat_ms: u64,
-        /// Browser Origins to accept (repeatable)
-        #[arg(long = "allow-origin")]
-        allowed_origins: Vec<String>,
-    },
+    Serve(ServeArgs),
     /// Print the gateway's public nkey (made at first use), for the NATS server's configuration.
     Key,
     /// Enroll a host: create its events stream and print the NATS user that confines it to its
@@ -88,6 +77,25 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1:7879")]
+    listen: SocketAddr,
+    /// Serve plain ws:// (loopback only; devices cannot check the gateway's identity)
+    #[arg(long)]
+    plain: bool,
+    /// Heartbeat interval in milliseconds
+    #[arg(long, default_value_t = 15_000)]
+    heartbeat_ms: u64,
+    /// Browser Origins to accept (repeatable)
+    #[arg(long = "allow-origin")]
+    allowed_origins: Vec<String>,
+    /// How long a replica serves devices after it last confirmed it knows every revoke, and
+    /// so the longest a revoke waits for a replica that does not confirm (milliseconds)
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
+    revocation_lease_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -187,23 +195,9 @@ async fn run(cli: Cli) -> Result<(), String> {
             };
             pair(&js, cli.replicas, &data_dir, request).await
         }
-        Command::Serve {
-            listen,
-            plain,
-            heartbeat_ms,
-            allowed_origins,
-        } => {
+        Command::Serve(args) => {
             let seed = seed(&data_dir)?;
-            serve(
-                &cli,
-                &data_dir,
-                seed,
-                *listen,
-                *plain,
-                *heartbeat_ms,
-                allowed_origins.clone(),
-            )
-            .await
+            serve(&cli, &data_dir, seed, args).await
         }
     }
 }
@@ -274,11 +268,9 @@ async fn serve(
     cli: &Cli,
     data_dir: &Path,
     seed: Option<String>,
-    listen: SocketAddr,
-    plain: bool,
-    heartbeat_ms: u64,
-    allowed_origins: Vec<String>,
+    args: &ServeArgs,
 ) -> Result<(), String> {
+    let (listen, plain) = (args.listen, args.plain);
     if plain && !listen.ip().is_loopback() {
         return Err("--plain serves ws:// on loopback only".into());
     }
@@ -307,7 +299,7 @@ async fn serve(
     let local = socket.local_addr().map_err(|e| e.to_string())?;
     let settings = state::Settings {
         listen: local,
-        heartbeat: Duration::from_millis(heartbeat_ms.max(100)),
+        heartbeat: Duration::from_millis(args.heartbeat_ms.max(100)),
         max_frame_bytes: limits.max_frame_bytes,
         max_in_flight: limits.max_in_flight,
         max_subscriptions: limits.max_subscriptions,
@@ -315,18 +307,13 @@ async fn serve(
         send_stall: limits.send_stall,
         requests_per_second: limits.requests_per_second,
         request_burst: limits.request_burst,
-        allowed_origins,
+        allowed_origins: args.allowed_origins.clone(),
         cert_sha256,
+        revocation_lease: Duration::from_millis(args.revocation_lease_ms),
     };
-    let gateway = state::Gateway::new(settings, client, buckets);
-    let watcher = gateway.clone();
-    gateway
-        .devices
-        .follow(move |device_id| {
-            watcher.kill_device(device_id, &connection::revoked());
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+    let gateway =
+        state::Gateway::new(settings, client, buckets).map_err(|e| e.message().to_string())?;
+    revocation::Revocation::start(gateway.clone()).await;
     let listener = socket.listen(1024).map_err(|e| e.to_string())?;
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     if let Some(sha256) = &cert_sha256 {

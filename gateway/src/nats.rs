@@ -3,6 +3,7 @@
 //! its own subjects: docs/architecture.md, "Gateway").
 
 use crate::devices::{DEVICES_BUCKET, PAIRING_BUCKET};
+use crate::revocation::{REPLICA_RECORD_AGE, REPLICAS_BUCKET};
 use async_nats::jetstream::{self, kv, stream};
 use racp_proto::gateway::{
     HOSTS_BUCKET, HostRecord, call_subject, events_stream, heartbeat_subject, host_events_subjects,
@@ -31,6 +32,7 @@ pub struct Buckets {
     pub hosts: kv::Store,
     pub devices: kv::Store,
     pub pairings: kv::Store,
+    pub replicas: kv::Store,
 }
 
 /// Connects with the gateway's nkey (or without one, to a server with no auth), and keeps
@@ -87,17 +89,42 @@ pub async fn buckets(js: &jetstream::Context, replicas: usize) -> Buckets {
 
 async fn try_buckets(js: &jetstream::Context, replicas: usize) -> Result<Buckets, NatsError> {
     Ok(Buckets {
-        hosts: bucket(js, HOSTS_BUCKET, Duration::ZERO, replicas).await?,
-        devices: bucket(js, DEVICES_BUCKET, Duration::ZERO, replicas).await?,
+        hosts: bucket(
+            js,
+            HOSTS_BUCKET,
+            Duration::ZERO,
+            replicas,
+            Reads::AnyReplica,
+        )
+        .await?,
+        devices: bucket(js, DEVICES_BUCKET, Duration::ZERO, replicas, Reads::Leader).await?,
         // Pairing tokens live at most a day (the longest pairing TTL) past their use.
         pairings: bucket(
             js,
             PAIRING_BUCKET,
             Duration::from_secs(2 * 86_400),
             replicas,
+            Reads::Leader,
+        )
+        .await?,
+        replicas: bucket(
+            js,
+            REPLICAS_BUCKET,
+            REPLICA_RECORD_AGE,
+            replicas,
+            Reads::AnyReplica,
         )
         .await?,
     })
+}
+
+/// Where a bucket's reads are served from.
+#[derive(Clone, Copy, PartialEq)]
+enum Reads {
+    /// Any replica of the stream (direct gets): fast, possibly a moment behind.
+    AnyReplica,
+    /// The stream's leader: a token revoked or used a moment ago reads as such.
+    Leader,
 }
 
 /// Opens a key-value bucket, creating its stream when missing. The stream is made here, as
@@ -108,9 +135,21 @@ async fn bucket(
     name: &str,
     max_age: Duration,
     replicas: usize,
+    reads: Reads,
 ) -> Result<kv::Store, NatsError> {
-    if let Ok(store) = js.get_key_value(name).await {
-        return Ok(store);
+    let allow_direct = reads == Reads::AnyReplica;
+    if let Ok(stream) = js.get_stream(format!("KV_{name}")).await {
+        // A bucket made before reads were chosen per bucket.
+        let config = stream.cached_info().config.clone();
+        if config.allow_direct != allow_direct {
+            js.update_stream(stream::Config {
+                allow_direct,
+                ..config
+            })
+            .await
+            .map_err(|e| js_error(name)(&e))?;
+        }
+        return js.get_key_value(name).await.map_err(|e| js_error(name)(&e));
     }
     let config = stream::Config {
         name: format!("KV_{name}"),
@@ -122,7 +161,7 @@ async fn bucket(
         discard: stream::DiscardPolicy::New,
         allow_rollup: true,
         deny_delete: true,
-        allow_direct: true,
+        allow_direct,
         duplicate_window: Duration::from_secs(120).min(if max_age.is_zero() {
             Duration::from_secs(120)
         } else {

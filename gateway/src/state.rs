@@ -2,6 +2,7 @@
 //! open connections (kill switches for revoked devices).
 
 use crate::devices::Devices;
+use crate::revocation::Revocation;
 use async_nats::jetstream::{self, kv};
 use dashmap::DashMap;
 use racp_proto::fingerprint::CertSha256;
@@ -25,6 +26,8 @@ pub struct Settings {
     pub allowed_origins: Vec<String>,
     /// The served certificate's SHA-256 (None with `--plain`).
     pub cert_sha256: Option<CertSha256>,
+    /// How long this replica serves devices after it last confirmed it knows every revoke.
+    pub revocation_lease: Duration,
 }
 
 pub struct Gateway {
@@ -33,6 +36,7 @@ pub struct Gateway {
     pub js: jetstream::Context,
     pub hosts: kv::Store,
     pub devices: Devices,
+    pub revocation: Revocation,
     pub rate: pi_host::ratelimit::RateLimiter,
     connections: DashMap<u64, (Option<String>, watch::Sender<Option<AppError>>)>,
     next_connection: AtomicU64,
@@ -43,8 +47,9 @@ impl Gateway {
         settings: Settings,
         client: async_nats::Client,
         buckets: crate::nats::Buckets,
-    ) -> Arc<Self> {
-        Arc::new(Gateway {
+    ) -> Result<Arc<Self>, AppError> {
+        let revocation = Revocation::new(buckets.replicas, settings.revocation_lease)?;
+        Ok(Arc::new(Gateway {
             rate: pi_host::ratelimit::RateLimiter::new(
                 settings.requests_per_second,
                 settings.request_burst,
@@ -54,9 +59,10 @@ impl Gateway {
             client,
             hosts: buckets.hosts,
             devices: Devices::new(buckets.devices, buckets.pairings),
+            revocation,
             connections: DashMap::new(),
             next_connection: AtomicU64::new(1),
-        })
+        }))
     }
 
     /// Whether NATS is reachable now (the upgrade refuses with HOST_UNAVAILABLE when not).
@@ -93,9 +99,18 @@ impl Gateway {
 
     /// Ends every connection of a device on this replica.
     pub fn kill_device(&self, device_id: &str, error: &AppError) -> usize {
+        self.kill_where(|device| device == Some(device_id), error)
+    }
+
+    /// Ends every device's connection on this replica (those still pairing stay).
+    pub fn kill_devices(&self, error: &AppError) -> usize {
+        self.kill_where(|device| device.is_some(), error)
+    }
+
+    fn kill_where(&self, chosen: impl Fn(Option<&str>) -> bool, error: &AppError) -> usize {
         let mut killed = 0;
         for entry in self.connections.iter() {
-            if entry.value().0.as_deref() == Some(device_id) {
+            if chosen(entry.value().0.as_deref()) {
                 let _ = entry.value().1.send(Some(error.clone()));
                 killed += 1;
             }

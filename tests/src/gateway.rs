@@ -44,6 +44,16 @@ impl GatewayProcess {
     }
 
     pub async fn start(data_dir: tempfile::TempDir, nats: &str, replicas: usize) -> GatewayProcess {
+        Self::start_with(data_dir, nats, replicas, &[]).await
+    }
+
+    /// Starts one with extra `serve` arguments.
+    pub async fn start_with(
+        data_dir: tempfile::TempDir,
+        nats: &str,
+        replicas: usize,
+        extra: &[&str],
+    ) -> GatewayProcess {
         let log_dir = tempfile::tempdir().expect("temp dir");
         let log = std::fs::File::create(log_dir.path().join("gateway.log")).expect("log");
         let mut child = Command::new(gateway_binary())
@@ -51,6 +61,7 @@ impl GatewayProcess {
             .arg("--data-dir")
             .arg(data_dir.path())
             .args(["--nats", nats, "--replicas", &replicas.to_string()])
+            .args(extra)
             .env("PI_GATEWAY_LOG", "debug,async_nats=info,hyper=info")
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
@@ -272,8 +283,19 @@ impl Fleet {
 
     /// Starts the next gateway replica.
     pub async fn gateway(&mut self) -> GatewayProcess {
+        self.gateway_with(&[]).await
+    }
+
+    /// Starts the next gateway replica with extra `serve` arguments.
+    pub async fn gateway_with(&mut self, extra: &[&str]) -> GatewayProcess {
+        let urls = self.nats.urls();
+        self.gateway_at(&urls, extra).await
+    }
+
+    /// Starts the next gateway replica reaching NATS at `nats` (a proxy, say).
+    pub async fn gateway_at(&mut self, nats: &str, extra: &[&str]) -> GatewayProcess {
         let dir = self.gateway_dirs.remove(0);
-        GatewayProcess::start(dir, &self.nats.urls(), self.replicas).await
+        GatewayProcess::start_with(dir, nats, self.replicas, extra).await
     }
 
     /// The `serve` arguments of a host of this fleet: the stand-in agent, and NATS to dial.

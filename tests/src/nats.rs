@@ -183,7 +183,12 @@ impl NatsCluster {
     }
 
     pub fn url(&self, i: usize) -> String {
-        format!("nats://127.0.0.1:{}", self.nodes[i].port)
+        format!("nats://{}", self.addr(i))
+    }
+
+    /// Node `i`'s client address.
+    pub fn addr(&self, i: usize) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.nodes[i].port))
     }
 
     /// Kills a node (SIGKILL).

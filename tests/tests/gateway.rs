@@ -560,9 +560,18 @@ async fn a_device_revoked_on_one_replica_is_cut_off_on_every_replica() {
         .call("device/revoke", json!({"deviceId": laptop}))
         .await;
     assert!(revoked["result"].is_object(), "{revoked}");
+    // Once the revoke has answered, the other replica serves the laptop nothing more.
+    let after = json!({"id": 900, "method": "host/list", "params": {}}).to_string();
+    let _ = on_second.try_send_text(after).await;
     let (frames, close) = tokio::time::timeout(PATIENCE, on_second.until_close())
         .await
         .expect("the other replica kept the revoked device's connection");
+    assert!(
+        !frames
+            .iter()
+            .any(|f| f["id"] == 900 && f.get("result").is_some()),
+        "served after the revoke answered: {frames:?}"
+    );
     let last = frames.last().expect("a connection error");
     assert_eq!(last["error"]["code"], "REMOTE_AUTH_FAILED", "{frames:?}");
     assert_eq!(u16::from(close.expect("close frame").code), 4031);
@@ -585,6 +594,90 @@ async fn a_device_revoked_on_one_replica_is_cut_off_on_every_replica() {
         .expect("the stopping replica kept the connection");
     let last = frames.last().expect("a connection error");
     assert_eq!(last["error"]["code"], "HOST_SHUTTING_DOWN", "{frames:?}");
+}
+
+/// The frames of `client` up to the reply to request `id` (pushes skipped), within `patience`.
+async fn reply_to(client: &mut Client, id: u64, patience: Duration) -> Option<Value> {
+    let wait = async {
+        loop {
+            let frame = client.next_frame().await.expect("connection open");
+            if frame["id"] == id {
+                return frame;
+            }
+        }
+    };
+    tokio::time::timeout(patience, wait).await.ok()
+}
+
+#[tokio::test]
+async fn a_revoke_waits_out_a_replica_cut_from_nats_which_then_serves_the_device_nothing() {
+    let mut fleet = Fleet::new(1, 2, 0, 3600).await;
+    let lease = ["--revocation-lease-ms", "3000"];
+    let first = fleet.gateway_with(&lease).await;
+    // The second replica reaches NATS through a proxy that can hold its traffic.
+    let link = tests::FaultProxy::start(fleet.nats.addr(0)).await;
+    let second = fleet
+        .gateway_at(&format!("nats://{}", link.addr), &lease)
+        .await;
+    let (_, owner) = first.pair_device("owner", &[]).await;
+    let (tablet, tablet_token) = first.pair_device("owner", &[]).await;
+    let mut admin = connect(&first.url(), &owner).await;
+    // `device/list` is answered by the replica itself, from what it knows of the devices.
+    let mut on_second = connect(&second.url(), &tablet_token).await;
+    let listed = on_second.call("device/list", json!({})).await;
+    assert!(listed["result"].is_object(), "{listed}");
+
+    // Cut from NATS (its connection held open, nothing passing), the second replica cannot
+    // learn of the revoke nor confirm it, so the revoke does not answer before its lease ends.
+    link.stall(true);
+    let revoke = json!({"id": 77, "method": "device/revoke", "params": {"deviceId": tablet}});
+    admin.send_text(revoke.to_string()).await;
+    let early = reply_to(&mut admin, 77, Duration::from_millis(1_500)).await;
+    assert!(
+        early.is_none(),
+        "the revoke answered while a replica could still serve the device: {early:?}"
+    );
+    let answered = reply_to(&mut admin, 77, PATIENCE)
+        .await
+        .expect("the revoke never answered");
+    assert!(answered["result"].is_object(), "{answered}");
+
+    // Its lease over, the cut-off replica serves the revoked tablet nothing, though it still
+    // has not heard of the revoke.
+    let call = json!({"id": 5, "method": "device/list", "params": {}});
+    let _ = on_second.try_send_text(call.to_string()).await;
+    let (frames, _) = tokio::time::timeout(PATIENCE, on_second.until_close())
+        .await
+        .expect("the cut-off replica kept the revoked device's connection");
+    assert!(
+        !frames
+            .iter()
+            .any(|f| f["id"] == 5 && f.get("result").is_some()),
+        "the cut-off replica served the revoked device: {frames:?}"
+    );
+    let ending = frames.last().expect("a connection error");
+    assert_eq!(ending["error"]["code"], "HOST_UNAVAILABLE", "{frames:?}");
+    assert_eq!(
+        ending["error"]["details"]["reason"], "device_registry_stale",
+        "{frames:?}"
+    );
+
+    // Back in touch, it catches up: the tablet is refused, the owner served again.
+    link.stall(false);
+    let refused = Client::connect(&second.url(), &tablet_token).await.err();
+    assert_eq!(refused.map(|r| r.status), Some(401));
+    let mut owner_on_second = connect(&second.url(), &owner).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let devices = owner_on_second.call("device/list", json!({})).await;
+        if devices["result"].is_object() {
+            assert!(!devices.to_string().contains(&tablet), "{devices}");
+            break;
+        }
+        assert_eq!(devices["error"]["code"], "HOST_UNAVAILABLE", "{devices}");
+        assert!(tokio::time::Instant::now() < deadline, "{devices}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]

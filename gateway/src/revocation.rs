@@ -1,0 +1,213 @@
+//! Revoking a device on every replica (docs/architecture.md, "Gateway", "Revoking a device").
+//!
+//! Each replica follows the devices bucket and, every fifth of its lease, checks that it has
+//! applied every change the bucket held when the check began; it serves a device's calls only
+//! while the last such check is younger than the lease, and drops its devices' connections
+//! when it is not. A revoke therefore holds everywhere once every live replica has confirmed
+//! it, or at the latest one lease after it was written: a replica that did not see it by then
+//! (stopped, cut from NATS, its watch lost) no longer serves any device.
+
+use crate::connection::revoked;
+use crate::state::Gateway;
+use async_nats::jetstream::kv;
+use futures_util::StreamExt;
+use racp_proto::{AppError, ErrorCode};
+use serde_json::json;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Live replicas: a key per replica, refreshed at every successful check.
+pub const REPLICAS_BUCKET: &str = "racp_gw_replicas";
+/// How long a replica that stopped announcing stays listed (a revoke waits at most a lease
+/// for a listed replica, so a stale entry only slows a revoke down).
+pub const REPLICA_RECORD_AGE: Duration = Duration::from_secs(60);
+/// Where replicas say which revision of the devices bucket they have applied ("<replica> <rev>").
+const APPLIED_SUBJECT: &str = "racp.gw.devices.applied";
+
+pub struct Revocation {
+    replica_id: String,
+    lease: Duration,
+    replicas: kv::Store,
+    /// When the last check that found every earlier change applied began.
+    verified_at: Mutex<Option<Instant>>,
+}
+
+impl Revocation {
+    pub fn new(replicas: kv::Store, lease: Duration) -> Result<Self, AppError> {
+        use ring::rand::SecureRandom;
+        let mut id = [0u8; 8];
+        ring::rand::SystemRandom::new()
+            .fill(&mut id)
+            .map_err(|_| AppError::new(ErrorCode::Internal, "the system random source failed"))?;
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Revocation {
+            replica_id: format!("gw_{hex}"),
+            lease,
+            replicas,
+            verified_at: Mutex::new(None),
+        })
+    }
+
+    /// Whether this replica may serve a device's call: it knows every revoke older than its lease.
+    pub fn current(&self) -> bool {
+        self.verified_at
+            .lock()
+            .ok()
+            .and_then(|at| *at)
+            .is_some_and(|at| at.elapsed() < self.lease)
+    }
+
+    fn verified(&self, at: Instant) {
+        if let Ok(mut verified) = self.verified_at.lock() {
+            *verified = Some(at);
+        }
+    }
+
+    /// Follows the devices bucket and keeps the lease for the life of the process; returns once
+    /// the replica is current for the first time, so it never serves before it knows.
+    pub async fn start(gateway: Arc<Gateway>) {
+        tokio::spawn(follow_devices(gateway.clone()));
+        let every = (gateway.revocation.lease / 5).max(Duration::from_millis(50));
+        let (told, first) = tokio::sync::oneshot::channel();
+        tokio::spawn(keep_lease(gateway, every, Some(told)));
+        let _ = first.await;
+    }
+
+    /// Revokes a device and returns once no replica serves it: every listed replica confirmed,
+    /// or a lease passed since the write (docs/protocol.md §15, `device/revoke`).
+    pub async fn revoke(gateway: &Gateway, device_id: &str) -> Result<(), AppError> {
+        let this = &gateway.revocation;
+        // Listening before the write, so no confirmation can pass unseen.
+        let mut confirmations = gateway
+            .client
+            .subscribe(APPLIED_SUBJECT)
+            .await
+            .map_err(crate::devices::unavailable)?;
+        let revision = gateway.devices.revoke(device_id).await?;
+        let deadline = Instant::now() + this.lease;
+        gateway.kill_device(device_id, &revoked());
+        let mut waiting = this.listed().await;
+        waiting.insert(this.replica_id.clone());
+        while !waiting.is_empty() {
+            let Ok(Some(message)) = tokio::time::timeout_at(deadline, confirmations.next()).await
+            else {
+                break;
+            };
+            let text = String::from_utf8_lossy(&message.payload);
+            if let Some((replica, applied)) = text.split_once(' ')
+                && applied
+                    .parse::<u64>()
+                    .is_ok_and(|applied| applied >= revision)
+            {
+                waiting.remove(replica);
+            }
+        }
+        if !waiting.is_empty() {
+            // Past their lease now: they refuse the device until they catch up.
+            tokio::time::sleep_until(deadline).await;
+            tracing::warn!(device_id, unconfirmed = ?waiting, "revoke not confirmed by every replica; their lease has passed");
+        }
+        Ok(())
+    }
+
+    async fn listed(&self) -> HashSet<String> {
+        let listing = async {
+            let mut keys = self.replicas.keys().await.ok()?;
+            let mut listed = HashSet::new();
+            while let Some(key) = keys.next().await {
+                listed.insert(key.ok()?);
+            }
+            Some(listed)
+        };
+        tokio::time::timeout(self.lease, listing)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+}
+
+/// The refusal of a device's call on a replica that cannot confirm it knows every revoke.
+pub fn stale() -> AppError {
+    AppError::new(
+        ErrorCode::HostUnavailable,
+        "this gateway replica cannot confirm its list of devices is current; retry, or reconnect to another replica",
+    )
+    .with_details(json!({"reason": "device_registry_stale"}))
+    .with_retry_after_ms(1_000)
+}
+
+/// Applies the devices bucket's changes as they come, from the start after any loss of the watch.
+async fn follow_devices(gateway: Arc<Gateway>) {
+    loop {
+        match gateway.devices.watch().await {
+            Ok(mut watch) => {
+                while let Some(entry) = watch.next().await {
+                    match entry {
+                        Ok(entry) => {
+                            if let Some(device_id) = gateway.devices.apply(&entry) {
+                                gateway.kill_device(&device_id, &revoked());
+                            }
+                            let said = format!(
+                                "{} {}",
+                                gateway.revocation.replica_id,
+                                gateway.devices.applied()
+                            );
+                            if let Err(err) =
+                                gateway.client.publish(APPLIED_SUBJECT, said.into()).await
+                            {
+                                tracing::warn!(error = %err, "cannot confirm a device change");
+                            }
+                        }
+                        Err(err) => tracing::warn!(error = %err, "the devices watch"),
+                    }
+                }
+                tracing::warn!("the devices watch ended; following it again");
+            }
+            Err(err) => tracing::warn!(error = %err.message(), "cannot follow the devices bucket"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Checks every `every` that all changes made before the check are applied, announces the
+/// replica, and drops its devices' connections when the lease runs out.
+async fn keep_lease(
+    gateway: Arc<Gateway>,
+    every: Duration,
+    mut first: Option<tokio::sync::oneshot::Sender<()>>,
+) {
+    let this = &gateway.revocation;
+    let mut dropped = false;
+    loop {
+        let began = Instant::now();
+        let check = tokio::time::timeout(every, gateway.devices.last_revision(&gateway.js)).await;
+        if let Ok(Ok(last)) = check
+            && gateway.devices.applied() >= last
+        {
+            this.verified(began);
+            dropped = false;
+            if let Some(first) = first.take() {
+                let _ = first.send(());
+            }
+            // Announced aside, so a slow acknowledgement never delays the next check.
+            let (replicas, id) = (this.replicas.clone(), this.replica_id.clone());
+            tokio::spawn(async move {
+                if let Err(err) = replicas.put(&id, bytes::Bytes::new()).await {
+                    tracing::warn!(error = %err, "cannot announce this replica");
+                }
+            });
+        }
+        if !this.current() && !dropped && first.is_none() {
+            let n = gateway.kill_devices(&stale());
+            tracing::warn!(
+                connections = n,
+                "cannot confirm the device list is current; devices' connections dropped"
+            );
+            dropped = true;
+        }
+        tokio::time::sleep_until(began + every).await;
+    }
+}
