@@ -7,9 +7,10 @@ use crate::devices::Caller;
 use crate::follow::{self, Follow, Outgoing, Span};
 use crate::hosts;
 use crate::revocation::Revocation;
-use crate::state::Gateway;
+use crate::state::{Gateway, shutting_down};
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::SinkExt;
+use pi_host::connections::{CallPass, DeviceGate, Registration, Slot};
 use pi_host::server::elide::fit_reply;
 use pi_host::wire::encode;
 use racp_proto::codec::{Rejected, decode_request};
@@ -45,6 +46,8 @@ const CAPABILITIES: &[&str] = &[
 struct Connection {
     gateway: Arc<Gateway>,
     caller: Caller,
+    /// The device's gate: every call but a revoke holds a pass from it while it runs.
+    gate: Option<Arc<DeviceGate>>,
     /// The host this connection reaches (`/racp/hosts/<id>`); `None` on `/racp`.
     host: Option<String>,
     max_frame_bytes: usize,
@@ -60,12 +63,31 @@ pub async fn run(
     gateway: Arc<Gateway>,
     caller: Caller,
     host: Option<String>,
+    slot: Slot,
 ) {
-    let (id, mut killed) = gateway.register(caller.device_id().map(str::to_string));
+    let device_id = caller.device_id().map(str::to_string);
+    let Registration {
+        id,
+        kill: mut killed,
+        gate,
+        slot: _slot,
+    } = gateway.connections.register(slot, device_id.clone());
+    // Checked after registering, never before: a revoke or drain that began in between either
+    // saw this connection in the table or is seen here.
+    let ending_at_start = if let Some(killed) = killed.borrow_and_update().clone() {
+        Some(killed)
+    } else if gate.as_deref().is_some_and(DeviceGate::is_closed)
+        || device_id.is_some_and(|d| gateway.devices.is_revoked(&d))
+    {
+        Some(revoked())
+    } else {
+        gateway.is_draining().then(shutting_down)
+    };
     let mut conn = Connection {
         in_flight: Arc::new(Semaphore::new(gateway.settings.max_in_flight as usize)),
         gateway: gateway.clone(),
         caller,
+        gate,
         host,
         max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
         said_hello: false,
@@ -73,16 +95,13 @@ pub async fn run(
         next_subscription: 1,
         fatal: None,
     };
-    // A revoke that landed between the upgrade's check and the registration.
-    let revoked_meanwhile = conn
-        .caller
-        .device_id()
-        .is_some_and(|d| gateway.devices.is_revoked(d));
-    let ending = if revoked_meanwhile {
-        Some(revoked())
-    } else {
-        conn.serve(&mut socket, &mut killed).await
+    let ending = match ending_at_start {
+        Some(error) => Some(error),
+        None => conn.serve(&mut socket, &mut killed).await,
     };
+    // Tells a waiting revoke that this connection sends nothing more but its final error.
+    drop(killed);
+    drop(conn);
     if let Some(error) = ending {
         let _ = tokio::time::timeout(
             std::time::Duration::from_secs(10),
@@ -90,8 +109,7 @@ pub async fn run(
         )
         .await;
     }
-    drop(conn);
-    gateway.unregister(id);
+    gateway.connections.unregister(id);
 }
 
 pub fn revoked() -> AppError {
@@ -211,10 +229,11 @@ impl Connection {
         };
         let id = request.id;
         let method = request.method;
-        let call = match self.admit(method, request.params) {
-            Ok(call) => call,
+        let (call, pass) = match self.admit(method, request.params) {
+            Ok(admitted) => admitted,
             Err(error) => return Some(error_reply(id, error)),
         };
+        // The pass is held to the end of this function, or moved into the spawned call.
         match call {
             Call::Hello(params) => {
                 let said = self.hello(params);
@@ -236,7 +255,11 @@ impl Connection {
                 Some(self.reply(id, answer))
             }
             Call::DeviceList(_) => Some(self.reply(id, Ok(self.device_list()))),
-            call => self.spawn(id, method, call, request.params, replies),
+            // A revoke holds no pass: a device revoking itself would wait for its own call.
+            call @ Call::DeviceRevoke(_) => {
+                self.spawn(id, method, call, request.params, replies, None)
+            }
+            call => self.spawn(id, method, call, request.params, replies, pass),
         }
     }
 
@@ -248,7 +271,11 @@ impl Connection {
     }
 
     /// Every check between a decoded envelope and its handling, as on a host.
-    fn admit(&mut self, method: Method, params: Option<&RawValue>) -> Result<Call, AppError> {
+    fn admit(
+        &mut self,
+        method: Method,
+        params: Option<&RawValue>,
+    ) -> Result<(Call, Option<CallPass>), AppError> {
         if !self.said_hello && method != Method::Hello {
             return Err(AppError::new(
                 ErrorCode::Unauthorized,
@@ -272,7 +299,14 @@ impl Connection {
                 self.gateway.rate.check(&device.device_id)?;
             }
         }
-        Call::decode(method, params)
+        let call = Call::decode(method, params)?;
+        let pass = match &self.gate {
+            None => None,
+            Some(gate) => Some(gate.enter().ok_or_else(revoked).inspect_err(|error| {
+                self.fatal = Some(error.clone());
+            })?),
+        };
+        Ok((call, pass))
     }
 
     fn hello(&mut self, params: HelloParams) -> Result<HelloResult, AppError> {
@@ -497,6 +531,7 @@ impl Connection {
         call: Call,
         params: Option<&RawValue>,
         replies: &mpsc::Sender<String>,
+        pass: Option<CallPass>,
     ) -> Option<String> {
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             return Some(error_reply(
@@ -515,6 +550,8 @@ impl Connection {
             };
             drop(permit);
             let _ = replies.send(reply).await;
+            // The call is over once its reply is queued: a revoke waiting on it may go on.
+            drop(pass);
         });
         None
     }

@@ -301,6 +301,7 @@ async fn serve(
         listen: local,
         heartbeat: Duration::from_millis(args.heartbeat_ms.max(100)),
         max_frame_bytes: limits.max_frame_bytes,
+        max_connections: limits.max_connections,
         max_in_flight: limits.max_in_flight,
         max_subscriptions: limits.max_subscriptions,
         max_events_per_frame: limits.max_events_per_frame,

@@ -23,7 +23,8 @@ pub const REPLICAS_BUCKET: &str = "racp_gw_replicas";
 /// How long a replica that stopped announcing stays listed (a revoke waits at most a lease
 /// for a listed replica, so a stale entry only slows a revoke down).
 pub const REPLICA_RECORD_AGE: Duration = Duration::from_secs(60);
-/// Where replicas say which revision of the devices bucket they have applied ("<replica> <rev>").
+/// Where a replica says it has applied a device's revoke ("<replica> <device> <revision>"): no
+/// call of the device runs there any more and its connections there have stopped.
 const APPLIED_SUBJECT: &str = "racp.gw.devices.applied";
 
 pub struct Revocation {
@@ -87,16 +88,19 @@ impl Revocation {
             .map_err(crate::devices::unavailable)?;
         let revision = gateway.devices.revoke(device_id).await?;
         let deadline = Instant::now() + this.lease;
-        gateway.kill_device(device_id, &revoked());
         let mut waiting = this.listed().await;
         waiting.insert(this.replica_id.clone());
+        tracing::debug!(device_id, revision, replicas = ?waiting, "revoke written; waiting for the replicas");
         while !waiting.is_empty() {
             let Ok(Some(message)) = tokio::time::timeout_at(deadline, confirmations.next()).await
             else {
                 break;
             };
             let text = String::from_utf8_lossy(&message.payload);
-            if let Some((replica, applied)) = text.split_once(' ')
+            let mut said = text.split(' ');
+            if let (Some(replica), Some(device), Some(applied)) =
+                (said.next(), said.next(), said.next())
+                && device == device_id
                 && applied
                     .parse::<u64>()
                     .is_ok_and(|applied| applied >= revision)
@@ -104,6 +108,7 @@ impl Revocation {
                 waiting.remove(replica);
             }
         }
+        tracing::debug!(device_id, unconfirmed = ?waiting, "revoke confirmations in");
         if !waiting.is_empty() {
             // Past their lease now: they refuse the device until they catch up.
             tokio::time::sleep_until(deadline).await;
@@ -148,17 +153,11 @@ async fn follow_devices(gateway: Arc<Gateway>) {
                     match entry {
                         Ok(entry) => {
                             if let Some(device_id) = gateway.devices.apply(&entry) {
-                                gateway.kill_device(&device_id, &revoked());
-                            }
-                            let said = format!(
-                                "{} {}",
-                                gateway.revocation.replica_id,
-                                gateway.devices.applied()
-                            );
-                            if let Err(err) =
-                                gateway.client.publish(APPLIED_SUBJECT, said.into()).await
-                            {
-                                tracing::warn!(error = %err, "cannot confirm a device change");
+                                tokio::spawn(apply_revoke(
+                                    gateway.clone(),
+                                    device_id,
+                                    entry.revision,
+                                ));
                             }
                         }
                         Err(err) => tracing::warn!(error = %err, "the devices watch"),
@@ -169,6 +168,21 @@ async fn follow_devices(gateway: Arc<Gateway>) {
             Err(err) => tracing::warn!(error = %err.message(), "cannot follow the devices bucket"),
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Closes the device's gate, waits for its running calls, ends its connections and waits until
+/// they have stopped (as a host does), then says so to the replica that revoked it.
+async fn apply_revoke(gateway: Arc<Gateway>, device_id: String, revision: u64) {
+    let ended = gateway.connections.revoke(&device_id, 0, &revoked()).await;
+    tracing::info!(
+        device_id,
+        connections = ended,
+        "device revoked on this replica"
+    );
+    let said = format!("{} {device_id} {revision}", gateway.revocation.replica_id);
+    if let Err(err) = gateway.client.publish(APPLIED_SUBJECT, said.into()).await {
+        tracing::warn!(error = %err, "cannot confirm a revoke");
     }
 }
 
@@ -201,7 +215,7 @@ async fn keep_lease(
             });
         }
         if !this.current() && !dropped && first.is_none() {
-            let n = gateway.kill_devices(&stale());
+            let n = gateway.connections.kill_devices(&stale());
             tracing::warn!(
                 connections = n,
                 "cannot confirm the device list is current; devices' connections dropped"

@@ -9,6 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
+use pi_host::connections::Slot;
 use pi_host::server::upgrade::{presented_token, refusal};
 use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode, SUBPROTOCOL};
 use serde_json::json;
@@ -47,8 +48,8 @@ async fn upgrade(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
     host: Option<String>,
 ) -> Response {
-    let caller = match admit(&gateway, &headers, host.as_deref()).await {
-        Ok(caller) => caller,
+    let (caller, slot) = match admit(&gateway, &headers, host.as_deref()).await {
+        Ok(admitted) => admitted,
         Err(error) => return refusal(error),
     };
     let ws = match ws {
@@ -70,14 +71,14 @@ async fn upgrade(
         .max_write_buffer_size(cap.max(32 << 20))
         .max_message_size(cap)
         .max_frame_size(cap)
-        .on_upgrade(move |socket| crate::connection::run(socket, gateway, caller, host))
+        .on_upgrade(move |socket| crate::connection::run(socket, gateway, caller, host, slot))
 }
 
 async fn admit(
     gateway: &Gateway,
     headers: &HeaderMap,
     host: Option<&str>,
-) -> Result<Caller, AppError> {
+) -> Result<(Caller, Slot), AppError> {
     let token = presented_token(headers, &gateway.settings.allowed_origins)?;
     if !gateway.nats_up() {
         return Err(crate::hosts::nats_down(&"not connected"));
@@ -106,5 +107,17 @@ async fn admit(
             .with_details(json!({"hostId": host})));
         }
     }
-    Ok(caller)
+    // A place is taken here, not when the connection starts: concurrent upgrades cannot all
+    // pass the cap before any of them is counted.
+    let slot = gateway
+        .connections
+        .admit(gateway.settings.max_connections)
+        .ok_or_else(|| {
+            AppError::new(
+                ErrorCode::HostOverloaded,
+                "this gateway replica has as many connections as it accepts; try another",
+            )
+            .with_retry_after_ms(1000)
+        })?;
+    Ok((caller, slot))
 }

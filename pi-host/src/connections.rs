@@ -134,9 +134,24 @@ impl Connections {
 
     /// Tells every open connection to end with `error` (drain).
     pub fn kill_all(&self, error: &AppError) {
+        self.kill_where(|_| true, error);
+    }
+
+    /// Tells every device's connection to end with `error` (those still pairing stay); returns
+    /// how many were told.
+    pub fn kill_devices(&self, error: &AppError) -> usize {
+        self.kill_where(|device_id| device_id.is_some(), error)
+    }
+
+    fn kill_where(&self, chosen: impl Fn(Option<&str>) -> bool, error: &AppError) -> usize {
+        let mut told = 0;
         for entry in self.open.iter() {
-            let _ = entry.kill.send(Some(error.clone()));
+            if chosen(entry.device_id.as_deref()) {
+                let _ = entry.kill.send(Some(error.clone()));
+                told += 1;
+            }
         }
+        told
     }
 }
 

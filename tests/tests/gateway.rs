@@ -596,6 +596,78 @@ async fn a_device_revoked_on_one_replica_is_cut_off_on_every_replica() {
     assert_eq!(last["error"]["code"], "HOST_SHUTTING_DOWN", "{frames:?}");
 }
 
+/// The session ids the host has, as `session/list` through the gateway shows them.
+async fn session_ids(client: &mut Client) -> std::collections::BTreeSet<String> {
+    let listed = client.call("session/list", json!({})).await;
+    listed["result"]["sessions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .filter_map(|s| s["sessionId"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn no_call_of_a_revoked_device_reaches_its_host_after_the_revoke_answers() {
+    let mut fleet = Fleet::new(1, 2, 1, 3600).await;
+    let first = fleet.gateway().await;
+    let second = fleet.gateway().await;
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, owner) = first.pair_device("owner", &[]).await;
+    let (laptop, laptop_token) = first.pair_device("operator", &[]).await;
+    let mut admin = connect(&first.host_url(&host_id), &owner).await;
+    until_status(&mut connect(&first.url(), &owner).await, &host_id, "online").await;
+
+    // The laptop, on the other replica, keeps session/create calls in flight without pause.
+    let mut laptop_conn = connect(&second.host_url(&host_id), &laptop_token).await;
+    let workspace = host.workspace("w");
+    let flood = tokio::spawn(async move {
+        let mut created = 0u64;
+        for id in 1000u64.. {
+            let call =
+                json!({"id": id, "method": "session/create", "params": {"workspace": workspace}});
+            if laptop_conn.try_send_text(call.to_string()).await.is_err() {
+                break;
+            }
+            if id % 4 == 0 {
+                match laptop_conn.next_frame().await {
+                    Some(frame) if frame["result"]["session"].is_object() => created += 1,
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        }
+        created
+    });
+    // Some of its calls have gone through before the revoke.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while session_ids(&mut admin).await.len() < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the laptop created no sessions"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let revoked = admin
+        .call("device/revoke", json!({"deviceId": laptop}))
+        .await;
+    assert!(revoked["result"].is_object(), "{revoked}");
+    let at_revoke = session_ids(&mut admin).await;
+    let created = tokio::time::timeout(PATIENCE, flood)
+        .await
+        .expect("the revoked laptop's connection stayed open")
+        .expect("flood task");
+    assert!(created > 0, "the flood never got a session created");
+    // Its calls in flight when the revoke came finished before the revoke answered: the host
+    // has no session that was not there when it did.
+    let later = session_ids(&mut admin).await;
+    let after: Vec<_> = later.difference(&at_revoke).collect();
+    assert!(
+        after.is_empty(),
+        "sessions created by the revoked device after the revoke answered: {after:?}"
+    );
+}
+
 /// The frames of `client` up to the reply to request `id` (pushes skipped), within `patience`.
 async fn reply_to(client: &mut Client, id: u64, patience: Duration) -> Option<Value> {
     let wait = async {
@@ -666,10 +738,19 @@ async fn a_revoke_waits_out_a_replica_cut_from_nats_which_then_serves_the_device
     link.stall(false);
     let refused = Client::connect(&second.url(), &tablet_token).await.err();
     assert_eq!(refused.map(|r| r.status), Some(401));
-    let mut owner_on_second = connect(&second.url(), &owner).await;
+    // Until it has caught up it may still refuse every device (HOST_UNAVAILABLE, retriable).
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let devices = owner_on_second.call("device/list", json!({})).await;
+        let mut owner_on_second = Client::connect(&second.url(), &owner)
+            .await
+            .expect("connect");
+        let hello = owner_on_second
+            .call("hello", json!({"protocol": {"min": 1, "max": 1}, "client": {"name": "tests", "version": "0"}}))
+            .await;
+        let devices = match hello.get("result") {
+            Some(_) => owner_on_second.call("device/list", json!({})).await,
+            None => hello,
+        };
         if devices["result"].is_object() {
             assert!(!devices.to_string().contains(&tablet), "{devices}");
             break;
