@@ -676,8 +676,9 @@ export type PairResult = {
  */
 export type PairingCreateParams = {
   /**
-   * Through a gateway: the hosts the paired device may reach (all when absent). A plain
-   * pi-host is one host and refuses the field.
+   * Through a gateway: the hosts the paired device may reach, each one the caller reaches
+   * itself (when absent: the caller's own reach). A plain pi-host is one host and refuses
+   * the field.
    */
   hosts?: string[] | null;
   /**

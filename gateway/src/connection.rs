@@ -254,7 +254,7 @@ impl Connection {
                 });
                 Some(self.reply(id, answer))
             }
-            Call::DeviceList(_) => Some(self.reply(id, Ok(self.device_list()))),
+            Call::DeviceList(_) => Some(self.reply(id, self.device_list())),
             // A revoke holds no pass: a device revoking itself would wait for its own call.
             call @ Call::DeviceRevoke(_) => {
                 self.spawn(id, method, call, request.params, replies, None)
@@ -398,13 +398,14 @@ impl Connection {
         })
     }
 
-    fn device_list(&self) -> DeviceListResult {
+    fn device_list(&self) -> Result<DeviceListResult, AppError> {
+        let viewer = self.device()?;
         let current = self.caller.device_id();
-        DeviceListResult {
+        Ok(DeviceListResult {
             devices: self
                 .gateway
                 .devices
-                .list()
+                .list(&viewer)
                 .into_iter()
                 .map(|d| DeviceInfo {
                     current: current == Some(d.device_id.as_str()),
@@ -415,7 +416,7 @@ impl Connection {
                     last_seen_at: None,
                 })
                 .collect(),
-        }
+        })
     }
 
     async fn subscribe(
@@ -585,7 +586,7 @@ impl Connection {
                     raw(&hosts::list(&gateway.js, &gateway.hosts, &device?, now).await?)
                 }
                 Call::DeviceRevoke(params) => {
-                    Revocation::revoke(&gateway, &params.device_id).await?;
+                    Revocation::revoke(&gateway, &params.device_id, &device?).await?;
                     raw(&racp_proto::Ack {})
                 }
                 Call::PairingCreate(params) => {
@@ -593,9 +594,10 @@ impl Connection {
                         .ttl_seconds
                         .unwrap_or(racp_proto::limits::DEFAULT_PAIRING_TTL_SECONDS);
                     let expires_at = now + ttl * 1000;
+                    let hosts = device?.grant(params.hosts)?;
                     let minted = gateway
                         .devices
-                        .mint_pairing(params.roles.clone(), params.hosts, expires_at)
+                        .mint_pairing(params.roles.clone(), hosts, expires_at)
                         .await?;
                     let settings = &gateway.settings;
                     let url = match &settings.cert_sha256 {

@@ -40,6 +40,33 @@ impl DeviceRecord {
             .as_ref()
             .is_none_or(|hosts| hosts.iter().any(|h| h == host_id))
     }
+
+    /// Whether every host of `hosts` (`None`: all hosts) is within this device's reach. A
+    /// device sees, revokes and pairs only devices within its own reach, so a device granted
+    /// some hosts cannot widen its grant through a device it pairs, nor act on broader ones.
+    pub fn covers(&self, hosts: Option<&[String]>) -> bool {
+        match (&self.hosts, hosts) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(_), Some(hosts)) => hosts.iter().all(|h| self.may_reach(h)),
+        }
+    }
+
+    /// The hosts a pairing token minted by this device grants: what was asked, which must be
+    /// within this device's reach; when nothing was asked, this device's own reach.
+    pub fn grant(&self, asked: Option<Vec<String>>) -> Result<Option<Vec<String>>, AppError> {
+        let Some(asked) = asked else {
+            return Ok(self.hosts.clone());
+        };
+        match asked.iter().find(|h| !self.may_reach(h)) {
+            None => Ok(Some(asked)),
+            Some(beyond) => Err(AppError::new(
+                ErrorCode::Forbidden,
+                "a device can grant only hosts it may reach itself",
+            )
+            .with_details(json!({"hostId": beyond, "reason": "host_not_granted"}))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -330,12 +357,13 @@ impl Devices {
         })
     }
 
-    pub fn list(&self) -> Vec<DeviceRecord> {
+    /// The devices `viewer` may see: not revoked, and within its reach.
+    pub fn list(&self, viewer: &DeviceRecord) -> Vec<DeviceRecord> {
         let mut devices: Vec<_> = self
             .cache
             .iter()
             .map(|r| r.value().clone())
-            .filter(|r| !r.revoked)
+            .filter(|r| !r.revoked && viewer.covers(r.hosts.as_deref()))
             .collect();
         devices.sort_by(|a, b| (a.created_at, &a.device_id).cmp(&(b.created_at, &b.device_id)));
         devices
@@ -343,7 +371,7 @@ impl Devices {
 
     /// Marks a device revoked and returns the bucket's revision that says so. The write is a
     /// compare-and-set, retried when another write to the record came in between.
-    pub async fn revoke(&self, device_id: &str) -> Result<u64, AppError> {
+    pub async fn revoke(&self, device_id: &str, by: &DeviceRecord) -> Result<u64, AppError> {
         let not_found = || {
             AppError::new(ErrorCode::NotFound, "no such device")
                 .with_details(json!({"deviceId": device_id}))
@@ -361,6 +389,10 @@ impl Devices {
             }
             let mut device: DeviceRecord =
                 serde_json::from_slice(&entry.value).map_err(internal)?;
+            // A device beyond the revoker's reach is one it cannot see.
+            if !by.covers(device.hosts.as_deref()) {
+                return Err(not_found());
+            }
             device.revoked = true;
             match self
                 .devices
@@ -385,4 +417,50 @@ fn device_key(token_id: &str) -> String {
 
 fn encode<T: Serialize>(value: &T) -> Result<bytes::Bytes, AppError> {
     serde_json::to_vec(value).map(Into::into).map_err(internal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(hosts: Option<&[&str]>) -> DeviceRecord {
+        DeviceRecord {
+            device_id: "dev_x".into(),
+            name: "x".into(),
+            roles: vec![Role::Owner],
+            tag: String::new(),
+            created_at: 0,
+            hosts: hosts.map(|h| h.iter().map(|s| s.to_string()).collect()),
+            revoked: false,
+        }
+    }
+
+    fn hosts(h: &[&str]) -> Vec<String> {
+        h.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_device_covers_only_what_it_reaches() {
+        let everywhere = device(None);
+        let only_a = device(Some(&["a"]));
+        assert!(everywhere.covers(None));
+        assert!(everywhere.covers(Some(&hosts(&["a", "b"]))));
+        assert!(!only_a.covers(None));
+        assert!(only_a.covers(Some(&hosts(&["a"]))));
+        assert!(only_a.covers(Some(&[])));
+        assert!(!only_a.covers(Some(&hosts(&["a", "b"]))));
+    }
+
+    #[test]
+    fn a_grant_is_at_most_the_granters_reach() {
+        let only_a = device(Some(&["a"]));
+        assert_eq!(only_a.grant(None).ok(), Some(Some(hosts(&["a"]))));
+        assert_eq!(
+            only_a.grant(Some(hosts(&["a"]))).ok(),
+            Some(Some(hosts(&["a"])))
+        );
+        let refused = only_a.grant(Some(hosts(&["a", "b"]))).err();
+        assert_eq!(refused.map(|e| e.code()), Some(ErrorCode::Forbidden));
+        assert_eq!(device(None).grant(None).ok(), Some(None));
+    }
 }

@@ -78,7 +78,11 @@ impl Revocation {
 
     /// Revokes a device and returns once no replica serves it: every listed replica confirmed,
     /// or a lease passed since the write (docs/protocol.md §15, `device/revoke`).
-    pub async fn revoke(gateway: &Gateway, device_id: &str) -> Result<(), AppError> {
+    pub async fn revoke(
+        gateway: &Gateway,
+        device_id: &str,
+        by: &crate::devices::DeviceRecord,
+    ) -> Result<(), AppError> {
         let this = &gateway.revocation;
         // Listening before the write, so no confirmation can pass unseen.
         let mut confirmations = gateway
@@ -86,7 +90,7 @@ impl Revocation {
             .subscribe(APPLIED_SUBJECT)
             .await
             .map_err(crate::devices::unavailable)?;
-        let revision = gateway.devices.revoke(device_id).await?;
+        let revision = gateway.devices.revoke(device_id, by).await?;
         let deadline = Instant::now() + this.lease;
         let mut waiting = this.listed().await;
         waiting.insert(this.replica_id.clone());

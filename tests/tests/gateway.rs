@@ -542,6 +542,75 @@ async fn refusals_carry_their_codes() {
 }
 
 #[tokio::test]
+async fn a_device_granted_some_hosts_cannot_widen_its_reach() {
+    let mut fleet = Fleet::new(1, 1, 2, 3600).await;
+    let gateway = fleet.gateway().await;
+    let (a_id, b_id) = (fleet.hosts[0].1.clone(), fleet.hosts[1].1.clone());
+    let (everywhere, _) = gateway.pair_device("owner", &[]).await;
+    let (owner_of_a, owner_of_a_token) = gateway.pair_device("owner", &[&a_id]).await;
+    let mut limited = connect(&gateway.url(), &owner_of_a_token).await;
+
+    // It cannot mint a pairing token for a host it may not reach.
+    let wider = limited
+        .call(
+            "pairing/create",
+            json!({"roles": ["owner"], "hosts": [b_id]}),
+        )
+        .await;
+    assert_eq!(wider["error"]["code"], "FORBIDDEN", "{wider}");
+    assert_eq!(
+        wider["error"]["details"]["reason"], "host_not_granted",
+        "{wider}"
+    );
+    assert_eq!(wider["error"]["details"]["hostId"], json!(b_id), "{wider}");
+
+    // A token minted without `hosts` grants the minter's own reach, not every host.
+    let minted = limited
+        .call("pairing/create", json!({"roles": ["owner"]}))
+        .await;
+    let token = minted["result"]["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{minted}"));
+    let mut pairing = connect(&gateway.url(), token).await;
+    let paired = pairing
+        .call("pair", json!({"deviceName": "paired by a limited owner"}))
+        .await;
+    let new_token = paired["result"]["deviceToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let new_device = paired["result"]["deviceId"].as_str().unwrap().to_string();
+    let refused = Client::connect(&gateway.host_url(&b_id), &new_token)
+        .await
+        .err()
+        .expect("the paired device reached a host its pairer may not reach");
+    assert_eq!(refused.status, 403);
+    connect(&gateway.host_url(&a_id), &new_token).await;
+
+    // Devices of a wider reach are beyond it: not listed, not revocable.
+    let listed = limited.call("device/list", json!({})).await;
+    let ids: Vec<_> = listed["result"]["devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .map(|d| d["deviceId"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        ids.contains(&owner_of_a) && ids.contains(&new_device),
+        "{listed}"
+    );
+    assert!(!ids.contains(&everywhere), "{listed}");
+    let revoke = limited
+        .call("device/revoke", json!({"deviceId": everywhere}))
+        .await;
+    assert_eq!(revoke["error"]["code"], "NOT_FOUND", "{revoke}");
+    let revoke = limited
+        .call("device/revoke", json!({"deviceId": new_device}))
+        .await;
+    assert!(revoke["result"].is_object(), "{revoke}");
+}
+
+#[tokio::test]
 async fn a_device_revoked_on_one_replica_is_cut_off_on_every_replica() {
     let mut fleet = Fleet::new(1, 2, 1, 3600).await;
     let first = fleet.gateway().await;

@@ -120,8 +120,9 @@ pub struct PairingCreateParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = MIN_PAIRING_TTL_SECONDS, max = MAX_PAIRING_TTL_SECONDS))]
     pub ttl_seconds: Option<u64>,
-    /// Through a gateway: the hosts the paired device may reach (all when absent). A plain
-    /// pi-host is one host and refuses the field.
+    /// Through a gateway: the hosts the paired device may reach, each one the caller reaches
+    /// itself (when absent: the caller's own reach). A plain pi-host is one host and refuses
+    /// the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
     pub hosts: Option<Vec<String>>,
