@@ -142,12 +142,16 @@ async fn bucket(
         // A bucket made before reads were chosen per bucket.
         let config = stream.cached_info().config.clone();
         if config.allow_direct != allow_direct {
-            js.update_stream(stream::Config {
-                allow_direct,
-                ..config
-            })
-            .await
-            .map_err(|e| js_error(name)(&e))?;
+            // Not fatal: reads from a lagging copy are still bounded by the revocation lease.
+            if let Err(err) = js
+                .update_stream(stream::Config {
+                    allow_direct,
+                    ..config
+                })
+                .await
+            {
+                tracing::warn!(bucket = name, error = %err, "cannot change where the bucket is read from");
+            }
         }
         return js.get_key_value(name).await.map_err(|e| js_error(name)(&e));
     }
