@@ -92,6 +92,10 @@ struct ServeArgs {
     /// Browser Origins to accept (repeatable)
     #[arg(long = "allow-origin")]
     allowed_origins: Vec<String>,
+    /// A name devices reach the gateway by, to accept in the Host header besides loopback
+    /// names and the --listen address (repeatable; against DNS rebinding)
+    #[arg(long = "allow-host")]
+    allowed_hosts: Vec<String>,
     /// How long a replica serves devices after it last confirmed it knows every revoke, and
     /// so the longest a revoke waits for a replica that does not confirm (milliseconds)
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
@@ -264,6 +268,20 @@ async fn jetstream(
     Ok(async_nats::jetstream::new(client))
 }
 
+/// The names accepted in the Host header: `--allow-host`, and the listen address when it
+/// names one interface (a wildcard address names none).
+fn allowed_hosts(args: &ServeArgs) -> Vec<String> {
+    let mut names = args.allowed_hosts.clone();
+    let ip = args.listen.ip();
+    if !ip.is_unspecified() {
+        names.push(match ip {
+            std::net::IpAddr::V4(v4) => v4.to_string(),
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        });
+    }
+    names
+}
+
 async fn serve(
     cli: &Cli,
     data_dir: &Path,
@@ -309,6 +327,7 @@ async fn serve(
         requests_per_second: limits.requests_per_second,
         request_burst: limits.request_burst,
         allowed_origins: args.allowed_origins.clone(),
+        allowed_hosts: allowed_hosts(args),
         cert_sha256,
         revocation_lease: Duration::from_millis(args.revocation_lease_ms),
     };

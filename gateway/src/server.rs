@@ -10,7 +10,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
 use pi_host::connections::Slot;
-use pi_host::server::upgrade::{presented_token, refusal};
+use pi_host::server::upgrade::{check_host_header, presented_token, refusal};
 use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode, SUBPROTOCOL};
 use serde_json::json;
 use std::sync::Arc;
@@ -79,6 +79,7 @@ async fn admit(
     headers: &HeaderMap,
     host: Option<&str>,
 ) -> Result<(Caller, Slot), AppError> {
+    check_host_header(headers, &gateway.settings.allowed_hosts)?;
     let token = presented_token(headers, &gateway.settings.allowed_origins)?;
     if !gateway.nats_up() {
         return Err(crate::hosts::nats_down(&"not connected"));

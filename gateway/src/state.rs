@@ -24,6 +24,8 @@ pub struct Settings {
     pub requests_per_second: u32,
     pub request_burst: u32,
     pub allowed_origins: Vec<String>,
+    /// Names the Host header may carry besides loopback ones.
+    pub allowed_hosts: Vec<String>,
     /// The served certificate's SHA-256 (None with `--plain`).
     pub cert_sha256: Option<CertSha256>,
     /// How long this replica serves devices after it last confirmed it knows every revoke.

@@ -497,6 +497,29 @@ async fn refusals_carry_their_codes() {
         .err()
         .unwrap();
     assert_eq!(unknown.body["error"]["code"], "NOT_FOUND");
+    // Host is checked as on a host (against DNS rebinding): loopback names, not others.
+    for (name, accepted) in [
+        ("evil.example", false),
+        ("127.0.0.1.nip.io", false),
+        ("localhost", true),
+    ] {
+        let upgrade = tests::Upgrade {
+            bearer: Some(&owner),
+            host: Some(name),
+            ..tests::Upgrade::default()
+        };
+        match Client::upgrade(&gateway.url(), upgrade).await {
+            Ok(_) => assert!(accepted, "Host {name} accepted"),
+            Err(refused) => {
+                assert!(!accepted, "Host {name} refused: {refused:?}");
+                assert_eq!(refused.status, 403, "{name}");
+                assert_eq!(
+                    refused.body["error"]["details"]["reason"],
+                    "host_not_allowed"
+                );
+            }
+        }
+    }
 
     // JetStream keeps host A's events 2 s here: an older cursor is CURSOR_EXPIRED, with the
     // details a host gives.

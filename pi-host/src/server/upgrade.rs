@@ -29,15 +29,7 @@ pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Credential, Slot
             "the host is shutting down; reconnect when it is back",
         ));
     }
-    // Exactly one Host header (RFC 9112): with two, a proxy and this check could disagree.
-    let host = single(headers, header::HOST).unwrap_or("");
-    if !host_allowed(host, &state.config.allowed_hosts) {
-        return Err(AppError::new(
-            ErrorCode::Forbidden,
-            "the Host header names a host this server does not answer for",
-        )
-        .with_details(json!({"reason": "host_not_allowed"})));
-    }
+    check_host_header(headers, &state.config.allowed_hosts)?;
     let token = presented_token(headers, &state.config.allowed_origins)?;
     let credential = authenticate(state, token)?;
     // A place is taken here, not when the connection starts: concurrent upgrades cannot all
@@ -53,6 +45,21 @@ pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Credential, Slot
             .with_retry_after_ms(1000)
         })?;
     Ok((credential, slot))
+}
+
+/// The Host header names this server: a loopback name or one of `allowed` (against DNS
+/// rebinding). Shared by host and gateway.
+pub fn check_host_header(headers: &HeaderMap, allowed: &[String]) -> Result<(), AppError> {
+    // Exactly one Host header (RFC 9112): with two, a proxy and this check could disagree.
+    let host = single(headers, header::HOST).unwrap_or("");
+    if host_allowed(host, allowed) {
+        return Ok(());
+    }
+    Err(AppError::new(
+        ErrorCode::Forbidden,
+        "the Host header names a host this server does not answer for; start it with --allow-host NAME to answer for NAME",
+    )
+    .with_details(json!({"reason": "host_not_allowed"})))
 }
 
 /// The checks every RACP-WS upgrade makes, on a host and on a gateway: the Origin (when a
