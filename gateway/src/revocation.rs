@@ -92,7 +92,10 @@ impl Revocation {
             .map_err(crate::devices::unavailable)?;
         let revision = gateway.devices.revoke(device_id, by).await?;
         let deadline = Instant::now() + this.lease;
-        let mut waiting = this.listed().await;
+        // Who to wait for; when the list cannot be read, everyone is waited out (one lease).
+        let listed = this.listed().await;
+        let unlisted = listed.is_none();
+        let mut waiting = listed.unwrap_or_default();
         waiting.insert(this.replica_id.clone());
         tracing::debug!(device_id, revision, replicas = ?waiting, "revoke written; waiting for the replicas");
         while !waiting.is_empty() {
@@ -113,7 +116,7 @@ impl Revocation {
             }
         }
         tracing::debug!(device_id, unconfirmed = ?waiting, "revoke confirmations in");
-        if !waiting.is_empty() {
+        if !waiting.is_empty() || unlisted {
             // Past their lease now: they refuse the device until they catch up.
             tokio::time::sleep_until(deadline).await;
             tracing::warn!(device_id, unconfirmed = ?waiting, "revoke not confirmed by every replica; their lease has passed");
@@ -121,7 +124,8 @@ impl Revocation {
         Ok(())
     }
 
-    async fn listed(&self) -> HashSet<String> {
+    /// The replicas announced in the last minute, or `None` when the list cannot be read.
+    async fn listed(&self) -> Option<HashSet<String>> {
         let listing = async {
             let mut keys = self.replicas.keys().await.ok()?;
             let mut listed = HashSet::new();
@@ -134,7 +138,6 @@ impl Revocation {
             .await
             .ok()
             .flatten()
-            .unwrap_or_default()
     }
 }
 
