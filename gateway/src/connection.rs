@@ -50,6 +50,8 @@ struct Connection {
     gate: Option<Arc<DeviceGate>>,
     /// The host this connection reaches (`/racp/hosts/<id>`); `None` on `/racp`.
     host: Option<String>,
+    /// The address the desktop reached the gateway at (its Host header).
+    reached_as: String,
     max_frame_bytes: usize,
     said_hello: bool,
     in_flight: Arc<Semaphore>,
@@ -64,6 +66,7 @@ pub async fn run(
     caller: Caller,
     host: Option<String>,
     slot: Slot,
+    reached_as: String,
 ) {
     let device_id = caller.device_id().map(str::to_string);
     let Registration {
@@ -89,6 +92,7 @@ pub async fn run(
         caller,
         gate,
         host,
+        reached_as,
         max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
         said_hello: false,
         follows: BTreeMap::new(),
@@ -569,6 +573,7 @@ impl Connection {
         let gateway = self.gateway.clone();
         let device = self.device();
         let caller = self.caller.clone();
+        let reached_as = self.reached_as.clone();
         let host = self.host_for(method);
         Box::pin(async move {
             let now = pi_host::clock::now_ms();
@@ -602,10 +607,10 @@ impl Connection {
                     let settings = &gateway.settings;
                     let url = match &settings.cert_sha256 {
                         Some(sha256) => format!(
-                            "racps://{}/pair?cert=sha256:{sha256}#{}",
-                            settings.listen, minted.token
+                            "racps://{reached_as}/pair?cert=sha256:{sha256}#{}",
+                            minted.token
                         ),
-                        None => format!("racp://{}/pair#{}", settings.listen, minted.token),
+                        None => format!("racp://{reached_as}/pair#{}", minted.token),
                     };
                     raw(&PairingCreateResult {
                         url,

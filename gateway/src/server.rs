@@ -64,6 +64,12 @@ async fn upgrade(
             );
         }
     };
+    // Where this desktop reached the gateway (a name the Host check accepted): pairing links
+    // minted on the connection point there, not at a wildcard or internal listen address.
+    let reached_as = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map_or_else(|| gateway.settings.listen.to_string(), str::to_string);
     let cap = gateway.settings.max_frame_bytes as usize * 4;
     ws.protocols([SUBPROTOCOL])
         .read_buffer_size(1 << 10)
@@ -71,7 +77,9 @@ async fn upgrade(
         .max_write_buffer_size(cap.max(32 << 20))
         .max_message_size(cap)
         .max_frame_size(cap)
-        .on_upgrade(move |socket| crate::connection::run(socket, gateway, caller, host, slot))
+        .on_upgrade(move |socket| {
+            crate::connection::run(socket, gateway, caller, host, slot, reached_as)
+        })
 }
 
 async fn admit(

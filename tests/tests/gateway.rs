@@ -498,10 +498,11 @@ async fn refusals_carry_their_codes() {
         .unwrap();
     assert_eq!(unknown.body["error"]["code"], "NOT_FOUND");
     // Host is checked as on a host (against DNS rebinding): loopback names, not others.
+    let by_name = format!("localhost:{}", gateway.addr.port());
     for (name, accepted) in [
         ("evil.example", false),
         ("127.0.0.1.nip.io", false),
-        ("localhost", true),
+        (by_name.as_str(), true),
     ] {
         let upgrade = tests::Upgrade {
             bearer: Some(&owner),
@@ -509,7 +510,19 @@ async fn refusals_carry_their_codes() {
             ..tests::Upgrade::default()
         };
         match Client::upgrade(&gateway.url(), upgrade).await {
-            Ok(_) => assert!(accepted, "Host {name} accepted"),
+            Ok(mut client) => {
+                assert!(accepted, "Host {name} accepted");
+                // A pairing link points where the desktop reached the gateway.
+                client.hello().await;
+                let minted = client
+                    .call("pairing/create", json!({"roles": ["observer"]}))
+                    .await;
+                let url = minted["result"]["url"].as_str().unwrap_or_default();
+                assert!(
+                    url.starts_with(&format!("racps://{name}/pair?cert=sha256:")),
+                    "{minted}"
+                );
+            }
             Err(refused) => {
                 assert!(!accepted, "Host {name} refused: {refused:?}");
                 assert_eq!(refused.status, 403, "{name}");
