@@ -15,7 +15,7 @@ use pi_host::server::elide::fit_reply;
 use pi_host::wire::encode;
 use racp_proto::codec::{Rejected, decode_request};
 use racp_proto::frame::{ConnectionError, ErrorReply, RequestId, ResultReply};
-use racp_proto::gateway::{events_stream, events_subject};
+use racp_proto::gateway::{events_stream, events_subject, valid_session_id};
 use racp_proto::limits::{MIN_MAX_FRAME_BYTES, PRE_HELLO_MAX_FRAME_BYTES};
 use racp_proto::methods::handshake::{
     HelloParams, HelloResult, HostIdentity, Limits, PrincipalInfo, PrincipalKind,
@@ -443,6 +443,10 @@ impl Connection {
             .get_stream_no_info(events_stream(&host))
             .await
             .map_err(|e| hosts::nats_down(&e))?;
+        if !valid_session_id(&params.session_id) {
+            return Err(AppError::new(ErrorCode::SessionNotFound, "no such session")
+                .with_details(json!({"sessionId": params.session_id})));
+        }
         let subject = events_subject(&host, &params.session_id);
         let (epoch, after, stream_sequence) = match follow::span(&stream, &subject).await? {
             Span::Events { epoch, first, last } => {

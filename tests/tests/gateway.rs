@@ -539,6 +539,17 @@ async fn refusals_carry_their_codes() {
     let mut desk = connect(&gateway.host_url(&a_id), &owner).await;
     let (session_id, _) = open_session(&mut desk, &host_a).await;
     let first = run_turn(&mut desk, &session_id, "a", "echo one").await;
+    // A session id is one subject token: wildcards and dots would widen a subscription to other
+    // sessions' events (host A has some now).
+    for wild in [">", "*", "ses_a.>", "ses_a.ses_b", "ses a"] {
+        let refused = desk
+            .call("session/subscribe", json!({"sessionId": wild}))
+            .await;
+        assert_eq!(
+            refused["error"]["code"], "SESSION_NOT_FOUND",
+            "{wild}: {refused}"
+        );
+    }
     let old_cursor = first[0]["cursor"].clone();
     tokio::time::sleep(Duration::from_secs(3)).await;
     desk.call(
