@@ -376,6 +376,10 @@ impl Devices {
             AppError::new(ErrorCode::NotFound, "no such device")
                 .with_details(json!({"deviceId": device_id}))
         };
+        // Ids are made of one alphabet; any other names no device (and is no key to look up).
+        if !racp_proto::gateway::is_subject_token(device_id) {
+            return Err(not_found());
+        }
         let mut attempts = 0;
         loop {
             let entry = self

@@ -53,17 +53,19 @@ pub fn host_inbox_prefix(host_id: &str) -> String {
 
 /// Whether `id` can be a host id in subjects: one NATS token of safe characters.
 pub fn valid_host_id(id: &str) -> bool {
-    id.len() <= 64 && subject_token(id)
+    id.len() <= 64 && is_subject_token(id)
 }
 
 /// Whether a session id can name a subject of its own: one NATS subject token, never `*`, `>`
 /// or a `.` that would widen a subscription to other sessions' events. Hosts make ids of this
 /// alphabet only, so any other id names no session.
 pub fn valid_session_id(id: &str) -> bool {
-    id.len() as u64 <= crate::limits::MAX_ID_CHARS && subject_token(id)
+    id.len() as u64 <= crate::limits::MAX_ID_CHARS && is_subject_token(id)
 }
 
-fn subject_token(id: &str) -> bool {
+/// One NATS subject token (and one key-value key) of the alphabet hosts and gateways make ids
+/// of: letters, digits, `_` and `-`.
+pub fn is_subject_token(id: &str) -> bool {
     !id.is_empty()
         && id
             .bytes()

@@ -651,6 +651,13 @@ async fn a_device_granted_some_hosts_cannot_widen_its_reach() {
         .call("device/revoke", json!({"deviceId": everywhere}))
         .await;
     assert_eq!(revoke["error"]["code"], "NOT_FOUND", "{revoke}");
+    // An id no device can have is not found either (not a NATS failure).
+    for odd in ["dev_*", "dev_>", "dev_a.b", "dev a"] {
+        let revoke = limited
+            .call("device/revoke", json!({"deviceId": odd}))
+            .await;
+        assert_eq!(revoke["error"]["code"], "NOT_FOUND", "{odd}: {revoke}");
+    }
     let revoke = limited
         .call("device/revoke", json!({"deviceId": new_device}))
         .await;
