@@ -261,6 +261,7 @@ async fn pump(
         };
         let batch = with_arrived(&mut messages, first, start.max_events_per_frame, budget);
         let mut events: Vec<(u64, bytes::Bytes)> = Vec::new();
+        let mut malformed = None;
         for message in batch {
             let message = match message {
                 Ok(message) => {
@@ -286,6 +287,11 @@ async fn pump(
                 end(&out, &start, last, Some(error)).await;
                 return;
             }
+            if !well_formed(&message.payload, seq) {
+                // Spliced into a frame as it is, it would break (or forge) the frame.
+                malformed = Some(seq);
+                break;
+            }
             last = seq;
             events.push((seq, message.payload.clone()));
         }
@@ -304,7 +310,28 @@ async fn pump(
             end(&out, &start, last, None).await;
             return;
         }
+        if let Some(seq) = malformed {
+            tracing::warn!(subject = %start.subject, seq, "the host's stream holds a malformed event");
+            let error = AppError::new(
+                ErrorCode::Internal,
+                "the host relayed an event that is not a well-formed RACP event; the subscription ended before it",
+            )
+            .with_details(json!({"reason": "malformed_event", "seq": seq}));
+            end(&out, &start, last, Some(error)).await;
+            return;
+        }
     }
+}
+
+/// Whether a stream message is an event the gateway may splice into a frame unread: one JSON
+/// object (valid UTF-8) whose `seq` is the one its header names. Only the head is read into a
+/// struct; the rest is checked for syntax, never re-encoded.
+fn well_formed(payload: &[u8], seq: u64) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        seq: u64,
+    }
+    serde_json::from_slice::<Head>(payload).is_ok_and(|head| head.seq == seq)
 }
 
 type Read = Result<jetstream::Message, consumer::pull::OrderedError>;

@@ -282,6 +282,81 @@ async fn a_host_credential_is_confined_to_its_own_subjects() {
     drop(own);
 }
 
+#[tokio::test]
+async fn a_host_credential_cannot_forge_frames_through_its_own_stream() {
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet.gateway().await;
+    let (a_dir, a_id) = fleet.hosts.remove(0);
+    let (thief, _errors) = as_host(a_dir.path(), &a_id, &fleet.nats.urls()).await;
+    let js = async_nats::jetstream::new(thief.clone());
+    let epoch = "00000000000000a1";
+    let publish = |seq: u64, payload: String| {
+        let js = js.clone();
+        let subject = format!("racp.ev.{a_id}.ses_forged");
+        async move {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Racp-Seq", seq.to_string().as_str());
+            headers.insert("Racp-Epoch", epoch);
+            js.publish_with_headers(subject, headers, payload.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    };
+    // One real-looking event, then text that would close the frame's event list and add a reply
+    // of its own if it were spliced in unread.
+    publish(
+        1,
+        format!(
+            r#"{{"seq":1,"cursor":"{epoch}-1","type":"agent.message_update","at":1,"data":{{}}}}"#
+        ),
+    )
+    .await;
+    publish(
+        2,
+        r#"{}]},"id":7,"result":{"forged":true},"w":{"q":["#.to_string(),
+    )
+    .await;
+
+    let (_, token) = gateway.pair_device("observer", &[]).await;
+    let mut desk = connect(&gateway.host_url(&a_id), &token).await;
+    let subscribed = desk
+        .call(
+            "session/subscribe",
+            json!({"sessionId": "ses_forged", "cursor": format!("{epoch}-0")}),
+        )
+        .await;
+    assert!(
+        subscribed["result"]["subscriptionId"].is_string(),
+        "{subscribed}"
+    );
+    let mut seen = Vec::new();
+    let ended = loop {
+        let text = desk.next_text().await.expect("connection open");
+        let frame: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("a frame that is not JSON ({e}): {text}"));
+        assert!(
+            frame.get("id").is_none() && frame.get("result").is_none(),
+            "{text}"
+        );
+        match frame["method"].as_str() {
+            Some("session/events") => {
+                seen.extend(frame["params"]["events"].as_array().unwrap().clone())
+            }
+            Some("subscription/ended") => break frame,
+            _ => {}
+        }
+    };
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["seq"], 1);
+    assert_eq!(ended["params"]["error"]["code"], "INTERNAL", "{ended}");
+    assert_eq!(
+        ended["params"]["error"]["details"]["reason"], "malformed_event",
+        "{ended}"
+    );
+}
+
 fn client_options(url: String, token: &str) -> racp_proto::client::ClientOptions {
     let mut options = tests::client_options(url, token);
     options.min_backoff = Duration::from_millis(20);
