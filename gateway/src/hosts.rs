@@ -74,13 +74,22 @@ pub async fn list(
         if let Some(seen) = seen(hosts, &key).await? {
             let online = seen.online(now);
             let record = seen.record;
+            if record.host_id != key {
+                tracing::warn!(key, claimed = %record.host_id, "a host's record names another host");
+            }
+            // The key is the host: its credential can write no other. What the record says of
+            // itself is shown as text only, clipped and with unprintable characters escaped.
+            let shown = |text: &str, max: usize| {
+                racp_proto::validate::printable(&racp_proto::validate::clip(text, max), false)
+                    .into_owned()
+            };
             entries.push(HostEntry {
-                path: format!("{}/hosts/{}", racp_proto::ENDPOINT_PATH, record.host_id),
+                path: format!("{}/hosts/{key}", racp_proto::ENDPOINT_PATH),
                 host: HostIdentity {
-                    version: record.version,
-                    id: record.host_id,
+                    version: shown(&record.version, 64),
+                    id: key,
                 },
-                hostname: record.hostname,
+                hostname: shown(&record.hostname, 255),
                 status: if online {
                     HostStatus::Online
                 } else {

@@ -270,6 +270,31 @@ async fn a_host_credential_is_confined_to_its_own_subjects() {
     let mut desk = connect(&gateway.host_url(&b_id), &token).await;
     let (session_id, _) = open_session(&mut desk, &b_host).await;
     run_turn(&mut desk, &session_id, "k", "echo secret").await;
+
+    // What it writes of itself in its own heartbeat shows under its own id, as plain text: it
+    // cannot pass for host B, nor write escapes into a desktop's host list.
+    let forged = json!({
+        "hostId": b_id, "version": "9\u{1b}[2J", "hostname": "evil\u{202e}moc",
+        "startedAt": 1, "sessions": 0, "at": 1, "online": true
+    });
+    let kv_ack = js
+        .publish(format!("$KV.racp_hosts.{a_id}"), forged.to_string().into())
+        .await
+        .unwrap()
+        .await;
+    assert!(kv_ack.is_ok(), "{kv_ack:?}");
+    let listed = until_host(&mut root, &a_id, |h| h["hostname"] != "").await;
+    assert_eq!(listed["path"], format!("/racp/hosts/{a_id}"), "{listed}");
+    assert_eq!(listed["hostname"], "evil\\u{202e}moc", "{listed}");
+    assert_eq!(listed["host"]["version"], "9\\u{1b}[2J", "{listed}");
+    let all = root.call("host/list", json!({})).await;
+    let claiming_b = all["result"]["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["host"]["id"] == json!(b_id))
+        .count();
+    assert_eq!(claiming_b, 1, "{all}");
     thief.flush().await.unwrap();
     use futures_util::StreamExt;
     for mut tap in taps {
