@@ -238,62 +238,33 @@ async fn pump(
     let budget = start
         .max_frame_bytes
         .saturating_sub(256 + start.subscription_id.len() + start.session_id.len());
-    let mut last = start.after;
-    // Where a new consumer would start: after the last stream message read.
-    let mut resume_at = start.stream_sequence;
-    let mut errors = 0;
+    let mut at = Position {
+        last: start.after,
+        resume_at: start.stream_sequence,
+        errors: 0,
+    };
     loop {
         let next = match tokio::time::timeout(WATCHDOG, messages.next()).await {
             Ok(next) => next,
             // Quiet: fine if the stream has nothing newer, else the consumer is lost (its
             // node died without the consumer noticing) and a new one is made below.
-            Err(_) if !newer_in_stream(&stream, &start.subject, last).await => continue,
+            Err(_) if !newer_in_stream(&stream, &start.subject, at.last).await => continue,
             Err(_) => None,
         };
-        let Some(first) = next.filter(|_| errors < CONSUMER_ERRORS) else {
+        let Some(first) = next.filter(|_| at.errors < CONSUMER_ERRORS) else {
             tracing::debug!(
-                resume_at,
+                resume_at = at.resume_at,
                 "a subscription's consumer is gone; making a new one"
             );
-            messages = consume_again(&stream, &start.subject, resume_at).await;
-            errors = 0;
+            messages = consume_again(&stream, &start.subject, at.resume_at).await;
+            at.errors = 0;
             continue;
         };
         let batch = with_arrived(&mut messages, first, start.max_events_per_frame, budget);
-        let mut events: Vec<(u64, bytes::Bytes)> = Vec::new();
-        let mut malformed = None;
-        for message in batch {
-            let message = match message {
-                Ok(message) => {
-                    errors = 0;
-                    message
-                }
-                Err(err) => {
-                    errors += 1;
-                    tracing::warn!(error = %err, "a subscription's stream read failed");
-                    continue;
-                }
-            };
-            if let Ok(info) = message.info() {
-                resume_at = info.stream_sequence + 1;
-            }
-            let seq = racp_seq(&message);
-            if seq <= last {
-                continue;
-            }
-            if seq != last + 1 {
-                // Retention removed events this subscriber had not read yet.
-                let error = expired("older_than_window", start.epoch, seq - 1, seq);
-                end(&out, &start, last, Some(error)).await;
-                return;
-            }
-            if !well_formed(&message.payload, seq) {
-                // Spliced into a frame as it is, it would break (or forge) the frame.
-                malformed = Some(seq);
-                break;
-            }
-            last = seq;
-            events.push((seq, message.payload.clone()));
+        let (events, stop) = accept(batch, &mut at, &start);
+        if let Some(Stop::Before(error)) = stop {
+            end(&out, &start, at.last, Some(error)).await;
+            return;
         }
         let mut closed = false;
         for chunk in frames(&events, budget) {
@@ -307,20 +278,72 @@ async fn pump(
             }
         }
         if closed {
-            end(&out, &start, last, None).await;
+            end(&out, &start, at.last, None).await;
             return;
         }
-        if let Some(seq) = malformed {
-            tracing::warn!(subject = %start.subject, seq, "the host's stream holds a malformed event");
-            let error = AppError::new(
-                ErrorCode::Internal,
-                "the host relayed an event that is not a well-formed RACP event; the subscription ended before it",
-            )
-            .with_details(json!({"reason": "malformed_event", "seq": seq}));
-            end(&out, &start, last, Some(error)).await;
+        if let Some(Stop::After(error)) = stop {
+            end(&out, &start, at.last, Some(error)).await;
             return;
         }
     }
+}
+
+/// Where a subscription stands in its stream.
+struct Position {
+    /// The last RACP seq taken.
+    last: u64,
+    /// Where a new consumer would start: after the last stream message read.
+    resume_at: u64,
+    /// Consecutive failed reads.
+    errors: u32,
+}
+
+/// Why a batch ends the subscription: before its events are sent, or after.
+enum Stop {
+    Before(AppError),
+    After(AppError),
+}
+
+/// Takes a batch's events in seq order: skips those already sent, stops at a gap (retention
+/// removed events not read yet) and at a message that is not a well-formed event (spliced into
+/// a frame as it is, it would break or forge the frame).
+fn accept(
+    batch: Vec<Read>,
+    at: &mut Position,
+    start: &Start,
+) -> (Vec<(u64, bytes::Bytes)>, Option<Stop>) {
+    let mut events = Vec::new();
+    for message in batch {
+        let message = match message {
+            Ok(message) => {
+                at.errors = 0;
+                message
+            }
+            Err(err) => {
+                at.errors += 1;
+                tracing::warn!(error = %err, "a subscription's stream read failed");
+                continue;
+            }
+        };
+        if let Ok(info) = message.info() {
+            at.resume_at = info.stream_sequence + 1;
+        }
+        let seq = racp_seq(&message);
+        if seq <= at.last {
+            continue;
+        }
+        if seq != at.last + 1 {
+            let error = expired("older_than_window", start.epoch, seq - 1, seq);
+            return (events, Some(Stop::Before(error)));
+        }
+        if !well_formed(&message.payload, seq) {
+            tracing::warn!(subject = %start.subject, seq, "the host's stream holds a malformed event");
+            return (events, Some(Stop::After(malformed(seq))));
+        }
+        at.last = seq;
+        events.push((seq, message.payload.clone()));
+    }
+    (events, None)
 }
 
 /// Whether a stream message is an event the gateway may splice into a frame unread: one JSON
@@ -332,6 +355,14 @@ fn well_formed(payload: &[u8], seq: u64) -> bool {
         seq: u64,
     }
     serde_json::from_slice::<Head>(payload).is_ok_and(|head| head.seq == seq)
+}
+
+fn malformed(seq: u64) -> AppError {
+    AppError::new(
+        ErrorCode::Internal,
+        "the host relayed an event that is not a well-formed RACP event; the subscription ended before it",
+    )
+    .with_details(json!({"reason": "malformed_event", "seq": seq}))
 }
 
 type Read = Result<jetstream::Message, consumer::pull::OrderedError>;
