@@ -784,17 +784,7 @@ async fn a_device_revoked_on_one_replica_is_cut_off_on_every_replica() {
         .await;
     assert!(revoked["result"].is_object(), "{revoked}");
     // Once the revoke has answered, the other replica serves the laptop nothing more.
-    let after = json!({"id": 900, "method": "host/list", "params": {}}).to_string();
-    let _ = on_second.try_send_text(after).await;
-    let (frames, close) = tokio::time::timeout(PATIENCE, on_second.until_close())
-        .await
-        .expect("the other replica kept the revoked device's connection");
-    assert!(
-        !frames
-            .iter()
-            .any(|f| f["id"] == 900 && f.get("result").is_some()),
-        "served after the revoke answered: {frames:?}"
-    );
+    let (frames, close) = unserved_to_the_close(&mut on_second, 900, "host/list").await;
     let last = frames.last().expect("a connection error");
     assert_eq!(last["error"]["code"], "REMOTE_AUTH_FAILED", "{frames:?}");
     assert_eq!(u16::from(close.expect("close frame").code), 4031);
@@ -891,6 +881,30 @@ async fn no_call_of_a_revoked_device_reaches_its_host_after_the_revoke_answers()
     );
 }
 
+/// Sends call `id` of `method` on a revoked device's connection, reads until the server closes
+/// it, and asserts the call was not served; returns the frames and the close frame.
+async fn unserved_to_the_close(
+    client: &mut Client,
+    id: u64,
+    method: &str,
+) -> (
+    Vec<Value>,
+    Option<tokio_tungstenite::tungstenite::protocol::CloseFrame>,
+) {
+    let call = json!({"id": id, "method": method, "params": {}});
+    let _ = client.try_send_text(call.to_string()).await;
+    let (frames, close) = tokio::time::timeout(PATIENCE, client.until_close())
+        .await
+        .expect("a replica kept the revoked device's connection");
+    assert!(
+        !frames
+            .iter()
+            .any(|f| f["id"] == id && f.get("result").is_some()),
+        "a replica served the revoked device: {frames:?}"
+    );
+    (frames, close)
+}
+
 /// The frames of `client` up to the reply to request `id` (pushes skipped), within `patience`.
 async fn reply_to(client: &mut Client, id: u64, patience: Duration) -> Option<Value> {
     let wait = async {
@@ -939,17 +953,7 @@ async fn a_revoke_waits_out_a_replica_cut_from_nats_which_then_serves_the_device
 
     // Its lease over, the cut-off replica serves the revoked tablet nothing, though it still
     // has not heard of the revoke.
-    let call = json!({"id": 5, "method": "device/list", "params": {}});
-    let _ = on_second.try_send_text(call.to_string()).await;
-    let (frames, _) = tokio::time::timeout(PATIENCE, on_second.until_close())
-        .await
-        .expect("the cut-off replica kept the revoked device's connection");
-    assert!(
-        !frames
-            .iter()
-            .any(|f| f["id"] == 5 && f.get("result").is_some()),
-        "the cut-off replica served the revoked device: {frames:?}"
-    );
+    let (frames, _) = unserved_to_the_close(&mut on_second, 5, "device/list").await;
     let ending = frames.last().expect("a connection error");
     assert_eq!(ending["error"]["code"], "HOST_UNAVAILABLE", "{frames:?}");
     assert_eq!(
