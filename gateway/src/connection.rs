@@ -12,6 +12,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::SinkExt;
 use pi_host::connections::{CallPass, DeviceGate, Registration, Slot};
 use pi_host::server::elide::fit_reply;
+use pi_host::server::identity::pairing_link;
 use pi_host::wire::encode;
 use racp_proto::codec::{Rejected, decode_request};
 use racp_proto::frame::{ConnectionError, ErrorReply, RequestId, ResultReply};
@@ -609,13 +610,8 @@ impl Connection {
                         .mint_pairing(params.roles.clone(), hosts, expires_at)
                         .await?;
                     let settings = &gateway.settings;
-                    let url = match &settings.cert_sha256 {
-                        Some(sha256) => format!(
-                            "racps://{reached_as}/pair?cert=sha256:{sha256}#{}",
-                            minted.token
-                        ),
-                        None => format!("racp://{reached_as}/pair#{}", minted.token),
-                    };
+                    let cert = settings.cert_sha256.as_ref();
+                    let url = pairing_link(&reached_as, cert, cert.is_some(), &minted.token);
                     raw(&PairingCreateResult {
                         url,
                         token: minted.token,

@@ -234,9 +234,11 @@ async fn pair(
         pi_host::server::identity::load_or_create(data_dir).map_err(|e| e.to_string())?;
     // The link a host's pairing gives, with the gateway's address and certificate.
     let url = request.address.map(|address| {
-        format!(
-            "racps://{address}/pair?cert=sha256:{}#{}",
-            identity.sha256, minted.token
+        pi_host::server::identity::pairing_link(
+            address,
+            Some(&identity.sha256),
+            true,
+            &minted.token,
         )
     });
     if request.json {

@@ -150,13 +150,20 @@ fn write_temp(path: &Path, bytes: &[u8]) -> Result<PathBuf, IdentityError> {
 /// The pairing link for `token` (docs/protocol.md §5.3): with TLS it names the certificate
 /// fingerprint the new device pins.
 pub fn pairing_url(config: &crate::config::ServeConfig, token: &str) -> String {
-    match (&config.cert_sha256, &config.tls) {
-        (Some(sha256), _) => format!(
-            "racps://{}/pair?cert=sha256:{sha256}#{token}",
-            config.listen
-        ),
-        (None, Some(_)) => format!("racps://{}/pair#{token}", config.listen),
-        (None, None) => format!("racp://{}/pair#{token}", config.listen),
+    pairing_link(
+        &config.listen.to_string(),
+        config.cert_sha256.as_ref(),
+        config.tls.is_some(),
+        token,
+    )
+}
+
+/// A pairing link to `address` (the one writer of the form, for hosts and gateways).
+pub fn pairing_link(address: &str, cert: Option<&CertSha256>, tls: bool, token: &str) -> String {
+    match (cert, tls) {
+        (Some(sha256), _) => format!("racps://{address}/pair?cert=sha256:{sha256}#{token}"),
+        (None, true) => format!("racps://{address}/pair#{token}"),
+        (None, false) => format!("racp://{address}/pair#{token}"),
     }
 }
 
