@@ -14,7 +14,8 @@ use futures_util::StreamExt;
 use racp_proto::{AppError, ErrorCode};
 use serde_json::json;
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -31,8 +32,11 @@ pub struct Revocation {
     replica_id: String,
     lease: Duration,
     replicas: kv::Store,
-    /// When the last check that found every earlier change applied began.
-    verified_at: Mutex<Option<Instant>>,
+    /// When the replica started: `verified_at` counts from it.
+    born: Instant,
+    /// When the last check that found every earlier change applied began, in ns after `born`
+    /// (0: never). An atomic, as every device call reads it.
+    verified_at: AtomicU64,
 }
 
 impl Revocation {
@@ -47,23 +51,21 @@ impl Revocation {
             replica_id: format!("gw_{hex}"),
             lease,
             replicas,
-            verified_at: Mutex::new(None),
+            born: Instant::now(),
+            verified_at: AtomicU64::new(0),
         })
     }
 
     /// Whether this replica may serve a device's call: it knows every revoke older than its lease.
     pub fn current(&self) -> bool {
-        self.verified_at
-            .lock()
-            .ok()
-            .and_then(|at| *at)
-            .is_some_and(|at| at.elapsed() < self.lease)
+        let at = self.verified_at.load(Ordering::Acquire);
+        at != 0 && self.born.elapsed().as_nanos() < u128::from(at) + self.lease.as_nanos()
     }
 
     fn verified(&self, at: Instant) {
-        if let Ok(mut verified) = self.verified_at.lock() {
-            *verified = Some(at);
-        }
+        let since = at.duration_since(self.born).as_nanos().max(1);
+        self.verified_at
+            .store(u64::try_from(since).unwrap_or(u64::MAX), Ordering::Release);
     }
 
     /// Follows the devices bucket and keeps the lease for the life of the process; returns once
