@@ -261,11 +261,8 @@ async fn pump(
             continue;
         };
         let batch = with_arrived(&mut messages, first, start.max_events_per_frame, budget);
-        let (events, stop) = accept(batch, &mut at, &start);
-        if let Some(Stop::Before(error)) = stop {
-            end(&out, &start, at.last, Some(error)).await;
-            return;
-        }
+        let batch = batch.into_iter().map(|read| read.map(Entry::read));
+        let (events, stop) = accept(batch, &mut at, start.epoch, &start.subject);
         let mut closed = false;
         for chunk in frames(&events, budget) {
             let (frame, ends) = events_frame(&prefix, chunk, budget, &start);
@@ -281,7 +278,7 @@ async fn pump(
             end(&out, &start, at.last, None).await;
             return;
         }
-        if let Some(Stop::After(error)) = stop {
+        if let Some(error) = stop {
             end(&out, &start, at.last, Some(error)).await;
             return;
         }
@@ -298,26 +295,41 @@ struct Position {
     errors: u32,
 }
 
-/// Why a batch ends the subscription: before its events are sent, or after.
-enum Stop {
-    Before(AppError),
-    After(AppError),
+/// A stream message as the pump reads it.
+struct Entry {
+    /// Its stream sequence: a new consumer starts after the last one read.
+    stream_sequence: Option<u64>,
+    /// Its RACP seq (0 when its header has none: such a message is skipped).
+    seq: u64,
+    payload: bytes::Bytes,
 }
 
-/// Takes a batch's events in seq order: skips those already sent, stops at a gap (retention
-/// removed events not read yet) and at a message that is not a well-formed event (spliced into
-/// a frame as it is, it would break or forge the frame).
-fn accept(
-    batch: Vec<Read>,
+impl Entry {
+    fn read(message: jetstream::Message) -> Self {
+        Entry {
+            stream_sequence: message.info().ok().map(|info| info.stream_sequence),
+            seq: racp_seq(&message),
+            payload: message.payload.clone(),
+        }
+    }
+}
+
+/// Takes a batch's events in seq order, skipping those already sent. A gap (retention removed
+/// events not read yet) or a message that is not a well-formed event (spliced into a frame as
+/// it is, it would break or forge the frame) ends the batch: the events before it are taken,
+/// so `at.last` is always the last event sent, and the error ends the subscription after them.
+fn accept<E: std::fmt::Display>(
+    batch: impl IntoIterator<Item = Result<Entry, E>>,
     at: &mut Position,
-    start: &Start,
-) -> (Vec<(u64, bytes::Bytes)>, Option<Stop>) {
+    epoch: Epoch,
+    subject: &str,
+) -> (Vec<(u64, bytes::Bytes)>, Option<AppError>) {
     let mut events = Vec::new();
-    for message in batch {
-        let message = match message {
-            Ok(message) => {
+    for entry in batch {
+        let entry = match entry {
+            Ok(entry) => {
                 at.errors = 0;
-                message
+                entry
             }
             Err(err) => {
                 at.errors += 1;
@@ -325,23 +337,23 @@ fn accept(
                 continue;
             }
         };
-        if let Ok(info) = message.info() {
-            at.resume_at = info.stream_sequence + 1;
+        if let Some(stream_sequence) = entry.stream_sequence {
+            at.resume_at = stream_sequence + 1;
         }
-        let seq = racp_seq(&message);
+        let seq = entry.seq;
         if seq <= at.last {
             continue;
         }
         if seq != at.last + 1 {
-            let error = expired("older_than_window", start.epoch, seq - 1, seq);
-            return (events, Some(Stop::Before(error)));
+            let error = expired("older_than_window", epoch, seq - 1, seq);
+            return (events, Some(error));
         }
-        if !well_formed(&message.payload, seq) {
-            tracing::warn!(subject = %start.subject, seq, "the host's stream holds a malformed event");
-            return (events, Some(Stop::After(malformed(seq))));
+        if !well_formed(&entry.payload, seq) {
+            tracing::warn!(subject, seq, "the host's stream holds a malformed event");
+            return (events, Some(malformed(seq)));
         }
         at.last = seq;
-        events.push((seq, message.payload.clone()));
+        events.push((seq, entry.payload));
     }
     (events, None)
 }
@@ -475,4 +487,110 @@ fn ended(start: &Start, last: u64, error: Option<AppError>) -> Outgoing {
     Outgoing::Frame(
         json!({"method": PushMethod::SubscriptionEnded.as_str(), "params": params}).to_string(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: u64) -> Result<Entry, String> {
+        Ok(Entry {
+            stream_sequence: Some(100 + seq),
+            seq,
+            payload: format!(r#"{{"seq":{seq},"type":"turn.delta"}}"#).into(),
+        })
+    }
+
+    fn position(last: u64) -> Position {
+        Position {
+            last,
+            resume_at: 0,
+            errors: 0,
+        }
+    }
+
+    fn seqs(events: &[(u64, bytes::Bytes)]) -> Vec<u64> {
+        events.iter().map(|(seq, _)| *seq).collect()
+    }
+
+    #[test]
+    fn a_batch_skips_what_was_sent_and_resumes_after_the_last_message_read() {
+        let mut at = position(2);
+        let (events, stop) = accept(
+            [event(1), event(2), event(3), event(4)],
+            &mut at,
+            Epoch(7),
+            "s",
+        );
+        assert_eq!(seqs(&events), [3, 4]);
+        assert!(stop.is_none());
+        assert_eq!((at.last, at.resume_at), (4, 105));
+    }
+
+    #[test]
+    fn a_gap_mid_batch_sends_the_events_before_it_then_ends_with_cursor_expired() {
+        let mut at = position(0);
+        let (events, stop) = accept(
+            [event(1), event(2), event(5), event(6)],
+            &mut at,
+            Epoch(7),
+            "s",
+        );
+        assert_eq!(seqs(&events), [1, 2]);
+        assert_eq!(
+            at.last, 2,
+            "the subscription's last seq is the last event it sends"
+        );
+        let error = stop.expect("a gap ends the subscription");
+        assert_eq!(error.code(), ErrorCode::CursorExpired);
+        assert_eq!(
+            error.details().map(|d| d["reason"].clone()),
+            Some(json!("older_than_window"))
+        );
+    }
+
+    #[test]
+    fn a_malformed_event_mid_batch_ends_after_the_events_before_it() {
+        let forged = Ok(Entry {
+            stream_sequence: Some(103),
+            seq: 3,
+            payload: r#"{}]},"id":7,"result":{"#.into(),
+        });
+        let mut at = position(0);
+        let (events, stop) = accept(
+            [event(1), event(2), forged, event(4)],
+            &mut at,
+            Epoch(7),
+            "s",
+        );
+        assert_eq!(seqs(&events), [1, 2]);
+        assert_eq!(at.last, 2);
+        let error = stop.expect("a malformed event ends the subscription");
+        assert_eq!(error.code(), ErrorCode::Internal);
+        assert_eq!(error.details().map(|d| d["seq"].clone()), Some(json!(3)));
+    }
+
+    #[test]
+    fn an_event_whose_body_names_another_seq_is_malformed() {
+        assert!(well_formed(br#"{"seq":3,"data":{}}"#, 3));
+        assert!(!well_formed(br#"{"seq":4,"data":{}}"#, 3));
+        assert!(!well_formed(br#"[{"seq":3}]"#, 3));
+        assert!(!well_formed(br#"{"seq":3,"data":{}"#, 3));
+    }
+
+    #[test]
+    fn failed_reads_are_counted_until_a_message_arrives() {
+        let mut at = position(0);
+        let (events, stop) = accept(
+            [Err("lost".to_string()), Err("lost".to_string())],
+            &mut at,
+            Epoch(7),
+            "s",
+        );
+        assert!(events.is_empty() && stop.is_none());
+        assert_eq!(at.errors, 2);
+        let (events, _) = accept([Err("lost".to_string()), event(1)], &mut at, Epoch(7), "s");
+        assert_eq!(seqs(&events), [1]);
+        assert_eq!(at.errors, 0);
+    }
 }
