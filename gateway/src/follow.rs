@@ -299,6 +299,8 @@ struct Position {
 struct Entry {
     /// Its stream sequence: a new consumer starts after the last one read.
     stream_sequence: Option<u64>,
+    /// Its session's epoch, from its header (none when the header is missing or unreadable).
+    epoch: Option<Epoch>,
     /// Its RACP seq (0 when its header has none: such a message is skipped).
     seq: u64,
     payload: bytes::Bytes,
@@ -306,9 +308,13 @@ struct Entry {
 
 impl Entry {
     fn read(message: jetstream::Message) -> Self {
+        let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str());
         Entry {
             stream_sequence: message.info().ok().map(|info| info.stream_sequence),
-            seq: racp_seq(&message),
+            epoch: header(EPOCH_HEADER)
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+                .map(Epoch),
+            seq: header(SEQ_HEADER).and_then(|v| v.parse().ok()).unwrap_or(0),
             payload: message.payload.clone(),
         }
     }
@@ -341,6 +347,14 @@ fn accept<E: std::fmt::Display>(
             at.resume_at = stream_sequence + 1;
         }
         let seq = entry.seq;
+        if seq == 0 {
+            continue;
+        }
+        if entry.epoch != Some(epoch) {
+            // Delivered under the subscription's epoch, its cursor would name another log.
+            let error = expired("other_epoch", epoch, at.last, at.last);
+            return (events, Some(error));
+        }
         if seq <= at.last {
             continue;
         }
@@ -398,16 +412,6 @@ fn with_arrived(
         }
     }
     batch
-}
-
-/// The RACP seq a stream message carries (0 when it has none: such a message is skipped).
-fn racp_seq(message: &jetstream::Message) -> u64 {
-    message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(SEQ_HEADER))
-        .and_then(|v| v.as_str().parse::<u64>().ok())
-        .unwrap_or(0)
 }
 
 /// One `session/events` frame of `chunk`, an event over `budget` cut to fit as a host cuts it;
@@ -496,6 +500,7 @@ mod tests {
     fn event(seq: u64) -> Result<Entry, String> {
         Ok(Entry {
             stream_sequence: Some(100 + seq),
+            epoch: Some(Epoch(7)),
             seq,
             payload: format!(r#"{{"seq":{seq},"type":"turn.delta"}}"#).into(),
         })
@@ -553,6 +558,7 @@ mod tests {
     fn a_malformed_event_mid_batch_ends_after_the_events_before_it() {
         let forged = Ok(Entry {
             stream_sequence: Some(103),
+            epoch: Some(Epoch(7)),
             seq: 3,
             payload: r#"{}]},"id":7,"result":{"#.into(),
         });
@@ -568,6 +574,27 @@ mod tests {
         let error = stop.expect("a malformed event ends the subscription");
         assert_eq!(error.code(), ErrorCode::Internal);
         assert_eq!(error.details().map(|d| d["seq"].clone()), Some(json!(3)));
+    }
+
+    #[test]
+    fn an_event_of_another_epoch_ends_the_subscription_even_below_its_seq() {
+        for epoch in [Some(Epoch(8)), None] {
+            let mut at = position(2);
+            let other = Ok(Entry {
+                stream_sequence: Some(110),
+                epoch,
+                seq: 1,
+                payload: r#"{"seq":1}"#.into(),
+            });
+            let (events, stop) = accept([event(3), other, event(4)], &mut at, Epoch(7), "s");
+            assert_eq!(seqs(&events), [3]);
+            let error = stop.expect("another epoch ends the subscription");
+            assert_eq!(error.code(), ErrorCode::CursorExpired);
+            assert_eq!(
+                error.details().map(|d| d["reason"].clone()),
+                Some(json!("other_epoch"))
+            );
+        }
     }
 
     #[test]
