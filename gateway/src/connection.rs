@@ -23,14 +23,18 @@ use racp_proto::methods::handshake::{
 };
 use racp_proto::methods::host::{DeviceInfo, DeviceListResult, PairingCreateResult};
 use racp_proto::methods::session::{SessionSubscribeParams, SessionSubscribeResult};
-use racp_proto::{AppError, Call, Cursor, ErrorCode, Method, PROTOCOL_VERSION};
+use racp_proto::{AppError, Call, Cursor, Epoch, ErrorCode, Method, PROTOCOL_VERSION};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 const REPLY_QUEUE: usize = 256;
+/// How long a subscribe behind the host's head waits for the host's relay to put the session's
+/// events in a stream that holds none of them, before it answers CURSOR_EXPIRED.
+const RELAY_WAIT: Duration = Duration::from_secs(3);
 /// Frames subscription tasks may queue for the socket before they wait (and stop pulling from
 /// JetStream): a slow desktop slows only its own consumers.
 const OUTGOING_QUEUE: usize = 32;
@@ -449,48 +453,9 @@ impl Connection {
                 .with_details(json!({"sessionId": params.session_id})));
         }
         let subject = events_subject(&host, &params.session_id);
-        let (epoch, after, stream_sequence) = match follow::span(&stream, &subject).await? {
-            Span::Events { epoch, first, last } => {
-                let (oldest, head) = (first.0.saturating_sub(1), last.0);
-                let after = match params.cursor {
-                    None => head,
-                    Some(cursor) if cursor.epoch != epoch => {
-                        return Err(follow::expired("other_epoch", epoch, oldest, head));
-                    }
-                    Some(cursor) if cursor.seq < oldest => {
-                        return Err(follow::expired("older_than_window", epoch, oldest, head));
-                    }
-                    Some(cursor) if cursor.seq > head => {
-                        // Ahead of the stream: valid only if the host has it (not yet relayed).
-                        let at_host = self.host_head(&host, &params.session_id).await?;
-                        if at_host.epoch != epoch || cursor.seq > at_host.seq {
-                            return Err(follow::expired("ahead_of_head", epoch, oldest, head));
-                        }
-                        cursor.seq
-                    }
-                    Some(cursor) => cursor.seq,
-                };
-                let start = follow::stream_start(&stream, &subject, after, first, last).await?;
-                (epoch, after, start)
-            }
-            Span::Empty => {
-                // Nothing relayed yet: the host says whether the session exists, and where.
-                let head = self.host_head(&host, &params.session_id).await?;
-                let after = match params.cursor {
-                    None => head.seq,
-                    Some(cursor) if cursor.epoch != head.epoch || cursor.seq > head.seq => {
-                        let reason = if cursor.epoch != head.epoch {
-                            "other_epoch"
-                        } else {
-                            "ahead_of_head"
-                        };
-                        return Err(follow::expired(reason, head.epoch, 0, head.seq));
-                    }
-                    Some(cursor) => cursor.seq,
-                };
-                (head.epoch, after, 1)
-            }
-        };
+        let (epoch, after, stream_sequence) = self
+            .start_point(&stream, &subject, &host, &params.session_id, params.cursor)
+            .await?;
         let subscription_id = format!("sub_{}", self.next_subscription);
         self.next_subscription += 1;
         let start = follow::Start {
@@ -509,6 +474,69 @@ impl Connection {
             subscription_id,
             cursor: Cursor::new(epoch, after),
         })
+    }
+
+    /// Where a subscription starts: the session's epoch, the RACP seq after which it delivers,
+    /// and the stream sequence it reads from.
+    async fn start_point(
+        &self,
+        stream: &follow::Stream,
+        subject: &str,
+        host: &str,
+        session_id: &str,
+        cursor: Option<Cursor>,
+    ) -> Result<(Epoch, u64, u64), AppError> {
+        let waiting_since = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(25);
+        loop {
+            let Span::Events { epoch, first, last } = follow::span(stream, subject).await? else {
+                // Nothing relayed: the host says whether the session exists, and where.
+                let head = self.host_head(host, session_id).await?;
+                let after = match cursor {
+                    None => head.seq,
+                    Some(cursor) if cursor.epoch != head.epoch => {
+                        return Err(follow::expired("other_epoch", head.epoch, 0, head.seq));
+                    }
+                    Some(cursor) if cursor.seq > head.seq => {
+                        return Err(follow::expired("ahead_of_head", head.epoch, 0, head.seq));
+                    }
+                    Some(cursor) if cursor.seq < head.seq => {
+                        // The events after the cursor are on their way from the host, or
+                        // retention removed them all: only the first is worth waiting for.
+                        if waiting_since.elapsed() < RELAY_WAIT {
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(Duration::from_millis(400));
+                            continue;
+                        }
+                        let (epoch, head) = (head.epoch, head.seq);
+                        return Err(follow::expired("older_than_window", epoch, head, head));
+                    }
+                    Some(cursor) => cursor.seq,
+                };
+                return Ok((head.epoch, after, 1));
+            };
+            let (oldest, head) = (first.0.saturating_sub(1), last.0);
+            let after = match cursor {
+                None => head,
+                Some(cursor) if cursor.epoch != epoch => {
+                    return Err(follow::expired("other_epoch", epoch, oldest, head));
+                }
+                Some(cursor) if cursor.seq < oldest => {
+                    return Err(follow::expired("older_than_window", epoch, oldest, head));
+                }
+                Some(cursor) if cursor.seq > head => {
+                    // Ahead of the stream: valid only if the host has it (not yet relayed).
+                    let at_host = self.host_head(host, session_id).await?;
+                    if at_host.epoch != epoch || cursor.seq > at_host.seq {
+                        return Err(follow::expired("ahead_of_head", epoch, oldest, head));
+                    }
+                    cursor.seq
+                }
+                Some(cursor) => cursor.seq,
+            };
+            let start = follow::stream_start(stream, subject, after, first, last).await?;
+            return Ok((epoch, after, start));
+        }
     }
 
     /// The session's head cursor as its host has it (`session/get` routed to the host).

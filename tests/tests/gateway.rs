@@ -657,7 +657,7 @@ async fn refusals_carry_their_codes() {
         json!({"sessionId": session_id, "idempotencyKey": "b", "text": "echo two"}),
     )
     .await;
-    desk.events_until(PATIENCE, finished).await;
+    let second = desk.events_until(PATIENCE, finished).await;
     let expired = desk
         .call(
             "session/subscribe",
@@ -667,6 +667,37 @@ async fn refusals_carry_their_codes() {
     assert_eq!(expired["error"]["code"], "CURSOR_EXPIRED", "{expired}");
     assert_eq!(expired["error"]["details"]["reason"], "older_than_window");
     assert!(expired["error"]["details"]["head"].is_string());
+    // Once retention has removed every event of the session, a cursor behind the host's head is
+    // CURSOR_EXPIRED too: a subscription from it would wait for events the stream no longer has.
+    let behind = second[second.len() - 2]["cursor"].clone();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let answer = desk
+            .call(
+                "session/subscribe",
+                json!({"sessionId": session_id, "cursor": behind}),
+            )
+            .await;
+        if answer["error"]["code"] == "CURSOR_EXPIRED" {
+            assert_eq!(
+                answer["error"]["details"]["reason"], "older_than_window",
+                "{answer}"
+            );
+            break;
+        }
+        let subscription = answer["result"]["subscriptionId"].clone();
+        assert!(subscription.is_string(), "{answer}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a cursor behind the host's head is still taken with the stream emptied: {answer}"
+        );
+        desk.call(
+            "session/unsubscribe",
+            json!({"subscriptionId": subscription}),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // NATS gone: the gateway refuses new connections with HOST_UNAVAILABLE.
     fleet.nats.kill(0).await;
