@@ -40,6 +40,8 @@ pub struct Options {
     pub rate: u64,
     /// Seconds the measured step produces for.
     pub secs: f64,
+    /// Seconds of the idle window before it.
+    pub idle_secs: f64,
     /// After the last step, ramp the per-host rate through the gateway alone.
     pub ceiling: bool,
     pub processes: usize,
@@ -365,6 +367,7 @@ pub async fn gateway(
         "per_host": options.per_host,
         "rate_per_host": options.rate,
         "secs": options.secs,
+        "idle_secs": options.idle_secs,
         "nats": "nats-server (single node, JetStream, R1 streams)",
         "enroll_secs": enroll_secs,
         "steps": steps,
@@ -444,7 +447,7 @@ async fn measure(
 
     // CPU with every subscriber connected and no events (pull requests, heartbeats), so the
     // per-delivery figures can be read net of it at low rates.
-    let idle_secs = 5.0;
+    let idle_secs = options.idle_secs;
     let gw_idle = CpuMeter::start(gateway.pid)?;
     let nats_idle = CpuMeter::start(nats_pid)?;
     tokio::time::sleep(Duration::from_secs_f64(idle_secs)).await;

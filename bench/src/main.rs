@@ -100,6 +100,10 @@ struct RunArgs {
     /// Seconds of the gateway scenario's measured step.
     #[arg(long, default_value_t = 10.0)]
     gateway_secs: f64,
+    /// Seconds of the gateway scenario's idle window (every subscriber connected, nothing
+    /// streamed): long windows show the steady idle cost of many subscriptions.
+    #[arg(long, default_value_t = 5.0)]
+    gateway_idle_secs: f64,
     /// After the largest host count, ramp the per-host rate through the gateway alone.
     #[arg(long)]
     gateway_ceiling: bool,
@@ -386,6 +390,7 @@ async fn run(args: RunArgs) -> Result<()> {
                 per_host: args.gateway_per_host,
                 rate: args.gateway_rate,
                 secs: args.gateway_secs,
+                idle_secs: args.gateway_idle_secs,
                 ceiling: args.gateway_ceiling,
                 processes: args.processes,
             };

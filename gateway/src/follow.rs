@@ -208,8 +208,11 @@ async fn consume_again(stream: &Stream, subject: &str, from: u64) -> consumer::p
 
 /// Errors in a row after which a consumer is made anew.
 const CONSUMER_ERRORS: u32 = 3;
-/// A subscription quiet this long checks that its consumer still delivers.
+/// A subscription quiet this long checks that its consumer still delivers (a direct get to
+/// NATS); each check that finds nothing newer doubles the wait, up to `WATCHDOG_MAX`, so idle
+/// sessions cost NATS little, and a message brings it back to `WATCHDOG`.
 const WATCHDOG: Duration = Duration::from_secs(3);
+const WATCHDOG_MAX: Duration = Duration::from_secs(24);
 
 /// Whether the stream holds an event of the session after RACP seq `last`.
 async fn newer_in_stream(stream: &Stream, subject: &str, last: u64) -> bool {
@@ -243,12 +246,19 @@ async fn pump(
         resume_at: start.stream_sequence,
         errors: 0,
     };
+    let mut quiet = WATCHDOG;
     loop {
-        let next = match tokio::time::timeout(WATCHDOG, messages.next()).await {
-            Ok(next) => next,
+        let next = match tokio::time::timeout(quiet, messages.next()).await {
+            Ok(next) => {
+                quiet = WATCHDOG;
+                next
+            }
             // Quiet: fine if the stream has nothing newer, else the consumer is lost (its
             // node died without the consumer noticing) and a new one is made below.
-            Err(_) if !newer_in_stream(&stream, &start.subject, at.last).await => continue,
+            Err(_) if !newer_in_stream(&stream, &start.subject, at.last).await => {
+                quiet = (quiet * 2).min(WATCHDOG_MAX);
+                continue;
+            }
             Err(_) => None,
         };
         let Some(first) = next.filter(|_| at.errors < CONSUMER_ERRORS) else {
