@@ -507,16 +507,33 @@ fn ended(start: &Start, last: u64, error: Option<AppError>) -> Outgoing {
 mod tests {
     use super::*;
 
-    fn event(seq: u64) -> Result<Entry, String> {
+    type Read = Result<Entry, String>;
+
+    fn entry(seq: u64, epoch: Option<Epoch>, payload: String) -> Read {
         Ok(Entry {
             stream_sequence: Some(100 + seq),
-            epoch: Some(Epoch(7)),
+            epoch,
             seq,
-            payload: format!(r#"{{"seq":{seq},"type":"turn.delta"}}"#).into(),
+            payload: payload.into(),
         })
     }
 
-    fn position(last: u64) -> Position {
+    fn event(seq: u64) -> Read {
+        entry(
+            seq,
+            Some(Epoch(7)),
+            format!(r#"{{"seq":{seq},"type":"turn.delta"}}"#),
+        )
+    }
+
+    /// A batch taken by a subscription of epoch 7 that has sent up to `at.last`: the seqs taken
+    /// and the error that ends it, if any.
+    fn take(at: &mut Position, batch: Vec<Read>) -> (Vec<u64>, Option<AppError>) {
+        let (events, stop) = accept(batch, at, Epoch(7), "racp.ev.h.s");
+        (events.iter().map(|(seq, _)| *seq).collect(), stop)
+    }
+
+    fn after(last: u64) -> Position {
         Position {
             last,
             resume_at: 0,
@@ -524,86 +541,55 @@ mod tests {
         }
     }
 
-    fn seqs(events: &[(u64, bytes::Bytes)]) -> Vec<u64> {
-        events.iter().map(|(seq, _)| *seq).collect()
+    fn detail(error: &AppError, key: &str) -> Value {
+        error.details().map(|d| d[key].clone()).unwrap_or_default()
     }
 
     #[test]
     fn a_batch_skips_what_was_sent_and_resumes_after_the_last_message_read() {
-        let mut at = position(2);
-        let (events, stop) = accept(
-            [event(1), event(2), event(3), event(4)],
-            &mut at,
-            Epoch(7),
-            "s",
-        );
-        assert_eq!(seqs(&events), [3, 4]);
+        let mut at = after(2);
+        let (taken, stop) = take(&mut at, vec![event(1), event(2), event(3), event(4)]);
+        assert_eq!(taken, [3, 4]);
         assert!(stop.is_none());
         assert_eq!((at.last, at.resume_at), (4, 105));
     }
 
     #[test]
     fn a_gap_mid_batch_sends_the_events_before_it_then_ends_with_cursor_expired() {
-        let mut at = position(0);
-        let (events, stop) = accept(
-            [event(1), event(2), event(5), event(6)],
-            &mut at,
-            Epoch(7),
-            "s",
-        );
-        assert_eq!(seqs(&events), [1, 2]);
+        let mut at = after(0);
+        let (taken, stop) = take(&mut at, vec![event(1), event(2), event(5), event(6)]);
+        assert_eq!(taken, [1, 2]);
         assert_eq!(
             at.last, 2,
             "the subscription's last seq is the last event it sends"
         );
         let error = stop.expect("a gap ends the subscription");
         assert_eq!(error.code(), ErrorCode::CursorExpired);
-        assert_eq!(
-            error.details().map(|d| d["reason"].clone()),
-            Some(json!("older_than_window"))
-        );
+        assert_eq!(detail(&error, "reason"), "older_than_window");
     }
 
     #[test]
     fn a_malformed_event_mid_batch_ends_after_the_events_before_it() {
-        let forged = Ok(Entry {
-            stream_sequence: Some(103),
-            epoch: Some(Epoch(7)),
-            seq: 3,
-            payload: r#"{}]},"id":7,"result":{"#.into(),
-        });
-        let mut at = position(0);
-        let (events, stop) = accept(
-            [event(1), event(2), forged, event(4)],
-            &mut at,
-            Epoch(7),
-            "s",
-        );
-        assert_eq!(seqs(&events), [1, 2]);
+        let forged = entry(3, Some(Epoch(7)), r#"{}]},"id":7,"result":{"#.into());
+        let mut at = after(0);
+        let (taken, stop) = take(&mut at, vec![event(1), event(2), forged, event(4)]);
+        assert_eq!(taken, [1, 2]);
         assert_eq!(at.last, 2);
         let error = stop.expect("a malformed event ends the subscription");
         assert_eq!(error.code(), ErrorCode::Internal);
-        assert_eq!(error.details().map(|d| d["seq"].clone()), Some(json!(3)));
+        assert_eq!(detail(&error, "seq"), 3);
     }
 
     #[test]
     fn an_event_of_another_epoch_ends_the_subscription_even_below_its_seq() {
         for epoch in [Some(Epoch(8)), None] {
-            let mut at = position(2);
-            let other = Ok(Entry {
-                stream_sequence: Some(110),
-                epoch,
-                seq: 1,
-                payload: r#"{"seq":1}"#.into(),
-            });
-            let (events, stop) = accept([event(3), other, event(4)], &mut at, Epoch(7), "s");
-            assert_eq!(seqs(&events), [3]);
+            let other = entry(1, epoch, r#"{"seq":1}"#.into());
+            let mut at = after(2);
+            let (taken, stop) = take(&mut at, vec![event(3), other, event(4)]);
+            assert_eq!(taken, [3]);
             let error = stop.expect("another epoch ends the subscription");
             assert_eq!(error.code(), ErrorCode::CursorExpired);
-            assert_eq!(
-                error.details().map(|d| d["reason"].clone()),
-                Some(json!("other_epoch"))
-            );
+            assert_eq!(detail(&error, "reason"), "other_epoch");
         }
     }
 
@@ -617,17 +603,13 @@ mod tests {
 
     #[test]
     fn failed_reads_are_counted_until_a_message_arrives() {
-        let mut at = position(0);
-        let (events, stop) = accept(
-            [Err("lost".to_string()), Err("lost".to_string())],
-            &mut at,
-            Epoch(7),
-            "s",
-        );
-        assert!(events.is_empty() && stop.is_none());
+        let lost = || Err("lost".to_string());
+        let mut at = after(0);
+        let (taken, stop) = take(&mut at, vec![lost(), lost()]);
+        assert!(taken.is_empty() && stop.is_none());
         assert_eq!(at.errors, 2);
-        let (events, _) = accept([Err("lost".to_string()), event(1)], &mut at, Epoch(7), "s");
-        assert_eq!(seqs(&events), [1]);
+        let (taken, _) = take(&mut at, vec![lost(), event(1)]);
+        assert_eq!(taken, [1]);
         assert_eq!(at.errors, 0);
     }
 }
