@@ -22,7 +22,7 @@ use racp_proto::methods::handshake::{
     HelloParams, HelloResult, HostIdentity, Limits, PrincipalInfo, PrincipalKind,
 };
 use racp_proto::methods::host::{DeviceInfo, DeviceListResult, PairingCreateResult};
-use racp_proto::methods::session::{SessionSubscribeParams, SessionSubscribeResult};
+use racp_proto::methods::session::{SessionState, SessionSubscribeParams, SessionSubscribeResult};
 use racp_proto::{AppError, Call, Cursor, Epoch, ErrorCode, Method, PROTOCOL_VERSION};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -32,6 +32,22 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 const REPLY_QUEUE: usize = 256;
+/// Where a subscription starts: the session's epoch, the RACP seq after which it delivers, the
+/// stream sequence it reads from, and whether it ends at once (a closed session, read to its end).
+struct StartPoint {
+    epoch: Epoch,
+    after: u64,
+    stream_sequence: u64,
+    ended: bool,
+}
+
+/// A session's head as its host has it.
+struct HostHead {
+    epoch: Epoch,
+    seq: u64,
+    closed: bool,
+}
+
 /// How long a subscribe behind the host's head waits for the host's relay to put the session's
 /// events in a stream that holds none of them, before it answers CURSOR_EXPIRED.
 const RELAY_WAIT: Duration = Duration::from_secs(3);
@@ -453,9 +469,10 @@ impl Connection {
                 .with_details(json!({"sessionId": params.session_id})));
         }
         let subject = events_subject(&host, &params.session_id);
-        let (epoch, after, stream_sequence) = self
+        let point = self
             .start_point(&stream, &subject, &host, &params.session_id, params.cursor)
             .await?;
+        let (epoch, after) = (point.epoch, point.after);
         let subscription_id = format!("sub_{}", self.next_subscription);
         self.next_subscription += 1;
         let start = follow::Start {
@@ -464,9 +481,10 @@ impl Connection {
             subject,
             epoch,
             after,
-            stream_sequence,
+            stream_sequence: point.stream_sequence,
             max_frame_bytes: self.max_frame_bytes,
             max_events_per_frame: self.gateway.settings.max_events_per_frame,
+            ended: point.ended,
         };
         let followed = follow::follow(&stream, start, out.clone()).await?;
         self.follows.insert(subscription_id.clone(), followed);
@@ -476,8 +494,7 @@ impl Connection {
         })
     }
 
-    /// Where a subscription starts: the session's epoch, the RACP seq after which it delivers,
-    /// and the stream sequence it reads from.
+    /// Where a subscription starts.
     async fn start_point(
         &self,
         stream: &follow::Stream,
@@ -485,11 +502,18 @@ impl Connection {
         host: &str,
         session_id: &str,
         cursor: Option<Cursor>,
-    ) -> Result<(Epoch, u64, u64), AppError> {
+    ) -> Result<StartPoint, AppError> {
         let waiting_since = tokio::time::Instant::now();
         let mut pause = Duration::from_millis(25);
         loop {
-            let Span::Events { epoch, first, last } = follow::span(stream, subject).await? else {
+            let span = follow::span(stream, subject).await?;
+            let Span::Events {
+                epoch,
+                first,
+                last,
+                closed,
+            } = span
+            else {
                 // Nothing relayed: the host says whether the session exists, and where.
                 let head = self.host_head(host, session_id).await?;
                 let after = match cursor {
@@ -513,7 +537,12 @@ impl Connection {
                     }
                     Some(cursor) => cursor.seq,
                 };
-                return Ok((head.epoch, after, 1));
+                return Ok(StartPoint {
+                    epoch: head.epoch,
+                    after,
+                    stream_sequence: 1,
+                    ended: head.closed && after >= head.seq,
+                });
             };
             let (oldest, head) = (first.0.saturating_sub(1), last.0);
             let after = match cursor {
@@ -534,13 +563,18 @@ impl Connection {
                 }
                 Some(cursor) => cursor.seq,
             };
-            let start = follow::stream_start(stream, subject, after, first, last).await?;
-            return Ok((epoch, after, start));
+            let stream_sequence = follow::stream_start(stream, subject, after, first, last).await?;
+            return Ok(StartPoint {
+                epoch,
+                after,
+                stream_sequence,
+                ended: closed && after >= head,
+            });
         }
     }
 
     /// The session's head cursor as its host has it (`session/get` routed to the host).
-    async fn host_head(&self, host: &str, session_id: &str) -> Result<Cursor, AppError> {
+    async fn host_head(&self, host: &str, session_id: &str) -> Result<HostHead, AppError> {
         let device = self.device()?;
         let params = RawValue::from_string(json!({ "sessionId": session_id }).to_string())
             .map_err(|e| hosts::internal(&e))?;
@@ -553,11 +587,20 @@ impl Connection {
         )
         .await?;
         #[derive(serde::Deserialize)]
-        struct Head {
+        struct Got {
+            session: Session,
             cursor: Cursor,
         }
-        serde_json::from_str::<Head>(got.get())
-            .map(|h| h.cursor)
+        #[derive(serde::Deserialize)]
+        struct Session {
+            state: SessionState,
+        }
+        serde_json::from_str::<Got>(got.get())
+            .map(|got| HostHead {
+                epoch: got.cursor.epoch,
+                seq: got.cursor.seq,
+                closed: got.session.state == SessionState::Closed,
+            })
             .map_err(|e| hosts::internal(&e))
     }
 

@@ -25,6 +25,8 @@ pub enum Span {
         /// RACP seq and stream sequence of the first and last event.
         first: (u64, u64),
         last: (u64, u64),
+        /// The last event is `session.closed`: nothing follows it.
+        closed: bool,
     },
 }
 
@@ -59,6 +61,7 @@ pub async fn span(stream: &Stream, subject: &str) -> Result<Span, AppError> {
         epoch,
         first: (first_seq, first.sequence),
         last: (last_seq, last.sequence),
+        closed: std::str::from_utf8(&last.payload).is_ok_and(is_session_closed),
     })
 }
 
@@ -145,6 +148,9 @@ pub struct Start {
     pub stream_sequence: u64,
     pub max_frame_bytes: usize,
     pub max_events_per_frame: usize,
+    /// The session is closed and `after` is at or past `session.closed`: the subscription ends
+    /// at once, as on a host, instead of waiting for events that will never come.
+    pub ended: bool,
 }
 
 pub async fn follow(
@@ -246,6 +252,10 @@ async fn pump(
         resume_at: start.stream_sequence,
         errors: 0,
     };
+    if start.ended {
+        end(&out, &start, at.last, None).await;
+        return;
+    }
     let mut quiet = WATCHDOG;
     loop {
         let next = match tokio::time::timeout(quiet, messages.next()).await {

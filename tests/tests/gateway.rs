@@ -171,9 +171,50 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
     let replayed = again.events_until(PATIENCE, finished).await;
     assert_eq!(replayed, direct_events);
 
+    // A closed session read to its end ends a subscription at once, as on a host, from its last
+    // cursor or from its head, instead of leaving it open for events that will never come.
+    let closed = desk
+        .call("session/close", json!({"sessionId": session_id}))
+        .await;
+    assert!(closed["result"].is_object(), "{closed}");
+    let to_the_end = again
+        .events_until(PATIENCE, |e| e["type"] == "session.closed")
+        .await;
+    let last = to_the_end.last().unwrap()["cursor"].clone();
+    for params in [
+        json!({"sessionId": session_id, "cursor": last}),
+        json!({"sessionId": session_id}),
+    ] {
+        let mut late = connect(&gateway.host_url(&host_id), &token).await;
+        let subscribed = late.call("session/subscribe", params).await;
+        assert!(
+            subscribed["result"]["subscriptionId"].is_string(),
+            "{subscribed}"
+        );
+        let ended = ended_push(&mut late).await;
+        assert!(ended["params"]["error"].is_null(), "{ended}");
+        assert_eq!(ended["params"]["cursor"], last, "{ended}");
+    }
+
     // host/list is the gateway's: a plain host still has none.
     let plain = direct.call("host/list", json!({})).await;
     assert_eq!(plain["error"]["code"], "METHOD_NOT_FOUND");
+}
+
+/// The next `subscription/ended` push within `PATIENCE`, frames before it (heartbeats) skipped.
+async fn ended_push(client: &mut Client) -> Value {
+    let ended = async {
+        loop {
+            let text = client.next_text().await.expect("connection open");
+            let frame: Value = serde_json::from_str(&text).unwrap();
+            if frame["method"] == "subscription/ended" {
+                return frame;
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, ended)
+        .await
+        .expect("no subscription/ended in time")
 }
 
 /// Stand-in for a stolen host credential: host A's own nkey, used to reach host B.
