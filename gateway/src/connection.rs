@@ -48,6 +48,31 @@ struct HostHead {
     closed: bool,
 }
 
+/// Where a subscription starts when the stream holds none of the session's events: from the
+/// host's head, or from a cursor at it; `None` for a cursor behind it.
+fn start_before_relay(
+    head: &HostHead,
+    cursor: Option<Cursor>,
+) -> Result<Option<StartPoint>, AppError> {
+    let after = match cursor {
+        None => head.seq,
+        Some(cursor) if cursor.epoch != head.epoch => {
+            return Err(follow::expired("other_epoch", head.epoch, 0, head.seq));
+        }
+        Some(cursor) if cursor.seq > head.seq => {
+            return Err(follow::expired("ahead_of_head", head.epoch, 0, head.seq));
+        }
+        Some(cursor) if cursor.seq < head.seq => return Ok(None),
+        Some(cursor) => cursor.seq,
+    };
+    Ok(Some(StartPoint {
+        epoch: head.epoch,
+        after,
+        stream_sequence: 1,
+        ended: head.closed && after >= head.seq,
+    }))
+}
+
 /// How long a subscribe behind the host's head waits for the host's relay to put the session's
 /// events in a stream that holds none of them, before it answers CURSOR_EXPIRED.
 const RELAY_WAIT: Duration = Duration::from_secs(3);
@@ -514,35 +539,19 @@ impl Connection {
                 closed,
             } = span
             else {
-                // Nothing relayed: the host says whether the session exists, and where.
                 let head = self.host_head(host, session_id).await?;
-                let after = match cursor {
-                    None => head.seq,
-                    Some(cursor) if cursor.epoch != head.epoch => {
-                        return Err(follow::expired("other_epoch", head.epoch, 0, head.seq));
-                    }
-                    Some(cursor) if cursor.seq > head.seq => {
-                        return Err(follow::expired("ahead_of_head", head.epoch, 0, head.seq));
-                    }
-                    Some(cursor) if cursor.seq < head.seq => {
-                        // The events after the cursor are on their way from the host, or
-                        // retention removed them all: only the first is worth waiting for.
-                        if waiting_since.elapsed() < RELAY_WAIT {
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(Duration::from_millis(400));
-                            continue;
-                        }
-                        let (epoch, head) = (head.epoch, head.seq);
-                        return Err(follow::expired("older_than_window", epoch, head, head));
-                    }
-                    Some(cursor) => cursor.seq,
-                };
-                return Ok(StartPoint {
-                    epoch: head.epoch,
-                    after,
-                    stream_sequence: 1,
-                    ended: head.closed && after >= head.seq,
-                });
+                if let Some(point) = start_before_relay(&head, cursor)? {
+                    return Ok(point);
+                }
+                // Behind the host's head: the events after the cursor are on their way from
+                // the host, or retention removed them all. Only the first is worth waiting for.
+                if waiting_since.elapsed() < RELAY_WAIT {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(400));
+                    continue;
+                }
+                let (epoch, head) = (head.epoch, head.seq);
+                return Err(follow::expired("older_than_window", epoch, head, head));
             };
             let (oldest, head) = (first.0.saturating_sub(1), last.0);
             let after = match cursor {
