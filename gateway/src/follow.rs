@@ -31,10 +31,21 @@ pub enum Span {
 }
 
 fn position(message: &jetstream::message::StreamMessage) -> Option<(Epoch, u64)> {
-    let header = |name| message.headers.get(name).map(|v| v.as_str().to_string());
-    let epoch = u64::from_str_radix(&header(EPOCH_HEADER)?, 16).ok()?;
-    let seq = header(SEQ_HEADER)?.parse().ok()?;
-    Some((Epoch(epoch), seq))
+    Some((
+        epoch_header(&message.headers)?,
+        seq_header(&message.headers)?,
+    ))
+}
+
+/// The session's epoch a relayed event carries (`Racp-Epoch`, 16 hex digits).
+fn epoch_header(headers: &async_nats::HeaderMap) -> Option<Epoch> {
+    let hex = headers.get(EPOCH_HEADER)?.as_str();
+    u64::from_str_radix(hex, 16).ok().map(Epoch)
+}
+
+/// The RACP seq a relayed event carries (`Racp-Seq`).
+fn seq_header(headers: &async_nats::HeaderMap) -> Option<u64> {
+    headers.get(SEQ_HEADER)?.as_str().parse().ok()
 }
 
 fn lookup_failed(err: &dyn std::fmt::Display) -> AppError {
@@ -328,13 +339,11 @@ struct Entry {
 
 impl Entry {
     fn read(message: jetstream::Message) -> Self {
-        let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str());
+        let headers = message.headers.as_ref();
         Entry {
             stream_sequence: message.info().ok().map(|info| info.stream_sequence),
-            epoch: header(EPOCH_HEADER)
-                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-                .map(Epoch),
-            seq: header(SEQ_HEADER).and_then(|v| v.parse().ok()).unwrap_or(0),
+            epoch: headers.and_then(epoch_header),
+            seq: headers.and_then(seq_header).unwrap_or(0),
             payload: message.payload.clone(),
         }
     }
