@@ -32,47 +32,6 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 const REPLY_QUEUE: usize = 256;
-/// Where a subscription starts: the session's epoch, the RACP seq after which it delivers, the
-/// stream sequence it reads from, and whether it ends at once (a closed session, read to its end).
-struct StartPoint {
-    epoch: Epoch,
-    after: u64,
-    stream_sequence: u64,
-    ended: bool,
-}
-
-/// A session's head as its host has it.
-struct HostHead {
-    epoch: Epoch,
-    seq: u64,
-    closed: bool,
-}
-
-/// Where a subscription starts when the stream holds none of the session's events: from the
-/// host's head, or from a cursor at it; `None` for a cursor behind it.
-fn start_before_relay(
-    head: &HostHead,
-    cursor: Option<Cursor>,
-) -> Result<Option<StartPoint>, AppError> {
-    let after = match cursor {
-        None => head.seq,
-        Some(cursor) if cursor.epoch != head.epoch => {
-            return Err(follow::expired("other_epoch", head.epoch, 0, head.seq));
-        }
-        Some(cursor) if cursor.seq > head.seq => {
-            return Err(follow::expired("ahead_of_head", head.epoch, 0, head.seq));
-        }
-        Some(cursor) if cursor.seq < head.seq => return Ok(None),
-        Some(cursor) => cursor.seq,
-    };
-    Ok(Some(StartPoint {
-        epoch: head.epoch,
-        after,
-        stream_sequence: 1,
-        ended: head.closed && after >= head.seq,
-    }))
-}
-
 /// How long a subscribe behind the host's head waits for the host's relay to put the session's
 /// events in a stream that holds none of them, before it answers CURSOR_EXPIRED.
 const RELAY_WAIT: Duration = Duration::from_secs(3);
@@ -731,4 +690,45 @@ fn error_reply(id: RequestId, error: AppError) -> String {
 
 fn raw<T: serde::Serialize>(value: &T) -> Result<Box<RawValue>, AppError> {
     serde_json::value::to_raw_value(value).map_err(|e| hosts::internal(&e))
+}
+
+/// Where a subscription starts: the session's epoch, the RACP seq after which it delivers, the
+/// stream sequence it reads from, and whether it ends at once (a closed session, read to its end).
+struct StartPoint {
+    epoch: Epoch,
+    after: u64,
+    stream_sequence: u64,
+    ended: bool,
+}
+
+/// A session's head as its host has it.
+struct HostHead {
+    epoch: Epoch,
+    seq: u64,
+    closed: bool,
+}
+
+/// Where a subscription starts when the stream holds none of the session's events: from the
+/// host's head, or from a cursor at it; `None` for a cursor behind it.
+fn start_before_relay(
+    head: &HostHead,
+    cursor: Option<Cursor>,
+) -> Result<Option<StartPoint>, AppError> {
+    let after = match cursor {
+        None => head.seq,
+        Some(cursor) if cursor.epoch != head.epoch => {
+            return Err(follow::expired("other_epoch", head.epoch, 0, head.seq));
+        }
+        Some(cursor) if cursor.seq > head.seq => {
+            return Err(follow::expired("ahead_of_head", head.epoch, 0, head.seq));
+        }
+        Some(cursor) if cursor.seq < head.seq => return Ok(None),
+        Some(cursor) => cursor.seq,
+    };
+    Ok(Some(StartPoint {
+        epoch: head.epoch,
+        after,
+        stream_sequence: 1,
+        ended: head.closed && after >= head.seq,
+    }))
 }

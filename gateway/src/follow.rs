@@ -231,6 +231,30 @@ const CONSUMER_ERRORS: u32 = 3;
 const WATCHDOG: Duration = Duration::from_secs(3);
 const WATCHDOG_MAX: Duration = Duration::from_secs(24);
 
+/// The consumer's next message; `None` when the consumer ended, or is lost: quiet for `quiet`,
+/// yet the stream has an event after `last` (its node died without the consumer noticing).
+/// Each quiet spell with nothing newer doubles `quiet`; a message resets it.
+async fn next_message(
+    messages: &mut consumer::pull::Ordered,
+    quiet: &mut Duration,
+    stream: &Stream,
+    subject: &str,
+    last: u64,
+) -> Option<Read> {
+    loop {
+        match tokio::time::timeout(*quiet, messages.next()).await {
+            Ok(next) => {
+                *quiet = WATCHDOG;
+                return next;
+            }
+            Err(_) if !newer_in_stream(stream, subject, last).await => {
+                *quiet = (*quiet * 2).min(WATCHDOG_MAX);
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
 /// Whether the stream holds an event of the session after RACP seq `last`.
 async fn newer_in_stream(stream: &Stream, subject: &str, last: u64) -> bool {
     match stream.direct_get_last_for_subject(subject).await {
@@ -269,19 +293,7 @@ async fn pump(
     }
     let mut quiet = WATCHDOG;
     loop {
-        let next = match tokio::time::timeout(quiet, messages.next()).await {
-            Ok(next) => {
-                quiet = WATCHDOG;
-                next
-            }
-            // Quiet: fine if the stream has nothing newer, else the consumer is lost (its
-            // node died without the consumer noticing) and a new one is made below.
-            Err(_) if !newer_in_stream(&stream, &start.subject, at.last).await => {
-                quiet = (quiet * 2).min(WATCHDOG_MAX);
-                continue;
-            }
-            Err(_) => None,
-        };
+        let next = next_message(&mut messages, &mut quiet, &stream, &start.subject, at.last).await;
         let Some(first) = next.filter(|_| at.errors < CONSUMER_ERRORS) else {
             tracing::debug!(
                 resume_at = at.resume_at,

@@ -186,12 +186,7 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
         json!({"sessionId": session_id}),
     ] {
         let mut late = connect(&gateway.host_url(&host_id), &token).await;
-        let subscribed = late.call("session/subscribe", params).await;
-        assert!(
-            subscribed["result"]["subscriptionId"].is_string(),
-            "{subscribed}"
-        );
-        let ended = ended_push(&mut late).await;
+        let ended = subscribed_then_ended(&mut late, params).await;
         assert!(ended["params"]["error"].is_null(), "{ended}");
         assert_eq!(ended["params"]["cursor"], last, "{ended}");
     }
@@ -201,12 +196,17 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
     assert_eq!(plain["error"]["code"], "METHOD_NOT_FOUND");
 }
 
-/// The next `subscription/ended` push within `PATIENCE`, frames before it (heartbeats) skipped.
-async fn ended_push(client: &mut Client) -> Value {
+/// Subscribes with `params`, then returns the next `subscription/ended` push within `PATIENCE`,
+/// frames before it (heartbeats) skipped.
+async fn subscribed_then_ended(client: &mut Client, params: Value) -> Value {
+    let subscribed = client.call("session/subscribe", params).await;
+    assert!(
+        subscribed["result"]["subscriptionId"].is_string(),
+        "{subscribed}"
+    );
     let ended = async {
         loop {
-            let text = client.next_text().await.expect("connection open");
-            let frame: Value = serde_json::from_str(&text).unwrap();
+            let frame = client.next_frame().await.expect("connection open");
             if frame["method"] == "subscription/ended" {
                 return frame;
             }
@@ -711,34 +711,11 @@ async fn refusals_carry_their_codes() {
     // Once retention has removed every event of the session, a cursor behind the host's head is
     // CURSOR_EXPIRED too: a subscription from it would wait for events the stream no longer has.
     let behind = second[second.len() - 2]["cursor"].clone();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let answer = desk
-            .call(
-                "session/subscribe",
-                json!({"sessionId": session_id, "cursor": behind}),
-            )
-            .await;
-        if answer["error"]["code"] == "CURSOR_EXPIRED" {
-            assert_eq!(
-                answer["error"]["details"]["reason"], "older_than_window",
-                "{answer}"
-            );
-            break;
-        }
-        let subscription = answer["result"]["subscriptionId"].clone();
-        assert!(subscription.is_string(), "{answer}");
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a cursor behind the host's head is still taken with the stream emptied: {answer}"
-        );
-        desk.call(
-            "session/unsubscribe",
-            json!({"subscriptionId": subscription}),
-        )
-        .await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let answer = subscribe_until_expired(&mut desk, &session_id, &behind).await;
+    assert_eq!(
+        answer["error"]["details"]["reason"], "older_than_window",
+        "{answer}"
+    );
 
     // NATS gone: the gateway refuses new connections with HOST_UNAVAILABLE.
     fleet.nats.kill(0).await;
@@ -951,6 +928,35 @@ async fn no_call_of_a_revoked_device_reaches_its_host_after_the_revoke_answers()
         after.is_empty(),
         "sessions created by the revoked device after the revoke answered: {after:?}"
     );
+}
+
+/// Subscribes from `cursor` (unsubscribing again) until the answer is CURSOR_EXPIRED, which must
+/// come within `PATIENCE`; returns that answer.
+async fn subscribe_until_expired(desk: &mut Client, session_id: &str, cursor: &Value) -> Value {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let answer = desk
+            .call(
+                "session/subscribe",
+                json!({"sessionId": session_id, "cursor": cursor}),
+            )
+            .await;
+        if answer["error"]["code"] == "CURSOR_EXPIRED" {
+            return answer;
+        }
+        let subscription = answer["result"]["subscriptionId"].clone();
+        assert!(subscription.is_string(), "{answer}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a cursor behind the host's head is still taken with the stream emptied: {answer}"
+        );
+        desk.call(
+            "session/unsubscribe",
+            json!({"subscriptionId": subscription}),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Sends call `id` of `method` on a revoked device's connection, reads until the server closes
