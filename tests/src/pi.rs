@@ -1,0 +1,330 @@
+//! The real pi agent for end-to-end tests (`@mariozechner/pi-coding-agent`, installed by
+//! `npm ci --prefix tests/pi`), run fully offline against a stub OpenAI-compatible model server
+//! that records every request pi sends (body and `Authorization` header).
+
+use crate::HostProcess;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const INSTALL: &str = "npm ci --prefix tests/pi --no-audit --no-fund --loglevel=error";
+
+/// `tests/pi` in the repository.
+pub fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("pi")
+}
+
+/// pi's entry point (the package's `bin.pi`), or a failure telling how to install it.
+pub fn pi_cli() -> PathBuf {
+    let package = fixture_dir().join("node_modules/@mariozechner/pi-coding-agent");
+    let manifest = std::fs::read_to_string(package.join("package.json")).unwrap_or_else(|err| {
+        panic!(
+            "the real pi agent is not installed under {} ({err}); run `{INSTALL}` from the \
+             repository root (scripts/test does)",
+            fixture_dir().display()
+        )
+    });
+    let manifest: Value = serde_json::from_str(&manifest).expect("pi's package.json");
+    let version = manifest["version"].as_str().unwrap_or("");
+    assert!(
+        version.starts_with("0.73."),
+        "tests/pi has pi {version}, expected 0.73.x; run `{INSTALL}`"
+    );
+    let entry = manifest["bin"]["pi"]
+        .as_str()
+        .expect("bin.pi in package.json");
+    let cli = package.join(entry);
+    assert!(
+        cli.exists(),
+        "{} is missing; run `{INSTALL}`",
+        cli.display()
+    );
+    cli.canonicalize().expect("pi's cli path")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stub model: an OpenAI-compatible `POST /v1/chat/completions` that streams SSE.
+
+#[derive(Clone, Default)]
+pub struct Stub {
+    /// Every request body, in arrival order.
+    pub requests: Arc<Mutex<Vec<Value>>>,
+    /// When set, every request fails this way (see [`failure`]).
+    pub failure: Arc<Mutex<Option<&'static str>>>,
+    /// Every request's `Authorization` header, in arrival order (None when it had none).
+    pub authorizations: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+/// An OpenAI-style error response.
+pub fn api_error(status: u16, message: &str, kind: &str, code: &str) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+    let status = StatusCode::from_u16(status).unwrap();
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// The stub's failure modes: what a real provider answers in each case.
+pub fn failure(mode: &str) -> Response {
+    match mode {
+        "401" => api_error(
+            401,
+            "Incorrect API key provided: sk-test-abcdefghijklmnopqrstuvwxyz0123. You can find your API key at https://platform.openai.com/account/api-keys.",
+            "invalid_request_error",
+            "invalid_api_key",
+        ),
+        "429" => {
+            let mut response = api_error(
+                429,
+                "Rate limit reached for stub-model on requests per min (RPM): Limit 3, Used 3, Requested 1. Please try again in 7s.",
+                "requests",
+                "rate_limit_exceeded",
+            );
+            response
+                .headers_mut()
+                .insert("retry-after", header::HeaderValue::from_static("7"));
+            response
+        }
+        "quota" => api_error(
+            429,
+            "You exceeded your current quota, please check your plan and billing details.",
+            "insufficient_quota",
+            "insufficient_quota",
+        ),
+        "500" => api_error(
+            500,
+            "The server had an error while processing your request. Sorry about that!",
+            "server_error",
+            "server_error",
+        ),
+        "502" => (StatusCode::BAD_GATEWAY, "Bad Gateway").into_response(),
+        "context" => api_error(
+            400,
+            "This model's maximum context length is 32000 tokens. However, your messages resulted in 40213 tokens. Please reduce the length of the messages.",
+            "invalid_request_error",
+            "context_length_exceeded",
+        ),
+        "404" => api_error(
+            404,
+            "The model `stub-model` does not exist or you do not have access to it.",
+            "invalid_request_error",
+            "model_not_found",
+        ),
+        "cut" => {
+            // One chunk, then the connection drops without the stream's end.
+            use futures_util::StreamExt;
+            let first = chunk(json!({"role": "assistant", "content": "Half an ans"}), None);
+            let parts: Vec<Result<String, std::io::Error>> =
+                vec![Ok(first), Err(std::io::Error::other("cut"))];
+            let body = futures_util::stream::iter(parts).then(|part| async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                part
+            });
+            (
+                [(header::CONTENT_TYPE, "text/event-stream")],
+                axum::body::Body::from_stream(body),
+            )
+                .into_response()
+        }
+        "empty" => {
+            let mut sse = chunk(json!({"role": "assistant", "content": ""}), None);
+            sse += &chunk(json!({}), Some("stop"));
+            sse += "data: [DONE]\n\n";
+            ([(header::CONTENT_TYPE, "text/event-stream")], sse).into_response()
+        }
+        "drop" => {
+            // The connection closes with no response at all: unwinding ends the connection's
+            // task (resume_unwind skips the panic hook, so nothing is printed).
+            std::panic::resume_unwind(Box::new("the stub drops the connection"))
+        }
+        other => panic!("unknown stub failure {other}"),
+    }
+}
+
+pub fn chunk(delta: Value, finish_reason: Option<&str>) -> String {
+    let chunk = json!({
+        "id": "chatcmpl-stub",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "stub-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    });
+    format!("data: {chunk}\n\n")
+}
+
+async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String) -> Response {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    stub.authorizations.lock().unwrap().push(authorization);
+    let failing = *stub.failure.lock().unwrap();
+    if let Some(mode) = failing {
+        stub.requests
+            .lock()
+            .unwrap()
+            .push(serde_json::from_str(&body).unwrap_or(Value::Null));
+        return failure(mode);
+    }
+    let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let has_tool_result = request["messages"]
+        .as_array()
+        .is_some_and(|messages| messages.iter().any(|m| m["role"] == "tool"));
+    stub.requests.lock().unwrap().push(request);
+    let mut sse = String::new();
+    if let Some(chunks) = long_reply(&body) {
+        // `LONG-REPLY:N` in the prompt: N text chunks of 10 characters.
+        sse += &chunk(json!({"role": "assistant", "content": ""}), None);
+        for i in 0..chunks {
+            sse += &chunk(json!({"content": format!("word{i:05} ")}), None);
+        }
+        sse += &chunk(json!({}), Some("stop"));
+    } else if has_tool_result {
+        sse += &chunk(json!({"role": "assistant", "content": "done"}), None);
+        sse += &chunk(json!({"content": ", the check passed."}), None);
+        sse += &chunk(json!({}), Some("stop"));
+    } else {
+        sse += &chunk(json!({"role": "assistant", "content": "Let me "}), None);
+        sse += &chunk(json!({"content": "run the check."}), None);
+        let call = |function: Value, first: bool| {
+            let mut call = json!({"index": 0, "function": function});
+            if first {
+                call["id"] = json!("call_stub_1");
+                call["type"] = json!("function");
+            }
+            json!({"tool_calls": [call]})
+        };
+        sse += &chunk(
+            call(json!({"name": "bash", "arguments": "{\"command\": "}), true),
+            None,
+        );
+        sse += &chunk(
+            call(json!({"arguments": "\"echo real-pi-ok\"}"}), false),
+            None,
+        );
+        sse += &chunk(json!({}), Some("tool_calls"));
+    }
+    sse += "data: [DONE]\n\n";
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        sse,
+    )
+        .into_response()
+}
+
+/// N when the request's prompt asks for `LONG-REPLY:N`.
+fn long_reply(body: &str) -> Option<usize> {
+    let rest = &body[body.find("LONG-REPLY:")? + "LONG-REPLY:".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Serves the stub on 127.0.0.1 with an OS-chosen port; returns the port.
+pub async fn start_stub(stub: Stub) -> u16 {
+    let app = Router::new()
+        .route("/v1/chat/completions", post(completions))
+        .with_state(stub);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind stub model");
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+/// pi's config dir (`PI_CODING_AGENT_DIR`): the stub provider as default model, retries off:
+/// `retry.enabled: false` stops pi's own retries (agent-session's `auto_retry`), and
+/// `retry.provider.maxRetries: 0` the provider SDK's (the OpenAI SDK retries a 429 or 5xx twice
+/// by default, waiting for `retry-after`); `compaction.enabled: false` keeps a context overflow
+/// from starting a summary request. Each failure then costs one request.
+pub fn pi_config(port: u16) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let models = json!({"providers": {"stub": {
+        "baseUrl": format!("http://127.0.0.1:{port}/v1"),
+        "api": "openai-completions",
+        "apiKey": "any-non-empty",
+        "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+        "models": [{
+            "id": "stub-model", "name": "Stub", "reasoning": false, "input": ["text"],
+            "contextWindow": 32000, "maxTokens": 4096,
+        }],
+    }}});
+    let settings = json!({
+        "defaultProvider": "stub",
+        "defaultModel": "stub-model",
+        "quietStartup": true,
+        "retry": {"enabled": false, "provider": {"maxRetries": 0}},
+        "compaction": {"enabled": false},
+    });
+    std::fs::write(dir.path().join("models.json"), models.to_string()).unwrap();
+    std::fs::write(dir.path().join("settings.json"), settings.to_string()).unwrap();
+    dir
+}
+
+/// A host whose agent is the real pi, talking to `stub`; `extension` is loaded with `-e`. The
+/// returned directory is pi's config, to keep until the host stops.
+pub async fn pi_host(stub: &Stub, extension: Option<&Path>) -> (HostProcess, tempfile::TempDir) {
+    pi_host_with(stub, extension, &[]).await
+}
+
+/// The words of the command that runs the real pi offline (`extension` loaded with `-e`).
+pub fn pi_words(cli: &Path, extension: Option<&Path>) -> Vec<String> {
+    let mut words: Vec<String> = [
+        "node",
+        cli.to_str().unwrap(),
+        "--mode",
+        "rpc",
+        "--offline",
+        "--no-session",
+        "--thinking",
+        "off",
+        "--no-skills",
+        "--no-prompt-templates",
+        "--no-context-files",
+    ]
+    .map(String::from)
+    .to_vec();
+    if let Some(extension) = extension {
+        words.extend(["-e".to_string(), extension.to_str().unwrap().to_string()]);
+    }
+    words
+}
+
+/// The environment pi runs with: its own config dir, offline.
+pub fn pi_env(pi_dir: &Path) -> [(&'static str, String); 4] {
+    [
+        ("PI_CODING_AGENT_DIR", pi_dir.to_str().unwrap().to_string()),
+        ("PI_OFFLINE", "1".to_string()),
+        ("PI_SKIP_VERSION_CHECK", "1".to_string()),
+        ("PI_TELEMETRY", "0".to_string()),
+    ]
+}
+
+/// [`pi_host`] with extra `serve` arguments.
+pub async fn pi_host_with(
+    stub: &Stub,
+    extension: Option<&Path>,
+    extra: &[&str],
+) -> (HostProcess, tempfile::TempDir) {
+    let port = start_stub(stub.clone()).await;
+    let pi_dir = pi_config(port);
+    let agent = shell_words::join(pi_words(&pi_cli(), extension));
+    let mut args = vec!["--agent", agent.as_str()];
+    args.extend_from_slice(extra);
+    let env = pi_env(pi_dir.path());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let host = HostProcess::start_with_env(&crate::pi_host_binary(), &args, &env).await;
+    (host, pi_dir)
+}
