@@ -194,7 +194,7 @@ export type ApprovalState = "pending" | "allowed" | "denied" | "answered" | "exp
 /**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | PairRequest | HostInfoRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest;
+export type ClientFrame = HelloRequest | PairRequest | HostInfoRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
 
 /**
  * Who is calling.
@@ -212,14 +212,111 @@ export type ConnectionError = {
 };
 
 /**
+ * `credential/delete`: Deletes a provider's API key set with `credential/set`.
+ */
+export type CredentialDeleteRequest = {
+  id: RequestId;
+  method: "credential/delete";
+  params: ProviderRef;
+};
+
+/**
+ * A stored credential, without its value.
+ */
+export type CredentialInfo = {
+  /**
+   * `sha256:` and the first 8 hex digits of the key's SHA-256: enough to tell two keys
+   * apart, nothing to recover one from.
+   */
+  fingerprint: string;
+  provider: string;
+  /**
+   * When it was set (ms since the Unix epoch).
+   */
+  setAt: number;
+};
+
+/**
+ * `credential/list`: Lists the providers with a key set from a client: when, and a short fingerprint, never the key.
+ */
+export type CredentialListRequest = {
+  id: RequestId;
+  method: "credential/list";
+  params?: Empty | null;
+};
+
+export type CredentialListResult = {
+  credentials: CredentialInfo[];
+};
+
+/**
+ * Sets (or replaces) the API key of a provider. The key is write-only: no reply, event or log
+ * ever carries it.
+ */
+export type CredentialSetParams = {
+  /**
+   * The provider's API key, as the provider issued it.
+   */
+  apiKey: string;
+  provider: string;
+};
+
+/**
+ * `credential/set`: Sets a provider's API key (write-only: never returned); the next agent started uses it.
+ */
+export type CredentialSetRequest = {
+  id: RequestId;
+  method: "credential/set";
+  params: CredentialSetParams;
+};
+
+export type CredentialSetResult = {
+  credential: CredentialInfo;
+};
+
+/**
+ * Where a provider's credential comes from.
+ */
+export type CredentialSource = "host" | "agent";
+
+/**
  * An opaque position in a session's event log. Send back only cursors the host gave you.
  */
 export type Cursor = string;
 
 /**
+ * A model of a custom provider. Unset numbers take pi's defaults (128 000 tokens of context,
+ * 16 384 out).
+ */
+export type CustomModel = {
+  contextWindow?: number | null;
+  /**
+   * The id the server knows it by (sent as the request's `model`).
+   */
+  id: string;
+  /**
+   * It takes images.
+   */
+  images?: boolean;
+  maxTokens?: number | null;
+  name?: string | null;
+  /**
+   * It reasons (`thinkingLevel` is sent as the request's `reasoning_effort`).
+   */
+  reasoning?: boolean;
+};
+
+/**
  * `"allow"`, `"deny"`, or `{"value": "..."}`.
  */
 export type Decision = Verdict | Answer;
+
+/**
+ * Whether a delete found something to delete (deleting again is not an error).
+ */
+export type Deleted = {
+  deleted: boolean;
+};
 
 /**
  * A paired device.
@@ -330,7 +427,7 @@ export type EntryKind = "file" | "dir" | "symlink" | "other";
 /**
  * A registered error code. Only these can appear on the wire.
  */
-export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND";
+export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND" | "PROVIDER_SECRET_MISSING";
 
 /**
  * A failed reply. `id` is `null` when the request could not be read far enough to find it.
@@ -641,6 +738,76 @@ export type Limits = {
 };
 
 /**
+ * One model the host's agent knows.
+ */
+export type ModelInfo = {
+  /**
+   * Tokens of context the model takes.
+   */
+  contextWindow: number;
+  /**
+   * A credential for its provider is present (set from a desktop, or in the remote user's
+   * own pi configuration or environment): a turn on it can reach the provider.
+   */
+  credential: boolean;
+  id: string;
+  /**
+   * It takes images with a prompt.
+   */
+  images: boolean;
+  /**
+   * Most tokens it writes in one reply.
+   */
+  maxTokens: number;
+  /**
+   * A name for people.
+   */
+  name: string;
+  provider: string;
+  /**
+   * It can think before answering (`thinkingLevel` applies).
+   */
+  reasoning: boolean;
+};
+
+/**
+ * `model/list`: Lists the providers and models the host's agent can run, each with whether a credential is present; needs no session.
+ */
+export type ModelListRequest = {
+  id: RequestId;
+  method: "model/list";
+  params?: Empty | null;
+};
+
+export type ModelListResult = {
+  /**
+   * The model a session without a `model` of its own runs on (pi's default), when there is
+   * one.
+   */
+  defaultModel?: ModelRef | null;
+  /**
+   * Every model the agent knows, by provider then id.
+   */
+  models: ModelInfo[];
+  providers: ProviderInfo[];
+};
+
+/**
+ * A model by its provider and the provider's own model id, as pi names it
+ * (`provider/id` on pi's command line).
+ */
+export type ModelRef = {
+  /**
+   * The provider's model id, e.g. `claude-sonnet-4-5`.
+   */
+  id: string;
+  /**
+   * The provider, e.g. `anthropic`, `openai`, or one added with `provider/set`.
+   */
+  provider: string;
+};
+
+/**
  * Exchanges the connection's pairing token for a device credential.
  */
 export type PairParams = {
@@ -759,6 +926,80 @@ export type ProtocolRange = {
 };
 
 /**
+ * The wire API a custom provider speaks.
+ */
+export type ProviderApi = "openai-completions" | "openai-responses";
+
+/**
+ * `provider/delete`: Removes a provider added with `provider/set`.
+ */
+export type ProviderDeleteRequest = {
+  id: RequestId;
+  method: "provider/delete";
+  params: ProviderRef;
+};
+
+/**
+ * A provider the host's agent knows.
+ */
+export type ProviderInfo = {
+  /**
+   * A credential is present (see [`ModelInfo::credential`]).
+   */
+  credential: boolean;
+  /**
+   * Where it comes from: `host` (set with `credential/set`, which wins) or `agent` (the
+   * remote user's own pi configuration or environment). Absent when there is none.
+   */
+  credentialSource?: CredentialSource | null;
+  /**
+   * Added by an owner with `provider/set`.
+   */
+  custom: boolean;
+  provider: string;
+};
+
+/**
+ * Names one provider.
+ */
+export type ProviderRef = {
+  provider: string;
+};
+
+/**
+ * Adds (or replaces) an OpenAI-compatible provider: a model server on the remote's network.
+ * It is registered in the agent's model registry at the next agent start, before the remote
+ * user's own configuration of a provider with the same name.
+ */
+export type ProviderSetParams = {
+  api: ProviderApi;
+  /**
+   * The API's base URL as the agent reaches it, e.g. `http://127.0.0.1:8080/v1`
+   * (`http` or `https`; no credentials in it: set a key with `credential/set`).
+   */
+  baseUrl: string;
+  /**
+   * The models it serves, at least one.
+   */
+  models: CustomModel[];
+  provider: string;
+  /**
+   * Whether its server wants an API key (`credential/set`). Without one the agent sends a
+   * placeholder, which servers run without keys ignore. Default false.
+   */
+  requiresKey?: boolean;
+};
+
+/**
+ * `provider/set`: Adds or replaces an OpenAI-compatible provider (a model server on the remote's network).
+ */
+export type ProviderSetRequest = {
+  id: RequestId;
+  method: "provider/set";
+  params: ProviderSetParams;
+};
+
+/**
  * What a client should do next when it meets a code.
  */
 export type Recovery = "retry" | "retry_after" | "reconnect_and_resume" | "resnapshot" | "fix_arguments" | "reauthorize" | "check_state" | "upgrade" | "stop_and_report";
@@ -801,7 +1042,47 @@ export type SessionClosedData = {
   deviceId?: string | null;
 };
 
+/**
+ * Changes what a session runs with. Each field given replaces the session's (none given
+ * changes nothing and returns the session); the running
+ * agent takes it at once (a running turn from its next model request), and every later
+ * agent of the session starts with it.
+ */
+export type SessionConfigureParams = {
+  autoCompaction?: boolean | null;
+  model?: ModelRef | null;
+  sessionId: string;
+  thinkingLevel?: ThinkingLevel | null;
+};
+
+/**
+ * `session/configure`: Changes a session's model, thinking level or auto-compaction; setting the same values again changes nothing.
+ */
+export type SessionConfigureRequest = {
+  id: RequestId;
+  method: "session/configure";
+  params: SessionConfigureParams;
+};
+
+/**
+ * `session.configured`: the session's model, thinking level or auto-compaction changed
+ * (`session/configure`); `settings` is what it runs with from now on.
+ */
+export type SessionConfiguredData = {
+  /**
+   * The device that changed them.
+   */
+  deviceId?: string | null;
+  settings: SessionSettings;
+};
+
 export type SessionCreateParams = {
+  /**
+   * The model to run on; absent: the agent's default. One the agent does not know is
+   * MODEL_NOT_CONFIGURED, one whose provider has no credential PROVIDER_SECRET_MISSING.
+   */
+  model?: ModelRef | null;
+  thinkingLevel?: ThinkingLevel | null;
   /**
    * A title shown in session lists; no control characters.
    */
@@ -873,6 +1154,10 @@ export type SessionInfo = {
    */
   activeTurnId?: string | null;
   /**
+   * Whether the agent compacts its context by itself when it is nearly full.
+   */
+  autoCompaction?: boolean | null;
+  /**
    * When it was created (ms since the Unix epoch).
    */
   createdAt: number;
@@ -880,8 +1165,10 @@ export type SessionInfo = {
    * The head of its event log: subscribing from here receives only new events.
    */
   cursor: Cursor;
+  model?: ModelRef | null;
   sessionId: string;
   state: SessionState;
+  thinkingLevel?: ThinkingLevel | null;
   title?: string | null;
   /**
    * Canonical workspace directory the agent runs in.
@@ -907,6 +1194,19 @@ export type SessionListResult = {
  */
 export type SessionRef = {
   sessionId: string;
+};
+
+/**
+ * What a session runs with, where a client chose it; each absent field is the agent's own
+ * default (the remote user's pi settings).
+ */
+export type SessionSettings = {
+  /**
+   * Whether the agent compacts its context by itself when it is nearly full.
+   */
+  autoCompaction?: boolean | null;
+  model?: ModelRef | null;
+  thinkingLevel?: ThinkingLevel | null;
 };
 
 /**
@@ -1015,6 +1315,12 @@ export type SubscriptionHead = {
   sessionId: string;
   subscriptionId: string;
 };
+
+/**
+ * How much the model reasons before it answers (pi's thinking levels). A model without
+ * reasoning ignores it; `xhigh` only some models support (pi uses the highest they have).
+ */
+export type ThinkingLevel = "off" | "minimal" | "low" | "medium" | "high" | "xhigh";
 
 /**
  * `turn/abort`: Aborts the running turn. Aborting a finished turn succeeds and changes nothing.
@@ -1157,6 +1463,13 @@ export interface RacpMethods {
   "turn/steer": { params: TurnSteerParams; result: Ack };
   "turn/abort": { params: TurnRef; result: Ack };
   "approval/respond": { params: ApprovalRespondParams; result: ApprovalRespondResult };
+  "model/list": { params: Empty; result: ModelListResult };
+  "session/configure": { params: SessionConfigureParams; result: SessionCreateResult };
+  "credential/set": { params: CredentialSetParams; result: CredentialSetResult };
+  "credential/delete": { params: ProviderRef; result: Deleted };
+  "credential/list": { params: Empty; result: CredentialListResult };
+  "provider/set": { params: ProviderSetParams; result: Ack };
+  "provider/delete": { params: ProviderRef; result: Deleted };
 }
 
 export type RacpMethodName = keyof RacpMethods;
@@ -1176,6 +1489,7 @@ export interface RacpEventData {
   "approval.settled": ApprovalSettledData;
   "session.closed": SessionClosedData;
   "session.agent_stopped": AgentStoppedData;
+  "session.configured": SessionConfiguredData;
 }
 
 /** Who may call each method, whether it changes state, and whether it may be resent after a lost reply. */
@@ -1199,6 +1513,13 @@ export const METHODS = {
   "turn/steer": { access: "operator", mutates: true, safeToResend: false },
   "turn/abort": { access: "operator", mutates: true, safeToResend: true },
   "approval/respond": { access: "operator", mutates: true, safeToResend: true },
+  "model/list": { access: "observer", mutates: false, safeToResend: true },
+  "session/configure": { access: "operator", mutates: true, safeToResend: true },
+  "credential/set": { access: "owner", mutates: true, safeToResend: true },
+  "credential/delete": { access: "owner", mutates: true, safeToResend: true },
+  "credential/list": { access: "owner", mutates: false, safeToResend: true },
+  "provider/set": { access: "owner", mutates: true, safeToResend: true },
+  "provider/delete": { access: "owner", mutates: true, safeToResend: true },
 } as const;
 
 /** The error-code registry. */
@@ -1254,4 +1575,5 @@ export const ERROR_CODES = {
   AGENT_SIDECAR_OOM: { retriable: "no", recovery: "check_state", closeCode: 4048, httpStatus: 502 },
   PROVIDER_TIMEOUT: { retriable: "yes", recovery: "retry", closeCode: 4049, httpStatus: 504, reserved: true },
   PROVIDER_MODEL_NOT_FOUND: { retriable: "no", recovery: "stop_and_report", closeCode: 4050, httpStatus: 404, reserved: true },
+  PROVIDER_SECRET_MISSING: { retriable: "no", recovery: "stop_and_report", closeCode: 4051, httpStatus: 424 },
 } as const satisfies Record<ErrorCode, unknown>;

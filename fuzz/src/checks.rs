@@ -204,9 +204,12 @@ fn params_json(call: &Call) -> String {
     let value: Result<Value, _> = match call {
         Call::Hello(p) => serde_json::to_value(p),
         Call::Pair(p) => serde_json::to_value(p),
-        Call::HostInfo(p) | Call::HostList(p) | Call::DeviceList(p) | Call::SessionList(p) => {
-            serde_json::to_value(p)
-        }
+        Call::HostInfo(p)
+        | Call::HostList(p)
+        | Call::DeviceList(p)
+        | Call::SessionList(p)
+        | Call::ModelList(p)
+        | Call::CredentialList(p) => serde_json::to_value(p),
         Call::DeviceRevoke(p) => serde_json::to_value(p),
         Call::PairingCreate(p) => serde_json::to_value(p),
         Call::FsList(p) | Call::FsStat(p) => serde_json::to_value(p),
@@ -218,6 +221,10 @@ fn params_json(call: &Call) -> String {
         Call::TurnSteer(p) => serde_json::to_value(p),
         Call::TurnAbort(p) => serde_json::to_value(p),
         Call::ApprovalRespond(p) => serde_json::to_value(p),
+        Call::SessionConfigure(p) => serde_json::to_value(p),
+        Call::CredentialSet(p) => serde_json::to_value(p),
+        Call::CredentialDelete(p) | Call::ProviderDelete(p) => serde_json::to_value(p),
+        Call::ProviderSet(p) => serde_json::to_value(p),
     };
     value.expect("params encode").to_string()
 }

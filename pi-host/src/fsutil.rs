@@ -23,3 +23,26 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     file.write_all(bytes)?;
     file.sync_all()
 }
+
+/// Replaces `path` with a file of `bytes`, mode 0600, atomically: a reader sees the old file or
+/// the new one, never a part. The new file is made next to it with `create_new` (O_EXCL, which
+/// never follows a link planted under its name), synced, then renamed over `path`.
+pub fn replace_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("no file name"))?;
+    let mut staged_name = std::ffi::OsString::from(".");
+    staged_name.push(name);
+    staged_name.push(format!(".{}.tmp", std::process::id()));
+    let staged = path.with_file_name(staged_name);
+    // A file left by a process of the same pid that died here is ours to replace.
+    match std::fs::remove_file(&staged) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err),
+    }
+    write_private(&staged, bytes)?;
+    std::fs::rename(&staged, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&staged);
+    })
+}

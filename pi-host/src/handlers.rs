@@ -17,7 +17,7 @@ use racp_proto::methods::host::{
     PairingCreateParams, PairingCreateResult,
 };
 use racp_proto::methods::session::{
-    SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult,
+    SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult, SessionSettings,
     SessionSubscribeParams, SessionUnsubscribeParams,
 };
 use racp_proto::{Ack, AppError, Call, ErrorCode, Role};
@@ -28,7 +28,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 /// Capabilities a host can have on; `fs` is off when the operator disabled file browsing.
-const ALL_CAPABILITIES: &[&str] = &["pairing", "devices", "sessions", "turns", "approvals", "fs"];
+const ALL_CAPABILITIES: &[&str] = &[
+    "pairing",
+    "devices",
+    "sessions",
+    "turns",
+    "approvals",
+    "fs",
+    "models",
+    "credentials",
+];
 
 /// The capabilities this host has on, as `hello` and `host/info` report them.
 pub fn capabilities(state: &HostState) -> Vec<String> {
@@ -50,7 +59,17 @@ fn require(state: &HostState, capability: &str, method: &str) -> Result<(), AppE
     .with_details(json!({"capability": capability, "method": method})))
 }
 
-fn session_create(
+async fn session_create(
+    state: &Arc<HostState>,
+    params: SessionCreateParams,
+) -> Result<SessionCreateResult, AppError> {
+    if let Some(model) = &params.model {
+        crate::models::check(state, model).await?;
+    }
+    on_blocking_pool(state, move |s| record_session(s, params)).await
+}
+
+fn record_session(
     state: &HostState,
     params: SessionCreateParams,
 ) -> Result<SessionCreateResult, AppError> {
@@ -71,6 +90,11 @@ fn session_create(
         epoch: state.secrets.random_u64().map_err(|e| state.internal(e))?,
         created_at: now_ms(),
         closed: false,
+        settings: SessionSettings {
+            model: params.model,
+            thinking_level: params.thinking_level,
+            auto_compaction: None,
+        },
     };
     let session = state
         .sessions
@@ -119,7 +143,7 @@ pub fn route(state: Arc<HostState>, credential: Credential, call: Call) -> Route
             crate::fs::stat(&params.path, &Fence::of(&s.config))
         }),
         Call::SessionCreate(params) => task(async move {
-            let created = on_blocking_pool(&state, move |s| session_create(s, params)).await?;
+            let created = session_create(&state, params).await?;
             // Start the agent now: it loads while the user types (docs/architecture.md).
             if let Some(session) = state.sessions.get(&created.session.session_id) {
                 state.turns.warm(&state, &session);
@@ -162,6 +186,27 @@ pub fn route(state: Arc<HostState>, credential: Credential, call: Call) -> Route
             let approvals = &state.turns.approvals;
             let settled = approvals.respond(&state, &credential, params).await?;
             to_value(&settled)
+        }),
+        Call::ModelList(_) => task(async move {
+            let list = crate::models::list(&state).await?;
+            to_value(&*list)
+        }),
+        Call::SessionConfigure(params) => task(async move {
+            let configured = state.turns.configure(&state, &credential, params).await?;
+            to_value(&configured)
+        }),
+        Call::CredentialSet(params) => {
+            blocking(state, move |s| crate::models::credential_set(s, params))
+        }
+        Call::CredentialDelete(params) => blocking(state, move |s| {
+            crate::models::credential_delete(s, &params.provider)
+        }),
+        Call::CredentialList(_) => blocking(state, |s| Ok(crate::models::credential_list(s))),
+        Call::ProviderSet(params) => {
+            blocking(state, move |s| crate::models::provider_set(s, params))
+        }
+        Call::ProviderDelete(params) => blocking(state, move |s| {
+            crate::models::provider_delete(s, &params.provider)
         }),
     }
 }

@@ -24,9 +24,11 @@ pub struct HostState {
     next_trace: AtomicU64,
     /// Open connections and the device gates (revoke, drain, the connection cap).
     pub connections: Connections,
-    /// pi-host's preload extension, which agents are started with (`agent::preload`); `None`
-    /// when turned off or when it could not be written.
-    pub agent_preload: Option<std::path::PathBuf>,
+    /// pi-host's pi extensions, which agents are started with (`agent::extensions`); empty
+    /// when they could not be written.
+    pub agent_extensions: Vec<std::path::PathBuf>,
+    /// Provider keys, custom providers and the model catalogue a desktop reads.
+    pub models: crate::models::Models,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +44,8 @@ pub enum StartError {
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]
     Sessions(#[from] crate::sessions::SessionsError),
+    #[error(transparent)]
+    Settings(#[from] crate::models::FileError),
 }
 
 /// The data directory's secrets, store and host id (made at first use).
@@ -63,15 +67,13 @@ impl HostState {
         let db_path = config.data_dir.join("pi-host.db");
         let sessions = crate::sessions::Sessions::open(&store, &db_path, config.retention)?;
         let limits = config.limits.clone();
-        let agent_preload = if config.agent_preload {
-            crate::agent::preload::install(&config.data_dir)
+        let agent_extensions =
+            crate::agent::extensions::install(&config.data_dir, config.agent_preload)
                 .inspect_err(|err| {
-                    tracing::warn!(error = %err, "cannot write the agent preload extension; agents start without it");
+                    tracing::warn!(error = %err, "cannot write pi-host's agent extensions; agents start without them");
                 })
-                .ok()
-        } else {
-            None
-        };
+                .unwrap_or_default();
+        let models = crate::models::Models::open(&config.data_dir)?;
         Ok(Arc::new(HostState {
             config,
             store,
@@ -90,7 +92,8 @@ impl HostState {
             draining: AtomicBool::new(false),
             next_trace: AtomicU64::new(1),
             connections: Connections::default(),
-            agent_preload,
+            agent_extensions,
+            models,
         }))
     }
 
@@ -106,6 +109,22 @@ impl HostState {
             "the host failed unexpectedly; see its log",
         )
         .with_trace_id(trace_id)
+    }
+
+    /// The command line an agent is started with: the configured agent and pi-host's
+    /// extensions (`resume`: and the arguments that resume its own session).
+    pub fn agent_command(&self, resume: bool) -> String {
+        let mut command = self.config.agent.clone();
+        if !self.agent_extensions.is_empty() {
+            command = format!(
+                "{command} {}",
+                crate::agent::extensions::agent_args(&self.agent_extensions)
+            );
+        }
+        if resume && !self.config.agent_resume_args.is_empty() {
+            command = format!("{command} {}", self.config.agent_resume_args);
+        }
+        command
     }
 
     pub fn is_draining(&self) -> bool {

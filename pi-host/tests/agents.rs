@@ -139,6 +139,12 @@ fn preload_path(host: &HostProcess) -> std::path::PathBuf {
         .join("pi-extensions/pi-host-preload.ts")
 }
 
+fn settings_path(host: &HostProcess) -> std::path::PathBuf {
+    host.data_dir
+        .path()
+        .join("pi-extensions/pi-host-settings.ts")
+}
+
 /// The arguments the session's agent was started with (the stand-in's `whoami`).
 async fn agent_args(client: &mut Client, host: &HostProcess, token: &str) -> Value {
     let (session_id, cursor) = create_session(client, host).await;
@@ -161,14 +167,24 @@ async fn agents_start_with_the_preload_extension_unless_it_is_turned_off() {
     let (_, token) = host.pair_device("laptop", &[]).await;
     let mut client = connect(&host, &token).await;
     let preload = preload_path(&host);
+    let settings = settings_path(&host);
     assert_eq!(
         agent_args(&mut client, &host, &token).await,
-        json!(["--extension", preload.to_str().unwrap()])
+        json!([
+            "--extension",
+            preload.to_str().unwrap(),
+            "--extension",
+            settings.to_str().unwrap()
+        ])
     );
     assert_eq!(
         std::fs::read_to_string(&preload).unwrap(),
-        include_str!("../src/agent/preload.ts"),
+        include_str!("../src/agent/extensions/preload.ts"),
         "the extension this build ships"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&settings).unwrap(),
+        include_str!("../src/agent/extensions/settings.ts"),
     );
 
     let host = tests::HostProcess::start_with(
@@ -182,7 +198,11 @@ async fn agents_start_with_the_preload_extension_unless_it_is_turned_off() {
     .await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let mut client = connect(&host, &token).await;
-    assert_eq!(agent_args(&mut client, &host, &token).await, json!([]));
+    // The settings extension stays: it carries what a desktop set (keys, model servers).
+    assert_eq!(
+        agent_args(&mut client, &host, &token).await,
+        json!(["--extension", settings_path(&host).to_str().unwrap()])
+    );
     assert!(!preload_path(&host).exists());
 }
 

@@ -234,6 +234,7 @@ async fn kill_9_cycles_during_a_stream_lose_duplicate_and_reorder_nothing() {
         .call::<calls::SessionCreate>(SessionCreateParams {
             workspace: host.workspace("w"),
             title: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -407,6 +408,7 @@ async fn a_partition_fails_calls_in_flight_then_heals_and_resumes() {
         .call::<calls::SessionCreate>(SessionCreateParams {
             workspace: host.workspace("w"),
             title: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -97,6 +97,7 @@ async fn session_and_subscription(
         .call::<calls::SessionCreate>(SessionCreateParams {
             workspace: host.workspace("w"),
             title: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -375,6 +375,7 @@ async fn a_long_real_reply_is_relayed_in_linear_bytes_and_rebuilt_exactly() {
         .call::<racp_proto::calls::SessionCreate>(SessionCreateParams {
             workspace: host.workspace("w"),
             title: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -48,6 +48,7 @@ async fn create_session(client: &RacpClient, host: &HostProcess) -> (String, rac
         .call::<calls::SessionCreate>(SessionCreateParams {
             workspace: host.workspace("w"),
             title: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -207,6 +207,7 @@ pub enum EventType {
     ApprovalSettled,
     SessionClosed,
     AgentStopped,
+    SessionConfigured,
 }
 
 impl EventType {
@@ -217,6 +218,7 @@ impl EventType {
         EventType::ApprovalSettled,
         EventType::SessionClosed,
         EventType::AgentStopped,
+        EventType::SessionConfigured,
     ];
 
     /// Prefix of the events that relay the agent's own output.
@@ -230,6 +232,7 @@ impl EventType {
             EventType::ApprovalSettled => "approval.settled",
             EventType::SessionClosed => "session.closed",
             EventType::AgentStopped => "session.agent_stopped",
+            EventType::SessionConfigured => "session.configured",
         }
     }
 
@@ -242,6 +245,7 @@ impl EventType {
             EventType::ApprovalSettled => generator.subschema_for::<ApprovalSettledData>(),
             EventType::SessionClosed => generator.subschema_for::<SessionClosedData>(),
             EventType::AgentStopped => generator.subschema_for::<AgentStoppedData>(),
+            EventType::SessionConfigured => generator.subschema_for::<SessionConfiguredData>(),
         }
     }
 }
@@ -323,6 +327,17 @@ pub struct AgentStoppedData {
     pub reason: AgentStopReason,
     /// How long the agent had been idle (ms).
     pub idle_ms: u64,
+}
+
+/// `session.configured`: the session's model, thinking level or auto-compaction changed
+/// (`session/configure`); `settings` is what it runs with from now on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionConfiguredData {
+    pub settings: crate::methods::session::SessionSettings,
+    /// The device that changed them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
 }
 
 /// Why an idle agent was stopped.

@@ -17,6 +17,12 @@ pub const MAX_PATH_CHARS: u64 = 4096;
 pub const MAX_TEXT_CHARS: u64 = 1 << 20;
 /// Longest approval answer `value` (chars).
 pub const MAX_ANSWER_CHARS: u64 = 64 << 10;
+/// Longest provider API key (chars): real keys are under 300; a JWT-style token a few KiB.
+pub const MAX_API_KEY_CHARS: u64 = 8 << 10;
+/// Most models one custom provider lists (`provider/set`).
+pub const MAX_CUSTOM_MODELS: u64 = 256;
+/// Most providers an owner adds with `provider/set`, and most credentials a host stores.
+pub const MAX_PROVIDERS: usize = 64;
 
 /// Pairing token lifetime bounds, in seconds.
 pub const MIN_PAIRING_TTL_SECONDS: u64 = 10;

@@ -81,6 +81,24 @@ pub fn name(path: &str, value: &str, min: u64, max: u64) -> Result<(), AppError>
     Ok(())
 }
 
+/// An identifier (a provider name): an ASCII letter or digit, then letters, digits, `.`, `_`
+/// or `-`. Such names are file keys and command-line words on the host.
+pub const IDENTIFIER_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]*$";
+
+/// Checks an identifier ([`IDENTIFIER_PATTERN`]) of at most `max` characters.
+pub fn identifier(path: &str, value: &str, max: u64) -> Result<(), AppError> {
+    length(path, value, 1, max)?;
+    let mut chars = value.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
+        return Err(invalid(
+            path,
+            "must start with a letter or digit and hold only letters, digits, '.', '_' and '-'",
+        ));
+    }
+    Ok(())
+}
+
 /// `text` with every unprintable character ([`is_unprintable`]) shown as a `\u{…}` escape, so
 /// printing what a client or an agent sent cannot move the cursor, retitle the terminal or
 /// reorder the line. Newlines and tabs stay when `multiline` (agent text), else they are
@@ -163,6 +181,16 @@ mod tests {
         );
         assert_eq!(clip("ééé", 2), "éé…");
         assert_eq!(clip("ééé", 3), "ééé");
+    }
+
+    #[test]
+    fn identifiers_are_file_and_word_safe() {
+        for ok in ["openai", "my-llm_2.local", "9x"] {
+            assert!(identifier("p", ok, 64).is_ok(), "{ok}");
+        }
+        for bad in ["", "-x", ".x", "a/b", "a b", "ü", "a\n", &"a".repeat(65)] {
+            assert!(identifier("p", bad, 64).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

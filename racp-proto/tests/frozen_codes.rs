@@ -56,6 +56,7 @@ const PUBLISHED: &[(&str, u16)] = &[
     ("AGENT_SIDECAR_OOM", 4048),
     ("PROVIDER_TIMEOUT", 4049),
     ("PROVIDER_MODEL_NOT_FOUND", 4050),
+    ("PROVIDER_SECRET_MISSING", 4051),
 ];
 
 #[test]

@@ -483,6 +483,7 @@ async fn start_stream(
         .call::<calls::SessionCreate>(SessionCreateParams {
             workspace: host.workspace("w"),
             title: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -6,7 +6,8 @@
 
 use bootstrap::provision::{self, BootstrapOptions};
 use bootstrap::remote::commands::connect::{self, ConnectArgs};
-use bootstrap::remote::commands::{attach, devices, open_profile, pair, sessions, turns};
+use bootstrap::remote::commands::models::{parse_model, parse_thinking};
+use bootstrap::remote::commands::{attach, devices, models, open_profile, pair, sessions, turns};
 use bootstrap::remote::out::Out;
 use bootstrap::remote::pairing::PairingHints;
 use bootstrap::remote::profile::{self, DEFAULT_PROFILE};
@@ -14,6 +15,8 @@ use bootstrap::remote::{Exit, Failure};
 use bootstrap::ssh::ConnectOptions;
 use bootstrap::ssh::config::ResolveOptions;
 use clap::{Parser, Subcommand};
+use racp_proto::methods::model::{ModelRef, ThinkingLevel};
+use racp_proto::methods::session::{SessionConfigureParams, SessionCreateParams};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -84,7 +87,31 @@ enum Command {
         workspace: String,
         #[arg(long)]
         title: Option<String>,
+        /// The model, as PROVIDER/MODEL (`models` lists them) [default: the agent's own].
+        #[arg(long, value_parser = parse_model)]
+        model: Option<ModelRef>,
+        /// The thinking level: off, minimal, low, medium, high, xhigh.
+        #[arg(long, value_parser = parse_thinking)]
+        thinking: Option<ThinkingLevel>,
     },
+    /// Change a session's model, thinking level or auto-compaction.
+    Configure {
+        session: String,
+        /// The model, as PROVIDER/MODEL.
+        #[arg(long, value_parser = parse_model)]
+        model: Option<ModelRef>,
+        /// The thinking level: off, minimal, low, medium, high, xhigh.
+        #[arg(long, value_parser = parse_thinking)]
+        thinking: Option<ThinkingLevel>,
+        /// Whether the agent compacts its context when it is nearly full: on or off.
+        #[arg(long, value_parser = parse_on_off)]
+        auto_compaction: Option<bool>,
+    },
+    /// List the models the host's agent can run and whether each provider has a key.
+    Models,
+    /// Provider API keys the host hands its agent (owner only).
+    #[command(subcommand)]
+    Credentials(CredentialsCommand),
     /// Start a turn with a prompt.
     Prompt {
         session: String,
@@ -107,6 +134,25 @@ enum Command {
     Devices,
     /// Revoke a device (owner only).
     Revoke { device: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum CredentialsCommand {
+    /// Set a provider's API key: typed at a prompt without echo, or piped on stdin (never an
+    /// argument). The host's next agent uses it.
+    Set { provider: String },
+    /// List the keys set: provider, fingerprint, when (never the key).
+    List,
+    /// Delete a provider's key.
+    Delete { provider: String },
+}
+
+fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("{text:?} is not on or off")),
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -213,7 +259,42 @@ async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
         // Both returned above: they need no stored profile.
         Command::Connect(_) | Command::Pair { .. } => Ok(()),
         Command::Sessions => sessions::list(out, &client).await,
-        Command::New { workspace, title } => sessions::create(out, &client, workspace, title).await,
+        Command::New {
+            workspace,
+            title,
+            model,
+            thinking,
+        } => {
+            let params = SessionCreateParams {
+                workspace,
+                title,
+                model,
+                thinking_level: thinking,
+            };
+            sessions::create(out, &client, params).await
+        }
+        Command::Configure {
+            session,
+            model,
+            thinking,
+            auto_compaction,
+        } => {
+            let params = SessionConfigureParams {
+                session_id: session,
+                model,
+                thinking_level: thinking,
+                auto_compaction,
+            };
+            models::configure(out, &client, params).await
+        }
+        Command::Models => models::list(out, &client).await,
+        Command::Credentials(CredentialsCommand::Set { provider }) => {
+            models::set(out, &client, provider).await
+        }
+        Command::Credentials(CredentialsCommand::List) => models::credentials(out, &client).await,
+        Command::Credentials(CredentialsCommand::Delete { provider }) => {
+            models::delete(out, &client, provider).await
+        }
         Command::Prompt {
             session,
             text,

@@ -23,8 +23,8 @@
 //! the last [`Agent`] handle kills the group too.
 
 mod compact;
+pub mod extensions;
 pub mod failure;
-pub mod preload;
 mod protocol;
 #[cfg(test)]
 mod tests;
@@ -33,6 +33,8 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use protocol::{Line, LineReader, Parsed, Reply};
+use racp_proto::methods::model::ModelRef;
+use racp_proto::methods::session::SessionSettings;
 use racp_proto::{AppError, ErrorCode, ErrorSource};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
@@ -227,6 +229,16 @@ pub enum StopReason {
 }
 
 impl AgentOutput {
+    /// The text of a `notify` notice (an extension's message to the client).
+    pub fn notice_message(&self) -> Option<String> {
+        match self {
+            AgentOutput::UiNotice { method, payload } if method == "notify" => {
+                protocol::notice_message(payload)
+            }
+            _ => None,
+        }
+    }
+
     /// pi's `type` for events, `extension_ui_request`, `response`, or `exited`.
     pub fn kind(&self) -> &str {
         match self {
@@ -574,6 +586,40 @@ impl Agent {
     /// once it has loaded, so a warm start asks it early.
     pub async fn get_state(&self) -> Result<Value, AgentError> {
         self.call("get_state", json!({})).await
+    }
+
+    /// The model the agent's next prompt runs on (`get_state`'s `model`); None when it has
+    /// none (pi found no model with a credential, or the user's default is gone).
+    pub async fn current_model(&self) -> Result<Option<ModelRef>, AgentError> {
+        let state = self.get_state().await?;
+        Ok(state.get("model").and_then(protocol::model_ref))
+    }
+
+    /// The models whose provider has a credential (`get_available_models`).
+    pub async fn available_models(&self) -> Result<Vec<ModelRef>, AgentError> {
+        let data = self.call("get_available_models", json!({})).await?;
+        Ok(protocol::available_models(&data))
+    }
+
+    /// Applies a session's settings (`set_model`, `set_thinking_level`,
+    /// `set_auto_compaction`); fields that are None keep the agent's own.
+    pub async fn configure(&self, settings: &SessionSettings) -> Result<(), AgentError> {
+        if let Some(model) = &settings.model {
+            self.call(
+                "set_model",
+                json!({"provider": model.provider, "modelId": model.id}),
+            )
+            .await?;
+        }
+        if let Some(level) = settings.thinking_level {
+            self.call("set_thinking_level", json!({"level": level.as_str()}))
+                .await?;
+        }
+        if let Some(enabled) = settings.auto_compaction {
+            self.call("set_auto_compaction", json!({"enabled": enabled}))
+                .await?;
+        }
+        Ok(())
     }
 
     /// Sends any RPC command (`command_type` and its fields, without `id`), waits for its

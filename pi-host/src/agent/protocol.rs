@@ -3,6 +3,7 @@
 
 use super::failure::RunSignal;
 use super::{AgentEvent, AgentOutput, RunEnd, StopReason, UiAnswer, UiMethod};
+use racp_proto::methods::model::ModelRef;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
@@ -425,6 +426,32 @@ fn parse_ui_request(value: Value, raw: Box<RawValue>, line: &[u8]) -> AgentOutpu
         options,
         timeout_ms,
     }
+}
+
+/// The `message` of a fire-and-forget `extension_ui_request` (a `notify`'s text).
+pub(super) fn notice_message(payload: &RawValue) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Notice {
+        message: Option<String>,
+    }
+    serde_json::from_str::<Notice>(payload.get()).ok()?.message
+}
+
+/// A model as pi's responses name it (`get_state`'s `model`, `get_available_models`'s items):
+/// a full Model object of which the host reads `provider` and `id`.
+pub(super) fn model_ref(model: &Value) -> Option<ModelRef> {
+    Some(ModelRef {
+        provider: model.get("provider")?.as_str()?.to_string(),
+        id: model.get("id")?.as_str()?.to_string(),
+    })
+}
+
+/// `get_available_models`'s `data.models`.
+pub(super) fn available_models(data: &Value) -> Vec<ModelRef> {
+    data.get("models")
+        .and_then(Value::as_array)
+        .map(|models| models.iter().filter_map(model_ref).collect())
+        .unwrap_or_default()
 }
 
 /// `{"type": "extension_ui_response", "id", ...}` for a dialog answer.

@@ -5,8 +5,9 @@
 use racp_proto::AppError;
 use racp_proto::events::{
     AgentStopReason, AgentStoppedData, ApprovalRequestedData, ApprovalSettledData, EventType,
-    SessionClosedData, TurnFinishedData, TurnOutcome, TurnStartedData,
+    SessionClosedData, SessionConfiguredData, TurnFinishedData, TurnOutcome, TurnStartedData,
 };
+use racp_proto::methods::session::SessionSettings;
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::stream::StreamState;
 use serde_json::value::{RawValue, to_raw_value};
@@ -34,6 +35,11 @@ pub enum HostEvent {
     AgentStopped {
         reason: AgentStopReason,
         idle_ms: u64,
+    },
+    /// A client changed what the session runs with; `settings` is the whole new set.
+    Configured {
+        settings: SessionSettings,
+        device_id: Option<String>,
     },
     /// Agent output relayed as `agent.<kind>`, its payload exactly as the agent wrote it.
     Agent {
@@ -77,6 +83,7 @@ pub enum Effect {
     ApprovalRequested(ApprovalInfo),
     ApprovalSettled(String),
     Closed,
+    Configured(SessionSettings),
     /// An agent event that changes what is streaming (docs/protocol.md §8.1), applied to the
     /// snapshot's message and tool outputs when published.
     Stream {
@@ -108,6 +115,7 @@ impl HostEvent {
             HostEvent::ApprovalSettled(_) => host(EventType::ApprovalSettled),
             HostEvent::SessionClosed { .. } => host(EventType::SessionClosed),
             HostEvent::AgentStopped { .. } => host(EventType::AgentStopped),
+            HostEvent::Configured { .. } => host(EventType::SessionConfigured),
             HostEvent::Agent { kind, .. } => EventTypeName {
                 prefix: EventType::AGENT_PREFIX,
                 name: kind,
@@ -122,7 +130,9 @@ impl HostEvent {
             HostEvent::ApprovalRequested(info) | HostEvent::ApprovalSettled(info) => {
                 Some(&info.turn_id)
             }
-            HostEvent::SessionClosed { .. } | HostEvent::AgentStopped { .. } => None,
+            HostEvent::SessionClosed { .. }
+            | HostEvent::AgentStopped { .. }
+            | HostEvent::Configured { .. } => None,
             HostEvent::Agent { turn_id, .. } => turn_id.as_deref(),
         }
     }
@@ -166,6 +176,13 @@ impl HostEvent {
                 reason: *reason,
                 idle_ms: *idle_ms,
             }),
+            HostEvent::Configured {
+                settings,
+                device_id,
+            } => to_raw_value(&SessionConfiguredData {
+                settings: settings.clone(),
+                device_id: device_id.clone(),
+            }),
         };
         encoded.map(Cow::Owned)
     }
@@ -188,6 +205,7 @@ impl HostEvent {
             HostEvent::ApprovalSettled(info) => Some(Effect::ApprovalSettled(info.approval_id)),
             HostEvent::SessionClosed { .. } => Some(Effect::Closed),
             HostEvent::AgentStopped { .. } => None,
+            HostEvent::Configured { settings, .. } => Some(Effect::Configured(settings)),
             HostEvent::Agent { kind, payload, .. } => {
                 StreamState::streams(&kind).then_some(Effect::Stream { kind, payload })
             }

@@ -18,7 +18,7 @@ use crate::store::{SessionRow, Store, StoreError};
 use dashmap::DashMap;
 use log::{EventLog, LoggedEvent, Retention};
 use racp_proto::events::{Event, EventType, TurnFinishedData, TurnStartedData};
-use racp_proto::methods::session::{SessionInfo, SessionState, Snapshot};
+use racp_proto::methods::session::{SessionInfo, SessionSettings, SessionState, Snapshot};
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::stream::StreamState;
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
@@ -53,6 +53,8 @@ struct Inner {
     pruned_below: u64,
     /// The message and tool outputs streaming as of the last published event.
     stream: StreamState,
+    /// What a client set it to run with (stored in its row; `session.configured` changes it).
+    settings: SessionSettings,
 }
 
 impl Session {
@@ -79,6 +81,7 @@ impl Session {
                 pending_approvals: Vec::new(),
                 watchers: Vec::new(),
                 stream,
+                settings: row.settings.clone(),
             }),
         })
     }
@@ -121,7 +124,13 @@ impl Session {
             created_at: self.created_at,
             cursor: inner.log.head_cursor(),
             active_turn_id: inner.active_turn.clone(),
+            settings: inner.settings.clone(),
         }
+    }
+
+    /// The model, thinking level and auto-compaction a client set (absent: the agent's own).
+    pub fn settings(&self) -> SessionSettings {
+        self.lock().settings.clone()
     }
 
     /// The session, a snapshot of its state, and the cursor the snapshot was taken at, all read
@@ -259,6 +268,7 @@ fn apply(inner: &mut Inner, effect: Effect) {
             .pending_approvals
             .retain(|a| a.approval_id != approval_id),
         Effect::Closed => inner.closed = true,
+        Effect::Configured(settings) => inner.settings = settings,
         Effect::Stream { kind, payload } => inner.stream.apply_agent_text(&kind, payload.get()),
     }
 }

@@ -109,6 +109,7 @@ impl Store {
         let mut conn = connect(path)?;
         conn.execute_batch(SCHEMA)?;
         sessions::migrate_event_rows(&mut conn)?;
+        sessions::add_settings_column(&conn)?;
         Ok(Store {
             conn: Mutex::new(conn),
         })

@@ -4,6 +4,7 @@
 //! this file holds the reads and the small writes.
 
 use super::{Store, StoreError};
+use racp_proto::methods::session::SessionSettings;
 use rusqlite::{Connection, OptionalExtension, Transaction};
 
 #[derive(Debug, Clone)]
@@ -14,6 +15,8 @@ pub struct SessionRow {
     pub epoch: u64,
     pub created_at: u64,
     pub closed: bool,
+    /// The model, thinking level and auto-compaction a client set (`session/configure`).
+    pub settings: SessionSettings,
 }
 
 #[derive(Debug, Clone)]
@@ -56,15 +59,29 @@ impl Store {
     pub fn insert_session(&self, row: &SessionRow) -> Result<(), StoreError> {
         let conn = self.conn()?;
         conn.execute(
-            "INSERT INTO sessions (session_id, workspace, title, epoch, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO sessions (session_id, workspace, title, epoch, created_at, settings)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             (
                 &row.session_id,
                 &row.workspace,
                 &row.title,
                 to_i64(row.epoch),
                 to_i64(row.created_at),
+                settings_json(&row.settings)?,
             ),
+        )?;
+        Ok(())
+    }
+
+    pub fn set_session_settings(
+        &self,
+        session_id: &str,
+        settings: &SessionSettings,
+    ) -> Result<(), StoreError> {
+        let conn = self.conn()?;
+        conn.execute(
+            "UPDATE sessions SET settings = ?2 WHERE session_id = ?1",
+            (session_id, settings_json(settings)?),
         )?;
         Ok(())
     }
@@ -81,22 +98,35 @@ impl Store {
     pub fn sessions(&self) -> Result<Vec<SessionRow>, StoreError> {
         let conn = self.conn()?;
         let mut stmt = conn.prepare(
-            "SELECT session_id, workspace, title, epoch, created_at, closed_at
+            "SELECT session_id, workspace, title, epoch, created_at, closed_at, settings
              FROM sessions ORDER BY created_at, session_id",
         )?;
         let rows = stmt
             .query_map([], |r| {
-                Ok(SessionRow {
-                    session_id: r.get(0)?,
-                    workspace: r.get(1)?,
-                    title: r.get(2)?,
-                    epoch: to_u64(r.get(3)?),
-                    created_at: to_u64(r.get(4)?),
-                    closed: r.get::<_, Option<i64>>(5)?.is_some(),
-                })
+                Ok((
+                    SessionRow {
+                        session_id: r.get(0)?,
+                        workspace: r.get(1)?,
+                        title: r.get(2)?,
+                        epoch: to_u64(r.get(3)?),
+                        created_at: to_u64(r.get(4)?),
+                        closed: r.get::<_, Option<i64>>(5)?.is_some(),
+                        settings: SessionSettings::default(),
+                    },
+                    r.get::<_, Option<String>>(6)?,
+                ))
             })?
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(rows)
+        rows.into_iter()
+            .map(|(mut row, settings)| {
+                if let Some(json) = settings {
+                    row.settings = serde_json::from_str(&json).map_err(|e| {
+                        StoreError::Corrupt(format!("settings of {}: {e}", row.session_id))
+                    })?;
+                }
+                Ok(row)
+            })
+            .collect()
     }
 
     /// The newest `limit` events of a session, oldest first.
@@ -274,6 +304,27 @@ fn insert_chunks(tx: &Transaction<'_>, batch: &[SessionBatch<'_>]) -> Result<(),
 /// Moves a database written before event chunks (one `events` row per event) to chunks, in one
 /// transaction: each run of consecutive seqs of a session becomes chunks of at most
 /// `MIGRATED_CHUNK` events.
+/// Stored settings: NULL when none is set, so rows written before the column read the same.
+fn settings_json(settings: &SessionSettings) -> Result<Option<String>, StoreError> {
+    if settings.is_empty() {
+        return Ok(None);
+    }
+    serde_json::to_string(settings)
+        .map(Some)
+        .map_err(|e| StoreError::Corrupt(format!("settings: {e}")))
+}
+
+/// Stores made before sessions had settings gain the column (NULL: none set).
+pub fn add_settings_column(conn: &Connection) -> Result<(), StoreError> {
+    let has: bool = conn
+        .prepare("SELECT 1 FROM pragma_table_info('sessions') WHERE name = 'settings'")?
+        .exists([])?;
+    if !has {
+        conn.execute_batch("ALTER TABLE sessions ADD COLUMN settings TEXT;")?;
+    }
+    Ok(())
+}
+
 pub fn migrate_event_rows(conn: &mut Connection) -> Result<(), StoreError> {
     const MIGRATED_CHUNK: usize = 1024;
     let exists: Option<i64> = conn

@@ -20,6 +20,8 @@ use crate::sessions::{HostEvent, Session};
 use crate::state::HostState;
 use crate::store::TurnRow;
 use racp_proto::events::TurnOutcome;
+use racp_proto::methods::model::ModelRef;
+use racp_proto::methods::session::{SessionConfigureParams, SessionCreateResult};
 use racp_proto::methods::turn::{
     TurnInfo, TurnRef, TurnStartParams, TurnStartResult, TurnState, TurnSteerParams,
 };
@@ -79,6 +81,11 @@ struct DriverState {
     spawned_before: bool,
     /// When the agent last started, ran a turn, said something or had a subscriber.
     last_used: Option<Instant>,
+    /// The settings generation (`models::Models::generation`) the agent started with.
+    generation: u64,
+    /// The models the agent has a credential for, once asked (`ready`); `Err` when the agent
+    /// does not answer `get_available_models` (not pi), so there is nothing to check.
+    available: Option<Result<Vec<ModelRef>, ()>>,
 }
 
 pub struct Driver {
@@ -87,6 +94,8 @@ pub struct Driver {
     /// The running agent's pid (0 when none), readable without the state's lock: counting and
     /// reporting agents must not wait on a turn.
     agent_pid: AtomicU32,
+    /// Held by `session/configure` from reading the settings to storing them.
+    configuring: Mutex<()>,
 }
 
 /// Every session's driver, created on first use.
@@ -107,6 +116,7 @@ impl Turns {
                     session: session.clone(),
                     state: Mutex::new(DriverState::default()),
                     agent_pid: AtomicU32::new(0),
+                    configuring: Mutex::new(()),
                 })
             })
             .clone()
@@ -136,6 +146,7 @@ impl Turns {
             )
             .with_details(json!({"turnId": active.turn_id})));
         }
+        driver.retire_stale(host, &mut state);
         let agent = match state.agent.clone() {
             Some(agent) => agent,
             None => {
@@ -144,6 +155,7 @@ impl Turns {
             }
         };
         state.last_used = Some(Instant::now());
+        driver.ready(&agent, &mut state).await?;
         let turn_id = record_turn(host, &session, credential, &params).await?;
         state.active = Some(ActiveTurn::new(turn_id.clone()));
         // Not under the lock: the pump needs it to read what the agent says meanwhile.
@@ -175,6 +187,61 @@ impl Turns {
             .await
             .map_err(|e| e.to_app_error())?;
         Ok(Ack {})
+    }
+
+    /// `session/configure`: the agent running now takes the change at once (a running turn
+    /// from its next model request); the session's later agents start with it.
+    pub async fn configure(
+        &self,
+        host: &Arc<HostState>,
+        credential: &Credential,
+        params: SessionConfigureParams,
+    ) -> Result<SessionCreateResult, AppError> {
+        let session = host.sessions.find(&params.session_id)?;
+        if session.is_closing() {
+            return Err(closed(&session));
+        }
+        if let Some(model) = &params.model {
+            crate::models::check(host, model).await?;
+        }
+        let change = params.settings();
+        let driver = self.driver(&session);
+        // Held across the change so that a turn or another change cannot come between.
+        let _changing = driver.configuring.lock().await;
+        let settings = session.settings().with(&change);
+        if settings == session.settings() {
+            return Ok(SessionCreateResult {
+                session: session.info(),
+            });
+        }
+        let agent = driver.state.lock().await.agent.clone();
+        if let Some(agent) = agent {
+            // Not under the driver's lock: pi's answers come through the pump, which needs it.
+            agent
+                .configure(&change)
+                .await
+                .map_err(|err| match (&err, &change.model) {
+                    (AgentError::Rejected { .. }, Some(model)) => {
+                        crate::models::not_configured(model)
+                    }
+                    _ => err.to_app_error(),
+                })?;
+        }
+        let stored = host.clone();
+        let (id, to_store) = (session.id.clone(), settings.clone());
+        tokio::task::spawn_blocking(move || stored.store.set_session_settings(&id, &to_store))
+            .await
+            .map_err(|e| host.internal(e))?
+            .map_err(|e| host.internal(e))?;
+        let event = HostEvent::Configured {
+            settings,
+            device_id: credential.device_id().map(str::to_string),
+        };
+        host.sessions.commit(&session, vec![event]).await?;
+        tracing::info!(session_id = %session.id, "session configured");
+        Ok(SessionCreateResult {
+            session: session.info(),
+        })
     }
 
     /// `turn/abort`: aborting a finished turn succeeds and changes nothing.
@@ -570,28 +637,75 @@ impl Driver {
             tracing::warn!(error = %err, "cannot create the agent's session directory");
         }
         let resume = state.spawned_before || self.session.has_turns();
-        let mut command = host.config.agent.clone();
-        if let Some(preload) = &host.agent_preload {
-            command = format!("{command} {}", crate::agent::preload::agent_args(preload));
-        }
-        if resume && !host.config.agent_resume_args.is_empty() {
-            command = format!("{command} {}", host.config.agent_resume_args);
-        }
         let spec = AgentSpec {
-            command,
+            command: host.agent_command(resume),
             workspace: self.session.workspace.clone().into(),
             env: vec![(
                 "PI_CODING_AGENT_SESSION_DIR".to_string(),
                 session_dir.display().to_string(),
             )],
         };
+        let generation = host.models.generation();
         let (agent, output) = Agent::spawn(&spec).await.map_err(|e| e.to_app_error())?;
         tokio::spawn(pump(host.clone(), self.clone(), agent.clone(), output));
         self.agent_pid.store(agent.pid(), Ordering::Relaxed);
         state.agent = Some(agent.clone());
         state.spawned_before = true;
         state.last_used = Some(Instant::now());
+        state.generation = generation;
+        state.available = None;
+        let settings = self.session.settings();
+        if !settings.is_empty()
+            && let Err(err) = agent.configure(&settings).await
+        {
+            // The turn's readiness check reports a model the agent did not take.
+            tracing::warn!(session_id = %self.session.id, error = %err, "the agent refused the session's settings");
+        }
         Ok(agent)
+    }
+
+    /// Replaces an idle agent started before the host's settings last changed (a key or a
+    /// provider): it would run on the old ones. A running turn keeps its agent; the next turn
+    /// after it gets a new one.
+    fn retire_stale(&self, host: &HostState, state: &mut DriverState) {
+        if state.active.is_some() || state.generation == host.models.generation() {
+            return;
+        }
+        if let Some(stale) = self.take_agent(state) {
+            tracing::info!(session_id = %self.session.id, "restarting the agent: the host's model settings changed");
+            // Not under the driver's lock: the pump drains the agent's last output meanwhile.
+            tokio::spawn(async move { stale.shutdown().await });
+        }
+    }
+
+    /// Checks, before a turn is recorded, that the agent has a model it can run on: none is
+    /// MODEL_NOT_CONFIGURED, one other than the session's (its `set_model` failed) too, and one
+    /// whose provider has no credential PROVIDER_SECRET_MISSING; no request reaches a provider.
+    async fn ready(&self, agent: &Agent, state: &mut DriverState) -> Result<(), AppError> {
+        let current = agent.current_model().await.map_err(|e| e.to_app_error())?;
+        let wanted = self.session.settings().model;
+        let Some(current) = current else {
+            return Err(match &wanted {
+                Some(model) => crate::models::not_configured(model),
+                None => AppError::new(
+                    ErrorCode::ModelNotConfigured,
+                    "the host's agent has no model to run on: pick one that model/list shows \
+                     (session/configure, pi-remote configure), or set a provider's key",
+                ),
+            });
+        };
+        if let Some(wanted) = wanted.filter(|w| *w != current) {
+            return Err(crate::models::not_configured(&wanted));
+        }
+        if state.available.is_none() {
+            state.available = Some(agent.available_models().await.map_err(drop));
+        }
+        match &state.available {
+            Some(Ok(models)) if !models.contains(&current) => {
+                Err(crate::models::secret_missing(&current.provider))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Takes the running agent out of the state (the caller stops it).

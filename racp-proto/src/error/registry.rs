@@ -257,7 +257,7 @@ error_registry! {
     CapabilityUnavailable = "CAPABILITY_UNAVAILABLE" { retriable: No, recovery: StopAndReport, close: 4038, http: 501, }
     /// The endpoint's TLS certificate is not the one pinned at pairing (`details.expected`, `details.found`: SHA-256 fingerprints); nothing was sent. Another process may hold the port, or the host's identity was reset: re-pair only if you trust the change.
     HostIdentityMismatch = "HOST_IDENTITY_MISMATCH" { retriable: No, recovery: StopAndReport, close: 4039, http: 502, }
-    /// No usable model is selected, or the provider rejects the selected model as unknown (HTTP 404). Fix the model in the agent's settings on the host.
+    /// No usable model is selected, the agent does not know the model asked for (`session/create`, `session/configure`), or the provider rejects the selected model as unknown (HTTP 404). Pick one `model/list` shows (`session/configure`), or fix the agent's settings on the host.
     ModelNotConfigured = "MODEL_NOT_CONFIGURED" { retriable: No, recovery: StopAndReport, close: 4040, http: 424, }
     /// The model provider failed. Transient for gateway and server errors (5xx, overloaded); terminal (`retriable: false`) for malformed 400/422 requests and for billing, credit, spend or quota exhaustion, even when returned with HTTP 429. `details.providerStatus`, `details.providerCode`, `details.providerMessage` (redacted, at most 600 characters).
     ProviderError = "PROVIDER_ERROR" { retriable: Maybe, recovery: Retry, close: 4041, http: 502, }
@@ -279,6 +279,8 @@ error_registry! {
     ProviderTimeout = "PROVIDER_TIMEOUT" { retriable: Yes, recovery: Retry, close: 4049, http: 504, reserved: true, }
     /// Reserved: the provider does not know the model id (HTTP 404). Emitted today as MODEL_NOT_CONFIGURED.
     ProviderModelNotFound = "PROVIDER_MODEL_NOT_FOUND" { retriable: No, recovery: StopAndReport, close: 4050, http: 404, reserved: true, }
+    /// The model's provider needs an API key and the host's agent has none: set it with `credential/set` (owner), or pick another model. Found before a turn is spent.
+    ProviderSecretMissing = "PROVIDER_SECRET_MISSING" { retriable: No, recovery: StopAndReport, close: 4051, http: 424, }
 }
 
 impl ErrorCode {

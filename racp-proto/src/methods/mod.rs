@@ -4,6 +4,7 @@
 pub mod fs;
 pub mod handshake;
 pub mod host;
+pub mod model;
 pub mod session;
 pub mod turn;
 
@@ -22,9 +23,14 @@ use host::{
     DeviceListResult, DeviceRevokeParams, HostInfoResult, HostListResult, PairingCreateParams,
     PairingCreateResult,
 };
+use model::{
+    CredentialListResult, CredentialSetParams, CredentialSetResult, Deleted, ModelListResult,
+    ProviderRef, ProviderSetParams,
+};
 use session::{
-    SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult, SessionRef,
-    SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
+    SessionConfigureParams, SessionCreateParams, SessionCreateResult, SessionGetResult,
+    SessionListResult, SessionRef, SessionSubscribeParams, SessionSubscribeResult,
+    SessionUnsubscribeParams,
 };
 use turn::{
     ApprovalRespondParams, ApprovalRespondResult, TurnRef, TurnStartParams, TurnStartResult,
@@ -220,6 +226,20 @@ method_table! {
     TurnAbort = "turn/abort" (TurnRef => Ack) { access: OPERATOR, mutates: true, safe_to_resend: true }
     /// Answers an approval; the first answer wins, later ones get APPROVAL_STALE.
     ApprovalRespond = "approval/respond" (ApprovalRespondParams => ApprovalRespondResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
+    /// Lists the providers and models the host's agent can run, each with whether a credential is present; needs no session.
+    ModelList = "model/list" (Empty => ModelListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    /// Changes a session's model, thinking level or auto-compaction; setting the same values again changes nothing.
+    SessionConfigure = "session/configure" (SessionConfigureParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
+    /// Sets a provider's API key (write-only: never returned); the next agent started uses it.
+    CredentialSet = "credential/set" (CredentialSetParams => CredentialSetResult) { access: OWNER, mutates: true, safe_to_resend: true }
+    /// Deletes a provider's API key set with `credential/set`.
+    CredentialDelete = "credential/delete" (ProviderRef => Deleted) { access: OWNER, mutates: true, safe_to_resend: true }
+    /// Lists the providers with a key set from a client: when, and a short fingerprint, never the key.
+    CredentialList = "credential/list" (Empty => CredentialListResult) { access: OWNER, mutates: false, safe_to_resend: true }
+    /// Adds or replaces an OpenAI-compatible provider (a model server on the remote's network).
+    ProviderSet = "provider/set" (ProviderSetParams => Ack) { access: OWNER, mutates: true, safe_to_resend: true }
+    /// Removes a provider added with `provider/set`.
+    ProviderDelete = "provider/delete" (ProviderRef => Deleted) { access: OWNER, mutates: true, safe_to_resend: true }
 }
 
 #[cfg(test)]

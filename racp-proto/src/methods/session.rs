@@ -1,5 +1,6 @@
 //! `session/*`: sessions, snapshots and subscriptions.
 
+use super::model::{ModelRef, ThinkingLevel};
 use super::turn::{ApprovalInfo, TurnInfo};
 use crate::AppError;
 use crate::cursor::Cursor;
@@ -37,9 +38,42 @@ pub struct SessionInfo {
     /// The running turn, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_turn_id: Option<String>,
+    /// The model, thinking level and auto-compaction set for it (`session/create`,
+    /// `session/configure`); an absent one is the agent's own default.
+    #[serde(flatten)]
+    pub settings: SessionSettings,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// What a session runs with, where a client chose it; each absent field is the agent's own
+/// default (the remote user's pi settings).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_level: Option<ThinkingLevel>,
+    /// Whether the agent compacts its context by itself when it is nearly full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_compaction: Option<bool>,
+}
+
+impl SessionSettings {
+    /// `self` with every field `change` sets replaced.
+    pub fn with(&self, change: &SessionSettings) -> SessionSettings {
+        SessionSettings {
+            model: change.model.clone().or_else(|| self.model.clone()),
+            thinking_level: change.thinking_level.or(self.thinking_level),
+            auto_compaction: change.auto_compaction.or(self.auto_compaction),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self == &SessionSettings::default()
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SessionCreateParams {
     /// Absolute path of the workspace directory; it must lie inside the host's permitted roots.
@@ -49,6 +83,12 @@ pub struct SessionCreateParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = MAX_NAME_CHARS), regex(pattern = NAME_PATTERN))]
     pub title: Option<String>,
+    /// The model to run on; absent: the agent's default. One the agent does not know is
+    /// MODEL_NOT_CONFIGURED, one whose provider has no credential PROVIDER_SECRET_MISSING.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_level: Option<ThinkingLevel>,
 }
 
 impl Validate for SessionCreateParams {
@@ -56,6 +96,46 @@ impl Validate for SessionCreateParams {
         length("workspace", &self.workspace, 1, MAX_PATH_CHARS)?;
         if let Some(title) = &self.title {
             name("title", title, 1, MAX_NAME_CHARS)?;
+        }
+        if let Some(model) = &self.model {
+            model.check("model")?;
+        }
+        Ok(())
+    }
+}
+
+/// Changes what a session runs with. Each field given replaces the session's (none given
+/// changes nothing and returns the session); the running
+/// agent takes it at once (a running turn from its next model request), and every later
+/// agent of the session starts with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionConfigureParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_level: Option<ThinkingLevel>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_compaction: Option<bool>,
+}
+
+impl SessionConfigureParams {
+    pub fn settings(&self) -> SessionSettings {
+        SessionSettings {
+            model: self.model.clone(),
+            thinking_level: self.thinking_level,
+            auto_compaction: self.auto_compaction,
+        }
+    }
+}
+
+impl Validate for SessionConfigureParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
+        if let Some(model) = &self.model {
+            model.check("model")?;
         }
         Ok(())
     }

@@ -4,6 +4,7 @@
 pub mod attach;
 pub mod connect;
 pub mod devices;
+pub mod models;
 pub mod pair;
 pub mod sessions;
 pub mod turns;

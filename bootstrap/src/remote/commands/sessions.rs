@@ -37,12 +37,9 @@ pub async fn list(out: &Out, client: &RacpClient) -> Result<(), Failure> {
 pub async fn create(
     out: &Out,
     client: &RacpClient,
-    workspace: String,
-    title: Option<String>,
+    params: SessionCreateParams,
 ) -> Result<(), Failure> {
-    let created = client
-        .call::<calls::SessionCreate>(SessionCreateParams { workspace, title })
-        .await?;
+    let created = client.call::<calls::SessionCreate>(params).await?;
     if out.json {
         out.json_value(&created.session);
     } else {

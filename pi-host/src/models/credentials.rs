@@ -1,0 +1,151 @@
+//! Provider API keys set from a desktop (`credential/set`): kept in one 0600 file,
+//! `credentials.json` in the data directory, and nowhere else. The host reads them only to list
+//! them (provider, time, fingerprint) and to tell the redactor which exact values to scrub;
+//! agents get them from the file when they start (docs/protocol.md §7.20).
+
+use super::file::{self, FileError};
+use racp_proto::methods::model::CredentialInfo;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+pub const FILE: &str = "credentials.json";
+const KIND: &str = "credentials";
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Entry {
+    api_key: String,
+    set_at: u64,
+}
+
+pub struct Credentials {
+    path: PathBuf,
+    entries: Mutex<BTreeMap<String, Entry>>,
+}
+
+impl Credentials {
+    pub fn open(data_dir: &std::path::Path) -> Result<Credentials, FileError> {
+        let path = data_dir.join(FILE);
+        let entries = file::load(&path, KIND)?;
+        Ok(Credentials {
+            path,
+            entries: Mutex::new(entries),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets a provider's key, on disk before it returns.
+    pub fn set(
+        &self,
+        provider: &str,
+        api_key: &str,
+        now: u64,
+    ) -> Result<CredentialInfo, FileError> {
+        let mut entries = self.lock();
+        let mut next = entries.clone();
+        next.insert(
+            provider.to_string(),
+            Entry {
+                api_key: api_key.to_string(),
+                set_at: now,
+            },
+        );
+        file::save(&self.path, KIND, &next)?;
+        *entries = next;
+        Ok(info(provider, &entries[provider]))
+    }
+
+    /// Deletes a provider's key; false when it had none.
+    pub fn delete(&self, provider: &str) -> Result<bool, FileError> {
+        let mut entries = self.lock();
+        if !entries.contains_key(provider) {
+            return Ok(false);
+        }
+        let mut next = entries.clone();
+        next.remove(provider);
+        file::save(&self.path, KIND, &next)?;
+        *entries = next;
+        Ok(true)
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn has(&self, provider: &str) -> bool {
+        self.lock().contains_key(provider)
+    }
+
+    pub fn list(&self) -> Vec<CredentialInfo> {
+        self.lock().iter().map(|(p, e)| info(p, e)).collect()
+    }
+
+    /// Every key's exact value, for the redactor to scrub wherever one appears.
+    pub fn values(&self) -> Vec<String> {
+        self.lock().values().map(|e| e.api_key.clone()).collect()
+    }
+}
+
+fn info(provider: &str, entry: &Entry) -> CredentialInfo {
+    CredentialInfo {
+        provider: provider.to_string(),
+        set_at: entry.set_at,
+        fingerprint: fingerprint(&entry.api_key),
+    }
+}
+
+/// `sha256:` and the first 8 hex digits of the key's SHA-256.
+pub fn fingerprint(api_key: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, api_key.as_bytes());
+    let hex: String = digest.as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256:{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn keys_persist_in_one_private_file_and_are_listed_without_their_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let credentials = Credentials::open(dir.path()).unwrap();
+        let info = credentials.set("openai", "sk-test-0123456789", 7).unwrap();
+        assert_eq!(info.fingerprint, fingerprint("sk-test-0123456789"));
+        assert!(!format!("{:?}", credentials.list()).contains("0123456789"));
+        let path = dir.path().join(FILE);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let again = Credentials::open(dir.path()).unwrap();
+        assert_eq!(again.list(), vec![info]);
+        assert_eq!(again.values(), ["sk-test-0123456789"]);
+        assert!(again.delete("openai").unwrap());
+        assert!(!again.delete("openai").unwrap());
+        assert!(Credentials::open(dir.path()).unwrap().list().is_empty());
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "no staged file is left behind");
+    }
+
+    #[test]
+    fn a_damaged_file_is_an_error_that_quotes_no_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        std::fs::write(
+            &path,
+            r#"{"version":1,"credentials":{"x":{"apiKey":7,"setAt":"sk-leak"}}}"#,
+        )
+        .unwrap();
+        let err = Credentials::open(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("fix it or move it away"), "{err}");
+        assert!(!err.contains("sk-leak"), "{err}");
+    }
+}

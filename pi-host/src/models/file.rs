@@ -1,0 +1,105 @@
+//! The two files a desktop's settings live in (`credentials.json`, `providers.json` in the data
+//! directory): JSON, mode 0600, replaced atomically. pi-host's pi extension reads the same files
+//! when an agent starts (`agent/extensions/settings.ts`), so their shape is a contract between
+//! the two: `{"version": 1, "<kind>": {"<provider>": {...}}}`.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+const VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{} is not a pi-host {kind} file ({reason}); fix it or move it away, then start again",
+        path.display()
+    )]
+    Damaged {
+        path: PathBuf,
+        kind: &'static str,
+        reason: String,
+    },
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Entries by provider, read from `path` (none when the file does not exist). `kind` is the
+/// file's top-level key.
+pub fn load<T: DeserializeOwned>(
+    path: &Path,
+    kind: &'static str,
+) -> Result<BTreeMap<String, T>, FileError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(source) => {
+            return Err(FileError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let damaged = |reason: String| FileError::Damaged {
+        path: path.to_path_buf(),
+        kind,
+        reason,
+    };
+    // serde's message may quote a value it could not read: a key must not reach a log, so
+    // only its position is kept.
+    let mut file: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes)
+        .map_err(|e| {
+            damaged(format!(
+                "not JSON at line {} column {}",
+                e.line(),
+                e.column()
+            ))
+        })?;
+    let version = file.get("version").and_then(serde_json::Value::as_u64);
+    if version != Some(u64::from(VERSION)) {
+        return Err(damaged(format!("version {version:?}, expected {VERSION}")));
+    }
+    let entries = file.remove(kind).unwrap_or_default();
+    serde_json::from_value(entries)
+        .map_err(|e| damaged(format!("its {kind} do not read ({})", e.classify_name())))
+}
+
+/// Writes `entries` to `path` (0600, atomically).
+pub fn save<T: Serialize>(
+    path: &Path,
+    kind: &'static str,
+    entries: &BTreeMap<String, T>,
+) -> Result<(), FileError> {
+    let body = serde_json::json!({ "version": VERSION, kind: entries });
+    let write_error = |source| FileError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let bytes = serde_json::to_vec_pretty(&body).map_err(|e| write_error(e.into()))?;
+    crate::fsutil::replace_private(path, &bytes).map_err(write_error)
+}
+
+/// What a serde error is, in a word, without the values it may quote.
+trait Classify {
+    fn classify_name(&self) -> &'static str;
+}
+
+impl Classify for serde_json::Error {
+    fn classify_name(&self) -> &'static str {
+        match self.classify() {
+            serde_json::error::Category::Io => "an I/O error",
+            serde_json::error::Category::Syntax => "a syntax error",
+            serde_json::error::Category::Data => "a field of the wrong type or missing",
+            serde_json::error::Category::Eof => "the file ends early",
+        }
+    }
+}
