@@ -243,10 +243,16 @@ async fn an_idle_agent_stops_and_the_next_turn_resumes_it() {
     })
     .await;
     let args = &events.last().unwrap()["data"]["args"];
-    let preload = preload_path(&host);
+    let (preload, settings) = (preload_path(&host), settings_path(&host));
     assert_eq!(
         args,
-        &json!(["--extension", preload.to_str().unwrap(), "--continue"]),
+        &json!([
+            "--extension",
+            preload.to_str().unwrap(),
+            "--extension",
+            settings.to_str().unwrap(),
+            "--continue"
+        ]),
         "resumed: {args}"
     );
 }

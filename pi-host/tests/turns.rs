@@ -773,16 +773,14 @@ async fn a_restarted_agent_resumes_its_own_session_files() {
         .find(|e| e["type"] == "agent.stand_in_whoami")
         .unwrap()["data"]
         .clone();
-    // Every start loads the host's preload extension (docs/architecture.md, "Agent lifecycle").
-    let preload = s
-        .host
-        .data_dir
-        .path()
-        .join("pi-extensions/pi-host-preload.ts");
-    let preload = preload.to_str().unwrap();
+    // Every start loads the host's extensions (docs/architecture.md, "Agent lifecycle").
+    let extensions = s.host.data_dir.path().join("pi-extensions");
+    let preload = extensions.join("pi-host-preload.ts");
+    let settings = extensions.join("pi-host-settings.ts");
+    let (preload, settings) = (preload.to_str().unwrap(), settings.to_str().unwrap());
     assert_eq!(
         first["args"],
-        json!(["--extension", preload]),
+        json!(["--extension", preload, "--extension", settings]),
         "the first start resumes nothing"
     );
     let session_dir = first["sessionDir"].as_str().unwrap().to_string();
@@ -801,7 +799,16 @@ async fn a_restarted_agent_resumes_its_own_session_files() {
         .find(|e| e["type"] == "agent.stand_in_whoami")
         .unwrap()["data"]
         .clone();
-    assert_eq!(again["args"], json!(["--extension", preload, "--continue"]));
+    assert_eq!(
+        again["args"],
+        json!([
+            "--extension",
+            preload,
+            "--extension",
+            settings,
+            "--continue"
+        ])
+    );
     assert_eq!(again["sessionDir"], session_dir.as_str());
 }
 

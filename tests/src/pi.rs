@@ -59,6 +59,15 @@ pub struct Stub {
     pub failure: Arc<Mutex<Option<&'static str>>>,
     /// Every request's `Authorization` header, in arrival order (None when it had none).
     pub authorizations: Arc<Mutex<Vec<Option<String>>>>,
+    /// The port it serves on, once started.
+    port: Arc<Mutex<Option<u16>>>,
+}
+
+impl Stub {
+    /// The port [`start_stub`] serves it on.
+    pub fn port(&self) -> u16 {
+        self.port.lock().unwrap().expect("the stub was started")
+    }
 }
 
 /// An OpenAI-style error response.
@@ -235,11 +244,12 @@ fn long_reply(body: &str) -> Option<usize> {
 pub async fn start_stub(stub: Stub) -> u16 {
     let app = Router::new()
         .route("/v1/chat/completions", post(completions))
-        .with_state(stub);
+        .with_state(stub.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind stub model");
     let port = listener.local_addr().unwrap().port();
+    *stub.port.lock().unwrap() = Some(port);
     tokio::spawn(async move { axum::serve(listener, app).await });
     port
 }

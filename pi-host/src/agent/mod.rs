@@ -284,6 +284,11 @@ pub enum AgentError {
 }
 
 impl AgentError {
+    /// The agent does not know the command (an older pi, or another agent).
+    pub fn is_unknown_command(&self) -> bool {
+        matches!(self, AgentError::Rejected { message, .. } if message.starts_with("Unknown command"))
+    }
+
     /// pi refused a prompt because a run is going on.
     pub fn is_busy(&self) -> bool {
         matches!(self, AgentError::Rejected { command, message }
@@ -310,6 +315,14 @@ impl AgentError {
             }
             AgentError::Timeout { command, after } => AppError::new(ErrorCode::Timeout, message)
                 .with_details(json!({"command": command, "afterMs": after.as_millis() as u64})),
+            AgentError::Rejected { command, .. } if self.is_unknown_command() => AppError::new(
+                ErrorCode::CapabilityUnavailable,
+                format!(
+                    "the host's agent does not support `{command}`: upgrade pi on the host \
+                     (pi-remote connect installs the version pi-host is tested with)"
+                ),
+            )
+            .with_details(json!({"command": command})),
             AgentError::Rejected { command, .. } if self.is_busy() => {
                 AppError::new(ErrorCode::AgentBusy, message)
                     .with_details(json!({"command": command}))
@@ -328,7 +341,9 @@ impl AgentError {
     }
 }
 
-type ReplyWaiters = std::sync::Mutex<Option<HashMap<String, oneshot::Sender<Reply>>>>;
+/// Commands waiting for their response: by id, with the command's type (a refusal without an id
+/// is matched by type: see `StdoutPump::claim_refusal`).
+type ReplyWaiters = std::sync::Mutex<Option<HashMap<String, (String, oneshot::Sender<Reply>)>>>;
 
 /// A handle on one running agent; clones share it.
 #[derive(Clone)]
@@ -649,7 +664,7 @@ impl Agent {
         let (tx, rx) = oneshot::channel();
         match lock(&self.inner.pending).as_mut() {
             Some(pending) => {
-                pending.insert(id.clone(), tx);
+                pending.insert(id.clone(), (command_type.to_string(), tx));
             }
             None => return Err(AgentError::Exited),
         }
@@ -948,6 +963,38 @@ impl StdoutPump {
             })
     }
 
+    /// pi refuses a command it does not know without echoing its id (`Unknown command: X`, from
+    /// an older pi or another agent): the refusal goes to the oldest caller waiting for a
+    /// command of that type, which then fails at once instead of running into its timeout.
+    fn claim_refusal(&self, command: &str, error: &Option<String>, raw: &RawValue) -> bool {
+        let mut pending = lock(&self.pending);
+        let Some(pending) = pending.as_mut() else {
+            return false;
+        };
+        let oldest = pending
+            .iter()
+            .filter(|(_, (kind, _))| kind == command)
+            .filter_map(|(id, _)| {
+                let n = id.strip_prefix("pi-host-")?.parse::<u64>().ok()?;
+                Some((n, id.clone()))
+            })
+            .min();
+        let Some((_, id)) = oldest else {
+            return false;
+        };
+        let Some((_, waiter)) = pending.remove(&id) else {
+            return false;
+        };
+        let reply = Reply {
+            success: false,
+            error: error.clone(),
+            payload: serde_json::from_str(raw.get()).unwrap_or(Value::Null),
+            raw: raw.to_owned(),
+        };
+        let _ = waiter.send(reply);
+        true
+    }
+
     async fn handle(&mut self, line: &[u8]) {
         match protocol::parse_line(line) {
             None => {}
@@ -956,7 +1003,7 @@ impl StdoutPump {
                     .as_mut()
                     .and_then(|pending| pending.remove(&id));
                 let unclaimed = match waiter {
-                    Some(waiter) => waiter.send(reply).err(),
+                    Some((_, waiter)) => waiter.send(reply).err(),
                     None => Some(reply),
                 };
                 if let Some(reply) = unclaimed {
@@ -975,6 +1022,12 @@ impl StdoutPump {
                     .await;
                 }
             }
+            Some(Parsed::Output(AgentOutput::Response {
+                command,
+                success: false,
+                error,
+                payload,
+            })) if self.claim_refusal(&command, &error, &payload) => {}
             Some(Parsed::Output(mut output)) => {
                 if let AgentOutput::Event(event) = &mut output
                     && let Some(compact) = self.compactor.compact(&event.kind, &event.payload)

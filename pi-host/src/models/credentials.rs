@@ -73,7 +73,7 @@ impl Credentials {
         Ok(true)
     }
 
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.lock().len()
     }
 

@@ -48,6 +48,11 @@ impl Models {
         self.generation.load(Ordering::Acquire)
     }
 
+    /// A provider added with `provider/set` that wants a key and has none.
+    pub fn lacks_key(&self, provider: &str) -> bool {
+        self.providers.requires_key(provider) && !self.credentials.has(provider)
+    }
+
     fn changed(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
@@ -134,7 +139,7 @@ pub fn credential_set(
     params: CredentialSetParams,
 ) -> Result<CredentialSetResult, AppError> {
     let models = &host.models;
-    if !models.credentials.has(&params.provider) && models.credentials.len() >= MAX_PROVIDERS {
+    if !models.credentials.has(&params.provider) && models.credentials.count() >= MAX_PROVIDERS {
         return Err(too_many("credentials"));
     }
     let credential = models
@@ -170,7 +175,7 @@ pub fn credential_list(host: &HostState) -> CredentialListResult {
 /// `provider/set`.
 pub fn provider_set(host: &HostState, params: ProviderSetParams) -> Result<Ack, AppError> {
     let providers = &host.models.providers;
-    if !providers.contains(&params.provider) && providers.len() >= MAX_PROVIDERS {
+    if !providers.contains(&params.provider) && providers.count() >= MAX_PROVIDERS {
         return Err(too_many("providers"));
     }
     let name = params.provider.clone();

@@ -57,8 +57,12 @@ impl Providers {
         Ok(true)
     }
 
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.lock().len()
+    }
+
+    pub fn requires_key(&self, provider: &str) -> bool {
+        self.lock().get(provider).is_some_and(|p| p.requires_key)
     }
 
     pub fn contains(&self, provider: &str) -> bool {

@@ -155,7 +155,7 @@ impl Turns {
             }
         };
         state.last_used = Some(Instant::now());
-        driver.ready(&agent, &mut state).await?;
+        driver.ready(host, &agent, &mut state).await?;
         let turn_id = record_turn(host, &session, credential, &params).await?;
         state.active = Some(ActiveTurn::new(turn_id.clone()));
         // Not under the lock: the pump needs it to read what the agent says meanwhile.
@@ -679,23 +679,33 @@ impl Driver {
     }
 
     /// Checks, before a turn is recorded, that the agent has a model it can run on: none is
-    /// MODEL_NOT_CONFIGURED, one other than the session's (its `set_model` failed) too, and one
-    /// whose provider has no credential PROVIDER_SECRET_MISSING; no request reaches a provider.
-    async fn ready(&self, agent: &Agent, state: &mut DriverState) -> Result<(), AppError> {
+    /// MODEL_NOT_CONFIGURED, one whose provider has no credential PROVIDER_SECRET_MISSING, and
+    /// a session model the agent did not take (its `set_model` failed) whichever of the two the
+    /// catalogue says; no request reaches a provider.
+    async fn ready(
+        &self,
+        host: &HostState,
+        agent: &Agent,
+        state: &mut DriverState,
+    ) -> Result<(), AppError> {
         let current = agent.current_model().await.map_err(|e| e.to_app_error())?;
-        let wanted = self.session.settings().model;
-        let Some(current) = current else {
-            return Err(match &wanted {
-                Some(model) => crate::models::not_configured(model),
-                None => AppError::new(
-                    ErrorCode::ModelNotConfigured,
-                    "the host's agent has no model to run on: pick one that model/list shows \
-                     (session/configure, pi-remote configure), or set a provider's key",
-                ),
-            });
-        };
-        if let Some(wanted) = wanted.filter(|w| *w != current) {
+        if let Some(wanted) = self.session.settings().model
+            && current.as_ref() != Some(&wanted)
+        {
+            crate::models::check(host, &wanted).await?;
             return Err(crate::models::not_configured(&wanted));
+        }
+        let Some(current) = current else {
+            return Err(AppError::new(
+                ErrorCode::ModelNotConfigured,
+                "the host's agent has no model to run on: pick one that model/list shows \
+                 (session/configure, pi-remote configure), or set a provider's key",
+            ));
+        };
+        // A model server added from a client that wants a key pi sees as keyed (pi-host's
+        // extension registers it with a placeholder): the host knows better.
+        if host.models.lacks_key(&current.provider) {
+            return Err(crate::models::secret_missing(&current.provider));
         }
         if state.available.is_none() {
             state.available = Some(agent.available_models().await.map_err(drop));

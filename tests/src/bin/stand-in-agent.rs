@@ -21,7 +21,10 @@
 //!   new pi turn holds an empty aborted assistant message (the next model call fails at once); an
 //!   open tool ends with `isError: true`. Then `turn_end` and `agent_end`. Queued steering stays
 //!   queued for the next run, as in pi.
-//! - `get_state`: answers with a plausible `RpcSessionState`.
+//! - `get_state`: answers with a plausible `RpcSessionState`, with the model settings below.
+//! - `get_available_models`: the stand-in's two models (provider `stand-in`, `stand-in-model`
+//!   and `stand-in-model-2`); `set_model` takes one of them (else `Model not found`),
+//!   `set_thinking_level` and `set_auto_compaction` are kept for `get_state`.
 //! - `extension_ui_response` (`id`, `confirmed` | `value` | `cancelled`): answers a pending dialog;
 //!   never acknowledged, and ignored when nothing waits for that id (as in pi).
 //! - Anything else: `{"type": "response", "command": <type>, "success": false, "error": "Unknown
@@ -63,7 +66,7 @@
 //! | `numbers[:PAD]` | emits `{"type":"stand_in_numbers","values":[…],"pad":"xx…"}`: the numbers of `tests::EDGE_NUMBERS` written as that exact text (not through a parser), and PAD `x` characters (0 when absent), so a test can have the event cut to a frame bound |
 //! | `notify` | a fire-and-forget `extension_ui_request` with `method: "notify"` |
 //! | `garbage` | writes a line that is not JSON |
-//! | `whoami` | emits `{"type": "stand_in_whoami", "args", "sessionDir", "cwd"}`: its arguments, `PI_CODING_AGENT_SESSION_DIR` and working directory |
+//! | `whoami` | emits `{"type": "stand_in_whoami", "args", "sessionDir", "cwd", "model", "thinkingLevel", "autoCompaction"}`: its arguments, `PI_CODING_AGENT_SESSION_DIR`, working directory and model settings |
 //! | `stderr:BYTES` | writes BYTES bytes of text to stderr |
 
 use serde_json::{Map, Value, json};
@@ -136,6 +139,28 @@ struct StandIn {
     rng: u64,
     session_id: String,
     children: Vec<Child>,
+    /// What `set_model`, `set_thinking_level` and `set_auto_compaction` set.
+    settings: Settings,
+}
+
+/// The model settings, as `get_state` reports them.
+struct Settings {
+    model_id: String,
+    thinking_level: String,
+    auto_compaction: bool,
+}
+
+/// The models the stand-in "has": provider `stand-in`, each with a credential.
+const MODELS: [&str; 2] = ["stand-in-model", "stand-in-model-2"];
+
+fn model_json(id: &str) -> Value {
+    json!({
+        "id": id, "name": "Stand-in", "api": "openai-completions",
+        "provider": "stand-in", "baseUrl": "http://127.0.0.1:9/v1",
+        "reasoning": true, "input": ["text"], "contextWindow": 32000,
+        "maxTokens": 4096,
+        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}
+    })
 }
 
 fn main() {
@@ -180,6 +205,11 @@ fn main() {
         rng: seed | 1,
         session_id: format!("stand-in-{}", std::process::id()),
         children: Vec::new(),
+        settings: Settings {
+            model_id: MODELS[0].to_string(),
+            thinking_level: "off".to_string(),
+            auto_compaction: false,
+        },
     };
     agent.idle_loop();
 }
@@ -365,22 +395,48 @@ impl StandIn {
                 Action::None
             }
             "abort" => Action::Abort(id),
+            "get_available_models" => {
+                let models: Vec<Value> = MODELS.iter().map(|id| model_json(id)).collect();
+                respond(id, kind, Some(json!({ "models": models })));
+                Action::None
+            }
+            "set_model" => {
+                let provider = command.get("provider").and_then(Value::as_str);
+                let model = command.get("modelId").and_then(Value::as_str).unwrap_or("");
+                if provider == Some("stand-in") && MODELS.contains(&model) {
+                    self.settings.model_id = model.to_string();
+                    respond(id, kind, Some(model_json(model)));
+                } else {
+                    let provider = provider.unwrap_or("");
+                    respond_error(id, kind, &format!("Model not found: {provider}/{model}"));
+                }
+                Action::None
+            }
+            "set_thinking_level" => {
+                let level = command
+                    .get("level")
+                    .and_then(Value::as_str)
+                    .unwrap_or("off");
+                self.settings.thinking_level = level.to_string();
+                respond(id, kind, None);
+                Action::None
+            }
+            "set_auto_compaction" => {
+                let enabled = command.get("enabled").and_then(Value::as_bool);
+                self.settings.auto_compaction = enabled.unwrap_or(false);
+                respond(id, kind, None);
+                Action::None
+            }
             "get_state" => {
                 let state = json!({
-                    "model": {
-                        "id": "stand-in-model", "name": "Stand-in", "api": "openai-completions",
-                        "provider": "stand-in", "baseUrl": "http://127.0.0.1:9/v1",
-                        "reasoning": false, "input": ["text"], "contextWindow": 32000,
-                        "maxTokens": 4096,
-                        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}
-                    },
-                    "thinkingLevel": "off",
+                    "model": model_json(&self.settings.model_id),
+                    "thinkingLevel": self.settings.thinking_level,
                     "isStreaming": self.streaming,
                     "isCompacting": false,
                     "steeringMode": "one-at-a-time",
                     "followUpMode": "one-at-a-time",
                     "sessionId": self.session_id,
-                    "autoCompactionEnabled": false,
+                    "autoCompactionEnabled": self.settings.auto_compaction,
                     "messageCount": self.message_count,
                     "pendingMessageCount": self.steering.len(),
                 });
@@ -633,6 +689,9 @@ impl StandIn {
                         "args": args,
                         "sessionDir": std::env::var("PI_CODING_AGENT_SESSION_DIR").ok(),
                         "cwd": std::env::current_dir().ok().map(|d| d.display().to_string()),
+                        "model": self.settings.model_id,
+                        "thinkingLevel": self.settings.thinking_level,
+                        "autoCompaction": self.settings.auto_compaction,
                     }));
                 }
                 ("stderr", Some(n)) => {
