@@ -671,3 +671,65 @@ async fn a_racps_link_is_pinned_with_cert_and_a_contradicting_cert_is_refused() 
         .await;
     assert!(output.status.success(), "{}", text(&output.stderr));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_set_from_stdin_listed_by_fingerprint_and_sessions_configured() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let key = "sk-remote-test-5b8d0e3f9a7c1246";
+    let set = remote
+        .run_with_stdin(
+            &["credentials", "set", "openai", "--json"],
+            &format!("{key}\n"),
+        )
+        .await;
+    assert!(set.status.success(), "{}", text(&set.stderr));
+    let set: Value = serde_json::from_slice(&set.stdout).unwrap();
+    assert_eq!(set["provider"], "openai");
+    let listed = remote.ok(&["credentials", "list"]).await;
+    assert!(listed.contains("openai") && listed.contains(set["fingerprint"].as_str().unwrap()));
+    assert!(!listed.contains(key), "{listed}");
+    // Nothing on stdin: refused locally, nothing sent.
+    let empty = remote.run(&["credentials", "set", "anthropic"]).await;
+    assert_eq!(empty.status.code(), Some(1), "{}", text(&empty.stderr));
+    let deleted = remote.ok(&["credentials", "delete", "openai"]).await;
+    assert!(deleted.contains("deleted openai"), "{deleted}");
+
+    let session = remote.new_session(&host, "app").await;
+    let configured = remote
+        .ok(&[
+            "configure",
+            &session,
+            "--thinking",
+            "high",
+            "--auto-compaction",
+            "off",
+        ])
+        .await;
+    assert!(
+        configured.contains("thinking=high") && configured.contains("auto-compaction=off"),
+        "{configured}"
+    );
+    let bad = remote
+        .run(&["configure", &session, "--thinking", "max"])
+        .await;
+    assert_eq!(bad.status.code(), Some(1), "{}", text(&bad.stderr));
+    let bad = remote
+        .run(&["new", "--workspace", &host.workspace("b"), "--model", "gpt"])
+        .await;
+    assert!(
+        text(&bad.stderr).contains("PROVIDER/MODEL"),
+        "{}",
+        text(&bad.stderr)
+    );
+
+    // An operator cannot touch keys: the host refuses (exit 2, FORBIDDEN).
+    let operator = Remote::new();
+    operator.pair(&host, &["--roles", "operator"]).await;
+    let refused = operator
+        .run_with_stdin(&["credentials", "set", "openai"], "sk-x-1234567890abcdef\n")
+        .await;
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stderr));
+    assert!(text(&refused.stderr).contains("FORBIDDEN"));
+}
