@@ -45,6 +45,8 @@ const CAPABILITIES: &[&str] = &[
     "turns",
     "approvals",
     "fs",
+    "models",
+    "credentials",
     "hosts",
 ];
 

@@ -3,40 +3,24 @@
 //! them (provider, time, fingerprint) and to tell the redactor which exact values to scrub;
 //! agents get them from the file when they start (docs/protocol.md §7.20).
 
-use super::file::{self, FileError};
+use super::file::{FileError, Keyed};
 use racp_proto::methods::model::CredentialInfo;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::Mutex;
 
 pub const FILE: &str = "credentials.json";
-const KIND: &str = "credentials";
 
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Entry {
     api_key: String,
     set_at: u64,
 }
 
-pub struct Credentials {
-    path: PathBuf,
-    entries: Mutex<BTreeMap<String, Entry>>,
-}
+pub struct Credentials(Keyed<Entry>);
 
 impl Credentials {
     pub fn open(data_dir: &std::path::Path) -> Result<Credentials, FileError> {
-        let path = data_dir.join(FILE);
-        let entries = file::load(&path, KIND)?;
-        Ok(Credentials {
-            path,
-            entries: Mutex::new(entries),
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+        Keyed::open(data_dir, FILE, "credentials").map(Credentials)
     }
 
     /// Sets a provider's key, on disk before it returns.
@@ -46,48 +30,35 @@ impl Credentials {
         api_key: &str,
         now: u64,
     ) -> Result<CredentialInfo, FileError> {
-        let mut entries = self.lock();
-        let mut next = entries.clone();
-        next.insert(
-            provider.to_string(),
-            Entry {
-                api_key: api_key.to_string(),
-                set_at: now,
-            },
-        );
-        file::save(&self.path, KIND, &next)?;
-        *entries = next;
-        Ok(info(provider, &entries[provider]))
+        let entry = Entry {
+            api_key: api_key.to_string(),
+            set_at: now,
+        };
+        let info = info(provider, &entry);
+        self.0.insert(provider, entry)?;
+        Ok(info)
     }
 
     /// Deletes a provider's key; false when it had none.
     pub fn delete(&self, provider: &str) -> Result<bool, FileError> {
-        let mut entries = self.lock();
-        if !entries.contains_key(provider) {
-            return Ok(false);
-        }
-        let mut next = entries.clone();
-        next.remove(provider);
-        file::save(&self.path, KIND, &next)?;
-        *entries = next;
-        Ok(true)
+        self.0.remove(provider)
     }
 
     pub fn count(&self) -> usize {
-        self.lock().len()
+        self.0.lock().len()
     }
 
     pub fn has(&self, provider: &str) -> bool {
-        self.lock().contains_key(provider)
+        self.0.lock().contains_key(provider)
     }
 
     pub fn list(&self) -> Vec<CredentialInfo> {
-        self.lock().iter().map(|(p, e)| info(p, e)).collect()
+        self.0.lock().iter().map(|(p, e)| info(p, e)).collect()
     }
 
     /// Every key's exact value, for the redactor to scrub wherever one appears.
     pub fn values(&self) -> Vec<String> {
-        self.lock().values().map(|e| e.api_key.clone()).collect()
+        self.0.lock().values().map(|e| e.api_key.clone()).collect()
     }
 }
 

@@ -7,6 +7,58 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+/// One settings file held in memory: entries by provider, each change on disk before the
+/// memory changes.
+pub struct Keyed<T> {
+    path: PathBuf,
+    kind: &'static str,
+    entries: Mutex<BTreeMap<String, T>>,
+}
+
+impl<T: Serialize + DeserializeOwned + Clone + PartialEq> Keyed<T> {
+    /// Reads `data_dir/name` (none: empty); `kind` is its top-level key.
+    pub fn open(data_dir: &Path, name: &str, kind: &'static str) -> Result<Self, FileError> {
+        let path = data_dir.join(name);
+        let entries = load(&path, kind)?;
+        Ok(Keyed {
+            path,
+            kind,
+            entries: Mutex::new(entries),
+        })
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, BTreeMap<String, T>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets `key` to `value`; false when it held that value already (nothing written).
+    pub fn insert(&self, key: &str, value: T) -> Result<bool, FileError> {
+        let mut entries = self.lock();
+        if entries.get(key) == Some(&value) {
+            return Ok(false);
+        }
+        let mut next = entries.clone();
+        next.insert(key.to_string(), value);
+        save(&self.path, self.kind, &next)?;
+        *entries = next;
+        Ok(true)
+    }
+
+    /// Removes `key`; false when it was not there.
+    pub fn remove(&self, key: &str) -> Result<bool, FileError> {
+        let mut entries = self.lock();
+        if !entries.contains_key(key) {
+            return Ok(false);
+        }
+        let mut next = entries.clone();
+        next.remove(key);
+        save(&self.path, self.kind, &next)?;
+        *entries = next;
+        Ok(true)
+    }
+}
 
 const VERSION: u32 = 1;
 
@@ -35,7 +87,7 @@ pub enum FileError {
 
 /// Entries by provider, read from `path` (none when the file does not exist). `kind` is the
 /// file's top-level key.
-pub fn load<T: DeserializeOwned>(
+fn load<T: DeserializeOwned>(
     path: &Path,
     kind: &'static str,
 ) -> Result<BTreeMap<String, T>, FileError> {
@@ -74,7 +126,7 @@ pub fn load<T: DeserializeOwned>(
 }
 
 /// Writes `entries` to `path` (0600, atomically).
-pub fn save<T: Serialize>(
+fn save<T: Serialize>(
     path: &Path,
     kind: &'static str,
     entries: &BTreeMap<String, T>,

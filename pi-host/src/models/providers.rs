@@ -3,69 +3,36 @@
 //! the agent's model registry when it starts, over a provider of the same name in the remote
 //! user's own configuration (docs/protocol.md §7.21).
 
-use super::file::{self, FileError};
+use super::file::{FileError, Keyed};
 use racp_proto::methods::model::ProviderSetParams;
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::Mutex;
 
-pub const FILE: &str = "providers.json";
-const KIND: &str = "providers";
-
-pub struct Providers {
-    path: PathBuf,
-    entries: Mutex<BTreeMap<String, ProviderSetParams>>,
-}
+pub struct Providers(Keyed<ProviderSetParams>);
 
 impl Providers {
     pub fn open(data_dir: &std::path::Path) -> Result<Providers, FileError> {
-        let path = data_dir.join(FILE);
-        let entries = file::load(&path, KIND)?;
-        Ok(Providers {
-            path,
-            entries: Mutex::new(entries),
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ProviderSetParams>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+        Keyed::open(data_dir, "providers.json", "providers").map(Providers)
     }
 
     /// Adds or replaces a provider; false when it was there already, the same.
     pub fn set(&self, provider: ProviderSetParams) -> Result<bool, FileError> {
-        let mut entries = self.lock();
-        if entries.get(&provider.provider) == Some(&provider) {
-            return Ok(false);
-        }
-        let mut next = entries.clone();
-        next.insert(provider.provider.clone(), provider);
-        file::save(&self.path, KIND, &next)?;
-        *entries = next;
-        Ok(true)
+        let name = provider.provider.clone();
+        self.0.insert(&name, provider)
     }
 
     /// Removes a provider; false when there was none.
     pub fn delete(&self, provider: &str) -> Result<bool, FileError> {
-        let mut entries = self.lock();
-        if !entries.contains_key(provider) {
-            return Ok(false);
-        }
-        let mut next = entries.clone();
-        next.remove(provider);
-        file::save(&self.path, KIND, &next)?;
-        *entries = next;
-        Ok(true)
+        self.0.remove(provider)
     }
 
     pub fn count(&self) -> usize {
-        self.lock().len()
+        self.0.lock().len()
     }
 
     pub fn requires_key(&self, provider: &str) -> bool {
-        self.lock().get(provider).is_some_and(|p| p.requires_key)
+        self.0.lock().get(provider).is_some_and(|p| p.requires_key)
     }
 
     pub fn contains(&self, provider: &str) -> bool {
-        self.lock().contains_key(provider)
+        self.0.lock().contains_key(provider)
     }
 }
