@@ -435,9 +435,8 @@ fn write_state_file(
     if let Some(sha256) = &config.cert_sha256 {
         state["certSha256"] = sha256.to_hex().into();
     }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, format!("{state}\n"))?;
-    std::fs::rename(&tmp, path)
+    // 0600 whatever the umask: it names the certificate the bootstrapper pins.
+    pi_host::fsutil::replace_private(path, format!("{state}\n").as_bytes())
 }
 
 /// Removes the state file only if it is still this process's (a newer host may have replaced it).

@@ -49,3 +49,65 @@ async fn a_killed_host_leaves_a_state_file_that_a_new_host_replaces() {
     assert_eq!(state["pid"], host.pid());
     assert_ne!(state["pid"], first_pid);
 }
+
+/// Every file and folder under `dir` with any group or other permission bit, with its mode.
+fn open_to_others(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.permissions().mode() & 0o077 != 0 {
+                found.push(format!(
+                    "{} {:o}",
+                    path.display(),
+                    meta.permissions().mode()
+                ));
+            }
+            if meta.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn under_umask_000_no_file_the_host_writes_is_open_to_others() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // The host as a service manager with a careless umask would start it.
+    let wrapper = dir.path().join("pi-host-umask-000");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\numask 000\nexec '{}' \"$@\"\n", bin().display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
+    let path = state_dir.path().join("state.json");
+    let host = HostProcess::start_with(&wrapper, &["--state-file", path.to_str().unwrap()]).await;
+
+    // Make the host write what it keeps: a device (the store), a credential, a custom provider.
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = tests::Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let set = client
+        .call(
+            "credential/set",
+            serde_json::json!({"provider": "openai", "apiKey": "sk-umask-test-0123456789abcdef"}),
+        )
+        .await;
+    assert!(set.get("result").is_some(), "{set}");
+
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the state file is {mode:o}");
+    assert!(
+        std::fs::read_dir(host.data_dir.path()).unwrap().count() > 3,
+        "the host wrote its files"
+    );
+    assert_eq!(open_to_others(host.data_dir.path()), Vec::<String>::new());
+    assert_eq!(open_to_others(state_dir.path()), Vec::<String>::new());
+}

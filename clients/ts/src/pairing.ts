@@ -90,12 +90,20 @@ export function parsePairingLink(link: string, options: PairingLinkOptions = {})
  * unless the caller opted in (§2.4). Nothing is connected when this throws.
  */
 export function checkUrl(url: string, options: { allowPlainWs: boolean; pinned: boolean }): void {
-  const match = /^([a-z]+):\/\/([^/?#]*)/.exec(url);
-  if (!match) throw refused(url, "not a URL", "bad_url");
-  const scheme = match[1];
-  const authority = match[2] ?? "";
-  const host = authority.startsWith("[") ? authority.slice(0, authority.indexOf("]") + 1) : authority.split(":")[0];
-  const loopback = host === "localhost" || host === "[::1]" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host ?? "");
+  // Judged on the URL as the WebSocket will parse it, so the host checked is the host dialled:
+  // `ws://127.0.0.1:1@evil.example/` names evil.example, not loopback.
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    throw refused(url, "not a URL", "bad_url");
+  }
+  if (parsed.username !== "" || parsed.password !== "" || /^[a-z]+:\/\/[^/?#]*@/i.test(url)) {
+    throw refused(url, "the URL carries a user name or password before the host; give the host's URL without them", "userinfo");
+  }
+  const scheme = parsed.protocol.replace(/:$/, "");
+  const host = parsed.hostname.toLowerCase();
+  const loopback = host === "localhost" || host === "[::1]" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
   if (scheme === "wss") return;
   if (scheme !== "ws") throw refused(url, "the scheme must be ws:// or wss://", "bad_url");
   if (!loopback) throw refused(url, "ws:// is only allowed to a loopback address; use wss://", "plain_not_loopback");

@@ -69,6 +69,23 @@ test("plain ws:// only to loopback and only when asked for", () => {
   }
 });
 
+test("loopback is judged on the host dialled, and a URL with a user name or password is refused", () => {
+  for (const url of [
+    "ws://127.0.0.1:1@evil.example/racp",
+    "ws://localhost:80@evil.example/racp",
+    "ws://[::1]@evil.example/racp",
+    "ws://user:pass@127.0.0.1:7878/racp",
+    "wss://user@example.com/racp",
+  ]) {
+    assert.deepEqual(refusal(() => checkUrl(url, { allowPlainWs: true, pinned: false })).details, { reason: "userinfo" }, url);
+  }
+  for (const url of ["ws://127.0.0.1.evil.example/racp", "ws://localhost.evil.example:80/racp"]) {
+    assert.deepEqual(refusal(() => checkUrl(url, { allowPlainWs: true, pinned: false })).details, { reason: "plain_not_loopback" }, url);
+  }
+  checkUrl("ws://127.0.0.2:7878/racp", { allowPlainWs: true, pinned: false });
+  checkUrl("ws://LOCALHOST:7878/racp", { allowPlainWs: true, pinned: false });
+});
+
 test("full jitter stays within [0, ceiling) and the ceiling doubles up to its maximum, then resets", () => {
   const backoff = new Backoff(100, 400);
   const ceilings: number[] = [];

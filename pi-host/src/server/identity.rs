@@ -134,17 +134,10 @@ fn generate(data_dir: &Path, cert: &Path, key: &Path) -> Result<(), IdentityErro
 }
 
 fn write_temp(path: &Path, bytes: &[u8]) -> Result<PathBuf, IdentityError> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let _ = std::fs::remove_file(&temp);
-    crate::fsutil::write_private(&temp, bytes).map_err(|source| IdentityError::Write {
-        path: temp.display().to_string(),
+    crate::fsutil::stage_private(path, bytes).map_err(|source| IdentityError::Write {
+        path: path.display().to_string(),
         source,
-    })?;
-    Ok(temp)
+    })
 }
 
 /// The pairing link for `token` (docs/protocol.md §5.3): with TLS it names the certificate

@@ -45,20 +45,19 @@ pub(super) fn check_url(options: &ClientOptions) -> Result<(), AppError> {
         .with_details(json!({"reason": reason}))
         .with_source(ErrorSource::Client)
     };
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| refuse("not a URL", "bad_url"))?;
-    let authority = rest.split('/').next().unwrap_or("");
-    let host = if authority.starts_with('[') {
-        authority
-            .split(']')
-            .next()
-            .map(|h| format!("{h}]"))
-            .unwrap_or_default()
-    } else {
-        authority.split(':').next().unwrap_or("").to_string()
-    };
-    let loopback = host == "localhost"
+    // Judged on the URL as the socket library parses it, so the host checked is the host
+    // dialled: `ws://127.0.0.1:1@evil.example/` names evil.example, not loopback.
+    let uri: tungstenite::http::Uri = url.parse().map_err(|_| refuse("not a URL", "bad_url"))?;
+    let scheme = uri.scheme_str().unwrap_or("");
+    let authority = uri.authority().map(|a| a.as_str()).unwrap_or("");
+    if authority.contains('@') {
+        return Err(refuse(
+            "the URL carries a user name or password before the host; give the host's URL without them",
+            "userinfo",
+        ));
+    }
+    let host = uri.host().unwrap_or("");
+    let loopback = host.eq_ignore_ascii_case("localhost")
         || host == "[::1]"
         || host
             .parse::<std::net::Ipv4Addr>()
@@ -751,6 +750,34 @@ mod tests {
             let err = check(bad, true, false).unwrap_err();
             assert_eq!(err.code(), ErrorCode::RemoteConnectionFailed, "{bad}");
         }
+    }
+
+    #[test]
+    fn loopback_is_judged_on_the_host_dialled_and_userinfo_is_refused() {
+        let check = |url: &str| {
+            let mut options = ClientOptions::new(url, "t");
+            options.allow_plain_ws = true;
+            check_url(&options).map_err(|e| e.details().map(|d| d["reason"].clone()))
+        };
+        for url in [
+            "ws://127.0.0.1:1@evil.example/racp",
+            "ws://localhost:80@evil.example/racp",
+            "ws://[::1]@evil.example/racp",
+            "ws://user:pass@127.0.0.1:7878/racp",
+            "wss://user@example.com/racp",
+        ] {
+            assert_eq!(check(url), Err(Some(json!("userinfo"))), "{url}");
+        }
+        assert_eq!(
+            check("ws://127.0.0.1.evil.example/racp"),
+            Err(Some(json!("plain_not_loopback")))
+        );
+        assert_eq!(
+            check("ws://localhost.evil.example:80/racp"),
+            Err(Some(json!("plain_not_loopback")))
+        );
+        assert!(check("ws://127.0.0.2:7878/racp").is_ok());
+        assert!(check("ws://LOCALHOST:7878/racp").is_ok());
     }
 
     #[test]

@@ -241,7 +241,7 @@ error_registry! {
     HostVersionMismatch = "HOST_VERSION_MISMATCH" { retriable: No, recovery: Upgrade, close: 4030, http: 400, }
     /// The device or pairing token was rejected on the upgrade, or the device was revoked.
     RemoteAuthFailed = "REMOTE_AUTH_FAILED" { retriable: No, recovery: Reauthorize, close: 4031, http: 401, }
-    /// The RACP-WS transport could not connect (refused socket, failed TLS handshake: `retriable: true`), or the client refused the URL before connecting (`retriable: false`; `details.reason`: `bad_url`, `plain_not_loopback`, or `plain_refused` without the plain-WebSocket opt-in).
+    /// The RACP-WS transport could not connect (refused socket, failed TLS handshake: `retriable: true`), or the client refused the URL before connecting (`retriable: false`; `details.reason`: `bad_url`, `userinfo` (a user name or password before the host), `plain_not_loopback`, or `plain_refused` without the plain-WebSocket opt-in).
     RemoteConnectionFailed = "REMOTE_CONNECTION_FAILED" { retriable: Maybe, recovery: Retry, close: 4032, http: 502, }
     /// The SSH loopback port forward could not be established.
     RemoteForwardFailed = "REMOTE_FORWARD_FAILED" { retriable: Yes, recovery: Retry, close: 4033, http: 502, }
