@@ -286,6 +286,9 @@ async fn the_cap_stops_the_least_recently_used_idle_agent_then_refuses_when_all_
     let mut client = connect(&host, &token).await;
     let (first, first_cursor) = create_session(&mut client, &host).await;
     until_running(&mut client, 1).await;
+    // An agent that ran a turn: its stop is recorded (one that never did goes quietly).
+    start_turn(&mut client, &first, "deltas:1").await;
+    until_turn_ends(&mut client, &first).await;
     let (second, _) = create_session(&mut client, &host).await;
     until_running(&mut client, 2).await;
     let (third, _) = create_session(&mut client, &host).await;
@@ -338,4 +341,62 @@ async fn turns_racing_idle_stops_all_complete() {
         .filter(|e| e["type"] == "session.agent_stopped")
         .count();
     assert!(stops > 0, "some turns came after an idle stop");
+}
+
+#[tokio::test]
+async fn an_observer_never_starts_an_agent_and_unused_agents_stop_quietly() {
+    let host = host(&["--max-agents", "2", "--agent-idle-ms", "100"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let (_, observer_token) = host.pair_device("phone", &["--roles", "observer"]).await;
+    let mut client = connect(&host, &token).await;
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(create_session(&mut client, &host).await);
+    }
+    // Started with their sessions, never prompted, stopped when idle.
+    until_running(&mut client, 0).await;
+
+    let mut observer = connect(&host, &observer_token).await;
+    for round in 0..30 {
+        let (session_id, cursor) = &sessions[round % sessions.len()];
+        let sub = observer
+            .call(
+                "session/subscribe",
+                json!({"sessionId": session_id, "cursor": cursor}),
+            )
+            .await;
+        let subscription_id = sub["result"]["subscriptionId"].clone();
+        assert!(subscription_id.is_string(), "{sub}");
+        let unsub = observer
+            .call(
+                "session/unsubscribe",
+                json!({"subscriptionId": subscription_id}),
+            )
+            .await;
+        assert!(unsub.get("result").is_some(), "{unsub}");
+        assert_eq!(agents(&mut client).await["running"], 0, "round {round}");
+    }
+    assert!(host.agent_pids().is_empty());
+
+    // The log of each session, up to a turn of its own, holds no agent_stopped: neither the
+    // capacity and idle stops of agents that never ran a turn nor anything the observer did.
+    for (session_id, cursor) in &sessions {
+        start_turn(&mut client, session_id, "deltas:1").await;
+        let mut reader = connect(&host, &observer_token).await;
+        let sub = reader
+            .call(
+                "session/subscribe",
+                json!({"sessionId": session_id, "cursor": cursor}),
+            )
+            .await;
+        assert!(sub.get("result").is_some(), "{sub}");
+        let events = reader
+            .events_until(PATIENCE, |e| e["type"] == "turn.finished")
+            .await;
+        let stops: Vec<_> = events
+            .iter()
+            .filter(|e| e["type"] == "session.agent_stopped")
+            .collect();
+        assert!(stops.is_empty(), "{stops:?}");
+    }
 }

@@ -362,8 +362,14 @@ impl Connection {
         }
         let session = self.state.sessions.find(&params.session_id)?;
         let subscribed = self.subs.subscribe(session.clone(), params.cursor)?;
-        // Someone is watching: have the agent ready for their prompt.
-        if !session.is_closing() {
+        // Someone who may prompt is watching: have the agent ready for their prompt. An
+        // observer only reads the log and the snapshot, so it never starts one.
+        let may_prompt = Method::TurnStart
+            .spec()
+            .access
+            .check(Method::TurnStart.as_str(), &self.credential.principal())
+            .is_ok();
+        if may_prompt && !session.is_closing() {
             self.state.turns.warm(&self.state, &session);
         }
         Ok(subscribed)

@@ -125,7 +125,7 @@ impl Driver {
     /// Stops the agent if it has been idle for at least `min_idle`, and records why. Never waits
     /// for the state's lock: whoever holds it is using the agent.
     async fn stop_idle(&self, host: &HostState, reason: AgentStopReason, min_idle: Duration) {
-        let (agent, idle_for) = {
+        let (agent, idle_for, ran_turn) = {
             let Ok(mut state) = self.state.try_lock() else {
                 return;
             };
@@ -137,10 +137,13 @@ impl Driver {
             let Some(agent) = self.take_agent(&mut state) else {
                 return;
             };
-            (agent, idle_for)
+            (agent, idle_for, state.ran_turn)
         };
         tracing::info!(session_id = %self.session.id, ?reason, "stopping an idle agent");
         agent.shutdown().await;
+        if !ran_turn {
+            return;
+        }
         let event = HostEvent::AgentStopped {
             reason,
             idle_ms: u64::try_from(idle_for.as_millis()).unwrap_or(u64::MAX),

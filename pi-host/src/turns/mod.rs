@@ -79,6 +79,9 @@ struct DriverState {
     active: Option<ActiveTurn>,
     /// An agent already ran for this session in this host process.
     spawned_before: bool,
+    /// The running agent has run a turn: only then is its stop worth an `agent_stopped` event
+    /// (an agent started ahead of a prompt that never came goes quietly).
+    ran_turn: bool,
     /// When the agent last started, ran a turn, said something or had a subscriber.
     last_used: Option<Instant>,
     /// The settings generation (`models::Models::generation`) the agent started with.
@@ -157,6 +160,7 @@ impl Turns {
         state.last_used = Some(Instant::now());
         driver.ready(host, &agent, &mut state).await?;
         let turn_id = record_turn(host, &session, credential, &params).await?;
+        state.ran_turn = true;
         state.active = Some(ActiveTurn::new(turn_id.clone()));
         // Not under the lock: the pump needs it to read what the agent says meanwhile.
         drop(state);
@@ -651,6 +655,7 @@ impl Driver {
         self.agent_pid.store(agent.pid(), Ordering::Relaxed);
         state.agent = Some(agent.clone());
         state.spawned_before = true;
+        state.ran_turn = false;
         state.last_used = Some(Instant::now());
         state.generation = generation;
         state.available = None;
