@@ -173,22 +173,51 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
 
   /**
    * Subscribes to a session's events, from `cursor` (or from now). The subscription survives
-   * reconnects; iterate it with `for await`.
+   * reconnects; iterate it with `for await`. A cursor the host no longer holds is not an error:
+   * the subscription's first item is then `resynced` with the session's snapshot, and events
+   * follow from the snapshot's cursor (§8.4).
    */
   async subscribe(sessionId: string, options: SubscribeOptions = {}): Promise<Subscription> {
-    const result = await this.call(
-      "session/subscribe",
-      options.cursor === undefined ? { sessionId } : { sessionId, cursor: options.cursor },
-    );
-    const subscription = new Subscription(
-      sessionId,
-      result.cursor,
-      options.maxBufferedEvents ?? this.options.maxBufferedEvents,
-      this,
-    );
-    if (options.snapshot !== undefined) subscription.resumeStream(options.snapshot);
-    this.subscriptions.add({ subscription, last: result.cursor, lastSeq: undefined, serverId: result.subscriptionId });
-    return subscription;
+    if (this.current.status === "stopped") return Promise.reject(this.current.error.forMethod("session/subscribe"));
+    const link = this.link;
+    if (link === undefined || !link.open) return Promise.reject(hostDisconnected("not connected", "session/subscribe"));
+    const highWater = options.maxBufferedEvents ?? this.options.maxBufferedEvents;
+    const track = (cursor: Cursor, serverId: string | undefined): Tracked => {
+      const tracked = {
+        subscription: new Subscription(sessionId, cursor, highWater, this),
+        last: cursor,
+        lastSeq: undefined,
+        serverId,
+      };
+      this.subscriptions.add(tracked);
+      return tracked;
+    };
+    let tracked: Tracked | undefined;
+    try {
+      // Registered as the reply is read: the first push may come in the same read.
+      await link.request(
+        "session/subscribe",
+        options.cursor === undefined ? { sessionId } : { sessionId, cursor: options.cursor },
+        { timeoutMs: this.options.callTimeoutMs },
+        (result) => {
+          const subscribed = result as SessionSubscribeResult;
+          tracked = track(subscribed.cursor, subscribed.subscriptionId);
+          if (options.snapshot !== undefined) tracked.subscription.resumeStream(options.snapshot);
+        },
+      );
+    } catch (error) {
+      if (!(error instanceof RacpError) || error.code !== "CURSOR_EXPIRED") throw error;
+      const snapshot = (await link.request(
+        "session/get",
+        { sessionId },
+        { timeoutMs: this.options.callTimeoutMs },
+      )) as SessionGetResult;
+      tracked = track(snapshot.cursor, undefined);
+      tracked.subscription.deliver({ kind: "resynced", snapshot });
+      if (link.open) void this.resubscribe(link, tracked);
+    }
+    if (tracked === undefined) throw hostDisconnected("the link closed before the subscription started", "session/subscribe");
+    return tracked.subscription;
   }
 
   /** Stops the client: the link closes, subscriptions end, calls fail. */
@@ -315,15 +344,20 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
     const { subscription } = tracked;
     for (let attempt = 0; attempt < RESYNC_ATTEMPTS; attempt++) {
       try {
-        const result = (await link.request("session/subscribe", {
-          sessionId: subscription.sessionId,
-          cursor: tracked.last,
-        })) as SessionSubscribeResult;
-        if (!this.subscriptions.has(tracked) || this.link !== link || subscription.paused) {
-          link.notify("session/unsubscribe", { subscriptionId: result.subscriptionId });
-          return;
-        }
-        tracked.serverId = result.subscriptionId;
+        // Registered as the reply is read: the first replayed push may come in the same read.
+        await link.request(
+          "session/subscribe",
+          { sessionId: subscription.sessionId, cursor: tracked.last },
+          {},
+          (result) => {
+            const { subscriptionId } = result as SessionSubscribeResult;
+            if (!this.subscriptions.has(tracked) || this.link !== link || subscription.paused) {
+              link.notify("session/unsubscribe", { subscriptionId });
+            } else {
+              tracked.serverId = subscriptionId;
+            }
+          },
+        );
         return;
       } catch (error) {
         if (!(error instanceof RacpError) || error.code === "HOST_DISCONNECTED") return; // the next link redoes it

@@ -24,6 +24,8 @@ export type LinkEnd = { reason: string; error?: RacpError };
 
 interface Waiting {
   method: RacpMethodName;
+  /** Runs as the reply is read, before any later frame is dispatched (see `request`). */
+  onResult: ((result: unknown) => void) | undefined;
   resolve: (result: unknown) => void;
   reject: (error: RacpError) => void;
 }
@@ -146,6 +148,7 @@ export class Link {
       switch (frame.kind) {
         case "result": {
           const waiting = this.take(frame.id);
+          waiting?.onResult?.(frame.result);
           waiting?.resolve(frame.result);
           break;
         }
@@ -189,8 +192,18 @@ export class Link {
     return waiting;
   }
 
-  /** Sends a request and waits for its reply. */
-  request(method: RacpMethodName, params: unknown, options: CallOptions = {}): Promise<unknown> {
+  /**
+   * Sends a request and waits for its reply. `onResult` sees a result synchronously, as its frame
+   * is read: a promise settles only after the frames that came in the same read (a subscribe's
+   * reply and its first push, batched by a proxy) have been dispatched, so whoever must be ready
+   * for those frames gets ready here.
+   */
+  request(
+    method: RacpMethodName,
+    params: unknown,
+    options: CallOptions = {},
+    onResult?: (result: unknown) => void,
+  ): Promise<unknown> {
     if (this.isEnded) return Promise.reject(hostDisconnected("the link is closed", method));
     const { signal, timeoutMs } = options;
     if (signal?.aborted) return Promise.reject(signal.reason);
@@ -214,6 +227,7 @@ export class Link {
       };
       this.waiting.set(id, {
         method,
+        onResult,
         resolve: (result) => {
           done();
           resolve(result);

@@ -101,6 +101,50 @@ test("a cut link is resumed with every event once", { timeout: TEST_TIMEOUT }, a
   }
 });
 
+test("through a hop that batches frames, a subscribe's replay is delivered whole, every time", { timeout: TEST_TIMEOUT }, async () => {
+  // Plain, so the proxy's one write is one read of several WebSocket frames, as behind a
+  // TLS-terminating balancer that batches (TLS records the proxy cannot merge would not show it).
+  const { host, proxy, connect, done } = await setup(["--plain"]);
+  try {
+    const direct = await connect(host.url);
+    const { session } = await direct.call("session/create", { workspace: host.workspace("w") });
+    await direct.call("turn/start", turn(session.sessionId, "k", "deltas:3"));
+    await waitIdle(direct, session.sessionId);
+    // The subscribe's reply and the replay's first push reach the client in one read.
+    proxy.batch(5);
+    const client = await connect();
+    for (let trial = 0; trial < 20; trial++) {
+      const sub = await client.subscribe(session.sessionId, { cursor: session.cursor });
+      const seqs: number[] = [];
+      await readTurn(sub, seqs);
+      assert.equal(seqs[0], 1, `trial ${trial}`);
+      assertContiguous(seqs);
+      sub.close();
+    }
+  } finally {
+    await done();
+  }
+});
+
+test("subscribe() with a cursor the host no longer holds starts with a resync", { timeout: TEST_TIMEOUT }, async () => {
+  const { host, connect, done } = await setup(["--retain-events", "20"]);
+  try {
+    const client = await connect(host.url);
+    const { session } = await client.call("session/create", { workspace: host.workspace("w") });
+    await client.call("turn/start", turn(session.sessionId, "k", "burst:200"));
+    await waitIdle(client, session.sessionId);
+    const sub = await client.subscribe(session.sessionId, { cursor: session.cursor });
+    const first = await next(sub);
+    assert.equal(first.kind, "resynced", JSON.stringify(first));
+    const seqs = [first.kind === "resynced" ? cursorSeq(first.snapshot.cursor) : 0];
+    await client.call("turn/start", turn(session.sessionId, "k2", "deltas:3"));
+    assert.ok(!(await readTurn(sub, seqs)), "one resync is enough");
+    assertContiguous(seqs);
+  } finally {
+    await done();
+  }
+});
+
 test("a stalled link fails calls in flight with HOST_DISCONNECTED and recovers", { timeout: TEST_TIMEOUT }, async () => {
   const { proxy, connect, done } = await setup();
   try {

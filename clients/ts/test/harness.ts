@@ -205,6 +205,7 @@ export class FaultProxy {
   private readonly pairs = new Set<[Socket, Socket]>();
   private stalled = false;
   private delayMs = 0;
+  private batchMs = 0;
 
   private constructor(
     private readonly server: Server,
@@ -250,7 +251,21 @@ export class FaultProxy {
   /** Copies `from` to `to`, in order, after the current delay; pauses on back-pressure. */
   private forward(from: Socket, to: Socket): void {
     let last = Promise.resolve();
+    let batch: Buffer[] | undefined;
     from.on("data", (chunk: Buffer) => {
+      if (this.batchMs > 0) {
+        // As a TLS-terminating load balancer does: what arrives within the window goes out in
+        // one write, so the peer reads several frames (a reply and a push) at once.
+        if (batch === undefined) {
+          const held: Buffer[] = (batch = []);
+          setTimeout(() => {
+            batch = undefined;
+            if (!to.destroyed) to.write(Buffer.concat(held));
+          }, this.batchMs);
+        }
+        batch.push(chunk);
+        return;
+      }
       const delay = this.delayMs;
       if (delay === 0) {
         if (!to.write(chunk)) {
@@ -278,6 +293,11 @@ export class FaultProxy {
   stall(on: boolean): void {
     this.stalled = on;
     for (const pair of this.pairs) for (const socket of pair) on ? socket.pause() : socket.resume();
+  }
+
+  /** Holds what arrives for `ms` and sends it in one write, in both directions (0: off). */
+  batch(ms: number): void {
+    this.batchMs = ms;
   }
 
   /** Adds `ms` of latency to every chunk, in both directions (0 removes it). */
