@@ -172,7 +172,11 @@ impl Connection {
                         )
                         .with_details(json!({"reason": "binary_frame"})),
                     })],
-                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+                    Some(Ok(Message::Close(_))) => {
+                        pi_host::server::answer_close(socket).await;
+                        return None;
+                    }
+                    None | Some(Err(_)) => return None,
                     Some(Ok(_)) => Vec::new(),
                 },
                 Some(reply) = reply_rx.recv() => vec![fit_reply(reply, self.max_frame_bytes)],

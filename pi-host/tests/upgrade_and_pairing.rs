@@ -371,3 +371,21 @@ async fn pair_prints_the_token_the_url_and_a_qr_code() {
     assert!(ok);
     assert!(stdout.contains("\"protocol\":1"), "{stdout}");
 }
+
+#[tokio::test]
+async fn a_client_that_closes_with_1000_gets_1000_back() {
+    let host = HostProcess::start(bin()).await;
+    // A pairing connection (a browser's `pair()` closes this way) and a device's.
+    let token = host.pairing_token(&[]).await["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, device_token) = host.pair_device("laptop", &[]).await;
+    for token in [token, device_token] {
+        let mut client = Client::connect(&host.url(), &token).await.unwrap();
+        client.hello().await;
+        let answer = client.close_normally().await;
+        let answer = answer.expect("the host answers a close frame (RFC 6455 §5.5.1)");
+        assert_eq!(u16::from(answer.code), 1000, "{answer:?}");
+    }
+}

@@ -632,6 +632,27 @@ impl Client {
         }
     }
 
+    /// Closes with 1000 as a client that is done would, and returns the server's answering close
+    /// frame (`None` when the connection ended without one, which RFC 6455 §5.5.1 forbids).
+    pub async fn close_normally(&mut self) -> Option<CloseFrame> {
+        use tungstenite::protocol::frame::coding::CloseCode;
+        let goodbye = CloseFrame {
+            code: CloseCode::Normal,
+            reason: "done".into(),
+        };
+        self.ws.close(Some(goodbye)).await.ok()?;
+        loop {
+            let message = tokio::time::timeout(PATIENCE, self.ws.next())
+                .await
+                .expect("no answer to the close in time");
+            match message {
+                Some(Ok(Message::Close(frame))) => return frame,
+                None | Some(Err(_)) => return None,
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+
     /// Reads until the server closes; returns the frames before the close and the close frame.
     pub async fn until_close(&mut self) -> (Vec<Value>, Option<CloseFrame>) {
         let mut frames: Vec<Value> = self

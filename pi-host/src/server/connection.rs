@@ -149,7 +149,11 @@ impl Connection {
             let (outgoing, ending) = tokio::select! {
                 incoming = socket.recv() => match incoming {
                     // The client said goodbye or vanished: no connection error.
-                    Some(Ok(Message::Close(_))) | None => return None,
+                    Some(Ok(Message::Close(_))) => {
+                        super::answer_close(socket).await;
+                        return None;
+                    }
+                    None => return None,
                     Some(Ok(message)) => self.on_message(message, &reply_tx),
                     Some(Err(err)) => {
                         tracing::debug!(error = %err, "connection read failed");

@@ -25,6 +25,17 @@ const READ_BUFFER: usize = 1 << 10;
 /// Bytes of queued frames a connection collects before writing to its socket.
 const WRITE_BUFFER: usize = 64 << 10;
 
+/// How long a closing client may take to read the close frame that answers its own.
+const CLOSE_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Answers a client's close frame, as RFC 6455 §5.5.1 requires: tungstenite queues the answer
+/// when it reads the client's close, and it leaves only with a flush. Without it every client
+/// that closes with 1000 (a browser's `pair()`) would see 1006.
+pub async fn answer_close(socket: &mut axum::extract::ws::WebSocket) {
+    use futures_util::SinkExt;
+    let _ = tokio::time::timeout(CLOSE_ANSWER_GRACE, socket.flush()).await;
+}
+
 pub fn router(state: Arc<HostState>) -> Router {
     Router::new()
         .route(ENDPOINT_PATH, get(upgrade_handler))
