@@ -566,6 +566,12 @@ export type HeartbeatPush = {
 export type HelloParams = {
   client: ClientInfo;
   /**
+   * Most events the client wants in one `session/events` push (a client that buffers N
+   * events asks for N/2 or fewer, so one push never fills its buffer); the host answers with
+   * `min(this, its own bound)` in `limits.maxEventsPerPush`.
+   */
+  maxEventsPerPush?: number | null;
+  /**
    * Largest frame the client wants to send or receive; the host answers with
    * `min(this, its own bound)`.
    */
@@ -715,6 +721,10 @@ export type HostStatus = "online" | "offline";
  * Bounds the host enforces on this connection.
  */
 export type Limits = {
+  /**
+   * Most events in one `session/events` push on this connection.
+   */
+  maxEventsPerPush: number;
   /**
    * Largest frame either side may send, in bytes (PAYLOAD_TOO_LARGE beyond it).
    */

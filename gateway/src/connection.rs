@@ -60,6 +60,8 @@ struct Connection {
     /// The address the desktop reached the gateway at (its Host header).
     reached_as: String,
     max_frame_bytes: usize,
+    /// Most events per push, as agreed at `hello`.
+    events_per_push: usize,
     said_hello: bool,
     in_flight: Arc<Semaphore>,
     follows: BTreeMap<String, Follow>,
@@ -101,6 +103,7 @@ pub async fn run(
         host,
         reached_as,
         max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
+        events_per_push: gateway.settings.max_events_per_frame,
         said_hello: false,
         follows: BTreeMap::new(),
         next_subscription: 1,
@@ -342,6 +345,7 @@ impl Connection {
             })
             .max(MIN_MAX_FRAME_BYTES);
         self.max_frame_bytes = bound as usize;
+        self.events_per_push = params.events_per_push(settings.max_events_per_frame);
         self.said_hello = true;
         let (principal, pairing) = match &self.caller {
             Caller::Device(device) => (
@@ -375,6 +379,7 @@ impl Connection {
             },
             limits: Limits {
                 max_frame_bytes: bound,
+                max_events_per_push: u32::try_from(self.events_per_push).unwrap_or(u32::MAX),
                 max_in_flight: settings.max_in_flight,
                 max_subscriptions: if pairing {
                     0
@@ -473,7 +478,7 @@ impl Connection {
             after,
             stream_sequence: point.stream_sequence,
             max_frame_bytes: self.max_frame_bytes,
-            max_events_per_frame: self.gateway.settings.max_events_per_frame,
+            max_events_per_frame: self.events_per_push,
             ended: point.ended,
         };
         let followed = follow::follow(&stream, start, out.clone()).await?;

@@ -289,10 +289,11 @@ async fn session_close(
     Ok(Ack {})
 }
 
-pub fn limits(state: &HostState, max_frame_bytes: u32) -> Limits {
+pub fn limits(state: &HostState, max_frame_bytes: u32, max_events_per_push: usize) -> Limits {
     let l = &state.config.limits;
     Limits {
         max_frame_bytes,
+        max_events_per_push: u32::try_from(max_events_per_push).unwrap_or(u32::MAX),
         max_in_flight: l.max_in_flight,
         max_subscriptions: l.max_subscriptions,
         requests_per_second: l.requests_per_second,
@@ -317,7 +318,11 @@ fn host_info(state: &HostState) -> HostInfoResult {
         arch: std::env::consts::ARCH.to_string(),
         started_at: state.started_at,
         capabilities: capabilities(state),
-        limits: limits(state, state.config.limits.max_frame_bytes),
+        limits: limits(
+            state,
+            state.config.limits.max_frame_bytes,
+            state.config.limits.max_events_per_frame,
+        ),
         agents: state.turns.agents_info(state),
     }
 }

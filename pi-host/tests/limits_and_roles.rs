@@ -104,3 +104,64 @@ async fn an_expired_pairing_token_is_refused_as_expired() {
     assert_eq!(refused.status, 401);
     assert_eq!(refused.body["error"]["code"], "PAIRING_TOKEN_EXPIRED");
 }
+
+#[tokio::test]
+async fn a_client_bounds_the_events_in_one_push_at_hello() {
+    let agent = tests::stand_in_agent();
+    let host = HostProcess::start_with(bin(), &["--agent", agent.to_str().unwrap()]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    let hello = client
+        .call(
+            "hello",
+            json!({"protocol": {"min": 1, "max": 1}, "client": {"name": "t", "version": "0"},
+                   "maxEventsPerPush": 7}),
+        )
+        .await;
+    assert_eq!(hello["result"]["limits"]["maxEventsPerPush"], 7, "{hello}");
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session = &created["result"]["session"];
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session["sessionId"], "cursor": session["cursor"]}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    let started = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session["sessionId"], "idempotencyKey": "k", "text": "burst:300"}),
+        )
+        .await;
+    assert!(started.get("result").is_some(), "{started}");
+    let (mut events, mut pushes, mut largest) = (0, 0, 0);
+    loop {
+        let frame = client.next_frame().await.expect("connection open");
+        if frame["method"] != "session/events" {
+            continue;
+        }
+        let batch = frame["params"]["events"].as_array().unwrap();
+        pushes += 1;
+        events += batch.len();
+        largest = largest.max(batch.len());
+        if batch.iter().any(|e| e["type"] == "turn.finished") {
+            break;
+        }
+    }
+    assert!(events > 300, "{events} events");
+    assert!(largest <= 7, "a push of {largest} events");
+    assert!(pushes >= events / 7, "{pushes} pushes");
+    // Zero is not a bound.
+    let mut other = Client::connect(&host.url(), &token).await.unwrap();
+    let refused = other
+        .call(
+            "hello",
+            json!({"protocol": {"min": 1, "max": 1}, "client": {"name": "t", "version": "0"},
+                   "maxEventsPerPush": 0}),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], "INVALID_PARAMS", "{refused}");
+}

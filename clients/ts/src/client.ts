@@ -45,7 +45,9 @@ export interface ClientOptions extends Endpoint {
   /** First reconnect ceiling; it doubles up to `maxBackoffMs` [250 ms, 30 s]. */
   minBackoffMs?: number;
   maxBackoffMs?: number;
-  /** Items a subscription buffers before its delivery is paused [1000]. */
+  /** Items a subscription buffers before its delivery is paused [1000]: when the consumer has
+   * not caught up after its turn, or at twice this at once. The host is asked for pushes of at
+   * most half of it, so a consumer that keeps up is never paused. */
   maxBufferedEvents?: number;
   /** The jitter source (tests). */
   random?: () => number;
@@ -85,6 +87,8 @@ interface Tracked {
   lastSeq: number | undefined;
   /** The host's id for it on the current link. */
   serverId: string | undefined;
+  /** A check whether the consumer caught up is scheduled (see `onEvent`). */
+  pauseCheck?: boolean;
 }
 
 export class RacpClient extends EventTarget implements SubscriptionControl {
@@ -277,6 +281,7 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
           clientName: this.options.clientName,
           clientVersion: this.options.clientVersion,
           connectTimeoutMs: this.options.connectTimeoutMs,
+          maxEventsPerPush: Math.max(1, Math.floor(this.options.maxBufferedEvents / 2)),
         },
         (method, params) => this.onPush(method, params),
       );
@@ -407,8 +412,19 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
     if (tracked.subscription.paused) return;
     tracked.last = event.cursor;
     tracked.lastSeq = event.seq;
-    tracked.subscription.deliver({ kind: "event", event });
-    if (tracked.subscription.full) this.pause(tracked);
+    const { subscription } = tracked;
+    subscription.deliver({ kind: "event", event });
+    if (!subscription.full) return;
+    // Several pushes can arrive in one read and are dispatched before the consumer runs, so a
+    // full buffer right now says nothing about its pace: pause only if it is still full once
+    // the consumer had its turn, or at once at twice the bound (the hard limit on memory).
+    if (subscription.buffered >= 2 * subscription.highWater) return this.pause(tracked);
+    if (tracked.pauseCheck) return;
+    tracked.pauseCheck = true;
+    setTimeout(() => {
+      tracked.pauseCheck = false;
+      if (subscription.full && !subscription.paused && this.subscriptions.has(tracked)) this.pause(tracked);
+    }, 0);
   }
 
   /** The consumer fell behind: stop the host's flow for this subscription until it catches up. */

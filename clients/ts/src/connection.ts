@@ -17,6 +17,9 @@ export interface LinkOptions {
   clientName: string;
   clientVersion: string;
   connectTimeoutMs: number;
+  /** Most events the host may put in one push (half the client's buffer, so one push never
+   * fills it and a consumer that keeps up is never paused). */
+  maxEventsPerPush: number;
 }
 
 /** How a link ended: a reason to reconnect, or an error that stops the client. */
@@ -91,6 +94,7 @@ export class Link {
         const hello = {
           protocol: { min: PROTOCOL_VERSION, max: PROTOCOL_VERSION },
           client: { name: options.clientName, version: options.clientVersion },
+          maxEventsPerPush: options.maxEventsPerPush,
         };
         socket.send(encodeRequest(0, "hello", hello, PRE_HELLO_FRAME_BYTES));
       };

@@ -395,6 +395,8 @@ impl Connection {
             .map_or(host_bound, |wanted| wanted.min(host_bound))
             .max(MIN_MAX_FRAME_BYTES);
         self.max_frame_bytes = bound as usize;
+        let per_push = params.events_per_push(self.state.config.limits.max_events_per_frame);
+        self.subs.set_max_events_per_frame(per_push);
         self.said_hello = true;
         let principal = match &self.credential {
             Credential::Device { device_id, roles } => PrincipalInfo {
@@ -415,7 +417,7 @@ impl Connection {
         } else {
             handlers::capabilities(&self.state)
         };
-        let mut limits = handlers::limits(&self.state, bound);
+        let mut limits = handlers::limits(&self.state, bound, per_push);
         if pairing {
             limits.max_subscriptions = 0;
         }

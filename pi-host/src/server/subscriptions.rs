@@ -56,6 +56,11 @@ impl Subscriptions {
         }
     }
 
+    /// Bounds each push to what the client asked for at `hello`.
+    pub fn set_max_events_per_frame(&mut self, max: usize) {
+        self.max_events_per_frame = max;
+    }
+
     pub fn len(&self) -> usize {
         self.subs.len()
     }

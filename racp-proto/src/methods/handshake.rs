@@ -37,12 +37,30 @@ pub struct HelloParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = MIN_MAX_FRAME_BYTES))]
     pub max_frame_bytes: Option<u32>,
+    /// Most events the client wants in one `session/events` push (a client that buffers N
+    /// events asks for N/2 or fewer, so one push never fills its buffer); the host answers with
+    /// `min(this, its own bound)` in `limits.maxEventsPerPush`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_events_per_push: Option<u32>,
+}
+
+impl HelloParams {
+    /// Events per push on this connection: the client's wish, within the server's bound.
+    pub fn events_per_push(&self, server_bound: usize) -> usize {
+        self.max_events_per_push
+            .map_or(server_bound, |wanted| (wanted as usize).min(server_bound))
+            .max(1)
+    }
 }
 
 impl Validate for HelloParams {
     fn validate(&self) -> Result<(), AppError> {
         length("client.name", &self.client.name, 1, MAX_NAME_CHARS)?;
         length("client.version", &self.client.version, 1, MAX_NAME_CHARS)?;
+        if let Some(max) = self.max_events_per_push {
+            range("maxEventsPerPush", u64::from(max), 1, u64::from(u32::MAX))?;
+        }
         if let Some(max) = self.max_frame_bytes {
             range(
                 "maxFrameBytes",
@@ -98,6 +116,8 @@ pub struct Limits {
     pub requests_per_second: u32,
     /// Calls a device may make in a burst above the sustained rate.
     pub request_burst: u32,
+    /// Most events in one `session/events` push on this connection.
+    pub max_events_per_push: u32,
 }
 
 /// The host's answer to `hello`.
