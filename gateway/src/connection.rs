@@ -296,7 +296,7 @@ impl Connection {
     ) -> Result<(Call, Option<CallPass>), AppError> {
         if !self.said_hello && method != Method::Hello {
             return Err(AppError::new(
-                ErrorCode::Unauthorized,
+                ErrorCode::HelloRequired,
                 "say hello first: it must be the first call on a connection",
             ));
         }

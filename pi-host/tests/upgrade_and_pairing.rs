@@ -229,6 +229,19 @@ async fn upgrades_without_a_valid_token_or_from_foreign_hosts_are_refused() {
         Some("racp.v1"),
         "token never echoed"
     );
+    // Each refusal is in the host's log with its code, and no token is.
+    let log = host.log();
+    let refusals: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("refused a connection"))
+        .collect();
+    assert!(
+        refusals.iter().any(|l| l.contains("REMOTE_AUTH_FAILED")),
+        "{log}"
+    );
+    assert!(refusals.iter().any(|l| l.contains("FORBIDDEN")), "{log}");
+    assert!(!log.contains("pdt_nobody.secret"), "{log}");
+    assert!(!log.contains(&device_token), "{log}");
 }
 
 #[tokio::test]
@@ -270,7 +283,10 @@ async fn bad_input_gets_registered_codes_and_the_connection_survives() {
     let mut client = Client::connect(&host.url(), &token).await.unwrap();
 
     let early = client.call("session/list", json!({})).await;
-    assert_eq!(early["error"]["code"], "UNAUTHORIZED", "hello comes first");
+    assert_eq!(
+        early["error"]["code"], "HELLO_REQUIRED",
+        "hello comes first"
+    );
     client.hello().await;
 
     client.send_text("{not json".into()).await;

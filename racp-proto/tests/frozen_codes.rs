@@ -57,6 +57,7 @@ const PUBLISHED: &[(&str, u16)] = &[
     ("PROVIDER_TIMEOUT", 4049),
     ("PROVIDER_MODEL_NOT_FOUND", 4050),
     ("PROVIDER_SECRET_MISSING", 4051),
+    ("HELLO_REQUIRED", 4052),
 ];
 
 #[test]

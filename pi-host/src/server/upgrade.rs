@@ -9,8 +9,15 @@ use axum::response::{IntoResponse, Response};
 use racp_proto::{AppError, BEARER_SUBPROTOCOL_PREFIX, ErrorCode, SUBPROTOCOL};
 use serde_json::json;
 
-/// The HTTP refusal for an error: its registry status and the error envelope as the body.
+/// Refused upgrades logged per second at most: a client hammering with a bad token must not
+/// flood the log (the rest are counted and reported with the next line logged).
+const REFUSALS_LOGGED_PER_SECOND: u64 = 10;
+
+/// The HTTP refusal for an error: its registry status and the error envelope as the body. Logged
+/// at `info` with its code and message (which never quote a token), so an operator sees why a
+/// client was turned away.
 pub fn refusal(error: AppError) -> Response {
+    log_refusal(&error);
     let status = StatusCode::from_u16(error.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
     let body = crate::wire::encode(&json!({ "error": error }));
     let mut response = (status, body).into_response();
@@ -224,4 +231,27 @@ mod tests {
         }
         assert!(host_allowed("box.lan:7878", &["box.lan".into()]));
     }
+}
+
+fn log_refusal(error: &AppError) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static WINDOW: AtomicU64 = AtomicU64::new(0);
+    static IN_WINDOW: AtomicU64 = AtomicU64::new(0);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    let second = crate::clock::now_ms() / 1000;
+    if WINDOW.swap(second, Ordering::Relaxed) != second {
+        IN_WINDOW.store(0, Ordering::Relaxed);
+    }
+    if IN_WINDOW.fetch_add(1, Ordering::Relaxed) >= REFUSALS_LOGGED_PER_SECOND {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
+    tracing::info!(
+        code = %error.code(),
+        reason = error.details().and_then(|d| d.get("reason")).and_then(|r| r.as_str()).unwrap_or(""),
+        suppressed,
+        "refused a connection: {}",
+        error.message()
+    );
 }

@@ -189,7 +189,7 @@ error_registry! {
     InvalidArgument = "INVALID_ARGUMENT" { retriable: No, recovery: FixArguments, close: 4004, http: 400, }
     /// The method's params failed validation; `details.path` is the JSON path of the bad field.
     InvalidParams = "INVALID_PARAMS" { retriable: No, recovery: FixArguments, close: 4005, http: 400, }
-    /// The connection's credential does not admit this call: a pairing connection may only call `hello` and `pair`, and every other call must follow a successful `hello`.
+    /// The connection's credential does not admit this call: a pairing connection may only call `hello` and `pair` (a call before `hello` is HELLO_REQUIRED).
     Unauthorized = "UNAUTHORIZED" { retriable: No, recovery: Reauthorize, close: 4006, http: 401, }
     /// The named entity (device, subscription, ...) does not exist.
     NotFound = "NOT_FOUND" { retriable: No, recovery: CheckState, close: 4007, http: 404, }
@@ -281,6 +281,8 @@ error_registry! {
     ProviderModelNotFound = "PROVIDER_MODEL_NOT_FOUND" { retriable: No, recovery: StopAndReport, close: 4050, http: 404, reserved: true, }
     /// The model's provider needs an API key and the host's agent has none: set it with `credential/set` (owner), or pick another model. Found before a turn is spent.
     ProviderSecretMissing = "PROVIDER_SECRET_MISSING" { retriable: No, recovery: StopAndReport, close: 4051, http: 424, }
+    /// A call came before `hello` on its connection: send `hello` first (the credential is fine; pairing again would not help).
+    HelloRequired = "HELLO_REQUIRED" { retriable: No, recovery: FixArguments, close: 4052, http: 400, }
 }
 
 impl ErrorCode {
