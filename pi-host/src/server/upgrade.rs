@@ -28,6 +28,29 @@ pub fn refusal(error: AppError) -> Response {
     response
 }
 
+fn log_refusal(error: &AppError) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static WINDOW: AtomicU64 = AtomicU64::new(0);
+    static IN_WINDOW: AtomicU64 = AtomicU64::new(0);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    let second = crate::clock::now_ms() / 1000;
+    if WINDOW.swap(second, Ordering::Relaxed) != second {
+        IN_WINDOW.store(0, Ordering::Relaxed);
+    }
+    if IN_WINDOW.fetch_add(1, Ordering::Relaxed) >= REFUSALS_LOGGED_PER_SECOND {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
+    tracing::info!(
+        code = %error.code(),
+        reason = error.details().and_then(|d| d.get("reason")).and_then(|r| r.as_str()).unwrap_or(""),
+        suppressed,
+        "refused a connection: {}",
+        error.message()
+    );
+}
+
 /// Runs every check and returns the caller's credential and its place under the connection cap.
 pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Credential, Slot), AppError> {
     if state.is_draining() {
@@ -231,27 +254,4 @@ mod tests {
         }
         assert!(host_allowed("box.lan:7878", &["box.lan".into()]));
     }
-}
-
-fn log_refusal(error: &AppError) {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static WINDOW: AtomicU64 = AtomicU64::new(0);
-    static IN_WINDOW: AtomicU64 = AtomicU64::new(0);
-    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
-    let second = crate::clock::now_ms() / 1000;
-    if WINDOW.swap(second, Ordering::Relaxed) != second {
-        IN_WINDOW.store(0, Ordering::Relaxed);
-    }
-    if IN_WINDOW.fetch_add(1, Ordering::Relaxed) >= REFUSALS_LOGGED_PER_SECOND {
-        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
-    tracing::info!(
-        code = %error.code(),
-        reason = error.details().and_then(|d| d.get("reason")).and_then(|r| r.as_str()).unwrap_or(""),
-        suppressed,
-        "refused a connection: {}",
-        error.message()
-    );
 }
