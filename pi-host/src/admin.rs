@@ -149,6 +149,7 @@ fn execute(state: &HostState, request: AdminRequest) -> Result<Value, AppError> 
         AdminRequest::Revoke { .. } => Err(state.internal("revoke reached the blocking executor"))?,
         AdminRequest::Status => Ok(json!({
             "host": handlers::host_identity(state),
+            "pid": std::process::id(),
             "listen": state.config.listen.to_string(),
             "url": format!(
                 "{}://{}{}",

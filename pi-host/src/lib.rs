@@ -11,6 +11,7 @@ pub mod connections;
 pub mod fs;
 pub mod fsutil;
 pub mod handlers;
+pub mod human;
 pub mod models;
 pub mod paths;
 pub mod ratelimit;

@@ -46,6 +46,9 @@ enum Command {
         /// Token lifetime, e.g. 10m, 90s, 1h.
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
         ttl: u64,
+        /// Also draw the pairing URL as a QR code (for a phone's camera; about 40 lines).
+        #[arg(long)]
+        qr: bool,
         #[arg(long)]
         json: bool,
     },
@@ -109,6 +112,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour for a person at a terminal, never in a redirected log (or with NO_COLOR).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none(),
+        )
         .init();
     let data_dir = cli.data_dir.unwrap_or_else(config::default_data_dir);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -146,46 +154,20 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
                 }
             }
         }
-        Command::Pair { roles, ttl, json } => {
+        Command::Pair {
+            roles,
+            ttl,
+            qr,
+            json,
+        } => {
             let request = admin::AdminRequest::Pair {
                 roles,
                 ttl_seconds: ttl,
             };
-            admin_command(&data_dir, &request, json, |v| {
-                let token = v["token"].as_str().unwrap_or_default();
-                let url = v["url"].as_str().unwrap_or_default();
-                let cert = match v["certSha256"].as_str() {
-                    Some(sha256) => format!("Host certificate SHA-256 (pinned by the device):\n  {sha256}\n"),
-                    None => "The host serves plain ws:// (--plain): the device cannot check its identity.\n".into(),
-                };
-                format!(
-                    "Pairing token (single use, roles {}, expires at {} ms):\n  {token}\n{cert}Pairing URL:\n  {url}\n{}",
-                    v["roles"],
-                    v["expiresAt"],
-                    terminal_qr(url)
-                )
-            })
-            .await
+            admin_command(&data_dir, &request, json, |v| pairing_text(v, qr)).await
         }
         Command::Devices { json } => {
-            admin_command(&data_dir, &admin::AdminRequest::Devices, json, |v| {
-                let mut out = String::new();
-                for d in v.as_array().into_iter().flatten() {
-                    // Names come from clients: escaped, so one cannot drive the terminal.
-                    out.push_str(&format!(
-                        "{}  {}  {}\n",
-                        printable(d["deviceId"].as_str().unwrap_or_default(), false),
-                        d["roles"],
-                        printable(d["name"].as_str().unwrap_or_default(), false)
-                    ));
-                }
-                if out.is_empty() {
-                    "no paired devices\n".into()
-                } else {
-                    out
-                }
-            })
-            .await
+            admin_command(&data_dir, &admin::AdminRequest::Devices, json, devices_table).await
         }
         Command::Revoke { device_id, json } => {
             let request = admin::AdminRequest::Revoke {
@@ -264,6 +246,75 @@ fn gateway_key(data_dir: &std::path::Path, json: bool) -> ExitCode {
     }
 }
 
+/// `pi-host pair` for a person: what the token is for, when it expires, and the link; short
+/// enough for an 80x24 terminal unless the QR code is asked for.
+fn pairing_text(v: &serde_json::Value, qr: bool) -> String {
+    let token = v["token"].as_str().unwrap_or_default();
+    let url = v["url"].as_str().unwrap_or_default();
+    let expires = v["expiresAt"]
+        .as_u64()
+        .map_or_else(String::new, |at| human::moment(at, clock::now_ms()));
+    let cert = match v["certSha256"].as_str() {
+        Some(sha256) => format!("Host certificate SHA-256 (the device pins it):\n  {sha256}\n"),
+        None => {
+            "The host serves plain ws:// (--plain): the device cannot check its identity.\n".into()
+        }
+    };
+    let picture = if qr {
+        terminal_qr(url)
+    } else {
+        "(pi-host pair --qr draws the link as a QR code)\n".into()
+    };
+    format!(
+        "Pairing token for one device, roles {}, expires {expires}:\n  {token}\n{cert}Pairing link:\n  {url}\n{picture}",
+        human::roles(&v["roles"]),
+    )
+}
+
+/// `pi-host devices` as a table: id, roles, last seen, paired, name.
+fn devices_table(v: &serde_json::Value) -> String {
+    let devices: Vec<&serde_json::Value> = v.as_array().into_iter().flatten().collect();
+    if devices.is_empty() {
+        return "no paired devices\n".into();
+    }
+    let now = clock::now_ms();
+    let when = |at: &serde_json::Value| {
+        at.as_u64()
+            .map_or("never".into(), |at| human::moment(at, now))
+    };
+    let rows: Vec<[String; 5]> = devices
+        .iter()
+        .map(|d| {
+            [
+                printable(d["deviceId"].as_str().unwrap_or_default(), false).into_owned(),
+                human::roles(&d["roles"]),
+                when(&d["lastSeenAt"]),
+                when(&d["createdAt"]),
+                // Names come from clients: escaped, so one cannot drive the terminal.
+                printable(d["name"].as_str().unwrap_or_default(), false).into_owned(),
+            ]
+        })
+        .collect();
+    let header = ["DEVICE", "ROLES", "LAST SEEN", "PAIRED", "NAME"].map(String::from);
+    let mut widths = [0usize; 5];
+    for row in std::iter::once(&header).chain(&rows) {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:width$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 /// The URL as a QR code drawn with Unicode half blocks (two rows of modules per line).
 fn terminal_qr(url: &str) -> String {
     match qrcode::QrCode::new(url.as_bytes()) {
@@ -326,8 +377,11 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
         socket.set_reuseaddr(true)?;
         socket.bind(listen)?;
         Ok(socket)
-    })
-    .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    });
+    let socket = match socket {
+        Ok(socket) => socket,
+        Err(err) => return Err(listen_error(&config.data_dir, listen, &err).await),
+    };
     let local = socket.local_addr().map_err(|e| e.to_string())?;
     // The real port (when asked for port 0) is what pairing URLs and `status` must show.
     config.listen = local;
@@ -413,6 +467,30 @@ fn tls_config(
     config.tls = Some((cert, key));
     config.cert_sha256 = Some(sha256);
     Ok(Some(served))
+}
+
+/// Why the port cannot be taken, in words: a host of this data directory that is running
+/// (its admin socket answers) is named with its pid and port; anything else only by the port.
+async fn listen_error(
+    data_dir: &std::path::Path,
+    listen: std::net::SocketAddr,
+    err: &std::io::Error,
+) -> String {
+    if err.kind() != std::io::ErrorKind::AddrInUse {
+        return format!("cannot listen on {listen}: {err}");
+    }
+    match admin::call(data_dir, &admin::AdminRequest::Status).await {
+        Ok(status) => format!(
+            "a host is already running here (pid {}, listening on {}): `pi-host status` shows it; \
+             stop it first, or start this one with another --data-dir and --listen",
+            status["pid"],
+            status["listen"].as_str().unwrap_or_default()
+        ),
+        Err(_) => format!(
+            "port {} is taken by another process: stop it, or choose another port with --listen",
+            listen.port()
+        ),
+    }
 }
 
 /// Writes the state file through a temporary name and a rename, so a reader never sees half of

@@ -63,11 +63,15 @@ impl Fence {
             ));
         }
         let forbidden = || {
+            let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
             AppError::new(
                 ErrorCode::RemotePathForbidden,
-                format!("{path} is outside the host's permitted roots"),
+                format!(
+                    "{path} is outside the host's permitted roots ({}); use a path inside one, or have the host's owner add a root (--root)",
+                    roots.join(", ")
+                ),
             )
-            .with_details(json!({"path": path}))
+            .with_details(json!({"path": path, "roots": roots}))
         };
         let lexical = normalize(requested);
         // Checked before touching the file system: nothing is even looked up outside.

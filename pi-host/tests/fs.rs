@@ -82,9 +82,24 @@ async fn listing_and_stat_are_confined_to_the_roots() {
         code(client.call("fs/list", json!({"path": dotdot})).await),
         "REMOTE_PATH_FORBIDDEN"
     );
-    assert_eq!(
-        code(client.call("fs/list", json!({"path": "/etc"})).await),
-        "REMOTE_PATH_FORBIDDEN"
+    let outside = client.call("fs/list", json!({"path": "/etc"})).await;
+    assert_eq!(code(outside.clone()), "REMOTE_PATH_FORBIDDEN");
+    // The refusal names where paths may be.
+    let root_text = root.display().to_string();
+    assert!(
+        outside["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&root_text),
+        "{outside}"
+    );
+    assert!(
+        outside["error"]["details"]["roots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == &json!(root_text)),
+        "{outside}"
     );
     let missing = format!("{}/missing", root.display());
     assert_eq!(

@@ -111,3 +111,38 @@ async fn under_umask_000_no_file_the_host_writes_is_open_to_others() {
     assert_eq!(open_to_others(host.data_dir.path()), Vec::<String>::new());
     assert_eq!(open_to_others(state_dir.path()), Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn a_second_serve_names_the_host_already_running_here() {
+    let host = HostProcess::start(bin()).await;
+    let listen = host.addr.to_string();
+    let root = host.workspace("w");
+    let (ok, _, stderr) = host
+        .cli(&["serve", "--listen", &listen, "--root", &root])
+        .await;
+    assert!(!ok);
+    assert!(
+        stderr.contains(&format!(
+            "a host is already running here (pid {}, listening on {listen})",
+            host.pid()
+        )),
+        "{stderr}"
+    );
+    // Another data directory on the same port: only the port is known.
+    let other = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new(bin())
+        .args(["serve", "--listen", &listen, "--root", &root, "--data-dir"])
+        .arg(other.path())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains(&format!(
+            "port {} is taken by another process",
+            host.addr.port()
+        )),
+        "{stderr}"
+    );
+}

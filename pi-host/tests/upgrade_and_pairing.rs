@@ -357,7 +357,17 @@ async fn hello_without_a_common_version_closes_the_connection() {
 #[tokio::test]
 async fn pair_prints_the_token_the_url_and_a_qr_code() {
     let host = HostProcess::start(bin()).await;
-    let (ok, stdout, stderr) = host.cli(&["pair", "--roles", "observer"]).await;
+    // For a person: fits an 80x24 terminal, roles as words, the expiry as a time.
+    let (ok, short, stderr) = host.cli(&["pair", "--roles", "observer,operator"]).await;
+    assert!(ok, "{stderr}");
+    assert!(short.lines().count() <= 12, "{short}");
+    assert!(
+        short.contains("roles observer, operator, expires in 10 min ("),
+        "{short}"
+    );
+    assert!(short.contains(" UTC)"), "{short}");
+    assert!(!short.contains('█') && !short.contains('▀'), "{short}");
+    let (ok, stdout, stderr) = host.cli(&["pair", "--roles", "observer", "--qr"]).await;
     assert!(ok, "{stderr}");
     let token = stdout
         .lines()
@@ -404,4 +414,29 @@ async fn a_client_that_closes_with_1000_gets_1000_back() {
         let answer = answer.expect("the host answers a close frame (RFC 6455 §5.5.1)");
         assert_eq!(u16::from(answer.code), 1000, "{answer:?}");
     }
+}
+
+#[tokio::test]
+async fn devices_is_a_table_with_times_and_names_that_stay_apart() {
+    let host = HostProcess::start(bin()).await;
+    let (first, _) = host.pair_device("laptop", &[]).await;
+    let (second, _) = host.pair_device("laptop", &[]).await;
+    let (ok, stdout, stderr) = host.cli(&["devices"]).await;
+    assert!(ok, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("DEVICE"), "{stdout}");
+    assert!(
+        lines[0].contains("LAST SEEN") && lines[0].contains("NAME"),
+        "{stdout}"
+    );
+    let row = |id: &str| *lines.iter().find(|l| l.starts_with(id)).unwrap();
+    assert!(row(&first).ends_with("  laptop"), "{stdout}");
+    assert!(row(&second).ends_with("  laptop (2)"), "{stdout}");
+    assert!(row(&first).contains("owner"), "{stdout}");
+    assert!(row(&second).contains("operator"), "{stdout}");
+    assert!(
+        row(&first).contains(" ago (") && row(&first).contains(" UTC)"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains('['), "roles as words: {stdout}");
 }

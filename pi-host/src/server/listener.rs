@@ -92,13 +92,22 @@ pub fn plan(limits: &mut HostLimits) -> FdBudget {
     let nofile = raise_nofile_limit();
     let budget = FdBudget::for_limit(nofile);
     if limits.max_connections > budget.upgraded {
-        tracing::warn!(
-            configured = limits.max_connections,
-            clamped_to = budget.upgraded,
-            nofile,
-            "max_connections exceeds what the file-descriptor limit allows; clamped \
-             (raise the hard limit: `ulimit -Hn`, systemd LimitNOFILE=)"
-        );
+        // A warning only for a bound someone set: the default adapts to the machine silently.
+        if limits.max_connections == HostLimits::default().max_connections {
+            tracing::info!(
+                max_connections = budget.upgraded,
+                nofile,
+                "connections bounded by the file-descriptor limit"
+            );
+        } else {
+            tracing::warn!(
+                configured = limits.max_connections,
+                clamped_to = budget.upgraded,
+                nofile,
+                "max_connections exceeds what the file-descriptor limit allows; clamped \
+                 (raise the hard limit: `ulimit -Hn`, systemd LimitNOFILE=)"
+            );
+        }
         limits.max_connections = budget.upgraded;
     }
     tracing::info!(

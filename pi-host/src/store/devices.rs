@@ -214,12 +214,13 @@ impl Store {
                 Some((None, _)) => PairingOutcome::Expired,
             });
         }
+        let name = distinct_name(&tx, &device.name)?;
         tx.execute(
             "INSERT INTO devices (device_id, name, roles, token_tag, created_at, last_seen_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
             (
                 &device.device_id,
-                &device.name,
+                &name,
                 encode_roles(&device.roles),
                 &device.token_tag,
                 to_i64(now),
@@ -228,4 +229,27 @@ impl Store {
         tx.commit()?;
         Ok(PairingOutcome::Paired)
     }
+}
+
+/// `wanted`, or `wanted (2)`, `wanted (3)`, ... when a device that is not revoked has the name
+/// already: two laptops that both say "laptop" stay apart in `devices` and `device/list`.
+fn distinct_name(tx: &rusqlite::Transaction<'_>, wanted: &str) -> Result<String, StoreError> {
+    let mut statement = tx.prepare("SELECT name FROM devices WHERE revoked_at IS NULL")?;
+    let taken: std::collections::HashSet<String> = statement
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<Result<_, _>>()?;
+    if !taken.contains(wanted) {
+        return Ok(wanted.to_string());
+    }
+    for n in 2u32.. {
+        let suffix = format!(" ({n})");
+        // Within the name bound, the suffix included.
+        let max = usize::try_from(racp_proto::limits::MAX_NAME_CHARS).unwrap_or(usize::MAX);
+        let keep = max.saturating_sub(suffix.chars().count());
+        let candidate: String = wanted.chars().take(keep).collect::<String>() + &suffix;
+        if !taken.contains(&candidate) {
+            return Ok(candidate);
+        }
+    }
+    Ok(wanted.to_string())
 }
