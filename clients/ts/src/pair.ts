@@ -33,6 +33,8 @@ export async function pair(link: string, options: PairOptions): Promise<PairedDe
       roles: paired.roles,
     };
     if (endpoint.certSha256 !== undefined) device.certSha256 = endpoint.certSha256;
+    // The opt-in travels with the device it was given for.
+    if (endpoint.url.startsWith("ws://")) device.allowPlainWs = true;
     return device;
   } finally {
     client.close();

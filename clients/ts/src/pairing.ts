@@ -10,6 +10,9 @@ export interface Endpoint {
   token: string;
   /** SHA-256 of the host's certificate (DER), 64 lowercase hex digits. */
   certSha256?: string;
+  /** Set on a device paired over plain `ws://` (a host run with `--plain`), so that connecting
+   * with the stored device needs no opt-in again. */
+  allowPlainWs?: boolean;
 }
 
 export interface PairingLinkOptions {

@@ -126,6 +126,24 @@ test("through a hop that batches frames, a subscribe's replay is delivered whole
   }
 });
 
+test("a device paired over plain ws:// connects again with no second opt-in", { timeout: TEST_TIMEOUT }, async () => {
+  const host = await HostProcess.start(["--plain"]);
+  try {
+    const device = await host.pairDevice("laptop");
+    assert.equal(device.allowPlainWs, true);
+    assert.equal(device.certSha256, undefined);
+    const client = await RacpClient.connect({ ...device, transport });
+    try {
+      const list = await client.call("session/list");
+      assert.ok(Array.isArray(list.sessions));
+    } finally {
+      client.close();
+    }
+  } finally {
+    await host.stop();
+  }
+});
+
 test("a consumer that keeps up is never paused: pushes are at most half its buffer", { timeout: TEST_TIMEOUT }, async () => {
   const { host, connect, done } = await setup();
   try {
