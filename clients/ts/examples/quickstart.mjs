@@ -2,7 +2,7 @@ import WebSocket from "ws";
 import { RacpClient, eventData, pair } from "racp-client";
 import { nodeTransport } from "racp-client/node";
 
-const [link, workspace, prompt] = process.argv.slice(2) as [string, string, string];
+const [link, workspace, prompt] = process.argv.slice(2);
 const transport = nodeTransport(WebSocket); // pins the host's certificate from the link
 
 // Pair once, then keep `device` (URL, token, certificate pin) in the OS keychain.
