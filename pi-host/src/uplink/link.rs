@@ -25,6 +25,10 @@ pub enum LinkError {
         reason: String,
         ca_flag: &'static str,
     },
+    #[error(
+        "the NATS server at {url} does not offer TLS: give it a `tls {{ cert_file, key_file }}` block, or, to send everything in the clear, name it nats://{url}"
+    )]
+    NoTls { url: String },
     #[error("cannot read the NATS CA file {path}: {reason}")]
     Ca { path: String, reason: String },
 }
@@ -130,10 +134,30 @@ impl Tls {
         Ok(options)
     }
 
-    /// One connection attempt, to tell a TLS failure (a wrong CA, a certificate for another
-    /// name) from a server that is down: the first is a configuration error to report, the
-    /// second something to retry. Other failures are left to the retrying client.
+    /// Tells a TLS failure (a server without TLS, a wrong CA, a certificate for another name)
+    /// from a server that is down: the first is a configuration error to report, the second
+    /// something to retry. Each TLS server that accepts a TCP connection must offer TLS in its
+    /// greeting; then one connection attempt must pass the certificate check. Other failures
+    /// (down, refused key) are left to the retrying client.
     pub async fn check(&self, servers: &Servers, base: ConnectOptions) -> Result<(), LinkError> {
+        let mut reachable = false;
+        for addr in &servers.addrs {
+            if !addr.tls_required() {
+                continue;
+            }
+            match greeting(addr.host(), addr.port()).await {
+                Greeting::Down => {}
+                Greeting::Tls => reachable = true,
+                Greeting::NoTls => {
+                    return Err(LinkError::NoTls {
+                        url: format!("{}:{}", addr.host(), addr.port()),
+                    });
+                }
+            }
+        }
+        if !reachable {
+            return Ok(());
+        }
         let options = self
             .apply(base, servers)?
             .connection_timeout(Duration::from_secs(5))
@@ -145,18 +169,56 @@ impl Tls {
             }
             Err(err) => {
                 let reason = error_chain(&err);
-                if err.kind() == async_nats::ConnectErrorKind::Tls || looks_like_tls(&reason) {
+                use async_nats::ConnectErrorKind::{Io, Tls};
+                if matches!(err.kind(), Tls | Io) {
                     Err(LinkError::Tls {
                         url: servers.shown().to_string(),
                         reason,
                         ca_flag: self.ca_flag,
                     })
                 } else {
-                    tracing::debug!(error = %reason, "NATS not reachable yet");
+                    tracing::debug!(error = %reason, "NATS refused the first connection");
                     Ok(())
                 }
             }
         }
+    }
+}
+
+enum Greeting {
+    Down,
+    Tls,
+    NoTls,
+}
+
+/// What a NATS server says first (`INFO {...}`): whether it offers TLS.
+async fn greeting(host: &str, port: u16) -> Greeting {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let patience = Duration::from_secs(5);
+    let Ok(Ok(stream)) = tokio::time::timeout(patience, tokio::net::TcpStream::connect((host, port))).await
+    else {
+        return Greeting::Down;
+    };
+    let mut line = String::new();
+    let mut reader = tokio::io::BufReader::new(stream).take(64 << 10);
+    let read = tokio::time::timeout(patience, reader.read_line(&mut line)).await;
+    if !matches!(read, Ok(Ok(n)) if n > 0) {
+        // Silent: a server that wants TLS first, or not NATS; the connection attempt decides.
+        return Greeting::Tls;
+    }
+    let info = line
+        .strip_prefix("INFO ")
+        .and_then(|json| serde_json::from_str::<serde_json::Value>(json.trim()).ok());
+    let offers = |key: &str| {
+        info.as_ref()
+            .and_then(|i| i.get(key))
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
+    };
+    if offers("tls_required") || offers("tls_available") {
+        Greeting::Tls
+    } else {
+        Greeting::NoTls
     }
 }
 
@@ -188,13 +250,6 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// rustls's wording for a certificate that does not verify, which async-nats reports as I/O.
-fn looks_like_tls(reason: &str) -> bool {
-    let reason = reason.to_ascii_lowercase();
-    ["certificate", "tls", "handshake", "unknownissuer"]
-        .iter()
-        .any(|word| reason.contains(word))
-}
 
 #[cfg(test)]
 mod tests {
