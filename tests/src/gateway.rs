@@ -136,6 +136,18 @@ impl GatewayProcess {
         .await
     }
 
+    /// Runs a `pi-gateway` command with this gateway's data directory and NATS: its exit code.
+    pub async fn cli_status(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        cli_status(
+            self.data_dir.path(),
+            &self.nats,
+            self.nats_ca.as_deref(),
+            self.replicas,
+            args,
+        )
+        .await
+    }
+
     /// Pairs a device with the gateway (`pi-gateway pair`, then `pair` over RACP); returns its
     /// id and token.
     pub async fn pair_device(&self, roles: &str, hosts: &[&str]) -> (String, String) {
