@@ -323,14 +323,13 @@ pub async fn gateway(
         while members.len() < hosts {
             let next = enrolled.remove(0);
             let nats_url = nats.url(0);
-            let host =
-                PiHost::start_in(
-                    tools,
-                    next.data_dir,
-                    data_parent,
-                    &["--gateway", &nats_url, "--gateway-trust", &gateway_key],
-                )
-                .await?;
+            let host = PiHost::start_in(
+                tools,
+                next.data_dir,
+                data_parent,
+                &["--gateway", &nats_url, "--gateway-trust", &gateway_key],
+            )
+            .await?;
             let direct_token = host.pair_device().await?;
             let (control, session) = session_with_agent(&host, &direct_token).await?;
             members.push(Member {

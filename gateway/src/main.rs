@@ -398,8 +398,8 @@ async fn serve(
         cert_sha256,
         revocation_lease: Duration::from_millis(args.revocation_lease_ms),
     };
-    let gateway =
-        state::Gateway::new(settings, client, buckets, signer).map_err(|e| e.message().to_string())?;
+    let gateway = state::Gateway::new(settings, client, buckets, signer)
+        .map_err(|e| e.message().to_string())?;
     revocation::Revocation::start(gateway.clone()).await;
     let listener = socket.listen(1024).map_err(|e| e.to_string())?;
     let scheme = if tls.is_some() { "wss" } else { "ws" };

@@ -170,7 +170,12 @@ async fn try_buckets(js: &jetstream::Context, replicas: usize) -> Result<Buckets
         .await?,
         enrollments: bucket(
             js,
-            &shared(ENROLLMENTS_BUCKET, Duration::ZERO, SMALL_BYTES, Reads::Leader),
+            &shared(
+                ENROLLMENTS_BUCKET,
+                Duration::ZERO,
+                SMALL_BYTES,
+                Reads::Leader,
+            ),
         )
         .await?,
     })

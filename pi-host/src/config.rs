@@ -391,12 +391,15 @@ fn check_gateway(config: &ServeConfig) -> Result<(), String> {
     }
     crate::uplink::link::Servers::parse(&config.gateway).map_err(|e| format!("--gateway: {e}"))?;
     if config.gateway_trust.is_empty() {
-        return Err("--gateway needs --gateway-trust: the public nkey of each gateway whose calls \
+        return Err(
+            "--gateway needs --gateway-trust: the public nkey of each gateway whose calls \
              this host runs (run `pi-gateway key` on each gateway replica)"
-            .into());
+                .into(),
+        );
     }
     for key in &config.gateway_trust {
-        crate::uplink::signed::parse_trusted_key(key).map_err(|e| format!("--gateway-trust: {e}"))?;
+        crate::uplink::signed::parse_trusted_key(key)
+            .map_err(|e| format!("--gateway-trust: {e}"))?;
     }
     Ok(())
 }

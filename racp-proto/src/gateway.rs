@@ -29,7 +29,13 @@ pub const CALL_MAX_SKEW_MS: u64 = 30_000;
 /// The bytes a gateway signs for one routed call: the host, the subject, the time, the call's
 /// id and the payload (the device, its roles and grant, the method and params), so no part can
 /// be moved to another host, replayed later or altered.
-pub fn call_signed_bytes(host_id: &str, subject: &str, at_ms: u64, call_id: &str, payload: &[u8]) -> Vec<u8> {
+pub fn call_signed_bytes(
+    host_id: &str,
+    subject: &str,
+    at_ms: u64,
+    call_id: &str,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut bytes = format!("racp-call/1\n{host_id}\n{subject}\n{at_ms}\n{call_id}\n").into_bytes();
     bytes.extend_from_slice(payload);
     bytes

@@ -276,8 +276,15 @@ impl Fleet {
     /// `nodes` NATS nodes (1 or 3), `gateways` gateway data directories sharing one TLS
     /// identity (replicas behind one name), and `hosts` enrolled hosts.
     pub async fn new(nodes: usize, gateways: usize, hosts: usize, retention_seconds: u64) -> Fleet {
-        Self::new_with(nodes, gateways, hosts, retention_seconds, NatsOptions::default(), &[])
-            .await
+        Self::new_with(
+            nodes,
+            gateways,
+            hosts,
+            retention_seconds,
+            NatsOptions::default(),
+            &[],
+        )
+        .await
     }
 
     /// As `new`, with NATS served as `options` says and `enroll_args` added to each enroll.
@@ -318,14 +325,8 @@ impl Fleet {
             let retention = retention_seconds.to_string();
             let mut args = vec!["enroll", &host_id, &nkey, "--retention-seconds", &retention];
             args.extend(enroll_args);
-            let (ok, out, err) = cli(
-                &first,
-                &nats.urls(),
-                Some(nats.ca_path()),
-                replicas,
-                &args,
-            )
-            .await;
+            let (ok, out, err) =
+                cli(&first, &nats.urls(), Some(nats.ca_path()), replicas, &args).await;
             assert!(ok, "pi-gateway enroll failed: {err}");
             users.push(out.trim().to_string());
             enrolled.push((dir, host_id));

@@ -297,7 +297,10 @@ impl NatsCluster {
     }
 
     /// Options for a test's own NATS client: TLS with this cluster's CA.
-    pub fn client_options(&self, options: async_nats::ConnectOptions) -> async_nats::ConnectOptions {
+    pub fn client_options(
+        &self,
+        options: async_nats::ConnectOptions,
+    ) -> async_nats::ConnectOptions {
         if self.options.tls {
             options
                 .require_tls(true)

@@ -64,7 +64,9 @@ impl Servers {
                 other => {
                     return Err(LinkError::Address {
                         url: url.to_string(),
-                        reason: format!("use tls://host:port (or nats:// for cleartext), not {other}://"),
+                        reason: format!(
+                            "use tls://host:port (or nats:// for cleartext), not {other}://"
+                        ),
                     });
                 }
             }
@@ -125,7 +127,11 @@ pub struct Tls {
 
 impl Tls {
     /// `options` with TLS required (unless a server is named `nats://`) and the CA file, if any.
-    pub fn apply(&self, options: ConnectOptions, servers: &Servers) -> Result<ConnectOptions, LinkError> {
+    pub fn apply(
+        &self,
+        options: ConnectOptions,
+        servers: &Servers,
+    ) -> Result<ConnectOptions, LinkError> {
         let mut options = options.require_tls(servers.cleartext.is_empty());
         if let Some(ca) = &self.ca {
             check_ca(ca)?;
@@ -195,7 +201,8 @@ enum Greeting {
 async fn greeting(host: &str, port: u16) -> Greeting {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt};
     let patience = Duration::from_secs(5);
-    let Ok(Ok(stream)) = tokio::time::timeout(patience, tokio::net::TcpStream::connect((host, port))).await
+    let Ok(Ok(stream)) =
+        tokio::time::timeout(patience, tokio::net::TcpStream::connect((host, port))).await
     else {
         return Greeting::Down;
     };
@@ -249,7 +256,6 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     }
     text
 }
-
 
 #[cfg(test)]
 mod tests {

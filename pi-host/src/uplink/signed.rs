@@ -90,7 +90,10 @@ impl Verifier {
         let at = header(CALL_AT_HEADER)?;
         let call_id = header(CALL_ID_HEADER)?;
         let Some((_, pair)) = self.trusted.iter().find(|(trusted, _)| *trusted == key) else {
-            return Err(Refusal::UntrustedKey(racp_proto::validate::printable(&racp_proto::validate::clip(&key, 64), false).into_owned()));
+            return Err(Refusal::UntrustedKey(
+                racp_proto::validate::printable(&racp_proto::validate::clip(&key, 64), false)
+                    .into_owned(),
+            ));
         };
         let signature = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(signature.as_bytes())
@@ -201,7 +204,10 @@ mod tests {
         // Ids age out once their calls could no longer pass the time check.
         let later = now + 2 * CALL_MAX_SKEW_MS + 1;
         let again = signed(&gateway, subject, later, "c1", body);
-        assert_eq!(verifier.verify("h1", subject, Some(&again), body, later), Ok(()));
+        assert_eq!(
+            verifier.verify("h1", subject, Some(&again), body, later),
+            Ok(())
+        );
         assert!(parse_trusted_key("not a key").is_err());
         assert!(parse_trusted_key(&gateway.seed().unwrap()).is_err());
     }
