@@ -105,7 +105,7 @@ pub async fn list(
     Ok(HostListResult { hosts: entries })
 }
 
-/// Sends one call to a host, signed with the gateway's key (docs/protocol.md §15.2), and
+/// Sends one call to a host, signed with the gateway's key (docs/protocol.md §15.5), and
 /// returns its result (raw, as the host wrote it) or its error.
 pub async fn route(
     client: &async_nats::Client,

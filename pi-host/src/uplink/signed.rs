@@ -1,5 +1,5 @@
 //! Which messages on the call subject are calls: those a trusted gateway signed
-//! (docs/protocol.md §15.2, "Signed calls"). A call needs every header of the envelope, a key
+//! (docs/protocol.md §15.5, "Signed calls"). A call needs every header of the envelope, a key
 //! of `--gateway-trust`, a signature over the host, the subject, the time, the call id and the
 //! payload, a time within `CALL_MAX_SKEW_MS` of this host's clock, and a call id not seen
 //! before. Anything else is not run and gets no reply.
