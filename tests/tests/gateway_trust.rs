@@ -419,17 +419,18 @@ async fn as_host(fleet: &Fleet, host_dir: &std::path::Path, host_id: &str) -> as
 #[tokio::test]
 async fn a_host_credential_fills_only_its_own_stream_and_a_revoke_still_holds() {
     const HOST_BYTES: i64 = 8 << 20;
-    // The gateway's buckets reserve 96 MiB; host A's stream 8 MiB; what is left of 160 MB goes
-    // to host B, so the server has nothing unreserved when host A floods.
+    // The gateway's buckets reserve 96 MiB and host A's stream 8 MiB of a 120 MiB store; host B
+    // takes what is left, and both hosts' credentials fill their streams: the store is full but
+    // for the buckets' reserved space.
     let small = NatsOptions {
-        max_file_store: "160MB".into(),
+        max_file_store: "120MB".into(),
         ..NatsOptions::default()
     };
     let bytes = HOST_BYTES.to_string();
     let mut fleet = Fleet::new_with(
         1,
         1,
-        1,
+        2,
         3600,
         small,
         &["--max-bytes", &bytes, "--max-msg-size", "262144"],
@@ -437,46 +438,59 @@ async fn a_host_credential_fills_only_its_own_stream_and_a_revoke_still_holds() 
     .await;
     let gateway = fleet.gateway().await;
     let (a_dir, a_id) = fleet.hosts.remove(0);
+    let (b_dir, b_id) = fleet.hosts.remove(0);
+    let b_key = fleet.users[2].split('"').nth(1).unwrap().to_string();
     let (_, owner) = gateway.pair_device("owner", &[]).await;
     let (laptop, laptop_token) = gateway.pair_device("operator", &[]).await;
     let mut admin = connect(&gateway.url(), &owner).await;
     let mut on_laptop = connect(&gateway.url(), &laptop_token).await;
 
-    // A host stream that would over-commit the server's store is refused at enroll.
-    let (_, b_id, b_key) = tests::gateway::prepare_host(&tests::pi_host_binary()).await;
-    let too_big = (200i64 << 20).to_string();
-    let (ok, _, err) = gateway
-        .cli(&["enroll", &b_id, &b_key, "--max-bytes", &too_big])
-        .await;
-    assert!(!ok, "an over-committing stream was made");
-    assert!(err.to_lowercase().contains("insufficient"), "{err}");
-    // Host B takes what is left, in 1 MiB steps until JetStream refuses.
+    // A host stream that would over-commit the server's store is refused; host B takes what is
+    // left, the largest size (in 8 MiB steps) JetStream still reserves.
     let mut taken = 0i64;
-    for mib in (1..=64i64).rev() {
+    let mut refusal = String::new();
+    for mib in (1..=15i64).rev().map(|n| n * 8) {
         let size = (mib << 20).to_string();
-        if gateway
+        let (ok, _, err) = gateway
             .cli(&["enroll", &b_id, &b_key, "--max-bytes", &size])
-            .await
-            .0
-        {
-            taken = mib;
+            .await;
+        if ok {
+            taken = mib << 20;
             break;
         }
+        refusal = err;
     }
-    assert!(taken > 0, "host B got no stream at all");
+    assert!(taken > 0, "host B got no stream at all: {refusal}");
+    assert!(
+        refusal.to_lowercase().contains("insufficient"),
+        "an over-committing stream was made: {refusal}"
+    );
 
-    // Host A's stolen credential writes three times its stream's limit.
-    let thief = as_host(&fleet, a_dir.path(), &a_id).await;
-    let js = async_nats::jetstream::new(thief.clone());
-    let chunk = bytes::Bytes::from(vec![b'x'; 200 << 10]);
-    let mut refused = 0;
-    for i in 0..(3 * HOST_BYTES / (200 << 10)) {
-        let subject = format!("racp.ev.{a_id}.ses_flood{}", i % 7);
-        match js.publish(subject, chunk.clone()).await {
-            Ok(ack) => refused += usize::from(ack.await.is_err()),
-            Err(_) => refused += 1,
+    // Host B's credential fills its stream; host A's writes three times its limit.
+    let flood = |dir: std::path::PathBuf, id: String, total: i64| {
+        let fleet = &fleet;
+        async move {
+            let thief = as_host(fleet, &dir, &id).await;
+            let js = async_nats::jetstream::new(thief);
+            let chunk = bytes::Bytes::from(vec![b'x'; 200 << 10]);
+            let mut acks = Vec::new();
+            for i in 0..(total / (200 << 10)) {
+                let subject = format!("racp.ev.{id}.ses_flood{}", i % 7);
+                acks.push(js.publish(subject, chunk.clone()).await.unwrap());
+                if acks.len() == 32 {
+                    for ack in acks.drain(..) {
+                        let _ = ack.await;
+                    }
+                }
+            }
+            for ack in acks {
+                let _ = ack.await;
+            }
+            js
         }
-    }
+    };
+    flood(b_dir.path().to_path_buf(), b_id.clone(), taken + taken / 4).await;
+    let js = flood(a_dir.path().to_path_buf(), a_id.clone(), 3 * HOST_BYTES).await;
     // An event above the stream's largest is refused outright.
     let huge = js
         .publish(
@@ -496,7 +510,7 @@ async fn a_host_credential_fills_only_its_own_stream_and_a_revoke_still_holds() 
         .clone();
     assert!(
         info.state.bytes <= HOST_BYTES as u64 && info.state.bytes > (HOST_BYTES as u64) / 2,
-        "the flooded stream holds {} bytes ({refused} publishes refused)",
+        "the flooded stream holds {} bytes",
         info.state.bytes
     );
     assert_eq!(
