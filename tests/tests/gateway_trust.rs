@@ -461,6 +461,11 @@ async fn a_host_credential_fills_only_its_own_stream_and_a_revoke_still_holds() 
         refusal = err;
     }
     assert!(taken > 0, "host B got no stream at all: {refusal}");
+    // Never the buckets' reserved space.
+    assert!(
+        taken <= (120 - 96 - 8) << 20,
+        "host B reserved {taken} bytes, some of the buckets' space"
+    );
     assert!(
         refusal.to_lowercase().contains("insufficient"),
         "an over-committing stream was made: {refusal}"
