@@ -426,4 +426,26 @@ mod tests {
             "unknown keys are refused"
         );
     }
+
+    #[test]
+    fn a_gateway_needs_the_keys_it_trusts_calls_from() {
+        let data = PathBuf::from("/nonexistent");
+        let with = |trust: Vec<String>| Settings {
+            gateway: vec!["tls://127.0.0.1:4222".into()],
+            gateway_trust: trust,
+            ..Settings::default()
+        };
+        let missing = load(None, with(Vec::new()), data.clone()).unwrap_err();
+        assert!(missing.contains("pi-gateway key"), "{missing}");
+        let bad = load(None, with(vec!["Unot-a-key".into()]), data.clone()).unwrap_err();
+        assert!(bad.contains("--gateway-trust"), "{bad}");
+        let key = nkeys::KeyPair::new_user().public_key();
+        let config = load(None, with(vec![key.clone()]), data.clone()).unwrap();
+        assert_eq!(config.gateway_trust, vec![key]);
+        let scheme = Settings {
+            gateway: vec!["ws://127.0.0.1:4222".into()],
+            ..with(Vec::new())
+        };
+        assert!(load(None, scheme, data).unwrap_err().contains("--gateway"));
+    }
 }
