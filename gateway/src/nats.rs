@@ -59,11 +59,11 @@ pub async fn connect(
     seed: Option<String>,
     ca: Option<&std::path::Path>,
 ) -> Result<async_nats::Client, NatsError> {
+    let servers = link::Servers::parse(&[urls]).map_err(|e| NatsError::Input(e.to_string()))?;
     let connect_error = |reason: String| NatsError::Connect {
-        urls: urls.to_string(),
+        urls: servers.shown().to_string(),
         reason,
     };
-    let servers = link::Servers::parse(&[urls]).map_err(|e| connect_error(e.to_string()))?;
     servers.warn_if_cleartext("gateway's");
     let tls = link::Tls {
         ca: ca.map(std::path::Path::to_path_buf),

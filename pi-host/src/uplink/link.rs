@@ -63,7 +63,8 @@ impl Servers {
                 "nats" => cleartext.push(written.clone()),
                 other => {
                     return Err(LinkError::Address {
-                        url: url.to_string(),
+                        // Any userinfo left out of the message.
+                        url: url.rsplit('@').next().unwrap_or_default().to_string(),
                         reason: format!(
                             "use tls://host:port (or nats:// for cleartext), not {other}://"
                         ),
@@ -77,8 +78,9 @@ impl Servers {
                     reason: e.to_string(),
                 })?;
             if addr.has_user_pass() {
+                // Named without its userinfo: the password stays out of the message.
                 return Err(LinkError::Address {
-                    url: url.to_string(),
+                    url: format!("{}:{}", addr.host(), addr.port()),
                     reason: "credentials do not belong in the address (the nkey authenticates)"
                         .into(),
                 });
