@@ -290,7 +290,13 @@ pub async fn gateway(
     )
     .await?;
     let mut users = vec![format!("{{ nkey: \"{gateway_key}\" }}")];
-    let mut nats = NatsCluster::start(1, &users).await;
+    // Cleartext NATS (named nats://), as the WebSockets are plain: the comparison is of the
+    // route, not of TLS.
+    let cleartext = tests::nats::NatsOptions {
+        tls: false,
+        ..Default::default()
+    };
+    let mut nats = NatsCluster::start_with(1, &users, cleartext).await;
     let nats_pid = nats.pid(0).context("nats-server is not running")?;
     let cli = GatewayCli {
         bin: gateway_bin.to_path_buf(),
@@ -317,9 +323,13 @@ pub async fn gateway(
         while members.len() < hosts {
             let next = enrolled.remove(0);
             let nats_url = nats.url(0);
-            let host =
-                PiHost::start_in(tools, next.data_dir, data_parent, &["--gateway", &nats_url])
-                    .await?;
+            let host = PiHost::start_in(
+                tools,
+                next.data_dir,
+                data_parent,
+                &["--gateway", &nats_url, "--gateway-trust", &gateway_key],
+            )
+            .await?;
             let direct_token = host.pair_device().await?;
             let (control, session) = session_with_agent(&host, &direct_token).await?;
             members.push(Member {

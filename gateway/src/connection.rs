@@ -559,6 +559,7 @@ impl Connection {
             .map_err(|e| hosts::internal(&e))?;
         let got = hosts::route(
             &self.gateway.client,
+            &self.gateway.signer,
             host,
             &device,
             Method::SessionGet,
@@ -677,7 +678,15 @@ impl Connection {
                     if !device.may_reach(&host) {
                         return Err(forbidden_host(&host));
                     }
-                    hosts::route(&gateway.client, &host, &device, method, params.as_deref()).await
+                    hosts::route(
+                        &gateway.client,
+                        &gateway.signer,
+                        &host,
+                        &device,
+                        method,
+                        params.as_deref(),
+                    )
+                    .await
                 }
             }
         })

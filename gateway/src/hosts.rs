@@ -5,7 +5,8 @@ use crate::devices::DeviceRecord;
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
 use racp_proto::gateway::{
-    HOSTS_BUCKET, HostRecord, OFFLINE_AFTER_MS, RoutedCall, RoutedReply, call_subject,
+    CALL_AT_HEADER, CALL_ID_HEADER, CALL_KEY_HEADER, CALL_SIGNATURE_HEADER, HOSTS_BUCKET,
+    HostRecord, OFFLINE_AFTER_MS, RoutedCall, RoutedReply, call_signed_bytes, call_subject,
 };
 use racp_proto::methods::handshake::HostIdentity;
 use racp_proto::methods::host::{HostEntry, HostListResult, HostStatus};
@@ -104,9 +105,11 @@ pub async fn list(
     Ok(HostListResult { hosts: entries })
 }
 
-/// Sends one call to a host and returns its result (raw, as the host wrote it) or its error.
+/// Sends one call to a host, signed with the gateway's key (docs/protocol.md §15.5), and
+/// returns its result (raw, as the host wrote it) or its error.
 pub async fn route(
     client: &async_nats::Client,
+    signer: &nkeys::KeyPair,
     host_id: &str,
     device: &DeviceRecord,
     method: Method,
@@ -123,11 +126,19 @@ pub async fn route(
     let call = RoutedCall {
         device_id: device.device_id.clone(),
         roles: device.roles.clone(),
+        hosts: device.hosts.clone(),
         method: method.as_str().to_string(),
         params,
     };
     let body = serde_json::to_vec(&call).map_err(|e| internal(&e))?;
-    let request = client.request(call_subject(host_id), body.into());
+    let subject = call_subject(host_id);
+    let headers = sign(signer, host_id, &subject, &body)?;
+    let request = client.send_request(
+        subject,
+        async_nats::Request::new()
+            .headers(headers)
+            .payload(body.into()),
+    );
     let reply = match tokio::time::timeout(CALL_TIMEOUT, request).await {
         Ok(Ok(reply)) => reply,
         Ok(Err(err)) => {
@@ -146,6 +157,38 @@ pub async fn route(
         (Some(result), None) => Ok(result),
         (None, None) => Err(internal(&"a host's reply had neither result nor error")),
     }
+}
+
+/// The envelope's headers: the key, the time, a fresh call id and the signature over them, the
+/// host, the subject and the payload.
+fn sign(
+    signer: &nkeys::KeyPair,
+    host_id: &str,
+    subject: &str,
+    payload: &[u8],
+) -> Result<async_nats::HeaderMap, AppError> {
+    use base64::Engine;
+    use ring::rand::SecureRandom;
+    let mut nonce = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut nonce)
+        .map_err(|_| internal(&"no randomness for a call id"))?;
+    let call_id: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    let at = pi_host::clock::now_ms();
+    let signature = signer
+        .sign(&call_signed_bytes(host_id, subject, at, &call_id, payload))
+        .map_err(|e| internal(&e))?;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(CALL_KEY_HEADER, signer.public_key().as_str());
+    headers.insert(
+        CALL_SIGNATURE_HEADER,
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(signature)
+            .as_str(),
+    );
+    headers.insert(CALL_AT_HEADER, at.to_string().as_str());
+    headers.insert(CALL_ID_HEADER, call_id.as_str());
+    Ok(headers)
 }
 
 pub fn host_offline(host_id: &str) -> AppError {

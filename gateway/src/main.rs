@@ -28,14 +28,17 @@ struct Cli {
     /// Where the gateway keeps its TLS identity and NATS key [default: $XDG_DATA_HOME/pi-gateway]
     #[arg(long, global = true, env = "PI_GATEWAY_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// NATS servers (nats://host:port, comma-separated)
+    /// NATS servers (tls://host:port, comma-separated; nats:// only for a cleartext link)
     #[arg(
         long,
         global = true,
         env = "PI_GATEWAY_NATS",
-        default_value = "nats://127.0.0.1:4222"
+        default_value = "tls://127.0.0.1:4222"
     )]
     nats: String,
+    /// The CA (PEM file) that signs the NATS servers' certificates [default: the system's roots]
+    #[arg(long, global = true, env = "PI_GATEWAY_NATS_CA")]
+    nats_ca: Option<PathBuf>,
     /// Connect to NATS without the gateway's nkey (a server with no authorization)
     #[arg(long, global = true)]
     nats_no_auth: bool,
@@ -52,15 +55,28 @@ enum Command {
     Serve(ServeArgs),
     /// Print the gateway's public nkey (made at first use), for the NATS server's configuration.
     Key,
-    /// Enroll a host: create its events stream and print the NATS user that confines it to its
-    /// own subjects (add it to the server's `authorization.users` and reload the server).
+    /// Enroll a host: record its key, create its events stream (with its limits) and print the
+    /// NATS user that confines it to its own subjects (add it to the server's
+    /// `authorization.users` and reload the server). A host id enrolled with another key is
+    /// refused (exit 64) unless --replace.
     Enroll {
         /// The host's id and nkey, as `pi-host gateway-key` prints them.
         host_id: String,
         nkey: String,
         /// How long the stream keeps a host's events (seconds)
-        #[arg(long, default_value_t = 7 * 86_400)]
+        #[arg(long, alias = "retention", default_value_t = 7 * 86_400)]
         retention_seconds: u64,
+        /// Most bytes the host's stream keeps (the oldest events go first); JetStream reserves
+        /// them
+        #[arg(long, default_value_t = 256 << 20)]
+        max_bytes: i64,
+        /// The largest event the host's stream takes (bytes)
+        #[arg(long, default_value_t = 1 << 20)]
+        max_msg_size: i32,
+        /// Give the host id to this key even though another key has it; the printed user entry
+        /// replaces the old key's, which must leave the server's configuration
+        #[arg(long)]
+        replace: bool,
     },
     /// Mint a single-use pairing token for a device.
     Pair {
@@ -123,12 +139,36 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("pi-gateway: {message}");
-            ExitCode::FAILURE
+        Err(failure) => {
+            eprintln!("pi-gateway: {}", failure.message);
+            failure.code
         }
     }
 }
+
+/// A failed command: what to print and the exit code.
+struct Failure {
+    message: String,
+    code: ExitCode,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure {
+            message,
+            code: ExitCode::FAILURE,
+        }
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Failure {
+        message.to_string().into()
+    }
+}
+
+/// The exit code of a command refused as a conflict (BSD's EX_USAGE).
+const EXIT_CONFLICT: u8 = 64;
 
 fn parse_role(text: &str) -> Result<Role, String> {
     Role::from_name(text)
@@ -145,7 +185,7 @@ fn default_data_dir() -> PathBuf {
     home.join(".local/share/pi-gateway")
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
+async fn run(cli: Cli) -> Result<(), Failure> {
     let data_dir = cli.data_dir.clone().unwrap_or_else(default_data_dir);
     let seed = |dir: &Path| -> Result<Option<String>, String> {
         if cli.nats_no_auth {
@@ -165,20 +205,39 @@ async fn run(cli: Cli) -> Result<(), String> {
             host_id,
             nkey,
             retention_seconds,
+            max_bytes,
+            max_msg_size,
+            replace,
         } => {
-            let js = jetstream(&cli.nats, seed(&data_dir)?).await?;
+            let js = jetstream(&cli, seed(&data_dir)?).await?;
             let enrollment = nats::Enrollment {
                 host_id,
                 nkey,
                 retention: Duration::from_secs(*retention_seconds),
+                max_bytes: *max_bytes,
+                max_msg_size: *max_msg_size,
                 replicas: cli.replicas,
+                replace: *replace,
             };
-            let user =
+            let enrolled =
                 tokio::time::timeout(Duration::from_secs(30), nats::enroll(&js, &enrollment))
                     .await
                     .map_err(|_| "JetStream did not answer within 30 s".to_string())?
-                    .map_err(|e| e.to_string())?;
-            println!("{user}");
+                    .map_err(|e| match e {
+                        nats::NatsError::Conflict(message) => Failure {
+                            message,
+                            code: ExitCode::from(EXIT_CONFLICT),
+                        },
+                        other => other.to_string().into(),
+                    })?;
+            println!("{}", enrolled.user);
+            if let Some(old) = enrolled.replaced {
+                eprintln!(
+                    "pi-gateway: {host_id} now belongs to {nkey}. In the NATS server's \
+                     authorization.users, replace the entry of {old} with the one printed above \
+                     and reload the server: until then the old key keeps the host's access."
+                );
+            }
             Ok(())
         }
         Command::Pair {
@@ -188,7 +247,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             address,
             json,
         } => {
-            let js = jetstream(&cli.nats, seed(&data_dir)?).await?;
+            let js = jetstream(&cli, seed(&data_dir)?).await?;
             let hosts = (!hosts.is_empty()).then(|| hosts.clone());
             let request = PairRequest {
                 roles: roles.clone(),
@@ -197,11 +256,11 @@ async fn run(cli: Cli) -> Result<(), String> {
                 address: address.as_deref(),
                 json: *json,
             };
-            pair(&js, cli.replicas, &data_dir, request).await
+            Ok(pair(&js, cli.replicas, &data_dir, request).await?)
         }
         Command::Serve(args) => {
             let seed = seed(&data_dir)?;
-            serve(&cli, &data_dir, seed, args).await
+            Ok(serve(&cli, &data_dir, seed, args).await?)
         }
     }
 }
@@ -263,10 +322,12 @@ async fn pair(
 
 /// A JetStream context on a fresh connection, for the one-shot commands.
 async fn jetstream(
-    urls: &str,
+    cli: &Cli,
     seed: Option<String>,
 ) -> Result<async_nats::jetstream::Context, String> {
-    let client = nats::connect(urls, seed).await.map_err(|e| e.to_string())?;
+    let client = nats::connect(&cli.nats, seed, cli.nats_ca.as_deref())
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(async_nats::jetstream::new(client))
 }
 
@@ -302,7 +363,11 @@ async fn serve(
         let served = pi_host::server::tls::server_config(&identity.cert, &identity.key)?;
         (Some(served), Some(identity.sha256))
     };
-    let client = nats::connect(&cli.nats, seed)
+    // Routed calls are signed with the gateway's key whether or not NATS knows it by it.
+    let signer = pi_host::uplink::key::load_or_create(data_dir)
+        .and_then(|key| key.pair())
+        .map_err(|e| e.to_string())?;
+    let client = nats::connect(&cli.nats, seed, cli.nats_ca.as_deref())
         .await
         .map_err(|e| e.to_string())?;
     let js = async_nats::jetstream::new(client.clone());
@@ -333,8 +398,8 @@ async fn serve(
         cert_sha256,
         revocation_lease: Duration::from_millis(args.revocation_lease_ms),
     };
-    let gateway =
-        state::Gateway::new(settings, client, buckets).map_err(|e| e.message().to_string())?;
+    let gateway = state::Gateway::new(settings, client, buckets, signer)
+        .map_err(|e| e.message().to_string())?;
     revocation::Revocation::start(gateway.clone()).await;
     let listener = socket.listen(1024).map_err(|e| e.to_string())?;
     let scheme = if tls.is_some() { "wss" } else { "ws" };

@@ -35,6 +35,8 @@ pub struct Settings {
 pub struct Gateway {
     pub settings: Settings,
     pub client: async_nats::Client,
+    /// The gateway's key: every routed call is signed with it (hosts trust its public half).
+    pub signer: nkeys::KeyPair,
     pub js: jetstream::Context,
     pub hosts: kv::Store,
     pub devices: Devices,
@@ -50,6 +52,7 @@ impl Gateway {
         settings: Settings,
         client: async_nats::Client,
         buckets: crate::nats::Buckets,
+        signer: nkeys::KeyPair,
     ) -> Result<Arc<Self>, AppError> {
         let revocation = Revocation::new(buckets.replicas, settings.revocation_lease)?;
         Ok(Arc::new(Gateway {
@@ -60,6 +63,7 @@ impl Gateway {
             settings,
             js: jetstream::new(client.clone()),
             client,
+            signer,
             hosts: buckets.hosts,
             devices: Devices::new(buckets.devices, buckets.pairings),
             revocation,

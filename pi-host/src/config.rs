@@ -58,6 +58,10 @@ pub struct ServeConfig {
     /// NATS servers of a gateway this host dials out to (docs/architecture.md, "Gateway");
     /// empty: no gateway.
     pub gateway: Vec<String>,
+    /// The CA (PEM) that signs the gateway's NATS servers' certificates, if not the system's.
+    pub gateway_ca: Option<PathBuf>,
+    /// Public nkeys of the gateways whose routed calls this host runs (`pi-gateway key`).
+    pub gateway_trust: Vec<String>,
 }
 
 /// Bounds the host enforces (docs/protocol.md §5.2, §6).
@@ -131,6 +135,8 @@ impl ServeConfig {
             insecure_bind: false,
             fs_enabled: true,
             gateway: Vec::new(),
+            gateway_ca: None,
+            gateway_trust: Vec::new(),
             approval_timeout: Duration::from_secs(10 * 60),
             retention: crate::sessions::log::Retention::default(),
         }
@@ -196,11 +202,20 @@ pub struct Settings {
     /// Most agents running at once; the least recently used idle one is stopped to make room [default: 16]
     #[arg(long)]
     pub max_agents: Option<usize>,
-    /// Dial out to a gateway's NATS servers (nats://host:port, comma-separated) and serve its
-    /// devices too; enroll the host first (`pi-host gateway-key`)
+    /// Dial out to a gateway's NATS servers (tls://host:port, comma-separated; nats:// for
+    /// cleartext) and serve its devices too; enroll the host first (`pi-host gateway-key`)
     #[arg(long, value_delimiter = ',')]
     #[serde(default)]
     pub gateway: Vec<String>,
+    /// The CA (PEM file) that signs the gateway's NATS servers' certificates [default: the
+    /// system's roots]
+    #[arg(long, env = "PI_HOST_GATEWAY_CA")]
+    pub gateway_ca: Option<PathBuf>,
+    /// Public nkeys of the gateways whose calls this host runs, comma-separated (`pi-gateway
+    /// key` prints each); needed with --gateway
+    #[arg(long, value_delimiter = ',', env = "PI_HOST_GATEWAY_TRUST")]
+    #[serde(default)]
+    pub gateway_trust: Vec<String>,
     /// A live subscriber this many events behind gets CLIENT_TOO_SLOW [default: 20000]
     #[arg(long)]
     pub max_lag_events: Option<u64>,
@@ -263,6 +278,8 @@ impl Settings {
             agent_idle_ms: self.agent_idle_ms.or(file.agent_idle_ms),
             max_agents: self.max_agents.or(file.max_agents),
             gateway: list(self.gateway, file.gateway),
+            gateway_ca: self.gateway_ca.or(file.gateway_ca),
+            gateway_trust: list(self.gateway_trust, file.gateway_trust),
             max_lag_events: self.max_lag_events.or(file.max_lag_events),
             send_stall_ms: self.send_stall_ms.or(file.send_stall_ms),
             requests_per_second: self.requests_per_second.or(file.requests_per_second),
@@ -334,6 +351,9 @@ pub fn load(
         config.max_agents = n.max(1);
     }
     config.gateway = s.gateway;
+    config.gateway_ca = s.gateway_ca;
+    config.gateway_trust = s.gateway_trust;
+    check_gateway(&config)?;
     if let Some(v) = s.max_lag_events {
         config.limits.max_lag_events = v;
     }
@@ -364,6 +384,26 @@ pub fn load(
     Ok(config)
 }
 
+/// A host with a gateway needs the gateway's TLS and the keys it trusts calls from.
+fn check_gateway(config: &ServeConfig) -> Result<(), String> {
+    if config.gateway.is_empty() {
+        return Ok(());
+    }
+    crate::uplink::link::Servers::parse(&config.gateway).map_err(|e| format!("--gateway: {e}"))?;
+    if config.gateway_trust.is_empty() {
+        return Err(
+            "--gateway needs --gateway-trust: the public nkey of each gateway whose calls \
+             this host runs (run `pi-gateway key` on each gateway replica)"
+                .into(),
+        );
+    }
+    for key in &config.gateway_trust {
+        crate::uplink::signed::parse_trusted_key(key)
+            .map_err(|e| format!("--gateway-trust: {e}"))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,5 +425,27 @@ mod tests {
             toml::from_str::<Settings>("colour = 1").is_err(),
             "unknown keys are refused"
         );
+    }
+
+    #[test]
+    fn a_gateway_needs_the_keys_it_trusts_calls_from() {
+        let data = PathBuf::from("/nonexistent");
+        let with = |trust: Vec<String>| Settings {
+            gateway: vec!["tls://127.0.0.1:4222".into()],
+            gateway_trust: trust,
+            ..Settings::default()
+        };
+        let missing = load(None, with(Vec::new()), data.clone()).unwrap_err();
+        assert!(missing.contains("pi-gateway key"), "{missing}");
+        let bad = load(None, with(vec!["Unot-a-key".into()]), data.clone()).unwrap_err();
+        assert!(bad.contains("--gateway-trust"), "{bad}");
+        let key = nkeys::KeyPair::new_user().public_key();
+        let config = load(None, with(vec![key.clone()]), data.clone()).unwrap();
+        assert_eq!(config.gateway_trust, vec![key]);
+        let scheme = Settings {
+            gateway: vec!["ws://127.0.0.1:4222".into()],
+            ..with(Vec::new())
+        };
+        assert!(load(None, scheme, data).unwrap_err().contains("--gateway"));
     }
 }

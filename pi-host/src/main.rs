@@ -393,7 +393,7 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
     tokio::spawn(admin::serve(admin, state.clone()));
-    uplink::spawn(&state).map_err(|e| e.to_string())?;
+    uplink::spawn(&state)?;
     let listener = socket
         .listen(1024)
         .map_err(|e| format!("cannot listen on {local}: {e}"))?;

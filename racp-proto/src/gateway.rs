@@ -15,6 +15,32 @@ pub const HOSTS_BUCKET: &str = "racp_hosts";
 pub const SEQ_HEADER: &str = "Racp-Seq";
 /// Header carrying the session's epoch (16 hex digits, the RACP cursor's epoch).
 pub const EPOCH_HEADER: &str = "Racp-Epoch";
+/// Header naming the gateway key (a public user nkey) that signed a routed call.
+pub const CALL_KEY_HEADER: &str = "Racp-Gateway-Key";
+/// Header carrying a routed call's signature (ed25519, base64url without padding).
+pub const CALL_SIGNATURE_HEADER: &str = "Racp-Signature";
+/// Header carrying when the gateway signed a routed call (ms since the Unix epoch).
+pub const CALL_AT_HEADER: &str = "Racp-Call-At";
+/// Header carrying a routed call's unique id (the nonce a host remembers against replays).
+pub const CALL_ID_HEADER: &str = "Racp-Call-Id";
+/// A routed call signed further than this from the host's clock (either way) is refused.
+pub const CALL_MAX_SKEW_MS: u64 = 30_000;
+
+/// The bytes a gateway signs for one routed call: the host, the subject, the time, the call's
+/// id and the payload (the device, its roles and grant, the method and params), so no part can
+/// be moved to another host, replayed later or altered.
+pub fn call_signed_bytes(
+    host_id: &str,
+    subject: &str,
+    at_ms: u64,
+    call_id: &str,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut bytes = format!("racp-call/1\n{host_id}\n{subject}\n{at_ms}\n{call_id}\n").into_bytes();
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
 /// A host writes its heartbeat record this often.
 pub const HEARTBEAT_MS: u64 = 2_000;
 /// A host whose record is older than this is offline.
@@ -79,6 +105,10 @@ pub struct RoutedCall {
     /// The gateway's device making the call; the host records it as the actor.
     pub device_id: String,
     pub roles: Vec<Role>,
+    /// The hosts the device's grant reaches; `None`: every host. A host refuses a call whose
+    /// grant does not name it.
+    #[serde(default)]
+    pub hosts: Option<Vec<String>>,
     pub method: String,
     pub params: Box<RawValue>,
 }

@@ -2,7 +2,7 @@
 //! NATS with the gateway's user, hosts enrolled (their users added and NATS reloaded), hosts
 //! started with `--gateway`, devices paired with the gateway.
 
-use crate::nats::NatsCluster;
+use crate::nats::{NatsCluster, NatsOptions};
 use crate::{Client, HostProcess, PATIENCE, register_host, workspace_binary};
 use racp_proto::fingerprint::CertSha256;
 use serde_json::{Value, json};
@@ -24,6 +24,7 @@ pub struct GatewayProcess {
     pub data_dir: tempfile::TempDir,
     log_dir: tempfile::TempDir,
     nats: String,
+    nats_ca: Option<PathBuf>,
     replicas: usize,
 }
 
@@ -31,26 +32,28 @@ impl GatewayProcess {
     /// A gateway's data directory with its nkey made; returns it and the public key.
     pub async fn prepare() -> (tempfile::TempDir, String) {
         let data_dir = tempfile::tempdir().expect("temp dir");
+        let nkey = Self::public_key(data_dir.path()).await;
+        (data_dir, nkey)
+    }
+
+    /// The gateway's public key (what hosts trust its calls by).
+    pub async fn public_key(data_dir: &Path) -> String {
         let output = Command::new(gateway_binary())
             .arg("key")
             .arg("--data-dir")
-            .arg(data_dir.path())
+            .arg(data_dir)
             .output()
             .await
             .expect("run pi-gateway key");
         assert!(output.status.success(), "pi-gateway key failed");
-        let nkey = String::from_utf8_lossy(&output.stdout).trim().to_string();
-        (data_dir, nkey)
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
     }
 
-    pub async fn start(data_dir: tempfile::TempDir, nats: &str, replicas: usize) -> GatewayProcess {
-        Self::start_with(data_dir, nats, replicas, &[]).await
-    }
-
-    /// Starts one with extra `serve` arguments.
+    /// Starts one with extra `serve` arguments, reaching NATS at `nats` with the CA `nats_ca`.
     pub async fn start_with(
         data_dir: tempfile::TempDir,
         nats: &str,
+        nats_ca: Option<&Path>,
         replicas: usize,
         extra: &[&str],
     ) -> GatewayProcess {
@@ -61,6 +64,7 @@ impl GatewayProcess {
             .arg("--data-dir")
             .arg(data_dir.path())
             .args(["--nats", nats, "--replicas", &replicas.to_string()])
+            .args(nats_ca.iter().flat_map(|ca| [Path::new("--nats-ca"), ca]))
             .args(extra)
             .env("PI_GATEWAY_LOG", "debug,async_nats=info,hyper=info")
             .stdout(Stdio::piped())
@@ -101,6 +105,7 @@ impl GatewayProcess {
             data_dir,
             log_dir,
             nats: nats.to_string(),
+            nats_ca: nats_ca.map(Path::to_path_buf),
             replicas,
         }
     }
@@ -121,7 +126,26 @@ impl GatewayProcess {
 
     /// Runs a `pi-gateway` command with this gateway's data directory and NATS.
     pub async fn cli(&self, args: &[&str]) -> (bool, String, String) {
-        cli(self.data_dir.path(), &self.nats, self.replicas, args).await
+        cli(
+            self.data_dir.path(),
+            &self.nats,
+            self.nats_ca.as_deref(),
+            self.replicas,
+            args,
+        )
+        .await
+    }
+
+    /// Runs a `pi-gateway` command with this gateway's data directory and NATS: its exit code.
+    pub async fn cli_status(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        cli_status(
+            self.data_dir.path(),
+            &self.nats,
+            self.nats_ca.as_deref(),
+            self.replicas,
+            args,
+        )
+        .await
     }
 
     /// Pairs a device with the gateway (`pi-gateway pair`, then `pair` over RACP); returns its
@@ -180,23 +204,38 @@ impl Drop for GatewayProcess {
     }
 }
 
+/// Runs a `pi-gateway` command: (success, stdout, stderr).
 pub async fn cli(
     data_dir: &Path,
     nats: &str,
+    nats_ca: Option<&Path>,
     replicas: usize,
     args: &[&str],
 ) -> (bool, String, String) {
+    let (code, out, err) = cli_status(data_dir, nats, nats_ca, replicas, args).await;
+    (code == Some(0), out, err)
+}
+
+/// Runs a `pi-gateway` command: (exit code, stdout, stderr).
+pub async fn cli_status(
+    data_dir: &Path,
+    nats: &str,
+    nats_ca: Option<&Path>,
+    replicas: usize,
+    args: &[&str],
+) -> (Option<i32>, String, String) {
     let output = Command::new(gateway_binary())
         .args(args)
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--nats", nats, "--replicas", &replicas.to_string()])
+        .args(nats_ca.iter().flat_map(|ca| [Path::new("--nats-ca"), ca]))
         .env("PI_GATEWAY_LOG", "warn")
         .output()
         .await
         .expect("run pi-gateway");
     (
-        output.status.success(),
+        output.status.code(),
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
@@ -227,6 +266,8 @@ pub struct Fleet {
     /// The gateway's NATS user (unrestricted) and each enrolled host's.
     pub users: Vec<String>,
     pub gateway_dirs: Vec<tempfile::TempDir>,
+    /// The gateways' public keys, which hosts trust calls from.
+    pub gateway_keys: Vec<String>,
     /// Enrolled hosts not started yet: (data dir, host id).
     pub hosts: Vec<(tempfile::TempDir, String)>,
 }
@@ -235,12 +276,34 @@ impl Fleet {
     /// `nodes` NATS nodes (1 or 3), `gateways` gateway data directories sharing one TLS
     /// identity (replicas behind one name), and `hosts` enrolled hosts.
     pub async fn new(nodes: usize, gateways: usize, hosts: usize, retention_seconds: u64) -> Fleet {
+        Self::new_with(
+            nodes,
+            gateways,
+            hosts,
+            retention_seconds,
+            NatsOptions::default(),
+            &[],
+        )
+        .await
+    }
+
+    /// As `new`, with NATS served as `options` says and `enroll_args` added to each enroll.
+    pub async fn new_with(
+        nodes: usize,
+        gateways: usize,
+        hosts: usize,
+        retention_seconds: u64,
+        options: NatsOptions,
+        enroll_args: &[&str],
+    ) -> Fleet {
         let pi_host = crate::pi_host_binary();
         let mut gateway_dirs = Vec::new();
+        let mut gateway_keys = Vec::new();
         let mut users = Vec::new();
         for _ in 0..gateways {
             let (dir, nkey) = GatewayProcess::prepare().await;
             users.push(format!("{{ nkey: \"{nkey}\" }}"));
+            gateway_keys.push(nkey);
             gateway_dirs.push(dir);
         }
         // Replicas serve the same certificate, so a device's pin holds on each (the files the
@@ -255,18 +318,15 @@ impl Fleet {
             std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         }
         let replicas = if nodes >= 3 { 3 } else { 1 };
-        let mut nats = NatsCluster::start(nodes, &users).await;
+        let mut nats = NatsCluster::start_with(nodes, &users, options).await;
         let mut enrolled = Vec::new();
         for _ in 0..hosts {
             let (dir, host_id, nkey) = prepare_host(&pi_host).await;
             let retention = retention_seconds.to_string();
-            let (ok, out, err) = cli(
-                &first,
-                &nats.urls(),
-                replicas,
-                &["enroll", &host_id, &nkey, "--retention-seconds", &retention],
-            )
-            .await;
+            let mut args = vec!["enroll", &host_id, &nkey, "--retention-seconds", &retention];
+            args.extend(enroll_args);
+            let (ok, out, err) =
+                cli(&first, &nats.urls(), Some(nats.ca_path()), replicas, &args).await;
             assert!(ok, "pi-gateway enroll failed: {err}");
             users.push(out.trim().to_string());
             enrolled.push((dir, host_id));
@@ -277,6 +337,7 @@ impl Fleet {
             replicas,
             users,
             gateway_dirs,
+            gateway_keys,
             hosts: enrolled,
         }
     }
@@ -295,10 +356,12 @@ impl Fleet {
     /// Starts the next gateway replica reaching NATS at `nats` (a proxy, say).
     pub async fn gateway_at(&mut self, nats: &str, extra: &[&str]) -> GatewayProcess {
         let dir = self.gateway_dirs.remove(0);
-        GatewayProcess::start_with(dir, nats, self.replicas, extra).await
+        let ca = self.nats.ca_path().to_path_buf();
+        GatewayProcess::start_with(dir, nats, Some(&ca), self.replicas, extra).await
     }
 
-    /// The `serve` arguments of a host of this fleet: the stand-in agent, and NATS to dial.
+    /// The `serve` arguments of a host of this fleet: the stand-in agent, NATS to dial (with
+    /// its CA), and the gateways it trusts.
     pub fn host_args(&self) -> Vec<String> {
         let agent = crate::stand_in_agent();
         vec![
@@ -306,6 +369,10 @@ impl Fleet {
             agent.to_str().expect("utf-8 path").into(),
             "--gateway".into(),
             self.nats.urls(),
+            "--gateway-ca".into(),
+            self.nats.ca_path().to_str().expect("utf-8 path").into(),
+            "--gateway-trust".into(),
+            self.gateway_keys.join(","),
         ]
     }
 

@@ -1,6 +1,8 @@
 //! A real NATS server (Debian's `nats-server`, JetStream on) for the gateway tests: one node, or
 //! a three-node cluster on loopback, each node with its own store, killable and restartable on
 //! the same ports. Authorization is a users file the test writes (and may rewrite and reload).
+//! Clients connect over TLS (a CA made per cluster, `ca_path`), as by default; the cluster's
+//! routes use TLS with the same certificates.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -40,6 +42,77 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// A certificate authority made for one test, and certificates it issues.
+pub struct TestCa {
+    dir: tempfile::TempDir,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    /// The CA's certificate (PEM), what clients trust.
+    pub cert: PathBuf,
+}
+
+impl TestCa {
+    pub fn new() -> TestCa {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "test NATS CA");
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().expect("CA key");
+        let cert = params.self_signed(&key).expect("CA certificate");
+        let path = dir.path().join("ca.pem");
+        std::fs::write(&path, cert.pem()).expect("write CA");
+        TestCa {
+            issuer: rcgen::Issuer::new(params, key),
+            dir,
+            cert: path,
+        }
+    }
+
+    /// A certificate for loopback (`localhost`, 127.0.0.1) signed by this CA: (cert, key) PEM
+    /// files.
+    pub fn issue(&self, name: &str) -> (PathBuf, PathBuf) {
+        let params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+                .expect("params");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        let (cert_path, key_path) = (
+            self.dir.path().join(format!("{name}-cert.pem")),
+            self.dir.path().join(format!("{name}-key.pem")),
+        );
+        std::fs::write(&cert_path, cert.pem()).expect("write cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        (cert_path, key_path)
+    }
+}
+
+impl Default for TestCa {
+    fn default() -> Self {
+        TestCa::new()
+    }
+}
+
+/// How the test's NATS serves: TLS (the default) or cleartext, and JetStream's file store size.
+#[derive(Clone)]
+pub struct NatsOptions {
+    pub tls: bool,
+    pub max_file_store: String,
+}
+
+impl Default for NatsOptions {
+    fn default() -> Self {
+        NatsOptions {
+            tls: true,
+            max_file_store: "1GB".into(),
+        }
+    }
+}
+
 struct Node {
     name: String,
     port: u16,
@@ -51,13 +124,23 @@ struct Node {
 pub struct NatsCluster {
     dir: tempfile::TempDir,
     nodes: Vec<Node>,
+    ca: TestCa,
+    server_cert: (PathBuf, PathBuf),
+    options: NatsOptions,
 }
 
 impl NatsCluster {
-    /// Starts `size` nodes (1, or 3 for a cluster) and waits until JetStream answers on each.
-    /// `users` is the body of `authorization { users = [ ... ] }`; empty: no authorization.
+    /// Starts `size` nodes (1, or 3 for a cluster) serving TLS and waits until JetStream
+    /// answers on each. `users` is the body of `authorization { users = [ ... ] }`; empty: no
+    /// authorization.
     pub async fn start(size: usize, users: &[String]) -> NatsCluster {
+        Self::start_with(size, users, NatsOptions::default()).await
+    }
+
+    pub async fn start_with(size: usize, users: &[String], options: NatsOptions) -> NatsCluster {
         let dir = tempfile::tempdir().expect("temp dir");
+        let ca = TestCa::new();
+        let server_cert = ca.issue("server");
         let nodes = (0..size)
             .map(|i| Node {
                 name: format!("n{i}"),
@@ -67,7 +150,13 @@ impl NatsCluster {
                 child: None,
             })
             .collect();
-        let mut cluster = NatsCluster { dir, nodes };
+        let mut cluster = NatsCluster {
+            dir,
+            nodes,
+            ca,
+            server_cert,
+            options,
+        };
         cluster.write_users(users);
         for i in 0..size {
             cluster.write_config(i);
@@ -102,13 +191,24 @@ impl NatsCluster {
         let store = self.dir.path().join(&node.name);
         let mut config = format!(
             "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n\
-             jetstream {{\n  store_dir: \"{store}\"\n  max_memory_store: 64MB\n  max_file_store: 1GB\n}}\n\
+             jetstream {{\n  store_dir: \"{store}\"\n  max_memory_store: 64MB\n  max_file_store: {file_store}\n}}\n\
              include \"users.conf\"\n",
             name = node.name,
             port = node.port,
             monitor = node.monitor_port,
             store = store.display(),
+            file_store = self.options.max_file_store,
         );
+        let (cert, key) = &self.server_cert;
+        let tls = format!(
+            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  timeout: 5\n}}\n",
+            cert.display(),
+            key.display(),
+            self.ca.cert.display()
+        );
+        if self.options.tls {
+            config.push_str(&tls);
+        }
         if self.nodes.len() > 1 {
             let routes: Vec<String> = self
                 .nodes
@@ -116,8 +216,9 @@ impl NatsCluster {
                 .filter(|n| n.name != node.name)
                 .map(|n| format!("nats-route://127.0.0.1:{}", n.cluster_port))
                 .collect();
+            let route_tls = if self.options.tls { tls.as_str() } else { "" };
             config.push_str(&format!(
-                "cluster {{\n  name: racp\n  listen: 127.0.0.1:{}\n  routes: [{}]\n}}\n",
+                "cluster {{\n  name: racp\n  listen: 127.0.0.1:{}\n  routes: [{}]\n{route_tls}}}\n",
                 node.cluster_port,
                 routes.join(", ")
             ));
@@ -175,15 +276,38 @@ impl NatsCluster {
 
     /// Every node's client URL, comma-separated.
     pub fn urls(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| format!("nats://127.0.0.1:{}", n.port))
+        (0..self.nodes.len())
+            .map(|i| self.url(i))
             .collect::<Vec<_>>()
             .join(",")
     }
 
     pub fn url(&self, i: usize) -> String {
-        format!("nats://{}", self.addr(i))
+        format!("{}://{}", self.scheme(), self.addr(i))
+    }
+
+    /// `tls` or, for a cleartext server, `nats`.
+    pub fn scheme(&self) -> &'static str {
+        if self.options.tls { "tls" } else { "nats" }
+    }
+
+    /// The CA that signed the servers' certificates (PEM).
+    pub fn ca_path(&self) -> &Path {
+        &self.ca.cert
+    }
+
+    /// Options for a test's own NATS client: TLS with this cluster's CA.
+    pub fn client_options(
+        &self,
+        options: async_nats::ConnectOptions,
+    ) -> async_nats::ConnectOptions {
+        if self.options.tls {
+            options
+                .require_tls(true)
+                .add_root_certificates(self.ca.cert.clone())
+        } else {
+            options
+        }
     }
 
     /// Node `i`'s client address.

@@ -221,14 +221,17 @@ async fn subscribed_then_ended(client: &mut Client, params: Value) -> Value {
 async fn as_host(
     seed_dir: &std::path::Path,
     host_id: &str,
-    urls: &str,
+    nats: &tests::nats::NatsCluster,
 ) -> (
     async_nats::Client,
     tokio::sync::mpsc::UnboundedReceiver<String>,
 ) {
     let seed = std::fs::read_to_string(seed_dir.join("gateway.nk")).unwrap();
     let (errors_tx, errors) = tokio::sync::mpsc::unbounded_channel();
-    let client = async_nats::ConnectOptions::with_nkey(seed.trim().to_string())
+    let options = nats.client_options(async_nats::ConnectOptions::with_nkey(
+        seed.trim().to_string(),
+    ));
+    let client = options
         .custom_inbox_prefix(format!("_INBOX_{host_id}"))
         .event_callback(move |event| {
             let errors_tx = errors_tx.clone();
@@ -238,7 +241,7 @@ async fn as_host(
                 }
             }
         })
-        .connect(urls)
+        .connect(nats.urls())
         .await
         .unwrap();
     (client, errors)
@@ -265,8 +268,7 @@ async fn a_host_credential_is_confined_to_its_own_subjects() {
     // Host A's credential is the stolen one; host B is the target.
     let (a_dir, a_id) = fleet.hosts.remove(0);
     let (b_host, b_id) = fleet.host(&[]).await;
-    let urls = fleet.nats.urls();
-    let (thief, mut errors) = as_host(a_dir.path(), &a_id, &urls).await;
+    let (thief, mut errors) = as_host(a_dir.path(), &a_id, &fleet.nats).await;
 
     // Its own subjects work: the credential is a real one.
     let own = thief.subscribe(format!("racp.call.{a_id}")).await.unwrap();
@@ -353,7 +355,7 @@ async fn a_host_credential_cannot_forge_frames_through_its_own_stream() {
     let mut fleet = Fleet::new(1, 1, 1, 3600).await;
     let gateway = fleet.gateway().await;
     let (a_dir, a_id) = fleet.hosts.remove(0);
-    let (thief, _errors) = as_host(a_dir.path(), &a_id, &fleet.nats.urls()).await;
+    let (thief, _errors) = as_host(a_dir.path(), &a_id, &fleet.nats).await;
     let js = async_nats::jetstream::new(thief.clone());
     let epoch = "00000000000000a1";
     let publish = |seq: u64, payload: String| {
@@ -1005,7 +1007,7 @@ async fn a_revoke_waits_out_a_replica_cut_from_nats_which_then_serves_the_device
     // The second replica reaches NATS through a proxy that can hold its traffic.
     let link = tests::FaultProxy::start(fleet.nats.addr(0)).await;
     let second = fleet
-        .gateway_at(&format!("nats://{}", link.addr), &lease)
+        .gateway_at(&format!("tls://{}", link.addr), &lease)
         .await;
     let (_, owner) = first.pair_device("owner", &[]).await;
     let (tablet, tablet_token) = first.pair_device("owner", &[]).await;

@@ -1,8 +1,10 @@
 //! RACP calls routed from the gateway: the same checks and handlers as a call on a WebSocket
 //! (access, rate, drain, params, in-flight bounds, then `handlers::route`), with the gateway's
-//! device as the caller. Only gateways may publish to this host's call subject (NATS
-//! permissions), so the device and roles in the envelope are the gateway's word.
+//! device as the caller. A message is a call only when a trusted gateway signed it
+//! (`signed.rs`), so the device, roles and grant in the envelope are a gateway's word, whoever
+//! else may publish on the subject; the grant must name this host.
 
+use super::signed::Verifier;
 use crate::auth::Credential;
 use crate::handlers::{self, Route};
 use crate::state::HostState;
@@ -13,7 +15,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 use std::sync::Arc;
 
-pub async fn run(state: Arc<HostState>, client: async_nats::Client) {
+pub async fn run(state: Arc<HostState>, client: async_nats::Client, verifier: Arc<Verifier>) {
     let subject = call_subject(&state.host_id);
     let mut retry = super::Retry::new();
     // The client resubscribes by itself after a reconnect; this loop is for a refused subscribe.
@@ -27,9 +29,21 @@ pub async fn run(state: Arc<HostState>, client: async_nats::Client) {
         }
     };
     while let Some(message) = calls.next().await {
-        let Some(reply_to) = message.reply else {
+        let Some(reply_to) = message.reply.clone() else {
             continue;
         };
+        let checked = verifier.verify(
+            &state.host_id,
+            &message.subject,
+            message.headers.as_ref(),
+            &message.payload,
+            crate::clock::now_ms(),
+        );
+        if let Err(refusal) = checked {
+            // Not a call: nothing runs and nothing answers (the sender may not be a gateway).
+            tracing::warn!(%refusal, "refused a message on the call subject");
+            continue;
+        }
         let state = state.clone();
         let client = client.clone();
         tokio::spawn(async move {
@@ -62,6 +76,15 @@ async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>,
         AppError::new(ErrorCode::MethodNotFound, "no such method")
             .with_details(json!({"method": call.method}))
     })?;
+    if let Some(hosts) = &call.hosts
+        && !hosts.iter().any(|h| *h == state.host_id)
+    {
+        return Err(AppError::new(
+            ErrorCode::Forbidden,
+            "the device's grant does not include this host",
+        )
+        .with_details(json!({"hostId": state.host_id})));
+    }
     let credential = Credential::Device {
         device_id: call.device_id,
         roles: call.roles,

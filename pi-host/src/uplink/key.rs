@@ -25,6 +25,16 @@ pub struct HostKey {
     pub public: String,
 }
 
+impl HostKey {
+    /// The key pair, to sign with (a gateway signs its routed calls with its key).
+    pub fn pair(&self) -> Result<nkeys::KeyPair, KeyError> {
+        nkeys::KeyPair::from_seed(&self.seed).map_err(|e| KeyError::Damaged {
+            path: KEY_FILE.to_string(),
+            reason: e.to_string(),
+        })
+    }
+}
+
 pub fn load_or_create(data_dir: &Path) -> Result<HostKey, KeyError> {
     let path = data_dir.join(KEY_FILE);
     let shown = path.display().to_string();

@@ -1,16 +1,20 @@
 //! The host's link to a gateway (docs/architecture.md, "Gateway"): with `--gateway`, the host
 //! dials out to NATS with its own nkey and, while the link is up,
 //! - writes its heartbeat record to the hosts bucket (`heartbeat.rs`),
-//! - answers the RACP calls the gateway routes to it (`calls.rs`),
+//! - answers the RACP calls the gateway routes to it (`calls.rs`), when a trusted gateway
+//!   signed them (`signed.rs`),
 //! - publishes every committed event to its JetStream stream (`relay.rs`).
 //!
 //! The host's own log stays the source of truth, and local clients are served whether or not
-//! NATS is reachable: the client library reconnects on its own, and each task retries.
+//! NATS is reachable: the client library reconnects on its own, and each task retries. The link
+//! is TLS unless `--gateway` says `nats://` (`link.rs`).
 
 mod calls;
 mod heartbeat;
 pub mod key;
+pub mod link;
 mod relay;
+pub mod signed;
 
 use crate::state::HostState;
 use racp_proto::gateway::host_inbox_prefix;
@@ -19,16 +23,29 @@ use std::time::Duration;
 
 /// Starts the link when the host has a gateway; returns at once (the connection is made, and
 /// remade, in the background).
-pub fn spawn(state: &Arc<HostState>) -> Result<(), key::KeyError> {
+pub fn spawn(state: &Arc<HostState>) -> Result<(), String> {
     if state.config.gateway.is_empty() {
         return Ok(());
     }
-    let seed = key::load_or_create(&state.config.data_dir)?;
+    let seed = key::load_or_create(&state.config.data_dir).map_err(|e| e.to_string())?;
+    let verifier = Arc::new(signed::Verifier::new(&state.config.gateway_trust)?);
+    let servers = link::Servers::parse(&state.config.gateway).map_err(|e| e.to_string())?;
+    servers.warn_if_cleartext("gateway");
+    let tls = link::Tls {
+        ca: state.config.gateway_ca.clone(),
+        ca_flag: "--gateway-ca",
+    };
     let host_id = state.host_id.clone();
-    let options = async_nats::ConnectOptions::with_nkey(seed.seed)
-        .name(format!("pi-host {host_id}"))
-        // Replies to this host come to its own inbox, so its credential reads no one else's.
-        .custom_inbox_prefix(host_inbox_prefix(&host_id))
+    let nkey = seed.seed;
+    let base = move || {
+        async_nats::ConnectOptions::with_nkey(nkey.clone())
+            // Replies to this host come to its own inbox, so its credential reads no one else's.
+            .custom_inbox_prefix(host_inbox_prefix(&host_id))
+    };
+    let options = tls
+        .apply(base(), &servers)
+        .map_err(|e| e.to_string())?
+        .name(format!("pi-host {}", state.host_id))
         .retry_on_initial_connect()
         .max_reconnects(None)
         .connection_timeout(Duration::from_secs(5))
@@ -41,32 +58,23 @@ pub fn spawn(state: &Arc<HostState>) -> Result<(), key::KeyError> {
                 other => tracing::warn!(event = %other, "gateway link"),
             }
         });
-    let servers = state
-        .config
-        .gateway
-        .iter()
-        .map(|url| url.trim().parse::<async_nats::ServerAddr>())
-        .collect::<Result<Vec<_>, _>>();
-    let urls = state.config.gateway.join(",");
     let state = state.clone();
     tokio::spawn(async move {
-        let servers = match servers {
-            Ok(servers) => servers,
-            Err(err) => {
-                tracing::error!(error = %err, gateway = %urls, "cannot use the gateway address");
-                return;
-            }
-        };
-        let client = match options.connect(servers).await {
+        // A certificate that does not verify is reported as such (the client would retry it
+        // in silence); the link keeps retrying, as for a server that is down.
+        if let Err(err) = tls.check(&servers, base()).await {
+            tracing::error!(error = %err, "cannot link to the gateway");
+        }
+        let client = match options.connect(servers.addrs.clone()).await {
             Ok(client) => client,
             Err(err) => {
-                tracing::error!(error = %err, gateway = %urls, "cannot use the gateway address");
+                tracing::error!(error = %err, gateway = %servers.shown(), "cannot use the gateway address");
                 return;
             }
         };
         tokio::spawn(heartbeat::run(state.clone(), client.clone()));
         tokio::spawn(relay::run(state.clone(), client.clone()));
-        calls::run(state, client).await;
+        calls::run(state, client, verifier).await;
     });
     Ok(())
 }
