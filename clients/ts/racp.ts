@@ -194,7 +194,7 @@ export type ApprovalState = "pending" | "allowed" | "denied" | "answered" | "exp
 /**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | PairRequest | HostInfoRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
+export type ClientFrame = HelloRequest | PairRequest | HostInfoRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
 
 /**
  * Who is calling.
@@ -1225,6 +1225,42 @@ export type SessionSettings = {
 export type SessionState = "idle" | "running" | "closed";
 
 /**
+ * Asks for the streams in progress at a cursor of a session.
+ */
+export type SessionStreamParams = {
+  /**
+   * A cursor of this session inside its retained window (CURSOR_EXPIRED otherwise).
+   */
+  cursor: Cursor;
+  sessionId: string;
+};
+
+/**
+ * `session/stream`: The assistant message and tool outputs streaming as of a cursor, so a client that resumes from its own cursor mid-message can rebuild what is in progress.
+ */
+export type SessionStreamRequest = {
+  id: RequestId;
+  method: "session/stream";
+  params: SessionStreamParams;
+};
+
+/**
+ * What was streaming as of `cursor`: the same fields as a snapshot's, so a client seeds its
+ * stream state with them and applies the events after `cursor` (docs/protocol.md §8.1).
+ */
+export type SessionStreamResult = {
+  cursor: Cursor;
+  /**
+   * The assistant message being streamed at `cursor` (pi's message shape). Absent: none was.
+   */
+  streamingMessage?: unknown;
+  /**
+   * The output so far of each tool running at `cursor`, by tool call id.
+   */
+  toolOutputs?: Record<string, unknown>;
+};
+
+/**
  * Starts a subscription to a session's events.
  */
 export type SessionSubscribeParams = {
@@ -1466,6 +1502,7 @@ export interface RacpMethods {
   "session/create": { params: SessionCreateParams; result: SessionCreateResult };
   "session/list": { params: Empty; result: SessionListResult };
   "session/get": { params: SessionRef; result: SessionGetResult };
+  "session/stream": { params: SessionStreamParams; result: SessionStreamResult };
   "session/subscribe": { params: SessionSubscribeParams; result: SessionSubscribeResult };
   "session/unsubscribe": { params: SessionUnsubscribeParams; result: Ack };
   "session/close": { params: SessionRef; result: Ack };
@@ -1516,6 +1553,7 @@ export const METHODS = {
   "session/create": { access: "operator", mutates: true, safeToResend: false },
   "session/list": { access: "observer", mutates: false, safeToResend: true },
   "session/get": { access: "observer", mutates: false, safeToResend: true },
+  "session/stream": { access: "observer", mutates: false, safeToResend: true },
   "session/subscribe": { access: "observer", mutates: false, safeToResend: true },
   "session/unsubscribe": { access: "observer", mutates: false, safeToResend: true },
   "session/close": { access: "operator", mutates: true, safeToResend: true },

@@ -18,7 +18,7 @@ use racp_proto::methods::host::{
 };
 use racp_proto::methods::session::{
     SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult, SessionSettings,
-    SessionSubscribeParams, SessionUnsubscribeParams,
+    SessionStreamResult, SessionSubscribeParams, SessionUnsubscribeParams,
 };
 use racp_proto::{Ack, AppError, Call, ErrorCode, Role};
 use serde::Serialize;
@@ -152,6 +152,17 @@ pub fn route(state: Arc<HostState>, credential: Credential, call: Call) -> Route
         }),
         Call::SessionList(_) => blocking(state, |s| Ok(session_list(s))),
         Call::SessionGet(params) => blocking(state, move |s| session_get(s, &params.session_id)),
+        Call::SessionStream(params) => blocking(state, move |s| {
+            let stream = s
+                .sessions
+                .find(&params.session_id)?
+                .stream_at(params.cursor)?;
+            Ok(SessionStreamResult {
+                cursor: params.cursor,
+                streaming_message: stream.message().cloned(),
+                tool_outputs: stream.tool_outputs().clone(),
+            })
+        }),
         Call::PairingCreate(params) => blocking(state, move |s| {
             if params.hosts.is_some() {
                 return Err(racp_proto::validate::invalid(

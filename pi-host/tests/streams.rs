@@ -285,3 +285,97 @@ async fn a_snapshot_mid_message_holds_the_message_so_far() {
     assert!(got.snapshot.streaming_message.is_none());
     assert!(got.snapshot.tool_outputs.is_empty());
 }
+
+#[tokio::test]
+async fn session_stream_tells_what_was_streaming_at_any_retained_cursor() {
+    let host = host().await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let client = RacpClient::connect(options(host.url(), &token))
+        .await
+        .unwrap();
+    let (session_id, cursor) = create_session(&client, &host).await;
+    let mut sub = subscribe(&client, &session_id, cursor).await;
+    start_turn(&client, &session_id, "deltas:20").await;
+    // Rebuilt here event by event, as a subscriber from the start sees it; at every cursor the
+    // host's answer must be the same state.
+    let mut rebuilt = racp_proto::stream::StreamState::default();
+    let mut checked = 0;
+    loop {
+        let event = next_event(&mut sub).await;
+        rebuilt.apply_event(&event);
+        let at = client
+            .call::<calls::SessionStream>(racp_proto::methods::session::SessionStreamParams {
+                session_id: session_id.clone(),
+                cursor: event.cursor,
+            })
+            .await
+            .unwrap();
+        assert_eq!(at.cursor, event.cursor);
+        assert_eq!(
+            at.streaming_message.as_ref(),
+            rebuilt.message(),
+            "at {}",
+            event.seq
+        );
+        assert_eq!(&at.tool_outputs, rebuilt.tool_outputs(), "at {}", event.seq);
+        if rebuilt.message().is_some() {
+            checked += 1;
+        }
+        if event.kind == "turn.finished" {
+            break;
+        }
+    }
+    assert!(checked >= 20, "{checked} cursors mid-message");
+
+    // A cursor the host does not have.
+    let ahead = racp_proto::Cursor::new(cursor.epoch, cursor.seq + 10_000);
+    let err = client
+        .call::<calls::SessionStream>(racp_proto::methods::session::SessionStreamParams {
+            session_id,
+            cursor: ahead,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), racp_proto::ErrorCode::CursorExpired);
+}
+
+#[tokio::test]
+async fn a_stream_that_began_before_the_retained_window_is_cursor_expired() {
+    let agent = tests::stand_in_agent();
+    let host = HostProcess::start_with(
+        bin(),
+        &["--agent", agent.to_str().unwrap(), "--retain-events", "10"],
+    )
+    .await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let client = RacpClient::connect(options(host.url(), &token))
+        .await
+        .unwrap();
+    let (session_id, cursor) = create_session(&client, &host).await;
+    let _ = cursor;
+    start_turn(&client, &session_id, "deltas:60").await;
+    let head = loop {
+        let got = client
+            .call::<calls::SessionGet>(SessionRef {
+                session_id: session_id.clone(),
+            })
+            .await
+            .unwrap();
+        if got.snapshot.state == racp_proto::methods::session::SessionState::Idle
+            && !got.snapshot.turns.is_empty()
+        {
+            break got.cursor;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Inside the window of 10, in a turn whose turn.started has left it.
+    let last_mid_message = Some(racp_proto::Cursor::new(head.epoch, head.seq - 3));
+    let err = client
+        .call::<calls::SessionStream>(racp_proto::methods::session::SessionStreamParams {
+            session_id,
+            cursor: last_mid_message.unwrap(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), racp_proto::ErrorCode::CursorExpired, "{err:?}");
+}

@@ -13,6 +13,7 @@ import type {
   RacpMethods,
   SessionEventsParams,
   SessionGetResult,
+  SessionStreamResult,
   SessionSubscribeResult,
   Snapshot,
   SubscriptionEndedParams,
@@ -73,7 +74,9 @@ export interface SubscribeOptions {
   maxBufferedEvents?: number;
   /**
    * The `session/get` snapshot `cursor` came from: seeds `subscription.stream` with the message
-   * and tool outputs streaming at that cursor (§7.11).
+   * and tool outputs streaming at that cursor (§7.11). Without it, a subscription from a cursor
+   * asks the host what was streaming there (`session/stream`), so a reply in progress rebuilds
+   * whole from a cursor the application kept itself.
    */
   snapshot?: Snapshot;
 }
@@ -196,6 +199,14 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
       this.subscriptions.add(tracked);
       return tracked;
     };
+    let seed: Pick<Snapshot, "streamingMessage" | "toolOutputs"> | undefined = options.snapshot;
+    if (seed === undefined && options.cursor !== undefined) {
+      // What was streaming at the cursor. An error here is not the subscription's: an expired
+      // cursor is met again (and resynced) by the subscribe itself.
+      seed = (await link
+        .request("session/stream", { sessionId, cursor: options.cursor }, { timeoutMs: this.options.callTimeoutMs })
+        .catch(() => undefined)) as SessionStreamResult | undefined;
+    }
     let tracked: Tracked | undefined;
     try {
       // Registered as the reply is read: the first push may come in the same read.
@@ -206,7 +217,7 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
         (result) => {
           const subscribed = result as SessionSubscribeResult;
           tracked = track(subscribed.cursor, subscribed.subscriptionId);
-          if (options.snapshot !== undefined) tracked.subscription.resumeStream(options.snapshot);
+          if (seed !== undefined) tracked.subscription.resumeStream(seed);
         },
       );
     } catch (error) {

@@ -68,8 +68,8 @@ export class StreamState {
     return state;
   }
 
-  /** Replaces the state with the one a snapshot describes (a resync, or a subscription from its cursor). */
-  resume(snapshot: Snapshot): void {
+  /** Replaces the state with the one a snapshot (or `session/stream`) describes: a resync, or a subscription from its cursor. */
+  resume(snapshot: Pick<Snapshot, "streamingMessage" | "toolOutputs">): void {
     const message = snapshot.streamingMessage;
     this.#message = message === undefined || message === null ? undefined : copy(message as JsonValue);
     this.#toolOutputs.clear();

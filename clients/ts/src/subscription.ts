@@ -71,7 +71,7 @@ export class Subscription implements AsyncIterableIterator<SubscriptionItem> {
    * Seeds `stream` from the `session/get` snapshot whose cursor this subscription started from
    * (§7.11): a message already streaming then rebuilds whole. Call it before taking an item.
    */
-  resumeStream(snapshot: Snapshot): void {
+  resumeStream(snapshot: Pick<Snapshot, "streamingMessage" | "toolOutputs">): void {
     this.stream.resume(snapshot);
   }
 

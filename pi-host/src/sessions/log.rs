@@ -96,6 +96,11 @@ impl EventLog {
         }
     }
 
+    /// The retained events up to and including `seq`, newest first.
+    pub fn back_from(&self, seq: u64) -> impl Iterator<Item = &Arc<LoggedEvent>> {
+        self.events.iter().rev().skip_while(move |e| e.seq > seq)
+    }
+
     /// Checks that replay can start after `cursor`; CURSOR_EXPIRED otherwise.
     pub fn check_cursor(&self, cursor: Cursor) -> Result<(), AppError> {
         let reason = if cursor.epoch != self.epoch {

@@ -23,6 +23,7 @@ use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::stream::StreamState;
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
 use serde::Serialize;
+use serde_json::json;
 use serde_json::value::RawValue;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -145,6 +146,47 @@ impl Session {
             tool_outputs: inner.stream.tool_outputs().clone(),
         };
         (self.info_locked(&inner), snapshot, inner.log.head_cursor())
+    }
+
+    /// What was streaming as of `cursor` (`session/stream`): rebuilt from the retained events of
+    /// the turn running there, from its `turn.started` on. CURSOR_EXPIRED when the cursor is
+    /// outside the window, or when that turn began before it (then only a snapshot can say).
+    pub fn stream_at(&self, cursor: Cursor) -> Result<StreamState, AppError> {
+        let inner = self.lock();
+        inner.log.check_cursor(cursor)?;
+        if cursor.seq == inner.log.head() {
+            return Ok(inner.stream.clone());
+        }
+        let mut since_turn_start = Vec::new();
+        let mut turn_start_seen = false;
+        for logged in inner.log.back_from(cursor.seq) {
+            let Ok(event) = serde_json::from_str::<Event>(&logged.json) else {
+                continue;
+            };
+            if event.kind == EventType::TurnStarted.as_str() {
+                turn_start_seen = true;
+                break;
+            }
+            since_turn_start.push(event);
+        }
+        // Without a turn.started, the events up to the cursor are the whole story only when the
+        // window still begins at the epoch's first event.
+        if !turn_start_seen && inner.log.oldest_seq() > 0 {
+            return Err(AppError::new(
+                ErrorCode::CursorExpired,
+                "what was streaming at this cursor began before the retained events: call \
+                 session/get and continue from its snapshot",
+            )
+            .with_details(json!({
+                "reason": "stream_older_than_window",
+                "snapshot": "session/get",
+            })));
+        }
+        let mut stream = StreamState::default();
+        for event in since_turn_start.iter().rev() {
+            stream.apply_event(event);
+        }
+        Ok(stream)
     }
 
     /// Checks that replay can start after `cursor`.

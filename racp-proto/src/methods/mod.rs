@@ -29,8 +29,8 @@ use model::{
 };
 use session::{
     SessionConfigureParams, SessionCreateParams, SessionCreateResult, SessionGetResult,
-    SessionListResult, SessionRef, SessionSubscribeParams, SessionSubscribeResult,
-    SessionUnsubscribeParams,
+    SessionListResult, SessionRef, SessionStreamParams, SessionStreamResult,
+    SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
 };
 use turn::{
     ApprovalRespondParams, ApprovalRespondResult, TurnRef, TurnStartParams, TurnStartResult,
@@ -212,6 +212,8 @@ method_table! {
     SessionList = "session/list" (Empty => SessionListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
     /// Returns a session with a snapshot and the cursor the snapshot was taken at.
     SessionGet = "session/get" (SessionRef => SessionGetResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    /// The assistant message and tool outputs streaming as of a cursor, so a client that resumes from its own cursor mid-message can rebuild what is in progress.
+    SessionStream = "session/stream" (SessionStreamParams => SessionStreamResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
     /// Subscribes to a session's events, replaying from a cursor when one is given.
     SessionSubscribe = "session/subscribe" (SessionSubscribeParams => SessionSubscribeResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
     /// Ends a subscription.

@@ -195,6 +195,36 @@ pub struct SessionGetResult {
     pub cursor: Cursor,
 }
 
+/// Asks for the streams in progress at a cursor of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionStreamParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    /// A cursor of this session inside its retained window (CURSOR_EXPIRED otherwise).
+    pub cursor: Cursor,
+}
+
+impl Validate for SessionStreamParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)
+    }
+}
+
+/// What was streaming as of `cursor`: the same fields as a snapshot's, so a client seeds its
+/// stream state with them and applies the events after `cursor` (docs/protocol.md §8.1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionStreamResult {
+    pub cursor: Cursor,
+    /// The assistant message being streamed at `cursor` (pi's message shape). Absent: none was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streaming_message: Option<serde_json::Value>,
+    /// The output so far of each tool running at `cursor`, by tool call id.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tool_outputs: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
 /// Starts a subscription to a session's events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
