@@ -351,8 +351,7 @@ async fn a_stream_that_began_before_the_retained_window_is_cursor_expired() {
     let client = RacpClient::connect(options(host.url(), &token))
         .await
         .unwrap();
-    let (session_id, cursor) = create_session(&client, &host).await;
-    let _ = cursor;
+    let (session_id, _) = create_session(&client, &host).await;
     start_turn(&client, &session_id, "deltas:60").await;
     let head = loop {
         let got = client
@@ -369,11 +368,11 @@ async fn a_stream_that_began_before_the_retained_window_is_cursor_expired() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     // Inside the window of 10, in a turn whose turn.started has left it.
-    let last_mid_message = Some(racp_proto::Cursor::new(head.epoch, head.seq - 3));
+    let mid_message = racp_proto::Cursor::new(head.epoch, head.seq - 3);
     let err = client
         .call::<calls::SessionStream>(racp_proto::methods::session::SessionStreamParams {
             session_id,
-            cursor: last_mid_message.unwrap(),
+            cursor: mid_message,
         })
         .await
         .unwrap_err();
