@@ -14,6 +14,7 @@ pub mod handlers;
 pub mod models;
 pub mod paths;
 pub mod ratelimit;
+pub mod redact;
 pub mod secrets;
 pub mod server;
 pub mod sessions;
