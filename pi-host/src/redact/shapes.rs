@@ -260,7 +260,8 @@ fn named_value(bytes: &[u8], sep: usize, floor: usize) -> Option<(usize, usize)>
     let quoted_name = j > floor && matches!(bytes[j - 1], b'"' | b'\'');
     if quoted_name {
         j -= 1;
-        if j > floor && bytes[j - 1] == b'\\' {
+        // `\"` inside a JSON string, `\\\"` inside a string of JSON inside one...
+        while j > floor && bytes[j - 1] == b'\\' {
             j -= 1;
         }
     }
@@ -278,9 +279,10 @@ fn named_value(bytes: &[u8], sep: usize, floor: usize) -> Option<(usize, usize)>
     let mut k = sep + 1;
     k += run(&bytes[k..], |b| b == b' ');
     let mut quote = None;
-    if bytes.get(k) == Some(&b'\\') && matches!(bytes.get(k + 1), Some(b'"' | b'\'')) {
+    let escapes = run(&bytes[k..], |b| b == b'\\');
+    if escapes > 0 && matches!(bytes.get(k + escapes), Some(b'"' | b'\'')) {
         quote = Some(b'\\');
-        k += 2;
+        k += escapes + 1;
     } else if let Some(&q @ (b'"' | b'\'')) = bytes.get(k) {
         quote = Some(q);
         k += 1;
@@ -503,6 +505,7 @@ mod tests {
         (r#"{"api-key": "v"}"#, r#"{"api-key": "[redacted]"}"#),
         (r#"{"x-api-key":"v"}"#, r#"{"x-api-key":"[redacted]"}"#),
         (r#"{"error":"bad \"api_key\":\"v\" given"}"#, r#"{"error":"bad \"api_key\":\"[redacted]\" given"}"#),
+        (r#"{"m":"{\"e\":\"{\\\"api_key\\\":\\\"v\\\"}\"}"}"#, r#"{"m":"{\"e\":\"{\\\"api_key\\\":\\\"[redacted]\\\"}\"}"}"#),
         (r#"{'apiKey': 'v'}"#, r#"{'apiKey': '[redacted]'}"#),
         (r#"{"token": "abc123def456"}"#, r#"{"token": "[redacted]"}"#),
         (r#"{"access_token":"t"}"#, r#"{"access_token":"[redacted]"}"#),
