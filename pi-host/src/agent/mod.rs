@@ -38,6 +38,7 @@ use racp_proto::methods::session::SessionSettings;
 use racp_proto::{AppError, ErrorCode, ErrorSource};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -1020,10 +1021,17 @@ impl StdoutPump {
     }
 
     async fn handle(&mut self, line: &[u8]) {
-        // Before anything reads it: what the host relays, stores, logs or classifies (pi's
-        // `errorMessage` among it) is the redacted line.
-        let line = self.redactor.json(line);
-        match protocol::parse_line(&line) {
+        let mut parsed = protocol::parse_line(line);
+        // pi's stream updates repeat the whole message (or tool output) so far, and nothing is
+        // read from them: they are redacted once compacted, when only what is new is left.
+        let streamed = matches!(&parsed, Some(Parsed::Output(AgentOutput::Event(event)))
+            if compact::is_stream_update(&event.kind));
+        // Any other line is redacted before anything reads it: what the host relays, stores,
+        // logs or classifies (pi's `errorMessage` among it) is the redacted line.
+        if !streamed && let Cow::Owned(redacted) = self.redactor.json(line) {
+            parsed = protocol::parse_line(&redacted);
+        }
+        match parsed {
             None => {}
             Some(Parsed::Reply { id, reply }) => {
                 let waiter = lock(&self.pending)
@@ -1061,6 +1069,12 @@ impl StdoutPump {
                     && let Some(compact) = self.compactor.compact(&event.kind, &event.payload)
                 {
                     event.payload = compact;
+                }
+                if streamed
+                    && let AgentOutput::Event(event) = &mut output
+                    && let Some(redacted) = self.redactor.raw_value(&event.payload)
+                {
+                    event.payload = redacted;
                 }
                 if let AgentOutput::Event(event) = &output
                     && event.kind == protocol::INVALID_OUTPUT

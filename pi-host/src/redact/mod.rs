@@ -92,10 +92,10 @@ impl Redactor {
     /// Whether `bytes` may hold something to redact (a quick scan, no allocation).
     fn may_match(&self, bytes: &[u8], exact: &[Exact]) -> bool {
         shapes::matches(bytes)
-            || bytes.windows(2).any(|w| w == b"\\u")
+            || memchr::memmem::find(bytes, b"\\u").is_some()
             || exact.iter().any(|e| {
                 e.forms()
-                    .any(|f| bytes.windows(f.len()).any(|w| w == f.as_bytes()))
+                    .any(|f| memchr::memmem::find(bytes, f.as_bytes()).is_some())
             })
     }
 

@@ -35,18 +35,31 @@ pub fn matches(bytes: &[u8]) -> bool {
     find(bytes, 0).is_some()
 }
 
+/// The bytes a secret's shape is found from: the separator after a name (`:`, `=`, and
+/// `://`), the `-`/`_` that ends a key prefix, the `A` of `AIza`/`AKIA`/`ASIA`, the space after
+/// `Bearer`/`Basic`. Anything else is skipped by one table lookup.
+const TRIGGER: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut i = 0;
+    let bytes = b":=-_A ";
+    while i < bytes.len() {
+        table[bytes[i] as usize] = true;
+        i += 1;
+    }
+    table
+};
+
 /// The next secret's byte span at or after `from`.
 fn find(bytes: &[u8], from: usize) -> Option<(usize, usize)> {
     let mut i = from;
-    while i < bytes.len() {
+    while let Some(skip) = bytes.get(i..)?.iter().position(|&b| TRIGGER[b as usize]) {
+        i += skip;
         let found = match bytes[i] {
+            b':' if bytes[i + 1..].starts_with(b"//") => userinfo(bytes, i + 3),
             b':' | b'=' => named_value(bytes, i, from),
-            b'/' if i > 0 && bytes[i - 1] == b':' && bytes.get(i + 1) == Some(&b'/') => {
-                userinfo(bytes, i + 2)
-            }
-            b's' | b'A' | b'p' | b'g' | b'x' | b'h' | b'b' | b'B' if starts_word(bytes, i) => {
-                prefixed_key(bytes, i).or_else(|| scheme_value(bytes, i))
-            }
+            b'-' | b'_' => key_ending_prefix(bytes, i, from),
+            b'A' if starts_word(bytes, i) => prefixed_key(bytes, i),
+            b' ' => scheme_before(bytes, i, from),
             _ => None,
         };
         if found.is_some() {
@@ -55,6 +68,30 @@ fn find(bytes: &[u8], from: usize) -> Option<(usize, usize)> {
         i += 1;
     }
     None
+}
+
+/// A key whose prefix ends with the `-` or `_` at `sep` (`sk-`, `ghp_`, `github_pat_`).
+fn key_ending_prefix(bytes: &[u8], sep: usize, floor: usize) -> Option<(usize, usize)> {
+    [2, 3, 4, 10].into_iter().find_map(|back| {
+        let start = sep.checked_sub(back).filter(|s| *s >= floor)?;
+        (b"spgxh".contains(&bytes[start]) && starts_word(bytes, start))
+            .then(|| prefixed_key(bytes, start))
+            .flatten()
+    })
+}
+
+/// `Bearer`/`Basic` right before the space at `space`: the credential after it.
+fn scheme_before(bytes: &[u8], space: usize, floor: usize) -> Option<(usize, usize)> {
+    let last = bytes[space.checked_sub(1)?].to_ascii_lowercase();
+    let back = match last {
+        b'r' => 6,
+        b'c' => 5,
+        _ => return None,
+    };
+    let start = space.checked_sub(back).filter(|s| *s >= floor)?;
+    starts_word(bytes, start)
+        .then(|| scheme_value(bytes, start))
+        .flatten()
 }
 
 /// Provider key prefixes. `keep` is how much of the prefix stays visible; `min` the shortest
@@ -346,30 +383,84 @@ pub fn member_value(name: &str, value: &str) -> Option<String> {
     taken.then(|| format!("{}{REDACTED}", &value[..keep]))
 }
 
-/// The words of a name, lower-cased: split at `-`, `_` and lower-to-upper case changes.
-fn words(name: &[u8]) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut word = String::new();
-    let mut prev_lower = false;
-    for &b in name {
-        if b == b'-' || b == b'_' {
-            if !word.is_empty() {
-                words.push(std::mem::take(&mut word));
+/// The words of a name: split at `-`, `_` and lower-to-upper case changes (`x-api-key`,
+/// `apiKey`, `OPENAI_API_KEY`, `SecretAccessKey`). Borrowed: names are looked at on every `:`
+/// of every JSON text, so this allocates nothing.
+fn words(name: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut start = 0;
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < name.len() {
+            let b = name[i];
+            if b == b'-' || b == b'_' {
+                let word = &name[start..i];
+                i += 1;
+                start = i;
+                if !word.is_empty() {
+                    return Some(word);
+                }
+                continue;
             }
-            prev_lower = false;
-            continue;
+            let camel = i > start
+                && b.is_ascii_uppercase()
+                && (name[i - 1].is_ascii_lowercase() || name[i - 1].is_ascii_digit());
+            if camel {
+                let word = &name[start..i];
+                start = i;
+                i += 1;
+                return Some(word);
+            }
+            i += 1;
         }
-        if b.is_ascii_uppercase() && prev_lower && !word.is_empty() {
-            words.push(std::mem::take(&mut word));
+        if start < name.len() {
+            let word = &name[start..];
+            start = name.len();
+            return Some(word);
         }
-        prev_lower = b.is_ascii_lowercase() || b.is_ascii_digit();
-        word.push(b.to_ascii_lowercase() as char);
-    }
-    if !word.is_empty() {
-        words.push(word);
-    }
-    words
+        None
+    })
 }
+
+fn is_one_of(word: &[u8], list: &[&str]) -> bool {
+    list.iter().any(|w| word.eq_ignore_ascii_case(w.as_bytes()))
+}
+
+const SECRET_LAST: &[&str] = &[
+    "key",
+    "apikey",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "pwd",
+    "credential",
+    "credentials",
+    "signature",
+    "sig",
+    "auth",
+];
+
+/// Words that make a name's value a secret whatever it looks like.
+const STRONG: &[&str] = &[
+    "api",
+    "apikey",
+    "secret",
+    "password",
+    "passwd",
+    "pwd",
+    "access",
+    "private",
+    "auth",
+    "session",
+    "refresh",
+    "client",
+    "bearer",
+    "credential",
+    "credentials",
+    "subscription",
+    "signature",
+    "sig",
+];
 
 fn classify_name(name: &[u8]) -> Option<Name> {
     // Names are short; a long run is text, not a name.
@@ -381,50 +472,14 @@ fn classify_name(name: &[u8]) -> Option<Name> {
     if !b"yntdlsegh".contains(&last_byte) {
         return None;
     }
-    let words = words(name);
-    let last = words.last()?.as_str();
-    if matches!(last, "authorization" | "cookie") {
+    let last = words(name).last()?;
+    if is_one_of(last, &["authorization", "cookie"]) {
         return Some(Name::Header);
     }
-    let secret_last = matches!(
-        last,
-        "key"
-            | "apikey"
-            | "token"
-            | "secret"
-            | "password"
-            | "passwd"
-            | "pwd"
-            | "credential"
-            | "credentials"
-            | "signature"
-            | "sig"
-            | "auth"
-    );
-    if !secret_last {
+    if !is_one_of(last, SECRET_LAST) {
         return None;
     }
-    const STRONG: &[&str] = &[
-        "api",
-        "apikey",
-        "secret",
-        "password",
-        "passwd",
-        "pwd",
-        "access",
-        "private",
-        "auth",
-        "session",
-        "refresh",
-        "client",
-        "bearer",
-        "credential",
-        "credentials",
-        "subscription",
-        "signature",
-        "sig",
-    ];
-    if words.iter().any(|w| STRONG.contains(&w.as_str())) {
+    if words(name).any(|w| is_one_of(w, STRONG)) {
         Some(Name::Strong)
     } else {
         Some(Name::Weak)
