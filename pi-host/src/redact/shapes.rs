@@ -545,6 +545,7 @@ mod tests {
         ("proxy said Basic dXNlcjpwYXNzd29yZA== no", "proxy said Basic [redacted] no"),
         ("Authorization: Token 0123456789abcdef", "Authorization: Token [redacted]"),
         ("authorization: rawtokenvalue", "authorization: [redacted]"),
+        ("Proxy-Authorization: Basic dXNlcjpwYXNz\r\nHost: x", "Proxy-Authorization: Basic [redacted]\r\nHost: x"),
         // Names in URL queries.
         ("GET https://generativelanguage.googleapis.com/v1/models?key=abc123&alt=sse", "GET https://generativelanguage.googleapis.com/v1/models?key=[redacted]&alt=sse"),
         ("https://x.example/v1?api-key=v&x=1", "https://x.example/v1?api-key=[redacted]&x=1"),
