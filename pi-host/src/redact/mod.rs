@@ -60,7 +60,7 @@ impl Redactor {
             })
             .collect();
         // A value inside a longer one must not leave the longer one's rest behind.
-        exact.sort_by(|a, b| b.plain.len().cmp(&a.plain.len()));
+        exact.sort_by(|a, b| (b.plain.len(), &a.plain).cmp(&(a.plain.len(), &b.plain)));
         exact.dedup_by(|a, b| a.plain == b.plain);
         *self.secrets.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(exact);
     }
