@@ -356,8 +356,11 @@ fn named_value(bytes: &[u8], sep: usize, floor: usize) -> Option<(usize, usize)>
     let taken = match name {
         _ if value.is_empty() || value.starts_with(b"[redacted]") => false,
         _ if query => true,
-        Name::Weak => key_like(value),
-        Name::Strong | Name::Header => true,
+        Name::Header => true,
+        // Unquoted after a strong name is code as often as a secret (`apiKey: string`,
+        // `api_key = os.environ[...]`): only a key-like value goes.
+        Name::Strong if quote.is_some() => true,
+        Name::Strong | Name::Weak => key_like(value),
     };
     taken.then_some(span)
 }
@@ -555,7 +558,7 @@ mod tests {
         // Headers.
         ("x-api-key: hunter2secret", "x-api-key: [redacted]"),
         ("x-api-key:abcdef123456 next", "x-api-key:[redacted] next"),
-        ("api-key: v", "api-key: [redacted]"),
+        ("api-key: Az7Sx4Dc1Fv9", "api-key: [redacted]"),
         ("Cookie: session=abc; other=def\nnext", "Cookie: [redacted]\nnext"),
         // JSON, quoted and compact, and escaped inside a JSON string.
         (r#"{"api-key": "v"}"#, r#"{"api-key": "[redacted]"}"#),
@@ -573,10 +576,11 @@ mod tests {
         ("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_access_key=[redacted]"),
         ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_access_key = [redacted]"),
         (r#""SecretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY""#, r#""SecretAccessKey": "[redacted]""#),
-        ("OPENAI_API_KEY=abc", "OPENAI_API_KEY=[redacted]"),
+        ("OPENAI_API_KEY=abc123def456", "OPENAI_API_KEY=[redacted]"),
+        ("password = 'hunter'", "password = '[redacted]'"),
         // An escape's letter is no part of a word.
         (r"line\nsk-proj-abcdefghijklmnop", r"line\nsk-[redacted]"),
-        (r"x\napi_key=v", r"x\napi_key=[redacted]"),
+        (r"x\napi_key=v4lue123", r"x\napi_key=[redacted]"),
     ];
 
     /// Text that must come through unchanged.
@@ -598,6 +602,9 @@ mod tests {
         "AKIA is a prefix; AKIAIOSFODNN7EXAMPLEX is too long",
         r#"{"primary_key":"user_id"}"#,
         r#"{"key":"sessionName"}"#,
+        "interface Options { apiKey: string; token?: string }",
+        "api_key = os.environ[\"OPENAI_API_KEY\"]",
+        "password = input()",
         "sk-[redacted] and Bearer [redacted] and https://[redacted]@host",
         r#"{"api_key":"[redacted]"}"#,
     ];
