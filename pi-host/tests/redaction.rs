@@ -27,6 +27,7 @@ const ROWS: &[(&str, &str, &str)] = &[
     ("sk-ant", "invalid x-api-key sk-ant-api03-Hq4Jk8Lp2Ws6Ed0Rf", "api03-Hq4Jk8Lp2Ws6Ed0Rf"),
     ("bearer", "sent Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.cGF5bG9hZA.c2ln", "eyJhbGciOiJIUzI1NiJ9"),
     ("basic", "the proxy refused Basic dXNlcjpzM2NyZXRwYXNz here", "dXNlcjpzM2NyZXRwYXNz"),
+    ("basic, no digit", "proxy-authenticate failed for Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
     ("query key", "GET https://generativelanguage.googleapis.com/v1beta/models/g:streamGenerateContent?alt=sse&key=Gq7Wm3Xp9Lz2Kd5 failed", "Gq7Wm3Xp9Lz2Kd5"),
     ("query api-key", "POST https://x.example/openai/deployments/d/chat?api-key=Qa1Ws2Ed3Rf4&v=1 refused", "Qa1Ws2Ed3Rf4"),
     ("query access_token", "redirect to https://x.example/cb?access_token=ya29.Zk3Lm9Qp2Wx&state=1", "ya29.Zk3Lm9Qp2Wx"),

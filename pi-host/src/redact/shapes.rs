@@ -246,6 +246,16 @@ fn key_like(value: &[u8]) -> bool {
             || (value.len() >= 20 && has(u8::is_ascii_uppercase) && has(u8::is_ascii_lowercase)))
 }
 
+/// What may follow `Bearer`/`Basic` as a credential rather than as a word: 8 or more characters
+/// with a digit, a symbol or a capital past the first (`Basic dXNlcjpwYXNz` has no digit;
+/// "Bearer authentication" is prose).
+fn scheme_credential(token: &[u8]) -> bool {
+    token.len() >= 8
+        && (token.iter().any(u8::is_ascii_digit)
+            || token.iter().any(|b| b"-._~+/=".contains(b))
+            || token.iter().skip(1).any(u8::is_ascii_uppercase))
+}
+
 /// `Bearer x` / `Basic x`: the scheme stays, the credential after it goes.
 fn scheme_value(bytes: &[u8], at: usize) -> Option<(usize, usize)> {
     let rest = &bytes[at..];
@@ -260,7 +270,7 @@ fn scheme_value(bytes: &[u8], at: usize) -> Option<(usize, usize)> {
     let token = run(&rest[start..], |b| {
         b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b)
     });
-    key_like(&rest[start..start + token]).then_some((at + start, at + start + token))
+    scheme_credential(&rest[start..start + token]).then_some((at + start, at + start + token))
 }
 
 /// `scheme://user:pass@host`: everything between `://` and the authority's last `@`.
@@ -546,6 +556,7 @@ mod tests {
         ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig", "Authorization: Bearer [redacted]"),
         ("sent bearer abcdef0123456789 then", "sent bearer [redacted] then"),
         ("proxy said Basic dXNlcjpwYXNzd29yZA== no", "proxy said Basic [redacted] no"),
+        ("Basic dXNlcjpwYXNz", "Basic [redacted]"),
         ("Authorization: Token 0123456789abcdef", "Authorization: Token [redacted]"),
         ("authorization: rawtokenvalue", "authorization: [redacted]"),
         ("Proxy-Authorization: Basic dXNlcjpwYXNz\r\nHost: x", "Proxy-Authorization: Basic [redacted]\r\nHost: x"),
