@@ -4,7 +4,8 @@
 //!
 //! [`Agent::spawn`] starts the configured command line (split like a shell would, but run without
 //! one) in the session's workspace, as the leader of its own process group, and returns a handle
-//! plus a bounded receiver of everything the agent says ([`AgentOutput`]). That receiver must be
+//! plus a bounded receiver of everything the agent says ([`AgentOutput`]), redacted with
+//! [`AgentOptions::redactor`] before anything reads it (`crate::redact`). That receiver must be
 //! drained by a task of its own: when it is full the bridge stops reading the agent's stdout, which
 //! pushes back on the agent, and responses behind the backlog are not seen either, so a command
 //! method waiting for its response would run into its timeout.
@@ -191,7 +192,8 @@ pub enum AgentOutput {
 }
 
 /// A pi event, relayed to clients as `agent.<kind>` with its payload exactly as pi wrote it
-/// (the host reads only what it needs from it, and never re-encodes it).
+/// but for the strings the redaction changed (the host reads only what it needs from it, and
+/// never re-encodes the rest).
 #[derive(Debug, Clone)]
 pub struct AgentEvent {
     /// pi's `type`, or `invalid_output` for a line that is not agent output: then the payload
