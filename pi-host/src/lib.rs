@@ -15,6 +15,7 @@ pub mod human;
 pub mod models;
 pub mod paths;
 pub mod ratelimit;
+pub mod redact;
 pub mod secrets;
 pub mod server;
 pub mod sessions;

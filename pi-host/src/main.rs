@@ -106,12 +106,18 @@ fn parse_duration(text: &str) -> Result<u64, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The log and the agents' output share one redaction: it learns the provider keys when the
+    // host's state opens (pi_host::redact).
+    let redactor = pi_host::redact::Redactor::default();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PI_HOST_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(pi_host::redact::LogWriter::new(
+            redactor.clone(),
+            std::io::stderr,
+        ))
         // Colour for a person at a terminal, never in a redirected log (or with NO_COLOR).
         .with_ansi(
             std::io::IsTerminal::is_terminal(&std::io::stderr())
@@ -129,10 +135,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(cli.command, data_dir))
+    runtime.block_on(run(cli.command, data_dir, redactor))
 }
 
-async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
+async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Redactor) -> ExitCode {
     match command {
         Command::Serve {
             config: file,
@@ -146,7 +152,7 @@ async fn run(command: Command, data_dir: PathBuf) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match serve(config, state_file).await {
+            match serve(config, state_file, redactor).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
                     eprintln!("pi-host: {message}");
@@ -354,7 +360,11 @@ fn report(error: &AppError, json: bool) -> ExitCode {
     ExitCode::FAILURE
 }
 
-async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(), String> {
+async fn serve(
+    mut config: ServeConfig,
+    state_file: Option<PathBuf>,
+    redactor: pi_host::redact::Redactor,
+) -> Result<(), String> {
     config.host_files.extend(state_file.iter().cloned());
     let tls = tls_config(&mut config)?;
     if !config.listen.ip().is_loopback() && tls.is_none() && !config.insecure_bind {
@@ -387,7 +397,7 @@ async fn serve(mut config: ServeConfig, state_file: Option<PathBuf>) -> Result<(
     config.listen = local;
     // Before anything else opens descriptors: the limit is raised and split (server/listener.rs).
     let budget = server::listener::plan(&mut config.limits);
-    let state = state::HostState::open(config).map_err(|e| e.to_string())?;
+    let state = state::HostState::open_with(config, redactor).map_err(|e| e.to_string())?;
     turns::end_interrupted_turns(&state).await;
     tokio::spawn(turns::stop_idle_agents(state.clone()));
     let admin = admin::bind(&state.config.data_dir)

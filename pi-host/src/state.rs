@@ -3,6 +3,7 @@
 use crate::clock::now_ms;
 use crate::config::ServeConfig;
 use crate::connections::Connections;
+use crate::redact::Redactor;
 use crate::secrets::Secrets;
 use crate::store::Store;
 use racp_proto::{AppError, ErrorCode};
@@ -29,6 +30,9 @@ pub struct HostState {
     pub agent_extensions: Vec<std::path::PathBuf>,
     /// Provider keys, custom providers and the model catalogue a desktop reads.
     pub models: crate::models::Models,
+    /// The one redaction of agent text (and of the log, which shares it): it knows the
+    /// provider keys `models` hands the agents.
+    pub redactor: Redactor,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +67,11 @@ pub fn open_identity(data_dir: &std::path::Path) -> Result<(Secrets, Store, Stri
 
 impl HostState {
     pub fn open(config: ServeConfig) -> Result<Arc<Self>, StartError> {
+        HostState::open_with(config, Redactor::default())
+    }
+
+    /// [`HostState::open`] with the redactor the host's log writer already uses.
+    pub fn open_with(config: ServeConfig, redactor: Redactor) -> Result<Arc<Self>, StartError> {
         let (secrets, store, host_id) = open_identity(&config.data_dir)?;
         let db_path = config.data_dir.join("pi-host.db");
         let sessions = crate::sessions::Sessions::open(&store, &db_path, config.retention)?;
@@ -73,7 +82,7 @@ impl HostState {
                     tracing::warn!(error = %err, "cannot write pi-host's agent extensions; agents start without them");
                 })
                 .unwrap_or_default();
-        let models = crate::models::Models::open(&config.data_dir)?;
+        let models = crate::models::Models::open(&config.data_dir, redactor.clone())?;
         Ok(Arc::new(HostState {
             config,
             store,
@@ -94,6 +103,7 @@ impl HostState {
             connections: Connections::default(),
             agent_extensions,
             models,
+            redactor,
         }))
     }
 
@@ -125,6 +135,14 @@ impl HostState {
             command = format!("{command} {}", self.config.agent_resume_args);
         }
         command
+    }
+
+    /// The bounds an agent runs with, and the redaction of what it writes.
+    pub fn agent_options(&self) -> crate::agent::AgentOptions {
+        crate::agent::AgentOptions {
+            redactor: self.redactor.clone(),
+            ..Default::default()
+        }
     }
 
     pub fn is_draining(&self) -> bool {

@@ -267,6 +267,96 @@ async fn a_key_set_from_a_client_reaches_the_provider_and_nowhere_else() {
     );
 }
 
+/// A key with no shape a redaction could know, set from a client: the provider refuses it and
+/// quotes it back (`tests::pi::ECHO_KEY`), so pi's `errorMessage` holds it; the host scrubs
+/// its exact value from every event (an observer's too), the reply, the log and every file but
+/// `credentials.json`.
+#[tokio::test]
+async fn a_key_the_provider_echoes_reaches_no_event_log_or_file() {
+    let stub = Stub::default();
+    *stub.failure.lock().unwrap() = Some(tests::pi::ECHO_KEY);
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let (_, watcher) = host.pair_device("watcher", &["--roles", "observer"]).await;
+    let mut client = connect(&host, &token).await;
+    result(
+        &client
+            .call("provider/set", desk_provider(stub.port()))
+            .await,
+    );
+    let key = format!("desk.{}.Q7vTxLmRbNwPz", std::process::id());
+    let set = client
+        .call("credential/set", json!({"provider": "desk", "apiKey": key}))
+        .await;
+    result(&set);
+    let created = client
+        .call(
+            "session/create",
+            json!({"workspace": host.workspace("w"),
+                   "model": {"provider": "desk", "id": "desk-model"}}),
+        )
+        .await;
+    let session = result(&created)["session"].clone();
+    let session_id = session["sessionId"].as_str().unwrap().to_string();
+    let subscribe = json!({"sessionId": session_id, "cursor": session["cursor"]});
+    result(&client.call("session/subscribe", subscribe.clone()).await);
+    let mut observer = connect(&host, &watcher).await;
+    result(&observer.call("session/subscribe", subscribe).await);
+
+    let started = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "e1", "text": "hello"}),
+        )
+        .await;
+    let turn_id = result(&started)["turnId"].clone();
+    let finished = |e: &Value| e["type"] == "turn.finished" && e["turnId"] == turn_id;
+    let events = client.events_until(WAIT, finished).await;
+    let seen = observer.events_until(WAIT, finished).await;
+
+    // The provider did get the key and quote it, so the test can fail.
+    assert_eq!(
+        stub.authorizations
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .flatten(),
+        Some(format!("Bearer {key}"))
+    );
+    let error = &events.last().unwrap()["data"]["error"];
+    assert_eq!(error["code"], "PROVIDER_UNAUTHORIZED", "{error}");
+    let shown = error["details"]["providerMessage"].as_str().unwrap();
+    assert!(shown.contains("provided: [redacted]."), "{shown}");
+    let agent_events: Vec<_> = events
+        .iter()
+        .filter(|e| e["type"].as_str().is_some_and(|t| t.starts_with("agent.")))
+        .collect();
+    assert!(
+        agent_events.iter().any(|e| e
+            .to_string()
+            .contains("Incorrect API key provided: [redacted]")),
+        "pi's errorMessage is relayed, redacted: {agent_events:#?}"
+    );
+    for event in events.iter().chain(&seen) {
+        assert!(!event.to_string().contains(&key), "the key is in {event}");
+    }
+    let got = client
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    assert!(!got.to_string().contains(&key), "the key is in {got}");
+
+    let credentials = host.data_dir.path().join("credentials.json");
+    let holding = files_holding(host.data_dir.path(), &key, &credentials);
+    assert!(holding.is_empty(), "the key is in {holding:?}");
+    assert!(
+        files_holding(host.data_dir.path(), &key, Path::new(""))
+            .contains(&credentials.display().to_string()),
+        "the key is kept where it belongs"
+    );
+    assert!(!host.log().contains(&key), "the key is in the host's log");
+}
+
 // ---------------------------------------------------------------------------------------------
 // With the stand-in agent: roles, the stored settings, and what the agent is told.
 

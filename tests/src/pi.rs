@@ -159,6 +159,29 @@ pub fn failure(mode: &str) -> Response {
     }
 }
 
+/// The failure mode in which the stub refuses the key it was sent and quotes it back, whole and
+/// in several spellings, as some providers do: in its message, as a header echo, in a URL and
+/// JSON-escaped inside a string.
+pub const ECHO_KEY: &str = "echo-key";
+
+fn echo_key(headers: &HeaderMap) -> Response {
+    let sent = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let key = sent.strip_prefix("Bearer ").unwrap_or(sent);
+    let nested = json!({ "received": key }).to_string();
+    api_error(
+        401,
+        &format!(
+            "Incorrect API key provided: {key}. You sent '{sent}' to \
+             https://stub.example/v1?k={key} (echo {nested})."
+        ),
+        "invalid_request_error",
+        "invalid_api_key",
+    )
+}
+
 pub fn chunk(delta: Value, finish_reason: Option<&str>) -> String {
     let chunk = json!({
         "id": "chatcmpl-stub",
@@ -182,6 +205,9 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
             .lock()
             .unwrap()
             .push(serde_json::from_str(&body).unwrap_or(Value::Null));
+        if mode == ECHO_KEY {
+            return echo_key(&headers);
+        }
         return failure(mode);
     }
     let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);

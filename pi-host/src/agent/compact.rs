@@ -34,6 +34,11 @@ pub(super) struct Compactor {
     tool_outputs: HashMap<String, String>,
 }
 
+/// The events this module cuts: pi's updates that repeat everything so far.
+pub(super) fn is_stream_update(kind: &str) -> bool {
+    matches!(kind, "message_update" | "tool_execution_update")
+}
+
 impl Compactor {
     /// The compact payload for an agent event, or `None` to relay it as it came.
     pub(super) fn compact(&mut self, kind: &str, payload: &RawValue) -> Option<Box<RawValue>> {

@@ -4,7 +4,8 @@
 //!
 //! [`Agent::spawn`] starts the configured command line (split like a shell would, but run without
 //! one) in the session's workspace, as the leader of its own process group, and returns a handle
-//! plus a bounded receiver of everything the agent says ([`AgentOutput`]). That receiver must be
+//! plus a bounded receiver of everything the agent says ([`AgentOutput`]), redacted with
+//! [`AgentOptions::redactor`] before anything reads it (`crate::redact`). That receiver must be
 //! drained by a task of its own: when it is full the bridge stops reading the agent's stdout, which
 //! pushes back on the agent, and responses behind the backlog are not seen either, so a command
 //! method waiting for its response would run into its timeout.
@@ -38,6 +39,7 @@ use racp_proto::methods::session::SessionSettings;
 use racp_proto::{AppError, ErrorCode, ErrorSource};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -89,6 +91,8 @@ pub struct AgentOptions {
     pub stderr_tail_bytes: usize,
     pub response_timeout: Duration,
     pub shutdown_grace: Duration,
+    /// Applied to every line the agent writes before it is read, and to its stderr tail.
+    pub redactor: crate::redact::Redactor,
 }
 
 impl Default for AgentOptions {
@@ -99,6 +103,7 @@ impl Default for AgentOptions {
             stderr_tail_bytes: STDERR_TAIL_BYTES,
             response_timeout: RESPONSE_TIMEOUT,
             shutdown_grace: SHUTDOWN_GRACE,
+            redactor: crate::redact::Redactor::default(),
         }
     }
 }
@@ -187,7 +192,8 @@ pub enum AgentOutput {
 }
 
 /// A pi event, relayed to clients as `agent.<kind>` with its payload exactly as pi wrote it
-/// (the host reads only what it needs from it, and never re-encodes it).
+/// but for the strings the redaction changed (the host reads only what it needs from it, and
+/// never re-encodes the rest).
 #[derive(Debug, Clone)]
 pub struct AgentEvent {
     /// pi's `type`, or `invalid_output` for a line that is not agent output: then the payload
@@ -521,6 +527,7 @@ impl Agent {
             pid,
             pgid,
             grace: options.shutdown_grace,
+            redactor: options.redactor.clone(),
         };
         tokio::spawn(pump.run());
 
@@ -851,13 +858,17 @@ impl Tail {
         let start = self.bytes.len().saturating_sub(self.cap);
         let mut tail = &self.bytes[start..];
         if start > 0 {
-            // Do not start in the middle of a UTF-8 sequence.
-            while let Some((&byte, rest)) = tail.split_first() {
-                if byte & 0xC0 != 0x80 {
-                    break;
-                }
-                tail = rest;
-            }
+            // Do not start in the middle of a line (half a credential is not recognisable, so
+            // it would escape the redaction), or, with no line end, of a word; with neither,
+            // not in the middle of a UTF-8 sequence.
+            let cut = tail
+                .iter()
+                .position(|&b| b == b'\n')
+                .or_else(|| tail.iter().position(u8::is_ascii_whitespace))
+                .map(|at| at + 1)
+                .or_else(|| tail.iter().position(|&b| b & 0xC0 != 0x80))
+                .unwrap_or(tail.len());
+            tail = &tail[cut..];
         }
         String::from_utf8_lossy(tail).into_owned()
     }
@@ -889,6 +900,7 @@ struct StdoutPump {
     pid: u32,
     pgid: Pid,
     grace: Duration,
+    redactor: crate::redact::Redactor,
 }
 
 impl StdoutPump {
@@ -907,7 +919,9 @@ impl StdoutPump {
                     Ok(Some(Line::TooLong { bytes, head })) => {
                         tracing::warn!(pid = self.pid, bytes, "agent wrote an over-long line; dropped");
                         let error = "line longer than the bound";
-                        self.forward(protocol::invalid_output(error, Some(&head), bytes)).await;
+                        let mut output = protocol::invalid_output(error, Some(&head), bytes);
+                        self.scrub_invalid(&mut output);
+                        self.forward(output).await;
                     }
                     Ok(None) => break,
                     Err(err) => {
@@ -934,6 +948,7 @@ impl StdoutPump {
             self.stderr_task.abort();
         }
         let stderr_tail = lock(&self.tail).text();
+        let stderr_tail = self.redactor.text(&stderr_tail).into_owned();
         let _ = self
             .out
             .send(AgentOutput::Exited {
@@ -995,8 +1010,30 @@ impl StdoutPump {
         true
     }
 
+    /// The payload of an `invalid_output` event quotes a line that was not JSON, so the
+    /// redaction of the line's strings may have missed part of it: the quote is redacted as
+    /// the string it now is.
+    fn scrub_invalid(&self, output: &mut AgentOutput) {
+        if let AgentOutput::Event(event) = output
+            && event.kind == protocol::INVALID_OUTPUT
+            && let Some(redacted) = self.redactor.raw_value(&event.payload)
+        {
+            event.payload = redacted;
+        }
+    }
+
     async fn handle(&mut self, line: &[u8]) {
-        match protocol::parse_line(line) {
+        let mut parsed = protocol::parse_line(line);
+        // pi's stream updates repeat the whole message (or tool output) so far, and nothing is
+        // read from them: they are redacted once compacted, when only what is new is left.
+        let streamed = matches!(&parsed, Some(Parsed::Output(AgentOutput::Event(event)))
+            if compact::is_stream_update(&event.kind));
+        // Any other line is redacted before anything reads it: what the host relays, stores,
+        // logs or classifies (pi's `errorMessage` among it) is the redacted line.
+        if !streamed && let Cow::Owned(redacted) = self.redactor.json(line) {
+            parsed = protocol::parse_line(&redacted);
+        }
+        match parsed {
             None => {}
             Some(Parsed::Reply { id, reply }) => {
                 let waiter = lock(&self.pending)
@@ -1029,10 +1066,17 @@ impl StdoutPump {
                 payload,
             })) if self.claim_refusal(&command, &error, &payload) => {}
             Some(Parsed::Output(mut output)) => {
+                self.scrub_invalid(&mut output);
                 if let AgentOutput::Event(event) = &mut output
                     && let Some(compact) = self.compactor.compact(&event.kind, &event.payload)
                 {
                     event.payload = compact;
+                }
+                if streamed
+                    && let AgentOutput::Event(event) = &mut output
+                    && let Some(redacted) = self.redactor.raw_value(&event.payload)
+                {
+                    event.payload = redacted;
                 }
                 if let AgentOutput::Event(event) = &output
                     && event.kind == protocol::INVALID_OUTPUT

@@ -463,6 +463,67 @@ async fn a_crash_reports_exit_status_and_stderr_tail() {
     agent.shutdown().await;
 }
 
+fn hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the bridge hands on is redacted: every payload, the `errorMessage` the turn's verdict
+/// is read from, and the stderr tail.
+#[tokio::test]
+async fn what_the_agent_writes_is_redacted_before_it_is_read() {
+    let redactor = crate::redact::Redactor::default();
+    redactor.set_secrets(vec!["opaque.Value-7Kq2Xw".into()]);
+    let options = AgentOptions {
+        redactor,
+        ..Default::default()
+    };
+    let (_dir, agent, mut rx) = start_with(options.clone()).await;
+    let said = "401 key opaque.Value-7Kq2Xw via https://u:Pa55w0rd9@proxy:8080";
+    let script = format!("sayhex:{} failhex:{}", hex(said), hex(said));
+    agent.prompt(&script).await.expect("prompt");
+    let outputs = collect_until(&mut rx, |o| o.kind() == "agent_end").await;
+    let mut ends = 0;
+    for output in &outputs {
+        if let AgentOutput::Event(event) = output {
+            let payload = event.payload.get();
+            assert!(!payload.contains("opaque.Value"), "{payload}");
+            assert!(!payload.contains("Pa55w0rd9"), "{payload}");
+            if let Some(end) = &event.run_end {
+                let message = end.error_message.as_deref().unwrap_or_default();
+                assert_eq!(
+                    message,
+                    "401 key [redacted] via https://[redacted]@proxy:8080"
+                );
+                ends += 1;
+            }
+        }
+    }
+    assert_eq!(ends, 1);
+    agent.shutdown().await;
+
+    let (_dir, agent, mut rx) = start_with(options).await;
+    agent
+        .prompt(&format!("crashhex:{}", hex(said)))
+        .await
+        .expect("prompt");
+    let outputs = until_exited(&mut rx).await;
+    let Some(AgentOutput::Exited { stderr_tail, .. }) = outputs.last() else {
+        panic!("no exit");
+    };
+    assert_eq!(
+        stderr_tail,
+        "stand-in-agent: 401 key [redacted] via https://[redacted]@proxy:8080\n"
+    );
+}
+
+#[test]
+fn a_cut_stderr_tail_starts_at_a_line() {
+    let mut tail = Tail::new(24);
+    tail.push(b"Authorization: Bearer abcdef0123456789\nnext line\n");
+    // The cut falls inside the token: its first half would not look like a credential.
+    assert_eq!(tail.text(), "next line\n");
+}
+
 #[tokio::test]
 async fn the_stderr_tail_is_bounded() {
     let (_dir, agent, mut rx) = start().await;

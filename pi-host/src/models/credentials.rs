@@ -4,6 +4,7 @@
 //! agents get them from the file when they start (docs/protocol.md §7.20).
 
 use super::file::{FileError, Keyed};
+use crate::redact::Redactor;
 use racp_proto::methods::model::CredentialInfo;
 use serde::{Deserialize, Serialize};
 
@@ -19,8 +20,13 @@ struct Entry {
 pub struct Credentials(Keyed<Entry>);
 
 impl Credentials {
-    pub fn open(data_dir: &std::path::Path) -> Result<Credentials, FileError> {
-        Keyed::open(data_dir, FILE, "credentials").map(Credentials)
+    /// Reads the file; `redactor` is handed every key's value now and after each change,
+    /// under the lock of the file's write, so it never scrubs an older set than the agents get.
+    pub fn open(data_dir: &std::path::Path, redactor: Redactor) -> Result<Credentials, FileError> {
+        let keyed = Keyed::<Entry>::open(data_dir, FILE, "credentials")?.observed(move |entries| {
+            redactor.set_secrets(entries.values().map(|e| e.api_key.clone()).collect());
+        });
+        Ok(Credentials(keyed))
     }
 
     /// Sets a provider's key, on disk before it returns.
@@ -56,7 +62,8 @@ impl Credentials {
         self.0.lock().iter().map(|(p, e)| info(p, e)).collect()
     }
 
-    /// Every key's exact value, for the redactor to scrub wherever one appears.
+    /// Every key's exact value.
+    #[cfg(test)]
     pub fn values(&self) -> Vec<String> {
         self.0.lock().values().map(|e| e.api_key.clone()).collect()
     }
@@ -89,21 +96,41 @@ mod tests {
     #[test]
     fn keys_persist_in_one_private_file_and_are_listed_without_their_value() {
         let dir = tempfile::tempdir().unwrap();
-        let credentials = Credentials::open(dir.path()).unwrap();
+        let credentials = Credentials::open(dir.path(), Redactor::default()).unwrap();
         let info = credentials.set("openai", "sk-test-0123456789", 7).unwrap();
         assert_eq!(info.fingerprint, fingerprint("sk-test-0123456789"));
         assert!(!format!("{:?}", credentials.list()).contains("0123456789"));
         let path = dir.path().join(FILE);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let again = Credentials::open(dir.path()).unwrap();
+        let again = Credentials::open(dir.path(), Redactor::default()).unwrap();
         assert_eq!(again.list(), vec![info]);
         assert_eq!(again.values(), ["sk-test-0123456789"]);
         assert!(again.delete("openai").unwrap());
         assert!(!again.delete("openai").unwrap());
-        assert!(Credentials::open(dir.path()).unwrap().list().is_empty());
+        assert!(
+            Credentials::open(dir.path(), Redactor::default())
+                .unwrap()
+                .list()
+                .is_empty()
+        );
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1, "no staged file is left behind");
+    }
+
+    #[test]
+    fn the_redactor_scrubs_the_keys_of_the_file_as_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let redactor = Redactor::default();
+        let credentials = Credentials::open(dir.path(), redactor.clone()).unwrap();
+        credentials.set("custom", "plain-value-0001", 1).unwrap();
+        assert_eq!(redactor.text("x plain-value-0001 y"), "x [redacted] y");
+        // At open, from the file.
+        let reopened = Redactor::default();
+        let _again = Credentials::open(dir.path(), reopened.clone()).unwrap();
+        assert_eq!(reopened.text("plain-value-0001"), "[redacted]");
+        credentials.delete("custom").unwrap();
+        assert_eq!(redactor.text("plain-value-0001"), "plain-value-0001");
     }
 
     #[test]
@@ -115,7 +142,10 @@ mod tests {
             r#"{"version":1,"credentials":{"x":{"apiKey":7,"setAt":"sk-leak"}}}"#,
         )
         .unwrap();
-        let err = Credentials::open(dir.path()).err().unwrap().to_string();
+        let err = Credentials::open(dir.path(), Redactor::default())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("fix it or move it away"), "{err}");
         assert!(!err.contains("sk-leak"), "{err}");
     }

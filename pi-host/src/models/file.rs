@@ -15,7 +15,11 @@ pub struct Keyed<T> {
     path: PathBuf,
     kind: &'static str,
     entries: Mutex<BTreeMap<String, T>>,
+    /// Told the entries after each change, under the lock that orders the changes.
+    observer: Option<Observer<T>>,
 }
+
+type Observer<T> = Box<dyn Fn(&BTreeMap<String, T>) + Send + Sync>;
 
 impl<T: Serialize + DeserializeOwned + Clone + PartialEq> Keyed<T> {
     /// Reads `data_dir/name` (none: empty); `kind` is its top-level key.
@@ -26,7 +30,24 @@ impl<T: Serialize + DeserializeOwned + Clone + PartialEq> Keyed<T> {
             path,
             kind,
             entries: Mutex::new(entries),
+            observer: None,
         })
+    }
+
+    /// Tells `observer` the entries now and after every change, in the order of the changes.
+    pub fn observed(
+        mut self,
+        observer: impl Fn(&BTreeMap<String, T>) + Send + Sync + 'static,
+    ) -> Self {
+        observer(&self.lock());
+        self.observer = Some(Box::new(observer));
+        self
+    }
+
+    fn changed(&self, entries: &BTreeMap<String, T>) {
+        if let Some(observer) = &self.observer {
+            observer(entries);
+        }
     }
 
     pub fn lock(&self) -> MutexGuard<'_, BTreeMap<String, T>> {
@@ -43,6 +64,7 @@ impl<T: Serialize + DeserializeOwned + Clone + PartialEq> Keyed<T> {
         next.insert(key.to_string(), value);
         save(&self.path, self.kind, &next)?;
         *entries = next;
+        self.changed(&entries);
         Ok(true)
     }
 
@@ -56,6 +78,7 @@ impl<T: Serialize + DeserializeOwned + Clone + PartialEq> Keyed<T> {
         next.remove(key);
         save(&self.path, self.kind, &next)?;
         *entries = next;
+        self.changed(&entries);
         Ok(true)
     }
 }

@@ -33,9 +33,13 @@ pub struct Models {
 }
 
 impl Models {
-    pub fn open(data_dir: &std::path::Path) -> Result<Models, FileError> {
+    /// `redactor` learns the provider keys, to scrub them from what the agents write.
+    pub fn open(
+        data_dir: &std::path::Path,
+        redactor: crate::redact::Redactor,
+    ) -> Result<Models, FileError> {
         Ok(Models {
-            credentials: Credentials::open(data_dir)?,
+            credentials: Credentials::open(data_dir, redactor)?,
             providers: Providers::open(data_dir)?,
             catalogue: catalogue::Catalogue::default(),
             generation: AtomicU64::new(0),

@@ -45,14 +45,17 @@
 //! | `deltas:N` | an assistant text message: `message_start`, `message_update` `text_start`, N `text_delta`s (`chunk0 `, `chunk1 `, ...), `text_end`, `message_end` (`stopReason: "stop"`) |
 //! | `deltas:N:MS` | the same, pausing MS milliseconds before each delta (so a run can be aborted mid-message) |
 //! | `echo` | an assistant text message whose single delta is the whole prompt text |
+//! | `sayhex:HEX` | an assistant text message whose single delta is the text HEX encodes (UTF-8, two hex digits a byte) |
 //! | `tool` | an assistant message with a `bash` tool call (`toolcall_start/delta/end`, `stopReason: "toolUse"`), then `tool_execution_start`, `tool_execution_update`, `tool_execution_end` and the `toolResult` message |
 //! | `approve:KIND[:TIMEOUT_MS]` | like `tool`, but after `tool_execution_start` an `extension_ui_request` (KIND = `confirm`, `select`, `input` or `editor`, with a fresh UUID `id`) waits for the matching `extension_ui_response`. Allowed (`confirmed: true`, or a `value` other than `Block`): the tool runs and its result text says `stand-in tool ran (answer: X)`. Refused (`confirmed: false`, `cancelled`, `Block`, or TIMEOUT_MS passed): `tool_execution_end` with `isError: true` and `Blocked by user (answer: X)`, as pi reports a tool blocked by an extension |
 //! | `fail` | ends the run as failed, like a provider error in pi: an assistant message with `stopReason: "error"` and `errorMessage`, `turn_end`, `agent_end`; later directives do not run |
 //! | `fail:TEXT` | the same, with `errorMessage` TEXT (`_` read as a space), e.g. `fail:401_Incorrect_API_key_provided` |
+//! | `failhex:HEX` | the same, with `errorMessage` the text HEX encodes (UTF-8, two hex digits a byte): any text, spaces and `_` included |
 //! | `retry:N` | pi's automatic retry that succeeds: N times a failed run (`errorMessage` `503 Service Unavailable`, `turn_end`, `agent_end`) followed by `auto_retry_start` and a new `agent_start`/`turn_start`; then an assistant message `retried ok` and `auto_retry_end` (`success: true`) |
 //! | `gaveup:N` | pi's automatic retry that gives up: N failed runs each followed by `auto_retry_start`, then a last failed run (`429 Rate limit reached …`) followed by `auto_retry_end` (`success: false`, `attempt: N`); later directives do not run |
 //! | `oom` | writes node's V8 heap-limit banner (`FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory`) to stderr and aborts (SIGABRT), as node does |
 //! | `crash` | writes `stand-in-agent: scripted crash` to stderr and exits with status 3 at once |
+//! | `crashhex:HEX` | the same with the text HEX encodes (UTF-8, two hex digits a byte) after `stand-in-agent: ` |
 //! | `exit:CODE` | exits with status CODE at once |
 //! | `sleep:MS` | pauses MS milliseconds (commands are still answered; `abort` ends the run as aborted) |
 //! | `hang` | waits until aborted (or until stdin closes) |
@@ -560,6 +563,7 @@ impl StandIn {
                     self.stream_text_paced(run, &deltas, pause.map(Duration::from_millis))?;
                 }
                 ("echo", _) => self.stream_text(run, &[text.to_string()])?,
+                ("sayhex", _) => self.stream_text(run, &[unhex(arg)])?,
                 ("big", Some(n)) => {
                     let delta = "x".repeat(usize::try_from(n).unwrap_or(0));
                     self.stream_text(run, &[delta])?;
@@ -597,11 +601,15 @@ impl StandIn {
                         self.tool(run, Some((kind, timeout)))?;
                     }
                 }
-                ("fail", _) => {
+                ("fail" | "failhex", _) => {
                     self.new_turn_if_needed(run);
                     // `fail:TEXT`: the errorMessage is TEXT with `_` as spaces (a provider's
-                    // wording, e.g. `fail:429_Too_many_requests`).
-                    let error = arg.map_or(FAILED.to_string(), |text| text.replace('_', " "));
+                    // wording, e.g. `fail:429_Too_many_requests`); `failhex:HEX` any text.
+                    let error = match (name, arg) {
+                        ("failhex", _) => unhex(arg),
+                        (_, Some(text)) => text.replace('_', " "),
+                        (_, None) => FAILED.to_string(),
+                    };
                     let message = with_error(assistant(json!([]), "error"), &error);
                     emit(&json!({"type": "message_start", "message": message}));
                     emit(&json!({"type": "message_end", "message": message}));
@@ -646,6 +654,10 @@ impl StandIn {
                 }
                 ("crash", _) => {
                     eprintln!("stand-in-agent: scripted crash");
+                    std::process::exit(3);
+                }
+                ("crashhex", _) => {
+                    eprintln!("stand-in-agent: {}", unhex(arg));
                     std::process::exit(3);
                 }
                 ("oom", _) => {
@@ -1184,4 +1196,15 @@ fn respond_error(id: Option<Value>, command: &str, error: &str) {
     response.insert("success".into(), json!(false));
     response.insert("error".into(), json!(error));
     emit(&Value::Object(response));
+}
+
+/// The text of a directive's hex argument (two digits a byte, UTF-8); what does not decode is
+/// left out.
+fn unhex(arg: Option<&str>) -> String {
+    let digits = arg.unwrap_or("").as_bytes();
+    let bytes: Vec<u8> = digits
+        .chunks(2)
+        .filter_map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }

@@ -429,112 +429,14 @@ fn retry_after_ms(message: &str) -> Option<u64> {
     None
 }
 
-/// The provider's message for people: credentials and header values redacted, at most
-/// [`PROVIDER_MESSAGE_CAP`] characters. Applied before the error is stored or sent.
+/// The provider's message for people: at most [`PROVIDER_MESSAGE_CAP`] characters, credential
+/// shapes redacted (again: the agent's line it came from was redacted as a whole, exact key
+/// values included, before it was read; see `crate::redact`).
 pub fn redact(message: &str) -> String {
-    let mut out = String::with_capacity(message.len().min(PROVIDER_MESSAGE_CAP + 8));
-    let words = message.split_inclusive(char::is_whitespace);
-    // After `Authorization:` / `api-key:` style headers and `Bearer`, the next value is a secret.
-    let mut hide_next = false;
-    for word in words {
-        let trimmed = word.trim_end();
-        let gap = &word[trimmed.len()..];
-        let lower = trimmed.to_ascii_lowercase();
-        if hide_next && !trimmed.is_empty() {
-            // `Authorization: Bearer <token>`: the scheme stays, the token goes.
-            if lower == "bearer" || lower == "basic" {
-                out.push_str(trimmed);
-            } else {
-                out.push_str("[redacted]");
-                hide_next = false;
-            }
-            out.push_str(gap);
-            continue;
-        }
-        if is_secret_header(&lower) {
-            // `Authorization:` alone: the value follows. `x-api-key:abc`: the value is attached.
-            match trimmed.split_once(':') {
-                Some((name, value)) if !value.is_empty() => {
-                    out.push_str(name);
-                    out.push_str(": [redacted]");
-                    let scheme = value.trim_matches(|c: char| c == '"' || c == '\'');
-                    hide_next = scheme.eq_ignore_ascii_case("bearer")
-                        || scheme.eq_ignore_ascii_case("basic");
-                }
-                _ => {
-                    out.push_str(trimmed);
-                    hide_next = true;
-                }
-            }
-            out.push_str(gap);
-            continue;
-        }
-        if lower == "bearer" || lower == "basic" {
-            out.push_str(trimmed);
-            out.push_str(gap);
-            hide_next = true;
-            continue;
-        }
-        out.push_str(&redact_keys(trimmed));
-        out.push_str(gap);
-    }
-    cap(&out, PROVIDER_MESSAGE_CAP)
-}
-
-fn is_secret_header(lower: &str) -> bool {
-    let name = lower.trim_matches(|c: char| c == '"' || c == '\'' || c == '{' || c == ',');
-    let Some((name, _)) = name.split_once(':') else {
-        return false;
-    };
-    let name = name.trim_matches(|c: char| c == '"' || c == '\'');
-    matches!(
-        name,
-        "authorization"
-            | "proxy-authorization"
-            | "api-key"
-            | "x-api-key"
-            | "x-goog-api-key"
-            | "cookie"
-            | "set-cookie"
-            | "apikey"
-            | "api_key"
+    cap(
+        &crate::redact::shapes::redact(message),
+        PROVIDER_MESSAGE_CAP,
     )
-}
-
-/// Key-shaped tokens inside a word: `sk-...`, `sk_...`, `AIza...`, `ghp_...`.
-fn redact_keys(word: &str) -> String {
-    let mut out = String::with_capacity(word.len());
-    let mut rest = word;
-    while !rest.is_empty() {
-        let found = ["sk-", "sk_", "AIza", "ghp_", "xai-", "gsk_"]
-            .iter()
-            .filter_map(|p| rest.find(p).map(|i| (i, *p)))
-            .filter(|(i, _)| {
-                *i == 0
-                    || !rest[..*i]
-                        .chars()
-                        .next_back()
-                        .is_some_and(|c| c.is_ascii_alphanumeric())
-            })
-            .min_by_key(|(i, _)| *i);
-        let Some((at, prefix)) = found else {
-            out.push_str(rest);
-            break;
-        };
-        let key_len = rest[at..]
-            .char_indices()
-            .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
-            .map_or(rest.len() - at, |(j, _)| j);
-        out.push_str(&rest[..at]);
-        if key_len >= prefix.len() + 8 {
-            out.push_str(prefix);
-            out.push_str("[redacted]");
-        } else {
-            out.push_str(&rest[at..at + key_len]);
-        }
-        rest = &rest[at + key_len..];
-    }
-    out
 }
 
 fn cap(text: &str, max: usize) -> String {
