@@ -63,7 +63,7 @@ use std::process::ExitCode;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Ok = 0,
-    /// Bad usage, or a local problem (no profile, unreadable file, ...).
+    /// A local problem (no profile, unreadable file, a profile `pair` would replace, ...).
     Other = 1,
     /// The host answered the call with an error.
     Refused = 2,
@@ -76,6 +76,9 @@ pub enum Exit {
     /// `connect`: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
     /// HOST_VERSION_MISMATCH).
     Bootstrap = 6,
+    /// Bad usage: an unknown command or option, a missing or malformed argument (`EX_USAGE`,
+    /// the same in pi-host and pi-gateway).
+    Usage = racp_proto::EXIT_USAGE as isize,
 }
 
 impl From<Exit> for ExitCode {

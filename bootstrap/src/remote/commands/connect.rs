@@ -163,13 +163,14 @@ pub struct ConnectArgs {
 pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     let dir = profile::config_dir().map_err(Failure::Local)?;
     let target = args.options.target.clone();
-    reuse_credential(&dir, &mut args)?;
+    let reused = reuse_credential(&dir, &mut args)?;
     let reporter: Arc<dyn Reporter> = if args.json {
         Arc::new(JsonLines)
     } else {
         Arc::new(Display::new())
     };
     let remote_dir = args.options.remote_dir.clone();
+    let mut device_name = args.options.device_name.clone();
     let connection = match provision::connect(args.options, reporter.clone()).await {
         Ok(connection) => connection,
         Err(error) => {
@@ -177,11 +178,18 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
             return Err(Failure::App(error));
         }
     };
+    // A reused credential keeps the name it was paired under.
+    if let Some((device_id, Some(name))) = reused
+        && device_id == connection.credential.device_id
+    {
+        device_name = name;
+    }
     let saved = Profile {
         url: connection.url.clone(),
         cert_sha256: connection.credential.cert_sha256,
         plain: false,
         device_id: connection.credential.device_id.clone(),
+        device_name: Some(device_name),
         device_token: connection.credential.device_token.clone(),
         roles: connection.credential.roles.clone(),
         ssh: Some(SshOrigin {
@@ -209,8 +217,12 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
 }
 
 /// A profile from an earlier `connect` to the same target and install root lends its
-/// credential (and its local port); a profile paired with anything else is left alone.
-fn reuse_credential(dir: &Path, args: &mut ConnectArgs) -> Result<(), Failure> {
+/// credential (and its local port); a profile paired with anything else is left alone. Returns
+/// the lent credential's device id and name.
+fn reuse_credential(
+    dir: &Path,
+    args: &mut ConnectArgs,
+) -> Result<Option<(String, Option<String>)>, Failure> {
     let stored = match profile::load(dir, &args.profile) {
         Ok(stored) => stored,
         Err(_)
@@ -218,7 +230,7 @@ fn reuse_credential(dir: &Path, args: &mut ConnectArgs) -> Result<(), Failure> {
                 .map_err(Failure::Local)?
                 .exists() =>
         {
-            return Ok(());
+            return Ok(None);
         }
         Err(message) => return Err(Failure::Local(message)),
     };
@@ -237,7 +249,7 @@ fn reuse_credential(dir: &Path, args: &mut ConnectArgs) -> Result<(), Failure> {
             if args.options.local_port == 0 {
                 args.options.preferred_local_port = port_of(&stored.url);
             }
-            Ok(())
+            Ok(Some((stored.device_id.clone(), stored.device_name.clone())))
         }
         _ => Err(Failure::Local(format!(
             "the profile {:?} is already paired with {}; pass --profile NAME to keep a profile per host",

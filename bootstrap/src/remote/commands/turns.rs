@@ -1,4 +1,5 @@
-//! `pi-remote prompt` (start a turn, and with `--wait` follow it), `approve` and `deny`.
+//! `pi-remote prompt` (start a turn, and with `--wait` follow it), `steer` and `abort` (the
+//! running turn), `approve` and `deny`.
 
 use super::{call_resending, client_stopped};
 use crate::remote::Failure;
@@ -9,7 +10,8 @@ use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
 use racp_proto::events::{ApprovalRequestedData, TurnFinishedData, TurnOutcome};
 use racp_proto::methods::session::{SessionRef, SessionSubscribeParams};
 use racp_proto::methods::turn::{
-    Answer, ApprovalRespondParams, Decision, TurnStartParams, TurnState, Verdict,
+    Answer, ApprovalRespondParams, Decision, TurnRef, TurnStartParams, TurnState, TurnSteerParams,
+    Verdict,
 };
 use serde_json::json;
 
@@ -128,6 +130,83 @@ fn idempotency_key() -> Result<String, Failure> {
         "pi-remote-{}",
         bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
     ))
+}
+
+/// The turn `abort` and `steer` act on: the one given, else the session's running turn (`None`
+/// when nothing runs).
+async fn running_turn(
+    client: &RacpClient,
+    session_id: &str,
+    turn: Option<String>,
+) -> Result<Option<String>, Failure> {
+    if turn.is_some() {
+        return Ok(turn);
+    }
+    let got = call_resending::<calls::SessionGet>(
+        client,
+        SessionRef {
+            session_id: session_id.to_string(),
+        },
+    )
+    .await?;
+    Ok(got.session.active_turn_id)
+}
+
+/// `abort`: ends the running turn as aborted. Nothing running is not an error (the host treats
+/// aborting a finished turn the same way).
+pub async fn abort(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    turn: Option<String>,
+) -> Result<(), Failure> {
+    let Some(turn_id) = running_turn(client, &session_id, turn).await? else {
+        if out.json {
+            out.json_value(&json!({"sessionId": session_id, "turnId": null}));
+        } else {
+            out.line(&format!("no turn is running in {session_id}"));
+        }
+        return Ok(());
+    };
+    let params = TurnRef {
+        session_id: session_id.clone(),
+        turn_id: turn_id.clone(),
+    };
+    call_resending::<calls::TurnAbort>(client, params).await?;
+    if out.json {
+        out.json_value(&json!({"sessionId": session_id, "turnId": turn_id, "aborted": true}));
+    } else {
+        out.line(&format!("aborted {turn_id}"));
+    }
+    Ok(())
+}
+
+/// `steer`: hands the running turn more guidance, which the agent reads at its next step.
+/// Sent once: `turn/steer` is not safe to resend (a resent text would be read twice).
+pub async fn steer(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    text: String,
+    turn: Option<String>,
+) -> Result<(), Failure> {
+    let Some(turn_id) = running_turn(client, &session_id, turn).await? else {
+        return Err(Failure::local(format!(
+            "no turn is running in {session_id}, so there is nothing to steer; start one with: pi-remote prompt {session_id} TEXT"
+        )));
+    };
+    let params = TurnSteerParams {
+        session_id: session_id.clone(),
+        turn_id: turn_id.clone(),
+        text,
+    };
+    client.call::<calls::TurnSteer>(params).await?;
+    if out.json {
+        out.json_value(&json!({"sessionId": session_id, "turnId": turn_id, "steered": true}));
+    } else {
+        out.line(&format!("steered {turn_id}"));
+    }
+    Ok(())
 }
 
 /// `approve`: allow, or answer with `value` (select, input, editor).
