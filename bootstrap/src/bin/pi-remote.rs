@@ -5,7 +5,7 @@
 //! exit codes.
 
 use bootstrap::provision::{self, BootstrapOptions};
-use bootstrap::remote::commands::connect::{self, ConnectArgs};
+use bootstrap::remote::commands::connect::{self, ConnectArgs, Display};
 use bootstrap::remote::commands::models::{parse_model, parse_thinking};
 use bootstrap::remote::commands::{
     attach, devices, models, open_profile, pair, sessions, status, turns,
@@ -20,6 +20,7 @@ use clap::{Parser, Subcommand};
 use racp_proto::methods::model::{ModelRef, ThinkingLevel};
 use racp_proto::methods::session::{SessionConfigureParams, SessionCreateParams};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 const EXIT_CODES: &str = "\
@@ -350,6 +351,7 @@ async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
 
 /// `connect`'s arguments as bootstrap options.
 fn connect_args(command: ConnectCommand, profile: String, json: bool) -> ConnectArgs {
+    let display = Arc::new(Display::new());
     let mut options = BootstrapOptions::new(command.target);
     options.resolve = ResolveOptions {
         config_file: command.ssh_config,
@@ -357,8 +359,8 @@ fn connect_args(command: ConnectCommand, profile: String, json: bool) -> Connect
         identity_files: command.identities,
     };
     options.ssh = ConnectOptions {
-        host_key: connect::host_key_policy(command.accept_new, json),
-        passphrase: Some(connect::passphrase_prompt()),
+        host_key: connect::host_key_policy(command.accept_new, json, display.clone()),
+        passphrase: Some(connect::passphrase_prompt(display.clone())),
         keepalive: Duration::from_secs(command.keepalive.max(1)),
         use_agent: !command.no_agent,
     };
@@ -373,5 +375,6 @@ fn connect_args(command: ConnectCommand, profile: String, json: bool) -> Connect
         profile,
         once: command.once,
         json,
+        display,
     }
 }

@@ -1,6 +1,7 @@
 //! `pi-remote`'s commands, one module per group; `src/bin/pi-remote.rs` parses the command line
 //! and calls them. What they share: opening a client from a profile, resending safe calls.
 
+mod approvals;
 pub mod attach;
 pub mod connect;
 pub mod devices;
