@@ -778,16 +778,18 @@ async fn credentials_are_set_from_stdin_listed_by_fingerprint_and_sessions_confi
 
 impl Remote {
     /// Starts pi-remote in the background with stdin, stdout and stderr piped.
-    fn spawn(&self, args: &[&str]) -> std::process::Child {
-        std::process::Command::new(env!("CARGO_BIN_EXE_pi-remote"))
-            .args(args)
-            .env("PI_REMOTE_CONFIG_DIR", self.config.path())
-            .env_remove("PI_REMOTE_PROFILE")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+    fn spawn(&self, args: &[&str]) -> Running {
+        Running(
+            std::process::Command::new(env!("CARGO_BIN_EXE_pi-remote"))
+                .args(args)
+                .env("PI_REMOTE_CONFIG_DIR", self.config.path())
+                .env_remove("PI_REMOTE_PROFILE")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
     }
 
     /// Polls `sessions --json` until `session` has a running turn; returns its id.
@@ -810,6 +812,16 @@ impl Remote {
             );
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// A background process, killed if the test ends first.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -844,15 +856,14 @@ fn line_containing(lines: &mpsc::Receiver<String>, needle: &str) -> String {
 }
 
 /// Waits for a child's exit status.
-fn exit_of(mut child: std::process::Child) -> std::process::ExitStatus {
+fn exit_of(mut child: Running) -> std::process::ExitStatus {
     tokio::task::block_in_place(|| {
         let deadline = std::time::Instant::now() + PATIENCE;
         loop {
-            if let Some(status) = child.try_wait().unwrap() {
+            if let Some(status) = child.0.try_wait().unwrap() {
                 return status;
             }
             if std::time::Instant::now() > deadline {
-                let _ = child.kill();
                 panic!("pi-remote did not exit in time");
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -871,7 +882,7 @@ async fn abort_ends_a_hanging_turn() {
     assert!(idle.contains("no turn is running"), "{idle}");
 
     let mut waiting = remote.spawn(&["prompt", &session, "hang", "--wait"]);
-    let stderr = lines_of(waiting.stderr.take().unwrap());
+    let stderr = lines_of(waiting.0.stderr.take().unwrap());
     let turn = remote.running_turn(&session).await;
     let aborted = remote.ok_json(&["abort", &session, "--json"]).await;
     assert_eq!(aborted["turnId"], turn);
@@ -949,7 +960,10 @@ async fn status_prints_the_profiles_facts_and_the_hosts_version() {
     assert_eq!(status["roles"], serde_json::json!(["owner"]));
     assert_eq!(status["host"]["version"], env!("CARGO_PKG_VERSION"));
     assert!(status.get("deviceToken").is_none());
-    let token = remote.profile()["deviceToken"].as_str().unwrap().to_string();
+    let token = remote.profile()["deviceToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     let human = remote.ok(&["status"]).await;
     for fact in [
@@ -1022,8 +1036,8 @@ async fn prompt_wait_without_a_terminal_says_how_to_answer() {
     remote.pair(&host, &[]).await;
     let session = remote.new_session(&host, "w").await;
     let mut waiting = remote.spawn(&["prompt", &session, "approve:select", "--wait"]);
-    let stdout = lines_of(waiting.stdout.take().unwrap());
-    let stderr = lines_of(waiting.stderr.take().unwrap());
+    let stdout = lines_of(waiting.0.stdout.take().unwrap());
+    let stderr = lines_of(waiting.0.stderr.take().unwrap());
     let question = line_containing(&stdout, "[approval ");
     assert!(question.contains("1. Allow, 2. Block"), "{question}");
     let note = line_containing(&stderr, "answer with: pi-remote approve ");
@@ -1048,17 +1062,20 @@ async fn prompt_wait_at_a_terminal_reads_the_answer() {
         "'{}' prompt {session} approve:select --wait",
         env!("CARGO_BIN_EXE_pi-remote")
     );
-    let mut child = std::process::Command::new("script")
-        .args(["-q", "-e", "-c", &command, "/dev/null"])
-        .env("PI_REMOTE_CONFIG_DIR", remote.config.path())
-        .env_remove("PI_REMOTE_PROFILE")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let terminal = lines_of(child.stdout.take().unwrap());
+    // Killing `script` on a failure hangs its pty up, which ends pi-remote too.
+    let mut child = Running(
+        std::process::Command::new("script")
+            .args(["-q", "-e", "-c", &command, "/dev/null"])
+            .env("PI_REMOTE_CONFIG_DIR", remote.config.path())
+            .env_remove("PI_REMOTE_PROFILE")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = child.0.stdin.take().unwrap();
+    let terminal = lines_of(child.0.stdout.take().unwrap());
     line_containing(&terminal, "type a number from 1 to 2");
     use std::io::Write;
     stdin.write_all(b"3\n").unwrap();

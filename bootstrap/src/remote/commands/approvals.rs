@@ -7,11 +7,11 @@ use crate::remote::Failure;
 use crate::remote::out::Out;
 use racp_proto::ErrorCode;
 use racp_proto::calls;
+use racp_proto::client::RacpClient;
 use racp_proto::events::{ApprovalRequestedData, ApprovalSettledData, Event};
 use racp_proto::methods::turn::{
     Answer, ApprovalInfo, ApprovalKind, ApprovalRespondParams, Decision, Verdict,
 };
-use racp_proto::client::RacpClient;
 use std::collections::VecDeque;
 use tokio::sync::mpsc;
 

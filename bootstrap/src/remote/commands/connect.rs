@@ -368,7 +368,10 @@ mod tests {
             let at_start = DRAWN.load(Ordering::SeqCst);
             // Several ticks' worth (the spinner ticks every 100 ms) of a person reading.
             std::thread::sleep(Duration::from_millis(500));
-            (DRAWN.load(Ordering::SeqCst) - at_start, DRAWN.load(Ordering::SeqCst))
+            (
+                DRAWN.load(Ordering::SeqCst) - at_start,
+                DRAWN.load(Ordering::SeqCst),
+            )
         });
         assert_eq!(during, 0, "the spinner drew over the question");
         // It comes back afterwards.

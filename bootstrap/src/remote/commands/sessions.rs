@@ -1,9 +1,9 @@
 //! `pi-remote sessions`, `pi-remote new` and `pi-remote close`.
 
+use super::call_resending;
 use crate::remote::Failure;
 use crate::remote::out::{Out, enum_name};
 use racp_proto::client::RacpClient;
-use super::call_resending;
 use racp_proto::methods::session::{SessionCreateParams, SessionRef};
 use racp_proto::validate::printable;
 use racp_proto::{Empty, calls};

@@ -11,8 +11,8 @@ use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
 use racp_proto::events::{TurnFinishedData, TurnOutcome};
 use racp_proto::methods::session::{SessionRef, SessionSubscribeParams};
 use racp_proto::methods::turn::{
-    Answer, ApprovalKind, ApprovalRespondParams, Decision, TurnRef, TurnStartParams, TurnState, TurnSteerParams,
-    Verdict,
+    Answer, ApprovalKind, ApprovalRespondParams, Decision, TurnRef, TurnStartParams, TurnState,
+    TurnSteerParams, Verdict,
 };
 use serde_json::json;
 use std::io::IsTerminal;
@@ -157,7 +157,9 @@ fn answer_elsewhere(id: &str, kind: ApprovalKind) -> String {
     let approve = match kind {
         ApprovalKind::Confirm => format!("pi-remote approve {id}"),
         ApprovalKind::Select => format!("pi-remote approve {id} --value OPTION"),
-        ApprovalKind::Input | ApprovalKind::Editor => format!("pi-remote approve {id} --value TEXT"),
+        ApprovalKind::Input | ApprovalKind::Editor => {
+            format!("pi-remote approve {id} --value TEXT")
+        }
     };
     format!("answer with: {approve}   or   pi-remote deny {id}")
 }
