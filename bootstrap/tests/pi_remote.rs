@@ -884,6 +884,14 @@ async fn abort_ends_a_hanging_turn() {
     let mut waiting = remote.spawn(&["prompt", &session, "hang", "--wait"]);
     let stderr = lines_of(waiting.0.stderr.take().unwrap());
     let turn = remote.running_turn(&session).await;
+    // Another prompt meanwhile is refused, with the ways out.
+    let busy = remote.run(&["prompt", &session, "deltas:1"]).await;
+    assert_eq!(busy.status.code(), Some(2), "{}", text(&busy.stderr));
+    let said = text(&busy.stderr);
+    assert!(
+        said.contains("AGENT_BUSY") && said.contains("pi-remote abort"),
+        "{said}"
+    );
     let aborted = remote.ok_json(&["abort", &session, "--json"]).await;
     assert_eq!(aborted["turnId"], turn);
     assert_eq!(aborted["aborted"], true);
@@ -989,7 +997,7 @@ async fn status_prints_the_profiles_facts_and_the_hosts_version() {
     let output = remote.run(&["status"]).await;
     assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
     assert!(text(&output.stdout).contains(&host.url()));
-    assert!(text(&output.stdout).contains("not reachable"));
+    assert!(text(&output.stdout).contains("not reached"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -158,6 +158,9 @@ impl Failure {
                         "\npi-remote: the host refused this credential; pair again (pi-remote pair)"
                     }
                     Exit::Unreachable => "\npi-remote: is pi-host running and reachable?",
+                    _ if error.code() == ErrorCode::AgentBusy => {
+                        "\npi-remote: a turn is running in this session: follow it with `pi-remote attach SESSION`, guide it with `pi-remote steer SESSION TEXT`, or end it with `pi-remote abort SESSION`"
+                    }
                     _ => "",
                 };
                 format!("pi-remote: {}: {}{hint}", error.code(), error.message())

@@ -113,7 +113,8 @@ fn status_lines(
                 "pi-host {} on {} ({}/{}), id {}",
                 info.host.version, info.hostname, info.os, info.arch, info.host.id
             ),
-            None => "not reachable".into(),
+            // Why is the failure printed after these lines.
+            None => "not reached".into(),
         },
     ));
     lines
