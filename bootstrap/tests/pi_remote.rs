@@ -531,6 +531,7 @@ fn help_documents_the_exit_codes() {
     for line in [
         "3  the host cannot be reached",
         "4  the host refused the credential",
+        "64 bad usage",
     ] {
         assert!(help.contains(line), "{help}");
     }

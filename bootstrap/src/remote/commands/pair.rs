@@ -85,10 +85,15 @@ fn refuse_to_replace(dir: &std::path::Path, name: &str) -> Result<(), Failure> {
     }
     let holds = match profile::load(dir, name) {
         Ok(stored) => format!(
-            "holds the credential of device {} ({}) on {}",
+            "holds the credential of device {} ({}) on {}{}",
             stored.device_id,
             profile::roles_text(&stored.roles),
-            stored.url
+            stored.url,
+            stored
+                .ssh
+                .as_ref()
+                .map(|origin| format!(" (through SSH to {})", origin.target))
+                .unwrap_or_default()
         ),
         Err(_) => format!("exists ({})", file.display()),
     };
