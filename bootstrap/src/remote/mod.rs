@@ -28,7 +28,8 @@
 //! (for a host run with `--plain`). A profile without a fingerprint (an older pi-remote's) is
 //! refused before any connection, exit 4: pair again. `pair` into a profile that exists refuses
 //! (exit 1, before the pairing token is spent) and names what the profile holds (device, role,
-//! host) unless `--force` is given: a credential is never replaced by accident.
+//! host) unless `--force` is given: a credential is never replaced by accident. (A profile
+//! without a fingerprint, which cannot be used, is replaced: pairing again is its migration.)
 //!
 //! `status` prints the profile (URL, pinned certificate, device id and name, roles, the SSH
 //! target of a `connect` profile) and the host's `host/info` (version, id, host name). The

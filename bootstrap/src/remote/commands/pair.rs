@@ -77,13 +77,16 @@ pub async fn pair(
     Ok(())
 }
 
-/// Refuses when profile `name` exists, naming what it holds and how to go on.
+/// Refuses when profile `name` exists, naming what it holds and how to go on. A profile without
+/// a certificate fingerprint (an older pi-remote's) is replaced: it cannot be used, and pairing
+/// again is its documented migration.
 fn refuse_to_replace(dir: &std::path::Path, name: &str) -> Result<(), Failure> {
     let file = profile::path(dir, name).map_err(Failure::Local)?;
     if !file.exists() {
         return Ok(());
     }
     let holds = match profile::load(dir, name) {
+        Ok(stored) if profile::unpinned_message(name, &stored).is_some() => return Ok(()),
         Ok(stored) => format!(
             "holds the credential of device {} ({}) on {}{}",
             stored.device_id,
