@@ -1,5 +1,7 @@
-//! `pi-remote` against a real pi-host (with the stand-in agent): pairing, profiles, sessions,
-//! turns, approvals from a second process and from attach's stdin, devices, and exit codes.
+//! `pi-remote` against a real pi-host (with the stand-in agent): pairing, profiles, status,
+//! sessions, turns (steer, abort, close), approvals from a second process, from attach's stdin
+//! and from a terminal under `prompt --wait`, devices, and exit codes (bad usage: 64 in every
+//! binary).
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -316,16 +318,18 @@ async fn a_plain_host_pairs_only_with_the_explicit_opt_in() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn usage_errors_exit_1_and_an_unreachable_host_exits_3() {
+async fn usage_errors_exit_64_and_an_unreachable_host_exits_3() {
     let remote = Remote::new();
-    assert_eq!(remote.run(&[]).await.status.code(), Some(1));
-    assert_eq!(remote.run(&["frobnicate"]).await.status.code(), Some(1));
+    assert_eq!(remote.run(&[]).await.status.code(), Some(64));
+    assert_eq!(remote.run(&["frobnicate"]).await.status.code(), Some(64));
+    assert_eq!(remote.run(&["abort"]).await.status.code(), Some(64));
     assert_eq!(remote.run(&["--help"]).await.status.code(), Some(0));
     let output = remote.run(&["sessions"]).await;
     assert_eq!(output.status.code(), Some(1));
     assert!(text(&output.stderr).contains("pair first"));
     let output = remote.run(&["sessions", "--profile", "../x"]).await;
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(64), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("invalid profile name"));
 
     let mut host = host().await;
     remote.pair(&host, &[]).await;
@@ -333,6 +337,44 @@ async fn usage_errors_exit_1_and_an_unreachable_host_exits_3() {
     let output = remote.run(&["sessions"]).await;
     assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
     assert!(text(&output.stderr).contains("REMOTE_CONNECTION_FAILED"));
+}
+
+/// pi-host, pi-gateway and pi-remote agree: bad usage exits 64 (EX_USAGE), help exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_usage_exits_64_in_every_binary() {
+    let binaries = [
+        pi_host(),
+        tests::workspace_binary("gateway", "pi-gateway", None),
+        PathBuf::from(env!("CARGO_BIN_EXE_pi-remote")),
+    ];
+    for binary in &binaries {
+        for (args, code) in [
+            (&["frobnicate"][..], 64),
+            (&["--no-such-option"][..], 64),
+            (&[][..], 64),
+            (&["--help"][..], 0),
+        ] {
+            let mut command = Command::new(binary);
+            command.args(args).timeout(PATIENCE);
+            let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+                .await
+                .unwrap();
+            assert_eq!(
+                output.status.code(),
+                Some(code),
+                "{} {args:?}: {}",
+                binary.display(),
+                text(&output.stderr)
+            );
+            if code == 64 {
+                assert!(
+                    text(&output.stderr).contains("Usage"),
+                    "{}",
+                    text(&output.stderr)
+                );
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -489,6 +531,7 @@ fn help_documents_the_exit_codes() {
     for line in [
         "3  the host cannot be reached",
         "4  the host refused the credential",
+        "64 bad usage",
     ] {
         assert!(help.contains(line), "{help}");
     }
@@ -714,7 +757,7 @@ async fn credentials_are_set_from_stdin_listed_by_fingerprint_and_sessions_confi
     let bad = remote
         .run(&["configure", &session, "--thinking", "max"])
         .await;
-    assert_eq!(bad.status.code(), Some(1), "{}", text(&bad.stderr));
+    assert_eq!(bad.status.code(), Some(64), "{}", text(&bad.stderr));
     let bad = remote
         .run(&["new", "--workspace", &host.workspace("b"), "--model", "gpt"])
         .await;
@@ -732,4 +775,325 @@ async fn credentials_are_set_from_stdin_listed_by_fingerprint_and_sessions_confi
         .await;
     assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stderr));
     assert!(text(&refused.stderr).contains("FORBIDDEN"));
+}
+
+impl Remote {
+    /// Starts pi-remote in the background with stdin, stdout and stderr piped.
+    fn spawn(&self, args: &[&str]) -> Running {
+        Running(
+            std::process::Command::new(env!("CARGO_BIN_EXE_pi-remote"))
+                .args(args)
+                .env("PI_REMOTE_CONFIG_DIR", self.config.path())
+                .env_remove("PI_REMOTE_PROFILE")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    /// Polls `sessions --json` until `session` has a running turn; returns its id.
+    async fn running_turn(&self, session: &str) -> String {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            let listed = self.ok_json(&["sessions", "--json"]).await;
+            let turn = listed["sessions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["sessionId"] == session)
+                .and_then(|s| s["activeTurnId"].as_str().map(str::to_string));
+            if let Some(turn) = turn {
+                return turn;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no turn started in {session}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A background process, killed if the test ends first.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Lines of a child's pipe, read on a thread.
+fn lines_of(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines
+}
+
+/// Reads lines until one contains `needle`; returns it.
+fn line_containing(lines: &mpsc::Receiver<String>, needle: &str) -> String {
+    tokio::task::block_in_place(|| {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no line with {needle:?} in time"));
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    })
+}
+
+/// Waits for a child's exit status.
+fn exit_of(mut child: Running) -> std::process::ExitStatus {
+    tokio::task::block_in_place(|| {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = child.0.try_wait().unwrap() {
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                panic!("pi-remote did not exit in time");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_ends_a_hanging_turn() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "w").await;
+    // Nothing runs yet: nothing to abort, and that is not an error.
+    let idle = remote.ok(&["abort", &session]).await;
+    assert!(idle.contains("no turn is running"), "{idle}");
+
+    let mut waiting = remote.spawn(&["prompt", &session, "hang", "--wait"]);
+    let stderr = lines_of(waiting.0.stderr.take().unwrap());
+    let turn = remote.running_turn(&session).await;
+    // Another prompt meanwhile is refused, with the ways out.
+    let busy = remote.run(&["prompt", &session, "deltas:1"]).await;
+    assert_eq!(busy.status.code(), Some(2), "{}", text(&busy.stderr));
+    let said = text(&busy.stderr);
+    assert!(
+        said.contains("AGENT_BUSY") && said.contains("pi-remote abort"),
+        "{said}"
+    );
+    let aborted = remote.ok_json(&["abort", &session, "--json"]).await;
+    assert_eq!(aborted["turnId"], turn);
+    assert_eq!(aborted["aborted"], true);
+    // The turn the other process follows ends aborted: it exits 5 and says so.
+    line_containing(&stderr, "the turn ended aborted");
+    assert_eq!(exit_of(waiting).code(), Some(5));
+    assert_eq!(
+        remote.ok_json(&["sessions", "--json"]).await["sessions"][0]["activeTurnId"],
+        Value::Null
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steer_reaches_the_running_turns_agent() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "w").await;
+    let output = remote.run(&["steer", &session, "go left"]).await;
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("nothing to steer"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let attached = remote.attach(&session);
+    attached.until("client.attached");
+    remote.ok(&["prompt", &session, "hang"]).await;
+    let turn = remote.running_turn(&session).await;
+    let steered = remote.ok(&["steer", &session, "try the other door"]).await;
+    assert!(steered.contains(&turn), "{steered}");
+    // The agent queued it: its queue_update carries the text.
+    let queued = attached.until("agent.queue_update");
+    assert_eq!(queued["turnId"], turn);
+    assert_eq!(queued["data"]["steering"][0], "try the other door");
+    remote.ok(&["abort", &session]).await;
+    let finished = attached.until("turn.finished");
+    assert_eq!(finished["data"]["outcome"], "aborted");
+    assert!(attached.finish().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_closes_a_session() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "w").await;
+    let closed = remote.ok(&["close", &session]).await;
+    assert_eq!(closed.trim(), format!("closed {session}"));
+    let listed = remote.ok_json(&["sessions", "--json"]).await;
+    assert_eq!(listed["sessions"][0]["state"], "closed");
+    // Closing again succeeds; a prompt into it is refused by the host.
+    let again = remote.ok_json(&["close", &session, "--json"]).await;
+    assert_eq!(again["closed"], true);
+    let output = remote.run(&["prompt", &session, "deltas:1"]).await;
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    let output = remote.run(&["close", "ses_nonexistent"]).await;
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("SESSION_NOT_FOUND"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_prints_the_profiles_facts_and_the_hosts_version() {
+    let mut host = host().await;
+    let remote = Remote::new();
+    let paired = remote.pair(&host, &[]).await;
+    let status = remote.ok_json(&["status", "--json"]).await;
+    assert_eq!(status["profile"], "default");
+    assert_eq!(status["url"], host.url());
+    assert_eq!(status["certSha256"], host.cert_sha256.unwrap().to_hex());
+    assert_eq!(status["deviceId"], paired["deviceId"]);
+    assert_eq!(status["deviceName"], "test-desktop");
+    assert_eq!(status["roles"], serde_json::json!(["owner"]));
+    assert_eq!(status["host"]["version"], env!("CARGO_PKG_VERSION"));
+    assert!(status.get("deviceToken").is_none());
+    let token = remote.profile()["deviceToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let human = remote.ok(&["status"]).await;
+    for fact in [
+        host.url(),
+        paired["deviceId"].as_str().unwrap().to_string(),
+        "test-desktop".into(),
+        "owner".into(),
+        format!("pi-host {}", env!("CARGO_PKG_VERSION")),
+    ] {
+        assert!(human.contains(&fact), "{fact} missing in {human}");
+    }
+    assert!(!human.contains(&token));
+
+    // An observer's profile: its own name and role (device/list is not its to call).
+    let observer = Remote::new();
+    observer.pair(&host, &["--roles", "observer"]).await;
+    let status = observer.ok_json(&["status", "--json"]).await;
+    assert_eq!(status["roles"], serde_json::json!(["observer"]));
+    assert_eq!(status["deviceName"], "test-desktop");
+
+    // The host gone: the profile's part is still printed, and it exits 3.
+    host.kill().await;
+    let output = remote.run(&["status"]).await;
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains(&host.url()));
+    assert!(text(&output.stdout).contains("not reached"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pair_into_a_used_profile_refuses_without_force_and_keeps_the_owner_credential() {
+    let host = host().await;
+    let remote = Remote::new();
+    let owner = remote.pair(&host, &[]).await;
+    let minted = host.pairing_token(&["--roles", "operator"]).await;
+    let url = minted["url"].as_str().unwrap();
+    let output = remote.run(&["pair", url]).await;
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    let said = text(&output.stderr);
+    for fact in [
+        "\"default\"",
+        owner["deviceId"].as_str().unwrap(),
+        "role: owner",
+        &host.url(),
+        "--force",
+    ] {
+        assert!(said.contains(fact), "{fact} missing in {said}");
+    }
+    // The owner credential is untouched and still lists devices.
+    assert_eq!(remote.profile()["roles"], serde_json::json!(["owner"]));
+    let listed = remote.ok_json(&["devices", "--json"]).await;
+    assert_eq!(listed["devices"].as_array().unwrap().len(), 1);
+
+    // Refused before the token was spent: it pairs into another profile, or with --force.
+    remote
+        .ok(&["pair", url, "--profile", "ops", "--name", "ops-desktop"])
+        .await;
+    let minted = host.pairing_token(&["--roles", "operator"]).await;
+    remote
+        .ok(&["pair", minted["url"].as_str().unwrap(), "--force"])
+        .await;
+    assert_eq!(remote.profile()["roles"], serde_json::json!(["operator"]));
+}
+
+/// Under `prompt --wait`, stdin that is not a terminal is never read: a note says how to answer
+/// from elsewhere, and an answer from a second process ends the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_wait_without_a_terminal_says_how_to_answer() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "w").await;
+    let mut waiting = remote.spawn(&["prompt", &session, "approve:select", "--wait"]);
+    let stdout = lines_of(waiting.0.stdout.take().unwrap());
+    let stderr = lines_of(waiting.0.stderr.take().unwrap());
+    let question = line_containing(&stdout, "[approval ");
+    assert!(question.contains("1. Allow, 2. Block"), "{question}");
+    let note = line_containing(&stderr, "answer with: pi-remote approve ");
+    let id = note
+        .split_whitespace()
+        .nth(4)
+        .expect("the approval id in the note");
+    assert!(note.contains("--value OPTION"), "{note}");
+    remote.ok(&["approve", id, "--value", "Allow"]).await;
+    assert!(exit_of(waiting).success());
+}
+
+/// At a terminal (a pty from `script`), `prompt --wait` reads the answer: a number for a
+/// select; a number out of range is refused with a note and asked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_wait_at_a_terminal_reads_the_answer() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "w").await;
+    let command = format!(
+        "'{}' prompt {session} approve:select --wait",
+        env!("CARGO_BIN_EXE_pi-remote")
+    );
+    // Killing `script` on a failure hangs its pty up, which ends pi-remote too.
+    let mut child = Running(
+        std::process::Command::new("script")
+            .args(["-q", "-e", "-c", &command, "/dev/null"])
+            .env("PI_REMOTE_CONFIG_DIR", remote.config.path())
+            .env_remove("PI_REMOTE_PROFILE")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = child.0.stdin.take().unwrap();
+    let terminal = lines_of(child.0.stdout.take().unwrap());
+    line_containing(&terminal, "type a number from 1 to 2");
+    use std::io::Write;
+    stdin.write_all(b"3\n").unwrap();
+    line_containing(&terminal, "answer with a number from 1 to 2");
+    stdin.write_all(b"1\n").unwrap();
+    let settled = line_containing(&terminal, "] answered");
+    assert!(settled.contains(": Allow"), "{settled}");
+    line_containing(&terminal, "stand-in tool ran (answer: Allow)");
+    let status = exit_of(child);
+    drop(stdin);
+    assert!(status.success(), "{status:?}");
 }

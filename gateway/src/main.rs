@@ -119,7 +119,18 @@ struct ServeArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and --version exit 0; bad usage exits EXIT_USAGE, as in every binary here.
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::from(if error.use_stderr() {
+                racp_proto::EXIT_USAGE
+            } else {
+                0
+            });
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PI_GATEWAY_LOG")

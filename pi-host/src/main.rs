@@ -105,7 +105,18 @@ fn parse_duration(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and --version exit 0; bad usage exits EXIT_USAGE, as in every binary here.
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::from(if error.use_stderr() {
+                racp_proto::EXIT_USAGE
+            } else {
+                0
+            });
+        }
+    };
     // The log and the agents' output share one redaction: it learns the provider keys when the
     // host's state opens (pi_host::redact).
     let redactor = pi_host::redact::Redactor::default();

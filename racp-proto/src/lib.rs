@@ -42,3 +42,6 @@ pub const SUBPROTOCOL: &str = "racp.v1";
 pub const BEARER_SUBPROTOCOL_PREFIX: &str = "racp.bearer.";
 /// The endpoint path.
 pub const ENDPOINT_PATH: &str = "/racp";
+/// The exit status of every binary (pi-host, pi-gateway, pi-remote) for bad usage: unknown
+/// commands or options, missing or malformed arguments (`EX_USAGE` of sysexits.h).
+pub const EXIT_USAGE: u8 = 64;

@@ -5,9 +5,11 @@
 //! exit codes.
 
 use bootstrap::provision::{self, BootstrapOptions};
-use bootstrap::remote::commands::connect::{self, ConnectArgs};
+use bootstrap::remote::commands::connect::{self, ConnectArgs, Display};
 use bootstrap::remote::commands::models::{parse_model, parse_thinking};
-use bootstrap::remote::commands::{attach, devices, models, open_profile, pair, sessions, turns};
+use bootstrap::remote::commands::{
+    attach, devices, models, open_profile, pair, sessions, status, turns,
+};
 use bootstrap::remote::out::Out;
 use bootstrap::remote::pairing::PairingHints;
 use bootstrap::remote::profile::{self, DEFAULT_PROFILE};
@@ -18,12 +20,13 @@ use clap::{Parser, Subcommand};
 use racp_proto::methods::model::{ModelRef, ThinkingLevel};
 use racp_proto::methods::session::{SessionConfigureParams, SessionCreateParams};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 const EXIT_CODES: &str = "\
 Exit codes:
   0  ok
-  1  usage error or local problem (no profile, unreadable file)
+  1  local problem (no profile, unreadable file, a profile pair would replace)
   2  the host refused the call (its error code is printed)
   3  the host cannot be reached
   4  the host refused the credential, the profile has no certificate fingerprint (stored by
@@ -31,7 +34,8 @@ Exit codes:
      again, in the last case only if you trust the change
   5  prompt --wait: the turn ended aborted or failed
   6  connect: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
-     HOST_VERSION_MISMATCH; details.reason names the stage)";
+     HOST_VERSION_MISMATCH; details.reason names the stage)
+  64 bad usage (unknown command or option, missing or malformed argument)";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -42,7 +46,8 @@ Exit codes:
 )]
 struct Cli {
     /// The stored pairing to use (a file under $PI_REMOTE_CONFIG_DIR/profiles/).
-    #[arg(long, global = true, default_value = DEFAULT_PROFILE, env = "PI_REMOTE_PROFILE")]
+    #[arg(long, global = true, default_value = DEFAULT_PROFILE, env = "PI_REMOTE_PROFILE",
+          value_parser = parse_profile_name)]
     profile: String,
     /// Print machine-readable JSON (one JSON line per event for attach and prompt --wait).
     #[arg(long, global = true)]
@@ -77,7 +82,13 @@ enum Command {
         /// The device name shown in `devices` (default: this machine's host name).
         #[arg(long)]
         name: Option<String>,
+        /// Replace the profile's credential if it already holds one (without it, pair refuses
+        /// and names what the profile holds).
+        #[arg(long)]
+        force: bool,
     },
+    /// Show the profile (host URL, pinned certificate, device, roles) and the host's version.
+    Status,
     /// List sessions.
     Sessions,
     /// Create a session.
@@ -117,9 +128,27 @@ enum Command {
         session: String,
         text: String,
         /// Follow the turn and print its events until it finishes; exit 5 unless it completed.
+        /// At a terminal it asks for the answers to the turn's approvals.
         #[arg(long)]
         wait: bool,
     },
+    /// Add guidance to the running turn; the agent reads it at its next step.
+    Steer {
+        session: String,
+        text: String,
+        /// The turn [default: the session's running turn].
+        #[arg(long)]
+        turn: Option<String>,
+    },
+    /// Abort the running turn (nothing running is not an error).
+    Abort {
+        session: String,
+        /// The turn [default: the session's running turn].
+        #[arg(long)]
+        turn: Option<String>,
+    },
+    /// Close a session: its agent stops and a running turn ends aborted; its log stays readable.
+    Close { session: String },
     /// Allow a pending approval, or answer it with --value (select, input, editor).
     Approve {
         approval: String,
@@ -145,6 +174,10 @@ enum CredentialsCommand {
     List,
     /// Delete a provider's key.
     Delete { provider: String },
+}
+
+fn parse_profile_name(text: &str) -> Result<String, String> {
+    profile::check_name(text).map(|()| text.to_string())
 }
 
 fn parse_on_off(text: &str) -> Result<bool, String> {
@@ -204,7 +237,7 @@ fn main() -> ExitCode {
         Err(error) => {
             let _ = error.print();
             return if error.use_stderr() {
-                Exit::Other.into()
+                Exit::Usage.into()
             } else {
                 Exit::Ok.into()
             };
@@ -233,7 +266,6 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
-    profile::check_name(&cli.profile).map_err(Failure::Local)?;
     let command = match cli.command {
         Command::Connect(command) => {
             return connect::run(connect_args(*command, cli.profile, cli.json)).await;
@@ -244,20 +276,22 @@ async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
             cert_sha256,
             plain,
             name,
+            force,
         } => {
             let hints = PairingHints {
                 host: host.as_deref(),
                 cert_sha256,
                 plain,
             };
-            return pair::pair(out, &cli.profile, &link, &hints, name).await;
+            return pair::pair(out, &cli.profile, &link, &hints, name, force).await;
         }
+        Command::Status => return status::status(out, &cli.profile).await,
         command => command,
     };
     let client = open_profile(&cli.profile).await?;
     match command {
-        // Both returned above: they need no stored profile.
-        Command::Connect(_) | Command::Pair { .. } => Ok(()),
+        // Returned above: they need no stored profile, or report on it without a client.
+        Command::Connect(_) | Command::Pair { .. } | Command::Status => Ok(()),
         Command::Sessions => sessions::list(out, &client).await,
         Command::New {
             workspace,
@@ -300,6 +334,13 @@ async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
             text,
             wait,
         } => turns::prompt(out, &client, session, text, wait).await,
+        Command::Steer {
+            session,
+            text,
+            turn,
+        } => turns::steer(out, &client, session, text, turn).await,
+        Command::Abort { session, turn } => turns::abort(out, &client, session, turn).await,
+        Command::Close { session } => sessions::close(out, &client, session).await,
         Command::Approve { approval, value } => turns::approve(out, &client, approval, value).await,
         Command::Deny { approval } => turns::deny(out, &client, approval).await,
         Command::Attach { session } => attach::attach(out, client, session).await,
@@ -310,6 +351,7 @@ async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
 
 /// `connect`'s arguments as bootstrap options.
 fn connect_args(command: ConnectCommand, profile: String, json: bool) -> ConnectArgs {
+    let display = Arc::new(Display::new());
     let mut options = BootstrapOptions::new(command.target);
     options.resolve = ResolveOptions {
         config_file: command.ssh_config,
@@ -317,8 +359,8 @@ fn connect_args(command: ConnectCommand, profile: String, json: bool) -> Connect
         identity_files: command.identities,
     };
     options.ssh = ConnectOptions {
-        host_key: connect::host_key_policy(command.accept_new, json),
-        passphrase: Some(connect::passphrase_prompt()),
+        host_key: connect::host_key_policy(command.accept_new, json, display.clone()),
+        passphrase: Some(connect::passphrase_prompt(display.clone())),
         keepalive: Duration::from_secs(command.keepalive.max(1)),
         use_agent: !command.no_agent,
     };
@@ -333,5 +375,6 @@ fn connect_args(command: ConnectCommand, profile: String, json: bool) -> Connect
         profile,
         once: command.once,
         json,
+        display,
     }
 }

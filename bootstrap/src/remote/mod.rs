@@ -2,9 +2,12 @@
 //!
 //! ```text
 //! pi-remote pair 'racps://127.0.0.1:7878/pair?cert=sha256:…#ppt_…'  # store a credential (profile)
+//! pi-remote status                                     # the profile's host, device, roles; host version
 //! pi-remote sessions                                   # list sessions
 //! pi-remote new --workspace /srv/code/app --title fix  # create a session
 //! pi-remote prompt SESSION "fix the tests" --wait      # start a turn and follow it
+//! pi-remote steer SESSION "use the other test runner"  # guide the running turn
+//! pi-remote abort SESSION | close SESSION              # end the running turn | close the session
 //! pi-remote attach SESSION                             # live view; answer approvals from stdin
 //! pi-remote approve APPROVAL [--value V] | deny APPROVAL
 //! pi-remote devices | revoke DEVICE                    # owner only
@@ -23,16 +26,33 @@
 //! for the pairing connection and every later one, so a process squatting the host's port gets
 //! neither token (docs/protocol.md §2.4). A plain `racp://` link is accepted only with `--plain`
 //! (for a host run with `--plain`). A profile without a fingerprint (an older pi-remote's) is
-//! refused before any connection, exit 4: pair again.
+//! refused before any connection, exit 4: pair again. `pair` into a profile that exists refuses
+//! (exit 1, before the pairing token is spent) and names what the profile holds (device, role,
+//! host) unless `--force` is given: a credential is never replaced by accident. (A profile
+//! without a fingerprint, which cannot be used, is replaced: pairing again is its migration.)
+//!
+//! `status` prints the profile (URL, pinned certificate, device id and name, roles, the SSH
+//! target of a `connect` profile) and the host's `host/info` (version, id, host name). The
+//! profile's part is printed even when the host cannot be reached; the exit code says why.
+//!
+//! `steer` and `abort` act on the session's running turn (`--turn` names one). `abort` with
+//! nothing running succeeds, as `turn/abort` of a finished turn does; `steer` with nothing
+//! running is refused locally (exit 1). `steer` is sent once (`turn/steer` is not safe to
+//! resend); `abort` and `close` are resent after a dropped link.
 //!
 //! `prompt` starts a turn with a fresh idempotency key (resent as is after a dropped link). With
 //! `--wait` it first subscribes from the session's snapshot cursor (`session/get`), so no event
-//! of the turn is missed, and prints the turn's events until `turn.finished`.
+//! of the turn is missed, and prints the turn's events until `turn.finished`. When the turn
+//! asks for an approval and stdin is a terminal, the typed line answers it as in `attach`;
+//! otherwise stdin is not read and a note on stderr gives the `pi-remote approve`/`deny`
+//! command.
 //!
 //! `attach` prints the session live from its snapshot cursor and survives dropped links (the
 //! client resumes by cursor; a note goes to stderr on reconnects and snapshot resyncs). Pending
 //! approvals (from the snapshot or from events) are answered with stdin lines, oldest first:
-//! `y`/`n` for confirm, an option or its number for select, the text for input and editor. Piped
+//! `y`/`n` for confirm, an option or its number for select (options are shown numbered from
+//! 1), the text for input and editor ([`commands`]' `approvals` module, shared with `prompt
+//! --wait`). Piped
 //! input is held until an approval needs it; at a terminal a line typed while nothing waits is
 //! dropped. It exits 0 when the session closes, or when stdin has ended, every typed line is
 //! used, and no approval it knows is pending (an answered one counts until `approval.settled`).
@@ -44,11 +64,14 @@
 //! device token: the file is created with mode 0600 in a 0700 directory, and the token is never
 //! printed. `pair -` reads the pairing URL or token from stdin, to keep it out of argv.
 //!
-//! Exit codes ([`Exit`]): 0 ok; 1 usage or other local error; 2 the host refused the call (its
-//! error code is printed); 3 the host cannot be reached; 4 the credential was refused, the
-//! profile has no certificate fingerprint (stored by an older version), or the endpoint is not
-//! the paired host (HOST_IDENTITY_MISMATCH): pair again, in the last case only if you trust the
-//! change; 5 a turn that `prompt --wait` followed ended other than `completed`.
+//! Exit codes ([`Exit`]): 0 ok; 1 a local problem (no profile, unreadable file, a profile `pair`
+//! would replace, nothing to steer); 2 the host refused the call (its error code is printed); 3
+//! the host cannot be reached; 4 the credential was refused, the profile has no certificate
+//! fingerprint (stored by an older version), or the endpoint is not the paired host
+//! (HOST_IDENTITY_MISMATCH): pair again, in the last case only if you trust the change; 5 a turn
+//! that `prompt --wait` followed ended other than `completed`; 6 `connect` failed; 64 bad usage
+//! (an unknown command or option, a missing or malformed argument, an invalid profile name):
+//! `EX_USAGE`, the same in pi-host and pi-gateway (`racp_proto::EXIT_USAGE`).
 
 pub mod commands;
 pub mod out;
@@ -63,7 +86,7 @@ use std::process::ExitCode;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Ok = 0,
-    /// Bad usage, or a local problem (no profile, unreadable file, ...).
+    /// A local problem (no profile, unreadable file, a profile `pair` would replace, ...).
     Other = 1,
     /// The host answered the call with an error.
     Refused = 2,
@@ -76,6 +99,9 @@ pub enum Exit {
     /// `connect`: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
     /// HOST_VERSION_MISMATCH).
     Bootstrap = 6,
+    /// Bad usage: an unknown command or option, a missing or malformed argument (`EX_USAGE`,
+    /// the same in pi-host and pi-gateway).
+    Usage = racp_proto::EXIT_USAGE as isize,
 }
 
 impl From<Exit> for ExitCode {
@@ -133,6 +159,9 @@ impl Failure {
                         "\npi-remote: the host refused this credential; pair again (pi-remote pair)"
                     }
                     Exit::Unreachable => "\npi-remote: is pi-host running and reachable?",
+                    _ if error.code() == ErrorCode::AgentBusy => {
+                        "\npi-remote: a turn is running in this session: follow it with `pi-remote attach SESSION`, guide it with `pi-remote steer SESSION TEXT`, or end it with `pi-remote abort SESSION`"
+                    }
                     _ => "",
                 };
                 format!("pi-remote: {}: {}{hint}", error.code(), error.message())

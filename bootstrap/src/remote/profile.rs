@@ -30,6 +30,10 @@ pub struct Profile {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub plain: bool,
     pub device_id: String,
+    /// The name the device was paired under (what `devices` shows); absent in profiles stored
+    /// by an older pi-remote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
     /// Secret bearer token.
     pub device_token: String,
     pub roles: Vec<Role>,
@@ -56,11 +60,24 @@ impl std::fmt::Debug for Profile {
             .field("cert_sha256", &self.cert_sha256)
             .field("plain", &self.plain)
             .field("device_id", &self.device_id)
+            .field("device_name", &self.device_name)
             .field("device_token", &"<secret>")
             .field("roles", &self.roles)
             .field("ssh", &self.ssh)
             .finish()
     }
+}
+
+/// Roles for a person: `owner` or `operator, observer`.
+pub fn role_names(roles: &[Role]) -> String {
+    let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+    names.join(", ")
+}
+
+/// Roles with their label: `role: owner` or `roles: operator, observer`.
+pub fn roles_text(roles: &[Role]) -> String {
+    let label = if roles.len() == 1 { "role" } else { "roles" };
+    format!("{label}: {}", role_names(roles))
 }
 
 /// The config directory, from the environment.
@@ -179,6 +196,7 @@ mod tests {
             cert_sha256: CertSha256::parse(&"ab".repeat(32)),
             plain: false,
             device_id: "dev_1".into(),
+            device_name: Some("laptop".into()),
             device_token: "pdt_secret".into(),
             roles: vec![Role::Owner],
             ssh: None,

@@ -147,11 +147,16 @@ pub fn describe_approval(
         out.push_str(&format!(" - {}", truncate(message, 400)));
     }
     if let Some(options) = options.filter(|o| !o.is_empty()) {
-        out.push_str(&format!(" [options: {}]", options.join(", ")));
+        let numbered: Vec<String> = options
+            .iter()
+            .enumerate()
+            .map(|(i, option)| format!("{}. {}", i + 1, truncate(option, 100)))
+            .collect();
+        out.push_str(&format!(" [options: {}]", numbered.join(", ")));
     }
     out.push_str(match kind {
         ApprovalKind::Confirm => " (answer y/n)",
-        ApprovalKind::Select => " (answer with one of the options)",
+        ApprovalKind::Select => " (answer with a number or an option)",
         ApprovalKind::Input | ApprovalKind::Editor => " (answer with a line of text)",
     });
     out
@@ -247,7 +252,7 @@ mod tests {
         ));
         assert_eq!(
             out,
-            "[approval apr_1] select: Pick [options: a, b] (answer with one of the options)\n"
+            "[approval apr_1] select: Pick [options: 1. a, 2. b] (answer with a number or an option)\n"
         );
     }
 }

@@ -13,7 +13,7 @@ use crate::remote::profile::{self, Profile, SshOrigin};
 use crate::ssh::PassphrasePrompt;
 use crate::ssh::host_key::{HostKeyPolicy, UnknownHost};
 use crate::ssh::prompt;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use racp_proto::validate::printable;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -21,30 +21,34 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What to do with a host seen for the first time: trust it with `--accept-new`; ask when a
-/// person can answer (a terminal without `--json`, or `SSH_ASKPASS`); else refuse.
-pub fn host_key_policy(accept_new: bool, json: bool) -> HostKeyPolicy {
+/// person can answer (a terminal without `--json`, or `SSH_ASKPASS`); else refuse. The progress
+/// display is suspended while the question is on the terminal, so nothing draws over it.
+pub fn host_key_policy(accept_new: bool, json: bool, display: Arc<Display>) -> HostKeyPolicy {
     let interactive = !json && std::io::stdin().is_terminal();
     if accept_new {
         HostKeyPolicy::AcceptNew
     } else if interactive || std::env::var_os("SSH_ASKPASS").is_some() {
-        HostKeyPolicy::Ask(Arc::new(|unknown: &UnknownHost| {
-            prompt::ask_yes_no(&format!(
+        HostKeyPolicy::Ask(Arc::new(move |unknown: &UnknownHost| {
+            display.suspend(|| prompt::ask_yes_no(&format!(
                 "The authenticity of host '{}' can't be established.\n{} key fingerprint is {}.\nTrust it and record it in {}? (yes/no) ",
                 unknown.host,
                 unknown.algorithm,
                 unknown.fingerprint,
                 unknown.known_hosts.display()
-            ))
+            )))
         }))
     } else {
         HostKeyPolicy::Strict
     }
 }
 
-/// Asks for an encrypted key's passphrase (`SSH_ASKPASS` or the terminal).
-pub fn passphrase_prompt() -> PassphrasePrompt {
-    Arc::new(|path: &std::path::Path| {
-        prompt::ask_secret(&format!("Enter passphrase for key '{}': ", path.display()))
+/// Asks for an encrypted key's passphrase (`SSH_ASKPASS` or the terminal), with the progress
+/// display suspended.
+pub fn passphrase_prompt(display: Arc<Display>) -> PassphrasePrompt {
+    Arc::new(move |path: &std::path::Path| {
+        display.suspend(|| {
+            prompt::ask_secret(&format!("Enter passphrase for key '{}': ", path.display()))
+        })
     })
 }
 
@@ -62,12 +66,34 @@ impl Reporter for JsonLines {
 /// A spinner per stage and a byte bar for the upload (stderr; hidden when not a terminal).
 pub struct Display {
     bar: Mutex<Option<(Stage, ProgressBar)>>,
+    /// Where bars draw: stderr, or a test's recorder.
+    target: fn() -> ProgressDrawTarget,
 }
 
 impl Display {
     pub fn new() -> Self {
+        Display::drawing_to(ProgressDrawTarget::stderr)
+    }
+
+    fn drawing_to(target: fn() -> ProgressDrawTarget) -> Self {
         Display {
             bar: Mutex::new(None),
+            target,
+        }
+    }
+
+    /// Runs `ask` (a question on the terminal) with the spinner cleared and stopped, and
+    /// draws it again afterwards.
+    pub fn suspend<R>(&self, ask: impl FnOnce() -> R) -> R {
+        let bar = self
+            .bar
+            .lock()
+            .ok()
+            .and_then(|slot| slot.as_ref().map(|(_, bar)| bar.clone()));
+        match bar {
+            // The bar's state stays locked while `ask` runs, so its ticker cannot draw.
+            Some(bar) => bar.suspend(ask),
+            None => ask(),
         }
     }
 
@@ -91,7 +117,8 @@ impl Reporter for Display {
         match progress {
             Progress::Started(stage) => {
                 self.finish();
-                let bar = ProgressBar::new_spinner();
+                let bar = ProgressBar::with_draw_target(None, (self.target)());
+                bar.set_style(ProgressStyle::default_spinner());
                 bar.set_message(stage.label());
                 bar.enable_steady_tick(Duration::from_millis(100));
                 if let Ok(mut slot) = self.bar.lock() {
@@ -158,18 +185,21 @@ pub struct ConnectArgs {
     /// Provision, pair and check, then stop (no forward kept).
     pub once: bool,
     pub json: bool,
+    /// The progress display without `--json` (the SSH questions suspend it).
+    pub display: Arc<Display>,
 }
 
 pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     let dir = profile::config_dir().map_err(Failure::Local)?;
     let target = args.options.target.clone();
-    reuse_credential(&dir, &mut args)?;
+    let reused = reuse_credential(&dir, &mut args)?;
     let reporter: Arc<dyn Reporter> = if args.json {
         Arc::new(JsonLines)
     } else {
-        Arc::new(Display::new())
+        args.display.clone()
     };
     let remote_dir = args.options.remote_dir.clone();
+    let mut device_name = args.options.device_name.clone();
     let connection = match provision::connect(args.options, reporter.clone()).await {
         Ok(connection) => connection,
         Err(error) => {
@@ -177,11 +207,18 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
             return Err(Failure::App(error));
         }
     };
+    // A reused credential keeps the name it was paired under.
+    if let Some((device_id, Some(name))) = reused
+        && device_id == connection.credential.device_id
+    {
+        device_name = name;
+    }
     let saved = Profile {
         url: connection.url.clone(),
         cert_sha256: connection.credential.cert_sha256,
         plain: false,
         device_id: connection.credential.device_id.clone(),
+        device_name: Some(device_name),
         device_token: connection.credential.device_token.clone(),
         roles: connection.credential.roles.clone(),
         ssh: Some(SshOrigin {
@@ -209,8 +246,12 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
 }
 
 /// A profile from an earlier `connect` to the same target and install root lends its
-/// credential (and its local port); a profile paired with anything else is left alone.
-fn reuse_credential(dir: &Path, args: &mut ConnectArgs) -> Result<(), Failure> {
+/// credential (and its local port); a profile paired with anything else is left alone. Returns
+/// the lent credential's device id and name.
+fn reuse_credential(
+    dir: &Path,
+    args: &mut ConnectArgs,
+) -> Result<Option<(String, Option<String>)>, Failure> {
     let stored = match profile::load(dir, &args.profile) {
         Ok(stored) => stored,
         Err(_)
@@ -218,7 +259,7 @@ fn reuse_credential(dir: &Path, args: &mut ConnectArgs) -> Result<(), Failure> {
                 .map_err(Failure::Local)?
                 .exists() =>
         {
-            return Ok(());
+            return Ok(None);
         }
         Err(message) => return Err(Failure::Local(message)),
     };
@@ -237,7 +278,7 @@ fn reuse_credential(dir: &Path, args: &mut ConnectArgs) -> Result<(), Failure> {
             if args.options.local_port == 0 {
                 args.options.preferred_local_port = port_of(&stored.url);
             }
-            Ok(())
+            Ok(Some((stored.device_id.clone(), stored.device_name.clone())))
         }
         _ => Err(Failure::Local(format!(
             "the profile {:?} is already paired with {}; pass --profile NAME to keep a profile per host",
@@ -255,4 +296,86 @@ fn port_of(url: &str) -> Option<u16> {
         .strip_prefix("wss://127.0.0.1:")
         .or_else(|| url.strip_prefix("ws://127.0.0.1:"))?;
     rest.split('/').next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use indicatif::TermLike;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+
+    /// What the spinner drew: a count of writes.
+    static DRAWN: AtomicUsize = AtomicUsize::new(0);
+
+    #[derive(Debug)]
+    struct Recorder;
+
+    impl TermLike for Recorder {
+        fn width(&self) -> u16 {
+            80
+        }
+        fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_line(&self, _: &str) -> std::io::Result<()> {
+            DRAWN.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn write_str(&self, _: &str) -> std::io::Result<()> {
+            DRAWN.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn clear_line(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn recorder() -> ProgressDrawTarget {
+        ProgressDrawTarget::term_like(Box::new(Recorder))
+    }
+
+    /// Waits until the spinner has drawn more than `count` times.
+    fn drawn_beyond(count: usize) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if DRAWN.load(Ordering::SeqCst) > count {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    #[test]
+    fn the_spinner_does_not_draw_while_a_question_is_asked() {
+        let display = Display::drawing_to(recorder);
+        display.report(Progress::Started(Stage::HostKey));
+        assert!(drawn_beyond(1), "the spinner never ticked");
+        let (during, after_question) = display.suspend(|| {
+            let at_start = DRAWN.load(Ordering::SeqCst);
+            // Several ticks' worth (the spinner ticks every 100 ms) of a person reading.
+            std::thread::sleep(Duration::from_millis(500));
+            (
+                DRAWN.load(Ordering::SeqCst) - at_start,
+                DRAWN.load(Ordering::SeqCst),
+            )
+        });
+        assert_eq!(during, 0, "the spinner drew over the question");
+        // It comes back afterwards.
+        assert!(drawn_beyond(after_question), "the spinner did not resume");
+        display.finish();
+    }
 }

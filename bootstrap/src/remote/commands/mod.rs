@@ -1,15 +1,17 @@
 //! `pi-remote`'s commands, one module per group; `src/bin/pi-remote.rs` parses the command line
 //! and calls them. What they share: opening a client from a profile, resending safe calls.
 
+mod approvals;
 pub mod attach;
 pub mod connect;
 pub mod devices;
 pub mod models;
 pub mod pair;
 pub mod sessions;
+pub mod status;
 pub mod turns;
 
-use crate::remote::profile::{self, SshOrigin};
+use crate::remote::profile::{self, Profile, SshOrigin};
 use crate::remote::{Exit, Failure, exit_for};
 use racp_proto::client::{ClientOptions, RacpClient};
 use racp_proto::fingerprint::CertSha256;
@@ -37,10 +39,20 @@ pub(crate) async fn open_client(
 
 /// A client for the host the profile was paired with, using its credential.
 pub async fn open_profile(profile_name: &str) -> Result<RacpClient, Failure> {
+    let stored = load_profile(profile_name)?;
+    connect_profile(profile_name, &stored).await
+}
+
+/// Reads a stored profile.
+pub fn load_profile(profile_name: &str) -> Result<Profile, Failure> {
     let dir = profile::config_dir().map_err(Failure::Local)?;
-    let stored = profile::load(&dir, profile_name).map_err(Failure::Local)?;
+    profile::load(&dir, profile_name).map_err(Failure::Local)
+}
+
+/// Connects with a loaded profile's credential.
+pub async fn connect_profile(profile_name: &str, stored: &Profile) -> Result<RacpClient, Failure> {
     // Before any connection: a token is only sent to an endpoint that can prove it is the host.
-    if let Some(message) = profile::unpinned_message(profile_name, &stored) {
+    if let Some(message) = profile::unpinned_message(profile_name, stored) {
         return Err(Failure::PairAgain(message));
     }
     let security = Security {

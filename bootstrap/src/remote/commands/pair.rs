@@ -15,8 +15,14 @@ pub async fn pair(
     link: &str,
     hints: &PairingHints<'_>,
     name: Option<String>,
+    force: bool,
 ) -> Result<(), Failure> {
     let dir = profile::config_dir().map_err(Failure::Local)?;
+    // Before the pairing token is spent: a credential is never replaced by accident (an owner's
+    // by an observer's, say, with no way back).
+    if !force {
+        refuse_to_replace(&dir, profile_name)?;
+    }
     let link = if link == "-" {
         read_link_from_stdin()?
     } else {
@@ -35,9 +41,10 @@ pub async fn pair(
         plain,
     };
     let client = open_client(&url, &token, security).await?;
+    let device_name = device_name(name);
     let paired = client
         .call::<calls::Pair>(PairParams {
-            device_name: device_name(name),
+            device_name: device_name.clone(),
         })
         .await?;
     let stored = Profile {
@@ -45,6 +52,7 @@ pub async fn pair(
         cert_sha256,
         plain,
         device_id: paired.device_id,
+        device_name: Some(device_name),
         device_token: paired.device_token,
         roles: paired.roles,
         ssh: None,
@@ -59,15 +67,42 @@ pub async fn pair(
             "certSha256": stored.cert_sha256,
         }));
     } else {
-        let roles: Vec<&str> = stored.roles.iter().map(|r| r.as_str()).collect();
         out.line(&format!(
-            "paired as {} (roles: {}); profile {profile_name:?} saved to {}",
+            "paired as {} ({}); profile {profile_name:?} saved to {}",
             stored.device_id,
-            roles.join(","),
+            profile::roles_text(&stored.roles),
             file.display()
         ));
     }
     Ok(())
+}
+
+/// Refuses when profile `name` exists, naming what it holds and how to go on. A profile without
+/// a certificate fingerprint (an older pi-remote's) is replaced: it cannot be used, and pairing
+/// again is its documented migration.
+fn refuse_to_replace(dir: &std::path::Path, name: &str) -> Result<(), Failure> {
+    let file = profile::path(dir, name).map_err(Failure::Local)?;
+    if !file.exists() {
+        return Ok(());
+    }
+    let holds = match profile::load(dir, name) {
+        Ok(stored) if profile::unpinned_message(name, &stored).is_some() => return Ok(()),
+        Ok(stored) => format!(
+            "holds the credential of device {} ({}) on {}{}",
+            stored.device_id,
+            profile::roles_text(&stored.roles),
+            stored.url,
+            stored
+                .ssh
+                .as_ref()
+                .map(|origin| format!(" (through SSH to {})", origin.target))
+                .unwrap_or_default()
+        ),
+        Err(_) => format!("exists ({})", file.display()),
+    };
+    Err(Failure::local(format!(
+        "the profile {name:?} already {holds}; pair into another profile with --profile NAME, or replace it with --force"
+    )))
 }
 
 /// `pair -`: one line of stdin, which keeps the token out of the process list.

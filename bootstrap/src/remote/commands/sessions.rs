@@ -1,9 +1,10 @@
-//! `pi-remote sessions` and `pi-remote new`.
+//! `pi-remote sessions`, `pi-remote new` and `pi-remote close`.
 
+use super::call_resending;
 use crate::remote::Failure;
 use crate::remote::out::{Out, enum_name};
 use racp_proto::client::RacpClient;
-use racp_proto::methods::session::SessionCreateParams;
+use racp_proto::methods::session::{SessionCreateParams, SessionRef};
 use racp_proto::validate::printable;
 use racp_proto::{Empty, calls};
 
@@ -44,6 +45,24 @@ pub async fn create(
         out.json_value(&created.session);
     } else {
         out.line(&created.session.session_id);
+    }
+    Ok(())
+}
+
+/// Closes a session: its agent stops (a running turn ends aborted); its log stays readable.
+/// Closing a closed session succeeds, so the call is resent after a dropped link.
+pub async fn close(out: &Out, client: &RacpClient, session_id: String) -> Result<(), Failure> {
+    call_resending::<calls::SessionClose>(
+        client,
+        SessionRef {
+            session_id: session_id.clone(),
+        },
+    )
+    .await?;
+    if out.json {
+        out.json_value(&serde_json::json!({"sessionId": session_id, "closed": true}));
+    } else {
+        out.line(&format!("closed {}", printable(&session_id, false)));
     }
     Ok(())
 }

@@ -1,17 +1,22 @@
-//! `pi-remote prompt` (start a turn, and with `--wait` follow it), `approve` and `deny`.
+//! `pi-remote prompt` (start a turn, and with `--wait` follow it), `steer` and `abort` (the
+//! running turn), `approve` and `deny`.
 
+use super::approvals::{Approvals, stdin_lines};
 use super::{call_resending, client_stopped};
 use crate::remote::Failure;
 use crate::remote::out::{Out, enum_name};
 use crate::remote::view::View;
 use racp_proto::calls;
 use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
-use racp_proto::events::{ApprovalRequestedData, TurnFinishedData, TurnOutcome};
+use racp_proto::events::{TurnFinishedData, TurnOutcome};
 use racp_proto::methods::session::{SessionRef, SessionSubscribeParams};
 use racp_proto::methods::turn::{
-    Answer, ApprovalRespondParams, Decision, TurnStartParams, TurnState, Verdict,
+    Answer, ApprovalKind, ApprovalRespondParams, Decision, TurnRef, TurnStartParams, TurnState,
+    TurnSteerParams, Verdict,
 };
 use serde_json::json;
+use std::io::IsTerminal;
+use tokio::sync::mpsc;
 
 /// Starts a turn; with `wait`, follows it to its end (an outcome other than `completed` is
 /// [`Failure::Turn`]).
@@ -51,14 +56,35 @@ pub async fn prompt(
     let turn_id = call_resending::<calls::TurnStart>(client, params)
         .await?
         .turn_id;
-    follow_turn(out, sub, &turn_id).await
+    follow_turn(out, client, sub, &turn_id).await
 }
 
-/// Prints the turn's events until it ends.
-async fn follow_turn(out: &Out, mut sub: Subscription, turn_id: &str) -> Result<(), Failure> {
+/// Prints the turn's events until it ends. At a terminal, typed lines answer the turn's
+/// approvals (as in `attach`); otherwise a note says how to answer them from elsewhere.
+async fn follow_turn(
+    out: &Out,
+    client: &RacpClient,
+    mut sub: Subscription,
+    turn_id: &str,
+) -> Result<(), Failure> {
+    let interactive = std::io::stdin().is_terminal();
+    let mut approvals = Approvals::new(&[], interactive);
+    let mut lines = stdin_lines_if(interactive);
+    let mut stdin_open = interactive;
     let mut view = View::default();
     let outcome = loop {
-        let Some(item) = sub.items.recv().await else {
+        approvals.answer_typed(out, client).await?;
+        let item = tokio::select! {
+            item = sub.items.recv() => item,
+            line = lines.recv(), if stdin_open => {
+                match line {
+                    Some(Some(line)) => approvals.on_line(out, &line),
+                    _ => stdin_open = false,
+                }
+                continue;
+            }
+        };
+        let Some(item) = item else {
             return Err(client_stopped().into());
         };
         match item {
@@ -67,14 +93,13 @@ async fn follow_turn(out: &Out, mut sub: Subscription, turn_id: &str) -> Result<
                     continue;
                 }
                 out.event(&mut view, &event);
-                if event.kind == "approval.requested"
-                    && !out.json
-                    && let Ok(requested) = event.data.parse::<ApprovalRequestedData>()
-                {
-                    out.note(&format!(
-                        "answer with: pi-remote approve {id}   or   pi-remote deny {id}",
-                        id = requested.approval_id
-                    ));
+                if let Some(requested) = approvals.on_event(&event) {
+                    if interactive {
+                        out.text(&view.break_line());
+                        out.note(&requested.how_to_answer());
+                    } else if !out.json {
+                        out.note(&answer_elsewhere(requested.id.as_str(), requested.kind));
+                    }
                 }
                 if event.kind == "turn.finished" {
                     break event
@@ -98,6 +123,13 @@ async fn follow_turn(out: &Out, mut sub: Subscription, turn_id: &str) -> Result<
                         TurnState::Failed | TurnState::Running => "failed",
                     };
                 }
+                let pending: Vec<_> = snapshot
+                    .snapshot
+                    .pending_approvals
+                    .iter()
+                    .filter(|a| a.turn_id == turn_id)
+                    .collect();
+                approvals.replace(&pending);
             }
             SubscriptionItem::Ended => break "aborted (the session was closed)",
             SubscriptionItem::Failed(error) => return Err(error.into()),
@@ -109,6 +141,27 @@ async fn follow_turn(out: &Out, mut sub: Subscription, turn_id: &str) -> Result<
     } else {
         Err(Failure::Turn(outcome.to_string()))
     }
+}
+
+/// Stdin's lines when they are to be read, else a channel that never yields.
+fn stdin_lines_if(read: bool) -> mpsc::UnboundedReceiver<Option<String>> {
+    if read {
+        stdin_lines()
+    } else {
+        mpsc::unbounded_channel().1
+    }
+}
+
+/// How to answer an approval with another command (stdin is not a terminal).
+fn answer_elsewhere(id: &str, kind: ApprovalKind) -> String {
+    let approve = match kind {
+        ApprovalKind::Confirm => format!("pi-remote approve {id}"),
+        ApprovalKind::Select => format!("pi-remote approve {id} --value OPTION"),
+        ApprovalKind::Input | ApprovalKind::Editor => {
+            format!("pi-remote approve {id} --value TEXT")
+        }
+    };
+    format!("answer with: {approve}   or   pi-remote deny {id}")
 }
 
 fn outcome_name(outcome: TurnOutcome) -> &'static str {
@@ -128,6 +181,83 @@ fn idempotency_key() -> Result<String, Failure> {
         "pi-remote-{}",
         bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
     ))
+}
+
+/// The turn `abort` and `steer` act on: the one given, else the session's running turn (`None`
+/// when nothing runs).
+async fn running_turn(
+    client: &RacpClient,
+    session_id: &str,
+    turn: Option<String>,
+) -> Result<Option<String>, Failure> {
+    if turn.is_some() {
+        return Ok(turn);
+    }
+    let got = call_resending::<calls::SessionGet>(
+        client,
+        SessionRef {
+            session_id: session_id.to_string(),
+        },
+    )
+    .await?;
+    Ok(got.session.active_turn_id)
+}
+
+/// `abort`: ends the running turn as aborted. Nothing running is not an error (the host treats
+/// aborting a finished turn the same way).
+pub async fn abort(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    turn: Option<String>,
+) -> Result<(), Failure> {
+    let Some(turn_id) = running_turn(client, &session_id, turn).await? else {
+        if out.json {
+            out.json_value(&json!({"sessionId": session_id, "turnId": null}));
+        } else {
+            out.line(&format!("no turn is running in {session_id}"));
+        }
+        return Ok(());
+    };
+    let params = TurnRef {
+        session_id: session_id.clone(),
+        turn_id: turn_id.clone(),
+    };
+    call_resending::<calls::TurnAbort>(client, params).await?;
+    if out.json {
+        out.json_value(&json!({"sessionId": session_id, "turnId": turn_id, "aborted": true}));
+    } else {
+        out.line(&format!("aborted {turn_id}"));
+    }
+    Ok(())
+}
+
+/// `steer`: hands the running turn more guidance, which the agent reads at its next step.
+/// Sent once: `turn/steer` is not safe to resend (a resent text would be read twice).
+pub async fn steer(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    text: String,
+    turn: Option<String>,
+) -> Result<(), Failure> {
+    let Some(turn_id) = running_turn(client, &session_id, turn).await? else {
+        return Err(Failure::local(format!(
+            "no turn is running in {session_id}, so there is nothing to steer; start one with: pi-remote prompt {session_id} TEXT"
+        )));
+    };
+    let params = TurnSteerParams {
+        session_id: session_id.clone(),
+        turn_id: turn_id.clone(),
+        text,
+    };
+    client.call::<calls::TurnSteer>(params).await?;
+    if out.json {
+        out.json_value(&json!({"sessionId": session_id, "turnId": turn_id, "steered": true}));
+    } else {
+        out.line(&format!("steered {turn_id}"));
+    }
+    Ok(())
 }
 
 /// `approve`: allow, or answer with `value` (select, input, editor).
