@@ -29,6 +29,8 @@ pub struct HostState {
     pub agent_extensions: Vec<std::path::PathBuf>,
     /// Provider keys, custom providers and the model catalogue a desktop reads.
     pub models: crate::models::Models,
+    /// The agent program: where it is, its version, whether it can run (`agent::check`).
+    pub agent: crate::agent::check::AgentCheck,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +76,11 @@ impl HostState {
                 })
                 .unwrap_or_default();
         let models = crate::models::Models::open(&config.data_dir)?;
+        let agent = crate::agent::check::AgentCheck::new(
+            &config.agent,
+            &config.data_dir,
+            config.config_file.as_deref(),
+        );
         Ok(Arc::new(HostState {
             config,
             store,
@@ -94,6 +101,7 @@ impl HostState {
             connections: Connections::default(),
             agent_extensions,
             models,
+            agent,
         }))
     }
 

@@ -646,7 +646,7 @@ impl Driver {
             )],
         };
         let generation = host.models.generation();
-        let (agent, output) = Agent::spawn(&spec).await.map_err(|e| e.to_app_error())?;
+        let (agent, output) = host.agent.spawn(&spec).await?;
         tokio::spawn(pump(host.clone(), self.clone(), agent.clone(), output));
         self.agent_pid.store(agent.pid(), Ordering::Relaxed);
         state.agent = Some(agent.clone());
