@@ -342,8 +342,7 @@ fn log(status: &AgentStatus) {
     let runtime = status
         .runtime
         .as_ref()
-        .map(|r| format!("{} {}", r.name, r.version.as_deref().unwrap_or("?")))
-        .unwrap_or_default();
+        .map(|r| format!("{} {}", r.name, r.version.as_deref().unwrap_or("?")));
     match status.state {
         AgentState::Ready => tracing::info!(version, path, runtime, "agent ready"),
         AgentState::Missing => {
