@@ -635,6 +635,7 @@ pub async fn connect(
         "url": url,
         "hostVersion": info.host.version,
         "hostId": info.host.id,
+        "agent": info.agent,
         "remotePort": forward.remote_port(),
         "remoteRoot": forward.remote_root(),
         "certSha256": credential.cert_sha256,
