@@ -108,7 +108,10 @@ async fn a_missing_agent_is_reported_and_a_turn_gets_the_fix() {
     assert!(info.get("version").is_none() && info.get("path").is_none());
     assert_eq!(status_agent(&host).await, info);
     let (_, human, _) = host.cli(&["status"]).await;
-    assert!(human.contains("agent: missing: pi-host could not find"), "{human}");
+    assert!(
+        human.contains("agent: missing: pi-host could not find"),
+        "{human}"
+    );
     assert!(host.log().contains("agent missing"));
 
     let reply = turn(&mut client, &host, "k").await;
@@ -175,7 +178,10 @@ async fn an_agent_whose_version_fails_or_is_too_old_is_incompatible() {
         let info = host_info_agent(&mut client).await;
         assert_eq!(info["state"], "incompatible", "{info}");
         assert_eq!(info["path"], agent.to_str().unwrap());
-        assert!(info["problem"].as_str().unwrap().contains(problem), "{info}");
+        assert!(
+            info["problem"].as_str().unwrap().contains(problem),
+            "{info}"
+        );
         assert_eq!(status_agent(&host).await, info);
         assert!(host.log().contains("agent incompatible"));
         let reply = turn(&mut client, &host, "k").await;

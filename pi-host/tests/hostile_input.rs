@@ -1283,8 +1283,7 @@ async fn calls_past_the_in_flight_bound_get_host_overloaded() {
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&gated, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(&gated, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let agent = gated.display().to_string();
     let host = HostProcess::start_with(
         bin(),

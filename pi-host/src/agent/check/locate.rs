@@ -86,8 +86,7 @@ fn nvm_bin(env: &Env) -> Option<PathBuf> {
     // (`node`, `lts/*`, ...) or nothing picks the newest installed.
     let matches = |name: &str| {
         let name = name.trim_start_matches('v');
-        !wanted.is_empty()
-            && (name == wanted || name.starts_with(&format!("{wanted}.")))
+        !wanted.is_empty() && (name == wanted || name.starts_with(&format!("{wanted}.")))
     };
     let chosen = installed
         .iter()
@@ -246,8 +245,13 @@ fn interpreter(path: &Path) -> Option<String> {
     let line = std::str::from_utf8(line).ok()?;
     let mut words = line.split_whitespace();
     let first = words.next()?;
-    if Path::new(first).file_name().is_some_and(|name| name == "env") {
-        return words.find(|word| !word.starts_with('-')).map(str::to_string);
+    if Path::new(first)
+        .file_name()
+        .is_some_and(|name| name == "env")
+    {
+        return words
+            .find(|word| !word.starts_with('-'))
+            .map(str::to_string);
     }
     Some(first.to_string())
 }
@@ -269,7 +273,8 @@ fn is_node(path: &Path) -> bool {
 }
 
 fn is_executable(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    std::fs::metadata(path)
+        .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
 }
 
 fn absolute(path: &str) -> PathBuf {
@@ -293,9 +298,7 @@ mod tests {
 
     fn env(root: &Path, path: &[&str]) -> Env {
         Env {
-            path: Some(
-                std::env::join_paths(path.iter().map(|p| root.join(p))).unwrap(),
-            ),
+            path: Some(std::env::join_paths(path.iter().map(|p| root.join(p))).unwrap()),
             home: Some(root.join("home")),
             nvm_dir: None,
             nvm_bin: None,
@@ -352,8 +355,12 @@ mod tests {
         let root = root.path();
         let env = env(root, &["bin"]);
         for version in ["v18.20.0", "v20.11.1", "v22.3.0"] {
-            std::fs::create_dir_all(root.join("home/.nvm/versions/node").join(version).join("bin"))
-                .unwrap();
+            std::fs::create_dir_all(
+                root.join("home/.nvm/versions/node")
+                    .join(version)
+                    .join("bin"),
+            )
+            .unwrap();
         }
         let bin = |v: &str| root.join("home/.nvm/versions/node").join(v).join("bin");
         assert_eq!(nvm_bin(&env), Some(bin("v22.3.0")), "no alias: the newest");

@@ -140,7 +140,8 @@ impl AgentCheck {
             && let Some(dir) = node.parent()
         {
             let path = version::path_with_first(dir);
-            spec.env.push(("PATH".to_string(), path.to_string_lossy().into_owned()));
+            spec.env
+                .push(("PATH".to_string(), path.to_string_lossy().into_owned()));
         }
         Ok(spec)
     }
@@ -186,7 +187,10 @@ impl AgentCheck {
                 let checked = Checked {
                     status: problem(
                         AgentState::Missing,
-                        format!("the agent command `{}` cannot be parsed: {err}", self.command),
+                        format!(
+                            "the agent command `{}` cannot be parsed: {err}",
+                            self.command
+                        ),
                     ),
                     stamp: Stamp(
                         Found::Missing {
