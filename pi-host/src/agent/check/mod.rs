@@ -112,7 +112,9 @@ impl AgentCheck {
                 // It was there a moment ago: look again, so the answer says what is wrong now.
                 *lock(&self.last) = None;
                 let again = self.refresh().await;
-                self.resolved(&again, &spec)?;
+                if again.status.state != AgentState::Ready {
+                    return Err(self.unavailable(&again.status));
+                }
                 Err(err.to_app_error())
             }
             started => started.map_err(|err| err.to_app_error()),
