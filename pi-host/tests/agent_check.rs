@@ -159,6 +159,12 @@ async fn an_agent_installed_later_is_found_by_the_next_turn() {
     assert_eq!(info["state"], "ready", "{info}");
     assert_eq!(info["path"], installed.to_str().unwrap());
     assert!(host.log().contains("agent ready"));
+
+    // And one removed is missing again.
+    std::fs::remove_file(&installed).unwrap();
+    let reply = turn(&mut client, &host, "k3").await;
+    assert_unavailable_with_the_fix(&reply, "`pi-host-test-agent`");
+    assert_eq!(host_info_agent(&mut client).await["state"], "missing");
 }
 
 #[tokio::test]
