@@ -31,7 +31,9 @@ pub const MIN_AGENT_VERSION: Version = Version(0, 73, 0);
 /// The oldest Node pi runs on (its `engines.node`).
 pub const MIN_NODE_VERSION: Version = Version(20, 6, 0);
 /// How long `--version` may take (pi loads its code first: about 1.5 s on a loaded machine).
-const VERSION_TIMEOUT: Duration = Duration::from_secs(20);
+/// Node's and pi's together stay within a client's call timeout (30 s): the first `host/info`
+/// waits for them.
+const VERSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// The command that installs (or upgrades) pi.
 pub const INSTALL_COMMAND: &str = "npm install -g @mariozechner/pi-coding-agent";
 
