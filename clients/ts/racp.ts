@@ -14,6 +14,50 @@ export const ENDPOINT_PATH = "/racp" as const;
 export type Ack = Record<string, unknown>;
 
 /**
+ * The runtime of a Node program.
+ */
+export type AgentRuntime = {
+  /**
+   * `node`.
+   */
+  name: string;
+  /**
+   * Its absolute path.
+   */
+  path: string;
+  /**
+   * What `node --version` printed, without the `v`, e.g. `20.20.2`; absent when it could
+   * not be run.
+   */
+  version?: string | null;
+};
+
+export type AgentState = "ready" | "missing" | "incompatible";
+
+/**
+ * Whether the host can run its agent (docs/protocol.md §7.1, "The agent").
+ */
+export type AgentStatus = {
+  /**
+   * The agent's absolute path, when it was found.
+   */
+  path?: string | null;
+  /**
+   * Why the agent is missing or incompatible, and what to do about it; absent when ready.
+   */
+  problem?: string | null;
+  /**
+   * The Node.js runtime that runs it, when the agent is a Node program.
+   */
+  runtime?: AgentRuntime | null;
+  state: AgentState;
+  /**
+   * What the agent's `--version` printed, e.g. `0.73.1`.
+   */
+  version?: string | null;
+};
+
+/**
  * Why an idle agent was stopped.
  */
 export type AgentStopReason = "idle" | "capacity";
@@ -668,6 +712,10 @@ export type HostInfoRequest = {
  * Facts about the host.
  */
 export type HostInfoResult = {
+  /**
+   * The agent program the host runs for its sessions, as last checked.
+   */
+  agent: AgentStatus;
   /**
    * The sessions' agent processes.
    */
@@ -1595,7 +1643,7 @@ export const ERROR_CODES = {
   HOST_SHUTTING_DOWN: { retriable: "yes", recovery: "reconnect_and_resume", closeCode: 4020, httpStatus: 503 },
   RATE_LIMITED: { retriable: "yes", recovery: "retry_after", closeCode: 4021, httpStatus: 429 },
   LIMIT_EXCEEDED: { retriable: "no", recovery: "fix_arguments", closeCode: 4022, httpStatus: 422 },
-  AGENT_UNAVAILABLE: { retriable: "yes", recovery: "retry", closeCode: 4023, httpStatus: 503 },
+  AGENT_UNAVAILABLE: { retriable: "no", recovery: "stop_and_report", closeCode: 4023, httpStatus: 503 },
   AGENT_BUSY: { retriable: "no", recovery: "check_state", closeCode: 4024, httpStatus: 409 },
   AGENT_SIDECAR_CRASHED: { retriable: "no", recovery: "check_state", closeCode: 4025, httpStatus: 502 },
   TURN_NOT_FOUND: { retriable: "no", recovery: "check_state", closeCode: 4026, httpStatus: 404 },

@@ -216,6 +216,7 @@ fn params_json(call: &Call) -> String {
         Call::SessionCreate(p) => serde_json::to_value(p),
         Call::SessionGet(p) | Call::SessionClose(p) => serde_json::to_value(p),
         Call::SessionSubscribe(p) => serde_json::to_value(p),
+        Call::SessionStream(p) => serde_json::to_value(p),
         Call::SessionUnsubscribe(p) => serde_json::to_value(p),
         Call::TurnStart(p) => serde_json::to_value(p),
         Call::TurnSteer(p) => serde_json::to_value(p),

@@ -102,6 +102,17 @@ async fn handle(stream: UnixStream, state: Arc<HostState>) {
                 .await
                 .and_then(|ack| serde_json::to_value(ack).map_err(|e| state.internal(e)))
         }
+        Ok(AdminRequest::Status) => {
+            let agent = state.agent.status().await;
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut status = execute(&state, AdminRequest::Status)?;
+                status["agent"] = serde_json::to_value(agent).map_err(|e| state.internal(e))?;
+                Ok(status)
+            })
+            .await
+            .unwrap_or_else(|e| Err(AppError::new(ErrorCode::Internal, e.to_string())))
+        }
         Ok(request) => {
             let state = state.clone();
             tokio::task::spawn_blocking(move || execute(&state, request))

@@ -37,6 +37,8 @@ pub struct ServeConfig {
     pub heartbeat: Duration,
     /// Directories sessions and `fs/*` may use (default: the user's home).
     pub roots: Vec<PathBuf>,
+    /// The `--config` file the host was started with.
+    pub config_file: Option<PathBuf>,
     /// The host's own files outside the data directory (its config file, state file): like the
     /// data directory, refused to clients whatever the roots.
     pub host_files: Vec<PathBuf>,
@@ -128,6 +130,7 @@ impl ServeConfig {
             limits: HostLimits::default(),
             heartbeat: Duration::from_secs(15),
             roots: home_dir().into_iter().collect(),
+            config_file: None,
             host_files: Vec::new(),
             tls: None,
             plain: false,
@@ -317,6 +320,7 @@ pub fn load(
             .map_err(|e| format!("bad default listen address: {e}"))?,
     };
     let mut config = ServeConfig::new(listen, data_dir);
+    config.config_file = file.map(std::path::Path::to_path_buf);
     config
         .host_files
         .extend(file.map(std::path::Path::to_path_buf));

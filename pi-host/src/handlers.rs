@@ -13,7 +13,7 @@ use racp_proto::limits::{
 };
 use racp_proto::methods::handshake::{HelloParams, HostIdentity, Limits, PairParams, PairResult};
 use racp_proto::methods::host::{
-    DeviceInfo, DeviceListResult, DeviceRevokeParams, HostInfoResult, HostListResult,
+    AgentStatus, DeviceInfo, DeviceListResult, DeviceRevokeParams, HostInfoResult, HostListResult,
     PairingCreateParams, PairingCreateResult,
 };
 use racp_proto::methods::session::{
@@ -131,7 +131,10 @@ pub fn route(state: Arc<HostState>, credential: Credential, call: Call) -> Route
         Call::SessionSubscribe(params) => Route::Connection(ConnectionCall::Subscribe(params)),
         Call::SessionUnsubscribe(params) => Route::Connection(ConnectionCall::Unsubscribe(params)),
         Call::Pair(params) => blocking(state, move |s| pair(s, &credential, params)),
-        Call::HostInfo(_) => blocking(state, |s| Ok(host_info(s))),
+        Call::HostInfo(_) => task(async move {
+            let agent = state.agent.status().await;
+            to_value(&host_info(&state, agent))
+        }),
         Call::HostList(_) => blocking(state, |_| host_list()),
         Call::DeviceList(_) => blocking(state, move |s| device_list(s, &credential)),
         Call::FsList(params) => blocking(state, move |s| {
@@ -319,7 +322,7 @@ pub fn host_identity(state: &HostState) -> HostIdentity {
     }
 }
 
-fn host_info(state: &HostState) -> HostInfoResult {
+fn host_info(state: &HostState, agent: AgentStatus) -> HostInfoResult {
     HostInfoResult {
         host: host_identity(state),
         hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -335,6 +338,7 @@ fn host_info(state: &HostState) -> HostInfoResult {
             state.config.limits.max_events_per_frame,
         ),
         agents: state.turns.agents_info(state),
+        agent,
     }
 }
 

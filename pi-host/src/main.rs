@@ -203,8 +203,9 @@ async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Red
                     None => "plain ws:// (--plain): no certificate\n".into(),
                 };
                 let agents = &v["agents"];
+                let agent = agent_line(&v["agent"]);
                 format!(
-                    "pi-host {} listening on {} ({} connections{})\n{cert}agents: {} running (at most {}), {} MiB resident\n",
+                    "pi-host {} listening on {} ({} connections{})\n{cert}{agent}agents: {} running (at most {}), {} MiB resident\n",
                     v["host"]["version"].as_str().unwrap_or_default(),
                     v["url"].as_str().unwrap_or_default(),
                     v["connections"],
@@ -236,6 +237,25 @@ async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Red
             ExitCode::SUCCESS
         }
     }
+}
+
+/// `status`'s line about the agent: `agent: ready, 0.73.1 at PATH (node 20.20.2)`, or its state
+/// and problem.
+fn agent_line(agent: &serde_json::Value) -> String {
+    let text = |key: &str| agent[key].as_str().unwrap_or_default().to_string();
+    let state = text("state");
+    if state == "ready" {
+        let runtime = match agent["runtime"]["version"].as_str() {
+            Some(version) => format!(" (node {version})"),
+            None => String::new(),
+        };
+        return format!(
+            "agent: ready, {} at {}{runtime}\n",
+            text("version"),
+            printable(&text("path"), false)
+        );
+    }
+    format!("agent: {state}: {}\n", printable(&text("problem"), false))
 }
 
 fn gateway_key(data_dir: &std::path::Path, json: bool) -> ExitCode {
@@ -409,6 +429,9 @@ async fn serve(
     // Before anything else opens descriptors: the limit is raised and split (server/listener.rs).
     let budget = server::listener::plan(&mut config.limits);
     let state = state::HostState::open_with(config, redactor).map_err(|e| e.to_string())?;
+    // The agent is checked meanwhile; its first check is what host/info and turns wait for.
+    let checking = state.clone();
+    tokio::spawn(async move { checking.agent.status().await });
     turns::end_interrupted_turns(&state).await;
     tokio::spawn(turns::stop_idle_agents(state.clone()));
     let admin = admin::bind(&state.config.data_dir)

@@ -33,6 +33,8 @@ pub struct HostState {
     /// The one redaction of agent text (and of the log, which shares it): it knows the
     /// provider keys `models` hands the agents.
     pub redactor: Redactor,
+    /// The agent program: where it is, its version, whether it can run (`agent::check`).
+    pub agent: crate::agent::check::AgentCheck,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +85,11 @@ impl HostState {
                 })
                 .unwrap_or_default();
         let models = crate::models::Models::open(&config.data_dir, redactor.clone())?;
+        let agent = crate::agent::check::AgentCheck::new(
+            &config.agent,
+            &config.data_dir,
+            config.config_file.as_deref(),
+        );
         Ok(Arc::new(HostState {
             config,
             store,
@@ -104,6 +111,7 @@ impl HostState {
             agent_extensions,
             models,
             redactor,
+            agent,
         }))
     }
 

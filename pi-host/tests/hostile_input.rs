@@ -1269,12 +1269,22 @@ async fn calls_past_the_in_flight_bound_get_host_overloaded() {
     // test ended without opening it).
     let gate = tempfile::tempdir().unwrap();
     let go = gate.path().join("go");
-    let agent = format!(
-        "sh -c 'while [ ! -e {go} ]; do [ -d {dir} ] || exit 1; sleep 0.1; done; exec {bin}'",
-        go = go.display(),
-        dir = gate.path().display(),
-        bin = tests::stand_in_agent().display()
-    );
+    // The host asks its agent's version before any turn: that passes the gate.
+    let gated = gate.path().join("gated-agent");
+    std::fs::write(
+        &gated,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = --version ] && exec '{bin}' --version\n\
+             while [ ! -e '{go}' ]; do [ -d '{dir}' ] || exit 1; sleep 0.1; done\n\
+             exec '{bin}' \"$@\"\n",
+            go = go.display(),
+            dir = gate.path().display(),
+            bin = tests::stand_in_agent().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&gated, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let agent = gated.display().to_string();
     let host = HostProcess::start_with(
         bin(),
         &[

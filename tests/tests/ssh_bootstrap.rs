@@ -371,6 +371,8 @@ async fn a_cold_install_then_a_warm_connect_that_transfers_and_restarts_nothing(
     assert_eq!(ready["hostVersion"], VERSION);
     assert_eq!(ready["transferred"], true);
     assert_eq!(ready["paired"], true);
+    // The host checked its agent (the remote's config names the stand-in) before answering.
+    assert_eq!(ready["agent"]["state"], "ready", "{ready}");
     assert!(world.current().ends_with(&format!("versions/{VERSION}")));
     let state = world.state();
     assert!(pid_alive(&state["pid"]));

@@ -432,8 +432,12 @@ async fn probe_stage(
     } else {
         format!("{} {} {}, ", probe.os, probe.arch, probe.libc.describe())
     };
+    let agent = match probe.agent_note() {
+        note if note.is_empty() => note,
+        note => format!(", {note}"),
+    };
     clock.done(Some(format!(
-        "{platform}installed {}, running {}",
+        "{platform}installed {}, running {}{agent}",
         probe.installed.as_deref().unwrap_or("none"),
         running
             .as_ref()
@@ -635,6 +639,7 @@ pub async fn connect(
         "url": url,
         "hostVersion": info.host.version,
         "hostId": info.host.id,
+        "agent": info.agent,
         "remotePort": forward.remote_port(),
         "remoteRoot": forward.remote_root(),
         "certSha256": credential.cert_sha256,

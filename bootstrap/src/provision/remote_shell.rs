@@ -7,7 +7,9 @@
 //! it also print the platform (OS, architecture, C library and its version) and the SHA-256
 //! tool. The C library comes from `getconf GNU_LIBC_VERSION` (glibc), else `ldd --version`
 //! (musl prints its name and version there), else the presence of musl's loader
-//! (deploy/README.md, "The glibc floor").
+//! (deploy/README.md, "The glibc floor"). With the platform come the agent's prerequisites: the
+//! login shell's `node` (path and `--version`) and a `pi` on its `PATH` or in `~/.local/bin` or
+//! `~/.npm-global/bin`; a running host's `status` carries its own agent check instead.
 
 use serde_json::Value;
 
@@ -224,6 +226,30 @@ pub struct Probe {
     pub status: Option<Value>,
     /// The command that prints SHA-256 sums.
     pub sha_command: Option<String>,
+    /// The login shell's Node (looked at with the platform only).
+    pub node: Option<RemoteNode>,
+    /// A pi on the login shell's `PATH` or in the user's install places (with the platform only).
+    pub pi: Option<String>,
+}
+
+/// A Node on the remote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteNode {
+    pub path: String,
+    /// `20.20.2` (its `--version` without the `v`); None when it did not run.
+    pub version: Option<String>,
+}
+
+/// The oldest Node pi runs on (its `engines.node`).
+pub const MIN_NODE_VERSION: &str = "20.6.0";
+
+impl RemoteNode {
+    /// Whether pi can run on it.
+    pub fn is_enough(&self) -> bool {
+        self.version
+            .as_deref()
+            .is_some_and(|v| version_cmp(v, MIN_NODE_VERSION) != std::cmp::Ordering::Less)
+    }
 }
 
 /// The running host, when it answered `status`.
@@ -262,6 +288,21 @@ impl Probe {
                 "libc" => getconf = Libc::from_getconf(value),
                 "ldd" => ldd = Libc::from_ldd(value),
                 "musl" => musl_loader = true,
+                "nodebin" => {
+                    probe.node = Some(RemoteNode {
+                        path: value.to_string(),
+                        version: None,
+                    })
+                }
+                "node" => {
+                    let version = value.trim().trim_start_matches('v');
+                    if let Some(node) = probe.node.as_mut()
+                        && is_version(version)
+                    {
+                        node.version = Some(version.to_string());
+                    }
+                }
+                "pi" => probe.pi = Some(value.to_string()),
                 _ => {}
             }
         }
@@ -293,6 +334,43 @@ impl Probe {
                 .as_str()
                 .and_then(racp_proto::fingerprint::CertSha256::parse),
         })
+    }
+
+    /// The running host's own agent check (`status`'s `agent`).
+    pub fn host_agent(&self) -> Option<racp_proto::methods::host::AgentStatus> {
+        let agent = self.status.as_ref()?.get("agent")?;
+        serde_json::from_value(agent.clone()).ok()
+    }
+
+    /// What the probe says of the agent, for the probe stage's note: the running host's check,
+    /// else the Node and pi found (`node 20.20.2, pi /usr/local/bin/pi`, `no node, no pi`).
+    pub fn agent_note(&self) -> String {
+        if let Some(agent) = self.host_agent() {
+            let state = serde_json::to_value(agent.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            return match agent.version {
+                Some(version) => format!("agent {state} {version}"),
+                None => format!("agent {state}"),
+            };
+        }
+        if self.os.is_empty() {
+            return String::new();
+        }
+        let node = match &self.node {
+            Some(RemoteNode {
+                version: Some(version),
+                ..
+            }) => format!("node {version}"),
+            Some(RemoteNode { path, .. }) => format!("node {path} (does not run)"),
+            None => "no node".to_string(),
+        };
+        let pi = match &self.pi {
+            Some(path) => format!("pi {path}"),
+            None => "no pi".to_string(),
+        };
+        format!("{node}, {pi}")
     }
 
     pub fn root_word(&self) -> String {
@@ -453,9 +531,25 @@ mod tests {
         input: &[u8],
         pieces: usize,
     ) -> (String, String, Option<i32>) {
+        run_session_in(shell, root, None, plan, input, pieces)
+    }
+
+    /// [`run_session`] with `HOME` set to `home`.
+    fn run_session_in(
+        shell: &[&str],
+        root: &std::path::Path,
+        home: Option<&std::path::Path>,
+        plan: Option<&Plan>,
+        input: &[u8],
+        pieces: usize,
+    ) -> (String, String, Option<i32>) {
         use std::io::{BufRead, Read, Write};
         let script = session_script(root.to_str().unwrap(), "9.9.9", "n1");
-        let mut child = std::process::Command::new(shell[0])
+        let mut command = std::process::Command::new(shell[0]);
+        if let Some(home) = home {
+            command.env("HOME", home);
+        }
+        let mut child = command
             .args(&shell[1..])
             .arg("-c")
             .arg(&script)
@@ -564,6 +658,86 @@ mod tests {
             assert!(rest.contains("stage=verify\n") && !rest.contains("stage=install"));
             assert!(!dir.path().join("received").exists());
         }
+    }
+
+    #[test]
+    fn the_cold_probe_reports_the_remote_s_node_and_a_pi_already_there() {
+        let node = std::process::Command::new("node")
+            .arg("--version")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .trim_start_matches('v')
+                    .to_string()
+            });
+        let pi_on_path = std::process::Command::new("sh")
+            .args(["-c", "command -v pi"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            let home = dir.path().join("home");
+            let root = home.join(".pi-host");
+            let (probe, _, status) = run_session_in(&shell, &root, Some(&home), None, &[], 1);
+            assert_eq!(status, Some(0), "{shell:?}: {probe}");
+            let parsed = Probe::parse(&probe).unwrap();
+            assert_eq!(
+                parsed.node.as_ref().and_then(|n| n.version.clone()),
+                node,
+                "{shell:?}: {probe}"
+            );
+            assert_eq!(parsed.pi, pi_on_path, "{shell:?}: {probe}");
+            if pi_on_path.is_some() {
+                continue; // it wins over the user's install places
+            }
+            let pi = home.join(".npm-global/bin/pi");
+            std::fs::create_dir_all(pi.parent().unwrap()).unwrap();
+            std::fs::write(&pi, "#!/usr/bin/env node\n").unwrap();
+            std::fs::set_permissions(&pi, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            let (probe, _, _) = run_session_in(&shell, &root, Some(&home), None, &[], 1);
+            let parsed = Probe::parse(&probe).unwrap();
+            assert_eq!(parsed.pi.as_deref(), pi.to_str(), "{shell:?}: {probe}");
+            assert!(
+                parsed
+                    .agent_note()
+                    .ends_with(&format!(", pi {}", pi.display()))
+            );
+        }
+    }
+
+    #[test]
+    fn the_agent_is_read_from_the_probe_or_the_running_host_s_check() {
+        let base = "root=/r\nos=Linux\narch=x86_64\n";
+        let probe = |extra: &str| Probe::parse(&format!("{base}{extra}")).unwrap();
+        let none = probe("");
+        assert_eq!((none.node.clone(), none.pi.clone()), (None, None));
+        assert_eq!(none.agent_note(), "no node, no pi");
+        let old = probe("nodebin=/usr/bin/node\nnode=v18.19.0\n");
+        let node = old.node.clone().unwrap();
+        assert_eq!(node.version.as_deref(), Some("18.19.0"));
+        assert!(!node.is_enough());
+        let good = probe("nodebin=/opt/n/bin/node\nnode=v20.6.0\npi=/home/u/.local/bin/pi\n");
+        assert!(good.node.as_ref().unwrap().is_enough());
+        assert_eq!(good.agent_note(), "node 20.6.0, pi /home/u/.local/bin/pi");
+        let broken = probe("nodebin=/usr/bin/node\nnode=\n");
+        assert_eq!(
+            broken.agent_note(),
+            "node /usr/bin/node (does not run), no pi"
+        );
+        let status = serde_json::json!({"host": {"version": "0.1.0", "id": "h"}, "listen": "127.0.0.1:1", "agent": {"state": "missing", "problem": "not found"}});
+        let running = Probe::parse(&format!("root=/r\nstatus={status}\n")).unwrap();
+        assert_eq!(
+            running.host_agent().map(|a| a.state),
+            Some(racp_proto::methods::host::AgentState::Missing)
+        );
+        assert_eq!(running.agent_note(), "agent missing");
+        assert_eq!(Probe::parse("root=/r\n").unwrap().agent_note(), "");
     }
 
     #[test]

@@ -34,6 +34,15 @@ if [ "$c" != "$W" ] || [ -z "$i" ]; then
     for f in /lib/ld-musl-*.so.1; do [ -e "$f" ] && echo "musl=$f" && break; done
     if command -v sha256sum >/dev/null 2>&1; then echo sha=sha256sum
     elif command -v shasum >/dev/null 2>&1; then echo 'sha=shasum -a 256'; fi
+    # The agent the host will drive: the login shell's Node, and a pi already there (a running
+    # host reports its own check in `status` instead).
+    if n=$(command -v node 2>/dev/null) && [ -n "$n" ]; then
+        echo "nodebin=$n"
+        echo "node=$("$n" --version 2>/dev/null)"
+    fi
+    for p in "$(command -v pi 2>/dev/null)" "${HOME:-/nonexistent}/.local/bin/pi" "${HOME:-/nonexistent}/.npm-global/bin/pi"; do
+        if [ -n "$p" ] && [ -x "$p" ]; then echo "pi=$p"; break; fi
+    done
 fi
 echo probe-end
 

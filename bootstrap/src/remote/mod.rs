@@ -205,4 +205,22 @@ mod tests {
         assert_eq!(exit_for(ErrorCode::SessionNotFound), Exit::Refused);
         assert_eq!(exit_for(ErrorCode::Forbidden), Exit::Refused);
     }
+
+    #[test]
+    fn a_failure_report_carries_the_host_s_fix() {
+        // The host puts what to do in the message: the report shows it, not only `--json`.
+        let error = AppError::new(
+            ErrorCode::AgentUnavailable,
+            "pi-host could not find the agent `pi` (looked in /usr/bin): install or upgrade pi \
+             on this host with `npm install -g @mariozechner/pi-coding-agent`",
+        )
+        .with_details(serde_json::json!({"suggestion": "install pi"}));
+        let report = Failure::App(error).describe();
+        assert_eq!(
+            report,
+            "pi-remote: AGENT_UNAVAILABLE: pi-host could not find the agent `pi` (looked in \
+             /usr/bin): install or upgrade pi on this host with `npm install -g \
+             @mariozechner/pi-coding-agent`"
+        );
+    }
 }

@@ -23,6 +23,7 @@
 //! output is [`AgentOutput::Exited`] with the exit status and the tail of its stderr. Dropping
 //! the last [`Agent`] handle kills the group too.
 
+pub mod check;
 mod compact;
 pub mod extensions;
 pub mod failure;

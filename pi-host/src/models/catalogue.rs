@@ -82,9 +82,7 @@ async fn ask_agent(host: &HostState) -> Result<ModelListResult, AppError> {
             ),
         ],
     };
-    let (agent, output) = Agent::spawn_with(&spec, host.agent_options())
-        .await
-        .map_err(|e| e.to_app_error())?;
+    let (agent, output) = host.agent.spawn(&spec, host.agent_options()).await?;
     let report = tokio::time::timeout(ANSWER_WITHIN, read_report(&agent, output)).await;
     agent.shutdown().await;
     let _ = std::fs::remove_dir_all(&scratch);

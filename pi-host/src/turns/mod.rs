@@ -650,9 +650,7 @@ impl Driver {
             )],
         };
         let generation = host.models.generation();
-        let (agent, output) = Agent::spawn_with(&spec, host.agent_options())
-            .await
-            .map_err(|e| e.to_app_error())?;
+        let (agent, output) = host.agent.spawn(&spec, host.agent_options()).await?;
         tokio::spawn(pump(host.clone(), self.clone(), agent.clone(), output));
         self.agent_pid.store(agent.pid(), Ordering::Relaxed);
         state.agent = Some(agent.clone());

@@ -223,8 +223,8 @@ error_registry! {
     RateLimited = "RATE_LIMITED" { retriable: Yes, recovery: RetryAfter, close: 4021, http: 429, }
     /// A request exceeded a host bound on what a connection may hold: today, its subscriptions (`details.maxSubscriptions`). A field past its own bound (a string's length, a number's range) is INVALID_PARAMS instead.
     LimitExceeded = "LIMIT_EXCEEDED" { retriable: No, recovery: FixArguments, close: 4022, http: 422, }
-    /// The agent process could not be started or reached; `details.suggestion` says what to fix.
-    AgentUnavailable = "AGENT_UNAVAILABLE" { retriable: Yes, recovery: Retry, close: 4023, http: 503, }
+    /// The host has no usable agent (not found, its version or runtime unusable) or could not start or reach it. The message says what to fix on the host (also `details.suggestion`); the same call fails the same way until then.
+    AgentUnavailable = "AGENT_UNAVAILABLE" { retriable: No, recovery: StopAndReport, close: 4023, http: 503, }
     /// The session already has an active turn; steer it, abort it, or wait for it to finish.
     AgentBusy = "AGENT_BUSY" { retriable: No, recovery: CheckState, close: 4024, http: 409, }
     /// The agent process died mid-turn; the turn settles as aborted, and the next turn restarts the agent.

@@ -25,6 +25,53 @@ pub struct HostInfoResult {
     pub limits: Limits,
     /// The sessions' agent processes.
     pub agents: AgentsInfo,
+    /// The agent program the host runs for its sessions, as last checked.
+    pub agent: AgentStatus,
+}
+
+/// Whether the host can run its agent (docs/protocol.md §7.1, "The agent").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    pub state: AgentState,
+    /// What the agent's `--version` printed, e.g. `0.73.1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The agent's absolute path, when it was found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The Node.js runtime that runs it, when the agent is a Node program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<AgentRuntime>,
+    /// Why the agent is missing or incompatible, and what to do about it; absent when ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentState {
+    /// Found, and its version (and its runtime's) is one the host works with.
+    Ready,
+    /// Not found where the host looks for it.
+    Missing,
+    /// Found but unusable: its `--version` fails or is too old, or its runtime is missing or
+    /// too old.
+    Incompatible,
+}
+
+/// The runtime of a Node program.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRuntime {
+    /// `node`.
+    pub name: String,
+    /// Its absolute path.
+    pub path: String,
+    /// What `node --version` printed, without the `v`, e.g. `20.20.2`; absent when it could
+    /// not be run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// The agent processes a host runs (docs/architecture.md, "Agent lifecycle").

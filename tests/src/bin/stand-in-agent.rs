@@ -6,7 +6,8 @@
 //! agent run whose events mirror pi 0.73 (`agent_start`, `turn_start`, `message_start`,
 //! `message_update`, `message_end`, `tool_execution_*`, `turn_end`, `agent_end`,
 //! `extension_ui_request`, `queue_update`). Like pi it prints nothing until it gets a command, and
-//! it exits 0 when its stdin closes.
+//! it exits 0 when its stdin closes. `stand-in-agent --version` prints the pi version it mirrors
+//! (on stderr, as pi does) and exits, so a host's agent check finds it ready.
 //!
 //! # Commands
 //! - `prompt` (`message`): answers `{"success": true}` and runs the script in the message. While a
@@ -166,7 +167,14 @@ fn model_json(id: &str) -> Value {
     })
 }
 
+/// What `--version` prints: the pi it stands in for (pi prints its version on stderr).
+const STANDS_IN_FOR: &str = "0.73.1";
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--version") {
+        eprintln!("{STANDS_IN_FOR}");
+        return;
+    }
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let stdin = std::io::stdin();

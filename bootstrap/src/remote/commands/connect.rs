@@ -158,6 +158,14 @@ impl Reporter for Display {
                     printable(summary["hostVersion"].as_str().unwrap_or("?"), false),
                     printable(summary["url"].as_str().unwrap_or("?"), false),
                 );
+                // The host runs, but turns would fail: say so now, with the host's fix.
+                let agent = &summary["agent"];
+                if let Some(state) = agent["state"].as_str().filter(|s| *s != "ready") {
+                    eprintln!(
+                        "  ! the host's agent is {state}: {}",
+                        printable(agent["problem"].as_str().unwrap_or("?"), false)
+                    );
+                }
             }
             Progress::Reconnecting {
                 attempt,
