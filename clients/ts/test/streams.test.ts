@@ -159,3 +159,32 @@ test("a snapshot mid-message seeds a subscription from its cursor", { timeout: T
     client.close();
   }
 });
+
+test("a subscription from the application's own cursor mid-message rebuilds the reply in progress", { timeout: TEST_TIMEOUT }, async () => {
+  const client = await connectClient(host, token);
+  try {
+    const { sessionId, sub: first } = await startTurn(client, "deltas:300:3");
+    // The cursor a renderer stored before the page reloaded, in the middle of the reply.
+    let updates = 0;
+    let stored: Event | undefined;
+    while (updates < 40) {
+      const event = await nextEvent(first);
+      if (event.type === "agent.message_update") {
+        updates++;
+        stored = event;
+      }
+    }
+    const expected = first.stream.message();
+    first.close();
+    assert.ok(stored !== undefined && expected !== undefined);
+    // A new subscription from that cursor, no snapshot: the client asks what was streaming there.
+    const reloaded = await client.subscribe(sessionId, { cursor: stored.cursor });
+    assert.deepEqual(reloaded.stream.message(), expected);
+    let messageEnd: JsonValue | undefined;
+    while (messageEnd === undefined) messageEnd = assistantEnd(await nextEvent(reloaded));
+    assert.deepEqual(reloaded.stream.finishedMessage(), messageEnd);
+    assert.equal(textOf(messageEnd), chunks(0, 300));
+  } finally {
+    client.close();
+  }
+});
