@@ -378,3 +378,31 @@ async fn a_stream_that_began_before_the_retained_window_is_cursor_expired() {
         .unwrap_err();
     assert_eq!(err.code(), racp_proto::ErrorCode::CursorExpired, "{err:?}");
 }
+
+#[tokio::test]
+async fn the_rust_client_rebuilds_a_reply_in_progress_from_its_own_cursor() {
+    let host = host().await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let client = RacpClient::connect(options(host.url(), &token))
+        .await
+        .unwrap();
+    let (session_id, cursor) = create_session(&client, &host).await;
+    let mut first = subscribe(&client, &session_id, cursor).await;
+    start_turn(&client, &session_id, "deltas:300:3").await;
+    let (mut updates, mut stored) = (0, None);
+    while updates < 40 {
+        let event = first.next().await;
+        let Some(SubscriptionItem::Event(event)) = event else {
+            panic!("expected an event, got {event:?}");
+        };
+        if event.kind == "agent.message_update" {
+            updates += 1;
+            stored = Some(event.cursor);
+        }
+    }
+    let expected = first.stream().message().cloned();
+    assert!(expected.is_some());
+    drop(first);
+    let reloaded = subscribe(&client, &session_id, stored.unwrap()).await;
+    assert_eq!(reloaded.stream().message(), expected.as_ref());
+}

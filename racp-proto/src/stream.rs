@@ -59,9 +59,18 @@ pub struct StreamState {
 impl StreamState {
     /// The state a snapshot describes (`session/get`), to continue from its cursor.
     pub fn from_snapshot(snapshot: &crate::methods::session::Snapshot) -> StreamState {
+        StreamState::resumed(
+            snapshot.streaming_message.clone(),
+            snapshot.tool_outputs.clone(),
+        )
+    }
+
+    /// The state with this message and these tool outputs in progress (a snapshot's or
+    /// `session/stream`'s), to continue from their cursor.
+    pub fn resumed(message: Option<Value>, tool_outputs: BTreeMap<String, Value>) -> StreamState {
         StreamState {
-            message: snapshot.streaming_message.clone(),
-            tool_outputs: snapshot.tool_outputs.clone(),
+            message,
+            tool_outputs,
             finished: None,
         }
     }

@@ -246,11 +246,26 @@ impl RacpClient {
     }
 
     /// Subscribes to a session's events, from `cursor` (or from now). The subscription survives
-    /// reconnects.
+    /// reconnects. From a cursor, [`Subscription::stream`] starts with what was streaming there
+    /// (`session/stream`).
     pub async fn subscribe(
         &self,
         params: SessionSubscribeParams,
     ) -> Result<Subscription, AppError> {
+        // From a cursor: what was streaming there, so a reply in progress rebuilds whole. An
+        // error is not the subscription's (an expired cursor is met again, and resynced, below).
+        let mut stream = StreamState::default();
+        if let Some(cursor) = params.cursor {
+            let at = self
+                .call::<crate::calls::SessionStream>(crate::methods::session::SessionStreamParams {
+                    session_id: params.session_id.clone(),
+                    cursor,
+                })
+                .await;
+            if let Ok(at) = at {
+                stream = StreamState::resumed(at.streaming_message, at.tool_outputs);
+            }
+        }
         let (items_tx, items) = mpsc::unbounded_channel();
         let (reply, answer) = oneshot::channel();
         self.commands
@@ -271,7 +286,7 @@ impl RacpClient {
         Ok(Subscription {
             items,
             cursor,
-            stream: StreamState::default(),
+            stream,
         })
     }
 }
