@@ -437,3 +437,58 @@ async fn a_slow_link_delivers_everything_in_order() {
     assert_contiguous(&seqs);
     assert_eq!(client.state(), ClientState::Connected);
 }
+
+#[tokio::test]
+async fn through_a_hop_that_batches_frames_a_replay_is_delivered_whole_every_time() {
+    // Plain, so one write of the proxy is one read of several WebSocket frames (the subscribe's
+    // reply and the replay's first push), as behind a TLS-terminating balancer that batches.
+    let host = host(&["--plain"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let direct = RacpClient::connect(options(host.url(), &token))
+        .await
+        .unwrap();
+    let created = direct
+        .call::<calls::SessionCreate>(SessionCreateParams {
+            workspace: host.workspace("w"),
+            title: None,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let session_id = created.session.session_id.clone();
+    let mut watch = direct
+        .subscribe(SessionSubscribeParams {
+            session_id: session_id.clone(),
+            cursor: Some(created.session.cursor),
+        })
+        .await
+        .unwrap();
+    direct
+        .call::<calls::TurnStart>(turn(&session_id, "k", "deltas:3"))
+        .await
+        .unwrap();
+    read_turn(&mut watch, &mut Vec::new()).await;
+
+    let proxy = FaultProxy::start(host.addr).await;
+    proxy.batch(5);
+    let client = RacpClient::connect(options(proxy.url(), &token))
+        .await
+        .unwrap();
+    for trial in 0..20 {
+        let mut sub = client
+            .subscribe(SessionSubscribeParams {
+                session_id: session_id.clone(),
+                cursor: Some(created.session.cursor),
+            })
+            .await
+            .unwrap();
+        let mut seqs = Vec::new();
+        assert!(!read_turn(&mut sub, &mut seqs).await, "trial {trial}");
+        assert_eq!(
+            seqs.first(),
+            Some(&(created.session.cursor.seq + 1)),
+            "trial {trial}"
+        );
+        assert_contiguous(&seqs);
+    }
+}

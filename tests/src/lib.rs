@@ -803,6 +803,8 @@ pub struct FaultProxy {
     stalled: tokio::sync::watch::Sender<bool>,
     /// Latency added to every chunk forwarded, in milliseconds.
     delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// How long what arrives is held to go out in one write (0: not batched).
+    batch_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl FaultProxy {
@@ -831,6 +833,8 @@ impl FaultProxy {
         let (cut, _) = tokio::sync::broadcast::channel(16);
         let (stalled, _) = tokio::sync::watch::channel(false);
         let delay_ms = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let batch_ms = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let accept_batch = batch_ms.clone();
         let (accept_target, accept_cut, accept_stalled, accept_delay) = (
             target.clone(),
             cut.clone(),
@@ -843,6 +847,7 @@ impl FaultProxy {
                 let mut cut_rx = accept_cut.subscribe();
                 let stalled_rx = accept_stalled.subscribe();
                 let delay = accept_delay.clone();
+                let batch = accept_batch.clone();
                 tokio::spawn(async move {
                     let outbound = if small_buffers {
                         let socket = match to {
@@ -865,8 +870,10 @@ impl FaultProxy {
                         out_write,
                         stalled_rx.clone(),
                         delay.clone(),
+                        batch.clone(),
                     ));
-                    let down = tokio::spawn(Self::pump(out_read, in_write, stalled_rx, delay));
+                    let down =
+                        tokio::spawn(Self::pump(out_read, in_write, stalled_rx, delay, batch));
                     let _ = cut_rx.recv().await;
                     up.abort();
                     down.abort();
@@ -879,6 +886,7 @@ impl FaultProxy {
             cut,
             stalled,
             delay_ms,
+            batch_ms,
         }
     }
 
@@ -887,6 +895,7 @@ impl FaultProxy {
         mut to: tokio::net::tcp::OwnedWriteHalf,
         mut stalled: tokio::sync::watch::Receiver<bool>,
         delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+        batch_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
     ) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut buf = vec![0u8; 16 << 10];
@@ -895,6 +904,27 @@ impl FaultProxy {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            let batch = batch_ms.load(std::sync::atomic::Ordering::Relaxed);
+            if batch > 0 {
+                // As a TLS-terminating balancer does: what arrives within the window leaves in
+                // one write, so the peer reads several frames (a reply and a push) at once.
+                let mut held = buf[..n].to_vec();
+                let until = tokio::time::Instant::now() + Duration::from_millis(batch);
+                let mut ended = false;
+                while let Ok(read) = tokio::time::timeout_at(until, from.read(&mut buf)).await {
+                    match read {
+                        Ok(0) | Err(_) => {
+                            ended = true;
+                            break;
+                        }
+                        Ok(m) => held.extend_from_slice(&buf[..m]),
+                    }
+                }
+                if to.write_all(&held).await.is_err() || ended {
+                    return;
+                }
+                continue;
+            }
             while *stalled.borrow_and_update() {
                 if stalled.changed().await.is_err() {
                     return;
@@ -934,6 +964,12 @@ impl FaultProxy {
     /// Adds `ms` of latency to every chunk forwarded in either direction (0 removes it).
     pub fn delay(&self, ms: u64) {
         self.delay_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Holds what arrives for `ms` and forwards it in one write, in both directions (0: off).
+    pub fn batch(&self, ms: u64) {
+        self.batch_ms
             .store(ms, std::sync::atomic::Ordering::Relaxed);
     }
 
