@@ -107,6 +107,8 @@ test("in Chromium: browser-form auth, the Origin allowlist, a session streamed a
     const page = await openPage(context, allowed.origin);
     const connected = await page.evaluate(([link, url]) => window.racpTest.pairAndConnect(link, url), [minted.url, proxyUrl] as const);
     assert.ok(connected.ok, JSON.stringify(connected));
+    // A page that closes with 1000 sees 1000: the host answers its close frame.
+    assert.equal(await page.evaluate(([url]) => window.racpTest.closeCode(url), [proxyUrl] as const), 1000);
     const started = await page.evaluate(([workspace]) => window.racpTest.startTurn(workspace, "deltas:300:3"), [host.workspace("b")] as const);
     assert.ok(started.ok, JSON.stringify(started));
     const before = await page.evaluate(() => window.racpTest.readEvents(40));

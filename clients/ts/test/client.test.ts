@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { createServer as createTlsServer } from "node:tls";
 import { createServer as createNetServer } from "node:net";
 import { test } from "node:test";
+import WebSocket from "ws";
 import { RacpClient, RacpError, type Subscription, type SubscriptionItem } from "../src/index.js";
 import {
   FaultProxy,
@@ -123,6 +124,25 @@ test("through a hop that batches frames, a subscribe's replay is delivered whole
     }
   } finally {
     await done();
+  }
+});
+
+test("a ws client that closes with 1000 sees 1000: the host answers its close frame", { timeout: TEST_TIMEOUT }, async () => {
+  const host = await HostProcess.start(["--plain"]);
+  try {
+    const device = await host.pairDevice("laptop");
+    const code = await new Promise<number>((resolve, reject) => {
+      const socket = new WebSocket(host.url, ["racp.v1"], { headers: { authorization: `Bearer ${device.token}` } });
+      socket.on("open", () =>
+        socket.send(JSON.stringify({ id: 1, method: "hello", params: { protocol: { min: 1, max: 1 }, client: { name: "t", version: "0" } } })),
+      );
+      socket.on("message", () => socket.close(1000, "done"));
+      socket.on("close", (closeCode) => resolve(closeCode));
+      socket.on("error", reject);
+    });
+    assert.equal(code, 1000);
+  } finally {
+    await host.stop();
   }
 });
 

@@ -4,6 +4,7 @@
 import { RacpClient, RacpError, pair, type Subscription } from "../../src/index.js";
 
 let client: RacpClient | undefined;
+let deviceToken: string | undefined;
 let subscription: Subscription | undefined;
 const seqs: number[] = [];
 /** Links lost and reopened since the first connection. */
@@ -34,6 +35,7 @@ const racpTest = {
   async pairAndConnect(link: string, url: string): Promise<Outcome> {
     try {
       const device = await pair(link, { deviceName: "chromium" });
+      deviceToken = device.token;
       client = await RacpClient.connect({ url, token: device.token, minBackoffMs: 20, maxBackoffMs: 200 });
       client.addEventListener("statechange", showState);
       showState();
@@ -70,6 +72,20 @@ const racpTest = {
       if (value.event.type === "turn.finished") return { seqs, finished: true, resynced };
     }
     return { seqs, finished: false, resynced };
+  },
+
+  /** Opens a raw WebSocket as the paired device, says hello, closes with 1000: the close code
+   * the page then sees (1000 when the host answers the close frame, 1006 when it does not). */
+  closeCode(url: string): Promise<number> {
+    return new Promise((resolve, reject) => {
+      if (!deviceToken) return reject(new Error("not paired"));
+      const socket = new WebSocket(url, ["racp.v1", `racp.bearer.${deviceToken}`]);
+      socket.onopen = () =>
+        socket.send(JSON.stringify({ id: 1, method: "hello", params: { protocol: { min: 1, max: 1 }, client: { name: "page", version: "0" } } }));
+      socket.onmessage = () => socket.close(1000, "done");
+      socket.onclose = (event) => resolve(event.code);
+      socket.onerror = () => {};
+    });
   },
 
   state(): { status: string; reconnects: number } {
