@@ -5,8 +5,7 @@ use crate::devices::DeviceRecord;
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
 use racp_proto::gateway::{
-    CALL_AT_HEADER, CALL_ID_HEADER, CALL_KEY_HEADER, CALL_SIGNATURE_HEADER, HOSTS_BUCKET,
-    HostRecord, OFFLINE_AFTER_MS, RoutedCall, RoutedReply, call_signed_bytes, call_subject,
+    HOSTS_BUCKET, HostRecord, OFFLINE_AFTER_MS, RoutedCall, RoutedReply, call_subject,
 };
 use racp_proto::methods::handshake::HostIdentity;
 use racp_proto::methods::host::{HostEntry, HostListResult, HostStatus};
@@ -167,7 +166,6 @@ fn sign(
     subject: &str,
     payload: &[u8],
 ) -> Result<async_nats::HeaderMap, AppError> {
-    use base64::Engine;
     use ring::rand::SecureRandom;
     let mut nonce = [0u8; 16];
     ring::rand::SystemRandom::new()
@@ -175,20 +173,8 @@ fn sign(
         .map_err(|_| internal(&"no randomness for a call id"))?;
     let call_id: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
     let at = pi_host::clock::now_ms();
-    let signature = signer
-        .sign(&call_signed_bytes(host_id, subject, at, &call_id, payload))
-        .map_err(|e| internal(&e))?;
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(CALL_KEY_HEADER, signer.public_key().as_str());
-    headers.insert(
-        CALL_SIGNATURE_HEADER,
-        base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .encode(signature)
-            .as_str(),
-    );
-    headers.insert(CALL_AT_HEADER, at.to_string().as_str());
-    headers.insert(CALL_ID_HEADER, call_id.as_str());
-    Ok(headers)
+    pi_host::uplink::signed::envelope(signer, host_id, subject, at, &call_id, payload)
+        .map_err(|e| internal(&e))
 }
 
 pub fn host_offline(host_id: &str) -> AppError {

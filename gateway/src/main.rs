@@ -119,17 +119,9 @@ struct ServeArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match pi_host::usage::parse::<Cli>() {
         Ok(cli) => cli,
-        // Help and --version exit 0; bad usage exits EXIT_USAGE, as in every binary here.
-        Err(error) => {
-            let _ = error.print();
-            return ExitCode::from(if error.use_stderr() {
-                racp_proto::EXIT_USAGE
-            } else {
-                0
-            });
-        }
+        Err(exit) => return exit,
     };
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -23,4 +23,5 @@ pub mod state;
 pub mod store;
 pub mod turns;
 pub mod uplink;
+pub mod usage;
 pub mod wire;

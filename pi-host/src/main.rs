@@ -105,17 +105,9 @@ fn parse_duration(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match pi_host::usage::parse::<Cli>() {
         Ok(cli) => cli,
-        // Help and --version exit 0; bad usage exits EXIT_USAGE, as in every binary here.
-        Err(error) => {
-            let _ = error.print();
-            return ExitCode::from(if error.use_stderr() {
-                racp_proto::EXIT_USAGE
-            } else {
-                0
-            });
-        }
+        Err(exit) => return exit,
     };
     // The log and the agents' output share one redaction: it learns the provider keys when the
     // host's state opens (pi_host::redact).

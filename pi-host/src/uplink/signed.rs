@@ -19,6 +19,30 @@ const MAX_REMEMBERED: usize = 65_536;
 /// The longest call id accepted.
 const MAX_CALL_ID: usize = 64;
 
+/// The envelope a gateway puts on a routed call (what [`Verifier::verify`] reads): its key, the
+/// time, the call id and the signature over them, the host, the subject and the payload.
+pub fn envelope(
+    signer: &nkeys::KeyPair,
+    host_id: &str,
+    subject: &str,
+    at: u64,
+    call_id: &str,
+    payload: &[u8],
+) -> Result<async_nats::HeaderMap, nkeys::error::Error> {
+    let signature = signer.sign(&call_signed_bytes(host_id, subject, at, call_id, payload))?;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(CALL_KEY_HEADER, signer.public_key().as_str());
+    headers.insert(
+        CALL_SIGNATURE_HEADER,
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(signature)
+            .as_str(),
+    );
+    headers.insert(CALL_AT_HEADER, at.to_string().as_str());
+    headers.insert(CALL_ID_HEADER, call_id);
+    Ok(headers)
+}
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum Refusal {
     #[error("no {0} header: not a call from a gateway")]
@@ -146,20 +170,7 @@ mod tests {
         id: &str,
         payload: &[u8],
     ) -> async_nats::HeaderMap {
-        let signature = pair
-            .sign(&call_signed_bytes("h1", subject, at, id, payload))
-            .unwrap();
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(CALL_KEY_HEADER, pair.public_key().as_str());
-        headers.insert(
-            CALL_SIGNATURE_HEADER,
-            base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .encode(signature)
-                .as_str(),
-        );
-        headers.insert(CALL_AT_HEADER, at.to_string().as_str());
-        headers.insert(CALL_ID_HEADER, id);
-        headers
+        envelope(pair, "h1", subject, at, id, payload).unwrap()
     }
 
     #[test]
