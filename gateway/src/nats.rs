@@ -119,7 +119,9 @@ pub async fn require_jetstream(client: &async_nats::Client, urls: &str) -> Resul
             match error {
                 Some(error) if error["code"] == 503 => Err(no_jetstream(format!(
                     " (it says: {}; with `accounts`, give the gateway's account `jetstream: enabled`)",
-                    error["description"].as_str().unwrap_or("JetStream is not enabled")
+                    error["description"]
+                        .as_str()
+                        .unwrap_or("JetStream is not enabled")
                 ))),
                 _ => Ok(()),
             }

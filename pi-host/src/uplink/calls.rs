@@ -8,11 +8,11 @@ use super::signed::Verifier;
 use crate::auth::Credential;
 use crate::handlers::{self, Route};
 use crate::state::HostState;
+use async_nats::Subscriber;
 use futures_util::StreamExt;
 use racp_proto::gateway::{RoutedCall, RoutedReply, call_subject};
 use racp_proto::{AppError, Call, ErrorCode, Method, Principal};
 use serde_json::json;
-use async_nats::Subscriber;
 use serde_json::value::RawValue;
 use std::sync::Arc;
 
