@@ -50,10 +50,16 @@ const COVERED: &[(&str, &str)] = &[
     ("scripts/test", "CI runs it (.ci/run)"),
     (
         "cargo run --release -p pi-host -- pair",
-        "pi-host/tests/cli.rs and the `pair` runs below (the link is minted with `pi-host pair`)",
+        "pi-host/tests/upgrade_and_pairing.rs pair_prints_the_token_the_url_and_a_qr_code; the links this test pairs with are minted with `pi-host pair --json`",
     ),
-    ("cargo run --release -p pi-host -- pair --qr", "pi-host/tests/cli.rs"),
-    ("cargo run --release -p pi-host -- pair --json", "pi-host/tests/cli.rs"),
+    (
+        "cargo run --release -p pi-host -- pair --qr",
+        "pi-host/tests/upgrade_and_pairing.rs pair_prints_the_token_the_url_and_a_qr_code",
+    ),
+    (
+        "cargo run --release -p pi-host -- pair --json",
+        "pi-host/tests/upgrade_and_pairing.rs and every test's pairing (HostProcess::pairing_token)",
+    ),
     (
         "deploy/release.sh --out dist",
         "scripts/test runs it (tests/tests/release.rs); here `dist` is release.sh --binary over the test build",
@@ -62,7 +68,10 @@ const COVERED: &[(&str, &str)] = &[
         "cargo run -p racp-proto --bin racp-codegen",
         "racp-proto/tests/generated_files.rs (it writes into the checkout)",
     ),
-    ("npm ci && npm run build", "clients/ts tests, run by scripts/test"),
+    (
+        "npm ci && npm run build",
+        "clients/ts tests, run by scripts/test",
+    ),
     ("npm test", "scripts/test"),
     (
         "sudo install -d -o nats -g nats -m 0700 /var/lib/nats",
@@ -235,7 +244,13 @@ impl World {
             if words(&text).any(|w| w == name) {
                 let value = self.var(name, line);
                 text = words(&text)
-                    .map(|w| if w == name { value.clone() } else { w.to_string() })
+                    .map(|w| {
+                        if w == name {
+                            value.clone()
+                        } else {
+                            w.to_string()
+                        }
+                    })
                     .collect::<Vec<_>>()
                     .join(" ");
             }
@@ -328,11 +343,7 @@ impl World {
     /// The program a line names, as the binary to run and its arguments.
     fn program(&self, words: &[String]) -> Option<(PathBuf, Vec<String>)> {
         let cargo_run = ["cargo", "run", "-p"];
-        if words.len() > 6
-            && words[..3] == cargo_run
-            && words[4] == "--bin"
-            && words[6] == "--"
-        {
+        if words.len() > 6 && words[..3] == cargo_run && words[4] == "--bin" && words[6] == "--" {
             let binary = tests::workspace_binary(&words[3], &words[5], None);
             return Some((binary, words[7..].to_vec()));
         }
@@ -416,11 +427,11 @@ impl World {
             output.status,
             self.logs()
         );
-        self.after(&binary, &args, &subcommand, &stdout).await;
+        self.after(&binary, &subcommand, &stdout).await;
     }
 
     /// What a command's output gives later ones.
-    async fn after(&mut self, binary: &Path, args: &[String], subcommand: &str, stdout: &str) {
+    async fn after(&mut self, binary: &Path, subcommand: &str, stdout: &str) {
         let program = binary.file_name().unwrap().to_str().unwrap();
         match (program, subcommand) {
             ("pi-remote", "new") => {
@@ -451,7 +462,10 @@ impl World {
                 self.nats.as_mut().expect("NATS").set_users(&users).await;
             }
             ("pi-gateway", "pair") => {
-                assert!(stdout.contains("racps://"), "pair printed no link: {stdout}");
+                assert!(
+                    stdout.contains("racps://"),
+                    "pair printed no link: {stdout}"
+                );
                 let _ = args;
             }
             _ => {}
@@ -500,8 +514,7 @@ impl World {
                     if profile.exists() {
                         return true;
                     }
-                    if let Ok(Some(status)) = child.try_wait() {
-                        let _ = status;
+                    if let Ok(Some(_)) = child.try_wait() {
                         return false;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -533,7 +546,10 @@ impl World {
     }
 
     fn logs(&self) -> String {
-        let mut text = format!("--- the running host's log (tail) ---\n{}", tail(&self.host.log()));
+        let mut text = format!(
+            "--- the running host's log (tail) ---\n{}",
+            tail(&self.host.log())
+        );
         if let Some(sshd) = &self.sshd {
             text.push_str(&format!("\n--- sshd ---\n{}", tail(&sshd.log())));
         }
