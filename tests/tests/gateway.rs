@@ -1211,4 +1211,35 @@ async fn a_nats_server_without_jetstream_is_named_with_its_fix() {
             started.elapsed()
         );
     }
+    // `serve` waits for JetStream (NATS may be restarted with it) and says why in its log.
+    let log = dir.path().join("serve.log");
+    let mut serve = tokio::process::Command::new(tests::gateway::gateway_binary())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--nats-no-auth",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .args(["--nats", &nats.urls(), "--nats-ca"])
+        .arg(nats.ca_path())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("runs without JetStream") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "serve never named the missing JetStream:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = serve.kill().await;
 }
