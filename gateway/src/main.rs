@@ -8,6 +8,7 @@ mod follow;
 mod hosts;
 mod nats;
 mod revocation;
+mod served;
 mod server;
 mod state;
 
@@ -88,6 +89,7 @@ enum Command {
         #[arg(long, default_value_t = 600)]
         ttl: u64,
         /// The address desktops reach the gateway at (host:port), for the pairing link
+        /// [default: the one the last `serve` with this data directory serves]
         #[arg(long)]
         address: Option<String>,
         #[arg(long)]
@@ -100,8 +102,15 @@ struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:7879")]
     listen: SocketAddr,
     /// Serve plain ws:// (loopback only; devices cannot check the gateway's identity)
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
     plain: bool,
+    /// The certificate to serve (PEM) instead of the data directory's own: replicas behind one
+    /// address serve the same one, so a device's pin holds on each
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM)
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Heartbeat interval in milliseconds
     #[arg(long, default_value_t = 15_000)]
     heartbeat_ms: u64,
@@ -129,6 +138,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -292,14 +302,23 @@ async fn pair(
         .mint_pairing(request.roles, request.hosts, expires_at)
         .await
         .map_err(|e| e.to_string())?;
-    let identity =
-        pi_host::server::identity::load_or_create(data_dir).map_err(|e| e.to_string())?;
+    // The address and certificate the last `serve` of this data directory serves; without
+    // one, the data directory's own certificate (what a serve without --tls-cert will serve).
+    let (served_address, cert_sha256) = match served::read(data_dir) {
+        Some(served) => (Some(served.address), served.cert_sha256),
+        None => {
+            let identity =
+                pi_host::server::identity::load_or_create(data_dir).map_err(|e| e.to_string())?;
+            (None, Some(identity.sha256))
+        }
+    };
+    let address = request.address.map(str::to_string).or(served_address);
     // The link a host's pairing gives, with the gateway's address and certificate.
-    let url = request.address.map(|address| {
+    let url = address.as_deref().map(|address| {
         pi_host::server::identity::pairing_link(
             address,
-            Some(&identity.sha256),
-            true,
+            cert_sha256.as_ref(),
+            cert_sha256.is_some(),
             &minted.token,
         )
     });
@@ -307,17 +326,21 @@ async fn pair(
         let printed = serde_json::json!({
             "token": minted.token,
             "expiresAt": expires_at,
-            "certSha256": identity.sha256.to_hex(),
+            "certSha256": cert_sha256.map(|sha256| sha256.to_hex()),
             "url": url,
         });
         println!("{printed}");
     } else {
-        println!(
-            "Pairing token (single use):\n  {}\nGateway certificate SHA-256:\n  {}",
-            minted.token, identity.sha256
-        );
-        if let Some(url) = url {
-            println!("Pairing URL:\n  {url}");
+        println!("Pairing token (single use):\n  {}", minted.token);
+        if let Some(sha256) = cert_sha256 {
+            println!("Gateway certificate SHA-256:\n  {sha256}");
+        }
+        match url {
+            Some(url) => println!("Pairing URL:\n  {url}"),
+            None => eprintln!(
+                "pi-gateway: no pairing URL: no `pi-gateway serve` has run with this data \
+                 directory; give the address desktops reach the gateway at with --address HOST:PORT"
+            ),
         }
     }
     Ok(())
@@ -329,6 +352,12 @@ async fn jetstream(
     seed: Option<String>,
 ) -> Result<async_nats::jetstream::Context, String> {
     let client = nats::connect(&cli.nats, seed, cli.nats_ca.as_deref())
+        .await
+        .map_err(|e| e.to_string())?;
+    let shown = pi_host::uplink::link::Servers::parse(&[&cli.nats])
+        .map(|servers| servers.shown().to_string())
+        .unwrap_or_default();
+    nats::require_jetstream(&client, &shown)
         .await
         .map_err(|e| e.to_string())?;
     Ok(async_nats::jetstream::new(client))
@@ -358,13 +387,20 @@ async fn serve(
     if plain && !listen.ip().is_loopback() {
         return Err("--plain serves ws:// on loopback only".into());
     }
-    let (tls, cert_sha256) = if plain {
-        (None, None)
-    } else {
-        let identity = pi_host::server::identity::load_or_create(data_dir)
-            .map_err(|e| format!("cannot load the gateway's TLS identity: {e}"))?;
-        let served = pi_host::server::tls::server_config(&identity.cert, &identity.key)?;
-        (Some(served), Some(identity.sha256))
+    let (tls, cert_sha256) = match (plain, &args.tls_cert, &args.tls_key) {
+        (true, _, _) => (None, None),
+        (false, Some(cert), Some(key)) => {
+            let sha256 = pi_host::server::identity::fingerprint(cert)
+                .map_err(|e| format!("cannot read --tls-cert {}: {e}", cert.display()))?;
+            let served = pi_host::server::tls::server_config(cert, key)?;
+            (Some(served), Some(sha256))
+        }
+        _ => {
+            let identity = pi_host::server::identity::load_or_create(data_dir)
+                .map_err(|e| format!("cannot load the gateway's TLS identity: {e}"))?;
+            let served = pi_host::server::tls::server_config(&identity.cert, &identity.key)?;
+            (Some(served), Some(identity.sha256))
+        }
     };
     // Routed calls are signed with the gateway's key whether or not NATS knows it by it.
     let signer = pi_host::uplink::key::load_or_create(data_dir)
@@ -405,6 +441,16 @@ async fn serve(
         .map_err(|e| e.message().to_string())?;
     revocation::Revocation::start(gateway.clone()).await;
     let listener = socket.listen(1024).map_err(|e| e.to_string())?;
+    let record = served::Served {
+        address: served::address(local, &args.allowed_hosts),
+        cert_sha256,
+    };
+    served::record(data_dir, &record).map_err(|e| {
+        format!(
+            "cannot record the served address in {}: {e}",
+            data_dir.display()
+        )
+    })?;
     let scheme = if tls.is_some() { "wss" } else { "ws" };
     if let Some(sha256) = &cert_sha256 {
         println!("pi-gateway certificate SHA-256 {sha256}");

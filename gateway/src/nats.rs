@@ -18,6 +18,10 @@ pub enum NatsError {
     Connect { urls: String, reason: String },
     #[error("JetStream refused {what}: {reason}")]
     JetStream { what: String, reason: String },
+    #[error(
+        "the NATS server at {urls} runs without JetStream, which the gateway keeps hosts, devices and events in: add a `jetstream {{ store_dir: \"/var/lib/nats\" }}` block to its configuration (deploy/nats-server.conf has one) and restart it{detail}"
+    )]
+    NoJetStream { urls: String, detail: String },
     #[error("{0}")]
     Input(String),
     /// The host id is enrolled already with another key (exit 64).
@@ -95,15 +99,58 @@ pub async fn connect(
         .map_err(|e| connect_error(e.to_string()))
 }
 
+/// Whether the server the client reached runs JetStream for the client's account: its API
+/// answers `$JS.API.INFO` (no responder: JetStream is off; a 503 error: off for this account).
+/// A server that is down or slow is not a verdict here (`Ok`): the callers retry or time out.
+pub async fn require_jetstream(client: &async_nats::Client, urls: &str) -> Result<(), NatsError> {
+    let no_jetstream = |detail: String| NatsError::NoJetStream {
+        urls: urls.to_string(),
+        detail,
+    };
+    let answer = client.request("$JS.API.INFO", "".into()).await;
+    match answer {
+        Err(err) if err.kind() == async_nats::RequestErrorKind::NoResponders => {
+            Err(no_jetstream(String::new()))
+        }
+        Ok(reply) => {
+            let error = serde_json::from_slice::<serde_json::Value>(&reply.payload)
+                .ok()
+                .and_then(|body| body.get("error").cloned());
+            match error {
+                Some(error) if error["code"] == 503 => Err(no_jetstream(format!(
+                    " (it says: {}; with `accounts`, give the gateway's account `jetstream: enabled`)",
+                    error["description"]
+                        .as_str()
+                        .unwrap_or("JetStream is not enabled")
+                ))),
+                _ => Ok(()),
+            }
+        }
+        Err(_) => Ok(()),
+    }
+}
+
 /// Opens (creating when missing) the buckets every replica shares. Retries until JetStream
-/// answers, so replicas may start before NATS does.
+/// answers, so replicas may start before NATS does; a server without JetStream is reported
+/// (once) with its fix.
 pub async fn buckets(js: &jetstream::Context, replicas: usize) -> Buckets {
     let mut delay = Duration::from_millis(100);
+    let mut told = false;
     loop {
         match try_buckets(js, replicas).await {
             Ok(buckets) => return buckets,
             Err(err) => {
-                tracing::warn!(error = %err, "waiting for JetStream");
+                let client = js.client();
+                let info = client.server_info();
+                let server = format!("{}:{}", info.host, info.port);
+                match require_jetstream(&client, &server).await {
+                    Err(no_jetstream) if !told => {
+                        tracing::error!("{no_jetstream}");
+                        told = true;
+                    }
+                    Err(_) => {}
+                    Ok(()) => tracing::warn!(error = %err, "waiting for JetStream"),
+                }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }

@@ -429,7 +429,11 @@ async fn serve(
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
     tokio::spawn(admin::serve(admin, state.clone()));
-    uplink::spawn(&state)?;
+    let announced = uplink::spawn(&state)?;
+    // Ready means reachable through the gateway too, unless NATS cannot be had now.
+    if let Err(reason) = announced.wait(uplink::ANNOUNCE_PATIENCE).await {
+        tracing::warn!(%reason, "not announced to the gateway yet; serving local clients, the link keeps trying");
+    }
     let listener = socket
         .listen(1024)
         .map_err(|e| format!("cannot listen on {local}: {e}"))?;

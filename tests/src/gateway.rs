@@ -160,6 +160,15 @@ impl GatewayProcess {
         assert!(ok, "pi-gateway pair failed: {err}");
         let minted: Value = serde_json::from_str(out.trim()).expect("pair --json");
         let token = minted["token"].as_str().expect("token");
+        // The link names the address and certificate served, without --address.
+        assert_eq!(
+            minted["url"],
+            format!(
+                "racps://{}/pair?cert=sha256:{}#{token}",
+                self.addr, self.cert_sha256
+            ),
+            "{minted}"
+        );
         let mut client = Client::connect(&self.url(), token)
             .await
             .unwrap_or_else(|refused| panic!("pairing refused: {refused:?}\n{}", self.log()));
@@ -270,6 +279,8 @@ pub struct Fleet {
     pub gateway_keys: Vec<String>,
     /// Enrolled hosts not started yet: (data dir, host id).
     pub hosts: Vec<(tempfile::TempDir, String)>,
+    /// The certificate every replica serves (`--tls-cert`), so a device's pin holds on each.
+    pub certificate: crate::TestCertificate,
 }
 
 impl Fleet {
@@ -306,17 +317,7 @@ impl Fleet {
             gateway_keys.push(nkey);
             gateway_dirs.push(dir);
         }
-        // Replicas serve the same certificate, so a device's pin holds on each (the files the
-        // gateway would otherwise make at first start).
         let first = gateway_dirs[0].path().to_path_buf();
-        let identity = crate::TestCertificate::localhost();
-        for dir in &gateway_dirs {
-            std::fs::copy(&identity.cert, dir.path().join("tls-cert.pem")).expect("copy cert");
-            let key = dir.path().join("tls-key.pem");
-            std::fs::copy(&identity.key, &key).expect("copy key");
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        }
         let replicas = if nodes >= 3 { 3 } else { 1 };
         let mut nats = NatsCluster::start_with(nodes, &users, options).await;
         let mut enrolled = Vec::new();
@@ -339,6 +340,7 @@ impl Fleet {
             gateway_dirs,
             gateway_keys,
             hosts: enrolled,
+            certificate: crate::TestCertificate::localhost(),
         }
     }
 
@@ -357,7 +359,9 @@ impl Fleet {
     pub async fn gateway_at(&mut self, nats: &str, extra: &[&str]) -> GatewayProcess {
         let dir = self.gateway_dirs.remove(0);
         let ca = self.nats.ca_path().to_path_buf();
-        GatewayProcess::start_with(dir, nats, Some(&ca), self.replicas, extra).await
+        let mut args: Vec<&str> = self.certificate.serve_args().to_vec();
+        args.extend(extra);
+        GatewayProcess::start_with(dir, nats, Some(&ca), self.replicas, &args).await
     }
 
     /// The `serve` arguments of a host of this fleet: the stand-in agent, NATS to dial (with

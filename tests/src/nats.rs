@@ -97,11 +97,16 @@ impl Default for TestCa {
     }
 }
 
-/// How the test's NATS serves: TLS (the default) or cleartext, and JetStream's file store size.
+/// How the test's NATS serves: TLS (the default) or cleartext, JetStream's file store size (or
+/// no JetStream), or from a configuration file as an operator writes it.
 #[derive(Clone)]
 pub struct NatsOptions {
     pub tls: bool,
     pub max_file_store: String,
+    pub jetstream: bool,
+    /// A configuration file (deploy/nats-server.conf) to serve from instead (one node): its
+    /// listen address, store, certificate and users are this test's, everything else is its own.
+    pub config_file: Option<PathBuf>,
 }
 
 impl Default for NatsOptions {
@@ -109,8 +114,53 @@ impl Default for NatsOptions {
         NatsOptions {
             tls: true,
             max_file_store: "1GB".into(),
+            jetstream: true,
+            config_file: None,
         }
     }
+}
+
+/// `text` (an operator's configuration) with the lines that name places on a real server
+/// pointed at a test's own: `listen`, `store_dir`, `cert_file`, `key_file`, and the
+/// `authorization` block replaced by the users file (next to the configuration). Panics when one is missing, so a file that
+/// no longer has them fails its test.
+fn adapt_config(text: &str, places: &[(&str, String)], users: &str) -> String {
+    let mut out = String::new();
+    let mut found: Vec<&str> = Vec::new();
+    let mut in_authorization = false;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if in_authorization {
+            in_authorization = line != "}";
+            continue;
+        }
+        if line.starts_with("authorization {") {
+            in_authorization = true;
+            found.push("authorization");
+            out.push_str(&format!("include \"{users}\"\n"));
+            continue;
+        }
+        match places
+            .iter()
+            .find(|(key, _)| trimmed.starts_with(&format!("{key}:")))
+        {
+            Some((key, value)) => {
+                found.push(key);
+                out.push_str(&format!("{key}: {value}\n"));
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    for key in places.iter().map(|(key, _)| *key).chain(["authorization"]) {
+        assert!(
+            found.contains(&key),
+            "the NATS configuration has no `{key}` to point at the test's own"
+        );
+    }
+    out
 }
 
 struct Node {
@@ -189,15 +239,39 @@ impl NatsCluster {
     fn write_config(&self, i: usize) {
         let node = &self.nodes[i];
         let store = self.dir.path().join(&node.name);
+        if let Some(file) = &self.options.config_file {
+            let text = std::fs::read_to_string(file).expect("read the NATS configuration");
+            let (cert, key) = &self.server_cert;
+            let places = [
+                ("listen", format!("127.0.0.1:{}", node.port)),
+                ("store_dir", format!("\"{}\"", store.display())),
+                ("cert_file", format!("\"{}\"", cert.display())),
+                ("key_file", format!("\"{}\"", key.display())),
+            ];
+            let mut config = adapt_config(&text, &places, "users.conf");
+            config.push_str(&format!(
+                "server_name: {}\nhttp: 127.0.0.1:{}\n",
+                node.name, node.monitor_port
+            ));
+            std::fs::write(self.dir.path().join(format!("{}.conf", node.name)), config)
+                .expect("write node config");
+            return;
+        }
+        let jetstream = if self.options.jetstream {
+            format!(
+                "jetstream {{\n  store_dir: \"{store}\"\n  max_memory_store: 64MB\n  max_file_store: {file_store}\n}}\n",
+                store = store.display(),
+                file_store = self.options.max_file_store,
+            )
+        } else {
+            String::new()
+        };
         let mut config = format!(
             "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n\
-             jetstream {{\n  store_dir: \"{store}\"\n  max_memory_store: 64MB\n  max_file_store: {file_store}\n}}\n\
-             include \"users.conf\"\n",
+             {jetstream}include \"users.conf\"\n",
             name = node.name,
             port = node.port,
             monitor = node.monitor_port,
-            store = store.display(),
-            file_store = self.options.max_file_store,
         );
         let (cert, key) = &self.server_cert;
         let tls = format!(

@@ -7,6 +7,7 @@
 use serde_json::{Value, json};
 use std::time::Duration;
 use tests::gateway::Fleet;
+use tests::nats::NatsOptions;
 use tests::{Client, PATIENCE};
 
 fn finished(e: &Value) -> bool {
@@ -1122,4 +1123,123 @@ async fn connect_when_up(url: &str, token: &str) -> Client {
             }
         }
     }
+}
+
+/// The NATS configuration deploy/ gives (JetStream and TLS on, the users block) serves the
+/// gateway as it stands, with only its places pointed at the test's; a host is reachable through
+/// the gateway as soon as it says "listening" (it announced itself first); `pair` links to the
+/// address `serve` serves, and `--address` overrides it.
+#[tokio::test]
+async fn the_deployed_nats_configuration_serves_and_a_host_answers_once_it_says_listening() {
+    let deployed = NatsOptions {
+        config_file: Some(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats-server.conf"),
+        ),
+        ..NatsOptions::default()
+    };
+    let mut fleet = Fleet::new_with(1, 2, 1, 3600, deployed, &[]).await;
+    let gateway = fleet.gateway().await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    // No waiting for host/list to say online: "listening" is the promise.
+    let (host, host_id) = fleet.host(&[]).await;
+    let mut desk = connect(&gateway.host_url(&host_id), &token).await;
+    let listed = desk.call("session/list", json!({})).await;
+    assert!(
+        listed["result"]["sessions"].is_array(),
+        "a call right after the host said listening: {listed}\nhost log:\n{}",
+        host.log()
+    );
+    let (_, session) = open_session(&mut desk, &host).await;
+    assert!(session.is_string(), "{session}");
+
+    let (ok, out, err) = gateway
+        .cli(&["pair", "--json", "--address", "gw.example:443"])
+        .await;
+    assert!(ok, "{err}");
+    let minted: Value = serde_json::from_str(out.trim()).unwrap();
+    let expected = format!(
+        "racps://gw.example:443/pair?cert=sha256:{}#",
+        gateway.cert_sha256
+    );
+    assert!(
+        minted["url"].as_str().unwrap().starts_with(&expected),
+        "{minted}"
+    );
+    // A data directory no serve has used has no address to give: the token, and the way out.
+    let unused = fleet.gateway_dirs.remove(0);
+    let (ok, out, err) = tests::gateway::cli(
+        unused.path(),
+        &fleet.nats.urls(),
+        Some(fleet.nats.ca_path()),
+        fleet.replicas,
+        &["pair"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("gpt_") && !out.contains("racps://"), "{out}");
+    assert!(err.contains("--address HOST:PORT"), "{err}");
+}
+
+/// A NATS server without JetStream (an `authorization` block only, say) is named as such with
+/// the block to add, at once, by `enroll` and `pair`.
+#[tokio::test]
+async fn a_nats_server_without_jetstream_is_named_with_its_fix() {
+    let no_jetstream = NatsOptions {
+        jetstream: false,
+        ..NatsOptions::default()
+    };
+    let nats = tests::nats::NatsCluster::start_with(1, &[], no_jetstream).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, host_id, nkey) = tests::gateway::prepare_host(&tests::pi_host_binary()).await;
+    let commands: [&[&str]; 2] = [
+        &["enroll", &host_id, &nkey, "--nats-no-auth"],
+        &["pair", "--nats-no-auth"],
+    ];
+    for args in commands {
+        let started = std::time::Instant::now();
+        let (code, _, err) =
+            tests::gateway::cli_status(dir.path(), &nats.urls(), Some(nats.ca_path()), 1, args)
+                .await;
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("runs without JetStream") && err.contains("jetstream { store_dir"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+    }
+    // `serve` waits for JetStream (NATS may be restarted with it) and says why in its log.
+    let log = dir.path().join("serve.log");
+    let mut serve = tokio::process::Command::new(tests::gateway::gateway_binary())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--nats-no-auth",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .args(["--nats", &nats.urls(), "--nats-ca"])
+        .arg(nats.ca_path())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("runs without JetStream") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "serve never named the missing JetStream:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = serve.kill().await;
 }

@@ -8,6 +8,7 @@ use super::signed::Verifier;
 use crate::auth::Credential;
 use crate::handlers::{self, Route};
 use crate::state::HostState;
+use async_nats::Subscriber;
 use futures_util::StreamExt;
 use racp_proto::gateway::{RoutedCall, RoutedReply, call_subject};
 use racp_proto::{AppError, Call, ErrorCode, Method, Principal};
@@ -15,11 +16,13 @@ use serde_json::json;
 use serde_json::value::RawValue;
 use std::sync::Arc;
 
-pub async fn run(state: Arc<HostState>, client: async_nats::Client, verifier: Arc<Verifier>) {
+/// Subscribes to the host's call subject and waits until the server has the subscription
+/// (a flush), so a call published after this returns finds a responder.
+pub async fn subscribe(state: &HostState, client: &async_nats::Client) -> Subscriber {
     let subject = call_subject(&state.host_id);
     let mut retry = super::Retry::new();
     // The client resubscribes by itself after a reconnect; this loop is for a refused subscribe.
-    let mut calls = loop {
+    let calls = loop {
         match client.subscribe(subject.clone()).await {
             Ok(calls) => break calls,
             Err(err) => {
@@ -28,6 +31,21 @@ pub async fn run(state: Arc<HostState>, client: async_nats::Client, verifier: Ar
             }
         }
     };
+    retry.reset();
+    while let Err(err) = client.flush().await {
+        tracing::debug!(error = %err, "flushing the call subscription; retrying");
+        retry.wait().await;
+    }
+    calls
+}
+
+/// Answers the calls of `calls` (from [`subscribe`]) for as long as the link lives.
+pub async fn run(
+    state: Arc<HostState>,
+    client: async_nats::Client,
+    verifier: Arc<Verifier>,
+    mut calls: Subscriber,
+) {
     while let Some(message) = calls.next().await {
         let Some(reply_to) = message.reply.clone() else {
             continue;

@@ -9,7 +9,13 @@ use racp_proto::gateway::{HEARTBEAT_MS, HostRecord, heartbeat_subject};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub async fn run(state: Arc<HostState>, client: async_nats::Client) {
+/// Writes the record every `HEARTBEAT_MS`; `first` is told when the first one is stored.
+pub async fn run(
+    state: Arc<HostState>,
+    client: async_nats::Client,
+    first: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut first = Some(first);
     let jetstream = async_nats::jetstream::new(client);
     let subject = heartbeat_subject(&state.host_id);
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -37,6 +43,9 @@ pub async fn run(state: Arc<HostState>, client: async_nats::Client) {
         };
         match written {
             Ok(()) => {
+                if let Some(first) = first.take() {
+                    let _ = first.send(());
+                }
                 retry.reset();
                 warned = false;
             }

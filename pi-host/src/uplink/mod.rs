@@ -8,6 +8,10 @@
 //! The host's own log stays the source of truth, and local clients are served whether or not
 //! NATS is reachable: the client library reconnects on its own, and each task retries. The link
 //! is TLS unless `--gateway` says `nats://` (`link.rs`).
+//!
+//! The host announces itself before it reports ready: `serve` waits (at most
+//! [`ANNOUNCE_PATIENCE`]) until its call subscription is in place on the server and its first
+//! heartbeat is stored, so a call routed to it once it printed "listening" reaches it.
 
 mod calls;
 mod heartbeat;
@@ -20,12 +24,38 @@ use crate::state::HostState;
 use racp_proto::gateway::host_inbox_prefix;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// How long `serve` waits for the gateway to know the host before it serves anyway (local
+/// clients do not need NATS; the link keeps trying).
+pub const ANNOUNCE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Whether the host got announced to the gateway: resolves once its call subscription is in
+/// place and its first heartbeat is stored, or with the reason it cannot be yet.
+pub struct Announced(Option<oneshot::Receiver<Result<(), String>>>);
+
+impl Announced {
+    /// Waits for the announcement, at most `patience`; `Ok` also when there is no gateway.
+    pub async fn wait(self, patience: Duration) -> Result<(), String> {
+        let Some(receiver) = self.0 else {
+            return Ok(());
+        };
+        match tokio::time::timeout(patience, receiver).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Err("the gateway link stopped".into()),
+            Err(_) => Err(format!(
+                "NATS did not answer within {} s",
+                patience.as_secs()
+            )),
+        }
+    }
+}
 
 /// Starts the link when the host has a gateway; returns at once (the connection is made, and
-/// remade, in the background).
-pub fn spawn(state: &Arc<HostState>) -> Result<(), String> {
+/// remade, in the background) with what tells when the gateway knows the host.
+pub fn spawn(state: &Arc<HostState>) -> Result<Announced, String> {
     if state.config.gateway.is_empty() {
-        return Ok(());
+        return Ok(Announced(None));
     }
     let seed = key::load_or_create(&state.config.data_dir).map_err(|e| e.to_string())?;
     let verifier = Arc::new(signed::Verifier::new(&state.config.gateway_trust)?);
@@ -59,24 +89,42 @@ pub fn spawn(state: &Arc<HostState>) -> Result<(), String> {
             }
         });
     let state = state.clone();
+    let (announced, announcement) = oneshot::channel();
     tokio::spawn(async move {
+        let mut announced = Some(announced);
         // A certificate that does not verify is reported as such (the client would retry it
         // in silence); the link keeps retrying, as for a server that is down.
         if let Err(err) = tls.check(&servers, base()).await {
             tracing::error!(error = %err, "cannot link to the gateway");
+            if let Some(announced) = announced.take() {
+                let _ = announced.send(Err(err.to_string()));
+            }
         }
         let client = match options.connect(servers.addrs.clone()).await {
             Ok(client) => client,
             Err(err) => {
                 tracing::error!(error = %err, gateway = %servers.shown(), "cannot use the gateway address");
+                if let Some(announced) = announced.take() {
+                    let _ = announced.send(Err(err.to_string()));
+                }
                 return;
             }
         };
-        tokio::spawn(heartbeat::run(state.clone(), client.clone()));
+        // Calls are taken before the first heartbeat says the host is online.
+        let calls = calls::subscribe(&state, &client).await;
+        let (first_beat, beaten) = oneshot::channel();
+        tokio::spawn(heartbeat::run(state.clone(), client.clone(), first_beat));
         tokio::spawn(relay::run(state.clone(), client.clone()));
-        calls::run(state, client, verifier).await;
+        let serving = tokio::spawn(calls::run(state, client, verifier, calls));
+        if beaten.await.is_ok()
+            && let Some(announced) = announced.take()
+        {
+            tracing::info!("announced to the gateway");
+            let _ = announced.send(Ok(()));
+        }
+        let _ = serving.await;
     });
-    Ok(())
+    Ok(Announced(Some(announcement)))
 }
 
 /// Reconnect delay: doubling from 100 ms to 5 s, with jitter from the attempt count so many
