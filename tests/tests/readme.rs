@@ -49,6 +49,14 @@ const COVERED: &[(&str, &str)] = &[
     ),
     ("scripts/test", "CI runs it (.ci/run)"),
     (
+        "npm install -g @mariozechner/pi-coding-agent",
+        "scripts/test installs the same pinned pi with npm into tests/pi (tests reach no registry); pi-host/tests/agent_check.rs finds it ready",
+    ),
+    (
+        "cargo run --release -p pi-host -- status",
+        "pi-host/tests/agent_check.rs (status and host/info report the agent)",
+    ),
+    (
         "cargo run --release -p pi-host -- pair",
         "pi-host/tests/upgrade_and_pairing.rs pair_prints_the_token_the_url_and_a_qr_code; the links this test pairs with are minted with `pi-host pair --json`",
     ),
