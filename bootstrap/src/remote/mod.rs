@@ -122,6 +122,9 @@ pub enum Failure {
     /// The stored profile cannot be used safely (no certificate fingerprint to pin): pair
     /// again. Exits like a refused credential.
     PairAgain(String),
+    /// The command line cannot work as given (a gateway call without a host, `--host` for a
+    /// profile of a single host): exit 64, with what to give instead.
+    Usage(String),
 }
 
 impl From<AppError> for Failure {
@@ -141,13 +144,14 @@ impl Failure {
             Failure::App(error) => exit_for(error.code()),
             Failure::Turn(_) => Exit::TurnNotCompleted,
             Failure::PairAgain(_) => Exit::Auth,
+            Failure::Usage(_) => Exit::Usage,
         }
     }
 
     /// The line printed on stderr.
     pub fn describe(&self) -> String {
         match self {
-            Failure::Local(message) | Failure::PairAgain(message) => {
+            Failure::Local(message) | Failure::PairAgain(message) | Failure::Usage(message) => {
                 format!("pi-remote: {message}")
             }
             Failure::Turn(outcome) => format!("pi-remote: the turn ended {outcome}"),
