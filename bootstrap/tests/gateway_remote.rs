@@ -177,9 +177,7 @@ async fn pi_remote_lists_and_chooses_hosts_behind_a_gateway() {
     assert_eq!(listed["defaultHost"], a_id.as_str());
     let on_default = remote.ok_json(&["sessions", "--json"]).await;
     assert_eq!(session_ids(&on_default), vec![session.clone()]);
-    let stdout = remote
-        .ok(&["prompt", &session, "deltas:2", "--wait"])
-        .await;
+    let stdout = remote.ok(&["prompt", &session, "deltas:2", "--wait"]).await;
     assert!(stdout.contains("completed"), "{stdout}");
     let on_b = remote
         .ok_json(&["--host", &b_id, "sessions", "--json"])
@@ -197,9 +195,11 @@ async fn pi_remote_lists_and_chooses_hosts_behind_a_gateway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_is_refused_for_a_profile_of_a_single_host() {
     let agent = tests::stand_in_agent();
-    let host =
-        tests::HostProcess::start_with(&tests::pi_host_binary(), &["--agent", agent.to_str().unwrap()])
-            .await;
+    let host = tests::HostProcess::start_with(
+        &tests::pi_host_binary(),
+        &["--agent", agent.to_str().unwrap()],
+    )
+    .await;
     let minted = host.pairing_token(&[]).await;
     let remote = Remote::new();
     let paired = remote
