@@ -106,3 +106,43 @@ fn table(hosts: &[HostEntry], default: Option<&str>, now: u64) -> Vec<String> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::table;
+    use racp_proto::methods::handshake::HostIdentity;
+    use racp_proto::methods::host::{HostEntry, HostStatus};
+
+    fn entry(id: &str, status: HostStatus, last_seen_at: Option<u64>) -> HostEntry {
+        HostEntry {
+            host: HostIdentity {
+                version: "0.1.0".into(),
+                id: id.into(),
+            },
+            hostname: format!("{id}.lan"),
+            status,
+            last_seen_at,
+            sessions: 2,
+            path: format!("/racp/hosts/{id}"),
+        }
+    }
+
+    #[test]
+    fn hosts_read_as_a_table_with_times_for_people() {
+        // 2026-12-02 16:30:00 UTC.
+        let now = 1_796_229_000_000;
+        let hosts = [
+            entry("host_a", HostStatus::Online, Some(now - 1_000)),
+            entry("host_bb", HostStatus::Offline, None),
+        ];
+        let lines = table(&hosts, Some("host_bb"), now);
+        assert_eq!(
+            lines,
+            [
+                "  HOST     HOSTNAME     VERSION  STATUS   LAST HEARD           SESSIONS",
+                "  host_a   host_a.lan   0.1.0    online   1 s ago (16:29 UTC)  2",
+                "* host_bb  host_bb.lan  0.1.0    offline  never                2",
+            ]
+        );
+    }
+}
