@@ -35,7 +35,9 @@ Exit codes:
   5  prompt --wait: the turn ended aborted or failed
   6  connect: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
      HOST_VERSION_MISMATCH; details.reason names the stage)
-  64 bad usage (unknown command or option, missing or malformed argument)";
+  64 bad usage (unknown command or option, missing or malformed argument; a gateway
+     profile's session, turn, approval or model command without a host: see `hosts`;
+     --host with a profile of a single host)";
 
 #[derive(Parser, Debug)]
 #[command(
