@@ -30,7 +30,6 @@ impl Remote {
             .args(args)
             .env("PI_REMOTE_CONFIG_DIR", self.config.path())
             .env_remove("PI_REMOTE_PROFILE")
-            .env_remove("PI_REMOTE_HOST")
             .timeout(PATIENCE * 2);
         tokio::task::spawn_blocking(move || command.output().expect("run pi-remote"))
             .await

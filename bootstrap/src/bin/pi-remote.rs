@@ -54,7 +54,7 @@ struct Cli {
     /// For a profile paired with a gateway: the host behind it that session, turn, approval and
     /// model commands go to (its id, from `pi-remote hosts`) [default: the profile's, set with
     /// `hosts --use`]. For `pair` with a bare token: the host's HOST:PORT.
-    #[arg(long, global = true, env = "PI_REMOTE_HOST")]
+    #[arg(long, global = true)]
     host: Option<String>,
     /// Print machine-readable JSON (one JSON line per event for attach and prompt --wait).
     #[arg(long, global = true)]

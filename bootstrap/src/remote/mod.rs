@@ -41,11 +41,12 @@
 //! the gateway's own endpoint and prints id, host name, version, online/offline and when the
 //! gateway last heard from each host; `hosts --use HOST_ID` (a listed one) stores the profile's
 //! default host. Every other command but `devices` and `revoke` (the gateway's own) connects to
-//! `<url>/hosts/<HOST_ID>`, the host from the global `--host HOST_ID` (or `PI_REMOTE_HOST`),
-//! else the default; with neither it fails before connecting with exit 64, naming `hosts` and
-//! `--host`, and so does `--host` with a profile of a single host. The same certificate pin
-//! and device token serve every host of the gateway. For `pair` with a bare token, `--host` is
-//! the host's `HOST:PORT`.
+//! `<url>/hosts/<HOST_ID>`, the host from the global `--host HOST_ID`, else the default; with
+//! neither it fails before connecting with exit 64, naming `hosts` and `--host`, and so does
+//! `--host` with a profile of a single host. `status` reports on the chosen host, if any. The
+//! same certificate pin and device token serve every host of the gateway. For `pair` with a
+//! bare token, `--host` is the host's `HOST:PORT` (no environment variable sets `--host`, so
+//! it cannot slip into a `pair`).
 //!
 //! `status` prints the profile (URL, pinned certificate, device id and name, roles, the SSH
 //! target of a `connect` profile) and the host's `host/info` (version, id, host name). The
