@@ -146,6 +146,11 @@ async fn pi_remote_lists_and_chooses_hosts_behind_a_gateway() {
         "{said}"
     );
 
+    let status = remote.ok(&["status"]).await;
+    assert!(status.contains("no host chosen"), "{status}");
+    let status = remote.ok(&["--host", &b_id, "status"]).await;
+    assert!(status.contains(&format!("id {b_id}")), "{status}");
+
     // --host A: a session and a turn on host A, not on B.
     let workspace = host_a.workspace("w");
     let created = remote
