@@ -8,7 +8,7 @@ use bootstrap::provision::{self, BootstrapOptions};
 use bootstrap::remote::commands::connect::{self, ConnectArgs, Display};
 use bootstrap::remote::commands::models::{parse_model, parse_thinking};
 use bootstrap::remote::commands::{
-    attach, devices, models, open_profile, pair, sessions, status, turns,
+    Reach, attach, devices, hosts, models, open_profile, pair, sessions, status, turns,
 };
 use bootstrap::remote::out::Out;
 use bootstrap::remote::pairing::PairingHints;
@@ -35,7 +35,9 @@ Exit codes:
   5  prompt --wait: the turn ended aborted or failed
   6  connect: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
      HOST_VERSION_MISMATCH; details.reason names the stage)
-  64 bad usage (unknown command or option, missing or malformed argument)";
+  64 bad usage (unknown command or option, missing or malformed argument; a gateway
+     profile's session, turn, approval or model command without a host: see `hosts`;
+     --host with a profile of a single host)";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -49,6 +51,11 @@ struct Cli {
     #[arg(long, global = true, default_value = DEFAULT_PROFILE, env = "PI_REMOTE_PROFILE",
           value_parser = parse_profile_name)]
     profile: String,
+    /// For a profile paired with a gateway: the host behind it that session, turn, approval and
+    /// model commands go to (its id, from `pi-remote hosts`) [default: the profile's, set with
+    /// `hosts --use`]. For `pair` with a bare token: the host's HOST:PORT.
+    #[arg(long, global = true)]
+    host: Option<String>,
     /// Print machine-readable JSON (one JSON line per event for attach and prompt --wait).
     #[arg(long, global = true)]
     json: bool,
@@ -63,13 +70,10 @@ enum Command {
     Connect(Box<ConnectCommand>),
     /// Pair this machine with a host and store the device credential in a profile.
     Pair {
-        /// racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN (from `pi-host pair`), a bare token
-        /// (with --host and --cert-sha256), or `-` to read either from stdin (keeps the token
-        /// out of the process list).
+        /// racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN (from `pi-host pair` or `pi-gateway
+        /// pair`), a bare token (with --host HOST:PORT and --cert-sha256), or `-` to read
+        /// either from stdin (keeps the token out of the process list).
         link: String,
-        /// The host's HOST:PORT, for a bare token.
-        #[arg(long)]
-        host: Option<String>,
         /// The host's certificate SHA-256 to pin (64 hex digits, `certSha256` of `pi-host
         /// pair`; `sha256:HEX` and openssl's `AB:CD:…` work too): needed with a bare token, and
         /// checked against the racps:// link's `cert=` when both are given.
@@ -89,6 +93,12 @@ enum Command {
     },
     /// Show the profile (host URL, pinned certificate, device, roles) and the host's version.
     Status,
+    /// List the hosts behind a gateway this device may reach (profile paired with a gateway).
+    Hosts {
+        /// Make this host the profile's default: commands without --host go to it.
+        #[arg(long = "use", value_name = "HOST_ID")]
+        use_host: Option<String>,
+    },
     /// List sessions.
     Sessions,
     /// Create a session.
@@ -267,31 +277,52 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
     let command = match cli.command {
+        Command::Connect(_) if cli.host.is_some() => {
+            return Err(Failure::Usage(
+                "--host chooses a host behind a gateway; connect takes its SSH target instead"
+                    .into(),
+            ));
+        }
         Command::Connect(command) => {
             return connect::run(connect_args(*command, cli.profile, cli.json)).await;
         }
         Command::Pair {
             link,
-            host,
             cert_sha256,
             plain,
             name,
             force,
         } => {
             let hints = PairingHints {
-                host: host.as_deref(),
+                host: cli.host.as_deref(),
                 cert_sha256,
                 plain,
             };
             return pair::pair(out, &cli.profile, &link, &hints, name, force).await;
         }
-        Command::Status => return status::status(out, &cli.profile).await,
+        Command::Status => return status::status(out, &cli.profile, cli.host.as_deref()).await,
+        Command::Hosts { use_host } => {
+            if cli.host.is_some() {
+                return Err(Failure::Usage(
+                    "hosts lists every host; choose one with `hosts --use HOST_ID`, not --host"
+                        .into(),
+                ));
+            }
+            return hosts::hosts(out, &cli.profile, use_host).await;
+        }
         command => command,
     };
-    let client = open_profile(&cli.profile).await?;
+    // Devices are the gateway's own; everything else is a host's.
+    let reach = match command {
+        Command::Devices | Command::Revoke { .. } => Reach::Gateway,
+        _ => Reach::Host,
+    };
+    let client = open_profile(&cli.profile, cli.host.as_deref(), reach).await?;
     match command {
         // Returned above: they need no stored profile, or report on it without a client.
-        Command::Connect(_) | Command::Pair { .. } | Command::Status => Ok(()),
+        Command::Connect(_) | Command::Pair { .. } | Command::Status | Command::Hosts { .. } => {
+            Ok(())
+        }
         Command::Sessions => sessions::list(out, &client).await,
         Command::New {
             workspace,

@@ -11,6 +11,8 @@
 //! pi-remote attach SESSION                             # live view; answer approvals from stdin
 //! pi-remote approve APPROVAL [--value V] | deny APPROVAL
 //! pi-remote devices | revoke DEVICE                    # owner only
+//! pi-remote hosts [--use HOST_ID]                      # a gateway's hosts | choose the default
+//! pi-remote --host HOST_ID sessions                    # a command for one host behind a gateway
 //! ```
 //!
 //! The commands are in [`commands`], one module per group; [`out`] is where their output goes;
@@ -30,6 +32,21 @@
 //! (exit 1, before the pairing token is spent) and names what the profile holds (device, role,
 //! host) unless `--force` is given: a credential is never replaced by accident. (A profile
 //! without a fingerprint, which cannot be used, is replaced: pairing again is its migration.)
+//!
+//! Gateways: a profile is a gateway's when its endpoint answers `host/list` (asked by `pair`
+//! with the new credential, since a pairing connection may call only `hello` and `pair`; a
+//! single pi-host answers METHOD_NOT_FOUND, docs/protocol.md §15), stored as `gateway: true`.
+//! `hello` cannot tell them apart at pairing: its capabilities are empty on a pairing
+//! connection (a device connection's list `hosts` at a gateway). `hosts` calls `host/list` at
+//! the gateway's own endpoint and prints id, host name, version, online/offline and when the
+//! gateway last heard from each host; `hosts --use HOST_ID` (a listed one) stores the profile's
+//! default host. Every other command but `devices` and `revoke` (the gateway's own) connects to
+//! `<url>/hosts/<HOST_ID>`, the host from the global `--host HOST_ID`, else the default; with
+//! neither it fails before connecting with exit 64, naming `hosts` and `--host`, and so does
+//! `--host` with a profile of a single host. `status` reports on the chosen host, if any. The
+//! same certificate pin and device token serve every host of the gateway. For `pair` with a
+//! bare token, `--host` is the host's `HOST:PORT` (no environment variable sets `--host`, so
+//! it cannot slip into a `pair`).
 //!
 //! `status` prints the profile (URL, pinned certificate, device id and name, roles, the SSH
 //! target of a `connect` profile) and the host's `host/info` (version, id, host name). The
@@ -70,7 +87,8 @@
 //! fingerprint (stored by an older version), or the endpoint is not the paired host
 //! (HOST_IDENTITY_MISMATCH): pair again, in the last case only if you trust the change; 5 a turn
 //! that `prompt --wait` followed ended other than `completed`; 6 `connect` failed; 64 bad usage
-//! (an unknown command or option, a missing or malformed argument, an invalid profile name):
+//! (an unknown command or option, a missing or malformed argument, an invalid profile name, a
+//! gateway profile's host command without a host, `--host` with a single host's profile):
 //! `EX_USAGE`, the same in pi-host and pi-gateway (`racp_proto::EXIT_USAGE`).
 
 pub mod commands;
@@ -122,6 +140,9 @@ pub enum Failure {
     /// The stored profile cannot be used safely (no certificate fingerprint to pin): pair
     /// again. Exits like a refused credential.
     PairAgain(String),
+    /// The command line cannot work as given (a gateway call without a host, `--host` for a
+    /// profile of a single host): exit 64, with what to give instead.
+    Usage(String),
 }
 
 impl From<AppError> for Failure {
@@ -141,13 +162,14 @@ impl Failure {
             Failure::App(error) => exit_for(error.code()),
             Failure::Turn(_) => Exit::TurnNotCompleted,
             Failure::PairAgain(_) => Exit::Auth,
+            Failure::Usage(_) => Exit::Usage,
         }
     }
 
     /// The line printed on stderr.
     pub fn describe(&self) -> String {
         match self {
-            Failure::Local(message) | Failure::PairAgain(message) => {
+            Failure::Local(message) | Failure::PairAgain(message) | Failure::Usage(message) => {
                 format!("pi-remote: {message}")
             }
             Failure::Turn(outcome) => format!("pi-remote: the turn ended {outcome}"),

@@ -56,7 +56,9 @@ pub fn parse(link_or_token: &str, hints: &PairingHints<'_>) -> Result<PairingTar
     };
     if let Some(rest) = rest {
         if hints.host.is_some() {
-            return Err("--host goes with a bare token, not with a pairing link".into());
+            return Err("--host goes with a bare token (the host's HOST:PORT), not with a pairing \
+                 link; a host behind a gateway is chosen after pairing: pi-remote hosts --use HOST_ID"
+                .into());
         }
         let expected = if secure {
             "racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN"

@@ -40,6 +40,13 @@ pub struct Profile {
     /// Set by `pi-remote connect`: the host is reached through an SSH forward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh: Option<SshOrigin>,
+    /// The endpoint is a gateway's (it answered `host/list` at pairing): session, turn and
+    /// approval calls go to one of its hosts, `<url>/hosts/<hostId>`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gateway: bool,
+    /// A gateway profile's default host (`pi-remote hosts --use HOST_ID`), used without `--host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// Where an SSH-provisioned host lives.
@@ -64,6 +71,8 @@ impl std::fmt::Debug for Profile {
             .field("device_token", &"<secret>")
             .field("roles", &self.roles)
             .field("ssh", &self.ssh)
+            .field("gateway", &self.gateway)
+            .field("host", &self.host)
             .finish()
     }
 }
@@ -200,6 +209,8 @@ mod tests {
             device_token: "pdt_secret".into(),
             roles: vec![Role::Owner],
             ssh: None,
+            gateway: false,
+            host: None,
         }
     }
 

@@ -234,6 +234,8 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
             remote_dir,
             host_id: connection.host_id.clone(),
         }),
+        gateway: false,
+        host: None,
     };
     profile::save(&dir, &args.profile, &saved).map_err(Failure::Local)?;
     let mut summary = connection.summary.clone();

@@ -5,6 +5,7 @@ mod approvals;
 pub mod attach;
 pub mod connect;
 pub mod devices;
+pub mod hosts;
 pub mod models;
 pub mod pair;
 pub mod sessions;
@@ -37,10 +38,66 @@ pub(crate) async fn open_client(
     RacpClient::connect(options).await
 }
 
-/// A client for the host the profile was paired with, using its credential.
-pub async fn open_profile(profile_name: &str) -> Result<RacpClient, Failure> {
+/// What a command reaches through a gateway profile: the gateway itself (pairing, devices,
+/// `host/list`) or one of its hosts (sessions, turns, approvals, models).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    Gateway,
+    Host,
+}
+
+/// A client for what the command reaches, using the profile's credential: the paired host, or
+/// for a gateway profile the gateway or the host `host` names (else the profile's default).
+pub async fn open_profile(
+    profile_name: &str,
+    host: Option<&str>,
+    reach: Reach,
+) -> Result<RacpClient, Failure> {
     let stored = load_profile(profile_name)?;
-    connect_profile(profile_name, &stored).await
+    let url = endpoint(profile_name, &stored, host, reach)?;
+    connect_profile(profile_name, &stored, &url).await
+}
+
+/// The URL a command connects to. A gateway serves one host at `<url>/hosts/<hostId>`
+/// (docs/protocol.md §15); a call that needs a host, without one, is a usage error naming the
+/// way to choose one, and so is `--host` with a profile of a single host.
+pub fn endpoint(
+    profile_name: &str,
+    stored: &Profile,
+    host: Option<&str>,
+    reach: Reach,
+) -> Result<String, Failure> {
+    if !stored.gateway {
+        return match host {
+            Some(_) => Err(Failure::Usage(format!(
+                "--host chooses a host behind a gateway, and the profile {profile_name:?} is paired \
+                 with a single host ({}); leave --host out",
+                stored.url
+            ))),
+            None => Ok(stored.url.clone()),
+        };
+    }
+    if reach == Reach::Gateway {
+        return Ok(stored.url.clone());
+    }
+    let Some(host) = host.or(stored.host.as_deref()) else {
+        return Err(Failure::Usage(format!(
+            "the profile {profile_name:?} is paired with a gateway, and this command needs one of \
+             its hosts: list them with `pi-remote hosts`, then give `--host HOST_ID` or choose a \
+             default with `pi-remote hosts --use HOST_ID`"
+        )));
+    };
+    if !racp_proto::gateway::valid_host_id(host) {
+        return Err(Failure::Usage(format!(
+            "{host:?} is not a host id (`pi-remote hosts` lists them, e.g. host_…)"
+        )));
+    }
+    Ok(host_url(&stored.url, host))
+}
+
+/// A gateway's URL for one of its hosts.
+pub fn host_url(gateway_url: &str, host_id: &str) -> String {
+    format!("{}/hosts/{host_id}", gateway_url.trim_end_matches('/'))
 }
 
 /// Reads a stored profile.
@@ -49,8 +106,13 @@ pub fn load_profile(profile_name: &str) -> Result<Profile, Failure> {
     profile::load(&dir, profile_name).map_err(Failure::Local)
 }
 
-/// Connects with a loaded profile's credential.
-pub async fn connect_profile(profile_name: &str, stored: &Profile) -> Result<RacpClient, Failure> {
+/// Connects to `url` (the profile's, or one of its gateway's hosts) with a loaded profile's
+/// credential.
+pub async fn connect_profile(
+    profile_name: &str,
+    stored: &Profile,
+    url: &str,
+) -> Result<RacpClient, Failure> {
     // Before any connection: a token is only sent to an endpoint that can prove it is the host.
     if let Some(message) = profile::unpinned_message(profile_name, stored) {
         return Err(Failure::PairAgain(message));
@@ -59,7 +121,7 @@ pub async fn connect_profile(profile_name: &str, stored: &Profile) -> Result<Rac
         pin: stored.cert_sha256,
         plain: stored.plain,
     };
-    open_client(&stored.url, &stored.device_token, security)
+    open_client(url, &stored.device_token, security)
         .await
         .map_err(|error| match &stored.ssh {
             Some(origin) => Failure::App(with_ssh_advice(error, profile_name, origin)),

@@ -5,8 +5,8 @@ use crate::remote::Failure;
 use crate::remote::out::Out;
 use crate::remote::pairing::{self, PairingHints, PairingTarget};
 use crate::remote::profile::{self, Profile};
-use racp_proto::calls;
 use racp_proto::methods::handshake::PairParams;
+use racp_proto::{Empty, calls};
 use serde_json::json;
 
 pub async fn pair(
@@ -47,6 +47,7 @@ pub async fn pair(
             device_name: device_name.clone(),
         })
         .await?;
+    let gateway = answers_host_list(&url, &paired.device_token, security).await;
     let stored = Profile {
         url,
         cert_sha256,
@@ -56,6 +57,8 @@ pub async fn pair(
         device_token: paired.device_token,
         roles: paired.roles,
         ssh: None,
+        gateway,
+        host: None,
     };
     let file = profile::save(&dir, profile_name, &stored).map_err(Failure::Local)?;
     if out.json {
@@ -65,6 +68,7 @@ pub async fn pair(
             "profile": profile_name,
             "url": stored.url,
             "certSha256": stored.cert_sha256,
+            "gateway": stored.gateway,
         }));
     } else {
         out.line(&format!(
@@ -73,8 +77,25 @@ pub async fn pair(
             profile::roles_text(&stored.roles),
             file.display()
         ));
+        if stored.gateway {
+            out.note(
+                "this is a gateway: list its hosts with `pi-remote hosts`, then give --host HOST_ID \
+                 or choose a default with `pi-remote hosts --use HOST_ID`",
+            );
+        }
     }
     Ok(())
+}
+
+/// Whether the paired endpoint is a gateway: a gateway answers `host/list` on its own
+/// endpoint, a single pi-host answers METHOD_NOT_FOUND (docs/protocol.md §15). Asked with the
+/// new credential, as a pairing connection may call only `hello` and `pair`. When it cannot be
+/// told (the link dropped), the profile is taken as a single host's; `hosts --use` corrects it.
+async fn answers_host_list(url: &str, device_token: &str, security: Security) -> bool {
+    let Ok(client) = open_client(url, device_token, security).await else {
+        return false;
+    };
+    client.call::<calls::HostList>(Empty {}).await.is_ok()
 }
 
 /// Refuses when profile `name` exists, naming what it holds and how to go on. A profile without

@@ -2,7 +2,7 @@
 //! what the host says about itself (`host/info`). The profile's part is printed even when the
 //! host cannot be reached; the command then fails as any other would (exit 3, 4, ...).
 
-use super::{call_resending, connect_profile, load_profile};
+use super::{Reach, call_resending, connect_profile, endpoint, load_profile};
 use crate::remote::Failure;
 use crate::remote::out::Out;
 use crate::remote::profile::{self, Profile};
@@ -12,11 +12,23 @@ use racp_proto::validate::printable;
 use racp_proto::{Empty, Role, calls};
 use serde_json::{Value, json};
 
-pub async fn status(out: &Out, profile_name: &str) -> Result<(), Failure> {
-    let stored = load_profile(profile_name)?;
-    let host = match connect_profile(profile_name, &stored).await {
-        Ok(client) => host_facts(&client, &stored).await,
-        Err(failure) => Err(failure),
+pub async fn status(out: &Out, profile_name: &str, host: Option<&str>) -> Result<(), Failure> {
+    let mut stored = load_profile(profile_name)?;
+    // A gateway profile reports on the host `--host` (or its default) names, if any.
+    let url = match endpoint(profile_name, &stored, host, Reach::Host) {
+        Ok(url) => Some(url),
+        Err(Failure::Usage(_)) if stored.gateway && host.is_none() => None,
+        Err(failure) => return Err(failure),
+    };
+    if let Some(chosen) = host {
+        stored.host = Some(chosen.to_string());
+    }
+    let host = match &url {
+        Some(url) => match connect_profile(profile_name, &stored, url).await {
+            Ok(client) => host_facts(&client, &stored).await,
+            Err(failure) => Err(failure),
+        },
+        None => Err(Failure::Usage(String::new())),
     };
     let (info, device_name) = match &host {
         Ok((info, name)) => (Some(info), name.clone().or(stored.device_name.clone())),
@@ -29,7 +41,10 @@ pub async fn status(out: &Out, profile_name: &str) -> Result<(), Failure> {
             out.line(&format!("{label:<8} {}", printable(&value, false)));
         }
     }
-    host.map(|_| ())
+    match (host, url) {
+        (Ok(_), _) | (Err(_), None) => Ok(()),
+        (Err(failure), Some(_)) => Err(failure),
+    }
 }
 
 /// `host/info`, and for an owner the device's current name from `device/list`.
@@ -66,6 +81,8 @@ fn status_json(
         "deviceName": device_name,
         "roles": stored.roles,
         "ssh": stored.ssh,
+        "gateway": stored.gateway,
+        "hostId": stored.host,
         "host": info.map(|info| json!({
             "version": info.host.version,
             "id": info.host.id,
@@ -106,6 +123,15 @@ fn status_lines(
             format!("{} (install root {})", origin.target, origin.remote_dir),
         ));
     }
+    if stored.gateway {
+        lines.push((
+            "gateway",
+            match &stored.host {
+                Some(host) => format!("yes; host {host}"),
+                None => "yes; no host chosen: `pi-remote hosts`, then --host HOST_ID or `pi-remote hosts --use HOST_ID`".into(),
+            },
+        ));
+    }
     lines.push((
         "host",
         match info {
@@ -113,6 +139,7 @@ fn status_lines(
                 "pi-host {} on {} ({}/{}), id {}",
                 info.host.version, info.hostname, info.os, info.arch, info.host.id
             ),
+            None if stored.gateway && stored.host.is_none() => "none chosen".into(),
             // Why is the failure printed after these lines.
             None => "not reached".into(),
         },
