@@ -11,7 +11,6 @@ pub mod connections;
 pub mod fs;
 pub mod fsutil;
 pub mod handlers;
-pub mod human;
 pub mod models;
 pub mod paths;
 pub mod ratelimit;

@@ -280,9 +280,9 @@ fn gateway_key(data_dir: &std::path::Path, json: bool) -> ExitCode {
 fn pairing_text(v: &serde_json::Value, qr: bool) -> String {
     let token = v["token"].as_str().unwrap_or_default();
     let url = v["url"].as_str().unwrap_or_default();
-    let expires = v["expiresAt"]
-        .as_u64()
-        .map_or_else(String::new, |at| human::moment(at, clock::now_ms()));
+    let expires = v["expiresAt"].as_u64().map_or_else(String::new, |at| {
+        racp_proto::human::moment(at, clock::now_ms())
+    });
     let cert = match v["certSha256"].as_str() {
         Some(sha256) => format!("Host certificate SHA-256 (the device pins it):\n  {sha256}\n"),
         None => {
@@ -296,7 +296,7 @@ fn pairing_text(v: &serde_json::Value, qr: bool) -> String {
     };
     format!(
         "Pairing token for one device, roles {}, expires {expires}:\n  {token}\n{cert}Pairing link:\n  {url}\n{picture}",
-        human::roles(&v["roles"]),
+        racp_proto::human::roles(&v["roles"]),
     )
 }
 
@@ -309,14 +309,14 @@ fn devices_table(v: &serde_json::Value) -> String {
     let now = clock::now_ms();
     let when = |at: &serde_json::Value| {
         at.as_u64()
-            .map_or("never".into(), |at| human::moment(at, now))
+            .map_or("never".into(), |at| racp_proto::human::moment(at, now))
     };
     let rows: Vec<[String; 5]> = devices
         .iter()
         .map(|d| {
             [
                 printable(d["deviceId"].as_str().unwrap_or_default(), false).into_owned(),
-                human::roles(&d["roles"]),
+                racp_proto::human::roles(&d["roles"]),
                 when(&d["lastSeenAt"]),
                 when(&d["createdAt"]),
                 // Names come from clients: escaped, so one cannot drive the terminal.

@@ -23,6 +23,7 @@ pub mod events;
 pub mod fingerprint;
 pub mod frame;
 pub mod gateway;
+pub mod human;
 pub mod limits;
 pub mod methods;
 pub mod role;

@@ -3,8 +3,9 @@
 
 use super::{Reach, call_resending, connect_profile, endpoint, load_profile};
 use crate::remote::Failure;
-use crate::remote::out::{Out, enum_name, moment, now_ms};
+use crate::remote::out::{Out, enum_name, now_ms};
 use crate::remote::profile;
+use racp_proto::human::moment;
 use racp_proto::methods::host::HostEntry;
 use racp_proto::{Empty, calls};
 use serde_json::json;

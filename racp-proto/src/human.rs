@@ -1,5 +1,6 @@
-//! What a person reads on a terminal: moments as "in 10 min (16:40 UTC)" or "3 h ago
-//! (2026-12-01 13:02 UTC)", never epoch milliseconds; role lists as words.
+//! What a person reads on a terminal, for every command line here (pi-host, pi-gateway,
+//! pi-remote): moments as "in 10 min (16:40 UTC)" or "3 h ago (2026-12-01 13:02 UTC)", never
+//! epoch milliseconds; role lists as words.
 
 /// A moment relative to `now_ms`, with its UTC time (and date when it is not today's).
 pub fn moment(at_ms: u64, now_ms: u64) -> String {
@@ -79,6 +80,17 @@ mod tests {
         assert_eq!(
             moment(NOW - 2 * 86_400_000, NOW),
             "2 days ago (2026-11-30 00:00 UTC)"
+        );
+    }
+
+    #[test]
+    fn a_moment_today_names_only_its_time() {
+        let now = 1_796_229_000_000; // 2026-12-02 16:30:00 UTC
+        assert_eq!(moment(now + 600_000, now), "in 10 min (16:40 UTC)");
+        assert_eq!(moment(now - 180_000, now), "3 min ago (16:27 UTC)");
+        assert_eq!(
+            moment(now - 2 * 86_400_000, now),
+            "2 days ago (2026-11-30 16:30 UTC)"
         );
     }
 
