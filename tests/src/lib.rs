@@ -359,6 +359,12 @@ impl HostProcess {
                     .filter_map(|p| p.parse::<u32>().ok()),
             );
         }
+        // Not an agent: a child that already exited (no command line), or the host's own look
+        // at its agent (`--version`, docs/architecture.md "The agent check").
+        pids.retain(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            !cmdline.is_empty() && !cmdline.split(|b| *b == 0).any(|arg| arg == b"--version")
+        });
         pids.sort_unstable();
         pids
     }
