@@ -284,12 +284,32 @@ fn a_symbol_newer_than_the_floor_or_a_big_tarball_is_caught() {
     );
 }
 
+#[test]
+fn a_binary_for_another_machine_is_caught() {
+    let header = |machine: &str| {
+        format!("ELF Header:\n  Class:                             ELF64\n  Machine:                           {machine}\n  Version:                           0x1\n")
+    };
+    assert_eq!(machine_problem("aarch64", &header("AArch64")), None);
+    assert_eq!(
+        machine_problem("x86_64", &header("Advanced Micro Devices X86-64")),
+        None
+    );
+    let wrong = machine_problem("aarch64", &header("Advanced Micro Devices X86-64"));
+    assert!(wrong.is_some_and(|p| p.contains("not aarch64")));
+    assert!(machine_problem("x86_64", "not an ELF file").is_some());
+}
+
 /// The checker on a real binary: this machine's own build of pi-host needs the build machine's
-/// glibc (well above 2.17), and the test build carries debug info.
+/// glibc (well above 2.17), and it is this machine's architecture.
 #[test]
 fn the_checker_reads_a_real_binary() {
     let binary = tests::pi_host_binary();
-    let objdump = run(Command::new("objdump").arg("-T").arg(&binary));
-    let highest = highest_glibc(&objdump).expect("a glibc build");
+    let symbols = run(Command::new("readelf")
+        .arg("-W")
+        .arg("--dyn-syms")
+        .arg(&binary));
+    let highest = highest_glibc(&symbols).expect("a glibc build");
     assert!(version_cmp(&highest, "2.2.5").is_gt(), "{highest}");
+    let header = run(Command::new("readelf").arg("-h").arg(&binary));
+    assert_eq!(machine_problem(std::env::consts::ARCH, &header), None);
 }
