@@ -62,7 +62,7 @@ while [ $# -gt 0 ]; do
             shift
             ;;
         -h | --help)
-            sed -n '2,27p' "$0"
+            sed -n '2,25p' "$0"
             exit 0
             ;;
         *) die "unknown argument '$1' (usage: $usage)" ;;
@@ -132,8 +132,10 @@ if [ -z "$BINARY" ]; then
             --target "$arch-unknown-linux-gnu.$GLIBC_FLOOR") || die "cargo zigbuild failed"
         BINARY=$target_dir/$arch-unknown-linux-gnu/release/pi-host
         CHECK_FLOOR=yes
+    elif [ -n "$foreign" ] && [ -n "$NATIVE" ]; then
+        die "--native builds for this machine's architecture ($host_arch) only: drop it to cross-build for $arch with zig"
     elif [ -n "$foreign" ]; then
-        die "a build for $arch on $os/$host_arch is made with zig on Linux only, for x86_64 or aarch64 (without --native), or given with --binary"
+        die "a build for $arch on $os-$host_arch: release.sh cross-builds with zig on Linux, for x86_64 or aarch64 only (or give the binary with --binary)"
     else
         (cd "$repo" && cargo build --release --locked -p pi-host) || die "cargo build failed"
         BINARY=$target_dir/release/pi-host
