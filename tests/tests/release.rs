@@ -57,8 +57,7 @@ fn machine_problem(arch: &str, header: &str) -> Option<String> {
         .find_map(|line| line.trim().strip_prefix("Machine:"))
         .map(str::trim)
         .unwrap_or("none");
-    (machine != elf_machine(arch))
-        .then(|| format!("the binary is for {machine:?}, not {arch}"))
+    (machine != elf_machine(arch)).then(|| format!("the binary is for {machine:?}, not {arch}"))
 }
 
 /// What is wrong with one artifact: its tarball's size, and the `readelf --dyn-syms` and
@@ -179,7 +178,9 @@ fn qemu_aarch64() -> PathBuf {
         .find(|path| path.is_file())
         .expect("no qemu-aarch64 on PATH: apt-get install qemu-user (scripts/test does)");
     assert!(
-        Path::new(AARCH64_SYSROOT).join("lib/ld-linux-aarch64.so.1").exists(),
+        Path::new(AARCH64_SYSROOT)
+            .join("lib/ld-linux-aarch64.so.1")
+            .exists(),
         "no aarch64 glibc in {AARCH64_SYSROOT}: apt-get install libc6-arm64-cross (scripts/test does)"
     );
     qemu
@@ -287,7 +288,9 @@ fn a_symbol_newer_than_the_floor_or_a_big_tarball_is_caught() {
 #[test]
 fn a_binary_for_another_machine_is_caught() {
     let header = |machine: &str| {
-        format!("ELF Header:\n  Class:                             ELF64\n  Machine:                           {machine}\n  Version:                           0x1\n")
+        format!(
+            "ELF Header:\n  Class:                             ELF64\n  Machine:                           {machine}\n  Version:                           0x1\n"
+        )
     };
     assert_eq!(machine_problem("aarch64", &header("AArch64")), None);
     assert_eq!(
