@@ -214,8 +214,7 @@ async fn the_aarch64_host_runs_under_qemu_version_serve_and_a_paired_hello() {
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     let (_, unpacked) = unpack_artifact(&dir, "aarch64");
     let binary = unpacked.path().join("bin/pi-host");
-    // The binary really is for another machine: without qemu it does not run here (unless the
-    // kernel hands aarch64 binaries to qemu itself, binfmt_misc).
+    // The binary really is an aarch64 one, so everything below runs emulated.
     let header = run(Command::new("readelf").arg("-h").arg(&binary));
     assert_eq!(machine_problem("aarch64", &header), None);
     let wrapper = qemu_wrapper(unpacked.path(), &qemu, &binary);
