@@ -1,22 +1,28 @@
 #!/bin/sh
 # release.sh — packages pi-host for the SSH bootstrapper.
 #
-#   deploy/release.sh [--binary PATH] [--version V] [--out DIR] [--native]
+#   deploy/release.sh [--arch x86_64|aarch64] [--binary PATH] [--version V] [--out DIR] [--native]
 #
-# Without --binary it builds pi-host itself. On x86_64 Linux that is `cargo zigbuild --release
-# --locked -p pi-host --target x86_64-unknown-linux-gnu.2.17`: the binary runs on glibc 2.17 and
-# later (deploy/README.md, "The glibc floor"). cargo-zigbuild (crates.io) and zig (PyPI's
-# ziglang) are installed into a cache directory when missing ($PI_HOST_RELEASE_TOOLS, default
-# ~/.cache/pi-host/release-tools). --native builds with plain `cargo build --release` instead
-# (other platforms always do). The shipped binary is stripped; its debug info stays beside the
-# release as pi-host-V-OS-ARCH.debug (not in the manifest, never uploaded).
-# The version defaults to what `PATH version --json` reports. Writes into DIR (default dist/):
+# --arch is the Linux architecture to build for (default: this machine's; `arm64` is aarch64).
+# Without --binary it builds pi-host itself. On Linux, for x86_64 or aarch64, that is `cargo
+# zigbuild --release --locked -p pi-host --target ARCH-unknown-linux-gnu.2.17`: the binary runs on
+# glibc 2.17 and later (deploy/README.md, "The glibc floor"), and zig cross-compiles the C code for
+# the other architecture. cargo-zigbuild (crates.io) and zig (PyPI's ziglang) are installed into a
+# cache directory when missing ($PI_HOST_RELEASE_TOOLS, default ~/.cache/pi-host/release-tools),
+# and so is the Rust target's standard library (`rustup target add`). --native builds with plain
+# `cargo build --release` instead (other platforms always do; only for this machine's
+# architecture). The shipped binary is stripped (ARCH-linux-gnu-objcopy for another
+# architecture: Debian's binutils-aarch64-linux-gnu); its debug info stays beside the release as
+# pi-host-V-OS-ARCH.debug (not in the manifest, never uploaded).
+# The version defaults to what `PATH version --json` reports (for a binary of another
+# architecture, pi-host's version in Cargo.toml). Writes into DIR (default dist/):
 #   pi-host-V-OS-ARCH.tar.gz   bin/pi-host and share/pi-host.service
 #   install.sh, pi-host.service, SHA256SUMS, manifest.json
-# Run it once per platform with the same --out to collect several platforms into one release:
-# when DIR/manifest.json has the same version, its artifacts are merged (the entry for the same
-# os/arch is replaced). Merging needs python3; without it the manifest is rewritten with this
-# platform only (a warning says so). A different version in DIR/manifest.json is replaced.
+# Run it once per platform with the same --out to collect several platforms into one release
+# (`--arch x86_64`, then `--arch aarch64`): when DIR/manifest.json has the same version, its
+# artifacts are merged (the entry for the same os/arch is replaced). Merging needs python3;
+# without it the manifest is rewritten with this platform only (a warning says so). A different
+# version in DIR/manifest.json is replaced.
 
 set -eu
 
@@ -28,12 +34,23 @@ die() {
     exit 1
 }
 
-BINARY='' VERSION='' OUT=dist NATIVE=''
+# An architecture as `uname -m` may print it, as the manifest names it.
+normalize_arch() {
+    case $1 in
+        amd64 | x64) echo x86_64 ;;
+        arm64) echo aarch64 ;;
+        *) echo "$1" ;;
+    esac
+}
+
+usage='release.sh [--arch x86_64|aarch64] [--binary PATH] [--version V] [--out DIR] [--native]'
+BINARY='' VERSION='' OUT=dist NATIVE='' ARCH=''
 while [ $# -gt 0 ]; do
     case $1 in
-        --binary | --version | --out)
+        --arch | --binary | --version | --out)
             [ $# -ge 2 ] || die "$1 needs a value"
             case $1 in
+                --arch) ARCH=$(normalize_arch "$2") ;;
                 --binary) BINARY=$2 ;;
                 --version) VERSION=$2 ;;
                 --out) OUT=$2 ;;
@@ -45,14 +62,25 @@ while [ $# -gt 0 ]; do
             shift
             ;;
         -h | --help)
-            sed -n '2,20p' "$0"
+            sed -n '2,25p' "$0"
             exit 0
             ;;
-        *) die "unknown argument '$1' (usage: release.sh [--binary PATH] [--version V] [--out DIR] [--native])" ;;
+        *) die "unknown argument '$1' (usage: $usage)" ;;
     esac
 done
 
-# The oldest glibc the x86_64 Linux build runs on (deploy/README.md, "The glibc floor").
+os=$(uname -s | tr '[:upper:]' '[:lower:]')
+host_arch=$(normalize_arch "$(uname -m)")
+[ -n "$ARCH" ] || ARCH=$host_arch
+arch=$ARCH
+case $arch in
+    '' | *[!a-z0-9_]*) die "bad architecture '$arch' (as uname -m prints it: x86_64, aarch64)" ;;
+esac
+# A build for another architecture: it cannot run here, and is made with zig for Linux only.
+foreign=''
+[ "$arch" = "$host_arch" ] || foreign=yes
+
+# The oldest glibc the Linux builds run on (deploy/README.md, "The glibc floor").
 GLIBC_FLOOR=2.17
 ZIGBUILD_VERSION=0.24.1
 ZIG_VERSION=0.15.2
@@ -87,13 +115,27 @@ install_tools() {
     export PATH
 }
 
+# The Rust target's standard library, added with rustup when it is missing.
+ensure_rust_target() {
+    command -v rustup >/dev/null 2>&1 || return 0
+    if ! rustup target list --installed 2>/dev/null | grep -qx "$1"; then
+        printf 'release.sh: adding the Rust target %s (rustup target add)\n' "$1" >&2
+        rustup target add "$1" >&2 || die "rustup target add $1 failed"
+    fi
+}
+
 if [ -z "$BINARY" ]; then
-    if [ -z "$NATIVE" ] && [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; then
+    if [ -z "$NATIVE" ] && [ "$os" = linux ] && { [ "$arch" = x86_64 ] || [ "$arch" = aarch64 ]; }; then
         install_tools
+        ensure_rust_target "$arch-unknown-linux-gnu"
         (cd "$repo" && cargo zigbuild --release --locked -p pi-host \
-            --target "x86_64-unknown-linux-gnu.$GLIBC_FLOOR") || die "cargo zigbuild failed"
-        BINARY=$target_dir/x86_64-unknown-linux-gnu/release/pi-host
+            --target "$arch-unknown-linux-gnu.$GLIBC_FLOOR") || die "cargo zigbuild failed"
+        BINARY=$target_dir/$arch-unknown-linux-gnu/release/pi-host
         CHECK_FLOOR=yes
+    elif [ -n "$foreign" ] && [ -n "$NATIVE" ]; then
+        die "--native builds for this machine's architecture ($host_arch) only: drop it to cross-build for $arch with zig"
+    elif [ -n "$foreign" ]; then
+        die "a build for $arch on $os-$host_arch: release.sh cross-builds with zig on Linux, for x86_64 or aarch64 only (or give the binary with --binary)"
     else
         (cd "$repo" && cargo build --release --locked -p pi-host) || die "cargo build failed"
         BINARY=$target_dir/release/pi-host
@@ -101,9 +143,10 @@ if [ -z "$BINARY" ]; then
 fi
 [ -x "$BINARY" ] || die "$BINARY is not an executable"
 
-# The highest GLIBC_x.y version the binary's dynamic symbols need (empty when none).
+# The highest GLIBC_x.y version the binary's dynamic symbols need (empty when none). readelf
+# reads the symbol versions of an ELF file of any architecture.
 glibc_needed() {
-    objdump -T "$1" 2>/dev/null | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -t. -k1,1n -k2,2n -k3,3n | tail -1
+    readelf -W --dyn-syms "$1" 2>/dev/null | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -t. -k1,1n -k2,2n -k3,3n | tail -1
 }
 if [ "${CHECK_FLOOR:-}" = yes ]; then
     needed=$(glibc_needed "$BINARY")
@@ -112,19 +155,16 @@ if [ "${CHECK_FLOOR:-}" = yes ]; then
         die "$BINARY needs GLIBC_$needed, above the floor $GLIBC_FLOOR"
 fi
 
-if [ -z "$VERSION" ]; then
+if [ -z "$VERSION" ] && [ -n "$foreign" ]; then
+    # `cargo pkgid` prints path+file:///…/pi-host#0.1.0 (or …#pi-host@0.1.0).
+    VERSION=$(cd "$repo" && cargo pkgid -p pi-host | sed 's/.*[#@]//')
+    [ -n "$VERSION" ] || die "cargo pkgid -p pi-host did not report a version"
+elif [ -z "$VERSION" ]; then
     VERSION=$("$BINARY" version --json | sed -n 's/.*"version":[ ]*"\([^"]*\)".*/\1/p')
     [ -n "$VERSION" ] || die "$BINARY version --json did not report a version"
 fi
 case $VERSION in
     .* | *[!A-Za-z0-9._+-]*) die "bad version '$VERSION' (letters, digits and ._+- only)" ;;
-esac
-
-os=$(uname -s | tr '[:upper:]' '[:lower:]')
-arch=$(uname -m)
-case $arch in
-    amd64) arch=x86_64 ;;
-    arm64) arch=aarch64 ;;
 esac
 
 sha256() {
@@ -146,14 +186,23 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/pkg/bin" "$stage/pkg/share"
 # Shipped stripped; the debug info goes beside the release, linked by name (.gnu_debuglink) so
 # gdb and addr2line find it for symbolication. Without objcopy (macOS), or for a binary objcopy
-# does not read (a script standing in for pi-host in tests), it ships as is.
+# does not read (a script standing in for pi-host in tests), it ships as is; but a zig build
+# always ships stripped. This machine's objcopy reads its own architecture only: another's
+# binaries need that architecture's (ARCH-linux-gnu-objcopy).
+objcopy=objcopy
+[ -z "$foreign" ] || objcopy=$arch-linux-gnu-objcopy
+if [ "${CHECK_FLOOR:-}" = yes ] && ! command -v "$objcopy" >/dev/null 2>&1; then
+    die "$objcopy is needed to strip the $arch build (Debian: apt-get install binutils-$arch-linux-gnu)"
+fi
 debug_file=pi-host-$VERSION-$os-$arch.debug
-if command -v objcopy >/dev/null 2>&1 && [ "$os" = linux ] &&
-    objcopy --only-keep-debug "$BINARY" "$stage/$debug_file" 2>/dev/null; then
-    objcopy --strip-all "$BINARY" "$stage/pi-host.stripped"
-    (cd "$stage" && objcopy --add-gnu-debuglink="$debug_file" pi-host.stripped pkg/bin/pi-host)
+if command -v "$objcopy" >/dev/null 2>&1 && [ "$os" = linux ] &&
+    "$objcopy" --only-keep-debug "$BINARY" "$stage/$debug_file" 2>/dev/null; then
+    "$objcopy" --strip-all "$BINARY" "$stage/pi-host.stripped"
+    (cd "$stage" && "$objcopy" --add-gnu-debuglink="$debug_file" pi-host.stripped pkg/bin/pi-host)
     rm -f "$stage/pi-host.stripped"
     chmod 644 "$stage/$debug_file"
+elif [ "${CHECK_FLOOR:-}" = yes ]; then
+    die "$objcopy could not read $BINARY to strip it"
 else
     rm -f "$stage/$debug_file"
     cp "$BINARY" "$stage/pkg/bin/pi-host"

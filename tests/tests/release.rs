@@ -1,25 +1,32 @@
-//! The release deploy/release.sh ships for x86_64 Linux: it must run on glibc 2.17 and later
-//! (no dynamic symbol of a newer GLIBC version), be stripped (its debug info beside it), and its
-//! tarball must stay within 6 MB, so a cold connect uploads little (deploy/README.md, "The glibc
-//! floor").
+//! The release deploy/release.sh ships for Linux, x86_64 and aarch64: each build must be for its
+//! architecture, run on glibc 2.17 and later (no dynamic symbol of a newer GLIBC version), be
+//! stripped (its debug info beside it), and its tarball must stay within 6 MB, so a cold connect
+//! uploads little (deploy/README.md, "The glibc floor"). The aarch64 host is also run, under
+//! qemu user-mode emulation with Debian's aarch64 glibc: `version`, `serve`, and a paired
+//! `hello` over wss with its certificate pinned (deploy/README.md, "aarch64").
 //!
-//! Checking the real artifact needs a release build with zig, minutes on CI's two cores: that
-//! test is ignored in a plain test run, and scripts/test runs it after building the release
-//! (`deploy/release.sh --out target/release-check`, reusing the build cache). The checker itself
-//! is tested here on made-up input.
+//! Checking the real artifacts needs release builds with zig, minutes on CI's two cores: those
+//! tests are ignored in a plain test run, and scripts/test runs them after building the release
+//! (`deploy/release.sh --arch x86_64|aarch64 --out target/release-check`, reusing the build
+//! cache). The checker itself is tested here on made-up input.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// The oldest glibc the release runs on.
 const GLIBC_FLOOR: &str = "2.17";
 /// The largest tarball allowed, in bytes.
 const MAX_TARBALL: u64 = 6_000_000;
 
-/// The highest `GLIBC_x.y[.z]` version named in `objdump -T` output.
+/// Where Debian's `libc6-arm64-cross` puts the aarch64 glibc (qemu's `-L`).
+const AARCH64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// The highest `GLIBC_x.y[.z]` version named in `readelf --dyn-syms` (or `objdump -T`) output.
 fn highest_glibc(objdump: &str) -> Option<String> {
     objdump
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
@@ -34,8 +41,27 @@ fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     parts(a).cmp(&parts(b))
 }
 
-/// What is wrong with one artifact: its tarball's size, and the `objdump -T` and `readelf -S`
-/// output of its binary.
+/// The ELF header's `Machine:` for an architecture as the manifest names it.
+fn elf_machine(arch: &str) -> &'static str {
+    match arch {
+        "x86_64" => "Advanced Micro Devices X86-64",
+        "aarch64" => "AArch64",
+        other => panic!("no ELF machine known for {other}"),
+    }
+}
+
+/// What is wrong with one artifact's ELF header (`readelf -h`): built for another machine.
+fn machine_problem(arch: &str, header: &str) -> Option<String> {
+    let machine = header
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("Machine:"))
+        .map(str::trim)
+        .unwrap_or("none");
+    (machine != elf_machine(arch)).then(|| format!("the binary is for {machine:?}, not {arch}"))
+}
+
+/// What is wrong with one artifact: its tarball's size, and the `readelf --dyn-syms` and
+/// `readelf -S` output of its binary.
 fn problems(tarball_size: u64, objdump: &str, sections: &str) -> Vec<String> {
     let mut found = Vec::new();
     if tarball_size > MAX_TARBALL {
@@ -66,45 +92,60 @@ fn run(command: &mut Command) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// Checks every x86_64 Linux artifact in a release directory.
-fn check_release(dir: &Path) -> Vec<String> {
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
-    let mut found = Vec::new();
-    let artifacts = manifest["artifacts"].as_array().unwrap();
-    let linux: Vec<&Value> = artifacts
+/// The Linux artifact for `arch` in a release directory's manifest, and its tarball unpacked.
+fn unpack_artifact(dir: &Path, arch: &str) -> (Value, tempfile::TempDir) {
+    let path = dir.join("manifest.json");
+    assert!(
+        path.exists(),
+        "no release in {}: run deploy/release.sh --arch {arch} --out {0}",
+        dir.display()
+    );
+    let manifest: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let artifact = manifest["artifacts"]
+        .as_array()
+        .unwrap()
         .iter()
-        .filter(|a| a["os"] == "linux" && a["arch"] == "x86_64")
-        .collect();
-    assert!(!linux.is_empty(), "no linux-x86_64 artifact in {manifest}");
-    for artifact in linux {
-        let file = artifact["file"].as_str().unwrap();
-        assert_eq!(
-            artifact["glibc"], GLIBC_FLOOR,
-            "the manifest records the floor for {file}"
-        );
-        let tarball = dir.join(file);
-        let unpacked = tempfile::tempdir().unwrap();
-        run(Command::new("tar")
-            .arg("-xzf")
-            .arg(&tarball)
-            .arg("-C")
-            .arg(unpacked.path()));
-        let binary = unpacked.path().join("bin/pi-host");
-        let objdump = run(Command::new("objdump").arg("-T").arg(&binary));
-        let sections = run(Command::new("readelf").arg("-S").arg(&binary));
-        let debug = dir.join(file.replace(".tar.gz", ".debug"));
-        if !debug.exists() {
-            found.push(format!("{}: no debug info beside it", debug.display()));
-        }
-        let size = std::fs::metadata(&tarball).unwrap().len();
-        found.extend(
-            problems(size, &objdump, &sections)
-                .into_iter()
-                .map(|p| format!("{file}: {p}")),
-        );
+        .find(|a| a["os"] == "linux" && a["arch"] == arch)
+        .unwrap_or_else(|| {
+            panic!(
+                "no linux-{arch} artifact in {manifest}: run deploy/release.sh --arch {arch} --out {}",
+                dir.display()
+            )
+        })
+        .clone();
+    let unpacked = tempfile::tempdir().unwrap();
+    run(Command::new("tar")
+        .arg("-xzf")
+        .arg(dir.join(artifact["file"].as_str().unwrap()))
+        .arg("-C")
+        .arg(unpacked.path()));
+    (artifact, unpacked)
+}
+
+/// Checks the Linux artifact for `arch` in a release directory. readelf reads an ELF file of
+/// any architecture (this machine's objdump reads only its own).
+fn check_release(dir: &Path, arch: &str) -> Vec<String> {
+    let (artifact, unpacked) = unpack_artifact(dir, arch);
+    let file = artifact["file"].as_str().unwrap();
+    assert_eq!(
+        artifact["glibc"], GLIBC_FLOOR,
+        "the manifest records the floor for {file}"
+    );
+    let binary = unpacked.path().join("bin/pi-host");
+    let header = run(Command::new("readelf").arg("-h").arg(&binary));
+    let symbols = run(Command::new("readelf")
+        .arg("-W")
+        .arg("--dyn-syms")
+        .arg(&binary));
+    let sections = run(Command::new("readelf").arg("-S").arg(&binary));
+    let mut found: Vec<String> = machine_problem(arch, &header).into_iter().collect();
+    let debug = dir.join(file.replace(".tar.gz", ".debug"));
+    if !debug.exists() {
+        found.push(format!("{}: no debug info beside it", debug.display()));
     }
-    found
+    let size = std::fs::metadata(dir.join(file)).unwrap().len();
+    found.extend(problems(size, &symbols, &sections));
+    found.into_iter().map(|p| format!("{file}: {p}")).collect()
 }
 
 fn release_dir() -> PathBuf {
@@ -115,16 +156,95 @@ fn release_dir() -> PathBuf {
 }
 
 #[test]
-#[ignore = "needs the zig release: deploy/release.sh --out target/release-check (scripts/test runs both)"]
-fn the_shipped_release_runs_on_glibc_2_17_is_stripped_and_fits_in_6_mb() {
-    let dir = release_dir();
-    assert!(
-        dir.join("manifest.json").exists(),
-        "no release in {}: run deploy/release.sh --out {0}",
-        dir.display()
-    );
-    let found = check_release(&dir);
+#[ignore = "needs the zig release: deploy/release.sh --arch x86_64 --out target/release-check (scripts/test runs both)"]
+fn the_shipped_x86_64_release_runs_on_glibc_2_17_is_stripped_and_fits_in_6_mb() {
+    let found = check_release(&release_dir(), "x86_64");
     assert!(found.is_empty(), "{found:#?}");
+}
+
+#[test]
+#[ignore = "needs the zig release: deploy/release.sh --arch aarch64 --out target/release-check (scripts/test runs both)"]
+fn the_shipped_aarch64_release_runs_on_glibc_2_17_is_stripped_and_fits_in_6_mb() {
+    let found = check_release(&release_dir(), "aarch64");
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+/// qemu-aarch64 from PATH (Debian's `qemu-user`), and the aarch64 glibc it loads the host with.
+fn qemu_aarch64() -> PathBuf {
+    let qemu = std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("qemu-aarch64"))
+        .find(|path| path.is_file())
+        .expect("no qemu-aarch64 on PATH: apt-get install qemu-user (scripts/test does)");
+    assert!(
+        Path::new(AARCH64_SYSROOT)
+            .join("lib/ld-linux-aarch64.so.1")
+            .exists(),
+        "no aarch64 glibc in {AARCH64_SYSROOT}: apt-get install libc6-arm64-cross (scripts/test does)"
+    );
+    qemu
+}
+
+/// A `pi-host` that runs the aarch64 binary under qemu, so the harness starts and drives it as
+/// it does a native one.
+fn qemu_wrapper(dir: &Path, qemu: &Path, binary: &Path) -> PathBuf {
+    let quote = |p: &Path| shell_words::quote(p.to_str().unwrap()).into_owned();
+    let script = dir.join("pi-host");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec {} -L {AARCH64_SYSROOT} {} \"$@\"\n",
+            quote(qemu),
+            quote(binary)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+#[tokio::test]
+#[ignore = "needs the zig release: deploy/release.sh --arch aarch64 --out target/release-check, and qemu-user (scripts/test runs both)"]
+async fn the_aarch64_host_runs_under_qemu_version_serve_and_a_paired_hello() {
+    let started = Instant::now();
+    let qemu = qemu_aarch64();
+    let dir = release_dir();
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let (_, unpacked) = unpack_artifact(&dir, "aarch64");
+    let binary = unpacked.path().join("bin/pi-host");
+    // The binary really is an aarch64 one, so everything below runs emulated.
+    let header = run(Command::new("readelf").arg("-h").arg(&binary));
+    assert_eq!(machine_problem("aarch64", &header), None);
+    let wrapper = qemu_wrapper(unpacked.path(), &qemu, &binary);
+
+    let version: Value =
+        serde_json::from_str(&run(Command::new(&wrapper).args(["version", "--json"]))).unwrap();
+    assert_eq!(version["version"], manifest["version"], "{version}");
+
+    // serve on 127.0.0.1:0 (the harness reads the listening line and the certificate's pin),
+    // pair --json through qemu, then a paired device's hello over wss with the pin.
+    let host = tests::HostProcess::start(&wrapper).await;
+    assert!(host.cert_sha256.is_some(), "the host serves TLS");
+    let (device_id, device_token) = host.pair_device("aarch64-check", &[]).await;
+    assert!(!device_id.is_empty());
+    let mut client = tests::Client::connect(&host.url(), &device_token)
+        .await
+        .expect("a paired device's upgrade");
+    let hello = client.hello().await;
+    assert_eq!(hello["host"]["version"], manifest["version"], "{hello}");
+    // The host itself reports the architecture it was built for.
+    let info = client.call("host/info", serde_json::json!({})).await;
+    assert_eq!(info["result"]["arch"], "aarch64", "host/info: {info}");
+    eprintln!(
+        "aarch64 under qemu: version, serve, pair and hello in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "the qemu check stays a few seconds"
+    );
 }
 
 #[test]
@@ -164,12 +284,34 @@ fn a_symbol_newer_than_the_floor_or_a_big_tarball_is_caught() {
     );
 }
 
+#[test]
+fn a_binary_for_another_machine_is_caught() {
+    let header = |machine: &str| {
+        format!(
+            "ELF Header:\n  Class:                             ELF64\n  Machine:                           {machine}\n  Version:                           0x1\n"
+        )
+    };
+    assert_eq!(machine_problem("aarch64", &header("AArch64")), None);
+    assert_eq!(
+        machine_problem("x86_64", &header("Advanced Micro Devices X86-64")),
+        None
+    );
+    let wrong = machine_problem("aarch64", &header("Advanced Micro Devices X86-64"));
+    assert!(wrong.is_some_and(|p| p.contains("not aarch64")));
+    assert!(machine_problem("x86_64", "not an ELF file").is_some());
+}
+
 /// The checker on a real binary: this machine's own build of pi-host needs the build machine's
-/// glibc (well above 2.17), and the test build carries debug info.
+/// glibc (well above 2.17), and it is this machine's architecture.
 #[test]
 fn the_checker_reads_a_real_binary() {
     let binary = tests::pi_host_binary();
-    let objdump = run(Command::new("objdump").arg("-T").arg(&binary));
-    let highest = highest_glibc(&objdump).expect("a glibc build");
+    let symbols = run(Command::new("readelf")
+        .arg("-W")
+        .arg("--dyn-syms")
+        .arg(&binary));
+    let highest = highest_glibc(&symbols).expect("a glibc build");
     assert!(version_cmp(&highest, "2.2.5").is_gt(), "{highest}");
+    let header = run(Command::new("readelf").arg("-h").arg(&binary));
+    assert_eq!(machine_problem(std::env::consts::ARCH, &header), None);
 }

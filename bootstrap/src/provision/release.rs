@@ -161,4 +161,52 @@ mod tests {
         assert!(release.artifact_for("Linux", "arm64").is_some());
         assert!(release.artifact_for("Linux", "x86_64").is_none());
     }
+
+    /// A release of both Linux builds, as `deploy/release.sh --arch x86_64` then `--arch
+    /// aarch64` writes it: the probe's `uname -m` picks the build, checked for upload as a
+    /// connect checks it.
+    #[test]
+    fn a_remote_gets_the_build_for_its_architecture() {
+        let dir = tempfile::tempdir().unwrap();
+        let artifact = |arch: &str| {
+            serde_json::json!({"os": "linux", "arch": arch, "file": format!("pi-host-1.2.3-linux-{arch}.tar.gz"),
+                "sha256": "00", "size": 1, "glibc": "2.17"})
+        };
+        let manifest = serde_json::json!({
+            "version": "1.2.3",
+            "artifacts": [artifact("aarch64"), artifact("x86_64")],
+            "installer": {"file": "install.sh", "sha256": "00"},
+            "unit": {"file": "pi-host.service", "sha256": "00"},
+        });
+        std::fs::write(dir.path().join("manifest.json"), manifest.to_string()).unwrap();
+        let release = Release::load(dir.path()).unwrap();
+        let probe = |arch: &str| {
+            crate::provision::remote_shell::Probe::parse(&format!(
+                "root=/r\nos=Linux\narch={arch}\nlibc=glibc 2.17\n"
+            ))
+            .unwrap()
+        };
+        for (uname_m, wanted) in [
+            ("x86_64", "pi-host-1.2.3-linux-x86_64.tar.gz"),
+            ("aarch64", "pi-host-1.2.3-linux-aarch64.tar.gz"),
+            ("arm64", "pi-host-1.2.3-linux-aarch64.tar.gz"),
+        ] {
+            let picked = crate::provision::install::supported(&probe(uname_m), &release)
+                .unwrap_or_else(|e| panic!("{uname_m}: {e:?}"));
+            assert_eq!(picked.file, wanted, "{uname_m}");
+        }
+        // The floor holds for the aarch64 build too, and an architecture without a build is
+        // refused with the platforms there are.
+        let old = crate::provision::remote_shell::Probe::parse(
+            "root=/r\nos=Linux\narch=aarch64\nlibc=glibc 2.12\n",
+        )
+        .unwrap();
+        let error = crate::provision::install::supported(&old, &release).unwrap_err();
+        assert_eq!(error.details().unwrap()["needed"]["glibcMin"], "2.17");
+        let error = crate::provision::install::supported(&probe("riscv64"), &release).unwrap_err();
+        assert_eq!(
+            error.details().unwrap()["needed"]["platforms"],
+            serde_json::json!(["linux-aarch64", "linux-x86_64"])
+        );
+    }
 }
