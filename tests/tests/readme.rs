@@ -73,6 +73,14 @@ const COVERED: &[(&str, &str)] = &[
         "scripts/test runs it (tests/tests/release.rs); here `dist` is release.sh --binary over the test build",
     ),
     (
+        "deploy/release.sh --arch x86_64  --out dist",
+        "scripts/test runs it into target/release-check; tests/tests/release.rs checks the x86_64 build",
+    ),
+    (
+        "deploy/release.sh --arch aarch64 --out dist",
+        "scripts/test runs it into target/release-check; tests/tests/release.rs checks the aarch64 build and runs its host under qemu",
+    ),
+    (
         "cargo run -p racp-proto --bin racp-codegen",
         "racp-proto/tests/generated_files.rs (it writes into the checkout)",
     ),

@@ -175,8 +175,9 @@ fn the_shipped_aarch64_release_runs_on_glibc_2_17_is_stripped_and_fits_in_6_mb()
 /// Whether scripts/test built the aarch64 release: it cannot where rustup cannot fetch that
 /// target (scripts/test then warns and sets `PI_HOST_RELEASE_ARCHS` without it). Unset: yes.
 fn aarch64_built() -> bool {
-    let built = std::env::var("PI_HOST_RELEASE_ARCHS")
-        .map_or(true, |archs| archs.split_whitespace().any(|a| a == "aarch64"));
+    let built = std::env::var("PI_HOST_RELEASE_ARCHS").map_or(true, |archs| {
+        archs.split_whitespace().any(|a| a == "aarch64")
+    });
     if !built {
         eprintln!("the aarch64 release was not built here (PI_HOST_RELEASE_ARCHS): not checked");
     }
