@@ -11,6 +11,7 @@
 //! login shell's `node` (path and `--version`) and a `pi` on its `PATH` or in `~/.local/bin` or
 //! `~/.npm-global/bin`; a running host's `status` carries its own agent check instead.
 
+use super::agent::{AgentConfig, AgentInstall};
 use serde_json::Value;
 
 /// Quotes a string for a POSIX shell.
@@ -44,14 +45,21 @@ const SESSION_SH: &str = include_str!("session.sh");
 /// `stage=NAME` as it begins, so a failure names its stage; results come as `verified=`,
 /// `installed=`, `state=` and `pair=` lines.
 ///
-/// The text is session.sh after three assignments; comments and indentation are left out, as
+/// The text is session.sh after five assignments; comments and indentation are left out, as
 /// they would only add bytes to every connect.
-pub fn session_script(remote_dir: &str, wanted: &str, staging_name: &str) -> String {
+pub fn session_script(
+    remote_dir: &str,
+    wanted: &str,
+    staging_name: &str,
+    agent_version: &str,
+) -> String {
     let mut script = format!(
-        "R={} W={} N={}\n",
+        "R={} W={} N={} A={} M={}\n",
         root_word(remote_dir),
         sh_quote(wanted),
-        sh_quote(staging_name)
+        sh_quote(staging_name),
+        sh_quote(agent_version),
+        sh_quote(super::agent::MARK),
     );
     for line in SESSION_SH.lines().map(str::trim_start) {
         if !line.is_empty() && !line.starts_with('#') {
@@ -84,6 +92,8 @@ pub struct Plan {
     /// Mint a pairing token after the start.
     pub mint: bool,
     pub version: String,
+    /// Install the agent (before the build is installed, so a failure changes nothing).
+    pub agent: Option<AgentInstall>,
 }
 
 impl Plan {
@@ -100,8 +110,16 @@ impl Plan {
             ),
             None => ("-", "-".into(), "-".into(), 0),
         };
+        let (agent, agent_version, agent_line) = match &self.agent {
+            Some(a) => (
+                a.package.as_str(),
+                a.version.as_str(),
+                super::agent::printf_word(&a.config_line),
+            ),
+            None => ("-", "-", "-".into()),
+        };
         format!(
-            "go {} {} {} {} {} {artifact} {sha} {installer_sha} {installer_len}\n",
+            "go {} {} {} {} {} {artifact} {sha} {installer_sha} {installer_len} {agent} {agent_version} {agent_line}\n",
             flag(self.stop),
             flag(self.install.is_some()),
             flag(self.start),
@@ -230,6 +248,12 @@ pub struct Probe {
     pub node: Option<RemoteNode>,
     /// A pi on the login shell's `PATH` or in the user's install places (with the platform only).
     pub pi: Option<String>,
+    /// The `agent` line of the remote's config.toml.
+    pub agent_config: AgentConfig,
+    /// The pi version wanted, when it is installed in pi-host's own directory.
+    pub agent_installed: Option<String>,
+    /// The npm beside the login shell's Node, or on its `PATH` (with the platform only).
+    pub npm: Option<String>,
 }
 
 /// A Node on the remote.
@@ -303,6 +327,11 @@ impl Probe {
                     }
                 }
                 "pi" => probe.pi = Some(value.to_string()),
+                "npmbin" => probe.npm = Some(value.to_string()),
+                "agentconf" => {
+                    probe.agent_config = std::mem::take(&mut probe.agent_config).with_line(value)
+                }
+                "agentv" => probe.agent_installed = Some(value.to_string()),
                 _ => {}
             }
         }
@@ -544,7 +573,7 @@ mod tests {
         pieces: usize,
     ) -> (String, String, Option<i32>) {
         use std::io::{BufRead, Read, Write};
-        let script = session_script(root.to_str().unwrap(), "9.9.9", "n1");
+        let script = session_script(root.to_str().unwrap(), "9.9.9", "n1", "0.73.1");
         let mut command = std::process::Command::new(shell[0]);
         if let Some(home) = home {
             command.env("HOME", home);
