@@ -186,8 +186,9 @@ mod tests {
         let text = "agent = \"'/h s/%d\\n' x\" # é";
         let word = printf_word(text);
         assert!(word.chars().all(|c| c.is_ascii_alphanumeric() || c == '\\'));
+        // As session.sh prints it: the plan's word, split from the line, in double quotes.
         let printed = std::process::Command::new("sh")
-            .args(["-c", &format!("printf {word}")])
+            .args(["-c", "set -f; set -- $0; printf \"$2\"", &format!("go {word}")])
             .output()
             .unwrap();
         assert_eq!(String::from_utf8(printed.stdout).unwrap(), text);

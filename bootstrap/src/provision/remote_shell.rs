@@ -781,12 +781,34 @@ mod tests {
             // install.sh missing: an install may follow, so the platform is there.
             assert!(probe.contains("\nos="), "{shell:?}: {probe}");
             std::fs::write(root.join("install.sh"), STAND_IN_INSTALLER).unwrap();
+            // pi-host's own agent missing: it may be installed, so the platform is there.
+            let (probe, _, _) = run_session(&shell, &root, None, &[], 1);
+            assert!(probe.contains("\nos="), "{shell:?}: {probe}");
+            let pi = root.join("data/agent/versions/0.73.1/bin/pi");
+            std::fs::create_dir_all(pi.parent().unwrap()).unwrap();
+            std::fs::write(&pi, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&pi, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            let line = crate::provision::agent::config_line(root.to_str().unwrap(), "0.73.1");
+            std::fs::write(root.join("config.toml"), format!("roots = []\n{line}\n")).unwrap();
             let (probe, rest, status) = run_session(&shell, &root, None, &[], 1);
             assert_eq!((status, rest.as_str()), (Some(0), ""), "{shell:?}");
             let parsed = Probe::parse(&probe).unwrap();
             assert_eq!(parsed.installed.as_deref(), Some("9.9.9"));
             assert!(parsed.has_installer);
+            assert_eq!(parsed.agent_config, AgentConfig::Ours(line));
+            assert_eq!(parsed.agent_installed.as_deref(), Some("0.73.1"));
             assert!(!probe.contains("os=") && !probe.contains("sha="), "{probe}");
+            // The operator's own agent, and no pi of ours: nothing to install either.
+            std::fs::remove_file(&pi).unwrap();
+            std::fs::write(root.join("config.toml"), "agent = \"/opt/a\"\n").unwrap();
+            let (probe, _, _) = run_session(&shell, &root, None, &[], 1);
+            let parsed = Probe::parse(&probe).unwrap();
+            assert_eq!(
+                parsed.agent_config,
+                AgentConfig::Operator("agent = \"/opt/a\"".into())
+            );
+            assert!(!probe.contains("os="), "{probe}");
         }
     }
 }
