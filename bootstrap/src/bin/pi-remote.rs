@@ -238,7 +238,9 @@ fn pi_version(text: &str) -> Result<String, String> {
     if provision::agent::valid_version(text) {
         Ok(text.to_string())
     } else {
-        Err(format!("{text:?} is not a version (digits, letters and .-+ only)"))
+        Err(format!(
+            "{text:?} is not a version (digits, letters and .-+ only)"
+        ))
     }
 }
 

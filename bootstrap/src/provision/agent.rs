@@ -178,7 +178,10 @@ mod tests {
             )
         );
         let odd = config_line("/h/\"q\\\n", "1.0.0");
-        assert!(odd.starts_with("agent = \"'/h/\\\"q\\\\\\u000A/data"), "{odd}");
+        assert!(
+            odd.starts_with("agent = \"'/h/\\\"q\\\\\\u000A/data"),
+            "{odd}"
+        );
     }
 
     #[test]
@@ -188,7 +191,11 @@ mod tests {
         assert!(word.chars().all(|c| c.is_ascii_alphanumeric() || c == '\\'));
         // As session.sh prints it: the plan's word, split from the line, in double quotes.
         let printed = std::process::Command::new("sh")
-            .args(["-c", "set -f; set -- $0; printf \"$2\"", &format!("go {word}")])
+            .args([
+                "-c",
+                "set -f; set -- $0; printf \"$2\"",
+                &format!("go {word}"),
+            ])
             .output()
             .unwrap();
         assert_eq!(String::from_utf8(printed.stdout).unwrap(), text);

@@ -280,14 +280,27 @@ pub(super) fn agent_installable(probe: &Probe) -> Result<(), AppError> {
     );
     let found = match &probe.node {
         Some(node) if node.is_enough() && probe.npm.is_some() => return Ok(()),
-        Some(node) if node.is_enough() => format!("Node.js {} at {} but no npm", node.version.as_deref().unwrap_or("?"), node.path),
-        Some(remote_shell::RemoteNode { path, version: Some(version) }) => format!("Node.js {version} at {path}"),
-        Some(remote_shell::RemoteNode { path, version: None }) => format!("a node at {path} that does not run"),
+        Some(node) if node.is_enough() => format!(
+            "Node.js {} at {} but no npm",
+            node.version.as_deref().unwrap_or("?"),
+            node.path
+        ),
+        Some(remote_shell::RemoteNode {
+            path,
+            version: Some(version),
+        }) => format!("Node.js {version} at {path}"),
+        Some(remote_shell::RemoteNode {
+            path,
+            version: None,
+        }) => format!("a node at {path} that does not run"),
         None => "no Node.js".to_string(),
     };
     Err(stage_failed(
         Stage::Agent,
-        format!("pi needs Node.js {} or newer and the remote has {found}; {fix}", remote_shell::MIN_NODE_VERSION),
+        format!(
+            "pi needs Node.js {} or newer and the remote has {found}; {fix}",
+            remote_shell::MIN_NODE_VERSION
+        ),
         json!({"node": probe.node.as_ref().map(|n| json!({"path": n.path, "version": n.version})), "npm": probe.npm, "hint": fix}),
     ))
 }

@@ -560,14 +560,14 @@ mod tests {
         input: &[u8],
         pieces: usize,
     ) -> (String, String, Option<i32>) {
-        run_session_in(shell, root, None, plan, input, pieces)
+        run_session_in(shell, root, &[], plan, input, pieces)
     }
 
-    /// [`run_session`] with `HOME` set to `home`.
+    /// [`run_session`] with `env` set (`HOME`, `PATH`).
     fn run_session_in(
         shell: &[&str],
         root: &std::path::Path,
-        home: Option<&std::path::Path>,
+        env: &[(&str, std::ffi::OsString)],
         plan: Option<&Plan>,
         input: &[u8],
         pieces: usize,
@@ -575,9 +575,7 @@ mod tests {
         use std::io::{BufRead, Read, Write};
         let script = session_script(root.to_str().unwrap(), "9.9.9", "n1", "0.73.1");
         let mut command = std::process::Command::new(shell[0]);
-        if let Some(home) = home {
-            command.env("HOME", home);
-        }
+        command.envs(env.iter().map(|(k, v)| (k, v)));
         let mut child = command
             .args(&shell[1..])
             .arg("-c")
@@ -616,6 +614,10 @@ mod tests {
         let mut rest = String::new();
         stdout.read_to_string(&mut rest).unwrap();
         (probe, rest, child.wait().unwrap().code())
+    }
+
+    fn home_env(home: &std::path::Path) -> Vec<(&'static str, std::ffi::OsString)> {
+        vec![("HOME", home.into())]
     }
 
     /// A stand-in install.sh (`install --root R --version V --artifact PATH`): keeps the build
@@ -712,7 +714,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let home = dir.path().join("home");
             let root = home.join(".pi-host");
-            let (probe, _, status) = run_session_in(&shell, &root, Some(&home), None, &[], 1);
+            let (probe, _, status) = run_session_in(&shell, &root, &home_env(&home), None, &[], 1);
             assert_eq!(status, Some(0), "{shell:?}: {probe}");
             let parsed = Probe::parse(&probe).unwrap();
             assert_eq!(
@@ -729,7 +731,7 @@ mod tests {
             std::fs::write(&pi, "#!/usr/bin/env node\n").unwrap();
             std::fs::set_permissions(&pi, std::os::unix::fs::PermissionsExt::from_mode(0o755))
                 .unwrap();
-            let (probe, _, _) = run_session_in(&shell, &root, Some(&home), None, &[], 1);
+            let (probe, _, _) = run_session_in(&shell, &root, &home_env(&home), None, &[], 1);
             let parsed = Probe::parse(&probe).unwrap();
             assert_eq!(parsed.pi.as_deref(), pi.to_str(), "{shell:?}: {probe}");
             assert!(
@@ -767,6 +769,101 @@ mod tests {
         );
         assert_eq!(running.agent_note(), "agent missing");
         assert_eq!(Probe::parse("root=/r\n").unwrap().agent_note(), "");
+    }
+
+    /// A stand-in npm: `install ... --prefix P ... PKG@V` makes `P/bin/pi`, a pi that says it
+    /// is V; a version with `missing` in it is not found, as npm says for one.
+    const STAND_IN_NPM: &str = "#!/bin/sh\nwhile [ $# -gt 0 ]; do case $1 in --prefix) p=$2; shift ;; *@*) spec=$1 ;; esac; shift; done\nv=${spec##*@}\ncase $v in *missing*) echo \"npm error 404 No match found for version $v\" >&2; exit 1 ;; esac\nmkdir -p \"$p/bin\" && printf '#!/bin/sh\\necho %s >&2\\n' \"$v\" >\"$p/bin/pi\" && chmod 755 \"$p/bin/pi\"\n";
+
+    fn agent_plan(root: &std::path::Path, version: &str) -> Plan {
+        Plan {
+            agent: Some(AgentInstall {
+                package: crate::provision::agent::PI_PACKAGE.into(),
+                version: version.into(),
+                config_line: crate::provision::agent::config_line(root.to_str().unwrap(), version),
+            }),
+            version: "9.9.9".into(),
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn the_agent_is_installed_with_npm_named_in_the_config_and_a_failure_changes_nothing() {
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            let bin = dir.path().join("bin");
+            std::fs::create_dir(&bin).unwrap();
+            for (name, text) in [
+                ("npm", STAND_IN_NPM),
+                ("node", "#!/bin/sh\necho v20.20.2\n"),
+            ] {
+                std::fs::write(bin.join(name), text).unwrap();
+                std::fs::set_permissions(
+                    bin.join(name),
+                    std::os::unix::fs::PermissionsExt::from_mode(0o755),
+                )
+                .unwrap();
+            }
+            let path = std::env::join_paths(std::iter::once(bin.clone()).chain(
+                std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+            ))
+            .unwrap();
+            let env = [("PATH", path)];
+            let root = dir.path().join("pi host");
+            std::fs::create_dir(&root).unwrap();
+            let config = root.join("config.toml");
+            std::fs::write(&config, "roots = [\"/w\"]\n").unwrap();
+            let versions = root.join("data/agent/versions");
+            let listed = || {
+                let mut names: Vec<String> = std::fs::read_dir(&versions)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .collect();
+                names.sort();
+                names
+            };
+            let run = |version: &str| {
+                let plan = agent_plan(&root, version);
+                let (probe, rest, status) =
+                    run_session_in(&shell, &root, &env, Some(&plan), &[], 1);
+                let probe = Probe::parse(&probe).unwrap();
+                (probe, rest, status, plan.agent.unwrap().config_line)
+            };
+
+            let (probe, rest, status, line) = run("0.73.1");
+            assert_eq!(status, Some(0), "{shell:?}: {rest}");
+            assert_eq!(probe.npm.as_deref(), bin.join("npm").to_str(), "{probe:?}");
+            assert!(rest.contains("stage=agent\nagent=pi 0.73.1\n"), "{rest}");
+            assert_eq!(
+                std::fs::read_to_string(&config).unwrap(),
+                format!("{line}\nroots = [\"/w\"]\n")
+            );
+            let installed = versions.join("0.73.1/bin");
+            assert_eq!(
+                std::fs::read_link(installed.join("node")).unwrap(),
+                bin.join("node")
+            );
+            assert_eq!(listed(), ["0.73.1"]);
+
+            // npm cannot install it: the agent, its config line and the versions stay.
+            let before = std::fs::read_to_string(&config).unwrap();
+            let (_, rest, status, _) = run("0.74.0-missing");
+            assert_eq!(status, Some(82), "{shell:?}: {rest}");
+            assert_eq!(std::fs::read_to_string(&config).unwrap(), before);
+            assert_eq!(listed(), ["0.73.1"], "no staging left behind");
+
+            // Upgrades keep the version before (a host may still run it), and only it.
+            let (_, rest, status, line) = run("0.74.0");
+            assert_eq!(status, Some(0), "{shell:?}: {rest}");
+            assert_eq!(
+                std::fs::read_to_string(&config).unwrap(),
+                format!("{line}\nroots = [\"/w\"]\n")
+            );
+            assert_eq!(listed(), ["0.73.1", "0.74.0"]);
+            let (_, _, status, _) = run("0.75.0");
+            assert_eq!(status, Some(0));
+            assert_eq!(listed(), ["0.74.0", "0.75.0"]);
+        }
     }
 
     #[test]

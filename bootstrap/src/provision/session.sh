@@ -69,6 +69,7 @@ echo probe-end
 IFS= read -r plan || exit 0
 set -f
 set -- $plan
+set +f
 [ "${1:-}" = go ] || exit 0
 STOP=$2 INSTALL=$3 START=$4 MINT=$5 V=$6 ART=$7 ASHA=$8 ISHA=$9 ILEN=${10}
 AP=${11:--} AV=${12:--} AC=${13:--}
