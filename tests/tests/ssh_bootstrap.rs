@@ -1548,9 +1548,14 @@ async fn a_musl_remote_is_refused_before_the_upload() {
 const NPM_PATIENCE: Duration = Duration::from_secs(600);
 
 /// The environment of the remote's sessions, and so of the host they start: pi offline (it
-/// talks only to the test's stub model).
+/// talks only to the test's stub model), and the CA bundle Node trusts here, if the machine
+/// sets one (a TLS-inspecting proxy before the registry), as a real remote has its own.
 fn pi_offline_env() -> Vec<String> {
-    vec!["SetEnv PI_OFFLINE=1 PI_SKIP_VERSION_CHECK=1 PI_TELEMETRY=0".into()]
+    let mut line = "SetEnv PI_OFFLINE=1 PI_SKIP_VERSION_CHECK=1 PI_TELEMETRY=0".to_string();
+    if let Some(ca) = std::env::var_os("NODE_EXTRA_CA_CERTS") {
+        line.push_str(&format!(" NODE_EXTRA_CA_CERTS={}", ca.to_string_lossy()));
+    }
+    vec![line]
 }
 
 impl World {
@@ -1559,7 +1564,10 @@ impl World {
     fn config_without_agent(&self) {
         std::fs::write(
             self.root().join("config.toml"),
-            format!("roots = [{:?}]\n", self.workspaces.path().display().to_string()),
+            format!(
+                "roots = [{:?}]\n",
+                self.workspaces.path().display().to_string()
+            ),
         )
         .unwrap();
     }
@@ -1599,7 +1607,10 @@ impl World {
             .pi_remote(&["new", "--workspace", workspace.to_str().unwrap()])
             .await;
         assert!(created.status.success(), "{created:?}");
-        let session = String::from_utf8(created.stdout).unwrap().trim().to_string();
+        let session = String::from_utf8(created.stdout)
+            .unwrap()
+            .trim()
+            .to_string();
         let prompt = self
             .pi_remote(&["prompt", &session, "LONG-REPLY:3", "--wait"])
             .await;
