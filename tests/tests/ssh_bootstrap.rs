@@ -1664,13 +1664,31 @@ async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
     assert_eq!(warm_ready["agentInstalled"], false);
     let pid = world.state()["pid"].clone();
 
+    // Another version: installed beside the first, named in the config, and the host restarts
+    // to take it up.
+    let older = run_within(
+        world.command(&release, &["--once", "--pi-version", "0.73.0"]),
+        NPM_PATIENCE,
+    )
+    .await;
+    let older_ready = older.assert_ok();
+    assert_eq!(older.status("agent"), Some("done"), "{older:#?}");
+    assert_eq!(older_ready["agent"]["version"], "0.73.0", "{older_ready}");
+    assert_eq!(older_ready["started"], true);
+    assert_ne!(world.state()["pid"], pid, "the host restarted");
+    let config = std::fs::read_to_string(world.root().join("config.toml")).unwrap();
+    let pid = world.state()["pid"].clone();
+
     let failing = world
         .connect(&release, &["--pi-version", "0.73.1-not-published"])
         .await;
     let error = failing.error();
     assert_eq!(error["details"]["reason"], "agent", "{failing:#?}");
     assert!(
-        error["message"].as_str().unwrap().contains("npm install"),
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("the remote's npm must reach a registry"),
         "{error}"
     );
     assert_eq!(
@@ -1680,6 +1698,14 @@ async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
     );
     assert_eq!(world.state()["pid"], pid, "the host was not touched");
     assert!(pi.exists());
+
+    // Back to the tested version: the copy kept from before runs, so npm is not asked again.
+    let back = world.connect(&release, &[]).await;
+    let back_ready = back.assert_ok();
+    assert_eq!(back.status("agent"), Some("done"), "{back:#?}");
+    assert_eq!(back_ready["agent"]["version"], pi_version, "{back_ready}");
+    assert_ne!(world.state()["pid"], pid, "the host restarted");
+    let pid = world.state()["pid"].clone();
 
     let reply = world.a_turn_through_pi_remote(&release).await;
     assert!(reply.contains("word00000 word00001 word00002"), "{reply}");

@@ -126,8 +126,9 @@ if [ "$AP" != - ]; then
         [ -x "$m" ] || m=$(command -v npm 2>/dev/null) || { echo "the remote has no npm beside $n or on its PATH" >&2; exit 81; }
         T=$G/versions/.$AV.tmp.$N
         trap 'rm -rf "$T" ${D:+"$D"}' EXIT
-        out=$(PATH="${n%/*}:$PATH" "$m" install --global --prefix "$T" --no-audit --no-fund --no-update-notifier --loglevel=error --prefer-offline "$AP@$AV" 2>&1) ||
-            { printf '%s\n' "$out" | tail -n 8 >&2; echo "npm install $AP@$AV failed" >&2; exit 82; }
+        # A registry that does not answer fails within minutes, not npm's default half hour.
+        out=$(PATH="${n%/*}:$PATH" "$m" install --global --prefix "$T" --no-audit --no-fund --no-update-notifier --loglevel=error --prefer-offline --fetch-timeout=60000 --fetch-retry-maxtimeout=10000 "$AP@$AV" 2>&1) ||
+            { printf '%s\n' "$out" | tail -n 8 >&2; echo "npm install $AP@$AV failed (npm's output above): the remote's npm must reach a registry, or name your own agent in $R/config.toml" >&2; exit 82; }
         # The Node npm ran with goes beside pi: the host runs pi with it, whatever its PATH.
         ln -s "$n" "$T/bin/node" || exit 83
         v=$(PATH="$T/bin:$PATH" "$T/bin/pi" --version 2>&1) || { printf '%s\n' "$v" | tail -n 5 >&2; echo "the installed pi does not run" >&2; exit 84; }
