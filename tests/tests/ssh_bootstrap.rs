@@ -1712,3 +1712,36 @@ async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
     assert!(!stub.requests.lock().unwrap().is_empty());
     assert_eq!(world.state()["pid"], pid);
 }
+
+/// A remote whose Node is older than pi's floor: refused after the probe with the fix, before
+/// anything is uploaded or installed.
+#[tokio::test]
+async fn a_remote_whose_node_is_too_old_for_pi_is_told_how_to_fix_it_before_the_upload() {
+    let bin = tempfile::tempdir().unwrap();
+    for (name, script) in [("node", "echo v18.19.0"), ("npm", "exit 1")] {
+        let path = bin.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let world = World::start(SshdOptions {
+        path_prefix: vec![bin.path().to_path_buf()],
+        ..SshdOptions::default()
+    })
+    .await;
+    world.config_without_agent();
+    let release = world.release("release", None);
+    let outcome = world.connect(&release, &[]).await;
+    let error = outcome.error();
+    assert_eq!(error["details"]["reason"], "agent", "{outcome:#?}");
+    assert_eq!(error["details"]["node"]["version"], "18.19.0");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("pi needs Node.js 20.6.0 or newer and the remote has Node.js 18.19.0")
+            && message.contains("config.toml"),
+        "{message}"
+    );
+    assert_eq!(outcome.status("transfer"), None, "{outcome:#?}");
+    assert!(!outcome.events.iter().any(|e| e["type"] == "progress"));
+    assert!(!world.root().join("versions").exists());
+    assert!(!world.root().join("data/agent").exists());
+}
