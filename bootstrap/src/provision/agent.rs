@@ -11,8 +11,11 @@
 //! The config line ends with [`MARK`]: a connect rewrites only a line it wrote. An `agent` line
 //! without it is the operator's, and then the agent is left alone.
 
-use super::remote_shell::{Probe, Running};
+use super::remote_shell::{MIN_NODE_VERSION, Probe, RemoteNode, Running};
+use super::stage::Stage;
+use racp_proto::AppError;
 use racp_proto::methods::host::AgentState;
+use serde_json::json;
 
 /// pi's npm package.
 pub const PI_PACKAGE: &str = "@mariozechner/pi-coding-agent";
@@ -127,6 +130,44 @@ pub fn decide(probe: &Probe, running: Option<&Running>, version: &str) -> AgentW
         version: version.into(),
         config_line: line,
     })
+}
+
+/// What installing the agent from the remote's npm needs, checked before the plan is sent: a
+/// Node pi runs on, and its npm. A probe that did not look (the host was current) leaves it to
+/// the remote, which says what it misses.
+pub fn requirements(probe: &Probe) -> Result<(), AppError> {
+    if probe.os.is_empty() {
+        return Ok(());
+    }
+    let fix = format!(
+        "install Node.js {} or newer with npm on the remote and connect again, or name your own agent in {}/config.toml (agent = \"/path/to/pi --mode rpc\")",
+        MIN_NODE_VERSION, probe.root
+    );
+    let found = match &probe.node {
+        Some(node) if node.is_enough() && probe.npm.is_some() => return Ok(()),
+        Some(node) if node.is_enough() => format!(
+            "Node.js {} at {} but no npm",
+            node.version.as_deref().unwrap_or("?"),
+            node.path
+        ),
+        Some(RemoteNode {
+            path,
+            version: Some(version),
+        }) => format!("Node.js {version} at {path}"),
+        Some(RemoteNode {
+            path,
+            version: None,
+        }) => format!("a node at {path} that does not run"),
+        None => "no Node.js".to_string(),
+    };
+    Err(super::stage_failed(
+        Stage::Agent,
+        format!(
+            "pi needs Node.js {} or newer and the remote has {found}; {fix}",
+            MIN_NODE_VERSION
+        ),
+        json!({"node": probe.node.as_ref().map(|n| json!({"path": n.path, "version": n.version})), "npm": probe.npm, "hint": fix}),
+    ))
 }
 
 /// `text` as a printf(1) format that prints it: letters and digits as they are, every other

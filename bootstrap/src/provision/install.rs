@@ -266,45 +266,6 @@ pub(super) fn installable<'r>(
     Ok((release, artifact))
 }
 
-/// What installing the agent from the remote's npm needs, checked before the plan is sent: a
-/// Node pi runs on, and its npm. A probe that did not look (the host was current) leaves it to
-/// the remote, which says what it misses.
-pub(super) fn agent_installable(probe: &Probe) -> Result<(), AppError> {
-    if probe.os.is_empty() {
-        return Ok(());
-    }
-    let fix = format!(
-        "install Node.js {} or newer with npm on the remote and connect again, or name your own agent in {}/config.toml (agent = \"/path/to/pi --mode rpc\")",
-        remote_shell::MIN_NODE_VERSION,
-        probe.root
-    );
-    let found = match &probe.node {
-        Some(node) if node.is_enough() && probe.npm.is_some() => return Ok(()),
-        Some(node) if node.is_enough() => format!(
-            "Node.js {} at {} but no npm",
-            node.version.as_deref().unwrap_or("?"),
-            node.path
-        ),
-        Some(remote_shell::RemoteNode {
-            path,
-            version: Some(version),
-        }) => format!("Node.js {version} at {path}"),
-        Some(remote_shell::RemoteNode {
-            path,
-            version: None,
-        }) => format!("a node at {path} that does not run"),
-        None => "no Node.js".to_string(),
-    };
-    Err(stage_failed(
-        Stage::Agent,
-        format!(
-            "pi needs Node.js {} or newer and the remote has {found}; {fix}",
-            remote_shell::MIN_NODE_VERSION
-        ),
-        json!({"node": probe.node.as_ref().map(|n| json!({"path": n.path, "version": n.version})), "npm": probe.npm, "hint": fix}),
-    ))
-}
-
 /// The release's build for the remote, checked before anything is uploaded: the remote's OS and
 /// architecture must have one, and a Linux build linked against glibc needs a glibc at least as
 /// new as the one it was built for (musl cannot load it). A C library the probe could not

@@ -294,7 +294,7 @@ async fn establish(
             skipped(reporter, Stage::Agent, &why);
             None
         }
-        agent::AgentWork::Install(install) => match install::agent_installable(&probe) {
+        agent::AgentWork::Install(install) => match agent::requirements(&probe) {
             Ok(()) => Some(install),
             Err(err) => {
                 let _ = remote.finish().await;
