@@ -287,6 +287,14 @@ pub async fn start_stub(stub: Stub) -> u16 {
 /// from starting a summary request. Each failure then costs one request.
 pub fn pi_config(port: u16) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
+    write_pi_config(dir.path(), port);
+    dir
+}
+
+/// Writes [`pi_config`]'s files into `dir` (created if need be): pi's own config directory of a
+/// remote user (`~/.pi/agent`), say.
+pub fn write_pi_config(dir: &Path, port: u16) {
+    std::fs::create_dir_all(dir).expect("pi's config dir");
     let models = json!({"providers": {"stub": {
         "baseUrl": format!("http://127.0.0.1:{port}/v1"),
         "api": "openai-completions",
@@ -304,9 +312,8 @@ pub fn pi_config(port: u16) -> tempfile::TempDir {
         "retry": {"enabled": false, "provider": {"maxRetries": 0}},
         "compaction": {"enabled": false},
     });
-    std::fs::write(dir.path().join("models.json"), models.to_string()).unwrap();
-    std::fs::write(dir.path().join("settings.json"), settings.to_string()).unwrap();
-    dir
+    std::fs::write(dir.join("models.json"), models.to_string()).unwrap();
+    std::fs::write(dir.join("settings.json"), settings.to_string()).unwrap();
 }
 
 /// A host whose agent is the real pi, talking to `stub`; `extension` is loaded with `-e`. The

@@ -78,6 +78,11 @@ impl World {
     /// and lies outside /tmp, which is mounted `noexec` (the install root is the default,
     /// `~/.pi-host`), and there is no systemd. docs/architecture.md, "One `pi-remote connect`".
     async fn plain(shell: Shell) -> World {
+        World::plain_with(shell, Vec::new()).await
+    }
+
+    /// [`World::plain`] with extra sshd_config lines.
+    async fn plain_with(shell: Shell, extra_config: Vec<String>) -> World {
         // Outside /tmp, which is noexec for this sshd: in the target dir, removed with it, or in
         // /var/tmp when the checkout itself lies under /tmp (a clone made there).
         let target_tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
@@ -117,6 +122,7 @@ impl World {
                 home: home.path().to_path_buf(),
             }),
             noexec_tmp: true,
+            extra_config,
             ..SshdOptions::default()
         };
         World::start_with(options, home, root, "~/.pi-host".into()).await
@@ -274,8 +280,12 @@ impl Drop for World {
     }
 }
 
-async fn run(mut command: tokio::process::Command) -> Outcome {
-    let output = tokio::time::timeout(PATIENCE * 4, command.output())
+async fn run(command: tokio::process::Command) -> Outcome {
+    run_within(command, PATIENCE * 4).await
+}
+
+async fn run_within(mut command: tokio::process::Command, patience: Duration) -> Outcome {
+    let output = tokio::time::timeout(patience, command.output())
         .await
         .expect("pi-remote connect finished in time")
         .unwrap();
@@ -1531,4 +1541,207 @@ async fn a_musl_remote_is_refused_before_the_upload() {
     assert_eq!(details["found"]["libc"], "musl");
     assert_eq!(details["found"]["libcVersion"], "1.2.4");
     assert_eq!(details["needed"]["libc"], "glibc");
+}
+
+/// How long a connect that installs pi with npm may take on a loaded machine (npm fetches and
+/// writes about 200 packages).
+const NPM_PATIENCE: Duration = Duration::from_secs(600);
+
+/// The environment of the remote's sessions, and so of the host they start: pi offline (it
+/// talks only to the test's stub model), and the CA bundle Node trusts here, if the machine
+/// sets one (a TLS-inspecting proxy before the registry), as a real remote has its own.
+fn pi_offline_env() -> Vec<String> {
+    let mut line = "SetEnv PI_OFFLINE=1 PI_SKIP_VERSION_CHECK=1 PI_TELEMETRY=0".to_string();
+    if let Some(ca) = std::env::var_os("NODE_EXTRA_CA_CERTS") {
+        line.push_str(&format!(" NODE_EXTRA_CA_CERTS={}", ca.to_string_lossy()));
+    }
+    vec![line]
+}
+
+impl World {
+    /// The remote's config.toml with the test's roots and no agent: the host's agent is then
+    /// the one connect installs.
+    fn config_without_agent(&self) {
+        std::fs::write(
+            self.root().join("config.toml"),
+            format!(
+                "roots = [{:?}]\n",
+                self.workspaces.path().display().to_string()
+            ),
+        )
+        .unwrap();
+    }
+
+    /// The remote user's home (a [`World::plain`] remote).
+    fn home(&self) -> PathBuf {
+        self.root().parent().unwrap().to_path_buf()
+    }
+
+    /// `pi-remote ARGS` with this world's profile.
+    async fn pi_remote(&self, args: &[&str]) -> std::process::Output {
+        let mut command = tokio::process::Command::new(pi_remote());
+        command
+            .args(args)
+            .env("PI_REMOTE_CONFIG_DIR", self.local_config.path())
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        tokio::time::timeout(PATIENCE * 4, command.output())
+            .await
+            .expect("pi-remote finished in time")
+            .unwrap()
+    }
+
+    /// With `pi-remote connect` running: a new session and `prompt --wait` in it; the prompt's
+    /// stdout. The stub model answers `LONG-REPLY:3` with three words.
+    async fn a_turn_through_pi_remote(&self, release: &Path) -> String {
+        let mut child = self
+            .command(release, &[])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        until_event(&mut lines, "ready").await;
+        let workspace = self.workspaces.path().join("project");
+        std::fs::create_dir_all(&workspace).unwrap();
+        let created = self
+            .pi_remote(&["new", "--workspace", workspace.to_str().unwrap()])
+            .await;
+        assert!(created.status.success(), "{created:?}");
+        let session = String::from_utf8(created.stdout)
+            .unwrap()
+            .trim()
+            .to_string();
+        let prompt = self
+            .pi_remote(&["prompt", &session, "LONG-REPLY:3", "--wait"])
+            .await;
+        let _ = child.kill().await;
+        assert!(prompt.status.success(), "{prompt:?}");
+        String::from_utf8(prompt.stdout).unwrap()
+    }
+}
+
+/// A remote with Node and npm but no pi (a plain one: dash, a home with spaces, /tmp noexec):
+/// connect installs the tested pi with the remote's npm into pi-host's directory and names it
+/// in the config by absolute path; a turn reaches the model. A second connect changes nothing,
+/// and one whose pi cannot be installed leaves the host and its agent as they were.
+#[tokio::test]
+async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
+    let world = World::plain_with(Shell::Dash, pi_offline_env()).await;
+    world.config_without_agent();
+    let stub = tests::pi::Stub::default();
+    let port = tests::pi::start_stub(stub.clone()).await;
+    tests::pi::write_pi_config(&world.home().join(".pi/agent"), port);
+    let release = world.release("release", None);
+    let pi_version = bootstrap::provision::agent::PI_VERSION;
+
+    let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
+    let ready = cold.assert_ok().clone();
+    assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
+    let agent_dir = world
+        .root()
+        .join(format!("data/agent/versions/{pi_version}"));
+    let pi = agent_dir.join("bin/pi");
+    assert_eq!(ready["agent"]["state"], "ready", "{ready}");
+    assert_eq!(ready["agent"]["version"], pi_version, "{ready}");
+    assert_eq!(ready["agent"]["path"], pi.display().to_string(), "{ready}");
+    assert_eq!(ready["agentInstalled"], true);
+    let config = std::fs::read_to_string(world.root().join("config.toml")).unwrap();
+    assert!(
+        config.starts_with(&bootstrap::provision::agent::config_line(
+            world.root().to_str().unwrap(),
+            pi_version
+        )),
+        "{config}"
+    );
+    // pi runs with the Node the remote's npm ran with, beside it.
+    assert!(agent_dir.join("bin/node").exists());
+
+    let warm = world.connect(&release, &[]).await;
+    let warm_ready = warm.assert_ok();
+    for stage in ["transfer", "verify", "agent", "install", "start", "pair"] {
+        assert_eq!(warm.status(stage), Some("skipped"), "{stage}: {warm:#?}");
+    }
+    assert_eq!(warm_ready["agentInstalled"], false);
+    let pid = world.state()["pid"].clone();
+
+    // Another version: installed beside the first, named in the config, and the host restarts
+    // to take it up.
+    let older = run_within(
+        world.command(&release, &["--once", "--pi-version", "0.73.0"]),
+        NPM_PATIENCE,
+    )
+    .await;
+    let older_ready = older.assert_ok();
+    assert_eq!(older.status("agent"), Some("done"), "{older:#?}");
+    assert_eq!(older_ready["agent"]["version"], "0.73.0", "{older_ready}");
+    assert_eq!(older_ready["started"], true);
+    assert_ne!(world.state()["pid"], pid, "the host restarted");
+    let config = std::fs::read_to_string(world.root().join("config.toml")).unwrap();
+    let pid = world.state()["pid"].clone();
+
+    let failing = world
+        .connect(&release, &["--pi-version", "0.73.1-not-published"])
+        .await;
+    let error = failing.error();
+    assert_eq!(error["details"]["reason"], "agent", "{failing:#?}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("the remote's npm must reach a registry"),
+        "{error}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(world.root().join("config.toml")).unwrap(),
+        config,
+        "the config still names the agent that works"
+    );
+    assert_eq!(world.state()["pid"], pid, "the host was not touched");
+    assert!(pi.exists());
+
+    // Back to the tested version: the copy kept from before runs, so npm is not asked again.
+    let back = world.connect(&release, &[]).await;
+    let back_ready = back.assert_ok();
+    assert_eq!(back.status("agent"), Some("done"), "{back:#?}");
+    assert_eq!(back_ready["agent"]["version"], pi_version, "{back_ready}");
+    assert_ne!(world.state()["pid"], pid, "the host restarted");
+    let pid = world.state()["pid"].clone();
+
+    let reply = world.a_turn_through_pi_remote(&release).await;
+    assert!(reply.contains("word00000 word00001 word00002"), "{reply}");
+    assert!(!stub.requests.lock().unwrap().is_empty());
+    assert_eq!(world.state()["pid"], pid);
+}
+
+/// A remote whose Node is older than pi's floor: refused after the probe with the fix, before
+/// anything is uploaded or installed.
+#[tokio::test]
+async fn a_remote_whose_node_is_too_old_for_pi_is_told_how_to_fix_it_before_the_upload() {
+    let bin = tempfile::tempdir().unwrap();
+    for (name, script) in [("node", "echo v18.19.0"), ("npm", "exit 1")] {
+        let path = bin.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let world = World::start(SshdOptions {
+        path_prefix: vec![bin.path().to_path_buf()],
+        ..SshdOptions::default()
+    })
+    .await;
+    world.config_without_agent();
+    let release = world.release("release", None);
+    let outcome = world.connect(&release, &[]).await;
+    let error = outcome.error();
+    assert_eq!(error["details"]["reason"], "agent", "{outcome:#?}");
+    assert_eq!(error["details"]["node"]["version"], "18.19.0");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("pi needs Node.js 20.6.0 or newer and the remote has Node.js 18.19.0")
+            && message.contains("config.toml"),
+        "{message}"
+    );
+    assert_eq!(outcome.status("transfer"), None, "{outcome:#?}");
+    assert!(!outcome.events.iter().any(|e| e["type"] == "progress"));
+    assert!(!world.root().join("versions").exists());
+    assert!(!world.root().join("data/agent").exists());
 }

@@ -239,6 +239,19 @@ struct ConnectCommand {
     /// Provision, pair and check the host, then exit instead of keeping the forward up.
     #[arg(long)]
     once: bool,
+    /// The pi version installed on the remote as the host's agent.
+    #[arg(long, default_value = provision::agent::PI_VERSION, value_parser = pi_version)]
+    pi_version: String,
+}
+
+fn pi_version(text: &str) -> Result<String, String> {
+    if provision::agent::valid_version(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "{text:?} is not a version (digits, letters and .-+ only)"
+        ))
+    }
 }
 
 fn main() -> ExitCode {
@@ -398,6 +411,7 @@ fn connect_args(command: ConnectCommand, profile: String, json: bool) -> Connect
     options.release_dir = command.release_dir;
     options.remote_dir = command.remote_dir;
     options.device_name = pair::device_name(command.name);
+    options.agent_version = command.pi_version;
     if let Some(port) = command.local_port {
         options.local_port = port;
     }

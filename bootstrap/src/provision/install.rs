@@ -105,6 +105,7 @@ pub(super) async fn carry_out(
                 let next = match value {
                     "transfer" => continue,
                     "verify" => Stage::Verify,
+                    "agent" => Stage::Agent,
                     "install" => Stage::Install,
                     "start" => Stage::Start,
                     "pair" => Stage::Pair,
@@ -128,7 +129,7 @@ pub(super) async fn carry_out(
                     verified.push((file.to_string(), sum.to_string()));
                 }
             }
-            "installed" => note = Some(value.to_string()),
+            "installed" | "agent" => note = Some(value.to_string()),
             "state" => {
                 outcome.state = serde_json::from_str(value).ok();
                 note = outcome
@@ -185,6 +186,7 @@ fn failed(
     let what = match stage {
         Stage::Transfer => "the upload",
         Stage::Verify => "the SHA-256 check",
+        Stage::Agent => "the agent install",
         Stage::Install => "install.sh install",
         Stage::Start => "install.sh start",
         Stage::Pair => "pi-host pair",

@@ -7,6 +7,7 @@
 //! [`supervisor`] keeps the local port open and reconnects SSH with backoff when the link drops,
 //! running the same stages again (fast: the host is found running).
 
+pub mod agent;
 mod install;
 pub mod release;
 pub mod remote_shell;
@@ -72,6 +73,8 @@ pub struct BootstrapOptions {
     pub preferred_local_port: Option<u16>,
     /// How long opening a forwarded channel may take.
     pub channel_timeout: Duration,
+    /// The pi version installed as the host's agent (provision/agent.rs).
+    pub agent_version: String,
 }
 
 impl BootstrapOptions {
@@ -87,6 +90,7 @@ impl BootstrapOptions {
             local_port: 0,
             preferred_local_port: None,
             channel_timeout: Duration::from_secs(10),
+            agent_version: agent::PI_VERSION.into(),
         }
     }
 }
@@ -259,6 +263,8 @@ struct Work {
     transferred: bool,
     installed: bool,
     started: bool,
+    /// The agent was installed or its config line written (provision/agent.rs).
+    agent: bool,
     /// A pairing token minted in the same remote command (`pi-host pair --json`).
     minted: Option<Value>,
 }
@@ -274,13 +280,31 @@ async fn establish(
 ) -> Result<(Link, Work, String), AppError> {
     let (destination, release, wanted) = resolve_stage(options, reporter)?;
     let session = Arc::new(ssh_connect(&destination, options, reporter).await?);
-    let script = remote_shell::session_script(&options.remote_dir, &wanted, &install::nonce());
+    let script = remote_shell::session_script(
+        &options.remote_dir,
+        &wanted,
+        &install::nonce(),
+        &options.agent_version,
+    );
     let (remote, mut probe, running) = probe_stage(&session, &script, reporter).await?;
 
     let mut work = Work::default();
+    let agent = match agent::decide(&probe, running.as_ref(), &options.agent_version) {
+        agent::AgentWork::Keep(why) => {
+            skipped(reporter, Stage::Agent, &why);
+            None
+        }
+        agent::AgentWork::Install(install) => match agent::requirements(&probe) {
+            Ok(()) => Some(install),
+            Err(err) => {
+                let _ = remote.finish().await;
+                return Err(err);
+            }
+        },
+    };
     if let Some(running) = running
         .as_ref()
-        .filter(|r| r.version == wanted && !r.draining)
+        .filter(|r| r.version == wanted && !r.draining && agent.is_none())
     {
         if mint {
             let plan = Plan {
@@ -300,11 +324,15 @@ async fn establish(
     }
 
     let previous = probe.installed.clone();
+    // A new agent (or its config line) is taken up by a restart: the running host drains
+    // first (install.sh stop sends SIGTERM).
+    work.agent = agent.is_some();
     let mut plan = Plan {
         stop: running.is_some(),
         start: true,
         mint,
         version: wanted.clone(),
+        agent,
         ..Plan::default()
     };
     let mut upload = None;
@@ -646,6 +674,7 @@ pub async fn connect(
         "transferred": work.transferred,
         "installed": work.installed,
         "started": work.started,
+        "agentInstalled": work.agent,
         "paired": paired,
         "ms": started.elapsed().as_millis() as u64,
     });

@@ -11,6 +11,7 @@
 //! login shell's `node` (path and `--version`) and a `pi` on its `PATH` or in `~/.local/bin` or
 //! `~/.npm-global/bin`; a running host's `status` carries its own agent check instead.
 
+use super::agent::{AgentConfig, AgentInstall};
 use serde_json::Value;
 
 /// Quotes a string for a POSIX shell.
@@ -44,14 +45,21 @@ const SESSION_SH: &str = include_str!("session.sh");
 /// `stage=NAME` as it begins, so a failure names its stage; results come as `verified=`,
 /// `installed=`, `state=` and `pair=` lines.
 ///
-/// The text is session.sh after three assignments; comments and indentation are left out, as
+/// The text is session.sh after five assignments; comments and indentation are left out, as
 /// they would only add bytes to every connect.
-pub fn session_script(remote_dir: &str, wanted: &str, staging_name: &str) -> String {
+pub fn session_script(
+    remote_dir: &str,
+    wanted: &str,
+    staging_name: &str,
+    agent_version: &str,
+) -> String {
     let mut script = format!(
-        "R={} W={} N={}\n",
+        "R={} W={} N={} A={} M={}\n",
         root_word(remote_dir),
         sh_quote(wanted),
-        sh_quote(staging_name)
+        sh_quote(staging_name),
+        sh_quote(agent_version),
+        sh_quote(super::agent::MARK),
     );
     for line in SESSION_SH.lines().map(str::trim_start) {
         if !line.is_empty() && !line.starts_with('#') {
@@ -84,6 +92,8 @@ pub struct Plan {
     /// Mint a pairing token after the start.
     pub mint: bool,
     pub version: String,
+    /// Install the agent (before the build is installed, so a failure changes nothing).
+    pub agent: Option<AgentInstall>,
 }
 
 impl Plan {
@@ -100,8 +110,16 @@ impl Plan {
             ),
             None => ("-", "-".into(), "-".into(), 0),
         };
+        let (agent, agent_version, agent_line) = match &self.agent {
+            Some(a) => (
+                a.package.as_str(),
+                a.version.as_str(),
+                super::agent::printf_word(&a.config_line),
+            ),
+            None => ("-", "-", "-".into()),
+        };
         format!(
-            "go {} {} {} {} {} {artifact} {sha} {installer_sha} {installer_len}\n",
+            "go {} {} {} {} {} {artifact} {sha} {installer_sha} {installer_len} {agent} {agent_version} {agent_line}\n",
             flag(self.stop),
             flag(self.install.is_some()),
             flag(self.start),
@@ -230,6 +248,12 @@ pub struct Probe {
     pub node: Option<RemoteNode>,
     /// A pi on the login shell's `PATH` or in the user's install places (with the platform only).
     pub pi: Option<String>,
+    /// The `agent` line of the remote's config.toml.
+    pub agent_config: AgentConfig,
+    /// The pi version wanted, when it is installed in pi-host's own directory.
+    pub agent_installed: Option<String>,
+    /// The npm beside the login shell's Node, or on its `PATH` (with the platform only).
+    pub npm: Option<String>,
 }
 
 /// A Node on the remote.
@@ -303,6 +327,11 @@ impl Probe {
                     }
                 }
                 "pi" => probe.pi = Some(value.to_string()),
+                "npmbin" => probe.npm = Some(value.to_string()),
+                "agentconf" => {
+                    probe.agent_config = std::mem::take(&mut probe.agent_config).with_line(value)
+                }
+                "agentv" => probe.agent_installed = Some(value.to_string()),
                 _ => {}
             }
         }
@@ -531,24 +560,22 @@ mod tests {
         input: &[u8],
         pieces: usize,
     ) -> (String, String, Option<i32>) {
-        run_session_in(shell, root, None, plan, input, pieces)
+        run_session_in(shell, root, &[], plan, input, pieces)
     }
 
-    /// [`run_session`] with `HOME` set to `home`.
+    /// [`run_session`] with `env` set (`HOME`, `PATH`).
     fn run_session_in(
         shell: &[&str],
         root: &std::path::Path,
-        home: Option<&std::path::Path>,
+        env: &[(&str, std::ffi::OsString)],
         plan: Option<&Plan>,
         input: &[u8],
         pieces: usize,
     ) -> (String, String, Option<i32>) {
         use std::io::{BufRead, Read, Write};
-        let script = session_script(root.to_str().unwrap(), "9.9.9", "n1");
+        let script = session_script(root.to_str().unwrap(), "9.9.9", "n1", "0.73.1");
         let mut command = std::process::Command::new(shell[0]);
-        if let Some(home) = home {
-            command.env("HOME", home);
-        }
+        command.envs(env.iter().map(|(k, v)| (k, v)));
         let mut child = command
             .args(&shell[1..])
             .arg("-c")
@@ -587,6 +614,10 @@ mod tests {
         let mut rest = String::new();
         stdout.read_to_string(&mut rest).unwrap();
         (probe, rest, child.wait().unwrap().code())
+    }
+
+    fn home_env(home: &std::path::Path) -> Vec<(&'static str, std::ffi::OsString)> {
+        vec![("HOME", home.into())]
     }
 
     /// A stand-in install.sh (`install --root R --version V --artifact PATH`): keeps the build
@@ -683,7 +714,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let home = dir.path().join("home");
             let root = home.join(".pi-host");
-            let (probe, _, status) = run_session_in(&shell, &root, Some(&home), None, &[], 1);
+            let (probe, _, status) = run_session_in(&shell, &root, &home_env(&home), None, &[], 1);
             assert_eq!(status, Some(0), "{shell:?}: {probe}");
             let parsed = Probe::parse(&probe).unwrap();
             assert_eq!(
@@ -700,7 +731,7 @@ mod tests {
             std::fs::write(&pi, "#!/usr/bin/env node\n").unwrap();
             std::fs::set_permissions(&pi, std::os::unix::fs::PermissionsExt::from_mode(0o755))
                 .unwrap();
-            let (probe, _, _) = run_session_in(&shell, &root, Some(&home), None, &[], 1);
+            let (probe, _, _) = run_session_in(&shell, &root, &home_env(&home), None, &[], 1);
             let parsed = Probe::parse(&probe).unwrap();
             assert_eq!(parsed.pi.as_deref(), pi.to_str(), "{shell:?}: {probe}");
             assert!(
@@ -740,6 +771,101 @@ mod tests {
         assert_eq!(Probe::parse("root=/r\n").unwrap().agent_note(), "");
     }
 
+    /// A stand-in npm: `install ... --prefix P ... PKG@V` makes `P/bin/pi`, a pi that says it
+    /// is V; a version with `missing` in it is not found, as npm says for one.
+    const STAND_IN_NPM: &str = "#!/bin/sh\nwhile [ $# -gt 0 ]; do case $1 in --prefix) p=$2; shift ;; *@*) spec=$1 ;; esac; shift; done\nv=${spec##*@}\ncase $v in *missing*) echo \"npm error 404 No match found for version $v\" >&2; exit 1 ;; esac\nmkdir -p \"$p/bin\" && printf '#!/bin/sh\\necho %s >&2\\n' \"$v\" >\"$p/bin/pi\" && chmod 755 \"$p/bin/pi\"\n";
+
+    fn agent_plan(root: &std::path::Path, version: &str) -> Plan {
+        Plan {
+            agent: Some(AgentInstall {
+                package: crate::provision::agent::PI_PACKAGE.into(),
+                version: version.into(),
+                config_line: crate::provision::agent::config_line(root.to_str().unwrap(), version),
+            }),
+            version: "9.9.9".into(),
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn the_agent_is_installed_with_npm_named_in_the_config_and_a_failure_changes_nothing() {
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            let bin = dir.path().join("bin");
+            std::fs::create_dir(&bin).unwrap();
+            for (name, text) in [
+                ("npm", STAND_IN_NPM),
+                ("node", "#!/bin/sh\necho v20.20.2\n"),
+            ] {
+                std::fs::write(bin.join(name), text).unwrap();
+                std::fs::set_permissions(
+                    bin.join(name),
+                    std::os::unix::fs::PermissionsExt::from_mode(0o755),
+                )
+                .unwrap();
+            }
+            let path = std::env::join_paths(std::iter::once(bin.clone()).chain(
+                std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+            ))
+            .unwrap();
+            let env = [("PATH", path)];
+            let root = dir.path().join("pi host");
+            std::fs::create_dir(&root).unwrap();
+            let config = root.join("config.toml");
+            std::fs::write(&config, "roots = [\"/w\"]\n").unwrap();
+            let versions = root.join("data/agent/versions");
+            let listed = || {
+                let mut names: Vec<String> = std::fs::read_dir(&versions)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .collect();
+                names.sort();
+                names
+            };
+            let run = |version: &str| {
+                let plan = agent_plan(&root, version);
+                let (probe, rest, status) =
+                    run_session_in(&shell, &root, &env, Some(&plan), &[], 1);
+                let probe = Probe::parse(&probe).unwrap();
+                (probe, rest, status, plan.agent.unwrap().config_line)
+            };
+
+            let (probe, rest, status, line) = run("0.73.1");
+            assert_eq!(status, Some(0), "{shell:?}: {rest}");
+            assert_eq!(probe.npm.as_deref(), bin.join("npm").to_str(), "{probe:?}");
+            assert!(rest.contains("stage=agent\nagent=pi 0.73.1\n"), "{rest}");
+            assert_eq!(
+                std::fs::read_to_string(&config).unwrap(),
+                format!("{line}\nroots = [\"/w\"]\n")
+            );
+            let installed = versions.join("0.73.1/bin");
+            assert_eq!(
+                std::fs::read_link(installed.join("node")).unwrap(),
+                bin.join("node")
+            );
+            assert_eq!(listed(), ["0.73.1"]);
+
+            // npm cannot install it: the agent, its config line and the versions stay.
+            let before = std::fs::read_to_string(&config).unwrap();
+            let (_, rest, status, _) = run("0.74.0-missing");
+            assert_eq!(status, Some(82), "{shell:?}: {rest}");
+            assert_eq!(std::fs::read_to_string(&config).unwrap(), before);
+            assert_eq!(listed(), ["0.73.1"], "no staging left behind");
+
+            // Upgrades keep the version before (a host may still run it), and only it.
+            let (_, rest, status, line) = run("0.74.0");
+            assert_eq!(status, Some(0), "{shell:?}: {rest}");
+            assert_eq!(
+                std::fs::read_to_string(&config).unwrap(),
+                format!("{line}\nroots = [\"/w\"]\n")
+            );
+            assert_eq!(listed(), ["0.73.1", "0.74.0"]);
+            let (_, _, status, _) = run("0.75.0");
+            assert_eq!(status, Some(0));
+            assert_eq!(listed(), ["0.74.0", "0.75.0"]);
+        }
+    }
+
     #[test]
     fn the_warm_probe_leaves_out_the_platform_and_ends_at_eof() {
         for shell in shells() {
@@ -752,12 +878,34 @@ mod tests {
             // install.sh missing: an install may follow, so the platform is there.
             assert!(probe.contains("\nos="), "{shell:?}: {probe}");
             std::fs::write(root.join("install.sh"), STAND_IN_INSTALLER).unwrap();
+            // pi-host's own agent missing: it may be installed, so the platform is there.
+            let (probe, _, _) = run_session(&shell, &root, None, &[], 1);
+            assert!(probe.contains("\nos="), "{shell:?}: {probe}");
+            let pi = root.join("data/agent/versions/0.73.1/bin/pi");
+            std::fs::create_dir_all(pi.parent().unwrap()).unwrap();
+            std::fs::write(&pi, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&pi, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            let line = crate::provision::agent::config_line(root.to_str().unwrap(), "0.73.1");
+            std::fs::write(root.join("config.toml"), format!("roots = []\n{line}\n")).unwrap();
             let (probe, rest, status) = run_session(&shell, &root, None, &[], 1);
             assert_eq!((status, rest.as_str()), (Some(0), ""), "{shell:?}");
             let parsed = Probe::parse(&probe).unwrap();
             assert_eq!(parsed.installed.as_deref(), Some("9.9.9"));
             assert!(parsed.has_installer);
+            assert_eq!(parsed.agent_config, AgentConfig::Ours(line));
+            assert_eq!(parsed.agent_installed.as_deref(), Some("0.73.1"));
             assert!(!probe.contains("os=") && !probe.contains("sha="), "{probe}");
+            // The operator's own agent, and no pi of ours: nothing to install either.
+            std::fs::remove_file(&pi).unwrap();
+            std::fs::write(root.join("config.toml"), "agent = \"/opt/a\"\n").unwrap();
+            let (probe, _, _) = run_session(&shell, &root, None, &[], 1);
+            let parsed = Probe::parse(&probe).unwrap();
+            assert_eq!(
+                parsed.agent_config,
+                AgentConfig::Operator("agent = \"/opt/a\"".into())
+            );
+            assert!(!probe.contains("os="), "{probe}");
         }
     }
 }

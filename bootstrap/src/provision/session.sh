@@ -1,5 +1,6 @@
-# The one remote command of a connect (remote_shell::session_script puts R, W and N before it:
-# the install root as a shell word, the version wanted, this connect's staging directory name).
+# The one remote command of a connect (remote_shell::session_script puts R, W, N, A and M before
+# it: the install root as a shell word, the version wanted, this connect's staging directory
+# name, the pi version wanted and the mark that ends the config line a connect writes).
 # POSIX sh: the login shell may be bash, dash or busybox ash. Nothing is written to or run from
 # /tmp. Full-line comments and indentation are stripped before it is sent.
 umask 077
@@ -23,10 +24,25 @@ if [ -f install.sh ]; then i=yes; echo installer=yes; fi
 if [ -x current/bin/pi-host ] && [ -S data/admin.sock ]; then
     s=$(current/bin/pi-host --data-dir data status --json 2>/dev/null) && echo "status=$s"
 fi
+# The config's agent line: the one a connect wrote ends with the mark; another is the
+# operator's, and then the agent is theirs.
+g=
+if [ -f config.toml ]; then
+    while IFS= read -r l || [ -n "$l" ]; do
+        case $l in
+            agent=* | 'agent '* | 'agent	'*)
+                echo "agentconf=$l"
+                case $l in *"$M") g=${g:-ours} ;; *) g=other ;; esac
+                ;;
+        esac
+    done <config.toml
+fi
+a=
+if [ "$g" != other ] && [ -x "data/agent/versions/$A/bin/pi" ]; then a=yes; echo "agentv=$A"; fi
 # The platform (OS, architecture, C library) and the SHA-256 tool matter only for an install,
 # and the bootstrapper installs only when `current` is not the wanted version or install.sh is
-# missing: the same test as here.
-if [ "$c" != "$W" ] || [ -z "$i" ]; then
+# missing, or its own agent is not installed: the same test as here.
+if [ "$c" != "$W" ] || [ -z "$i" ] || { [ "$g" != other ] && [ -z "$a" ]; }; then
     echo "os=$(uname -s)"
     echo "arch=$(uname -m)"
     if v=$(getconf GNU_LIBC_VERSION 2>/dev/null) && [ -n "$v" ]; then echo "libc=$v"
@@ -39,6 +55,8 @@ if [ "$c" != "$W" ] || [ -z "$i" ]; then
     if n=$(command -v node 2>/dev/null) && [ -n "$n" ]; then
         echo "nodebin=$n"
         echo "node=$("$n" --version 2>/dev/null)"
+        if [ -x "${n%/*}/npm" ]; then echo "npmbin=${n%/*}/npm"
+        elif m=$(command -v npm 2>/dev/null) && [ -n "$m" ]; then echo "npmbin=$m"; fi
     fi
     for p in "$(command -v pi 2>/dev/null)" "${HOME:-/nonexistent}/.local/bin/pi" "${HOME:-/nonexistent}/.npm-global/bin/pi"; do
         if [ -n "$p" ] && [ -x "$p" ]; then echo "pi=$p"; break; fi
@@ -51,8 +69,10 @@ echo probe-end
 IFS= read -r plan || exit 0
 set -f
 set -- $plan
+set +f
 [ "${1:-}" = go ] || exit 0
 STOP=$2 INSTALL=$3 START=$4 MINT=$5 V=$6 ART=$7 ASHA=$8 ISHA=$9 ILEN=${10}
+AP=${11:--} AV=${12:--} AC=${13:--}
 
 # Copies exactly $2 bytes of stdin to $1. The build follows on stdin, so nothing may read past
 # them: dd reads at most bs bytes, and a pipe may hand over fewer, hence the loop (`read` and
@@ -89,6 +109,48 @@ if [ "$INSTALL" = 1 ]; then
     # Nothing runs before both match the manifest.
     [ "$asum" = "$ASHA" ] || { echo "$ART arrived with another SHA-256 than the manifest's" >&2; exit 92; }
     [ "$isum" = "$ISHA" ] || { echo "install.sh arrived with another SHA-256 than the manifest's" >&2; exit 92; }
+fi
+# The agent (provision/agent.rs), before the build is installed: when it fails, nothing of the
+# host, of its config or of the agent it runs has changed.
+if [ "$AP" != - ]; then
+    echo stage=agent
+    G=$R/data/agent
+    P=$G/versions/$AV
+    mkdir -p "$G/versions" || exit 80
+    # Staging left by a connect that died (a live one's is younger than that).
+    find "$G/versions" -mindepth 1 -maxdepth 1 -name '.*.tmp.*' -mmin +60 -exec rm -rf {} + 2>/dev/null
+    # A copy that runs is kept (a config rewritten, a host restarted); else npm installs one.
+    if ! v=$(PATH="$P/bin:$PATH" "$P/bin/pi" --version 2>&1) || [ "${v##*"$AV"*}" = "$v" ]; then
+        n=$(command -v node 2>/dev/null) || { echo "the remote has no node on its PATH" >&2; exit 81; }
+        m=${n%/*}/npm
+        [ -x "$m" ] || m=$(command -v npm 2>/dev/null) || { echo "the remote has no npm beside $n or on its PATH" >&2; exit 81; }
+        T=$G/versions/.$AV.tmp.$N
+        trap 'rm -rf "$T" ${D:+"$D"}' EXIT
+        # A registry that does not answer fails within minutes, not npm's default half hour.
+        out=$(PATH="${n%/*}:$PATH" "$m" install --global --prefix "$T" --no-audit --no-fund --no-update-notifier --loglevel=error --prefer-offline --fetch-timeout=60000 --fetch-retry-maxtimeout=10000 "$AP@$AV" 2>&1) ||
+            { printf '%s\n' "$out" | tail -n 8 >&2; echo "npm install $AP@$AV failed (npm's output above): the remote's npm must reach a registry, or name your own agent in $R/config.toml" >&2; exit 82; }
+        # The Node npm ran with goes beside pi: the host runs pi with it, whatever its PATH.
+        ln -s "$n" "$T/bin/node" || exit 83
+        v=$(PATH="$T/bin:$PATH" "$T/bin/pi" --version 2>&1) || { printf '%s\n' "$v" | tail -n 5 >&2; echo "the installed pi does not run" >&2; exit 84; }
+        [ "${v##*"$AV"*}" != "$v" ] || { echo "the installed pi says it is $v, not $AV" >&2; exit 84; }
+        if [ -e "$P" ]; then mv "$P" "$G/versions/.$AV.tmp.old.$N" || exit 83; fi
+        mv "$T" "$P" || exit 83
+        rm -rf "$G/versions/.$AV.tmp.old.$N"
+    fi
+    C=$R/config.toml
+    o=
+    [ ! -f "$C" ] || o=$(sed -n "/$M\$/p" "$C" | head -n 1)
+    { printf "$AC"; echo; [ ! -f "$C" ] || sed "/$M\$/d" "$C"; } >"$C.tmp.$N" && mv -f "$C.tmp.$N" "$C" || { rm -f "$C.tmp.$N"; exit 85; }
+    # Kept: this version and the one the config named before (a host may still run it).
+    o=${o#*/data/agent/versions/}
+    o=${o%%/*}
+    for d in "$G"/versions/*; do
+        [ -d "$d" ] || continue
+        case ${d##*/} in "$AV" | "$o") ;; *) rm -rf "$d" ;; esac
+    done
+    echo "agent=pi $AV"
+fi
+if [ "$INSTALL" = 1 ]; then
     echo stage=install
     out=$(sh "$D/install.sh" install --root "$R" --version "$V" --artifact "$D/$ART") || exit $?
     echo "installed=$(printf '%s\n' "$out" | tail -n 1)"

@@ -13,6 +13,7 @@ pub enum Stage {
     Probe,
     Transfer,
     Verify,
+    Agent,
     Install,
     Start,
     Forward,
@@ -21,7 +22,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 12] = [
+    pub const ALL: [Stage; 13] = [
         Stage::Resolve,
         Stage::Connect,
         Stage::HostKey,
@@ -29,6 +30,7 @@ impl Stage {
         Stage::Probe,
         Stage::Transfer,
         Stage::Verify,
+        Stage::Agent,
         Stage::Install,
         Stage::Start,
         Stage::Forward,
@@ -45,6 +47,7 @@ impl Stage {
             Stage::Probe => "probe",
             Stage::Transfer => "transfer",
             Stage::Verify => "verify",
+            Stage::Agent => "agent",
             Stage::Install => "install",
             Stage::Start => "start",
             Stage::Forward => "forward",
@@ -63,6 +66,7 @@ impl Stage {
             Stage::Probe => "looking at the remote",
             Stage::Transfer => "uploading pi-host",
             Stage::Verify => "verifying the upload (SHA-256)",
+            Stage::Agent => "installing the agent (pi)",
             Stage::Install => "installing",
             Stage::Start => "starting pi-host",
             Stage::Forward => "forwarding a local port",

@@ -34,9 +34,14 @@ struct Args {
     /// Runs of each connect measurement.
     #[arg(long, default_value_t = 10)]
     runs: usize,
-    /// Runs of the cold install.
+    /// Runs of the cold install of pi-host alone (the remote's config names an agent of its
+    /// own, so connect installs none).
     #[arg(long, default_value_t = 3)]
     cold_runs: usize,
+    /// Runs of the cold install with the agent: pi from the remote's npm (no config.toml). The
+    /// warm runs then go to the last of these hosts.
+    #[arg(long, default_value_t = 1)]
+    agent_runs: usize,
     /// MiB sent through each forward per direction and run.
     #[arg(long, default_value_t = 1024)]
     mib: u64,
@@ -87,7 +92,21 @@ struct Setup {
 }
 
 async fn run(args: Args) -> Result<()> {
-    let server = SshServer::start(SshdOptions::default()).await;
+    // Node's CA bundle, when this machine sets one (a TLS-inspecting proxy before the
+    // registry), reaches the remote's npm as a real remote has its own.
+    let extra_config = std::env::var_os("NODE_EXTRA_CA_CERTS")
+        .map(|ca| {
+            vec![format!(
+                "SetEnv NODE_EXTRA_CA_CERTS={}",
+                ca.to_string_lossy()
+            )]
+        })
+        .unwrap_or_default();
+    let server = SshServer::start(SshdOptions {
+        extra_config,
+        ..SshdOptions::default()
+    })
+    .await;
     let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
     let known_hosts = scratch.path().join("known_hosts");
     std::fs::write(&known_hosts, format!("{}\n", server.known_hosts_line()))
@@ -139,10 +158,39 @@ async fn run(args: Args) -> Result<()> {
     for _ in 0..args.cold_runs {
         let root = tempfile::tempdir().map_err(|e| e.to_string())?;
         let config_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        // The operator's own agent line: connect leaves the agent alone.
+        std::fs::write(
+            root.path().join("config.toml"),
+            "agent = \"pi --mode rpc\"\n",
+        )
+        .map_err(|e| e.to_string())?;
         let (elapsed, events) =
             pi_remote_connect(&args, &setup, root.path(), config_dir.path()).await?;
         cold.push(elapsed);
         cold_stages.push(stage_times(&events));
+        if let Some((old_root, _)) = warm_root.replace((root, config_dir)) {
+            stop_host(old_root.path());
+        }
+    }
+    eprintln!(
+        "ssh-bench: cold connect with pi from npm x{}",
+        args.agent_runs
+    );
+    let mut cold_npm = Vec::new();
+    let mut cold_npm_stages = Vec::new();
+    for _ in 0..args.agent_runs {
+        let root = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let config_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let (elapsed, events) =
+            pi_remote_connect(&args, &setup, root.path(), config_dir.path()).await?;
+        if !events
+            .iter()
+            .any(|e| e["stage"] == "agent" && e["status"] == "done")
+        {
+            return Err("a cold connect without config installed no agent".into());
+        }
+        cold_npm.push(elapsed);
+        cold_npm_stages.push(stage_times(&events));
         if let Some((old_root, _)) = warm_root.replace((root, config_dir)) {
             stop_host(old_root.path());
         }
@@ -227,6 +275,8 @@ async fn run(args: Args) -> Result<()> {
         "warmStagesMs": median_stages(&warm_stages),
         "coldConnectMs": summary(&cold),
         "coldStagesMs": median_stages(&cold_stages),
+        "coldAgentNpmMs": summary(&cold_npm),
+        "coldAgentNpmStagesMs": median_stages(&cold_npm_stages),
         "forwardMiB": args.mib,
         "forwardMBps": {
             "openssh": {"up": median_of(&throughput["openssh"]["up"]), "down": median_of(&throughput["openssh"]["down"])},
@@ -513,6 +563,8 @@ fn print_table(results: &Value) {
         warm / ssh_true
     );
     println!("| cold `connect --once` (median ms) | {cold:.0} | — | — |");
+    let cold_npm = f(&results["coldAgentNpmMs"]["median"]);
+    println!("| cold `connect --once` with pi from npm (median ms) | {cold_npm:.0} | — | — |");
     println!(
         "| forward up, MB/s (median) | {p_up:.0} | {o_up:.0} | {:.2}x |",
         p_up / o_up
@@ -523,4 +575,8 @@ fn print_table(results: &Value) {
     );
     println!("warm stages (median ms): {}", results["warmStagesMs"]);
     println!("cold stages (median ms): {}", results["coldStagesMs"]);
+    println!(
+        "cold stages with pi from npm (median ms): {}",
+        results["coldAgentNpmStagesMs"]
+    );
 }

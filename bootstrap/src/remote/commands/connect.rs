@@ -153,13 +153,19 @@ impl Reporter for Display {
             }
             Progress::Ready(summary) => {
                 self.finish();
+                let agent = &summary["agent"];
+                let with_agent = match (agent["state"].as_str(), agent["version"].as_str()) {
+                    (Some("ready"), Some(version)) => {
+                        format!(" with agent {}", printable(version, false))
+                    }
+                    _ => String::new(),
+                };
                 eprintln!(
-                    "Connected to pi-host {} at {} (Ctrl-C stops the forward)",
+                    "Connected to pi-host {}{with_agent} at {} (Ctrl-C stops the forward)",
                     printable(summary["hostVersion"].as_str().unwrap_or("?"), false),
                     printable(summary["url"].as_str().unwrap_or("?"), false),
                 );
                 // The host runs, but turns would fail: say so now, with the host's fix.
-                let agent = &summary["agent"];
                 if let Some(state) = agent["state"].as_str().filter(|s| *s != "ready") {
                     eprintln!(
                         "  ! the host's agent is {state}: {}",

@@ -1,0 +1,298 @@
+//! The agent the host drives: pi, installed by `connect` into pi-host's own directory on the
+//! remote (`R/data/agent/versions/V`, beside which the host's agent check also looks) and named
+//! by absolute path in the remote's `config.toml`, so the host never looks it up on `PATH`.
+//!
+//! From the remote's own npm: `npm install --global --prefix` into a staging directory, a
+//! `bin/node` link to the Node that npm ran with (a service's `PATH` is the system's, so pi's
+//! `#!/usr/bin/env node` must find its Node beside it), pi's `--version` checked, then renamed
+//! into place; the config line is written last. A failure leaves the previous agent, its config
+//! line and the running host as they were (docs/architecture.md, "One `pi-remote connect`").
+//!
+//! The config line ends with [`MARK`]: a connect rewrites only a line it wrote. An `agent` line
+//! without it is the operator's, and then the agent is left alone.
+
+use super::remote_shell::{MIN_NODE_VERSION, Probe, RemoteNode, Running};
+use super::stage::Stage;
+use racp_proto::AppError;
+use racp_proto::methods::host::AgentState;
+use serde_json::json;
+
+/// pi's npm package.
+pub const PI_PACKAGE: &str = "@mariozechner/pi-coding-agent";
+
+/// The pi version the project is tested with (tests/pi/package-lock.json; a test keeps the two
+/// equal).
+pub const PI_VERSION: &str = "0.73.1";
+
+/// Ends the `agent` line a connect writes into the remote's config.toml.
+pub const MARK: &str = "# written by pi-remote connect";
+
+/// What the remote's config.toml says of the agent (the probe's `agentconf=` lines).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AgentConfig {
+    /// No `agent` line: the host's default applies.
+    #[default]
+    None,
+    /// The line a connect wrote.
+    Ours(String),
+    /// The operator's own `agent` line.
+    Operator(String),
+}
+
+impl AgentConfig {
+    /// Folds in one `agent = ...` line of the config.
+    pub fn with_line(self, line: &str) -> AgentConfig {
+        match self {
+            AgentConfig::Operator(_) => self,
+            _ if line.trim_end().ends_with(MARK) => AgentConfig::Ours(line.to_string()),
+            _ => AgentConfig::Operator(line.to_string()),
+        }
+    }
+}
+
+/// What a connect does about the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentWork {
+    /// Nothing: the reason, for the skipped stage.
+    Keep(String),
+    /// Install (or check and keep) pi `version` and write its config line.
+    Install(AgentInstall),
+}
+
+/// An agent install, as the plan line carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentInstall {
+    pub package: String,
+    pub version: String,
+    /// The config.toml line naming it.
+    pub config_line: String,
+}
+
+/// Where pi `version` goes under the remote's install root.
+pub fn agent_dir(root: &str, version: &str) -> String {
+    format!("{root}/data/agent/versions/{version}")
+}
+
+/// The agent command the host runs: pi by absolute path, in RPC mode.
+pub fn agent_command(root: &str, version: &str) -> String {
+    let pi = format!("{}/bin/pi", agent_dir(root, version));
+    shell_words::join([pi.as_str(), "--mode", "rpc"])
+}
+
+/// `agent = "..." # written by pi-remote connect`.
+pub fn config_line(root: &str, version: &str) -> String {
+    format!(
+        "agent = {} {MARK}",
+        toml_string(&agent_command(root, version))
+    )
+}
+
+/// A TOML basic string.
+fn toml_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Decides from the probe: the operator's agent is kept; pi `version` installed where the
+/// config names it, and run by the host that runs (or none runs), is kept; anything else is
+/// installed (the remote keeps a copy it finds working, so only the config and a restart
+/// remain).
+pub fn decide(probe: &Probe, running: Option<&Running>, version: &str) -> AgentWork {
+    if let AgentConfig::Operator(_) = probe.agent_config {
+        return AgentWork::Keep("the remote's config.toml names its own agent".into());
+    }
+    let line = config_line(&probe.root, version);
+    let configured = probe.agent_config == AgentConfig::Ours(line.clone())
+        && probe.agent_installed.as_deref() == Some(version);
+    let pi = format!("{}/bin/pi", agent_dir(&probe.root, version));
+    let host_runs_it = || {
+        probe.host_agent().is_some_and(|agent| {
+            agent.state == AgentState::Ready
+                && agent.path.as_deref() == Some(pi.as_str())
+                && agent.version.as_deref() == Some(version)
+        })
+    };
+    if configured && (running.is_none() || host_runs_it()) {
+        return AgentWork::Keep(format!("pi {version} is installed"));
+    }
+    AgentWork::Install(AgentInstall {
+        package: PI_PACKAGE.into(),
+        version: version.into(),
+        config_line: line,
+    })
+}
+
+/// What installing the agent from the remote's npm needs, checked before the plan is sent: a
+/// Node pi runs on, and its npm. A probe that did not look (the host was current) leaves it to
+/// the remote, which says what it misses.
+pub fn requirements(probe: &Probe) -> Result<(), AppError> {
+    if probe.os.is_empty() {
+        return Ok(());
+    }
+    let fix = format!(
+        "install Node.js {} or newer with npm on the remote and connect again, or name your own agent in {}/config.toml (agent = \"/path/to/pi --mode rpc\")",
+        MIN_NODE_VERSION, probe.root
+    );
+    let found = match &probe.node {
+        Some(node) if node.is_enough() && probe.npm.is_some() => return Ok(()),
+        Some(node) if node.is_enough() => format!(
+            "Node.js {} at {} but no npm",
+            node.version.as_deref().unwrap_or("?"),
+            node.path
+        ),
+        Some(RemoteNode {
+            path,
+            version: Some(version),
+        }) => format!("Node.js {version} at {path}"),
+        Some(RemoteNode {
+            path,
+            version: None,
+        }) => format!("a node at {path} that does not run"),
+        None => "no Node.js".to_string(),
+    };
+    Err(super::stage_failed(
+        Stage::Agent,
+        format!(
+            "pi needs Node.js {} or newer and the remote has {found}; {fix}",
+            MIN_NODE_VERSION
+        ),
+        json!({"node": probe.node.as_ref().map(|n| json!({"path": n.path, "version": n.version})), "npm": probe.npm, "hint": fix}),
+    ))
+}
+
+/// `text` as a printf(1) format that prints it: letters and digits as they are, every other
+/// byte as a `\ooo` escape, so the whole is one shell word without quotes or `%`.
+pub fn printf_word(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("\\{b:03o}")
+            }
+        })
+        .collect()
+}
+
+/// A pi version as a plain name: it goes into paths and the plan line.
+pub fn valid_version(version: &str) -> bool {
+    !version.is_empty()
+        && version.starts_with(|c: char| c.is_ascii_digit())
+        && version
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe(extra: &str) -> Probe {
+        Probe::parse(&format!("root=/home/u/.pi-host\n{extra}")).unwrap()
+    }
+
+    #[test]
+    fn the_pinned_version_is_the_one_the_tests_run() {
+        let lock = include_str!("../../../tests/pi/package-lock.json");
+        let lock: serde_json::Value = serde_json::from_str(lock).unwrap();
+        let tested = &lock["packages"][format!("node_modules/{PI_PACKAGE}")]["version"];
+        assert_eq!(tested, PI_VERSION);
+    }
+
+    #[test]
+    fn the_config_line_is_toml_naming_pi_by_absolute_path() {
+        let line = config_line("/home/a user/.pi-host", "0.73.1");
+        assert_eq!(
+            line,
+            format!(
+                "agent = \"'/home/a user/.pi-host/data/agent/versions/0.73.1/bin/pi' --mode rpc\" {MARK}"
+            )
+        );
+        let odd = config_line("/h/\"q\\\n", "1.0.0");
+        assert!(
+            odd.starts_with("agent = \"'/h/\\\"q\\\\\\u000A/data"),
+            "{odd}"
+        );
+    }
+
+    #[test]
+    fn printf_words_carry_any_text_as_one_plain_word() {
+        let text = "agent = \"'/h s/%d\\n' x\" # é";
+        let word = printf_word(text);
+        assert!(word.chars().all(|c| c.is_ascii_alphanumeric() || c == '\\'));
+        // As session.sh prints it: the plan's word, split from the line, in double quotes.
+        let printed = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "set -f; set -- $0; printf \"$2\"",
+                &format!("go {word}"),
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8(printed.stdout).unwrap(), text);
+    }
+
+    #[test]
+    fn the_operator_s_agent_is_kept_and_ours_is_installed_until_the_host_runs_it() {
+        let operator = probe("agentconf=agent = \"/opt/my-agent\"\n");
+        assert!(matches!(
+            decide(&operator, None, PI_VERSION),
+            AgentWork::Keep(_)
+        ));
+        let AgentWork::Install(install) = decide(&probe(""), None, PI_VERSION) else {
+            panic!("no agent: install");
+        };
+        assert_eq!(install.version, PI_VERSION);
+        let line = config_line("/home/u/.pi-host", PI_VERSION);
+        assert_eq!(install.config_line, line);
+
+        let installed = probe(&format!("agentconf={line}\nagentv={PI_VERSION}\n"));
+        assert!(matches!(
+            decide(&installed, None, PI_VERSION),
+            AgentWork::Keep(_)
+        ));
+        // Another version wanted: installed again.
+        assert!(matches!(
+            decide(&installed, None, "0.74.0"),
+            AgentWork::Install(_)
+        ));
+        // A running host that does not run it (started before the config named it).
+        let running = Running {
+            version: "0.1.0".into(),
+            port: 1,
+            draining: false,
+            cert_sha256: None,
+        };
+        assert!(matches!(
+            decide(&installed, Some(&running), PI_VERSION),
+            AgentWork::Install(_)
+        ));
+        let status = serde_json::json!({"agent": {"state": "ready", "version": PI_VERSION,
+            "path": format!("/home/u/.pi-host/data/agent/versions/{PI_VERSION}/bin/pi")}});
+        let runs_it = probe(&format!(
+            "agentconf={line}\nagentv={PI_VERSION}\nstatus={status}\n"
+        ));
+        assert!(matches!(
+            decide(&runs_it, Some(&running), PI_VERSION),
+            AgentWork::Keep(_)
+        ));
+    }
+
+    #[test]
+    fn versions_are_plain_names() {
+        assert!(valid_version("0.73.1") && valid_version("1.0.0-beta.2+x"));
+        for bad in ["", "latest", "../x", "1 2", "1;x", "$(x)"] {
+            assert!(!valid_version(bad), "{bad}");
+        }
+    }
+}
