@@ -1625,6 +1625,7 @@ impl World {
 /// in the config by absolute path; a turn reaches the model. A second connect changes nothing,
 /// and one whose pi cannot be installed leaves the host and its agent as they were.
 #[tokio::test]
+#[ignore = "reaches the npm registry, which tests in CI may not: run by hand with --run-ignored all"]
 async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
     let world = World::plain_with(Shell::Dash, pi_offline_env()).await;
     world.config_without_agent();
