@@ -260,55 +260,13 @@ impl AgentCheck {
                 if *beside {
                     path_first = node.parent().map(Path::to_path_buf);
                 }
-                let asked = version::ask(
-                    &[node.display().to_string()],
-                    None,
-                    &self.data_dir,
-                    VERSION_TIMEOUT,
-                )
-                .await;
-                let node_version = match asked {
-                    Ok(found) if found < MIN_NODE_VERSION => {
-                        problems.push(format!(
-                            "the agent's Node.js {} is {found}; pi needs Node.js >= \
-                             {MIN_NODE_VERSION}",
-                            node.display()
-                        ));
-                        Some(found)
-                    }
-                    Ok(found) => Some(found),
-                    Err(why) => {
-                        problems.push(format!("the agent's Node.js does not run: {why}"));
-                        None
-                    }
-                };
-                status.runtime = Some(AgentRuntime {
-                    name: "node".to_string(),
-                    path: node.display().to_string(),
-                    version: node_version.map(|v| v.to_string()),
-                });
+                status.runtime = Some(self.examine_node(node, &mut problems).await);
             }
         }
         if problems.is_empty() {
-            match version::ask(
-                &located.launcher,
-                path_first.as_deref(),
-                &self.data_dir,
-                VERSION_TIMEOUT,
-            )
-            .await
-            {
-                Ok(found) if found < MIN_AGENT_VERSION => {
-                    status.version = Some(found.to_string());
-                    problems.push(format!(
-                        "the agent {} is version {found}; pi-host needs pi {MIN_AGENT_VERSION} \
-                         or newer",
-                        located.path.display()
-                    ));
-                }
-                Ok(found) => status.version = Some(found.to_string()),
-                Err(why) => problems.push(format!("the agent does not run: {why}")),
-            }
+            status.version = self
+                .examine_agent(&located, path_first.as_deref(), &mut problems)
+                .await;
         }
         if !problems.is_empty() {
             status.state = AgentState::Incompatible;
@@ -318,6 +276,69 @@ impl AgentCheck {
             status,
             stamp,
             located: Some(located),
+        }
+    }
+}
+
+impl AgentCheck {
+    /// The Node.js a Node program runs on, and what is wrong with it (too old, does not run).
+    async fn examine_node(&self, node: &Path, problems: &mut Vec<String>) -> AgentRuntime {
+        let asked = version::ask(
+            &[node.display().to_string()],
+            None,
+            &self.data_dir,
+            VERSION_TIMEOUT,
+        )
+        .await;
+        let node_version = match asked {
+            Ok(found) if found < MIN_NODE_VERSION => {
+                problems.push(format!(
+                    "the agent's Node.js {} is {found}; pi needs Node.js >= {MIN_NODE_VERSION}",
+                    node.display()
+                ));
+                Some(found)
+            }
+            Ok(found) => Some(found),
+            Err(why) => {
+                problems.push(format!("the agent's Node.js does not run: {why}"));
+                None
+            }
+        };
+        AgentRuntime {
+            name: "node".to_string(),
+            path: node.display().to_string(),
+            version: node_version.map(|v| v.to_string()),
+        }
+    }
+
+    /// The agent's own version (`--version`), and what is wrong with it (too old, does not run).
+    async fn examine_agent(
+        &self,
+        located: &Located,
+        path_first: Option<&Path>,
+        problems: &mut Vec<String>,
+    ) -> Option<String> {
+        match version::ask(
+            &located.launcher,
+            path_first,
+            &self.data_dir,
+            VERSION_TIMEOUT,
+        )
+        .await
+        {
+            Ok(found) if found < MIN_AGENT_VERSION => {
+                problems.push(format!(
+                    "the agent {} is version {found}; pi-host needs pi {MIN_AGENT_VERSION} \
+                     or newer",
+                    located.path.display()
+                ));
+                Some(found.to_string())
+            }
+            Ok(found) => Some(found.to_string()),
+            Err(why) => {
+                problems.push(format!("the agent does not run: {why}"));
+                None
+            }
         }
     }
 }
