@@ -11,7 +11,9 @@
 //! The config line ends with [`MARK`]: a connect rewrites only a line it wrote. An `agent` line
 //! without it is the operator's, and then the agent is left alone.
 
-use super::remote_shell::{MIN_NODE_VERSION, Probe, RemoteNode, Running};
+use super::remote_shell::{
+    AgentConfig, AgentInstall, MARK, MIN_NODE_VERSION, Probe, RemoteNode, Running,
+};
 use super::stage::Stage;
 use racp_proto::AppError;
 use racp_proto::methods::host::AgentState;
@@ -24,32 +26,6 @@ pub const PI_PACKAGE: &str = "@mariozechner/pi-coding-agent";
 /// equal).
 pub const PI_VERSION: &str = "0.73.1";
 
-/// Ends the `agent` line a connect writes into the remote's config.toml.
-pub const MARK: &str = "# written by pi-remote connect";
-
-/// What the remote's config.toml says of the agent (the probe's `agentconf=` lines).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum AgentConfig {
-    /// No `agent` line: the host's default applies.
-    #[default]
-    None,
-    /// The line a connect wrote.
-    Ours(String),
-    /// The operator's own `agent` line.
-    Operator(String),
-}
-
-impl AgentConfig {
-    /// Folds in one `agent = ...` line of the config.
-    pub fn with_line(self, line: &str) -> AgentConfig {
-        match self {
-            AgentConfig::Operator(_) => self,
-            _ if line.trim_end().ends_with(MARK) => AgentConfig::Ours(line.to_string()),
-            _ => AgentConfig::Operator(line.to_string()),
-        }
-    }
-}
-
 /// What a connect does about the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentWork {
@@ -57,15 +33,6 @@ pub enum AgentWork {
     Keep(String),
     /// Install (or check and keep) pi `version` and write its config line.
     Install(AgentInstall),
-}
-
-/// An agent install, as the plan line carries it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentInstall {
-    pub package: String,
-    pub version: String,
-    /// The config.toml line naming it.
-    pub config_line: String,
 }
 
 /// Where pi `version` goes under the remote's install root.
@@ -170,20 +137,6 @@ pub fn requirements(probe: &Probe) -> Result<(), AppError> {
     ))
 }
 
-/// `text` as a printf(1) format that prints it: letters and digits as they are, every other
-/// byte as a `\ooo` escape, so the whole is one shell word without quotes or `%`.
-pub fn printf_word(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                (b as char).to_string()
-            } else {
-                format!("\\{b:03o}")
-            }
-        })
-        .collect()
-}
-
 /// A pi version as a plain name: it goes into paths and the plan line.
 pub fn valid_version(version: &str) -> bool {
     !version.is_empty()
@@ -196,6 +149,7 @@ pub fn valid_version(version: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provision::remote_shell::printf_word;
 
     fn probe(extra: &str) -> Probe {
         Probe::parse(&format!("root=/home/u/.pi-host\n{extra}")).unwrap()

@@ -11,7 +11,6 @@
 //! login shell's `node` (path and `--version`) and a `pi` on its `PATH` or in `~/.local/bin` or
 //! `~/.npm-global/bin`; a running host's `status` carries its own agent check instead.
 
-use super::agent::{AgentConfig, AgentInstall};
 use serde_json::Value;
 
 /// Quotes a string for a POSIX shell.
@@ -59,7 +58,7 @@ pub fn session_script(
         sh_quote(wanted),
         sh_quote(staging_name),
         sh_quote(agent_version),
-        sh_quote(super::agent::MARK),
+        sh_quote(MARK),
     );
     for line in SESSION_SH.lines().map(str::trim_start) {
         if !line.is_empty() && !line.starts_with('#') {
@@ -114,7 +113,7 @@ impl Plan {
             Some(a) => (
                 a.package.as_str(),
                 a.version.as_str(),
-                super::agent::printf_word(&a.config_line),
+                printf_word(&a.config_line),
             ),
             None => ("-", "-", "-".into()),
         };
@@ -435,6 +434,55 @@ pub fn parse_sums(output: &str) -> Vec<(String, String)> {
             let name = parts.next()?.trim_start_matches('*');
             let name = name.rsplit('/').next().unwrap_or(name).to_string();
             Some((hash, name))
+        })
+        .collect()
+}
+
+/// Ends the `agent` line a connect writes into the remote's config.toml.
+pub const MARK: &str = "# written by pi-remote connect";
+
+/// What the remote's config.toml says of the agent (the probe's `agentconf=` lines).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AgentConfig {
+    /// No `agent` line: the host's default applies.
+    #[default]
+    None,
+    /// The line a connect wrote.
+    Ours(String),
+    /// The operator's own `agent` line.
+    Operator(String),
+}
+
+impl AgentConfig {
+    /// Folds in one `agent = ...` line of the config.
+    pub fn with_line(self, line: &str) -> AgentConfig {
+        match self {
+            AgentConfig::Operator(_) => self,
+            _ if line.trim_end().ends_with(MARK) => AgentConfig::Ours(line.to_string()),
+            _ => AgentConfig::Operator(line.to_string()),
+        }
+    }
+}
+
+/// An agent install, as the plan line carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentInstall {
+    pub package: String,
+    pub version: String,
+    /// The config.toml line naming it.
+    pub config_line: String,
+}
+
+/// `text` as a printf(1) format that prints it: letters and digits as they are, every other
+/// byte as a `\ooo` escape, so the whole is one shell word without quotes or `%`.
+pub fn printf_word(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("\\{b:03o}")
+            }
         })
         .collect()
 }
