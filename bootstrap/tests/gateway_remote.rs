@@ -5,58 +5,15 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use assert_cmd::Command;
+mod common;
+
+use common::Remote;
 use serde_json::Value;
-use std::process::Output;
 use std::time::Duration;
 use tests::PATIENCE;
 use tests::gateway::Fleet;
 
-/// One desktop: its own pi-remote config directory.
-struct Remote {
-    config: tempfile::TempDir,
-}
-
 impl Remote {
-    fn new() -> Remote {
-        Remote {
-            config: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_pi-remote"));
-        command
-            .args(args)
-            .env("PI_REMOTE_CONFIG_DIR", self.config.path())
-            .env_remove("PI_REMOTE_PROFILE")
-            .timeout(PATIENCE * 2);
-        tokio::task::spawn_blocking(move || command.output().expect("run pi-remote"))
-            .await
-            .unwrap()
-    }
-
-    async fn ok(&self, args: &[&str]) -> String {
-        let output = self.run(args).await;
-        assert!(
-            output.status.success(),
-            "pi-remote {args:?} failed ({:?}): {}{}",
-            output.status.code(),
-            text(&output.stdout),
-            text(&output.stderr)
-        );
-        text(&output.stdout)
-    }
-
-    async fn ok_json(&self, args: &[&str]) -> Value {
-        serde_json::from_str(self.ok(args).await.trim()).expect("one JSON document")
-    }
-
-    fn profile(&self) -> Value {
-        let file = self.config.path().join("profiles/default.json");
-        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
-    }
-
     /// `hosts --json` until every id in `ids` is listed online.
     async fn until_online(&self, ids: &[&str]) -> Value {
         let deadline = tokio::time::Instant::now() + PATIENCE * 2;

@@ -5,12 +5,15 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+mod common;
+
 use assert_cmd::Command;
+use common::Remote;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use tests::{HostProcess, PATIENCE};
 
@@ -27,67 +30,7 @@ async fn host() -> HostProcess {
     .await
 }
 
-/// One desktop: its own pi-remote config directory.
-struct Remote {
-    config: tempfile::TempDir,
-}
-
 impl Remote {
-    fn new() -> Remote {
-        Remote {
-            config: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_pi-remote"));
-        command
-            .args(args)
-            .env("PI_REMOTE_CONFIG_DIR", self.config.path())
-            .env_remove("PI_REMOTE_PROFILE")
-            .timeout(PATIENCE * 2);
-        command
-    }
-
-    /// Runs pi-remote to completion off the async workers.
-    async fn run_with_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        let mut command = self.command(args);
-        command.write_stdin(stdin.to_string());
-        tokio::task::spawn_blocking(move || command.output().expect("run pi-remote"))
-            .await
-            .unwrap()
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        self.run_with_stdin(args, "").await
-    }
-
-    /// Runs a command that must succeed; returns its stdout.
-    async fn ok(&self, args: &[&str]) -> String {
-        let output = self.run(args).await;
-        assert!(
-            output.status.success(),
-            "pi-remote {args:?} failed ({:?}): {}{}",
-            output.status.code(),
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
-    }
-
-    async fn ok_json(&self, args: &[&str]) -> Value {
-        let stdout = self.ok(args).await;
-        serde_json::from_str(stdout.trim()).expect("one JSON document")
-    }
-
-    fn profile_path(&self) -> PathBuf {
-        self.config.path().join("profiles/default.json")
-    }
-
-    fn profile(&self) -> Value {
-        serde_json::from_str(&std::fs::read_to_string(self.profile_path()).unwrap()).unwrap()
-    }
-
     /// Pairs with a fresh token from `pi-host pair`; returns the `pair --json` output.
     async fn pair(&self, host: &HostProcess, extra: &[&str]) -> Value {
         let minted = host.pairing_token(extra).await;

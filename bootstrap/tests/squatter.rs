@@ -6,45 +6,16 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use assert_cmd::Command;
+mod common;
+
+use common::Remote;
 use racp_proto::ErrorCode;
 use racp_proto::client::{ClientOptions, RacpClient};
 use racp_proto::fingerprint::CertSha256;
 use serde_json::Value;
-use std::process::Output;
-use tests::{HostProcess, PATIENCE, Squatter};
-
-struct Remote {
-    config: tempfile::TempDir,
-}
+use tests::{HostProcess, Squatter};
 
 impl Remote {
-    fn new() -> Remote {
-        Remote {
-            config: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_pi-remote"));
-        command
-            .args(args)
-            .env("PI_REMOTE_CONFIG_DIR", self.config.path())
-            .env_remove("PI_REMOTE_PROFILE")
-            .timeout(PATIENCE * 2);
-        tokio::task::spawn_blocking(move || command.output().expect("run pi-remote"))
-            .await
-            .unwrap()
-    }
-
-    fn profile_path(&self) -> std::path::PathBuf {
-        self.config.path().join("profiles/default.json")
-    }
-
-    fn profile(&self) -> Value {
-        serde_json::from_str(&std::fs::read_to_string(self.profile_path()).unwrap()).unwrap()
-    }
-
     /// Pairs with the host through the racps:// link `pi-host pair` prints.
     async fn pair(&self, host: &HostProcess) {
         let minted = host.pairing_token(&[]).await;
