@@ -171,6 +171,36 @@ async fn observers_read_but_do_not_drive() {
         .call("session/close", json!({"sessionId": session["sessionId"]}))
         .await;
     assert_eq!(reply["error"]["code"], "FORBIDDEN");
+    // Driving calls with valid params: refused for the role, never run.
+    let id = session["sessionId"].clone();
+    for (method, params) in [
+        (
+            "turn/start",
+            json!({"sessionId": id, "idempotencyKey": "k1", "text": "echo hi"}),
+        ),
+        (
+            "turn/steer",
+            json!({"sessionId": id, "turnId": "turn_1", "text": "stop"}),
+        ),
+        ("turn/abort", json!({"sessionId": id, "turnId": "turn_1"})),
+        (
+            "approval/respond",
+            json!({"approvalId": "appr_1", "decision": "allow"}),
+        ),
+        (
+            "session/configure",
+            json!({"sessionId": id, "autoCompaction": false}),
+        ),
+    ] {
+        let reply = observer.call(method, params).await;
+        assert_eq!(reply["error"]["code"], "FORBIDDEN", "{method}: {reply}");
+    }
+    let got = observer.call("session/get", json!({"sessionId": id})).await;
+    assert_eq!(
+        got["result"]["snapshot"]["turns"],
+        json!([]),
+        "no turn started: {got}"
+    );
     let reply = observer.call("session/list", json!({})).await;
     assert_eq!(reply["result"]["sessions"].as_array().unwrap().len(), 1);
     let reply = observer
