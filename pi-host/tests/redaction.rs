@@ -45,6 +45,19 @@ const ROWS: &[(&str, &str, &str)] = &[
     ("xai", "xai-Mn12Bv34Cx56Zl78Kj90Hg denied", "Mn12Bv34Cx56Zl78Kj90Hg"),
     ("aws key id", "The security token included in the request is invalid: AKIAZ7Q3W9E5R1T6Y2U4", "Z7Q3W9E5R1T6Y2U4"),
     ("aws secret", "config had aws_secret_access_key=Wj4lrXUtnF3MI/K7MDENG/bPxRf1CYEXAMPL3KEY", "Wj4lrXUtnF3MI/K7MDENG/bPxRf1CYEXAMPL3KEY"),
+    // Each remaining key prefix, with a body of plain letters that only its prefix takes.
+    ("sk-svcacct", "key sk-svcacct-mvkqzrtplw expired", "mvkqzrtplw"),
+    ("sk-admin", "admin key sk-admin-hdjwpqyxle denied", "hdjwpqyxle"),
+    ("sk_", "stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc refused", "4eC39HqLyjWDarjtT1zdp7dc"),
+    ("github_pat", "github_pat_qzmvbnrtyuiopwlkjhgf revoked", "qzmvbnrtyuiopwlkjhgf"),
+    ("gho", "gho_pwoeirutyalskdjfhgzm revoked", "pwoeirutyalskdjfhgzm"),
+    ("ghs", "ghs_mznxbcvlaksjdhfgqpwo revoked", "mznxbcvlaksjdhfgqpwo"),
+    ("ghu", "ghu_yturieowpqlaksjdhfgm revoked", "yturieowpqlaksjdhfgm"),
+    ("ghr", "ghr_bvncmxzlaksjdhfgpqow revoked", "bvncmxzlaksjdhfgpqow"),
+    ("huggingface", "hf_qpwoeirutyalskdjfhgzmxncbvqpwoe invalid", "qpwoeirutyalskdjfhgzmxncbvqpwoe"),
+    ("aws session key id", "temporary id ASIAQ5W8E2R6T1Y9U3I7 expired", "Q5W8E2R6T1Y9U3I7"),
+    ("cookie", "sent Cookie: session=Ck5Vn8Bm2Lq4; theme=dark\nnext", "Ck5Vn8Bm2Lq4"),
+    ("password", "db password = 'plainwordsecret' refused", "plainwordsecret"),
     ("exact value", "the provider says your key opaque.Value-7Kq2Xw is wrong", EXACT_KEY),
 ];
 

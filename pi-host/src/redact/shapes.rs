@@ -594,6 +594,121 @@ mod tests {
         (r"x\napi_key=v4lue123", r"x\napi_key=[redacted]"),
     ];
 
+    /// Every key prefix, with the shortest body it alone takes (no digits, so no other rule
+    /// would): dropping a prefix from [`PREFIXES`] fails its row. Written out by hand.
+    #[rustfmt::skip]
+    const PREFIX_ROWS: &[(&str, &str)] = &[
+        ("k sk-ant-abcdefgh", "k sk-[redacted]"),
+        ("k sk-proj-abcdefgh", "k sk-[redacted]"),
+        ("k sk-svcacct-abcdefgh", "k sk-[redacted]"),
+        ("k sk-admin-abcdefgh", "k sk-[redacted]"),
+        ("k sk-abcdefgh01234567", "k sk-[redacted]"),
+        ("k sk_abcdefgh01234567", "k sk_[redacted]"),
+        ("k AIzaabcdefghijklmnopqrst", "k AIza[redacted]"),
+        ("k pplx-abcdefghijklmnopqrst", "k pplx-[redacted]"),
+        ("k github_pat_abcdefghijklmnopqrst", "k github_pat_[redacted]"),
+        ("k ghp_abcdefghijklmnopqrst", "k ghp_[redacted]"),
+        ("k gho_abcdefghijklmnopqrst", "k gho_[redacted]"),
+        ("k ghs_abcdefghijklmnopqrst", "k ghs_[redacted]"),
+        ("k ghu_abcdefghijklmnopqrst", "k ghu_[redacted]"),
+        ("k ghr_abcdefghijklmnopqrst", "k ghr_[redacted]"),
+        ("k gsk_abcdefghijklmnopqrst", "k gsk_[redacted]"),
+        ("k xai-abcdefghijklmnopqrst", "k xai-[redacted]"),
+        ("k hf_abcdefghijklmnopqrstuvwxyzabcd", "k hf_[redacted]"),
+        ("k AKIAABCDEFGHIJKLMNOP", "k AKIA[redacted]"),
+        ("k ASIAABCDEFGHIJKLMNOP", "k ASIA[redacted]"),
+    ];
+
+    /// The last words that make a name a secret's (a key-like value after them goes), and the
+    /// words that make any quoted value after the name go. Written out by hand.
+    const SECRET_NAME_ENDINGS: &[&str] = &[
+        "key",
+        "apikey",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "credential",
+        "credentials",
+        "signature",
+        "sig",
+        "auth",
+    ];
+    const STRONG_NAME_WORDS: &[&str] = &[
+        "api",
+        "apikey",
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "access",
+        "private",
+        "auth",
+        "session",
+        "refresh",
+        "client",
+        "bearer",
+        "credential",
+        "credentials",
+        "subscription",
+        "signature",
+        "sig",
+    ];
+
+    #[test]
+    fn each_key_prefix_takes_the_body_only_it_would() {
+        for (input, expected) in PREFIX_ROWS {
+            assert_eq!(redact(input), *expected, "{input}");
+        }
+        // And a prefix added to the code has a row here.
+        for prefix in PREFIXES {
+            let text = std::str::from_utf8(prefix.text).unwrap();
+            assert!(
+                PREFIX_ROWS
+                    .iter()
+                    .any(|(input, _)| input.starts_with(&format!("k {text}"))),
+                "{text} has no row in PREFIX_ROWS"
+            );
+        }
+    }
+
+    #[test]
+    fn each_secret_name_takes_its_value() {
+        for ending in SECRET_NAME_ENDINGS {
+            // A plain first word: only the ending makes it a secret's name.
+            let input = format!("my_{ending}=abc123def456 next");
+            assert_eq!(
+                redact(&input),
+                format!("my_{ending}=[redacted] next"),
+                "{input}"
+            );
+            let camel = format!("my{}{}", ending[..1].to_uppercase(), &ending[1..]);
+            let json = format!(r#"{{"{camel}": "abc123def456"}}"#);
+            assert!(redact(&json).contains("[redacted]"), "{json}");
+        }
+        for word in STRONG_NAME_WORDS {
+            // A word that is no key after a strong name goes too; after a weak one it stays.
+            let input = format!(r#"{{"{word}_token": "plainword"}}"#);
+            assert_eq!(
+                redact(&input),
+                format!(r#"{{"{word}_token": "[redacted]"}}"#),
+                "{input}"
+            );
+        }
+        assert_eq!(
+            redact(r#"{"my_token": "plainword"}"#),
+            r#"{"my_token": "plainword"}"#
+        );
+        for header in ["Authorization", "Cookie", "X-Proxy-Authorization"] {
+            let input = format!("{header}: some words here\nnext");
+            assert!(
+                redact(&input).starts_with(&format!("{header}: [redacted]")),
+                "{input}"
+            );
+        }
+    }
+
     /// Text that must come through unchanged.
     const SURVIVORS: &[&str] = &[
         "an ordinary sentence about keys and tokens",
