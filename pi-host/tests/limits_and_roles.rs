@@ -2,102 +2,37 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use racp_proto::{Method, Role};
+use racp_proto::Role;
 use serde_json::json;
 use std::path::Path;
-use tests::{Client, HostProcess};
+use tests::{Client, HostProcess, roles};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pi-host"))
 }
 
-/// Who may call each method, written out by hand from docs/protocol.md's method list rather than
-/// read from the method table, so a wrong row in the table fails here: the lowest role that may
-/// call it (`None`: no device may, only a pairing connection).
-const LOWEST_ROLE: &[(&str, Option<Role>)] = &[
-    ("pair", None),
-    ("host/info", Some(Role::Observer)),
-    ("host/list", Some(Role::Observer)),
-    ("device/list", Some(Role::Owner)),
-    ("device/revoke", Some(Role::Owner)),
-    ("pairing/create", Some(Role::Owner)),
-    ("fs/list", Some(Role::Observer)),
-    ("fs/stat", Some(Role::Observer)),
-    ("session/create", Some(Role::Operator)),
-    ("session/list", Some(Role::Observer)),
-    ("session/get", Some(Role::Observer)),
-    ("session/stream", Some(Role::Observer)),
-    ("session/subscribe", Some(Role::Observer)),
-    ("session/unsubscribe", Some(Role::Observer)),
-    ("session/close", Some(Role::Operator)),
-    ("turn/start", Some(Role::Operator)),
-    ("turn/steer", Some(Role::Operator)),
-    ("turn/abort", Some(Role::Operator)),
-    ("approval/respond", Some(Role::Operator)),
-    ("model/list", Some(Role::Observer)),
-    ("session/configure", Some(Role::Operator)),
-    ("credential/set", Some(Role::Owner)),
-    ("credential/delete", Some(Role::Owner)),
-    ("credential/list", Some(Role::Owner)),
-    ("provider/set", Some(Role::Owner)),
-    ("provider/delete", Some(Role::Owner)),
-];
-
 #[tokio::test]
 async fn every_method_against_every_role_is_forbidden_exactly_where_the_protocol_says() {
-    // Every method of the table has a row here, and no row names a method the table lacks.
-    let listed: Vec<&str> = LOWEST_ROLE.iter().map(|(name, _)| *name).collect();
-    for method in Method::ALL {
-        assert!(
-            *method == Method::Hello || listed.contains(&method.as_str()),
-            "{} has no row in LOWEST_ROLE: write who may call it",
-            method.as_str()
-        );
-    }
-    for name in &listed {
-        assert!(Method::from_name(name).is_some(), "{name} is not a method");
-    }
-
+    roles::assert_every_method_listed();
     let host = HostProcess::start_with(bin(), &["--agent", "/nonexistent/agent"]).await;
     // The first device is the owner; then one device per role.
-    let mut clients = Vec::new();
     for role in [Role::Owner, Role::Operator, Role::Observer] {
         let (_, token) = host
             .pair_device(role.as_str(), &["--roles", role.as_str()])
             .await;
         let mut client = Client::connect(&host.url(), &token).await.unwrap();
         client.hello().await;
-        clients.push((role, client));
-    }
-    for (role, client) in clients.iter_mut() {
-        for (method, lowest) in LOWEST_ROLE {
-            let reply = client.call(method, json!({})).await;
-            let forbidden = reply["error"]["code"] == "FORBIDDEN";
-            let expected = lowest.is_none_or(|lowest| *role < lowest);
-            assert_eq!(
-                forbidden,
-                expected,
-                "{method} as {}: {reply}",
-                role.as_str()
-            );
-        }
+        roles::assert_forbidden_below_the_lowest_role(&mut client, role).await;
     }
 
-    // A pairing connection may only pair: every other call is UNAUTHORIZED (it has no device
-    // yet), and pairing is not refused for want of a role.
+    // A pairing connection may only pair, and pairing is not refused for want of a role.
     let token = host.pairing_token(&["--roles", "observer"]).await["token"]
         .as_str()
         .unwrap()
         .to_string();
     let mut pairing = Client::connect(&host.url(), &token).await.unwrap();
     pairing.hello().await;
-    for (method, lowest) in LOWEST_ROLE {
-        if lowest.is_none() {
-            continue;
-        }
-        let reply = pairing.call(method, json!({})).await;
-        assert_eq!(reply["error"]["code"], "UNAUTHORIZED", "{method}: {reply}");
-    }
+    roles::assert_a_pairing_connection_only_pairs(&mut pairing).await;
     let paired = pairing.call("pair", json!({"deviceName": "late"})).await;
     assert_eq!(paired["result"]["roles"], json!(["observer"]), "{paired}");
 }

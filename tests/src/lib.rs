@@ -12,6 +12,7 @@
 pub mod gateway;
 pub mod nats;
 pub mod pi;
+pub mod roles;
 pub mod sshd;
 use futures_util::{SinkExt, StreamExt};
 use racp_proto::fingerprint::CertSha256;
