@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use tests::raw::Raw;
 use tests::{Client, HostProcess, PATIENCE, record_figures};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -860,150 +861,6 @@ async fn a_corpus_of_hostile_frames_gets_registered_codes_and_the_host_stays_up(
 
 // ---- WebSocket-level violations, through a raw socket ---------------------------------------
 
-/// A WebSocket client that writes whatever bytes it is told to.
-struct Raw {
-    stream: Box<dyn tests::Io>,
-    buffer: Vec<u8>,
-}
-
-impl Raw {
-    async fn connect(host: &HostProcess, token: &str) -> Raw {
-        let mut stream = host.stream().await;
-        let request = format!(
-            "GET /racp HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-             Sec-WebSocket-Protocol: racp.v1\r\nAuthorization: Bearer {token}\r\n\r\n"
-        );
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut raw = Raw {
-            stream,
-            buffer: Vec::new(),
-        };
-        let head = loop {
-            if let Some(end) = raw.buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&raw.buffer[..end]).into_owned();
-                raw.buffer.drain(..end + 4);
-                break head;
-            }
-            assert!(raw.fill().await, "the host closed during the upgrade");
-        };
-        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-        raw
-    }
-
-    async fn fill(&mut self) -> bool {
-        let mut chunk = [0u8; 16 << 10];
-        match tokio::time::timeout(PATIENCE, self.stream.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => false,
-            Ok(Ok(n)) => {
-                self.buffer.extend_from_slice(&chunk[..n]);
-                true
-            }
-            Err(_) => panic!("the host sent nothing in time"),
-        }
-    }
-
-    /// A frame with the given first byte (FIN, RSV, opcode), masked unless `unmasked`.
-    fn encode(first: u8, payload: &[u8], unmasked: bool) -> Vec<u8> {
-        let mut out = vec![first];
-        let mask_bit = if unmasked { 0 } else { 0x80 };
-        match payload.len() {
-            n if n < 126 => out.push(mask_bit | n as u8),
-            n if n <= 0xffff => {
-                out.push(mask_bit | 126);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(mask_bit | 127);
-                out.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        if unmasked {
-            out.extend_from_slice(payload);
-        } else {
-            let key = [0x12u8, 0x34, 0x56, 0x78];
-            out.extend_from_slice(&key);
-            out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
-        }
-        out
-    }
-
-    async fn send(&mut self, bytes: &[u8]) -> bool {
-        self.stream.write_all(bytes).await.is_ok()
-    }
-
-    async fn text(&mut self, payload: &[u8]) -> bool {
-        self.send(&Raw::encode(0x81, payload, false)).await
-    }
-
-    /// The next frame from the host: (opcode, payload); `None` once the socket closed.
-    async fn frame(&mut self) -> Option<(u8, Vec<u8>)> {
-        loop {
-            if self.buffer.len() >= 2 {
-                let opcode = self.buffer[0] & 0x0f;
-                let (len, header) = match self.buffer[1] & 0x7f {
-                    126 if self.buffer.len() >= 4 => (
-                        u16::from_be_bytes([self.buffer[2], self.buffer[3]]) as usize,
-                        4,
-                    ),
-                    127 if self.buffer.len() >= 10 => (
-                        u64::from_be_bytes(self.buffer[2..10].try_into().unwrap()) as usize,
-                        10,
-                    ),
-                    126 | 127 => (usize::MAX, 0),
-                    n => (n as usize, 2),
-                };
-                if len != usize::MAX && self.buffer.len() >= header + len {
-                    let payload = self.buffer[header..header + len].to_vec();
-                    self.buffer.drain(..header + len);
-                    return Some((opcode, payload));
-                }
-            }
-            if !self.fill().await {
-                return None;
-            }
-        }
-    }
-
-    /// Reads until the host closes: the last connection error's code and the close code.
-    async fn until_close(&mut self) -> (Option<String>, Option<u16>) {
-        let mut code = None;
-        while let Some((opcode, payload)) = self.frame().await {
-            match opcode {
-                1 => {
-                    let frame: Value = serde_json::from_slice(&payload).unwrap();
-                    if frame.get("id").is_none()
-                        && let Some(error) = frame.get("error")
-                    {
-                        code = Some(registered(error).spec().name.to_string());
-                    }
-                }
-                8 => {
-                    let close =
-                        (payload.len() >= 2).then(|| u16::from_be_bytes([payload[0], payload[1]]));
-                    return (code, close);
-                }
-                _ => {}
-            }
-        }
-        (code, None)
-    }
-
-    /// Sends a text frame and returns the error reply to it.
-    async fn reply(&mut self, payload: &[u8]) -> Value {
-        assert!(self.text(payload).await);
-        loop {
-            let (opcode, payload) = self.frame().await.expect("a reply");
-            if opcode == 1 {
-                let frame: Value = serde_json::from_slice(&payload).unwrap();
-                if frame.get("id").is_some() {
-                    return frame;
-                }
-            }
-        }
-    }
-}
-
 #[tokio::test]
 async fn websocket_violations_end_only_that_connection_with_a_registered_code() {
     let host = HostProcess::start(bin()).await;
@@ -1076,21 +933,21 @@ async fn websocket_violations_end_only_that_connection_with_a_registered_code() 
         }),
     ];
     for (name, payload) in invalid_utf8 {
-        let mut raw = Raw::connect(&host, &token).await;
+        let mut raw = Raw::connect(&host.url(), &token).await;
         let reply = raw.reply(hello).await;
         assert!(reply.get("result").is_some(), "{reply}");
         raw.text(&payload).await;
-        let (code, close) = raw.until_close().await;
+        let tests::raw::Ending { error: code, close, .. } = raw.until_close().await;
         assert_eq!(code.as_deref(), Some("INVALID_ARGUMENT"), "{name}");
         assert_eq!(close, Some(4004), "{name}");
         figures.insert(name.into(), json!({"code": code, "close": close}));
     }
     for (name, bytes) in violations {
-        let mut raw = Raw::connect(&host, &token).await;
+        let mut raw = Raw::connect(&host.url(), &token).await;
         let reply = raw.reply(hello).await;
         assert!(reply.get("result").is_some(), "{reply}");
         raw.send(&bytes).await;
-        let (code, close) = raw.until_close().await;
+        let tests::raw::Ending { error: code, close, .. } = raw.until_close().await;
         let code = code.unwrap_or_else(|| panic!("{name}: no connection error (close {close:?})"));
         assert!(
             code == "INVALID_ARGUMENT" || code == "PAYLOAD_TOO_LARGE",
@@ -1110,7 +967,7 @@ async fn websocket_violations_end_only_that_connection_with_a_registered_code() 
         figures.insert(name.into(), json!({"code": code, "close": close}));
     }
     // A binary frame is an ordinary bad frame: answered, the connection stays.
-    let mut raw = Raw::connect(&host, &token).await;
+    let mut raw = Raw::connect(&host.url(), &token).await;
     raw.reply(hello).await;
     raw.send(&Raw::encode(0x82, b"\xff\x00binary", false)).await;
     let (opcode, payload) = raw.frame().await.unwrap();
@@ -1191,7 +1048,7 @@ async fn floods_are_answered_or_refused_with_registered_codes_in_bounded_memory(
     );
 
     // 2. A ping flood: the connection stays usable.
-    let mut raw = Raw::connect(&host, &token).await;
+    let mut raw = Raw::connect(&host.url(), &token).await;
     let pings: Vec<u8> = (0..10_000)
         .flat_map(|_| Raw::encode(0x89, b"ping", false))
         .collect();

@@ -12,6 +12,7 @@
 pub mod gateway;
 pub mod nats;
 pub mod pi;
+pub mod raw;
 pub mod roles;
 pub mod sshd;
 use futures_util::{SinkExt, StreamExt};
@@ -86,7 +87,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 /// TCP to the URL's port on loopback, and for `wss://` TLS that accepts only the pinned
 /// certificate of the host there.
-async fn dial(url: &str) -> std::io::Result<Box<dyn Io>> {
+pub(crate) async fn dial(url: &str) -> std::io::Result<Box<dyn Io>> {
     let authority = url
         .split("://")
         .nth(1)
