@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use tests::raw::Raw;
 use tests::{Client, HostProcess, PATIENCE, record_figures};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pi-host"))
@@ -937,7 +937,9 @@ async fn websocket_violations_end_only_that_connection_with_a_registered_code() 
         let reply = raw.reply(hello).await;
         assert!(reply.get("result").is_some(), "{reply}");
         raw.text(&payload).await;
-        let tests::raw::Ending { error: code, close, .. } = raw.until_close().await;
+        let tests::raw::Ending {
+            error: code, close, ..
+        } = raw.until_close().await;
         assert_eq!(code.as_deref(), Some("INVALID_ARGUMENT"), "{name}");
         assert_eq!(close, Some(4004), "{name}");
         figures.insert(name.into(), json!({"code": code, "close": close}));
@@ -947,7 +949,9 @@ async fn websocket_violations_end_only_that_connection_with_a_registered_code() 
         let reply = raw.reply(hello).await;
         assert!(reply.get("result").is_some(), "{reply}");
         raw.send(&bytes).await;
-        let tests::raw::Ending { error: code, close, .. } = raw.until_close().await;
+        let tests::raw::Ending {
+            error: code, close, ..
+        } = raw.until_close().await;
         let code = code.unwrap_or_else(|| panic!("{name}: no connection error (close {close:?})"));
         assert!(
             code == "INVALID_ARGUMENT" || code == "PAYLOAD_TOO_LARGE",
