@@ -270,7 +270,10 @@ async fn a_missing_agent_is_agent_unavailable() {
 #[tokio::test]
 async fn approvals_first_answer_wins_and_others_are_stale() {
     let mut s = setup(&[]).await;
-    let mut other = connect(&s).await;
+    // Another device answers first: the approval records which one settled it.
+    let (other_id, other_token) = s.host.pair_device("phone", &["--roles", "operator"]).await;
+    let mut other = Client::connect(&s.host.url(), &other_token).await.unwrap();
+    other.hello().await;
     subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
     start_turn(&mut s.client, &s.session_id, "k", "approve:confirm").await;
     let events = events_until(&mut s.client, |e| e["type"] == "approval.requested").await;
@@ -298,6 +301,10 @@ async fn approvals_first_answer_wins_and_others_are_stale() {
         )
         .await;
     assert_eq!(first["result"]["approval"]["state"], "allowed", "{first}");
+    assert_eq!(
+        first["result"]["approval"]["settledBy"], other_id,
+        "{first}"
+    );
     let second = s
         .client
         .call(
@@ -306,6 +313,10 @@ async fn approvals_first_answer_wins_and_others_are_stale() {
         )
         .await;
     assert_eq!(second["error"]["code"], "APPROVAL_STALE");
+    assert_eq!(
+        second["error"]["details"]["settledBy"], other_id,
+        "{second}"
+    );
     let events = events_until(&mut s.client, is_turn_finished).await;
     let settled = events
         .iter()
