@@ -1010,3 +1010,37 @@ async fn pi_retries_stay_in_the_turn_and_a_give_up_counts_them() {
     let before = &events[events.len() - 2];
     assert_eq!(before["type"], "agent.auto_retry_end", "{before}");
 }
+
+#[tokio::test]
+async fn a_heartbeat_names_the_cursor_of_the_last_event_delivered() {
+    let mut s = setup(&["--heartbeat-ms", "200"]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "k", "echo hi").await;
+    let events = events_until(&mut s.client, is_turn_finished).await;
+    let mut last = events.last().unwrap()["cursor"].clone();
+    // Frames in arrival order: each heartbeat after the turn names the last event before it.
+    let deadline = tokio::time::Instant::now() + tests::PATIENCE * 4;
+    loop {
+        let frame = tokio::time::timeout_at(deadline, s.client.next_frame())
+            .await
+            .expect("a heartbeat within the deadline")
+            .expect("the host closed the connection");
+        match frame["method"].as_str() {
+            Some("session/events") => {
+                last = frame["params"]["events"]
+                    .as_array()
+                    .unwrap()
+                    .last()
+                    .unwrap()["cursor"]
+                    .clone();
+            }
+            Some("heartbeat") => {
+                let subscriptions = frame["params"]["subscriptions"].as_array().unwrap();
+                assert_eq!(subscriptions.len(), 1, "{frame}");
+                assert_eq!(subscriptions[0]["cursor"], last, "{frame}");
+                return;
+            }
+            _ => {}
+        }
+    }
+}
