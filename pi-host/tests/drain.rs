@@ -1,0 +1,63 @@
+//! The drain (docs/protocol.md §12) against a real host: an HTTP connection opened before the
+//! SIGTERM and upgraded after it is refused with 503 HOST_SHUTTING_DOWN, and an open RACP
+//! connection ends with HOST_SHUTTING_DOWN and close 1001.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::path::Path;
+use tests::raw::Raw;
+use tests::{HostProcess, PATIENCE};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_pi-host"))
+}
+
+fn sigterm(host: &HostProcess) {
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &host.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+#[tokio::test]
+async fn a_drain_refuses_late_upgrades_and_closes_open_connections_going_away() {
+    let host = HostProcess::start(bin()).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let hello = br#"{"id":1,"method":"hello","params":{"protocol":{"min":1,"max":1},"client":{"name":"raw","version":"0"}}}"#;
+    let mut open = Raw::connect(&host.url(), &token).await;
+    assert!(open.reply(hello).await.get("result").is_some());
+    // An HTTP connection with its request line sent, the rest of the upgrade held back.
+    let mut late = host.stream().await;
+    late.write_all(b"GET /racp HTTP/1.1\r\n").await.unwrap();
+    late.flush().await.unwrap();
+
+    sigterm(&host);
+    let ending = tokio::time::timeout(PATIENCE * 2, open.until_close())
+        .await
+        .expect("the open connection was closed in time");
+    assert_eq!(
+        ending.error.as_deref(),
+        Some("HOST_SHUTTING_DOWN"),
+        "{ending:?}"
+    );
+    assert_eq!(ending.close, Some(1001), "{ending:?}");
+
+    let rest = format!(
+        "Host: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: racp.v1\r\n\
+         Authorization: Bearer {token}\r\n\r\n"
+    );
+    // A request under way keeps its HTTP connection through the drain; its upgrade is refused.
+    if late.write_all(rest.as_bytes()).await.is_ok() {
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(PATIENCE * 2, late.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 503"),
+            "an upgrade during the drain: {answer}"
+        );
+        assert!(answer.contains("HOST_SHUTTING_DOWN"), "{answer}");
+    }
+}
