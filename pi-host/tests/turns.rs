@@ -1044,3 +1044,46 @@ async fn a_heartbeat_names_the_cursor_of_the_last_event_delivered() {
         }
     }
 }
+
+#[tokio::test]
+async fn an_answered_approval_stays_answered_past_its_deadline() {
+    let mut s = setup(&["--approval-timeout-ms", "1500"]).await;
+    subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut s.client, &s.session_id, "k", "approve:confirm").await;
+    let events = events_until(&mut s.client, |e| e["type"] == "approval.requested").await;
+    let requested = &events.last().unwrap()["data"];
+    let approval_id = requested["approvalId"].clone();
+    let deadline = requested["deadline"].as_u64().expect("a deadline");
+    let answered = s
+        .client
+        .call(
+            "approval/respond",
+            json!({"approvalId": approval_id, "decision": "allow"}),
+        )
+        .await;
+    assert_eq!(
+        answered["result"]["approval"]["state"], "allowed",
+        "{answered}"
+    );
+    events_until(&mut s.client, is_turn_finished).await;
+
+    // The deadline's timer fires after the answer: it must leave the answer as it was.
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    while now() < deadline + 2000 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let again = s
+        .client
+        .call(
+            "approval/respond",
+            json!({"approvalId": approval_id, "decision": "deny"}),
+        )
+        .await;
+    assert_eq!(again["error"]["code"], "APPROVAL_STALE", "{again}");
+    assert_eq!(again["error"]["details"]["state"], "allowed", "{again}");
+}
