@@ -1087,3 +1087,93 @@ async fn an_answered_approval_stays_answered_past_its_deadline() {
     assert_eq!(again["error"]["code"], "APPROVAL_STALE", "{again}");
     assert_eq!(again["error"]["details"]["state"], "allowed", "{again}");
 }
+
+/// Eight connections answer one approval at once with mixed decisions: exactly one answer wins,
+/// its reply names the answering device, the seven others are stale, one settle is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn of_eight_simultaneous_answers_exactly_one_wins_and_names_its_device() {
+    const ANSWERS: usize = 8;
+    let agent = tests::stand_in_agent();
+    let host = HostProcess::start_with(bin(), &["--agent", agent.to_str().unwrap()]).await;
+    let (device_id, token) = host.pair_device("laptop", &[]).await;
+    let mut watcher = Client::connect(&host.url(), &token).await.unwrap();
+    watcher.hello().await;
+    let created = watcher
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session = &created["result"]["session"];
+    let session_id = session["sessionId"].as_str().unwrap().to_string();
+    let subscribed = watcher
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": session["cursor"]}),
+        )
+        .await;
+    assert!(subscribed.get("result").is_some(), "{subscribed}");
+    let started = watcher
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k", "text": "approve:confirm"}),
+        )
+        .await;
+    assert!(started.get("result").is_some(), "{started}");
+    let events = watcher
+        .events_until(tests::PATIENCE * 4, |e| e["type"] == "approval.requested")
+        .await;
+    let approval_id = events.last().unwrap()["data"]["approvalId"].clone();
+
+    let mut answerers = Vec::new();
+    for _ in 0..ANSWERS {
+        let mut client = Client::connect(&host.url(), &token).await.unwrap();
+        client.hello().await;
+        answerers.push(client);
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(ANSWERS));
+    let tasks: Vec<_> = answerers
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut client)| {
+            let barrier = barrier.clone();
+            let approval_id = approval_id.clone();
+            let decision = if i % 2 == 0 { "allow" } else { "deny" };
+            tokio::spawn(async move {
+                barrier.wait().await;
+                client
+                    .call(
+                        "approval/respond",
+                        json!({"approvalId": approval_id, "decision": decision}),
+                    )
+                    .await
+            })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for task in tasks {
+        replies.push(task.await.unwrap());
+    }
+    let winners: Vec<_> = replies
+        .iter()
+        .filter(|r| r.get("result").is_some())
+        .collect();
+    assert_eq!(winners.len(), 1, "{replies:?}");
+    let stale = replies
+        .iter()
+        .filter(|r| r["error"]["code"] == "APPROVAL_STALE")
+        .count();
+    assert_eq!(stale, ANSWERS - 1, "{replies:?}");
+    assert_eq!(
+        winners[0]["result"]["approval"]["settledBy"],
+        json!(device_id),
+        "{}",
+        winners[0]
+    );
+
+    let events = watcher
+        .events_until(tests::PATIENCE * 4, |e| e["type"] == "turn.finished")
+        .await;
+    let settled = events
+        .iter()
+        .filter(|e| e["type"] == "approval.settled")
+        .count();
+    assert_eq!(settled, 1, "{events:?}");
+}
