@@ -390,3 +390,24 @@ impl Fleet {
         (host, host_id)
     }
 }
+
+/// Waits until `host/list` shows `host_id` online, so no call after it meets HOST_DISCONNECTED.
+pub async fn until_online(client: &mut Client, host_id: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE * 2;
+    loop {
+        let listed = client.call("host/list", json!({})).await;
+        let online = listed["result"]["hosts"].as_array().is_some_and(|hosts| {
+            hosts
+                .iter()
+                .any(|h| h["host"]["id"] == host_id && h["status"] == "online")
+        });
+        if online {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{host_id} never came online: {listed}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -6,9 +6,8 @@
 
 use racp_proto::Role;
 use serde_json::json;
-use std::time::Duration;
-use tests::gateway::Fleet;
-use tests::{Client, PATIENCE, roles};
+use tests::gateway::{Fleet, until_online};
+use tests::{Client, roles};
 
 #[tokio::test]
 async fn every_method_against_every_role_is_forbidden_where_a_host_forbids_it() {
@@ -43,25 +42,4 @@ async fn every_method_against_every_role_is_forbidden_where_a_host_forbids_it() 
     roles::assert_a_pairing_connection_only_pairs(&mut pairing).await;
     let paired = pairing.call("pair", json!({"deviceName": "late"})).await;
     assert_eq!(paired["result"]["roles"], json!(["observer"]), "{paired}");
-}
-
-/// Waits until the host answers through the gateway, so no call below meets HOST_DISCONNECTED.
-async fn until_online(client: &mut Client, host_id: &str) {
-    let deadline = tokio::time::Instant::now() + PATIENCE * 2;
-    loop {
-        let listed = client.call("host/list", json!({})).await;
-        let online = listed["result"]["hosts"].as_array().is_some_and(|hosts| {
-            hosts
-                .iter()
-                .any(|h| h["host"]["id"] == host_id && h["status"] == "online")
-        });
-        if online {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{host_id} never came online: {listed}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }

@@ -12,7 +12,7 @@ use racp_proto::gateway::{
 };
 use serde_json::{Value, json};
 use std::time::Duration;
-use tests::gateway::{Fleet, GatewayProcess, cli_status};
+use tests::gateway::{Fleet, GatewayProcess, cli_status, until_online};
 use tests::nats::{NatsCluster, NatsOptions, TestCa};
 use tests::{Client, PATIENCE};
 
@@ -20,27 +20,6 @@ async fn connect(url: &str, token: &str) -> Client {
     let mut client = Client::connect(url, token).await.expect("connect");
     client.hello().await;
     client
-}
-
-/// Waits until `host/list` shows `host_id` online.
-async fn until_online(client: &mut Client, host_id: &str) {
-    let deadline = tokio::time::Instant::now() + PATIENCE * 2;
-    loop {
-        let listed = client.call("host/list", json!({})).await;
-        let online = listed["result"]["hosts"].as_array().is_some_and(|hosts| {
-            hosts
-                .iter()
-                .any(|h| h["host"]["id"] == host_id && h["status"] == "online")
-        });
-        if online {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{host_id} never came online: {listed}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Waits until `text()` holds `wanted` at least `count` times.
