@@ -712,8 +712,9 @@ pub fn pi_host_binary() -> PathBuf {
 
 /// A workspace binary next to the running test executable: the test binary is
 /// `target/<profile>/deps/x`, the binary `target/<profile>/<bin>`. Cargo builds another
-/// package's binaries only for that package's own tests, so when the binary is missing (or older
-/// than `source`), this builds it first, with the same profile and target directory.
+/// package's binaries only for that package's own tests, so when the binary is missing or older
+/// than its package's sources (or `source`), this builds it first, with the same profile and
+/// target directory.
 pub fn workspace_binary(package: &str, bin: &str, source: Option<&Path>) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
     let mut built = BUILT
@@ -731,7 +732,14 @@ pub fn workspace_binary(package: &str, bin: &str, source: Option<&Path>) -> Path
     };
     let path = profile_dir.join(format!("{bin}{}", std::env::consts::EXE_SUFFIX));
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let stale = match (modified(&path), source.and_then(modified)) {
+    // Older than any source it is built from: a binary left by an earlier build would test old
+    // code (a plain `cargo nextest run -p tests` builds no other package's binaries).
+    let newest = source
+        .and_then(modified)
+        .into_iter()
+        .chain(newest_source(package))
+        .max();
+    let stale = match (modified(&path), newest) {
         (None, _) => true,
         (Some(binary), Some(source)) => binary < source,
         (Some(_), None) => false,
@@ -763,6 +771,42 @@ pub fn workspace_binary(package: &str, bin: &str, source: Option<&Path>) -> Path
     }
     built.push((bin.to_string(), path.clone()));
     path
+}
+
+/// The newest modification time of the sources a workspace package's binaries are built from:
+/// its own `src/` and `Cargo.toml`, and those of the workspace packages it depends on.
+fn newest_source(package: &str) -> Option<std::time::SystemTime> {
+    let crates: Vec<&str> = match package {
+        "pi-host" => vec!["pi-host", "racp-proto"],
+        "gateway" => vec!["gateway", "pi-host", "racp-proto"],
+        "bootstrap" => vec!["bootstrap", "racp-proto"],
+        "tests" => vec!["tests", "bootstrap", "racp-proto"],
+        other => vec![other],
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+    let mut newest = None;
+    let mut stack: Vec<PathBuf> = crates.iter().map(|c| root.join(c).join("src")).collect();
+    let manifests = crates.iter().map(|c| root.join(c).join("Cargo.toml"));
+    let mut consider = |path: &Path| {
+        if let Ok(time) = std::fs::metadata(path).and_then(|m| m.modified()) {
+            newest = newest.max(Some(time));
+        }
+    };
+    manifests.for_each(|m| consider(&m));
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                consider(&path);
+            }
+        }
+    }
+    newest
 }
 
 /// A self-signed certificate for `localhost`, written as PEM files for `--tls-cert`/`--tls-key`.
