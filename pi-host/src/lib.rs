@@ -20,6 +20,8 @@ pub mod server;
 pub mod sessions;
 pub mod state;
 pub mod store;
+#[cfg(debug_assertions)]
+mod test_hooks;
 pub mod turns;
 pub mod uplink;
 pub mod usage;

@@ -454,7 +454,7 @@ async fn serve(
     let drained = async move {
         shutdown.await;
         tracing::info!("draining");
-        drain_state.begin_drain();
+        drain_state.begin_drain().await;
     };
     server::listener::serve(listener, tls, router, &budget, drained).await;
     // Every connection has closed: end the agents, then commit what is queued before exiting.

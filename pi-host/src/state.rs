@@ -158,8 +158,10 @@ impl HostState {
     }
 
     /// Starts draining: new upgrades and calls are refused, open connections are told to close.
-    pub fn begin_drain(&self) {
+    pub async fn begin_drain(&self) {
         self.draining.store(true, Ordering::Release);
+        #[cfg(debug_assertions)]
+        crate::test_hooks::before_drain_kill().await;
         let error = AppError::new(
             ErrorCode::HostShuttingDown,
             "the host is shutting down; reconnect when it is back",

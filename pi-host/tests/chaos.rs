@@ -20,7 +20,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use racp_proto::client::{ClientOptions, RacpClient, Subscription, SubscriptionItem};
+use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
 use racp_proto::methods::session::{
     SessionCreateParams, SessionRef, SessionState, SessionSubscribeParams,
 };
@@ -57,15 +57,6 @@ fn percentiles(values: &mut [f64]) -> Value {
     values.sort_by(f64::total_cmp);
     let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
     json!({"n": values.len(), "p50": at(0.5), "p99": at(0.99), "max": values[values.len() - 1]})
-}
-
-fn options(url: String, token: &str) -> ClientOptions {
-    // The host's certificate pinned (the harness knows each host's fingerprint).
-    let mut options = tests::client_options(url, token);
-    options.min_backoff = Duration::from_millis(20);
-    options.max_backoff = Duration::from_millis(250);
-    options.call_timeout = PATIENCE;
-    options
 }
 
 fn agent_args(extra: &[&str]) -> Vec<String> {
@@ -227,7 +218,7 @@ async fn kill_9_cycles_during_a_stream_lose_duplicate_and_reorder_nothing() {
     let mut host = start(&extra).await;
     let (_, token) = host.pair_device("chaos", &[]).await;
     let proxy = FaultProxy::start(host.addr).await;
-    let mut producer = RacpClient::connect(options(proxy.url(), &token))
+    let mut producer = RacpClient::connect(tests::client_options(proxy.url(), &token))
         .await
         .unwrap();
     let created = producer
@@ -245,7 +236,7 @@ async fn kill_9_cycles_during_a_stream_lose_duplicate_and_reorder_nothing() {
     let mut readers = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..subscribers {
-        let client = RacpClient::connect(options(proxy.url(), &token))
+        let client = RacpClient::connect(tests::client_options(proxy.url(), &token))
             .await
             .unwrap();
         let sub = client
@@ -397,11 +388,11 @@ async fn a_partition_fails_calls_in_flight_then_heals_and_resumes() {
     let host = start(&["--heartbeat-ms", &heartbeat_arg]).await;
     let (_, token) = host.pair_device("partitioned", &[]).await;
     let proxy = FaultProxy::start(host.addr).await;
-    let mut client = RacpClient::connect(options(proxy.url(), &token))
+    let mut client = RacpClient::connect(tests::client_options(proxy.url(), &token))
         .await
         .unwrap();
     // A producer on its own direct link keeps events coming through the partition.
-    let mut direct = RacpClient::connect(options(host.url(), &token))
+    let mut direct = RacpClient::connect(tests::client_options(host.url(), &token))
         .await
         .unwrap();
     let created = direct

@@ -22,15 +22,6 @@ async fn host(extra: &[&str]) -> HostProcess {
     HostProcess::start_with(bin(), &args).await
 }
 
-fn options(url: String, token: &str) -> ClientOptions {
-    // The host's certificate pinned (the harness knows each host's fingerprint).
-    let mut options = tests::client_options(url, token);
-    options.min_backoff = Duration::from_millis(20);
-    options.max_backoff = Duration::from_millis(200);
-    options.call_timeout = PATIENCE;
-    options
-}
-
 async fn next(sub: &mut Subscription) -> SubscriptionItem {
     tokio::time::timeout(PATIENCE, sub.items.recv())
         .await
@@ -72,11 +63,11 @@ struct StalledSubscriber {
 async fn stalled_subscriber(host: &HostProcess) -> StalledSubscriber {
     let (_, token) = host.pair_device("laptop", &[]).await;
     let proxy = FaultProxy::start(host.addr).await;
-    let client = RacpClient::connect(options(proxy.url(), &token))
+    let client = RacpClient::connect(tests::client_options(proxy.url(), &token))
         .await
         .unwrap();
     let (session_id, sub) = session_and_subscription(&client, host).await;
-    let direct = RacpClient::connect(options(host.url(), &token))
+    let direct = RacpClient::connect(tests::client_options(host.url(), &token))
         .await
         .unwrap();
     proxy.stall(true);
@@ -131,7 +122,7 @@ async fn a_cut_link_is_resumed_with_every_event_once() {
     let host = host(&[]).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let proxy = FaultProxy::start(host.addr).await;
-    let client = RacpClient::connect(options(proxy.url(), &token))
+    let client = RacpClient::connect(tests::client_options(proxy.url(), &token))
         .await
         .unwrap();
     let (session_id, mut sub) = session_and_subscription(&client, &host).await;
@@ -157,7 +148,7 @@ async fn a_stalled_link_fails_calls_in_flight_and_recovers() {
     let host = host(&[]).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let proxy = FaultProxy::start(host.addr).await;
-    let mut client = RacpClient::connect(options(proxy.url(), &token))
+    let mut client = RacpClient::connect(tests::client_options(proxy.url(), &token))
         .await
         .unwrap();
     proxy.stall(true);
@@ -185,7 +176,7 @@ async fn a_host_restart_is_resumed_by_cursor() {
     let host = host(&[]).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let proxy = FaultProxy::start(host.addr).await;
-    let mut client = RacpClient::connect(options(proxy.url(), &token))
+    let mut client = RacpClient::connect(tests::client_options(proxy.url(), &token))
         .await
         .unwrap();
     let (session_id, mut sub) = session_and_subscription(&client, &host).await;
@@ -276,14 +267,14 @@ async fn an_expired_cursor_resyncs_from_a_snapshot() {
 #[tokio::test]
 async fn a_refused_credential_stops_the_client() {
     let host = host(&[]).await;
-    let err = RacpClient::connect(options(host.url(), "pdt_nobody.secret"))
+    let err = RacpClient::connect(tests::client_options(host.url(), "pdt_nobody.secret"))
         .await
         .err()
         .unwrap();
     assert_eq!(err.code(), ErrorCode::RemoteAuthFailed);
 
     let (device_id, token) = host.pair_device("phone", &["--roles", "observer"]).await;
-    let mut client = RacpClient::connect(options(host.url(), &token))
+    let mut client = RacpClient::connect(tests::client_options(host.url(), &token))
         .await
         .unwrap();
     let (ok, _, stderr) = host.cli(&["revoke", &device_id]).await;
@@ -339,7 +330,7 @@ async fn wss_verifies_the_host_certificate_or_a_pinned_one() {
     let url = format!("wss://localhost:{}/racp", host.addr.port());
 
     // Without any pin, the certificate must chain to the web PKI roots: it does not.
-    let mut unpinned = options(url.clone(), token);
+    let mut unpinned = tests::client_options(url.clone(), token);
     unpinned.pinned_sha256 = None;
     let untrusted = RacpClient::connect(unpinned).await.err().unwrap();
     assert_eq!(
@@ -348,7 +339,7 @@ async fn wss_verifies_the_host_certificate_or_a_pinned_one() {
         "{untrusted}"
     );
 
-    let mut pinned = options(url, token);
+    let mut pinned = tests::client_options(url, token);
     pinned.pinned_sha256 = None;
     pinned.pinned_certificate = Some(certificate.der.clone());
     let pairing = RacpClient::connect(pinned.clone()).await.unwrap();
@@ -416,7 +407,7 @@ async fn a_slow_link_delivers_everything_in_order() {
     let host = host(&[]).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let proxy = FaultProxy::start(host.addr).await;
-    let client = RacpClient::connect(options(proxy.url(), &token))
+    let client = RacpClient::connect(tests::client_options(proxy.url(), &token))
         .await
         .unwrap();
     let (session_id, mut sub) = session_and_subscription(&client, &host).await;
@@ -444,7 +435,7 @@ async fn through_a_hop_that_batches_frames_a_replay_is_delivered_whole_every_tim
     // reply and the replay's first push), as behind a TLS-terminating balancer that batches.
     let host = host(&["--plain"]).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
-    let direct = RacpClient::connect(options(host.url(), &token))
+    let direct = RacpClient::connect(tests::client_options(host.url(), &token))
         .await
         .unwrap();
     let created = direct
@@ -471,7 +462,7 @@ async fn through_a_hop_that_batches_frames_a_replay_is_delivered_whole_every_tim
 
     let proxy = FaultProxy::start(host.addr).await;
     proxy.batch(5);
-    let client = RacpClient::connect(options(proxy.url(), &token))
+    let client = RacpClient::connect(tests::client_options(proxy.url(), &token))
         .await
         .unwrap();
     for trial in 0..20 {

@@ -1,12 +1,13 @@
 //! The drain (docs/protocol.md §12) against a real host: an HTTP connection opened before the
-//! SIGTERM and upgraded after it is refused with 503 HOST_SHUTTING_DOWN, and an open RACP
-//! connection ends with HOST_SHUTTING_DOWN and close 1001.
+//! SIGTERM and upgraded after it is refused with 503 HOST_SHUTTING_DOWN, an open RACP
+//! connection ends with HOST_SHUTTING_DOWN and close 1001, and a call that arrives as the drain
+//! begins (held there by the debug-build hook `PI_HOST_TEST_DRAIN_DELAY_MS`) is not started.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::path::Path;
 use tests::raw::Raw;
-use tests::{HostProcess, PATIENCE};
+use tests::{Client, HostProcess, PATIENCE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn bin() -> &'static Path {
@@ -60,4 +61,43 @@ async fn a_drain_refuses_late_upgrades_and_closes_open_connections_going_away() 
         );
         assert!(answer.contains("HOST_SHUTTING_DOWN"), "{answer}");
     }
+}
+
+/// Waits until the host refuses new upgrades: its drain has begun.
+async fn until_draining(host: &HostProcess, token: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE * 2;
+    loop {
+        match Client::connect(&host.url(), token).await {
+            Err(refused) if refused.body["error"]["code"] == "HOST_SHUTTING_DOWN" => return,
+            _ => assert!(
+                tokio::time::Instant::now() < deadline,
+                "the host never began to drain"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_call_that_arrives_as_the_drain_begins_is_not_started() {
+    // The drain's kill of open connections waits a minute, so the call below lands where only
+    // the drain's flag stands between it and its handler.
+    let host =
+        HostProcess::start_with_env(bin(), &[], &[("PI_HOST_TEST_DRAIN_DELAY_MS", "60000")]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let hello = br#"{"id":1,"method":"hello","params":{"protocol":{"min":1,"max":1},"client":{"name":"raw","version":"0"}}}"#;
+    let mut open = Raw::connect(&host.url(), &token).await;
+    assert!(open.reply(hello).await.get("result").is_some());
+    sigterm(&host);
+    until_draining(&host, &token).await;
+    let reply = open
+        .reply(br#"{"id":2,"method":"session/list","params":{}}"#)
+        .await;
+    assert_eq!(reply["error"]["code"], "HOST_SHUTTING_DOWN", "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not started")),
+        "{reply}"
+    );
 }

@@ -6,7 +6,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use racp_proto::calls;
-use racp_proto::client::{ClientOptions, RacpClient, Subscription, SubscriptionItem};
+use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
 use racp_proto::events::Event;
 use racp_proto::methods::session::{SessionCreateParams, SessionRef, SessionSubscribeParams};
 use racp_proto::methods::turn::TurnStartParams;
@@ -33,14 +33,6 @@ async fn host() -> HostProcess {
         &["--agent", agent.to_str().unwrap(), "--heartbeat-ms", "200"],
     )
     .await
-}
-
-fn options(url: String, token: &str) -> ClientOptions {
-    let mut options = tests::client_options(url, token);
-    options.min_backoff = Duration::from_millis(20);
-    options.max_backoff = Duration::from_millis(200);
-    options.call_timeout = PATIENCE;
-    options
 }
 
 async fn create_session(client: &RacpClient, host: &HostProcess) -> (String, racp_proto::Cursor) {
@@ -123,7 +115,7 @@ async fn a_long_reply_costs_linear_bytes_and_rebuilds_exactly_across_a_cut() {
     let host = host().await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let proxy = FaultProxy::start(host.addr).await;
-    let client = RacpClient::connect(options(proxy.url(), &token))
+    let client = RacpClient::connect(tests::client_options(proxy.url(), &token))
         .await
         .unwrap();
     let (session_id, cursor) = create_session(&client, &host).await;
@@ -188,7 +180,7 @@ async fn a_long_reply_costs_linear_bytes_and_rebuilds_exactly_across_a_cut() {
 async fn tool_output_streams_as_appends() {
     let host = host().await;
     let (_, token) = host.pair_device("laptop", &[]).await;
-    let client = RacpClient::connect(options(host.url(), &token))
+    let client = RacpClient::connect(tests::client_options(host.url(), &token))
         .await
         .unwrap();
     let (session_id, cursor) = create_session(&client, &host).await;
@@ -238,7 +230,7 @@ async fn tool_output_streams_as_appends() {
 async fn a_snapshot_mid_message_holds_the_message_so_far() {
     let host = host().await;
     let (_, token) = host.pair_device("laptop", &[]).await;
-    let client = RacpClient::connect(options(host.url(), &token))
+    let client = RacpClient::connect(tests::client_options(host.url(), &token))
         .await
         .unwrap();
     let (session_id, cursor) = create_session(&client, &host).await;
@@ -290,7 +282,7 @@ async fn a_snapshot_mid_message_holds_the_message_so_far() {
 async fn session_stream_tells_what_was_streaming_at_any_retained_cursor() {
     let host = host().await;
     let (_, token) = host.pair_device("laptop", &[]).await;
-    let client = RacpClient::connect(options(host.url(), &token))
+    let client = RacpClient::connect(tests::client_options(host.url(), &token))
         .await
         .unwrap();
     let (session_id, cursor) = create_session(&client, &host).await;
@@ -348,7 +340,7 @@ async fn a_stream_that_began_before_the_retained_window_is_cursor_expired() {
     )
     .await;
     let (_, token) = host.pair_device("laptop", &[]).await;
-    let client = RacpClient::connect(options(host.url(), &token))
+    let client = RacpClient::connect(tests::client_options(host.url(), &token))
         .await
         .unwrap();
     let (session_id, _) = create_session(&client, &host).await;
@@ -383,7 +375,7 @@ async fn a_stream_that_began_before_the_retained_window_is_cursor_expired() {
 async fn the_rust_client_rebuilds_a_reply_in_progress_from_its_own_cursor() {
     let host = host().await;
     let (_, token) = host.pair_device("laptop", &[]).await;
-    let client = RacpClient::connect(options(host.url(), &token))
+    let client = RacpClient::connect(tests::client_options(host.url(), &token))
         .await
         .unwrap();
     let (session_id, cursor) = create_session(&client, &host).await;

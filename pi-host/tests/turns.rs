@@ -367,6 +367,75 @@ async fn approvals_expire_at_their_deadline() {
 }
 
 #[tokio::test]
+async fn no_event_is_seen_before_the_store_has_it() {
+    let mut s = setup(&[]).await;
+    let mut watcher = connect(&s).await;
+    subscribe(&mut watcher, &s.session_id, Some(&s.start)).await;
+    // A paced reply, so the store can be taken away in its middle.
+    start_turn(&mut s.client, &s.session_id, "k", "deltas:400:10").await;
+    let mut live = events_until(&mut watcher, is_text_delta).await;
+    // Another writer takes the database's write lock, as a stuck disk would: each commit of the
+    // host's writer now waits out SQLite's busy timeout, fails, and is tried again.
+    let db = rusqlite::Connection::open(s.host.data_dir.path().join("pi-host.db")).unwrap();
+    db.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let committed: u64 = db
+        .query_row(
+            "SELECT max(last_seq) FROM event_chunks WHERE session_id = ?1",
+            [&s.session_id],
+            |row| row.get(0),
+        )
+        .unwrap();
+    let deadline = std::time::Instant::now() + tests::PATIENCE * 2;
+    while !s.host.log().contains("cannot commit events; retrying") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer never met the refusing store"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The agent went on; what it said since is only in the writer's queue: no snapshot and no
+    // subscriber has any of it.
+    let mut probe = connect(&s).await;
+    let got = probe
+        .call("session/get", json!({"sessionId": s.session_id}))
+        .await;
+    assert_eq!(
+        seq_of(&got["result"]["cursor"]),
+        committed,
+        "the head is not what the store holds: {got}"
+    );
+    let settle = tokio::time::timeout(std::time::Duration::from_millis(500), async {
+        while let Some(frame) = watcher.next_frame().await {
+            if let Some(events) = frame["params"]["events"].as_array() {
+                live.extend(events.iter().cloned());
+            }
+        }
+    })
+    .await;
+    assert!(settle.is_err(), "the watcher's connection ended");
+    let beyond: Vec<_> = live
+        .iter()
+        .filter(|e| e["seq"].as_u64().unwrap() > committed)
+        .collect();
+    assert!(
+        beyond.is_empty(),
+        "{} events were pushed before they were committed (store holds up to {committed})",
+        beyond.len()
+    );
+    // Once the store takes writes again, every event arrives, in order, and stays.
+    db.execute_batch("ROLLBACK").unwrap();
+    live.extend(events_until(&mut watcher, is_turn_finished).await);
+    assert_contiguous(&live, seq_of(&s.start) + 1);
+    let start = s.start.clone();
+    let (host, token, session_id) = s.restart().await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    subscribe(&mut client, &session_id, Some(&start)).await;
+    let replayed = events_until(&mut client, is_turn_finished).await;
+    assert_eq!(replayed, live, "what was seen live is what the store kept");
+}
+
+#[tokio::test]
 async fn a_subscriber_that_drops_mid_stream_resumes_with_every_event_once() {
     let mut s = setup(&[]).await;
     let mut reader = connect(&s).await;
@@ -385,22 +454,71 @@ async fn a_subscriber_that_drops_mid_stream_resumes_with_every_event_once() {
 }
 
 #[tokio::test]
-async fn an_expired_cursor_recovers_through_a_snapshot_without_a_gap() {
+async fn the_oldest_retained_cursor_resumes_and_the_one_before_it_is_expired() {
     let mut s = setup(&["--retain-events", "100"]).await;
     start_turn(&mut s.client, &s.session_id, "k1", "burst:500").await;
-    let mut watcher = connect(&s).await;
+    let head = until_idle(&mut s).await;
+    let head_seq = seq_of(&head);
+    let expired = subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
+    assert_eq!(expired["error"]["code"], "CURSOR_EXPIRED", "{expired}");
+    let oldest = expired["error"]["details"]["oldest"].clone();
+    let oldest_seq = seq_of(&oldest);
+    assert!(
+        oldest_seq > 1 && oldest_seq < head_seq,
+        "the window moved: oldest {oldest}"
+    );
+    // The cursor of the event just before the window: one event is missing after it.
+    let epoch = oldest
+        .as_str()
+        .unwrap()
+        .rsplit_once('-')
+        .unwrap()
+        .0
+        .to_string();
+    let one_past = json!(format!("{epoch}-{}", oldest_seq - 1));
+    let refused = subscribe(&mut s.client, &s.session_id, Some(&one_past)).await;
+    assert_eq!(refused["error"]["code"], "CURSOR_EXPIRED", "{refused}");
+    assert_eq!(refused["error"]["details"]["reason"], "older_than_window");
+    assert_eq!(refused["error"]["details"]["oldest"], oldest);
+    // The oldest cursor itself resumes with the next event, and every retained one follows.
+    let mut reader = connect(&s).await;
+    let sub = subscribe(&mut reader, &s.session_id, Some(&oldest)).await;
+    assert_eq!(sub["result"]["cursor"], oldest, "{sub}");
+    let replayed = events_until(&mut reader, is_turn_finished).await;
+    assert_contiguous(&replayed, oldest_seq + 1);
+    assert_eq!(replayed.last().unwrap()["cursor"], head);
+}
+
+/// Waits until the session's turn is over (watching a live subscription started at the head, so
+/// it never falls behind a small window) and returns the session's cursor then.
+async fn until_idle(s: &mut Setup) -> Value {
+    let mut watcher = connect(s).await;
     subscribe(&mut watcher, &s.session_id, None).await;
-    // Wait for the turn to end by watching a live subscription started at the head.
     loop {
         let got = s
             .client
             .call("session/get", json!({"sessionId": s.session_id}))
             .await;
         if got["result"]["snapshot"]["state"] == "idle" {
-            break;
+            return got["result"]["cursor"].clone();
         }
         watcher.next_frame().await;
     }
+}
+
+fn seq_of(cursor: &Value) -> u64 {
+    cursor
+        .as_str()
+        .and_then(|c| c.rsplit('-').next())
+        .and_then(|seq| seq.parse().ok())
+        .unwrap_or_else(|| panic!("not a cursor: {cursor}"))
+}
+
+#[tokio::test]
+async fn an_expired_cursor_recovers_through_a_snapshot_without_a_gap() {
+    let mut s = setup(&["--retain-events", "100"]).await;
+    start_turn(&mut s.client, &s.session_id, "k1", "burst:500").await;
+    until_idle(&mut s).await;
     let expired = subscribe(&mut s.client, &s.session_id, Some(&s.start)).await;
     assert_eq!(expired["error"]["code"], "CURSOR_EXPIRED");
     assert_eq!(expired["error"]["details"]["reason"], "older_than_window");
@@ -414,15 +532,69 @@ async fn an_expired_cursor_recovers_through_a_snapshot_without_a_gap() {
     assert!(sub.get("result").is_some(), "{sub}");
     start_turn(&mut s.client, &s.session_id, "k2", "deltas:3").await;
     let events = events_until(&mut s.client, is_turn_finished).await;
-    let head_seq: u64 = cursor
-        .as_str()
-        .unwrap()
-        .rsplit('-')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert_contiguous(&events, head_seq + 1);
+    assert_contiguous(&events, seq_of(&cursor) + 1);
+}
+
+#[tokio::test]
+async fn a_subscriber_that_reads_steadily_but_too_slowly_is_cut_at_the_lag_bound() {
+    // The stall cut is a minute away, so only the lag bound can end this subscriber: it never
+    // stops reading, it reads slower than the agent writes. The proxy's small buffers on the
+    // host's side make the host's writes wait on that reader after a few MiB, not tens.
+    let mut s = setup(&[
+        "--plain",
+        "--send-stall-ms",
+        "60000",
+        "--max-lag-events",
+        "50",
+    ])
+    .await;
+    let proxy = tests::FaultProxy::start_with_small_buffers(s.host.addr).await;
+    proxy.delay(10);
+    let mut slow = Client::connect(&proxy.url(), &s.token).await.unwrap();
+    slow.hello().await;
+    // At the head, so the subscription is caught up from its first delivery.
+    let sub = subscribe(&mut slow, &s.session_id, Some(&s.start)).await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    // About 14 MB of events, written by the agent as fast as it can.
+    let started = start_turn(&mut s.client, &s.session_id, "k", "stream:40000").await;
+    assert!(started.get("result").is_some(), "{started}");
+    let mut last_error = None;
+    let mut finished = false;
+    let read = tokio::time::timeout(tests::PATIENCE * 4, async {
+        while let Some(frame) = slow.next_frame().await {
+            if frame.get("error").is_some() {
+                last_error = Some(frame);
+            } else if frame["method"] == "session/events"
+                && frame["params"]["events"]
+                    .as_array()
+                    .is_some_and(|events| events.iter().any(is_turn_finished))
+            {
+                finished = true;
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the slow subscriber was neither cut nor done");
+    assert!(
+        !finished,
+        "a subscriber thousands of events behind the head was served the whole turn"
+    );
+    let log = s.host.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("code=CLIENT_TOO_SLOW")
+                && l.contains("fell too far behind the head")),
+        "the host did not cut the subscriber for its lag"
+    );
+    // The final error reaches a reader that gets through its socket buffers in time.
+    if let Some(error) = last_error {
+        assert_eq!(error["error"]["code"], "CLIENT_TOO_SLOW", "{error}");
+        assert!(
+            error["error"]["details"]["lastCursor"].is_object(),
+            "{error}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -78,6 +78,12 @@ pub fn client_options(url: impl Into<String>, token: &str) -> racp_proto::client
     let mut options = racp_proto::client::ClientOptions::new(url, token);
     options.pinned_sha256 = pin;
     options.allow_plain_ws = plain;
+    // Reconnects soon after a cut; a call waits as long as the tests wait for anything.
+    options.min_backoff = Duration::from_millis(20);
+    options.max_backoff = Duration::from_millis(250);
+    options.call_timeout = PATIENCE;
+    // The tests check the host's delivery: a repeated event must reach them, not be hidden.
+    options.strict_delivery = true;
     options
 }
 
@@ -684,8 +690,6 @@ impl Client {
     }
 }
 
-/// The path of the `stand-in-agent` test fixture (a scripted stand-in for `pi --mode rpc`, see
-/// `src/bin/stand-in-agent.rs`), built when missing or older than its source.
 /// Prints a test's measured figures and, when `RACP_FIGURES_DIR` is set, writes them there as
 /// `<name>.json` (docs/reliability.md reads them from there). Figures are reported, never asserted.
 pub fn record_figures(name: &str, figures: &serde_json::Value) {
@@ -700,12 +704,14 @@ pub fn record_figures(name: &str, figures: &serde_json::Value) {
     }
 }
 
+/// The path of the `stand-in-agent` test fixture (a scripted stand-in for `pi --mode rpc`, see
+/// `src/bin/stand-in-agent.rs`), built when missing or older than its source.
 pub fn stand_in_agent() -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bin/stand-in-agent.rs");
     workspace_binary("tests", "stand-in-agent", Some(&source))
 }
 
-/// The `pi-host` binary, built when missing (for tests outside the pi-host package).
+/// The `pi-host` binary, built when missing or stale (for tests outside the pi-host package).
 pub fn pi_host_binary() -> PathBuf {
     workspace_binary("pi-host", "pi-host", None)
 }

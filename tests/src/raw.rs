@@ -12,12 +12,14 @@ pub struct Raw {
 }
 
 /// How a server ended a connection: the code of its last connection error (a frame with an
-/// `error` and no `id`), the close code and the close reason.
+/// `error` and no `id`), the close code and the close reason, and how many replies (frames with
+/// an `id`) came before the close.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ending {
     pub error: Option<String>,
     pub close: Option<u16>,
     pub reason: Option<String>,
+    pub answered: usize,
 }
 
 impl Raw {
@@ -128,14 +130,19 @@ impl Raw {
     /// Reads until the server closes.
     pub async fn until_close(&mut self) -> Ending {
         let mut error = None;
+        let mut answered = 0;
         while let Some((opcode, payload)) = self.frame().await {
             match opcode {
                 1 => {
                     let frame: Value = serde_json::from_slice(&payload).unwrap();
-                    if frame.get("id").is_none()
-                        && let Some(code) = frame["error"]["code"].as_str()
-                    {
-                        error = Some(code.to_string());
+                    match frame.get("id") {
+                        None => {
+                            if let Some(code) = frame["error"]["code"].as_str() {
+                                error = Some(code.to_string());
+                            }
+                        }
+                        Some(id) if !id.is_null() => answered += 1,
+                        Some(_) => {}
                     }
                 }
                 8 => {
@@ -147,6 +154,7 @@ impl Raw {
                         error,
                         close,
                         reason,
+                        answered,
                     };
                 }
                 _ => {}
@@ -156,6 +164,7 @@ impl Raw {
             error,
             close: None,
             reason: None,
+            answered,
         }
     }
 

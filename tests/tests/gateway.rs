@@ -426,12 +426,104 @@ async fn a_host_credential_cannot_forge_frames_through_its_own_stream() {
     );
 }
 
-fn client_options(url: String, token: &str) -> racp_proto::client::ClientOptions {
-    let mut options = tests::client_options(url, token);
-    options.min_backoff = Duration::from_millis(20);
-    options.max_backoff = Duration::from_millis(300);
-    options.call_timeout = PATIENCE;
-    options
+#[tokio::test]
+async fn a_hole_in_a_hosts_stream_ends_a_replay_at_the_hole() {
+    let one = one_host(1).await;
+    let mut desk = connect(&one.gateway.host_url(&one.host_id), &one.token).await;
+    let (session_id, start) = open_session(&mut desk, &one.host).await;
+    let live = run_turn(&mut desk, &session_id, "k", "deltas:20").await;
+    let hole = live[live.len() / 2]["seq"].as_u64().unwrap();
+    // The gateway's own (unrestricted) NATS credential takes one event out of the middle of
+    // the host's stream, as a lost write or an operator's purge would.
+    let seed = std::fs::read_to_string(one.gateway.data_dir.path().join("gateway.nk")).unwrap();
+    let admin = one
+        .fleet
+        .nats
+        .client_options(async_nats::ConnectOptions::with_nkey(
+            seed.trim().to_string(),
+        ))
+        .connect(one.fleet.nats.urls())
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(admin);
+    let stream = js
+        .get_stream(racp_proto::gateway::events_stream(&one.host_id))
+        .await
+        .unwrap();
+    let subject = format!("racp.ev.{}.{session_id}", one.host_id);
+    let message = stream
+        .direct_get_next_for_subject(&subject, None)
+        .await
+        .unwrap();
+    let mut sequence = message.sequence;
+    loop {
+        let message = stream.get_raw_message(sequence).await.unwrap();
+        let seq = message
+            .headers
+            .get("Racp-Seq")
+            .map(|v| v.as_str().to_string());
+        if message.subject.as_str() == subject && seq == Some(hole.to_string()) {
+            assert!(stream.delete_message(sequence).await.unwrap());
+            break;
+        }
+        sequence += 1;
+    }
+    // A replay from the start delivers every event before the hole, once and in order, then
+    // ends: never the events after it as if nothing were missing.
+    let mut reader = connect(&one.gateway.host_url(&one.host_id), &one.token).await;
+    let subscribed = reader
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": start}),
+        )
+        .await;
+    assert!(
+        subscribed["result"]["subscriptionId"].is_string(),
+        "{subscribed}"
+    );
+    let mut seen = Vec::new();
+    let ended = loop {
+        let frame = reader.next_frame().await.expect("connection open");
+        match frame["method"].as_str() {
+            Some("session/events") => {
+                seen.extend(frame["params"]["events"].as_array().unwrap().clone())
+            }
+            Some("subscription/ended") => break frame,
+            _ => {}
+        }
+    };
+    let start_seq: u64 = start
+        .as_str()
+        .unwrap()
+        .rsplit('-')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let seqs: Vec<u64> = seen.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(
+        seqs,
+        (start_seq + 1..hole).collect::<Vec<_>>(),
+        "the events before the hole"
+    );
+    for event in &seen {
+        if let Some(watched) = live.iter().find(|l| l["seq"] == event["seq"]) {
+            assert_eq!(watched, event, "replayed as it was delivered live");
+        }
+    }
+    assert_eq!(
+        ended["params"]["error"]["code"], "CURSOR_EXPIRED",
+        "{ended}"
+    );
+    assert_eq!(
+        ended["params"]["error"]["details"]["reason"], "older_than_window",
+        "{ended}"
+    );
+    assert_eq!(
+        ended["params"]["cursor"],
+        seen.last().unwrap()["cursor"],
+        "ended at the last event delivered: {ended}"
+    );
 }
 
 /// Reads a subscription until `turn.finished`, checking every seq follows the one before (no
@@ -521,7 +613,7 @@ async fn a_desktop_cut_from_one_replica_resumes_on_another_with_nothing_lost_or_
     // One address for the desktop, as a load balancer gives it; the replica behind it dies.
     let proxy = tests::FaultProxy::start(first.addr).await;
     let url = format!("wss://{}/racp/hosts/{host_id}", proxy.addr);
-    let client = racp_proto::client::RacpClient::connect(client_options(url, &token))
+    let client = racp_proto::client::RacpClient::connect(tests::client_options(url, &token))
         .await
         .unwrap();
     let mut sub = start_stream(&client, &host, "stream:2000:2000:gw").await;
@@ -544,10 +636,12 @@ async fn a_nats_node_killed_mid_stream_loses_nothing() {
         token,
         ..
     } = one_host(3).await;
-    let client =
-        racp_proto::client::RacpClient::connect(client_options(gateway.host_url(&host_id), &token))
-            .await
-            .unwrap();
+    let client = racp_proto::client::RacpClient::connect(tests::client_options(
+        gateway.host_url(&host_id),
+        &token,
+    ))
+    .await
+    .unwrap();
     let mut sub = start_stream(&client, &host, "stream:2000:2000:nats").await;
     let nats = &mut fleet.nats;
     let deltas = read_to_the_end(&mut sub, 300, async || nats.kill(0).await).await;

@@ -63,7 +63,12 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
     // Tells a waiting revoke that this connection sends nothing more but its final error.
     drop(kill_rx);
     if let Some(error) = ending {
-        tracing::info!(code = %error.code(), connection_id, "ending a connection");
+        tracing::info!(
+            code = %error.code(),
+            message = error.message(),
+            connection_id,
+            "ending a connection"
+        );
         // A client that stopped reading takes the final error only once it reads again (the
         // frame waits behind what fills its socket buffers); give it a while, then drop it.
         let _ = tokio::time::timeout(FINAL_FRAME_GRACE, close_with(&mut socket, error)).await;

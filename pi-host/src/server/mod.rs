@@ -64,7 +64,7 @@ async fn upgrade_handler(
         }
     };
     #[cfg(debug_assertions)]
-    test_hooks::delay_after_admission().await;
+    crate::test_hooks::after_admission().await;
     let host_bound = state.config.limits.max_frame_bytes as usize;
     // tungstenite buffers a whole message before we see it. Frames up to four times the host's
     // bound reach the codec and get a PAYLOAD_TOO_LARGE reply (the connection lives on); larger
@@ -81,26 +81,4 @@ async fn upgrade_handler(
         .max_message_size(hard_cap)
         .max_frame_size(hard_cap)
         .on_upgrade(move |socket| connection::run(socket, state, credential, slot))
-}
-
-/// Fault injection for tests, compiled into debug builds only.
-#[cfg(debug_assertions)]
-mod test_hooks {
-    use std::time::Duration;
-
-    /// `PI_HOST_TEST_ADMISSION_DELAY_MS` widens the gap between the upgrade's checks and the
-    /// connection's registration, where a revoke or drain used to be missed; the tests of
-    /// src/connections.rs hold it open this way instead of hoping to hit it.
-    pub async fn delay_after_admission() {
-        static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-        let delay = DELAY.get_or_init(|| {
-            std::env::var("PI_HOST_TEST_ADMISSION_DELAY_MS")
-                .ok()
-                .and_then(|ms| ms.parse().ok())
-                .map(Duration::from_millis)
-        });
-        if let Some(delay) = delay {
-            tokio::time::sleep(*delay).await;
-        }
-    }
 }

@@ -183,6 +183,7 @@ pub(super) async fn run(
                     next_id: 1,
                     in_flight: HashMap::new(),
                     heartbeat: Duration::from_millis(hello.heartbeat_ms.max(10)),
+                    strict_delivery: options.strict_delivery,
                 };
                 let ended = link
                     .serve(&mut subs, &mut next_local, &mut commands, &state)
@@ -428,6 +429,8 @@ struct Link {
     next_id: u64,
     in_flight: HashMap<u64, InFlight>,
     heartbeat: Duration,
+    /// [`ClientOptions::strict_delivery`].
+    strict_delivery: bool,
 }
 
 impl Link {
@@ -569,7 +572,7 @@ impl Link {
                 self.on_error(request, error, subs).await
             }
             ServerFrame::Push { method, params } => {
-                on_push(&method, &params, subs);
+                on_push(&method, &params, subs, self.strict_delivery);
                 None
             }
             ServerFrame::ConnectionError { error } => Some(if is_fatal(error.code()) {
@@ -681,7 +684,12 @@ impl Link {
 
 /// A push: events go to their subscription (none at or below its cursor is repeated),
 /// `subscription/ended` ends one. `None`: a push this client cannot read or place, dropped.
-fn on_push(method: &str, params: &RawValue, subs: &mut HashMap<u64, Sub>) -> Option<()> {
+fn on_push(
+    method: &str,
+    params: &RawValue,
+    subs: &mut HashMap<u64, Sub>,
+    strict_delivery: bool,
+) -> Option<()> {
     match PushMethod::from_name(method)? {
         PushMethod::SessionEvents => {
             let push: SessionEventsParams = serde_json::from_str(params.get()).ok()?;
@@ -689,10 +697,12 @@ fn on_push(method: &str, params: &RawValue, subs: &mut HashMap<u64, Sub>) -> Opt
                 .values_mut()
                 .find(|s| s.server_id.as_deref() == Some(push.subscription_id.as_str()))?;
             for event in push.events {
-                // After a reconnect the host replays from our cursor; never repeat.
-                if sub
-                    .last
-                    .is_some_and(|c| c.epoch == event.cursor.epoch && event.seq <= c.seq)
+                // After a reconnect the host replays from our cursor; never repeat (unless asked
+                // to hand over whatever the host sends).
+                if !strict_delivery
+                    && sub
+                        .last
+                        .is_some_and(|c| c.epoch == event.cursor.epoch && event.seq <= c.seq)
                 {
                     continue;
                 }
@@ -718,6 +728,48 @@ fn on_push(method: &str, params: &RawValue, subs: &mut HashMap<u64, Sub>) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `session/events` push of one event with `seq` for subscription `sub_1`.
+    fn events_push(seq: u64) -> Box<RawValue> {
+        let event = json!({
+            "seq": seq, "cursor": format!("{:016x}-{seq}", 7), "type": "turn.started",
+            "at": 1, "data": {},
+        });
+        let params = json!({"subscriptionId": "sub_1", "sessionId": "s", "events": [event]});
+        RawValue::from_string(params.to_string()).unwrap()
+    }
+
+    /// The seqs a subscriber is handed for pushes of `seqs`, strict or not.
+    fn handed_out(seqs: &[u64], strict: bool) -> Vec<u64> {
+        let (items, mut received) = mpsc::unbounded_channel();
+        let mut subs = HashMap::from([(
+            1,
+            Sub {
+                session_id: "s".into(),
+                last: None,
+                server_id: Some("sub_1".into()),
+                items,
+            },
+        )]);
+        for &seq in seqs {
+            on_push("session/events", &events_push(seq), &mut subs, strict);
+        }
+        let mut out = Vec::new();
+        while let Ok(item) = received.try_recv() {
+            if let SubscriptionItem::Event(event) = item {
+                out.push(event.seq);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_repeated_event_is_dropped_unless_delivery_is_strict() {
+        assert_eq!(handed_out(&[1, 2, 2, 1, 3], false), [1, 2, 3]);
+        assert_eq!(handed_out(&[1, 2, 2, 1, 3], true), [1, 2, 2, 1, 3]);
+        // A gap is never hidden.
+        assert_eq!(handed_out(&[1, 3], false), [1, 3]);
+    }
 
     #[test]
     fn plain_ws_only_to_loopback_and_only_when_asked_for() {

@@ -51,6 +51,11 @@ pub struct ClientOptions {
     /// Nothing then proves the endpoint is the host: whoever holds the port gets the token.
     /// Off by default: a `ws://` URL is refused before connecting.
     pub allow_plain_ws: bool,
+    /// Hand every event the host pushes to the subscriber as it came, even one at or below the
+    /// subscription's cursor, instead of dropping it as a repeat. Off by default (a view never
+    /// shows an event twice); a test of the host's delivery turns it on to see a host that
+    /// repeats itself.
+    pub strict_delivery: bool,
 }
 
 impl ClientOptions {
@@ -66,6 +71,7 @@ impl ClientOptions {
             pinned_certificate: None,
             pinned_sha256: None,
             allow_plain_ws: false,
+            strict_delivery: false,
         }
     }
 }

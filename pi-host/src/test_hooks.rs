@@ -1,0 +1,27 @@
+//! Fault injection for tests, compiled into debug builds only: each hook holds open a moment
+//! that is otherwise too short for a test to land in, so the tests act inside it instead of
+//! hoping to hit it (docs/reliability.md §8).
+
+use std::time::Duration;
+
+/// `PI_HOST_TEST_ADMISSION_DELAY_MS`: between an upgrade's checks and its `101`, before the
+/// connection is registered, where a revoke or drain used to be missed.
+pub async fn after_admission() {
+    hold("PI_HOST_TEST_ADMISSION_DELAY_MS").await;
+}
+
+/// `PI_HOST_TEST_DRAIN_DELAY_MS`: between the drain's flag and its kill of the open
+/// connections, where only the flag refuses a call or a connection's start.
+pub async fn before_drain_kill() {
+    hold("PI_HOST_TEST_DRAIN_DELAY_MS").await;
+}
+
+async fn hold(variable: &str) {
+    let delay = std::env::var(variable)
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis);
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
+}
