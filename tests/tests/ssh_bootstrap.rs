@@ -225,6 +225,13 @@ impl World {
             .arg(&self.remote_dir)
             .args(extra)
             .env("PI_REMOTE_CONFIG_DIR", self.local_config.path())
+            // Agent bundles are made once per target dir; this machine's npm makes them from
+            // its cache only, so no test reaches a registry.
+            .env(
+                "PI_REMOTE_CACHE_DIR",
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("pi-remote-cache"),
+            )
+            .env("npm_config_offline", "true")
             .env_remove("SSH_AUTH_SOCK")
             .env_remove("SSH_ASKPASS")
             .stdin(Stdio::null())
@@ -1620,42 +1627,102 @@ impl World {
     }
 }
 
-/// A remote with Node and npm but no pi (a plain one: dash, a home with spaces, /tmp noexec):
-/// connect installs the tested pi with the remote's npm into pi-host's directory and names it
-/// in the config by absolute path; a turn reaches the model. A second connect changes nothing,
-/// and one whose pi cannot be installed leaves the host and its agent as they were.
-#[tokio::test]
-#[ignore = "reaches the npm registry, which tests in CI may not: run by hand with --run-ignored all"]
-async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
-    let world = World::plain_with(Shell::Dash, pi_offline_env()).await;
+/// npm's cache on this machine: `npm ci` of tests/pi (scripts/test) put pi's tree there, and
+/// `npm cache add` the Node build a bundle carries.
+fn npm_cache() -> String {
+    let out = std::process::Command::new("npm")
+        .args(["config", "get", "cache"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "npm config get cache");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A remote for a real pi: a plain one (dash, a home with spaces, /tmp noexec) with no agent in
+/// its config, pi's config pointing at the test's stub model, and `npmrc` as its npm's config;
+/// `stand_ins` are commands put first on its `PATH`. Returns it with the stub and a release.
+async fn agent_world(npmrc: &str, stand_ins: &[(&str, &str)]) -> (World, tests::pi::Stub, PathBuf) {
+    let mut env = pi_offline_env();
+    let bin = tempfile::Builder::new()
+        .prefix("stand-ins-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    if !stand_ins.is_empty() {
+        for (name, script) in stand_ins {
+            let path = bin.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        // In the one SetEnv line (sshd takes the first of each keyword).
+        env[0].push_str(&format!(
+            " PATH={}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            bin.path().display()
+        ));
+    }
+    let world = World::plain_with(Shell::Dash, env).await;
     world.config_without_agent();
+    std::fs::write(world.home().join(".npmrc"), npmrc).unwrap();
     let stub = tests::pi::Stub::default();
     let port = tests::pi::start_stub(stub.clone()).await;
     tests::pi::write_pi_config(&world.home().join(".pi/agent"), port);
     let release = world.release("release", None);
-    let pi_version = bootstrap::provision::agent::PI_VERSION;
+    // The stand-ins live as long as the remote.
+    std::mem::forget(bin);
+    (world, stub, release)
+}
+
+impl World {
+    /// The agent the ready event reports is the pinned pi, where connect installs it, named so
+    /// in the config; returns its directory.
+    fn assert_pinned_pi_is_the_agent(&self, ready: &Value) -> PathBuf {
+        let pi_version = bootstrap::provision::agent::PI_VERSION;
+        let agent_dir = self
+            .root()
+            .join(format!("data/agent/versions/{pi_version}"));
+        let pi = agent_dir.join("bin/pi");
+        assert_eq!(ready["agent"]["state"], "ready", "{ready}");
+        assert_eq!(ready["agent"]["version"], pi_version, "{ready}");
+        assert_eq!(ready["agent"]["path"], pi.display().to_string(), "{ready}");
+        let config = std::fs::read_to_string(self.root().join("config.toml")).unwrap();
+        assert!(
+            config.starts_with(&bootstrap::provision::agent::config_line(
+                self.root().to_str().unwrap(),
+                pi_version
+            )),
+            "{config}"
+        );
+        agent_dir
+    }
+
+    /// A turn through pi-remote reaches the stub model and prints its reply.
+    async fn assert_a_turn_reaches_the_model(&self, release: &Path, stub: &tests::pi::Stub) {
+        let reply = self.a_turn_through_pi_remote(release).await;
+        assert!(reply.contains("word00000 word00001 word00002"), "{reply}");
+        assert!(!stub.requests.lock().unwrap().is_empty());
+    }
+}
+
+/// A remote with Node and npm but no pi: connect installs the tested pi with the remote's npm
+/// (here offline, from this machine's npm cache: tests reach no registry) into pi-host's
+/// directory and names it in the config by absolute path; a turn reaches the model. A second
+/// connect changes nothing, and one whose pi cannot be installed leaves the host and its agent
+/// as they were.
+#[tokio::test]
+async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
+    let npmrc = format!("cache={}\noffline=true\n", npm_cache());
+    let (world, stub, release) = agent_world(&npmrc, &[]).await;
 
     let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
     let ready = cold.assert_ok().clone();
     assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
-    let agent_dir = world
-        .root()
-        .join(format!("data/agent/versions/{pi_version}"));
-    let pi = agent_dir.join("bin/pi");
-    assert_eq!(ready["agent"]["state"], "ready", "{ready}");
-    assert_eq!(ready["agent"]["version"], pi_version, "{ready}");
-    assert_eq!(ready["agent"]["path"], pi.display().to_string(), "{ready}");
+    let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
     assert_eq!(ready["agentInstalled"], true);
-    let config = std::fs::read_to_string(world.root().join("config.toml")).unwrap();
-    assert!(
-        config.starts_with(&bootstrap::provision::agent::config_line(
-            world.root().to_str().unwrap(),
-            pi_version
-        )),
-        "{config}"
-    );
     // pi runs with the Node the remote's npm ran with, beside it.
-    assert!(agent_dir.join("bin/node").exists());
+    assert!(
+        std::fs::symlink_metadata(agent_dir.join("bin/node"))
+            .unwrap()
+            .is_symlink()
+    );
 
     let warm = world.connect(&release, &[]).await;
     let warm_ready = warm.assert_ok();
@@ -1663,23 +1730,10 @@ async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
         assert_eq!(warm.status(stage), Some("skipped"), "{stage}: {warm:#?}");
     }
     assert_eq!(warm_ready["agentInstalled"], false);
-    let pid = world.state()["pid"].clone();
-
-    // Another version: installed beside the first, named in the config, and the host restarts
-    // to take it up.
-    let older = run_within(
-        world.command(&release, &["--once", "--pi-version", "0.73.0"]),
-        NPM_PATIENCE,
-    )
-    .await;
-    let older_ready = older.assert_ok();
-    assert_eq!(older.status("agent"), Some("done"), "{older:#?}");
-    assert_eq!(older_ready["agent"]["version"], "0.73.0", "{older_ready}");
-    assert_eq!(older_ready["started"], true);
-    assert_ne!(world.state()["pid"], pid, "the host restarted");
     let config = std::fs::read_to_string(world.root().join("config.toml")).unwrap();
     let pid = world.state()["pid"].clone();
 
+    // A version npm cannot get (and no bundle can carry: only the pinned one is bundled).
     let failing = world
         .connect(&release, &["--pi-version", "0.73.1-not-published"])
         .await;
@@ -1698,28 +1752,76 @@ async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
         "the config still names the agent that works"
     );
     assert_eq!(world.state()["pid"], pid, "the host was not touched");
-    assert!(pi.exists());
+    assert!(agent_dir.join("bin/pi").exists());
 
-    // Back to the tested version: the copy kept from before runs, so npm is not asked again.
-    let back = world.connect(&release, &[]).await;
-    let back_ready = back.assert_ok();
-    assert_eq!(back.status("agent"), Some("done"), "{back:#?}");
-    assert_eq!(back_ready["agent"]["version"], pi_version, "{back_ready}");
-    assert_ne!(world.state()["pid"], pid, "the host restarted");
-    let pid = world.state()["pid"].clone();
-
-    let reply = world.a_turn_through_pi_remote(&release).await;
-    assert!(reply.contains("word00000 word00001 word00002"), "{reply}");
-    assert!(!stub.requests.lock().unwrap().is_empty());
+    world.assert_a_turn_reaches_the_model(&release, &stub).await;
     assert_eq!(world.state()["pid"], pid);
 }
 
-/// A remote whose Node is older than pi's floor: refused after the probe with the fix, before
-/// anything is uploaded or installed.
+/// A remote whose npm reaches no registry (offline, with nothing in its cache): its npm fails,
+/// and connect sends pi as a bundle made here, on the same SSH session, run with the remote's
+/// own Node; a turn reaches the model.
 #[tokio::test]
-async fn a_remote_whose_node_is_too_old_for_pi_is_told_how_to_fix_it_before_the_upload() {
+async fn a_remote_whose_npm_cannot_reach_a_registry_gets_a_bundle_and_runs_a_turn() {
+    let (world, stub, release) = agent_world("offline=true\ncache=${HOME}/.npm-empty\n", &[]).await;
+    let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
+    let ready = cold.assert_ok().clone();
+    let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
+    let node = std::fs::read_link(agent_dir.join("bin/node")).expect("the remote's Node linked");
+    assert!(node.ends_with("node"), "{}", node.display());
+    world.assert_a_turn_reaches_the_model(&release, &stub).await;
+}
+
+/// A remote with no Node pi runs on (the one on its PATH is 18): the bundle carries the
+/// official Node build for the remote's architecture, checked against its SHA-256 on the
+/// remote; a second connect uploads nothing; a turn reaches the model.
+#[tokio::test]
+async fn a_remote_without_a_node_pi_runs_on_gets_node_in_the_bundle_and_runs_a_turn() {
+    let (world, stub, release) = agent_world(
+        "offline=true\n",
+        &[("node", "echo v18.19.0"), ("npm", "exit 1")],
+    )
+    .await;
+    let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
+    let ready = cold.assert_ok().clone();
+    assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
+    let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
+    let node = agent_dir.join("bin/node");
+    assert!(
+        std::fs::symlink_metadata(&node).unwrap().is_file(),
+        "Node came in the bundle"
+    );
+    let version = std::process::Command::new(&node)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("v{}", bootstrap::provision::bundle::NODE_VERSION)
+    );
+
+    let warm = world.connect(&release, &[]).await;
+    warm.assert_ok();
+    for stage in ["transfer", "verify", "agent", "install", "start"] {
+        assert_eq!(warm.status(stage), Some("skipped"), "{stage}: {warm:#?}");
+    }
+    assert!(!warm.events.iter().any(|e| e["type"] == "progress"));
+    world.assert_a_turn_reaches_the_model(&release, &stub).await;
+}
+
+/// A remote with no Node pi runs on and a glibc older than Node's floor: refused after the
+/// probe, naming why, before anything is uploaded or installed.
+#[tokio::test]
+async fn a_remote_without_node_and_too_old_a_glibc_for_it_is_refused_before_the_upload() {
     let bin = tempfile::tempdir().unwrap();
-    for (name, script) in [("node", "echo v18.19.0"), ("npm", "exit 1")] {
+    for (name, script) in [
+        ("node", "echo v18.19.0"),
+        ("npm", "exit 1"),
+        (
+            "getconf",
+            r#"[ "$1" = GNU_LIBC_VERSION ] && { echo 'glibc 2.27'; exit 0; }; exec /usr/bin/getconf "$@""#,
+        ),
+    ] {
         let path = bin.path().join(name);
         std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -1730,14 +1832,18 @@ async fn a_remote_whose_node_is_too_old_for_pi_is_told_how_to_fix_it_before_the_
     })
     .await;
     world.config_without_agent();
+    // The host's own build (glibc 2.17 floor) would run there; Node's would not.
     let release = world.release("release", None);
     let outcome = world.connect(&release, &[]).await;
     let error = outcome.error();
-    assert_eq!(error["details"]["reason"], "agent", "{outcome:#?}");
+    assert_eq!(error["code"], "HOST_BOOTSTRAP_FAILED", "{outcome:#?}");
+    assert_eq!(error["details"]["reason"], "glibc_too_old", "{outcome:#?}");
     assert_eq!(error["details"]["node"]["version"], "18.19.0");
+    assert_eq!(error["details"]["found"]["libcVersion"], "2.27");
     let message = error["message"].as_str().unwrap();
     assert!(
         message.contains("pi needs Node.js 20.6.0 or newer and the remote has Node.js 18.19.0")
+            && message.contains("glibc 2.28")
             && message.contains("config.toml"),
         "{message}"
     );

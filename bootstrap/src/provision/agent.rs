@@ -8,11 +8,17 @@
 //! into place; the config line is written last. A failure leaves the previous agent, its config
 //! line and the running host as they were (docs/architecture.md, "One `pi-remote connect`").
 //!
+//! From a bundle (provision/bundle.rs) when the remote's npm cannot do it: a remote without a
+//! Node pi runs on gets one in the bundle (`bin/node`), one without npm, or whose npm cannot
+//! reach a registry, gets pi's tree made on the desktop; unpacked into the same staging
+//! directory, checked and renamed the same way.
+//!
 //! The config line ends with [`MARK`]: a connect rewrites only a line it wrote. An `agent` line
 //! without it is the operator's, and then the agent is left alone.
 
+use super::bundle::{self, BundleSpec};
 use super::remote_shell::{
-    AgentConfig, AgentInstall, MARK, MIN_NODE_VERSION, Probe, RemoteNode, Running,
+    AgentConfig, AgentInstall, AgentSource, MARK, MIN_NODE_VERSION, Probe, RemoteNode, Running,
 };
 use super::stage::Stage;
 use racp_proto::AppError;
@@ -96,23 +102,117 @@ pub fn decide(probe: &Probe, running: Option<&Running>, version: &str) -> AgentW
         package: PI_PACKAGE.into(),
         version: version.into(),
         config_line: line,
+        source: AgentSource::Npm,
     })
 }
 
-/// What installing the agent from the remote's npm needs, checked before the plan is sent: a
-/// Node pi runs on, and its npm. A probe that did not look (the host was current) leaves it to
-/// the remote, which says what it misses.
-pub fn requirements(probe: &Probe) -> Result<(), AppError> {
-    if probe.os.is_empty() {
-        return Ok(());
+/// Where the remote gets pi, decided from the probe before anything is uploaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The remote's npm (or the copy it has, which it keeps when that runs).
+    Npm,
+    /// A bundle made here.
+    Bundle(BundleSpec),
+}
+
+/// The remote's npm when it has a Node pi runs on and an npm beside it; else a bundle (with
+/// Node when the remote has none pi runs on); refused, before anything is uploaded, when no
+/// bundle can serve it. A probe that did not look (the host was current) leaves it to the
+/// remote, which says what it misses.
+/// `npm_failed`: the remote's npm was tried and could not install pi.
+pub fn source(probe: &Probe, version: &str, npm_failed: bool) -> Result<Source, AppError> {
+    let node_ok = probe.node.as_ref().is_some_and(RemoteNode::is_enough);
+    if !npm_failed
+        && (probe.os.is_empty()
+            || probe.agent_installed.as_deref() == Some(version)
+            || (node_ok && probe.npm.is_some()))
+    {
+        return Ok(Source::Npm);
     }
     let fix = format!(
         "install Node.js {} or newer with npm on the remote and connect again, or name your own agent in {}/config.toml (agent = \"/path/to/pi --mode rpc\")",
         MIN_NODE_VERSION, probe.root
     );
-    let found = match &probe.node {
-        Some(node) if node.is_enough() && probe.npm.is_some() => return Ok(()),
-        Some(node) if node.is_enough() => format!(
+    let found = found_node(probe);
+    let node_details = json!({"node": probe.node.as_ref().map(|n| json!({"path": n.path, "version": n.version})), "npm": probe.npm, "hint": fix});
+    if version != PI_VERSION {
+        // Only the pinned version can be bundled.
+        return Err(super::stage_failed(
+            Stage::Agent,
+            format!(
+                "pi {version} can come only from the remote's npm, and pi needs Node.js {MIN_NODE_VERSION} or newer with npm where the remote has {found}; {fix}"
+            ),
+            node_details,
+        ));
+    }
+    let refuse = |reason: &str, why: String| {
+        let mut details = node_details.clone();
+        details["reason"] = json!(reason);
+        details["found"] = json!({"os": probe.os, "arch": probe.arch, "libc": probe.libc.family, "libcVersion": probe.libc.version});
+        super::stage_failed(
+            Stage::Agent,
+            format!(
+                "pi needs Node.js {MIN_NODE_VERSION} or newer and the remote has {found}; {why}; nothing was uploaded; {fix}"
+            ),
+            details,
+        )
+    };
+    let linux = super::release::normalize_os(&probe.os) == "linux";
+    let Some(cpu) = bundle::npm_cpu(&probe.arch).filter(|_| linux) else {
+        return Err(refuse(
+            "no_node_build",
+            format!(
+                "Node.js has no official build for {} {}",
+                probe.os, probe.arch
+            ),
+        ));
+    };
+    if node_ok {
+        return Ok(Source::Bundle(BundleSpec {
+            cpu,
+            with_node: false,
+        }));
+    }
+    match (probe.libc.family.as_str(), probe.libc.version.as_deref()) {
+        ("musl", _) => {
+            return Err(refuse(
+                "no_node_build",
+                format!(
+                    "Node.js's official Linux builds need glibc {} and the remote has musl",
+                    bundle::NODE_GLIBC_MIN
+                ),
+            ));
+        }
+        ("glibc", Some(v))
+            if super::remote_shell::version_cmp(v, bundle::NODE_GLIBC_MIN).is_lt() =>
+        {
+            return Err(refuse(
+                "glibc_too_old",
+                format!(
+                    "Node.js's official Linux builds need glibc {} or newer and the remote has glibc {v}",
+                    bundle::NODE_GLIBC_MIN
+                ),
+            ));
+        }
+        _ => {}
+    }
+    Ok(Source::Bundle(BundleSpec {
+        cpu,
+        with_node: true,
+    }))
+}
+
+/// Whether `error` is the remote's npm failing to install pi (session.sh exits 82 then).
+pub fn npm_failed(error: &AppError) -> bool {
+    error
+        .details()
+        .is_some_and(|d| d["reason"] == Stage::Agent.as_str() && d["exitCode"] == 82)
+}
+
+/// The remote's Node as the messages name it.
+fn found_node(probe: &Probe) -> String {
+    match &probe.node {
+        Some(node) if node.is_enough() && probe.npm.is_none() => format!(
             "Node.js {} at {} but no npm",
             node.version.as_deref().unwrap_or("?"),
             node.path
@@ -126,15 +226,7 @@ pub fn requirements(probe: &Probe) -> Result<(), AppError> {
             version: None,
         }) => format!("a node at {path} that does not run"),
         None => "no Node.js".to_string(),
-    };
-    Err(super::stage_failed(
-        Stage::Agent,
-        format!(
-            "pi needs Node.js {} or newer and the remote has {found}; {fix}",
-            MIN_NODE_VERSION
-        ),
-        json!({"node": probe.node.as_ref().map(|n| json!({"path": n.path, "version": n.version})), "npm": probe.npm, "hint": fix}),
-    ))
+    }
 }
 
 /// A pi version as a plain name: it goes into paths and the plan line.
@@ -240,6 +332,71 @@ mod tests {
             decide(&runs_it, Some(&running), PI_VERSION),
             AgentWork::Keep(_)
         ));
+    }
+
+    #[test]
+    fn pi_comes_from_the_remote_s_npm_else_a_bundle_else_a_refusal_naming_why() {
+        let linux = "os=Linux\narch=x86_64\nlibc=glibc 2.36\n";
+        let node = "nodebin=/usr/bin/node\nnode=v20.20.2\n";
+        let npm = "npmbin=/usr/bin/npm\n";
+        let decide_for = |extra: &str, npm_failed: bool| {
+            source(&probe(&format!("{linux}{extra}")), PI_VERSION, npm_failed)
+        };
+        let bundle = |with_node| {
+            Source::Bundle(BundleSpec {
+                cpu: "x64",
+                with_node,
+            })
+        };
+        assert_eq!(
+            decide_for(&format!("{node}{npm}"), false).unwrap(),
+            Source::Npm
+        );
+        assert_eq!(
+            decide_for(&format!("{node}{npm}"), true).unwrap(),
+            bundle(false)
+        );
+        assert_eq!(decide_for(node, false).unwrap(), bundle(false));
+        assert_eq!(decide_for("", false).unwrap(), bundle(true));
+        assert_eq!(
+            decide_for("nodebin=/usr/bin/node\nnode=v18.19.0\n", false).unwrap(),
+            bundle(true)
+        );
+        // A copy already there is kept by the remote: nothing to send.
+        assert_eq!(
+            decide_for(&format!("agentv={PI_VERSION}\n"), false).unwrap(),
+            Source::Npm
+        );
+        let refused = |text: &str| {
+            let error = source(&probe(text), PI_VERSION, false).unwrap_err();
+            assert_eq!(error.code(), racp_proto::ErrorCode::HostBootstrapFailed);
+            assert!(
+                error.message().contains("nothing was uploaded"),
+                "{}",
+                error.message()
+            );
+            error.details().unwrap()["reason"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            refused("os=Linux\narch=x86_64\nlibc=glibc 2.17\n"),
+            "glibc_too_old"
+        );
+        assert_eq!(
+            refused(
+                "os=Linux\narch=x86_64\nldd=musl libc (x86_64) Version 1.2.4\nmusl=/lib/ld-musl-x86_64.so.1\n"
+            ),
+            "no_node_build"
+        );
+        assert_eq!(
+            refused("os=Linux\narch=armv7l\nlibc=glibc 2.36\n"),
+            "no_node_build"
+        );
+        // Another version than the pinned one comes only from npm.
+        let other = source(&probe(linux), "0.74.0", false).unwrap_err();
+        assert_eq!(other.details().unwrap()["reason"], "agent");
     }
 
     #[test]

@@ -23,11 +23,13 @@ pub(super) struct Outcome {
     pub minted: Option<Value>,
 }
 
-/// What an install sends after the plan line: install.sh, then the build.
+/// What a connect sends after the plan line, in this order: install.sh and the agent bundle
+/// (each of a size the plan gives), then the build (to EOF). Any of them may be left out.
+#[derive(Default)]
 pub(super) struct Upload {
     installer: Vec<u8>,
-    artifact: PathBuf,
-    artifact_len: u64,
+    bundle: Option<(PathBuf, u64)>,
+    artifact: Option<(PathBuf, u64)>,
 }
 
 impl Upload {
@@ -51,14 +53,25 @@ impl Upload {
         };
         let upload = Upload {
             installer,
-            artifact: path,
-            artifact_len,
+            bundle: None,
+            artifact: Some((path, artifact_len)),
         };
         Ok((upload, install))
     }
 
+    /// Adds the agent bundle, sent between install.sh and the build.
+    pub(super) fn add_bundle(&mut self, bundle: &super::bundle::Bundle) {
+        self.bundle = Some((bundle.path.clone(), bundle.len));
+    }
+
     fn total(&self) -> u64 {
-        self.installer.len() as u64 + self.artifact_len
+        let files = [&self.bundle, &self.artifact];
+        self.installer.len() as u64
+            + files
+                .iter()
+                .filter_map(|f| f.as_ref())
+                .map(|(_, len)| len)
+                .sum::<u64>()
     }
 }
 
@@ -159,13 +172,18 @@ fn failed(
     plan: &Plan,
     verified: &[(String, String)],
 ) -> AppError {
-    if stage == Stage::Verify
-        && let Some(install) = &plan.install
-    {
-        for (file, expected) in [
-            (install.artifact.as_str(), &install.artifact_sha256),
-            ("install.sh", &install.installer_sha256),
-        ] {
+    if stage == Stage::Verify {
+        let mut expected_sums: Vec<(&str, &str)> = Vec::new();
+        if let Some(install) = &plan.install {
+            expected_sums.push((install.artifact.as_str(), &install.artifact_sha256));
+            expected_sums.push(("install.sh", &install.installer_sha256));
+        }
+        if let Some(remote_shell::AgentSource::Bundle { sha256, .. }) =
+            plan.agent.as_ref().map(|a| &a.source)
+        {
+            expected_sums.push(("agent.tar.gz", sha256));
+        }
+        for (file, expected) in expected_sums {
             let actual = verified
                 .iter()
                 .find(|(f, _)| f == file)
@@ -210,18 +228,22 @@ async fn send(
     // One packet for both: install.sh is small, and the remote reads it right after the plan.
     head.extend_from_slice(&upload.installer);
     remote.send(&head).await?;
-    let (before, total) = (upload.installer.len() as u64, upload.total());
+    let (mut before, total) = (upload.installer.len() as u64, upload.total());
     reporter.report(Progress::Transfer {
         sent: before,
         total,
     });
-    let mut on_progress = |sent: u64| {
-        reporter.report(Progress::Transfer {
-            sent: before + sent,
-            total,
-        })
-    };
-    remote.send_file(&upload.artifact, &mut on_progress).await
+    for (path, len) in [&upload.bundle, &upload.artifact].into_iter().flatten() {
+        let mut on_progress = |sent: u64| {
+            reporter.report(Progress::Transfer {
+                sent: before + sent,
+                total,
+            })
+        };
+        remote.send_file(path, &mut on_progress).await?;
+        before += len;
+    }
+    Ok(())
 }
 
 /// What an install needs: a release with a build for the remote's platform, and a command on

@@ -8,6 +8,7 @@
 //! running the same stages again (fast: the host is found running).
 
 pub mod agent;
+pub mod bundle;
 mod install;
 pub mod release;
 pub mod remote_shell;
@@ -280,27 +281,83 @@ async fn establish(
 ) -> Result<(Link, Work, String), AppError> {
     let (destination, release, wanted) = resolve_stage(options, reporter)?;
     let session = Arc::new(ssh_connect(&destination, options, reporter).await?);
+    let on_session = |npm_failed| {
+        provision(
+            &session,
+            options,
+            release.as_ref(),
+            &wanted,
+            reporter,
+            mint,
+            npm_failed,
+        )
+    };
+    match on_session(false).await {
+        // The remote's npm could not install pi (no registry, say): again with a bundle, on the
+        // same SSH session. Nothing of the host or its agent changed.
+        Err(error) if agent::npm_failed(&error) && options.agent_version == agent::PI_VERSION => {
+            tracing::info!(
+                error = error.message(),
+                "the remote's npm failed; sending a bundle"
+            );
+            on_session(true).await
+        }
+        other => other,
+    }
+}
+
+/// [`establish`] once the SSH session is up: the probe, and everything it calls for.
+/// `npm_failed`: an earlier try found that the remote's npm cannot install pi.
+async fn provision(
+    session: &Arc<SshSession>,
+    options: &BootstrapOptions,
+    release: Option<&Release>,
+    wanted: &str,
+    reporter: &dyn Reporter,
+    mint: bool,
+    npm_failed: bool,
+) -> Result<(Link, Work, String), AppError> {
+    let wanted = wanted.to_string();
     let script = remote_shell::session_script(
         &options.remote_dir,
         &wanted,
         &install::nonce(),
         &options.agent_version,
     );
-    let (remote, mut probe, running) = probe_stage(&session, &script, reporter).await?;
+    let (remote, mut probe, running) = probe_stage(session, &script, reporter).await?;
 
     let mut work = Work::default();
+    let mut bundle = None;
     let agent = match agent::decide(&probe, running.as_ref(), &options.agent_version) {
         agent::AgentWork::Keep(why) => {
             skipped(reporter, Stage::Agent, &why);
             None
         }
-        agent::AgentWork::Install(install) => match agent::requirements(&probe) {
-            Ok(()) => Some(install),
-            Err(err) => {
-                let _ = remote.finish().await;
-                return Err(err);
+        agent::AgentWork::Install(mut install) => {
+            let made = match agent::source(&probe, &install.version, npm_failed) {
+                Ok(agent::Source::Npm) => Ok(None),
+                Ok(agent::Source::Bundle(spec)) => {
+                    bundle::ensure(&install.version, spec).await.map(Some)
+                }
+                Err(err) => Err(err),
+            };
+            match made {
+                Ok(made) => {
+                    if let Some(made) = &made {
+                        install.source = remote_shell::AgentSource::Bundle {
+                            len: made.len,
+                            sha256: made.sha256.clone(),
+                        };
+                    }
+                    bundle = made;
+                    Some(install)
+                }
+                Err(err) => {
+                    let _ = remote.finish().await;
+                    return Err(err);
+                }
             }
-        },
+        }
     };
     if let Some(running) = running
         .as_ref()
@@ -319,7 +376,7 @@ async fn establish(
             // matters, so the connect goes on without waiting for it.
             tokio::spawn(remote.finish());
         }
-        let link = warm_link(session, probe, running, &wanted, reporter)?;
+        let link = warm_link(session.clone(), probe, running, &wanted, reporter)?;
         return Ok((link, work, wanted));
     }
 
@@ -343,7 +400,7 @@ async fn establish(
     } else {
         // Checked before anything is uploaded: a platform the release cannot run on, no
         // release, no SHA-256 tool. The command then gets EOF and ends.
-        let prepared = install::installable(&probe, release.as_ref(), &wanted)
+        let prepared = install::installable(&probe, release, &wanted)
             .and_then(|(release, chosen)| install::Upload::prepare(release, chosen));
         let (prepared, install) = match prepared {
             Ok(found) => found,
@@ -357,6 +414,12 @@ async fn establish(
         work.transferred = true;
         work.installed = true;
     }
+    if let Some(bundle) = &bundle {
+        upload
+            .get_or_insert_with(install::Upload::default)
+            .add_bundle(bundle);
+        work.transferred = true;
+    }
 
     // Only a version this connect installed is rolled back, and only to another one.
     let rollback_to = previous.filter(|p| work.installed && *p != wanted);
@@ -369,7 +432,7 @@ async fn establish(
                 probe.has_installer = true;
             }
             return Err(match rollback_to.filter(|_| failed_start) {
-                Some(previous) => roll_back(&session, &probe, &previous, error).await,
+                Some(previous) => roll_back(session, &probe, &previous, error).await,
                 None => error,
             });
         }
@@ -385,7 +448,7 @@ async fn establish(
     work.started = true;
     work.minted = outcome.minted;
     let link = Link {
-        session,
+        session: session.clone(),
         remote_port,
         probe,
         cert_sha256,

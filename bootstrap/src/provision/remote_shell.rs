@@ -117,8 +117,15 @@ impl Plan {
             ),
             None => ("-", "-", "-".into()),
         };
+        let (source, bundle_len, bundle_sha) = match self.agent.as_ref().map(|a| &a.source) {
+            Some(AgentSource::Bundle { len, sha256 }) => {
+                ("bundle", *len, sha256.to_ascii_lowercase())
+            }
+            Some(AgentSource::Npm) => ("npm", 0, "-".into()),
+            None => ("-", 0, "-".into()),
+        };
         format!(
-            "go {} {} {} {} {} {artifact} {sha} {installer_sha} {installer_len} {agent} {agent_version} {agent_line}\n",
+            "go {} {} {} {} {} {artifact} {sha} {installer_sha} {installer_len} {agent} {agent_version} {agent_line} {source} {bundle_len} {bundle_sha}\n",
             flag(self.stop),
             flag(self.install.is_some()),
             flag(self.start),
@@ -471,6 +478,19 @@ pub struct AgentInstall {
     pub version: String,
     /// The config.toml line naming it.
     pub config_line: String,
+    /// Where it comes from: the remote's npm, or a bundle sent after install.sh.
+    pub source: AgentSource,
+}
+
+/// How the remote gets pi (provision/agent.rs decides).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum AgentSource {
+    /// `npm install` on the remote (or the copy it has, when that runs).
+    #[default]
+    Npm,
+    /// The bundle of [`super::bundle`], `len` bytes with SHA-256 `sha256`, on stdin after
+    /// install.sh and before the build.
+    Bundle { len: u64, sha256: String },
 }
 
 /// `text` as a printf(1) format that prints it: letters and digits as they are, every other
@@ -829,9 +849,104 @@ mod tests {
                 package: crate::provision::agent::PI_PACKAGE.into(),
                 version: version.into(),
                 config_line: crate::provision::agent::config_line(root.to_str().unwrap(), version),
+                source: AgentSource::Npm,
             }),
             version: "9.9.9".into(),
             ..Plan::default()
+        }
+    }
+
+    /// A gzipped tar of `files` (path, content, mode), as a bundle is laid out.
+    fn tar_gz(files: &[(&str, &str, u32)]) -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text, mode) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(*mode))
+                .unwrap();
+        }
+        let out = std::process::Command::new("tar")
+            .args(["-czf", "-", "-C"])
+            .arg(dir.path())
+            .arg("bin")
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        out.stdout
+    }
+
+    #[test]
+    fn a_bundle_is_checked_unpacked_and_run_with_its_own_node_or_the_remote_s() {
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            let bin = dir.path().join("bin");
+            std::fs::create_dir(&bin).unwrap();
+            std::fs::write(bin.join("node"), "#!/bin/sh\necho v20.20.2\n").unwrap();
+            std::fs::set_permissions(
+                bin.join("node"),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )
+            .unwrap();
+            let path = std::env::join_paths(std::iter::once(bin.clone()).chain(
+                std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+            ))
+            .unwrap();
+            let env = [("PATH", path)];
+            let root = dir.path().join("pi host");
+            std::fs::create_dir(&root).unwrap();
+            let pi = ("bin/pi", "#!/bin/sh\necho 0.73.1 >&2\n", 0o755);
+            let with_bundle = |version: &str, bundle: &[u8], sha256: String| {
+                let mut plan = agent_plan(&root, version);
+                if let Some(agent) = plan.agent.as_mut() {
+                    agent.source = AgentSource::Bundle {
+                        len: bundle.len() as u64,
+                        sha256,
+                    };
+                }
+                run_session_in(&shell, &root, &env, Some(&plan), bundle, 7)
+            };
+            let installed = root.join("data/agent/versions/0.73.1/bin");
+
+            // Damaged on the way: nothing is unpacked.
+            let bundle = tar_gz(&[pi]);
+            let (_, rest, status) = with_bundle("0.73.1", &bundle, sha256_hex(b"other"));
+            assert_eq!(status, Some(92), "{shell:?}: {rest}");
+            assert!(!installed.exists());
+            assert!(!root.join("config.toml").exists());
+
+            // Without Node: the remote's is linked beside pi.
+            let (_, rest, status) = with_bundle("0.73.1", &bundle, sha256_hex(&bundle));
+            assert_eq!(status, Some(0), "{shell:?}: {rest}");
+            assert!(
+                rest.contains(&format!("verified=agent.tar.gz {}\n", sha256_hex(&bundle))),
+                "{rest}"
+            );
+            assert!(rest.contains("agent=pi 0.73.1\n"), "{rest}");
+            assert_eq!(
+                std::fs::read_link(installed.join("node")).unwrap(),
+                bin.join("node")
+            );
+            let config = std::fs::read_to_string(root.join("config.toml")).unwrap();
+            assert!(
+                config.contains("data/agent/versions/0.73.1/bin/pi"),
+                "{config}"
+            );
+
+            // With Node: its own stays, and a pi that says another version is not taken.
+            std::fs::remove_dir_all(root.join("data/agent")).unwrap();
+            let bundle = tar_gz(&[pi, ("bin/node", "#!/bin/sh\necho v20.20.2\n", 0o755)]);
+            let (_, rest, status) = with_bundle("0.73.1", &bundle, sha256_hex(&bundle));
+            assert_eq!(status, Some(0), "{shell:?}: {rest}");
+            assert!(
+                std::fs::symlink_metadata(installed.join("node"))
+                    .unwrap()
+                    .is_file()
+            );
+            let (_, rest, status) = with_bundle("0.74.0", &bundle, sha256_hex(&bundle));
+            assert_eq!(status, Some(84), "{shell:?}: {rest}");
+            assert!(!root.join("data/agent/versions/0.74.0").exists());
+            assert!(installed.join("pi").exists(), "the agent before stays");
         }
     }
 

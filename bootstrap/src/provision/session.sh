@@ -72,7 +72,7 @@ set -- $plan
 set +f
 [ "${1:-}" = go ] || exit 0
 STOP=$2 INSTALL=$3 START=$4 MINT=$5 V=$6 ART=$7 ASHA=$8 ISHA=$9 ILEN=${10}
-AP=${11:--} AV=${12:--} AC=${13:--}
+AP=${11:--} AV=${12:--} AC=${13:--} AS=${14:-npm} BLEN=${15:-0} BSHA=${16:--}
 
 # Copies exactly $2 bytes of stdin to $1. The build follows on stdin, so nothing may read past
 # them: dd reads at most bs bytes, and a pipe may hand over fewer, hence the loop (`read` and
@@ -89,7 +89,7 @@ take() {
     done
 }
 
-if [ "$INSTALL" = 1 ]; then
+if [ "$INSTALL" = 1 ] || [ "$AS" = bundle ]; then
     SHA=sha256sum
     command -v sha256sum >/dev/null 2>&1 || SHA='shasum -a 256'
     D=$R/staging/$N
@@ -97,18 +97,29 @@ if [ "$INSTALL" = 1 ]; then
     mkdir -p "$D" || exit 90
     trap 'rm -rf "$D"' EXIT
     echo stage=transfer
-    # install.sh, then the build, hashed as it lands (no second pass over it).
-    take "$D/install.sh" "$ILEN" || exit 91
-    got=$( (tee "$D/$ART" || echo tee-failed) | $SHA) || exit 91
-    asum=${got%% *}
+    # install.sh, the agent bundle, then the build, hashed as it lands (no second pass over it).
+    if [ "$INSTALL" = 1 ]; then take "$D/install.sh" "$ILEN" || exit 91; fi
+    if [ "$AS" = bundle ]; then take "$D/agent.tar.gz" "$BLEN" || exit 91; fi
+    if [ "$INSTALL" = 1 ]; then
+        got=$( (tee "$D/$ART" || echo tee-failed) | $SHA) || exit 91
+        asum=${got%% *}
+    fi
     echo stage=verify
-    got=$($SHA <"$D/install.sh") || exit 93
-    isum=${got%% *}
-    echo "verified=$ART $asum"
-    echo "verified=install.sh $isum"
-    # Nothing runs before both match the manifest.
-    [ "$asum" = "$ASHA" ] || { echo "$ART arrived with another SHA-256 than the manifest's" >&2; exit 92; }
-    [ "$isum" = "$ISHA" ] || { echo "install.sh arrived with another SHA-256 than the manifest's" >&2; exit 92; }
+    if [ "$INSTALL" = 1 ]; then
+        got=$($SHA <"$D/install.sh") || exit 93
+        isum=${got%% *}
+        echo "verified=$ART $asum"
+        echo "verified=install.sh $isum"
+        # Nothing runs before both match the manifest.
+        [ "$asum" = "$ASHA" ] || { echo "$ART arrived with another SHA-256 than the manifest's" >&2; exit 92; }
+        [ "$isum" = "$ISHA" ] || { echo "install.sh arrived with another SHA-256 than the manifest's" >&2; exit 92; }
+    fi
+    if [ "$AS" = bundle ]; then
+        got=$($SHA <"$D/agent.tar.gz") || exit 93
+        bsum=${got%% *}
+        echo "verified=agent.tar.gz $bsum"
+        [ "$bsum" = "$BSHA" ] || { echo "agent.tar.gz arrived with another SHA-256 than the bundle's" >&2; exit 92; }
+    fi
 fi
 # The agent (provision/agent.rs), before the build is installed: when it fails, nothing of the
 # host, of its config or of the agent it runs has changed.
@@ -119,18 +130,29 @@ if [ "$AP" != - ]; then
     mkdir -p "$G/versions" || exit 80
     # Staging left by a connect that died (a live one's is younger than that).
     find "$G/versions" -mindepth 1 -maxdepth 1 -name '.*.tmp.*' -mmin +60 -exec rm -rf {} + 2>/dev/null
-    # A copy that runs is kept (a config rewritten, a host restarted); else npm installs one.
+    # A copy that runs is kept (a config rewritten, a host restarted); else the bundle is
+    # unpacked, or npm installs one.
     if ! v=$(PATH="$P/bin:$PATH" "$P/bin/pi" --version 2>&1) || [ "${v##*"$AV"*}" = "$v" ]; then
-        n=$(command -v node 2>/dev/null) || { echo "the remote has no node on its PATH" >&2; exit 81; }
-        m=${n%/*}/npm
-        [ -x "$m" ] || m=$(command -v npm 2>/dev/null) || { echo "the remote has no npm beside $n or on its PATH" >&2; exit 81; }
         T=$G/versions/.$AV.tmp.$N
         trap 'rm -rf "$T" ${D:+"$D"}' EXIT
-        # A registry that does not answer fails within minutes, not npm's default half hour.
-        out=$(PATH="${n%/*}:$PATH" "$m" install --global --prefix "$T" --no-audit --no-fund --no-update-notifier --loglevel=error --prefer-offline --fetch-timeout=60000 --fetch-retry-maxtimeout=10000 "$AP@$AV" 2>&1) ||
-            { printf '%s\n' "$out" | tail -n 8 >&2; echo "npm install $AP@$AV failed (npm's output above): the remote's npm must reach a registry, or name your own agent in $R/config.toml" >&2; exit 82; }
-        # The Node npm ran with goes beside pi: the host runs pi with it, whatever its PATH.
-        ln -s "$n" "$T/bin/node" || exit 83
+        if [ "$AS" = bundle ]; then
+            mkdir -p "$T" && (cd "$T" && gzip -dc "$D/agent.tar.gz" | tar -xf -) ||
+                { echo "the agent bundle could not be unpacked in $G (is the disk full? gzip and tar are needed)" >&2; exit 86; }
+            # A bundle without Node runs with the remote's own.
+            if [ ! -e "$T/bin/node" ]; then
+                n=$(command -v node 2>/dev/null) || { echo "the remote has no node on its PATH" >&2; exit 81; }
+                ln -s "$n" "$T/bin/node" || exit 83
+            fi
+        else
+            n=$(command -v node 2>/dev/null) || { echo "the remote has no node on its PATH" >&2; exit 81; }
+            m=${n%/*}/npm
+            [ -x "$m" ] || m=$(command -v npm 2>/dev/null) || { echo "the remote has no npm beside $n or on its PATH" >&2; exit 81; }
+            # A registry that does not answer fails within minutes, not npm's default half hour.
+            out=$(PATH="${n%/*}:$PATH" "$m" install --global --prefix "$T" --no-audit --no-fund --no-update-notifier --loglevel=error --prefer-offline --fetch-timeout=60000 --fetch-retry-maxtimeout=10000 "$AP@$AV" 2>&1) ||
+                { printf '%s\n' "$out" | tail -n 8 >&2; echo "npm install $AP@$AV failed (npm's output above): the remote's npm must reach a registry, or name your own agent in $R/config.toml" >&2; exit 82; }
+            # The Node npm ran with goes beside pi: the host runs pi with it, whatever its PATH.
+            ln -s "$n" "$T/bin/node" || exit 83
+        fi
         v=$(PATH="$T/bin:$PATH" "$T/bin/pi" --version 2>&1) || { printf '%s\n' "$v" | tail -n 5 >&2; echo "the installed pi does not run" >&2; exit 84; }
         [ "${v##*"$AV"*}" != "$v" ] || { echo "the installed pi says it is $v, not $AV" >&2; exit 84; }
         if [ -e "$P" ]; then mv "$P" "$G/versions/.$AV.tmp.old.$N" || exit 83; fi

