@@ -42,6 +42,12 @@ struct Args {
     /// warm runs then go to the last of these hosts.
     #[arg(long, default_value_t = 1)]
     agent_runs: usize,
+    /// Runs of each cold install with an agent bundle: a remote whose npm reaches no registry
+    /// (the bundle with pi, run with the remote's Node), and one with no Node pi runs on (the
+    /// bundle with Node). The first of each makes the bundle on this machine; later ones take it
+    /// from the cache.
+    #[arg(long, default_value_t = 2)]
+    bundle_runs: usize,
     /// MiB sent through each forward per direction and run.
     #[arg(long, default_value_t = 1024)]
     mib: u64,
@@ -132,6 +138,8 @@ async fn run(args: Args) -> Result<()> {
         release,
         scratch,
     };
+    // Bundles made by this run only, so the first of each kind is made, not found.
+    let bundle_cache = setup.scratch.path().join("pi-remote-cache");
 
     eprintln!("ssh-bench: `ssh box true` x{}", args.runs);
     let mut ssh_true = Vec::new();
@@ -194,6 +202,56 @@ async fn run(args: Args) -> Result<()> {
         if let Some((old_root, _)) = warm_root.replace((root, config_dir)) {
             stop_host(old_root.path());
         }
+    }
+    let mut cold_bundle = json!({});
+    for (kind, session_env) in bundle_remotes(setup.scratch.path())? {
+        eprintln!(
+            "ssh-bench: cold connect with a bundle ({kind}) x{}",
+            args.bundle_runs
+        );
+        let server = SshServer::start(SshdOptions {
+            extra_config: vec![session_env],
+            ..SshdOptions::default()
+        })
+        .await;
+        let known_hosts = setup.scratch.path().join(format!("known_hosts.{kind}"));
+        std::fs::write(&known_hosts, format!("{}\n", server.known_hosts_line()))
+            .map_err(|e| e.to_string())?;
+        let ssh_config = server.write_ssh_config("box", &known_hosts);
+        let mut made = Vec::new();
+        let mut cached = Vec::new();
+        let mut stages = Vec::new();
+        for run in 0..args.bundle_runs {
+            let root = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let config_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let (elapsed, events) = connect_with(
+                &args,
+                &ssh_config,
+                &setup.release,
+                root.path(),
+                config_dir.path(),
+                Some(&bundle_cache),
+            )
+            .await?;
+            stop_host(root.path());
+            if !events
+                .iter()
+                .any(|e| e["stage"] == "agent" && e["status"] == "done")
+            {
+                return Err(format!("a cold connect ({kind}) installed no agent"));
+            }
+            if run == 0 {
+                made.push(elapsed)
+            } else {
+                cached.push(elapsed)
+            }
+            stages.push(stage_times(&events));
+        }
+        cold_bundle[kind] = json!({
+            "madeMs": summary(&made),
+            "cachedMs": summary(&cached),
+            "stagesMs": median_stages(&stages),
+        });
     }
     let (root, config_dir) = warm_root.ok_or("no cold run")?;
 
@@ -277,6 +335,7 @@ async fn run(args: Args) -> Result<()> {
         "coldStagesMs": median_stages(&cold_stages),
         "coldAgentNpmMs": summary(&cold_npm),
         "coldAgentNpmStagesMs": median_stages(&cold_npm_stages),
+        "coldAgentBundle": cold_bundle,
         "forwardMiB": args.mib,
         "forwardMBps": {
             "openssh": {"up": median_of(&throughput["openssh"]["up"]), "down": median_of(&throughput["openssh"]["down"])},
@@ -373,12 +432,29 @@ async fn pi_remote_connect(
     root: &Path,
     config_dir: &Path,
 ) -> Result<(f64, Vec<Value>)> {
+    connect_with(args, &setup.config, &setup.release, root, config_dir, None).await
+}
+
+/// `pi-remote --json connect box --once` through ssh config `ssh_config`; `bundle_cache`: where
+/// it keeps agent bundles.
+async fn connect_with(
+    args: &Args,
+    ssh_config: &Path,
+    release: &Path,
+    root: &Path,
+    config_dir: &Path,
+    bundle_cache: Option<&Path>,
+) -> Result<(f64, Vec<Value>)> {
     let started = Instant::now();
-    let output = tokio::process::Command::new(&args.pi_remote)
+    let mut command = tokio::process::Command::new(&args.pi_remote);
+    if let Some(cache) = bundle_cache {
+        command.env("PI_REMOTE_CACHE_DIR", cache);
+    }
+    let output = command
         .args(["--json", "connect", "box", "--once", "-F"])
-        .arg(&setup.config)
+        .arg(ssh_config)
         .arg("--release-dir")
-        .arg(&setup.release)
+        .arg(release)
         .arg("--remote-dir")
         .arg(root)
         .env("PI_REMOTE_CONFIG_DIR", config_dir)
@@ -400,6 +476,37 @@ async fn pi_remote_connect(
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect();
     Ok((elapsed, events))
+}
+
+/// The remotes of the bundle runs, as the `SetEnv` line of their sessions: one whose npm is
+/// offline with an empty cache (it fails, and connect sends pi alone), and one whose `node` is
+/// 18 (too old for pi: the bundle carries Node).
+fn bundle_remotes(scratch: &Path) -> Result<Vec<(&'static str, String)>> {
+    let empty = scratch.join("empty-npm-cache");
+    let stand_ins = scratch.join("stand-ins");
+    std::fs::create_dir_all(&stand_ins).map_err(|e| e.to_string())?;
+    for (name, script) in [("node", "echo v18.19.0"), ("npm", "exit 1")] {
+        let path = stand_ins.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).map_err(|e| e.to_string())?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(vec![
+        (
+            "noRegistry",
+            format!(
+                "SetEnv npm_config_offline=true npm_config_cache={}",
+                empty.display()
+            ),
+        ),
+        (
+            "withNode",
+            format!(
+                "SetEnv PATH={}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+                stand_ins.display()
+            ),
+        ),
+    ])
 }
 
 fn stop_host(root: &Path) {
@@ -565,6 +672,17 @@ fn print_table(results: &Value) {
     println!("| cold `connect --once` (median ms) | {cold:.0} | — | — |");
     let cold_npm = f(&results["coldAgentNpmMs"]["median"]);
     println!("| cold `connect --once` with pi from npm (median ms) | {cold_npm:.0} | — | — |");
+    for (kind, label) in [
+        ("noRegistry", "a bundle of pi (npm reaches no registry)"),
+        ("withNode", "a bundle of pi and Node (no Node pi runs on)"),
+    ] {
+        let runs = &results["coldAgentBundle"][kind];
+        println!(
+            "| cold `connect --once` with {label}: made / cached (median ms) | {:.0} / {:.0} | — | — |",
+            f(&runs["madeMs"]["median"]),
+            f(&runs["cachedMs"]["median"])
+        );
+    }
     println!(
         "| forward up, MB/s (median) | {p_up:.0} | {o_up:.0} | {:.2}x |",
         p_up / o_up
@@ -578,5 +696,9 @@ fn print_table(results: &Value) {
     println!(
         "cold stages with pi from npm (median ms): {}",
         results["coldAgentNpmStagesMs"]
+    );
+    println!(
+        "cold stages with a bundle (median ms): {}",
+        results["coldAgentBundle"]
     );
 }
