@@ -235,7 +235,7 @@ error_registry! {
     TurnAborted = "TURN_ABORTED" { retriable: No, recovery: CheckState, close: 4027, http: 409, }
     /// The connection to the host dropped; calls in flight are rejected, and the client reconnects and resubscribes by cursor.
     HostDisconnected = "HOST_DISCONNECTED" { retriable: Yes, recovery: ReconnectAndResume, close: 4028, http: 503, }
-    /// Provisioning pi-host over SSH failed; `details.reason` names the stage, or is `unsupported_platform` when the release has no build the remote can run (`details.found`: its `os`, `arch`, `libc`, `libcVersion`; `details.needed`: `platforms`, and `libc`, `glibcMin` for a glibc build), found before anything is uploaded.
+    /// Provisioning pi-host over SSH failed; `details.reason` names the stage, or is `unsupported_platform` when the release has no build the remote can run (`details.found`: its `os`, `arch`, `libc`, `libcVersion`; `details.needed`: `platforms`, and `libc`, `glibcMin` for a glibc build), found before anything is uploaded; `no_node_build` or `glibc_too_old` when the remote has no Node pi runs on and Node's official builds cannot run there (no build for its architecture, musl, or glibc below 2.28; `details.found` as above, `details.node`), also before anything is uploaded.
     HostBootstrapFailed = "HOST_BOOTSTRAP_FAILED" { retriable: No, recovery: StopAndReport, close: 4029, http: 500, }
     /// The remote pi-host version does not match the one the client needs.
     HostVersionMismatch = "HOST_VERSION_MISMATCH" { retriable: No, recovery: Upgrade, close: 4030, http: 400, }
