@@ -3,7 +3,8 @@
 //! stripped (its debug info beside it), and its tarball must stay within 6 MB, so a cold connect
 //! uploads little (deploy/README.md, "The glibc floor"). The aarch64 host is also run, under
 //! qemu user-mode emulation with Debian's aarch64 glibc: `version`, `serve`, and a paired
-//! `hello` over wss with its certificate pinned (deploy/README.md, "aarch64").
+//! `hello` over wss with its certificate pinned (deploy/README.md, "aarch64"); and so is the
+//! agent bundle an aarch64 remote without Node gets: Node's aarch64 build running pi.
 //!
 //! Checking the real artifacts needs release builds with zig, minutes on CI's two cores: those
 //! tests are ignored in a plain test run, and scripts/test runs them after building the release
@@ -263,6 +264,51 @@ async fn the_aarch64_host_runs_under_qemu_version_serve_and_a_paired_hello() {
         started.elapsed() < Duration::from_secs(120),
         "the qemu check stays a few seconds"
     );
+}
+
+/// The agent bundle for an aarch64 remote without a Node pi runs on (provision/bundle.rs), made
+/// by `pi-remote bundle` from npm's cache: Node's aarch64 build, pi's tree with the aarch64
+/// native packages and none of this machine's, and that Node runs that pi under qemu.
+#[test]
+#[ignore = "needs qemu-user, Debian's aarch64 glibc and libstdc++, and the aarch64 packages in npm's cache (scripts/test installs them)"]
+fn an_aarch64_agent_bundle_carries_node_and_pi_for_aarch64_and_runs_under_qemu() {
+    let qemu = qemu_aarch64();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pi-remote-cache");
+    let made = run(
+        Command::new(tests::workspace_binary("bootstrap", "pi-remote", None))
+            .args(["--json", "bundle", "--arch", "aarch64", "--node"])
+            .env("PI_REMOTE_CACHE_DIR", &cache)
+            .env("npm_config_offline", "true"),
+    );
+    let made: Value = serde_json::from_str(made.trim()).unwrap();
+    let unpacked = tempfile::tempdir().unwrap();
+    run(Command::new("tar")
+        .arg("-xzf")
+        .arg(made["path"].as_str().unwrap())
+        .arg("-C")
+        .arg(unpacked.path()));
+    let node = unpacked.path().join("bin/node");
+    let header = run(Command::new("readelf").arg("-h").arg(&node));
+    assert_eq!(machine_problem("aarch64", &header), None);
+    let packages = unpacked.path().join("lib/node_modules/@mariozechner");
+    assert!(packages.join("clipboard-linux-arm64-gnu").is_dir());
+    assert!(!packages.join("clipboard-linux-x64-gnu").exists());
+    let pi = packages.join("pi-coding-agent/dist/cli.js");
+    let version = Command::new(&qemu)
+        .arg("-L")
+        .arg(AARCH64_SYSROOT)
+        .arg(&node)
+        .arg(&pi)
+        .arg("--version")
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&version.stdout),
+        String::from_utf8_lossy(&version.stderr)
+    );
+    assert!(version.status.success(), "{said}");
+    assert_eq!(said.trim(), made["pi"].as_str().unwrap(), "{said}");
 }
 
 #[test]

@@ -173,6 +173,16 @@ enum Command {
     Devices,
     /// Revoke a device (owner only).
     Revoke { device: String },
+    /// Make the agent bundle `connect` uploads to a remote whose npm cannot install pi (or find
+    /// it in the cache): prints its path, size and SHA-256.
+    Bundle {
+        /// The remote's architecture, as `uname -m` prints it (x86_64 or aarch64).
+        #[arg(long, default_value = "x86_64")]
+        arch: String,
+        /// With Node.js, for a remote without a Node pi runs on.
+        #[arg(long)]
+        node: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -254,6 +264,34 @@ fn pi_version(text: &str) -> Result<String, String> {
     }
 }
 
+/// `pi-remote bundle`: the bundle of the pinned pi for `arch`.
+async fn bundle(out: &Out, arch: &str, with_node: bool) -> Result<(), Failure> {
+    let cpu = provision::bundle::npm_cpu(arch).ok_or_else(|| {
+        Failure::Usage(format!(
+            "Node.js has no official Linux build for {arch:?}: give x86_64 or aarch64"
+        ))
+    })?;
+    let spec = provision::bundle::BundleSpec { cpu, with_node };
+    let made = provision::bundle::ensure(provision::agent::PI_VERSION, spec).await?;
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "path": made.path,
+            "bytes": made.len,
+            "sha256": made.sha256,
+            "pi": provision::agent::PI_VERSION,
+            "node": with_node.then_some(provision::bundle::NODE_VERSION),
+        }));
+    } else {
+        out.line(&format!(
+            "{} ({} bytes, sha256 {})",
+            made.path.display(),
+            made.len,
+            made.sha256
+        ));
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -314,6 +352,7 @@ async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
             return pair::pair(out, &cli.profile, &link, &hints, name, force).await;
         }
         Command::Status => return status::status(out, &cli.profile, cli.host.as_deref()).await,
+        Command::Bundle { arch, node } => return bundle(out, &arch, node).await,
         Command::Hosts { use_host } => {
             if cli.host.is_some() {
                 return Err(Failure::Usage(
@@ -333,9 +372,11 @@ async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
     let client = open_profile(&cli.profile, cli.host.as_deref(), reach).await?;
     match command {
         // Returned above: they need no stored profile, or report on it without a client.
-        Command::Connect(_) | Command::Pair { .. } | Command::Status | Command::Hosts { .. } => {
-            Ok(())
-        }
+        Command::Connect(_)
+        | Command::Pair { .. }
+        | Command::Status
+        | Command::Hosts { .. }
+        | Command::Bundle { .. } => Ok(()),
         Command::Sessions => sessions::list(out, &client).await,
         Command::New {
             workspace,
