@@ -43,13 +43,20 @@ pub struct BundleSpec {
 }
 
 impl BundleSpec {
+    /// Named by everything that goes in: pi's version, the lock's digest (a dependency moved
+    /// within the same pi version makes another bundle), the architecture and Node's version.
     fn file_name(&self, pi_version: &str) -> String {
         let node = if self.with_node {
             format!("-node-{NODE_VERSION}")
         } else {
             String::new()
         };
-        format!("pi-{pi_version}-linux-{}{node}.tar.gz", self.cpu)
+        let lock = ring::digest::digest(&ring::digest::SHA256, PACKAGE_LOCK.as_bytes());
+        let lock: String = lock.as_ref()[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("pi-{pi_version}-{lock}-linux-{}{node}.tar.gz", self.cpu)
     }
 }
 
@@ -291,9 +298,11 @@ mod tests {
             cpu: "arm64",
             with_node: true,
         };
-        assert_eq!(
-            with.file_name("0.73.1"),
-            format!("pi-0.73.1-linux-arm64-node-{NODE_VERSION}.tar.gz")
+        let name = with.file_name("0.73.1");
+        assert!(name.starts_with("pi-0.73.1-"), "{name}");
+        assert!(
+            name.ends_with(&format!("-linux-arm64-node-{NODE_VERSION}.tar.gz")),
+            "{name}"
         );
     }
 }
