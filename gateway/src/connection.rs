@@ -10,10 +10,6 @@ use crate::revocation::Revocation;
 use crate::state::{Gateway, shutting_down};
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::SinkExt;
-use pi_host::connections::{CallPass, DeviceGate, Registration, Slot};
-use pi_host::server::elide::fit_reply;
-use pi_host::server::identity::pairing_link;
-use pi_host::wire::encode;
 use racp_proto::codec::{Rejected, decode_request};
 use racp_proto::frame::{ConnectionError, ErrorReply, RequestId, ResultReply};
 use racp_proto::gateway::{events_stream, events_subject, valid_session_id};
@@ -24,6 +20,10 @@ use racp_proto::methods::handshake::{
 use racp_proto::methods::host::{DeviceInfo, DeviceListResult, PairingCreateResult};
 use racp_proto::methods::session::{SessionState, SessionSubscribeParams, SessionSubscribeResult};
 use racp_proto::{AppError, Call, Cursor, Epoch, ErrorCode, Method, PROTOCOL_VERSION};
+use racp_server::connections::{CallPass, DeviceGate, Registration, Slot};
+use racp_server::elide::fit_reply;
+use racp_server::identity::pairing_link;
+use racp_server::wire::encode;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -176,7 +176,7 @@ impl Connection {
                         .with_details(json!({"reason": "binary_frame"})),
                     })],
                     Some(Ok(Message::Close(_))) => {
-                        pi_host::server::answer_close(socket).await;
+                        racp_server::answer_close(socket).await;
                         return None;
                     }
                     None | Some(Err(_)) => return None,
@@ -231,7 +231,7 @@ impl Connection {
             .iter()
             .map(|(id, f)| json!({"subscriptionId": id, "sessionId": f.session_id, "cursor": f.cursor()}))
             .collect();
-        json!({"method": "heartbeat", "params": {"at": pi_host::clock::now_ms(), "subscriptions": subscriptions}})
+        json!({"method": "heartbeat", "params": {"at": racp_server::clock::now_ms(), "subscriptions": subscriptions}})
             .to_string()
     }
 
@@ -282,7 +282,7 @@ impl Connection {
     }
 
     fn reply<T: serde::Serialize>(&self, id: RequestId, answer: Result<T, AppError>) -> String {
-        match answer.and_then(|r| pi_host::wire::to_value(&r)) {
+        match answer.and_then(|r| racp_server::wire::to_value(&r)) {
             Ok(result) => encode(&ResultReply::<Value> { id, result }),
             Err(error) => error_reply(id, error),
         }
@@ -632,7 +632,7 @@ impl Connection {
         let reached_as = self.reached_as.clone();
         let host = self.host_for(method);
         Box::pin(async move {
-            let now = pi_host::clock::now_ms();
+            let now = racp_server::clock::now_ms();
             match call {
                 Call::Pair(params) => {
                     let Caller::Pairing { token_id } = caller else {

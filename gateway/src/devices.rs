@@ -5,9 +5,9 @@
 
 use async_nats::jetstream::{self, kv};
 use dashmap::DashMap;
-use pi_host::secrets::split;
 use racp_proto::methods::handshake::PairResult;
 use racp_proto::{AppError, ErrorCode, Principal, Role};
+use racp_server::token::split;
 use ring::rand::SecureRandom;
 use serde::{Deserialize, Serialize};
 use serde_json::json;

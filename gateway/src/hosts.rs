@@ -172,8 +172,8 @@ fn sign(
         .fill(&mut nonce)
         .map_err(|_| internal(&"no randomness for a call id"))?;
     let call_id: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
-    let at = pi_host::clock::now_ms();
-    pi_host::uplink::signed::envelope(signer, host_id, subject, at, &call_id, payload)
+    let at = racp_server::clock::now_ms();
+    racp_server::uplink::signed::envelope(signer, host_id, subject, at, &call_id, payload)
         .map_err(|e| internal(&e))
 }
 

@@ -128,7 +128,7 @@ struct ServeArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = match pi_host::usage::parse::<Cli>() {
+    let cli = match racp_server::usage::parse::<Cli>() {
         Ok(cli) => cli,
         Err(exit) => return exit,
     };
@@ -204,13 +204,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         if cli.nats_no_auth {
             return Ok(None);
         }
-        pi_host::uplink::key::load_or_create(dir)
+        racp_server::uplink::key::load_or_create(dir)
             .map(|key| Some(key.seed))
             .map_err(|e| e.to_string())
     };
     match &cli.command {
         Command::Key => {
-            let key = pi_host::uplink::key::load_or_create(&data_dir).map_err(|e| e.to_string())?;
+            let key =
+                racp_server::uplink::key::load_or_create(&data_dir).map_err(|e| e.to_string())?;
             println!("{}", key.public);
             Ok(())
         }
@@ -297,7 +298,7 @@ async fn pair(
         .await
         .map_err(|_| "JetStream did not answer within 30 s".to_string())?;
     let registry = devices::Devices::new(buckets.devices, buckets.pairings);
-    let expires_at = pi_host::clock::now_ms() + request.ttl * 1000;
+    let expires_at = racp_server::clock::now_ms() + request.ttl * 1000;
     let minted = registry
         .mint_pairing(request.roles, request.hosts, expires_at)
         .await
@@ -308,14 +309,14 @@ async fn pair(
         Some(served) => (Some(served.address), served.cert_sha256),
         None => {
             let identity =
-                pi_host::server::identity::load_or_create(data_dir).map_err(|e| e.to_string())?;
+                racp_server::identity::load_or_create(data_dir).map_err(|e| e.to_string())?;
             (None, Some(identity.sha256))
         }
     };
     let address = request.address.map(str::to_string).or(served_address);
     // The link a host's pairing gives, with the gateway's address and certificate.
     let url = address.as_deref().map(|address| {
-        pi_host::server::identity::pairing_link(
+        racp_server::identity::pairing_link(
             address,
             cert_sha256.as_ref(),
             cert_sha256.is_some(),
@@ -354,7 +355,7 @@ async fn jetstream(
     let client = nats::connect(&cli.nats, seed, cli.nats_ca.as_deref())
         .await
         .map_err(|e| e.to_string())?;
-    let shown = pi_host::uplink::link::Servers::parse(&[&cli.nats])
+    let shown = racp_server::uplink::link::Servers::parse(&[&cli.nats])
         .map(|servers| servers.shown().to_string())
         .unwrap_or_default();
     nats::require_jetstream(&client, &shown)
@@ -390,20 +391,20 @@ async fn serve(
     let (tls, cert_sha256) = match (plain, &args.tls_cert, &args.tls_key) {
         (true, _, _) => (None, None),
         (false, Some(cert), Some(key)) => {
-            let sha256 = pi_host::server::identity::fingerprint(cert)
+            let sha256 = racp_server::identity::fingerprint(cert)
                 .map_err(|e| format!("cannot read --tls-cert {}: {e}", cert.display()))?;
-            let served = pi_host::server::tls::server_config(cert, key)?;
+            let served = racp_server::tls::server_config(cert, key)?;
             (Some(served), Some(sha256))
         }
         _ => {
-            let identity = pi_host::server::identity::load_or_create(data_dir)
+            let identity = racp_server::identity::load_or_create(data_dir)
                 .map_err(|e| format!("cannot load the gateway's TLS identity: {e}"))?;
-            let served = pi_host::server::tls::server_config(&identity.cert, &identity.key)?;
+            let served = racp_server::tls::server_config(&identity.cert, &identity.key)?;
             (Some(served), Some(identity.sha256))
         }
     };
     // Routed calls are signed with the gateway's key whether or not NATS knows it by it.
-    let signer = pi_host::uplink::key::load_or_create(data_dir)
+    let signer = racp_server::uplink::key::load_or_create(data_dir)
         .and_then(|key| key.pair())
         .map_err(|e| e.to_string())?;
     let client = nats::connect(&cli.nats, seed, cli.nats_ca.as_deref())
@@ -411,8 +412,8 @@ async fn serve(
         .map_err(|e| e.to_string())?;
     let js = async_nats::jetstream::new(client.clone());
     let buckets = nats::buckets(&js, cli.replicas).await;
-    let mut limits = pi_host::config::HostLimits::default();
-    let budget = pi_host::server::listener::plan(&mut limits);
+    let mut limits = racp_server::limits::HostLimits::default();
+    let budget = racp_server::listener::plan(&mut limits);
     let socket = tokio::net::TcpSocket::new_v4()
         .and_then(|s| {
             s.set_reuseaddr(true)?;
@@ -474,7 +475,7 @@ async fn serve(
         }
     };
     let router = server::router(gateway.clone());
-    pi_host::server::listener::serve(listener, tls, router, &budget, shutdown).await;
+    racp_server::listener::serve(listener, tls, router, &budget, shutdown).await;
     gateway.drain(Duration::from_secs(5)).await;
     Ok(())
 }

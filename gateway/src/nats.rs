@@ -5,11 +5,11 @@
 use crate::devices::{DEVICES_BUCKET, PAIRING_BUCKET};
 use crate::revocation::{REPLICA_RECORD_AGE, REPLICAS_BUCKET};
 use async_nats::jetstream::{self, kv, stream};
-use pi_host::uplink::link;
 use racp_proto::gateway::{
     HOSTS_BUCKET, HostRecord, call_subject, events_stream, heartbeat_subject, host_events_subjects,
     host_inbox_prefix,
 };
+use racp_server::uplink::link;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -432,7 +432,7 @@ async fn record_key(
     }
     let body = serde_json::to_vec(&EnrolledKey {
         nkey: e.nkey.to_string(),
-        enrolled_at: pi_host::clock::now_ms(),
+        enrolled_at: racp_server::clock::now_ms(),
     })
     .unwrap_or_default();
     // Compare-and-set on what was read: two enrollments of one id cannot both win.

@@ -9,9 +9,9 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
-use pi_host::connections::Slot;
-use pi_host::server::upgrade::{check_host_header, presented_token, refusal};
 use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode, SUBPROTOCOL};
+use racp_server::connections::Slot;
+use racp_server::upgrade::{check_host_header, presented_token, refusal};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -94,7 +94,7 @@ async fn admit(
     }
     let caller = gateway
         .devices
-        .authenticate(token, pi_host::clock::now_ms())
+        .authenticate(token, racp_server::clock::now_ms())
         .await?;
     if let Some(host) = host {
         let Caller::Device(device) = &caller else {

@@ -4,9 +4,9 @@
 use crate::devices::Devices;
 use crate::revocation::Revocation;
 use async_nats::jetstream::{self, kv};
-use pi_host::connections::Connections;
 use racp_proto::fingerprint::CertSha256;
 use racp_proto::{AppError, ErrorCode};
+use racp_server::connections::Connections;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,7 +41,7 @@ pub struct Gateway {
     pub hosts: kv::Store,
     pub devices: Devices,
     pub revocation: Revocation,
-    pub rate: pi_host::ratelimit::RateLimiter,
+    pub rate: racp_server::ratelimit::RateLimiter,
     /// Open connections and the per-device gates that make a revoke final, as on a host.
     pub connections: Connections,
     draining: AtomicBool,
@@ -56,7 +56,7 @@ impl Gateway {
     ) -> Result<Arc<Self>, AppError> {
         let revocation = Revocation::new(buckets.replicas, settings.revocation_lease)?;
         Ok(Arc::new(Gateway {
-            rate: pi_host::ratelimit::RateLimiter::new(
+            rate: racp_server::ratelimit::RateLimiter::new(
                 settings.requests_per_second,
                 settings.request_burst,
             ),

@@ -49,7 +49,7 @@ pub fn bind(data_dir: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Admin connections served at once; beyond it the oldest is dropped (server/listener.rs
+/// Admin connections served at once; beyond it the oldest is dropped (racp-server/src/listener.rs
 /// `DropOldest`), so the owner's command always gets in. The socket is the owner's alone (0600):
 /// this is against a stray or stuck client rather than an attacker.
 pub const MAX_ADMIN_CONNECTIONS: usize = 8;

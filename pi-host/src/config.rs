@@ -43,7 +43,7 @@ pub struct ServeConfig {
     /// data directory, refused to clients whatever the roots.
     pub host_files: Vec<PathBuf>,
     /// PEM certificate chain and private key served as `wss://`: `--tls-cert`/`--tls-key`, or
-    /// the host's own identity in the data directory (server/identity.rs), set at startup.
+    /// the host's own identity in the data directory (racp-server/src/identity.rs), set at startup.
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Serve plain `ws://` (loopback only): no TLS, so nothing proves to a client that it
     /// reached this host (docs/protocol.md §2.4).
@@ -66,43 +66,7 @@ pub struct ServeConfig {
     pub gateway_trust: Vec<String>,
 }
 
-/// Bounds the host enforces (docs/protocol.md §5.2, §6).
-#[derive(Debug, Clone)]
-pub struct HostLimits {
-    pub max_frame_bytes: u32,
-    pub max_in_flight: u32,
-    pub max_in_flight_host: u32,
-    pub max_subscriptions: u32,
-    pub requests_per_second: u32,
-    pub request_burst: u32,
-    pub max_connections: usize,
-    /// Wrong secrets a pairing token tolerates before it is burned.
-    pub max_pairing_attempts: u32,
-    /// A live subscriber this many events behind the head is CLIENT_TOO_SLOW.
-    pub max_lag_events: u64,
-    /// A socket write blocked this long means the client stopped reading: CLIENT_TOO_SLOW.
-    pub send_stall: Duration,
-    /// Most events in one `session/events` frame.
-    pub max_events_per_frame: usize,
-}
-
-impl Default for HostLimits {
-    fn default() -> Self {
-        HostLimits {
-            max_frame_bytes: racp_proto::limits::DEFAULT_MAX_FRAME_BYTES,
-            max_in_flight: 64,
-            max_in_flight_host: 4096,
-            max_subscriptions: 64,
-            requests_per_second: 100,
-            request_burst: 200,
-            max_connections: 20_000,
-            max_pairing_attempts: 5,
-            max_lag_events: 20_000,
-            send_stall: Duration::from_secs(10),
-            max_events_per_frame: 1024,
-        }
-    }
-}
+pub use racp_server::limits::HostLimits;
 
 impl ServeConfig {
     /// Paths no client may reach through `fs/*` or a session's workspace: the data directory,

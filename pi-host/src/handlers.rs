@@ -411,7 +411,7 @@ fn device_list(state: &HostState, credential: &Credential) -> Result<DeviceListR
 }
 
 /// Revokes a device. When this returns, none of its calls is running, none can start, and its
-/// connections have stopped sending (src/connections.rs). `caller` is the revoking device, whose
+/// connections have stopped sending (racp-server/src/connections.rs). `caller` is the revoking device, whose
 /// own call in flight is not waited for.
 pub async fn device_revoke(
     state: &Arc<HostState>,
@@ -490,7 +490,7 @@ pub fn mint_pairing(
         .map_err(|e| state.internal(e))?;
     tracing::info!(roles = ?roles, expires_at, "pairing token minted");
     Ok(PairingCreateResult {
-        url: crate::server::identity::pairing_url(&state.config, &minted.token),
+        url: crate::server::pairing_url(&state.config, &minted.token),
         token: minted.token,
         expires_at,
         roles: roles.to_vec(),

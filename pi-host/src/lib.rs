@@ -1,19 +1,15 @@
-//! The RACP-WS host as a library: `src/main.rs` is its command line, and `pi-gateway`
-//! (gateway/) serves the same protocol with the server layer (`server::listener`, `identity`,
-//! `tls`, `elide`) and the wire helpers from here.
+//! The RACP-WS host as a library: `src/main.rs` is its command line. The server side it shares
+//! with `pi-gateway` (accept loop, upgrade checks, identity, frame fitting, the connection
+//! registry, the signed link) is the `racp-server` crate.
 
 pub mod admin;
 pub mod agent;
 pub mod auth;
-pub mod clock;
 pub mod config;
-pub mod connections;
 pub mod fs;
-pub mod fsutil;
 pub mod handlers;
 pub mod models;
 pub mod paths;
-pub mod ratelimit;
 pub mod redact;
 pub mod secrets;
 pub mod server;
@@ -24,5 +20,6 @@ pub mod store;
 mod test_hooks;
 pub mod turns;
 pub mod uplink;
-pub mod usage;
-pub mod wire;
+
+// The server side a gateway runs too (racp-server), under the names the host has always used.
+pub use racp_server::{clock, connections, fsutil, ratelimit, usage, wire};

@@ -418,7 +418,7 @@ async fn serve(
     let local = socket.local_addr().map_err(|e| e.to_string())?;
     // The real port (when asked for port 0) is what pairing URLs and `status` must show.
     config.listen = local;
-    // Before anything else opens descriptors: the limit is raised and split (server/listener.rs).
+    // Before anything else opens descriptors: the limit is raised and split (racp-server/src/listener.rs).
     let budget = server::listener::plan(&mut config.limits);
     let state = state::HostState::open_with(config, redactor).map_err(|e| e.to_string())?;
     // The agent is checked meanwhile; its first check is what host/info and turns wait for.

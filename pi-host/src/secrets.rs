@@ -7,6 +7,7 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+pub use racp_server::token::{Presented, split};
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use std::path::Path;
@@ -40,12 +41,6 @@ pub struct Minted {
     pub id: String,
     pub token: String,
     pub tag: Vec<u8>,
-}
-
-/// The two halves of a presented token.
-pub struct Presented<'a> {
-    pub id: &'a str,
-    pub secret: &'a str,
 }
 
 impl Secrets {
@@ -116,19 +111,6 @@ impl Secrets {
     pub fn verify(&self, secret: &str, tag: &[u8]) -> bool {
         hmac::verify(&self.key, secret.as_bytes(), tag).is_ok()
     }
-}
-
-/// Splits `<prefix><id>.<secret>`; `None` when the token has another shape.
-pub fn split<'a>(token: &'a str, prefix: &str) -> Option<Presented<'a>> {
-    let rest = token.strip_prefix(prefix)?;
-    let (id, secret) = rest.split_once('.')?;
-    let ok = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 128
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    };
-    (ok(id) && ok(secret)).then_some(Presented { id, secret })
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! A revoke that lands between an upgrade's checks and the connection's registration (held open
 //! by the debug-build hook `PI_HOST_TEST_ADMISSION_DELAY_MS`) still ends that connection at
-//! once, though it never makes a call (docs/protocol.md §12, src/connections.rs). So does a
+//! once, though it never makes a call (docs/protocol.md §12, racp-server/src/connections.rs). So does a
 //! drain that begins there, before the connection reads anything.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]

@@ -78,7 +78,7 @@ pub async fn run(mut socket: WebSocket, state: Arc<HostState>, credential: Crede
 }
 
 /// Checked after registering, never before: a revoke or drain that began in between either saw
-/// this connection in the table or is seen here (src/connections.rs).
+/// this connection in the table or is seen here (racp-server/src/connections.rs).
 fn ending_at_start(
     state: &HostState,
     kill_rx: &mut watch::Receiver<Option<AppError>>,
@@ -261,7 +261,7 @@ impl Connection {
     }
 
     /// Every check between a decoded envelope and a handler: hello first, access, rate, drain,
-    /// params, and the device's gate (src/connections.rs).
+    /// params, and the device's gate (racp-server/src/connections.rs).
     fn admit(
         &mut self,
         method: Method,
@@ -343,7 +343,7 @@ impl Connection {
             };
             drop((permit, host_permit));
             let _ = replies.send(reply).await;
-            // Held until the reply is queued: a revoke waits for it (src/connections.rs).
+            // Held until the reply is queued: a revoke waits for it (racp-server/src/connections.rs).
             drop(pass);
         });
         None

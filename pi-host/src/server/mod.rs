@@ -1,12 +1,10 @@
 //! The HTTP server: the `/racp` endpoint, and serving until a shutdown signal.
 
 mod connection;
-pub mod elide;
-pub mod identity;
-pub mod listener;
 mod subscriptions;
-pub mod tls;
 pub mod upgrade;
+
+pub use racp_server::{answer_close, elide, identity, listener, tls};
 
 use crate::state::HostState;
 use axum::Router;
@@ -24,17 +22,6 @@ use std::sync::Arc;
 const READ_BUFFER: usize = 1 << 10;
 /// Bytes of queued frames a connection collects before writing to its socket.
 const WRITE_BUFFER: usize = 64 << 10;
-
-/// How long a closing client may take to read the close frame that answers its own.
-const CLOSE_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Answers a client's close frame, as RFC 6455 §5.5.1 requires: tungstenite queues the answer
-/// when it reads the client's close, and it leaves only with a flush. Without it every client
-/// that closes with 1000 (a browser's `pair()`) would see 1006.
-pub async fn answer_close(socket: &mut axum::extract::ws::WebSocket) {
-    use futures_util::SinkExt;
-    let _ = tokio::time::timeout(CLOSE_ANSWER_GRACE, socket.flush()).await;
-}
 
 pub fn router(state: Arc<HostState>) -> Router {
     Router::new()
@@ -75,10 +62,21 @@ async fn upgrade_handler(
         // Frames queued together leave in one write (see connection::send_all); a larger frame
         // is written as soon as it is queued.
         .write_buffer_size(WRITE_BUFFER)
-        // Frames are cut to the connection's negotiated bound (server/elide.rs), which is at
+        // Frames are cut to the connection's negotiated bound (racp-server/src/elide.rs), which is at
         // most the hard cap; the write buffer must take a whole frame, with room to spare.
         .max_write_buffer_size(hard_cap.max(32 << 20))
         .max_message_size(hard_cap)
         .max_frame_size(hard_cap)
         .on_upgrade(move |socket| connection::run(socket, state, credential, slot))
+}
+
+/// The pairing link for `token` (docs/protocol.md §5.3): with TLS it names the certificate
+/// fingerprint the new device pins.
+pub fn pairing_url(config: &crate::config::ServeConfig, token: &str) -> String {
+    identity::pairing_link(
+        &config.listen.to_string(),
+        config.cert_sha256.as_ref(),
+        config.tls.is_some(),
+        token,
+    )
 }

@@ -15,10 +15,9 @@
 
 mod calls;
 mod heartbeat;
-pub mod key;
-pub mod link;
 mod relay;
-pub mod signed;
+
+pub use racp_server::uplink::{key, link, signed};
 
 use crate::state::HostState;
 use racp_proto::gateway::host_inbox_prefix;

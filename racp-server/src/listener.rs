@@ -7,7 +7,7 @@
 //! RLIMIT_NOFILE with a reserve kept for the admin socket, the database, agent pipes and
 //! upgraded connections). docs/reliability.md 4.10 has the attack and the measurements.
 
-use crate::config::HostLimits;
+use crate::limits::HostLimits;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};

@@ -140,17 +140,6 @@ fn write_temp(path: &Path, bytes: &[u8]) -> Result<PathBuf, IdentityError> {
     })
 }
 
-/// The pairing link for `token` (docs/protocol.md §5.3): with TLS it names the certificate
-/// fingerprint the new device pins.
-pub fn pairing_url(config: &crate::config::ServeConfig, token: &str) -> String {
-    pairing_link(
-        &config.listen.to_string(),
-        config.cert_sha256.as_ref(),
-        config.tls.is_some(),
-        token,
-    )
-}
-
 /// A pairing link to `address` (the one writer of the form, for hosts and gateways).
 pub fn pairing_link(address: &str, cert: Option<&CertSha256>, tls: bool, token: &str) -> String {
     match (cert, tls) {
@@ -176,7 +165,7 @@ mod tests {
         assert_eq!(first.sha256, again.sha256);
         assert_eq!(fingerprint(&first.cert).unwrap(), first.sha256);
         // The files load as a TLS server configuration.
-        crate::server::tls::server_config(&first.cert, &first.key).unwrap();
+        crate::tls::server_config(&first.cert, &first.key).unwrap();
     }
 
     #[test]

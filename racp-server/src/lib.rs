@@ -1,0 +1,28 @@
+//! The server side of RACP-WS that a host (`pi-host`) and a gateway (`pi-gateway`) both run
+//! (docs/architecture.md, "racp-server"): nothing here knows sessions, agents or a store.
+
+pub mod clock;
+pub mod connections;
+pub mod elide;
+pub mod fsutil;
+pub mod identity;
+pub mod limits;
+pub mod listener;
+pub mod ratelimit;
+pub mod tls;
+pub mod token;
+pub mod upgrade;
+pub mod uplink;
+pub mod usage;
+pub mod wire;
+
+/// How long a closing client may take to read the close frame that answers its own.
+const CLOSE_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Answers a client's close frame, as RFC 6455 §5.5.1 requires: tungstenite queues the answer
+/// when it reads the client's close, and it leaves only with a flush. Without it every client
+/// that closes with 1000 (a browser's `pair()`) would see 1006.
+pub async fn answer_close(socket: &mut axum::extract::ws::WebSocket) {
+    use futures_util::SinkExt;
+    let _ = tokio::time::timeout(CLOSE_ANSWER_GRACE, socket.flush()).await;
+}
