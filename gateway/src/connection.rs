@@ -19,7 +19,7 @@ use racp_proto::methods::handshake::{
 };
 use racp_proto::methods::host::{DeviceInfo, DeviceListResult, PairingCreateResult};
 use racp_proto::methods::session::{SessionState, SessionSubscribeParams, SessionSubscribeResult};
-use racp_proto::{AppError, Call, Cursor, Epoch, ErrorCode, Method, PROTOCOL_VERSION};
+use racp_proto::{AppError, Call, Cursor, Epoch, ErrorCode, Expired, Method, PROTOCOL_VERSION};
 use racp_server::connections::{CallPass, DeviceGate, Registration, Slot};
 use racp_server::elide::fit_reply;
 use racp_server::identity::pairing_link;
@@ -521,22 +521,22 @@ impl Connection {
                     continue;
                 }
                 let (epoch, head) = (head.epoch, head.seq);
-                return Err(follow::expired("older_than_window", epoch, head, head));
+                return Err(Expired::OlderThanWindow.error(epoch, head, head));
             };
             let (oldest, head) = (first.0.saturating_sub(1), last.0);
             let after = match cursor {
                 None => head,
                 Some(cursor) if cursor.epoch != epoch => {
-                    return Err(follow::expired("other_epoch", epoch, oldest, head));
+                    return Err(Expired::OtherEpoch.error(epoch, oldest, head));
                 }
                 Some(cursor) if cursor.seq < oldest => {
-                    return Err(follow::expired("older_than_window", epoch, oldest, head));
+                    return Err(Expired::OlderThanWindow.error(epoch, oldest, head));
                 }
                 Some(cursor) if cursor.seq > head => {
                     // Ahead of the stream: valid only if the host has it (not yet relayed).
                     let at_host = self.host_head(host, session_id).await?;
                     if at_host.epoch != epoch || cursor.seq > at_host.seq {
-                        return Err(follow::expired("ahead_of_head", epoch, oldest, head));
+                        return Err(Expired::AheadOfHead.error(epoch, oldest, head));
                     }
                     cursor.seq
                 }
@@ -737,10 +737,10 @@ fn start_before_relay(
     let after = match cursor {
         None => head.seq,
         Some(cursor) if cursor.epoch != head.epoch => {
-            return Err(follow::expired("other_epoch", head.epoch, 0, head.seq));
+            return Err(Expired::OtherEpoch.error(head.epoch, 0, head.seq));
         }
         Some(cursor) if cursor.seq > head.seq => {
-            return Err(follow::expired("ahead_of_head", head.epoch, 0, head.seq));
+            return Err(Expired::AheadOfHead.error(head.epoch, 0, head.seq));
         }
         Some(cursor) if cursor.seq < head.seq => return Ok(None),
         Some(cursor) => cursor.seq,

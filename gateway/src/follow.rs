@@ -7,7 +7,7 @@ use async_nats::jetstream::{self, consumer, stream::DirectGetErrorKind};
 use futures_util::{FutureExt, StreamExt};
 use racp_proto::events::PushMethod;
 use racp_proto::gateway::{EPOCH_HEADER, SEQ_HEADER};
-use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
+use racp_proto::{AppError, Cursor, Epoch, ErrorCode, Expired};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,20 +74,6 @@ pub async fn span(stream: &Stream, subject: &str) -> Result<Span, AppError> {
         last: (last_seq, last.sequence),
         closed: std::str::from_utf8(&last.payload).is_ok_and(is_session_closed),
     })
-}
-
-/// CURSOR_EXPIRED with the details a host gives.
-pub fn expired(reason: &str, epoch: Epoch, oldest: u64, head: u64) -> AppError {
-    AppError::new(
-        ErrorCode::CursorExpired,
-        "the cursor cannot be resumed: call session/get and continue from its cursor",
-    )
-    .with_details(json!({
-        "reason": reason,
-        "oldest": Cursor::new(epoch, oldest),
-        "head": Cursor::new(epoch, head),
-        "snapshot": "session/get",
-    }))
 }
 
 /// The stream sequence of the session's first event after RACP seq `after`, within `span`
@@ -393,14 +379,14 @@ fn accept<E: std::fmt::Display>(
         }
         if entry.epoch != Some(epoch) {
             // Delivered under the subscription's epoch, its cursor would name another log.
-            let error = expired("other_epoch", epoch, at.last, at.last);
+            let error = Expired::OtherEpoch.error(epoch, at.last, at.last);
             return (events, Some(error));
         }
         if seq <= at.last {
             continue;
         }
         if seq != at.last + 1 {
-            let error = expired("older_than_window", epoch, seq - 1, seq);
+            let error = Expired::OlderThanWindow.error(epoch, seq - 1, seq);
             return (events, Some(error));
         }
         if !well_formed(&entry.payload, seq) {

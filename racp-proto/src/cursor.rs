@@ -96,9 +96,91 @@ impl JsonSchema for Cursor {
     }
 }
 
+/// Why a cursor cannot be resumed: CURSOR_EXPIRED's `details.reason`, one list for a host and a
+/// gateway (docs/protocol.md §8.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// The cursor names another incarnation of the log.
+    OtherEpoch,
+    /// The cursor is past the last event (a host never gave it out).
+    AheadOfHead,
+    /// The events after the cursor are no longer retained.
+    OlderThanWindow,
+    /// What was streaming at the cursor began before the retained events.
+    StreamOlderThanWindow,
+}
+
+impl Expired {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Expired::OtherEpoch => "other_epoch",
+            Expired::AheadOfHead => "ahead_of_head",
+            Expired::OlderThanWindow => "older_than_window",
+            Expired::StreamOlderThanWindow => "stream_older_than_window",
+        }
+    }
+
+    /// Where `cursor` stands against a log of `epoch` that can resume any cursor from `oldest`
+    /// to `head`: `None` when it resumes.
+    pub fn check(cursor: Cursor, epoch: Epoch, oldest: u64, head: u64) -> Option<Expired> {
+        if cursor.epoch != epoch {
+            Some(Expired::OtherEpoch)
+        } else if cursor.seq > head {
+            Some(Expired::AheadOfHead)
+        } else if cursor.seq < oldest {
+            Some(Expired::OlderThanWindow)
+        } else {
+            None
+        }
+    }
+
+    /// CURSOR_EXPIRED for this reason, with the positions that do resume (`oldest` to `head`)
+    /// and where to recover from.
+    pub fn error(self, epoch: Epoch, oldest: u64, head: u64) -> AppError {
+        let message = match self {
+            Expired::StreamOlderThanWindow => {
+                "what was streaming at this cursor began before the retained events: call \
+                 session/get and continue from its snapshot"
+            }
+            _ => "the cursor cannot be resumed: call session/get and continue from its cursor",
+        };
+        AppError::new(ErrorCode::CursorExpired, message).with_details(serde_json::json!({
+            "reason": self.as_str(),
+            "oldest": Cursor::new(epoch, oldest),
+            "head": Cursor::new(epoch, head),
+            "snapshot": "session/get",
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cursor_resumes_from_oldest_to_head_of_its_epoch_only() {
+        let (epoch, oldest, head) = (Epoch(7), 10, 20);
+        let at = |e: u64, seq: u64| Expired::check(Cursor::new(Epoch(e), seq), epoch, oldest, head);
+        assert_eq!(at(7, 10), None);
+        assert_eq!(at(7, 20), None);
+        assert_eq!(at(7, 9), Some(Expired::OlderThanWindow));
+        assert_eq!(at(7, 21), Some(Expired::AheadOfHead));
+        // Another epoch is named first, whatever its seq.
+        assert_eq!(at(8, 15), Some(Expired::OtherEpoch));
+        let error = Expired::OlderThanWindow.error(epoch, oldest, head);
+        assert_eq!(error.code(), ErrorCode::CursorExpired);
+        let details = error.details().unwrap();
+        assert_eq!(details["reason"], "older_than_window");
+        assert_eq!(details["oldest"], Cursor::new(epoch, oldest).to_string());
+        assert_eq!(details["head"], Cursor::new(epoch, head).to_string());
+        assert!(error.message().contains("session/get"));
+        let stream = Expired::StreamOlderThanWindow.error(epoch, oldest, head);
+        assert!(
+            stream.message().contains("snapshot"),
+            "{}",
+            stream.message()
+        );
+    }
 
     #[test]
     fn round_trips_through_its_string_form() {

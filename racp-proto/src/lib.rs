@@ -30,7 +30,7 @@ pub mod role;
 pub mod stream;
 pub mod validate;
 
-pub use cursor::{Cursor, Epoch};
+pub use cursor::{Cursor, Epoch, Expired};
 pub use error::{AppError, ErrorCode, ErrorSource, Recovery, Retriable};
 pub use methods::{Ack, Call, Empty, Method, MethodSpec, RacpMethod, calls};
 pub use role::{Access, Principal, Role};

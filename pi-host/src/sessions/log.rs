@@ -2,8 +2,7 @@
 //! by count, bytes and age. Cursor checks are arithmetic on `seq`, never a lookup: a cursor is
 //! valid exactly when `oldest_cursor <= seq <= head` in the same epoch.
 
-use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
-use serde_json::json;
+use racp_proto::{AppError, Cursor, Epoch, Expired};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -103,27 +102,9 @@ impl EventLog {
 
     /// Checks that replay can start after `cursor`; CURSOR_EXPIRED otherwise.
     pub fn check_cursor(&self, cursor: Cursor) -> Result<(), AppError> {
-        let reason = if cursor.epoch != self.epoch {
-            Some("other_epoch")
-        } else if cursor.seq > self.head {
-            Some("ahead_of_head")
-        } else if cursor.seq < self.oldest_seq() {
-            Some("older_than_window")
-        } else {
-            None
-        };
-        match reason {
+        match Expired::check(cursor, self.epoch, self.oldest_seq(), self.head) {
             None => Ok(()),
-            Some(reason) => Err(AppError::new(
-                ErrorCode::CursorExpired,
-                "the cursor cannot be resumed: call session/get and continue from its cursor",
-            )
-            .with_details(json!({
-                "reason": reason,
-                "oldest": Cursor::new(self.epoch, self.oldest_seq()),
-                "head": self.head_cursor(),
-                "snapshot": "session/get",
-            }))),
+            Some(reason) => Err(reason.error(self.epoch, self.oldest_seq(), self.head)),
         }
     }
 

@@ -23,7 +23,6 @@ use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::stream::StreamState;
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
 use serde::Serialize;
-use serde_json::json;
 use serde_json::value::RawValue;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -172,15 +171,12 @@ impl Session {
         // Without a turn.started, the events up to the cursor are the whole story only when the
         // window still begins at the epoch's first event.
         if !turn_start_seen && inner.log.oldest_seq() > 0 {
-            return Err(AppError::new(
-                ErrorCode::CursorExpired,
-                "what was streaming at this cursor began before the retained events: call \
-                 session/get and continue from its snapshot",
-            )
-            .with_details(json!({
-                "reason": "stream_older_than_window",
-                "snapshot": "session/get",
-            })));
+            let log = &inner.log;
+            return Err(racp_proto::Expired::StreamOlderThanWindow.error(
+                log.head_cursor().epoch,
+                log.oldest_seq(),
+                log.head(),
+            ));
         }
         let mut stream = StreamState::default();
         for event in since_turn_start.iter().rev() {
