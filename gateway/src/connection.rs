@@ -190,7 +190,7 @@ impl Connection {
                         Vec::new()
                     }
                 },
-                _ = heartbeat.tick(), if self.said_hello => vec![self.heartbeat()],
+                _ = heartbeat.tick(), if self.said_hello => self.heartbeat(),
                 changed = killed.changed() => match changed {
                     Ok(()) => return killed.borrow_and_update().clone(),
                     Err(_) => return None,
@@ -213,26 +213,24 @@ impl Connection {
     }
 
     fn too_slow(&self) -> AppError {
-        let last: serde_json::Map<String, Value> = self
-            .follows
-            .iter()
-            .map(|(id, f)| (id.clone(), json!(f.cursor())))
-            .collect();
-        AppError::new(
-            ErrorCode::ClientTooSlow,
-            "the client stopped reading; reconnect and resume from lastCursor",
+        racp_server::push::too_slow(
+            "stopped reading",
+            self.follows.iter().map(|(id, f)| (id.clone(), f.cursor())),
         )
-        .with_details(json!({"lastCursor": last}))
     }
 
-    fn heartbeat(&self) -> String {
-        let subscriptions: Vec<Value> = self
+    /// The `heartbeat` pushes, within the frame bound as on a host.
+    fn heartbeat(&self) -> Vec<String> {
+        let heads = self
             .follows
             .iter()
-            .map(|(id, f)| json!({"subscriptionId": id, "sessionId": f.session_id, "cursor": f.cursor()}))
+            .map(|(id, f)| racp_proto::events::SubscriptionHead {
+                subscription_id: id.clone(),
+                session_id: f.session_id.clone(),
+                cursor: f.cursor(),
+            })
             .collect();
-        json!({"method": "heartbeat", "params": {"at": racp_server::clock::now_ms(), "subscriptions": subscriptions}})
-            .to_string()
+        racp_server::push::heartbeats(racp_server::clock::now_ms(), heads, self.max_frame_bytes)
     }
 
     async fn handle_text(

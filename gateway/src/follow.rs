@@ -507,17 +507,14 @@ fn frames(events: &[(u64, bytes::Bytes)], budget: usize) -> Vec<&[(u64, bytes::B
 }
 
 fn ended(start: &Start, last: u64, error: Option<AppError>) -> Outgoing {
-    let mut params = json!({
-        "subscriptionId": start.subscription_id,
-        "sessionId": start.session_id,
-        "cursor": Cursor::new(start.epoch, last),
-    });
-    if let Some(error) = error {
-        params["error"] = json!(error);
-    }
-    Outgoing::Frame(
-        json!({"method": PushMethod::SubscriptionEnded.as_str(), "params": params}).to_string(),
-    )
+    Outgoing::Frame(racp_server::push::subscription_ended(
+        &racp_proto::events::SubscriptionEndedParams {
+            subscription_id: start.subscription_id.clone(),
+            session_id: start.session_id.clone(),
+            cursor: Cursor::new(start.epoch, last),
+            error,
+        },
+    ))
 }
 
 #[cfg(test)]

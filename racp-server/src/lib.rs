@@ -8,6 +8,7 @@ pub mod fsutil;
 pub mod identity;
 pub mod limits;
 pub mod listener;
+pub mod push;
 pub mod ratelimit;
 pub mod tls;
 pub mod token;

@@ -6,10 +6,10 @@
 //! subscriber is one frame being written.
 
 use crate::sessions::Session;
-use racp_proto::events::PushMethod;
+use racp_proto::events::{PushMethod, SubscriptionEndedParams, SubscriptionHead};
 use racp_proto::methods::session::SessionSubscribeResult;
 use racp_proto::{AppError, Cursor, ErrorCode};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -194,64 +194,42 @@ impl Subscriptions {
                 let sub = self.subs.remove(&id)?;
                 sub.session.unwatch(sub.watcher);
                 let cursor = Cursor::new(sub.session.head_cursor().epoch, sub.delivered);
-                Some(Delivery::Frame(
-                    json!({
-                        "method": PushMethod::SubscriptionEnded.as_str(),
-                        "params": {"subscriptionId": id, "sessionId": sub.session.id, "cursor": cursor},
-                    })
-                    .to_string(),
-                ))
+                Some(Delivery::Frame(racp_server::push::subscription_ended(
+                    &SubscriptionEndedParams {
+                        subscription_id: id,
+                        session_id: sub.session.id.clone(),
+                        cursor,
+                        error: None,
+                    },
+                )))
             }
         }
     }
 
     /// CLIENT_TOO_SLOW with the last delivered cursor of every subscription.
     pub fn too_slow(&self, why: &str) -> AppError {
-        let mut last = Map::new();
-        for (id, sub) in &self.subs {
-            let epoch = sub.session.head_cursor().epoch;
-            last.insert(id.clone(), json!(Cursor::new(epoch, sub.delivered)));
-        }
-        AppError::new(
-            ErrorCode::ClientTooSlow,
-            format!("the client {why}; reconnect and resume from lastCursor"),
+        racp_server::push::too_slow(
+            why,
+            self.subs.iter().map(|(id, sub)| {
+                let epoch = sub.session.head_cursor().epoch;
+                (id.clone(), Cursor::new(epoch, sub.delivered))
+            }),
         )
-        .with_details(json!({"lastCursor": last}))
     }
 
     /// The `heartbeat` push: every subscription's last delivered cursor, in as many pushes as
     /// the frame bound needs (one, unless a connection holds very many subscriptions).
     pub fn heartbeat(&self, at: u64, max_frame_bytes: usize) -> Vec<String> {
-        let subscriptions: Vec<Value> = self
+        let heads = self
             .subs
             .iter()
-            .map(|(id, sub)| {
-                let epoch = sub.session.head_cursor().epoch;
-                json!({
-                    "subscriptionId": id,
-                    "sessionId": sub.session.id,
-                    "cursor": Cursor::new(epoch, sub.delivered),
-                })
+            .map(|(id, sub)| SubscriptionHead {
+                subscription_id: id.clone(),
+                session_id: sub.session.id.clone(),
+                cursor: Cursor::new(sub.session.head_cursor().epoch, sub.delivered),
             })
             .collect();
-        let frame = |entries: &[Value]| {
-            json!({"method": PushMethod::Heartbeat.as_str(), "params": {"at": at, "subscriptions": entries}})
-                .to_string()
-        };
-        // Many subscriptions on a small frame bound: split the entries over several pushes.
-        let budget = max_frame_bytes.saturating_sub(frame(&[]).len());
-        let mut frames = Vec::new();
-        let (mut start, mut size) = (0, 0);
-        for (i, entry) in subscriptions.iter().enumerate() {
-            let len = entry.to_string().len() + 1;
-            if i > start && size + len > budget {
-                frames.push(frame(&subscriptions[start..i]));
-                (start, size) = (i, 0);
-            }
-            size += len;
-        }
-        frames.push(frame(&subscriptions[start..]));
-        frames
+        racp_server::push::heartbeats(at, heads, max_frame_bytes)
     }
 }
 
