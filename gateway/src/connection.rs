@@ -8,10 +8,9 @@ use crate::follow::{self, Follow, Outgoing, Span};
 use crate::hosts;
 use crate::revocation::Revocation;
 use crate::state::{Gateway, shutting_down};
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
-use futures_util::SinkExt;
+use axum::extract::ws::{Message, WebSocket};
 use racp_proto::codec::{Rejected, decode_request};
-use racp_proto::frame::{ConnectionError, ErrorReply, RequestId, ResultReply};
+use racp_proto::frame::{ErrorReply, RequestId, ResultReply};
 use racp_proto::gateway::{events_stream, events_subject, valid_session_id};
 use racp_proto::limits::{MIN_MAX_FRAME_BYTES, PRE_HELLO_MAX_FRAME_BYTES};
 use racp_proto::methods::handshake::{
@@ -23,6 +22,7 @@ use racp_proto::{AppError, Call, Cursor, Epoch, ErrorCode, Expired, Method, PROT
 use racp_server::connections::{CallPass, DeviceGate, Registration, Slot};
 use racp_server::elide::fit_reply;
 use racp_server::identity::pairing_link;
+use racp_server::socket::{FINAL_FRAME_GRACE, close_with, error_reply, send_all};
 use racp_server::wire::encode;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -117,36 +117,13 @@ pub async fn run(
     drop(killed);
     drop(conn);
     if let Some(error) = ending {
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            close_with(&mut socket, error),
-        )
-        .await;
+        let _ = tokio::time::timeout(FINAL_FRAME_GRACE, close_with(&mut socket, error)).await;
     }
     gateway.connections.unregister(id);
 }
 
 pub fn revoked() -> AppError {
     AppError::new(ErrorCode::RemoteAuthFailed, "this device was revoked")
-}
-
-async fn close_with(socket: &mut WebSocket, error: AppError) {
-    let code = error.close_code();
-    let frame = encode(&ConnectionError { error });
-    let _ = socket.send(Message::Text(Utf8Bytes::from(frame))).await;
-    let _ = socket
-        .send(Message::Close(Some(CloseFrame {
-            code,
-            reason: Utf8Bytes::from_static(""),
-        })))
-        .await;
-}
-
-async fn send_all(socket: &mut WebSocket, frames: Vec<String>) -> Result<(), axum::Error> {
-    for frame in frames {
-        socket.feed(Message::Text(Utf8Bytes::from(frame))).await?;
-    }
-    socket.flush().await
 }
 
 impl Connection {
@@ -179,7 +156,15 @@ impl Connection {
                         racp_server::answer_close(socket).await;
                         return None;
                     }
-                    None | Some(Err(_)) => return None,
+                    None => return None,
+                    // As on a host: a client that broke the rules is told which.
+                    Some(Err(err)) => {
+                        return racp_server::socket::read_failure(
+                            err,
+                            self.gateway.settings.max_frame_bytes,
+                            self.max_frame_bytes,
+                        );
+                    }
                     Some(Ok(_)) => Vec::new(),
                 },
                 Some(reply) = reply_rx.recv() => vec![fit_reply(reply, self.max_frame_bytes)],
@@ -697,13 +682,6 @@ pub fn forbidden_host(host: &str) -> AppError {
         "this device may not reach that host; an owner can pair it with access to it",
     )
     .with_details(json!({"hostId": host, "reason": "host_not_granted"}))
-}
-
-fn error_reply(id: RequestId, error: AppError) -> String {
-    encode(&ErrorReply {
-        id: Some(id),
-        error,
-    })
 }
 
 fn raw<T: serde::Serialize>(value: &T) -> Result<Box<RawValue>, AppError> {

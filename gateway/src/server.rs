@@ -9,7 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
-use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode, SUBPROTOCOL};
+use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode};
 use racp_server::connections::Slot;
 use racp_server::upgrade::{check_host_header, presented_token, refusal};
 use serde_json::json;
@@ -70,16 +70,9 @@ async fn upgrade(
         .get(axum::http::header::HOST)
         .and_then(|h| h.to_str().ok())
         .map_or_else(|| gateway.settings.listen.to_string(), str::to_string);
-    let cap = gateway.settings.max_frame_bytes as usize * 4;
-    ws.protocols([SUBPROTOCOL])
-        .read_buffer_size(1 << 10)
-        .write_buffer_size(64 << 10)
-        .max_write_buffer_size(cap.max(32 << 20))
-        .max_message_size(cap)
-        .max_frame_size(cap)
-        .on_upgrade(move |socket| {
-            crate::connection::run(socket, gateway, caller, host, slot, reached_as)
-        })
+    racp_server::socket::configure(ws, gateway.settings.max_frame_bytes).on_upgrade(move |socket| {
+        crate::connection::run(socket, gateway, caller, host, slot, reached_as)
+    })
 }
 
 async fn admit(

@@ -10,6 +10,7 @@ pub mod limits;
 pub mod listener;
 pub mod push;
 pub mod ratelimit;
+pub mod socket;
 pub mod tls;
 pub mod token;
 pub mod upgrade;

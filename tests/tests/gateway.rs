@@ -526,6 +526,68 @@ async fn a_hole_in_a_hosts_stream_ends_a_replay_at_the_hole() {
     );
 }
 
+/// A connection that breaks the rules, and one open when its server drains, end the same way on
+/// a host and through a gateway (one socket layer, racp-server): the same connection error,
+/// close code and reason, and nothing answered after.
+#[tokio::test]
+async fn a_host_and_a_gateway_end_a_connection_the_same_way() {
+    use tests::raw::Raw;
+    let mut one = one_host(1).await;
+    let (_, direct_token) = one.host.pair_device("direct", &[]).await;
+    let hello = br#"{"id":1,"method":"hello","params":{"protocol":{"min":1,"max":1},"client":{"name":"raw","version":"0"}}}"#;
+    let past_the_cap = {
+        let piece = vec![b' '; 64 << 10];
+        let mut frames = Raw::encode(0x01, &piece, false);
+        for _ in 0..70 {
+            frames.extend(Raw::encode(0x00, &piece, false));
+        }
+        frames
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("invalid UTF-8", Raw::encode(0x81, b"\xff\xfe{}", false)),
+        ("RSV1 set", Raw::encode(0xC1, hello, false)),
+        ("a message past the cap", past_the_cap),
+    ];
+    let servers = [
+        (one.host.url(), direct_token.clone()),
+        (one.gateway.host_url(&one.host_id), one.token.clone()),
+    ];
+    let open = async |url: &str, token: &str| {
+        let mut raw = Raw::connect(url, token).await;
+        assert!(raw.reply(hello).await.get("result").is_some());
+        raw
+    };
+    for (name, bytes) in cases {
+        let mut endings = Vec::new();
+        for (url, token) in &servers {
+            let mut raw = open(url, token).await;
+            raw.send(&bytes).await;
+            endings.push(raw.until_close().await);
+        }
+        assert!(endings[0].error.is_some(), "{name}: {:?}", endings[0]);
+        assert_eq!(endings[0], endings[1], "{name}: host, then gateway");
+    }
+    // The drain: SIGTERM with a connection open (to a host of its own, so the one behind the
+    // gateway keeps serving the gateway's connection).
+    let mut host = tests::HostProcess::start(&tests::pi_host_binary()).await;
+    let (_, token) = host.pair_device("drained", &[]).await;
+    let mut direct = open(&host.url(), &token).await;
+    let direct_ending = tokio::spawn(async move { direct.until_close().await });
+    host.terminate().await;
+    let mut through = open(&servers[1].0, &servers[1].1).await;
+    let through_ending = tokio::spawn(async move { through.until_close().await });
+    one.gateway.terminate().await;
+    let endings = [direct_ending.await.unwrap(), through_ending.await.unwrap()];
+    assert_eq!(
+        endings[0].error.as_deref(),
+        Some("HOST_SHUTTING_DOWN"),
+        "{:?}",
+        endings[0]
+    );
+    assert_eq!(endings[0].close, Some(1001), "{:?}", endings[0]);
+    assert_eq!(endings[0], endings[1], "the drain: host, then gateway");
+}
+
 /// Reads a subscription until `turn.finished`, checking every seq follows the one before (no
 /// gap, no repeat); calls `midway` once after `at` events. Returns how many agent deltas came.
 async fn read_to_the_end(

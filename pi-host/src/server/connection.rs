@@ -7,13 +7,13 @@ use crate::connections::{CallPass, DeviceGate, Registration, Slot};
 use crate::handlers::{self, ConnectionCall, Route};
 use crate::state::HostState;
 use crate::wire::{encode, to_value};
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
-use futures_util::SinkExt;
+use axum::extract::ws::{Message, WebSocket};
 use racp_proto::codec::{Rejected, decode_request};
-use racp_proto::frame::{ConnectionError, ErrorReply, RequestId, ResultReply};
+use racp_proto::frame::{ErrorReply, RequestId, ResultReply};
 use racp_proto::limits::{MIN_MAX_FRAME_BYTES, PRE_HELLO_MAX_FRAME_BYTES};
 use racp_proto::methods::handshake::{HelloParams, HelloResult, PrincipalInfo, PrincipalKind};
 use racp_proto::{AppError, Call, ErrorCode, Method, PROTOCOL_VERSION};
+use racp_server::socket::{FINAL_FRAME_GRACE, close_with, error_reply, send_all};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -36,9 +36,6 @@ struct Connection {
     /// Set when a reply must be followed by closing the connection (PROTOCOL_MISMATCH).
     fatal: Option<AppError>,
 }
-
-/// How long the final connection error may wait for the socket to take it.
-const FINAL_FRAME_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Frames a connection sends for its subscriptions before it looks at other work again.
 const DELIVERY_BURST: usize = 8;
@@ -443,75 +440,10 @@ impl Connection {
     /// a message over the hard size cap, invalid UTF-8 in a text frame, or a WebSocket
     /// protocol violation. `None` when the link simply went away.
     fn read_failure(&self, err: axum::Error) -> Option<AppError> {
-        use tungstenite::error::ProtocolError;
-        let inner = err.into_inner();
-        match inner.downcast_ref::<tungstenite::Error>()? {
-            tungstenite::Error::Capacity(_) => Some(racp_proto::codec::payload_too_large(
-                self.state.config.limits.max_frame_bytes as usize * 4 + 1,
-                self.max_frame_bytes,
-            )),
-            tungstenite::Error::Utf8(_) => Some(
-                AppError::new(
-                    ErrorCode::InvalidArgument,
-                    "a text frame is not valid UTF-8; the connection cannot continue",
-                )
-                .with_details(json!({"reason": "invalid_utf8"})),
-            ),
-            tungstenite::Error::Protocol(
-                ProtocolError::ResetWithoutClosingHandshake
-                | ProtocolError::SendAfterClosing
-                | ProtocolError::ReceivedAfterClosing,
-            ) => None,
-            tungstenite::Error::Protocol(violation) => Some(
-                AppError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("WebSocket protocol violation: {violation}"),
-                )
-                .with_details(json!({"reason": "websocket_protocol"})),
-            ),
-            _ => None,
-        }
+        racp_server::socket::read_failure(
+            err,
+            self.state.config.limits.max_frame_bytes,
+            self.max_frame_bytes,
+        )
     }
-}
-
-fn error_reply(id: RequestId, error: AppError) -> String {
-    encode(&ErrorReply {
-        id: Some(id),
-        error,
-    })
-}
-
-/// Queues every frame, then flushes once: small frames leave in one write instead of one each.
-async fn send_all(socket: &mut WebSocket, frames: Vec<String>) -> Result<(), axum::Error> {
-    for frame in frames {
-        socket.feed(Message::Text(Utf8Bytes::from(frame))).await?;
-    }
-    socket.flush().await
-}
-
-async fn send_text(socket: &mut WebSocket, text: String) -> Result<(), axum::Error> {
-    socket.send(Message::Text(Utf8Bytes::from(text))).await
-}
-
-/// Sends a connection error, then closes with its close code (1001 when draining).
-async fn close_with(socket: &mut WebSocket, error: AppError) {
-    let code = if error.code() == ErrorCode::HostShuttingDown {
-        1001
-    } else {
-        error.close_code()
-    };
-    let reason = error.code().as_str();
-    let _ = send_text(
-        socket,
-        encode(&ConnectionError {
-            error: error.clone(),
-        }),
-    )
-    .await;
-    let _ = socket
-        .send(Message::Close(Some(CloseFrame {
-            code,
-            reason: Utf8Bytes::from(reason),
-        })))
-        .await;
 }

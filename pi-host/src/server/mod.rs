@@ -13,15 +13,8 @@ use axum::extract::ws::{WebSocketUpgrade, rejection::WebSocketUpgradeRejection};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
-use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode, SUBPROTOCOL};
+use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode};
 use std::sync::Arc;
-
-/// Initial read buffer of a connection. Clients send small requests, and this buffer is a third
-/// of what an idle connection costs (9.3 KiB with 4 KiB, 6.2 KiB with 1 KiB, at 10k
-/// connections); a larger frame grows it as needed.
-const READ_BUFFER: usize = 1 << 10;
-/// Bytes of queued frames a connection collects before writing to its socket.
-const WRITE_BUFFER: usize = 64 << 10;
 
 pub fn router(state: Arc<HostState>) -> Router {
     Router::new()
@@ -52,21 +45,9 @@ async fn upgrade_handler(
     };
     #[cfg(debug_assertions)]
     crate::test_hooks::after_admission().await;
-    let host_bound = state.config.limits.max_frame_bytes as usize;
-    // tungstenite buffers a whole message before we see it. Frames up to four times the host's
-    // bound reach the codec and get a PAYLOAD_TOO_LARGE reply (the connection lives on); larger
-    // ones end the connection before the host holds them. Only authenticated devices get here.
-    let hard_cap = host_bound * 4;
-    ws.protocols([SUBPROTOCOL])
-        .read_buffer_size(READ_BUFFER)
-        // Frames queued together leave in one write (see connection::send_all); a larger frame
-        // is written as soon as it is queued.
-        .write_buffer_size(WRITE_BUFFER)
-        // Frames are cut to the connection's negotiated bound (racp-server/src/elide.rs), which is at
-        // most the hard cap; the write buffer must take a whole frame, with room to spare.
-        .max_write_buffer_size(hard_cap.max(32 << 20))
-        .max_message_size(hard_cap)
-        .max_frame_size(hard_cap)
+    // Only authenticated devices get here: the socket reads messages up to four times the
+    // host's frame bound (racp_server::socket::hard_cap).
+    racp_server::socket::configure(ws, state.config.limits.max_frame_bytes)
         .on_upgrade(move |socket| connection::run(socket, state, credential, slot))
 }
 
