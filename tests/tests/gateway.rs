@@ -200,22 +200,33 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
 /// Subscribes with `params`, then returns the next `subscription/ended` push within `PATIENCE`,
 /// frames before it (heartbeats) skipped.
 async fn subscribed_then_ended(client: &mut Client, params: Value) -> Value {
+    subscribed_until_ended(client, params).await.1
+}
+
+/// [`subscribed_then_ended`], with the events delivered before the end.
+async fn subscribed_until_ended(client: &mut Client, params: Value) -> (Vec<Value>, Value) {
     let subscribed = client.call("session/subscribe", params).await;
     assert!(
         subscribed["result"]["subscriptionId"].is_string(),
         "{subscribed}"
     );
+    let mut events = Vec::new();
     let ended = async {
         loop {
             let frame = client.next_frame().await.expect("connection open");
-            if frame["method"] == "subscription/ended" {
-                return frame;
+            match frame["method"].as_str() {
+                Some("session/events") => {
+                    events.extend(frame["params"]["events"].as_array().unwrap().clone())
+                }
+                Some("subscription/ended") => return frame,
+                _ => {}
             }
         }
     };
-    tokio::time::timeout(PATIENCE, ended)
+    let ended = tokio::time::timeout(PATIENCE, ended)
         .await
-        .expect("no subscription/ended in time")
+        .expect("no subscription/ended in time");
+    (events, ended)
 }
 
 /// Stand-in for a stolen host credential: host A's own nkey, used to reach host B.
@@ -471,27 +482,11 @@ async fn a_hole_in_a_hosts_stream_ends_a_replay_at_the_hole() {
     // A replay from the start delivers every event before the hole, once and in order, then
     // ends: never the events after it as if nothing were missing.
     let mut reader = connect(&one.gateway.host_url(&one.host_id), &one.token).await;
-    let subscribed = reader
-        .call(
-            "session/subscribe",
-            json!({"sessionId": session_id, "cursor": start}),
-        )
-        .await;
-    assert!(
-        subscribed["result"]["subscriptionId"].is_string(),
-        "{subscribed}"
-    );
-    let mut seen = Vec::new();
-    let ended = loop {
-        let frame = reader.next_frame().await.expect("connection open");
-        match frame["method"].as_str() {
-            Some("session/events") => {
-                seen.extend(frame["params"]["events"].as_array().unwrap().clone())
-            }
-            Some("subscription/ended") => break frame,
-            _ => {}
-        }
-    };
+    let (seen, ended) = subscribed_until_ended(
+        &mut reader,
+        json!({"sessionId": session_id, "cursor": start}),
+    )
+    .await;
     let start_seq: u64 = start
         .as_str()
         .unwrap()

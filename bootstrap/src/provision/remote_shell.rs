@@ -843,6 +843,28 @@ mod tests {
     /// is V; a version with `missing` in it is not found, as npm says for one.
     const STAND_IN_NPM: &str = "#!/bin/sh\nwhile [ $# -gt 0 ]; do case $1 in --prefix) p=$2; shift ;; *@*) spec=$1 ;; esac; shift; done\nv=${spec##*@}\ncase $v in *missing*) echo \"npm error 404 No match found for version $v\" >&2; exit 1 ;; esac\nmkdir -p \"$p/bin\" && printf '#!/bin/sh\\necho %s >&2\\n' \"$v\" >\"$p/bin/pi\" && chmod 755 \"$p/bin/pi\"\n";
 
+    /// `commands` (name, script) in `dir/bin`, and a `PATH` with that directory first.
+    fn stand_ins(
+        dir: &std::path::Path,
+        commands: &[(&str, &str)],
+    ) -> (std::path::PathBuf, [(&'static str, std::ffi::OsString); 1]) {
+        let bin = dir.join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        for (name, text) in commands {
+            std::fs::write(bin.join(name), text).unwrap();
+            std::fs::set_permissions(
+                bin.join(name),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )
+            .unwrap();
+        }
+        let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        )))
+        .unwrap();
+        (bin, [("PATH", path)])
+    }
+
     fn agent_plan(root: &std::path::Path, version: &str) -> Plan {
         Plan {
             agent: Some(AgentInstall {
@@ -880,19 +902,7 @@ mod tests {
     fn a_bundle_is_checked_unpacked_and_run_with_its_own_node_or_the_remote_s() {
         for shell in shells() {
             let dir = tempfile::tempdir().unwrap();
-            let bin = dir.path().join("bin");
-            std::fs::create_dir(&bin).unwrap();
-            std::fs::write(bin.join("node"), "#!/bin/sh\necho v20.20.2\n").unwrap();
-            std::fs::set_permissions(
-                bin.join("node"),
-                std::os::unix::fs::PermissionsExt::from_mode(0o755),
-            )
-            .unwrap();
-            let path = std::env::join_paths(std::iter::once(bin.clone()).chain(
-                std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
-            ))
-            .unwrap();
-            let env = [("PATH", path)];
+            let (bin, env) = stand_ins(dir.path(), &[("node", "#!/bin/sh\necho v20.20.2\n")]);
             let root = dir.path().join("pi host");
             std::fs::create_dir(&root).unwrap();
             let pi = ("bin/pi", "#!/bin/sh\necho 0.73.1 >&2\n", 0o755);
@@ -954,24 +964,13 @@ mod tests {
     fn the_agent_is_installed_with_npm_named_in_the_config_and_a_failure_changes_nothing() {
         for shell in shells() {
             let dir = tempfile::tempdir().unwrap();
-            let bin = dir.path().join("bin");
-            std::fs::create_dir(&bin).unwrap();
-            for (name, text) in [
-                ("npm", STAND_IN_NPM),
-                ("node", "#!/bin/sh\necho v20.20.2\n"),
-            ] {
-                std::fs::write(bin.join(name), text).unwrap();
-                std::fs::set_permissions(
-                    bin.join(name),
-                    std::os::unix::fs::PermissionsExt::from_mode(0o755),
-                )
-                .unwrap();
-            }
-            let path = std::env::join_paths(std::iter::once(bin.clone()).chain(
-                std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
-            ))
-            .unwrap();
-            let env = [("PATH", path)];
+            let (bin, env) = stand_ins(
+                dir.path(),
+                &[
+                    ("npm", STAND_IN_NPM),
+                    ("node", "#!/bin/sh\necho v20.20.2\n"),
+                ],
+            );
             let root = dir.path().join("pi host");
             std::fs::create_dir(&root).unwrap();
             let config = root.join("config.toml");
