@@ -12,10 +12,8 @@ use axum::extract::ws::{Message, WebSocket};
 use racp_proto::codec::{Rejected, decode_request};
 use racp_proto::frame::{ErrorReply, RequestId, ResultReply};
 use racp_proto::gateway::{events_stream, events_subject, valid_session_id};
-use racp_proto::limits::{MIN_MAX_FRAME_BYTES, PRE_HELLO_MAX_FRAME_BYTES};
-use racp_proto::methods::handshake::{
-    HelloParams, HelloResult, HostIdentity, Limits, PrincipalInfo, PrincipalKind,
-};
+use racp_proto::limits::PRE_HELLO_MAX_FRAME_BYTES;
+use racp_proto::methods::handshake::{HelloParams, HelloResult, HostIdentity, Limits};
 use racp_proto::methods::host::{DeviceInfo, DeviceListResult, PairingCreateResult};
 use racp_proto::methods::session::{SessionState, SessionSubscribeParams, SessionSubscribeResult};
 use racp_proto::{AppError, Call, Cursor, Epoch, ErrorCode, Expired, Method, PROTOCOL_VERSION};
@@ -311,42 +309,24 @@ impl Connection {
     }
 
     fn hello(&mut self, params: HelloParams) -> Result<HelloResult, AppError> {
-        if params.protocol.min > PROTOCOL_VERSION || params.protocol.max < PROTOCOL_VERSION {
-            let error = AppError::new(
-                ErrorCode::ProtocolMismatch,
-                format!("this gateway speaks protocol {PROTOCOL_VERSION} only"),
-            )
-            .with_details(json!({"supported": {"min": PROTOCOL_VERSION, "max": PROTOCOL_VERSION}}));
-            self.fatal = Some(error.clone());
-            return Err(error);
-        }
         let settings = &self.gateway.settings;
-        let bound = params
-            .max_frame_bytes
-            .map_or(settings.max_frame_bytes, |wanted| {
-                wanted.min(settings.max_frame_bytes)
-            })
-            .max(MIN_MAX_FRAME_BYTES);
+        let agreed = racp_server::hello::agree(
+            &params,
+            "gateway",
+            settings.max_frame_bytes,
+            settings.max_events_per_frame,
+        )
+        .inspect_err(|error| self.fatal = Some(error.clone()))?;
+        let bound = agreed.max_frame_bytes;
         self.max_frame_bytes = bound as usize;
-        self.events_per_push = params.events_per_push(settings.max_events_per_frame);
+        self.events_per_push = agreed.events_per_push;
         self.said_hello = true;
         let (principal, pairing) = match &self.caller {
             Caller::Device(device) => (
-                PrincipalInfo {
-                    kind: PrincipalKind::Device,
-                    device_id: Some(device.device_id.clone()),
-                    roles: device.roles.clone(),
-                },
+                racp_server::hello::device(&device.device_id, &device.roles),
                 false,
             ),
-            Caller::Pairing { .. } => (
-                PrincipalInfo {
-                    kind: PrincipalKind::Pairing,
-                    device_id: None,
-                    roles: Vec::new(),
-                },
-                true,
-            ),
+            Caller::Pairing { .. } => (racp_server::hello::pairing(), true),
         };
         Ok(HelloResult {
             protocol: PROTOCOL_VERSION,

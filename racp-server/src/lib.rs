@@ -5,6 +5,7 @@ pub mod clock;
 pub mod connections;
 pub mod elide;
 pub mod fsutil;
+pub mod hello;
 pub mod identity;
 pub mod limits;
 pub mod listener;

@@ -10,8 +10,8 @@ use crate::wire::{encode, to_value};
 use axum::extract::ws::{Message, WebSocket};
 use racp_proto::codec::{Rejected, decode_request};
 use racp_proto::frame::{ErrorReply, RequestId, ResultReply};
-use racp_proto::limits::{MIN_MAX_FRAME_BYTES, PRE_HELLO_MAX_FRAME_BYTES};
-use racp_proto::methods::handshake::{HelloParams, HelloResult, PrincipalInfo, PrincipalKind};
+use racp_proto::limits::PRE_HELLO_MAX_FRAME_BYTES;
+use racp_proto::methods::handshake::{HelloParams, HelloResult};
 use racp_proto::{AppError, Call, ErrorCode, Method, PROTOCOL_VERSION};
 use racp_server::socket::{FINAL_FRAME_GRACE, close_with, error_reply, send_all};
 use serde_json::{Value, json};
@@ -382,35 +382,20 @@ impl Connection {
     }
 
     fn hello(&mut self, params: HelloParams) -> Result<HelloResult, AppError> {
-        if params.protocol.min > PROTOCOL_VERSION || params.protocol.max < PROTOCOL_VERSION {
-            return Err(AppError::new(
-                ErrorCode::ProtocolMismatch,
-                format!("this host speaks protocol {PROTOCOL_VERSION} only"),
-            )
-            .with_details(
-                json!({"supported": {"min": PROTOCOL_VERSION, "max": PROTOCOL_VERSION}}),
-            ));
-        }
-        let host_bound = self.state.config.limits.max_frame_bytes;
-        let bound = params
-            .max_frame_bytes
-            .map_or(host_bound, |wanted| wanted.min(host_bound))
-            .max(MIN_MAX_FRAME_BYTES);
+        let limits = &self.state.config.limits;
+        let agreed = racp_server::hello::agree(
+            &params,
+            "host",
+            limits.max_frame_bytes,
+            limits.max_events_per_frame,
+        )?;
+        let (bound, per_push) = (agreed.max_frame_bytes, agreed.events_per_push);
         self.max_frame_bytes = bound as usize;
-        let per_push = params.events_per_push(self.state.config.limits.max_events_per_frame);
         self.subs.set_max_events_per_frame(per_push);
         self.said_hello = true;
         let principal = match &self.credential {
-            Credential::Device { device_id, roles } => PrincipalInfo {
-                kind: PrincipalKind::Device,
-                device_id: Some(device_id.clone()),
-                roles: roles.clone(),
-            },
-            Credential::Pairing { .. } => PrincipalInfo {
-                kind: PrincipalKind::Pairing,
-                device_id: None,
-                roles: Vec::new(),
-            },
+            Credential::Device { device_id, roles } => racp_server::hello::device(device_id, roles),
+            Credential::Pairing { .. } => racp_server::hello::pairing(),
         };
         // A pairing connection can only pair: it is offered no features and no subscriptions.
         let pairing = matches!(self.credential, Credential::Pairing { .. });
