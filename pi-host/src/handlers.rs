@@ -113,6 +113,32 @@ pub enum ConnectionCall {
     Unsubscribe(SessionUnsubscribeParams),
 }
 
+/// The checks a call passes before it is routed, whichever way it came (a device's WebSocket
+/// connection, or a call a gateway routed over NATS): the caller's role, its rate bucket
+/// (`rate_key`; `None` for a call that pays none, `hello`), the drain, then its params.
+pub fn admit(
+    state: &HostState,
+    credential: &Credential,
+    method: racp_proto::Method,
+    params: Option<&serde_json::value::RawValue>,
+    rate_key: Option<&str>,
+) -> Result<Call, AppError> {
+    method
+        .spec()
+        .access
+        .check(method.as_str(), &credential.principal())?;
+    if let Some(key) = rate_key {
+        state.rate.check(key)?;
+    }
+    if state.is_draining() {
+        return Err(AppError::new(
+            ErrorCode::HostShuttingDown,
+            "the host is shutting down; the call was not started",
+        ));
+    }
+    Call::decode(method, params)
+}
+
 /// A call's answer, computed on a task of its own.
 pub type Answer = Pin<Box<dyn Future<Output = Result<Value, AppError>> + Send>>;
 

@@ -270,20 +270,8 @@ impl Connection {
                 "say hello first: it must be the first call on a connection",
             ));
         }
-        method
-            .spec()
-            .access
-            .check(method.as_str(), &self.credential.principal())?;
-        if method != Method::Hello {
-            self.state.rate.check(&self.rate_key)?;
-        }
-        if self.state.is_draining() {
-            return Err(AppError::new(
-                ErrorCode::HostShuttingDown,
-                "the host is shutting down; the call was not started",
-            ));
-        }
-        let call = Call::decode(method, params)?;
+        let rate_key = (method != Method::Hello).then_some(self.rate_key.as_str());
+        let call = handlers::admit(&self.state, &self.credential, method, params, rate_key)?;
         let pass = self.enter().inspect_err(|error| {
             self.fatal = Some(error.clone());
         })?;

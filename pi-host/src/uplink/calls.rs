@@ -1,5 +1,6 @@
 //! RACP calls routed from the gateway: the same checks and handlers as a call on a WebSocket
-//! (access, rate, drain, params, in-flight bounds, then `handlers::route`), with the gateway's
+//! (`handlers::admit`: access, rate, drain, params; then in-flight bounds and
+//! `handlers::route`), with the gateway's
 //! device as the caller. A message is a call only when a trusted gateway signed it
 //! (`signed.rs`), so the device, roles and grant in the envelope are a gateway's word, whoever
 //! else may publish on the subject; the grant must name this host.
@@ -11,7 +12,7 @@ use crate::state::HostState;
 use async_nats::Subscriber;
 use futures_util::StreamExt;
 use racp_proto::gateway::{RoutedCall, RoutedReply, call_subject};
-use racp_proto::{AppError, Call, ErrorCode, Method, Principal};
+use racp_proto::{AppError, ErrorCode, Method};
 use serde_json::json;
 use serde_json::value::RawValue;
 use std::sync::Arc;
@@ -107,18 +108,13 @@ async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>,
         device_id: call.device_id,
         roles: call.roles,
     };
-    let principal: Principal = credential.principal();
-    method.spec().access.check(method.as_str(), &principal)?;
-    if let Some(device_id) = credential.device_id() {
-        state.rate.check(device_id)?;
-    }
-    if state.is_draining() {
-        return Err(AppError::new(
-            ErrorCode::HostShuttingDown,
-            "the host is shutting down; the call was not started",
-        ));
-    }
-    let decoded = Call::decode(method, Some(&call.params))?;
+    let decoded = handlers::admit(
+        state,
+        &credential,
+        method,
+        Some(&call.params),
+        credential.device_id(),
+    )?;
     let Route::Task(task) = handlers::route(state.clone(), credential, decoded) else {
         // hello and subscriptions belong to the desktop's connection, which is the gateway's.
         return Err(AppError::new(
