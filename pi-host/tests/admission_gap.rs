@@ -88,13 +88,7 @@ async fn a_drain_that_begins_in_the_gap_ends_the_connection_before_it_reads() {
     // start can end it before its hello is read.
     let ending = in_the_gap_with(
         &[("PI_HOST_TEST_DRAIN_DELAY_MS", "60000")],
-        async |host, _| {
-            let sent = std::process::Command::new("kill")
-                .args(["-TERM", &host.pid().to_string()])
-                .status()
-                .unwrap();
-            assert!(sent.success());
-        },
+        async |host, _| host.sigterm(),
     )
     .await;
     assert_eq!(

@@ -385,14 +385,12 @@ async fn a_client_cut_off_as_too_slow_resumes_without_loss() {
         .unwrap();
     // ~12 MB: more than the socket buffers between host and client hold, so the host's
     // writes stall and it gives up on the link with CLIENT_TOO_SLOW.
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while !host.log().contains("code=CLIENT_TOO_SLOW") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the host never cut the stalled client"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    host.until_logged(
+        "code=CLIENT_TOO_SLOW",
+        PATIENCE,
+        "the host never cut the stalled client",
+    )
+    .await;
     proxy.stall(false);
     proxy.cut();
     let mut seqs = Vec::new();

@@ -14,14 +14,6 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pi-host"))
 }
 
-fn sigterm(host: &HostProcess) {
-    let sent = std::process::Command::new("kill")
-        .args(["-TERM", &host.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-}
-
 #[tokio::test]
 async fn a_drain_refuses_late_upgrades_and_closes_open_connections_going_away() {
     let host = HostProcess::start(bin()).await;
@@ -34,7 +26,7 @@ async fn a_drain_refuses_late_upgrades_and_closes_open_connections_going_away() 
     late.write_all(b"GET /racp HTTP/1.1\r\n").await.unwrap();
     late.flush().await.unwrap();
 
-    sigterm(&host);
+    host.sigterm();
     let ending = tokio::time::timeout(PATIENCE * 2, open.until_close())
         .await
         .expect("the open connection was closed in time");
@@ -88,7 +80,7 @@ async fn a_call_that_arrives_as_the_drain_begins_is_not_started() {
     let hello = br#"{"id":1,"method":"hello","params":{"protocol":{"min":1,"max":1},"client":{"name":"raw","version":"0"}}}"#;
     let mut open = Raw::connect(&host.url(), &token).await;
     assert!(open.reply(hello).await.get("result").is_some());
-    sigterm(&host);
+    host.sigterm();
     until_draining(&host, &token).await;
     let reply = open
         .reply(br#"{"id":2,"method":"session/list","params":{}}"#)

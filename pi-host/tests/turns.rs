@@ -385,14 +385,13 @@ async fn no_event_is_seen_before_the_store_has_it() {
             |row| row.get(0),
         )
         .unwrap();
-    let deadline = std::time::Instant::now() + tests::PATIENCE * 2;
-    while !s.host.log().contains("cannot commit events; retrying") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the writer never met the refusing store"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    s.host
+        .until_logged(
+            "cannot commit events; retrying",
+            tests::PATIENCE * 2,
+            "the writer never met the refusing store",
+        )
+        .await;
     // The agent went on; what it said since is only in the writer's queue: no snapshot and no
     // subscriber has any of it.
     let mut probe = connect(&s).await;
@@ -624,14 +623,13 @@ async fn a_slow_subscriber_is_cut_off_and_a_healthy_one_keeps_up() {
     // Once the host has cut the slow one off, its final error waits in the socket for a
     // limited time (10 s): read it while the healthy one reads, not after (a loaded machine
     // may take longer than that to read ~25 MB).
-    let deadline = std::time::Instant::now() + tests::PATIENCE;
-    while !s.host.log().contains("code=CLIENT_TOO_SLOW") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the slow client was not cut off"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    s.host
+        .until_logged(
+            "code=CLIENT_TOO_SLOW",
+            tests::PATIENCE,
+            "the slow client was not cut off",
+        )
+        .await;
     let draining = tokio::spawn(async move { slow.until_close().await });
     let (mut healthy, events) = reading.await.unwrap();
     assert_contiguous(&events, 1);

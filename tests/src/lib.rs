@@ -386,6 +386,25 @@ impl HostProcess {
         let _ = self.child.kill().await;
     }
 
+    /// Sends SIGTERM (the host begins to drain) without waiting for it to exit.
+    pub fn sigterm(&self) {
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM {}", self.pid());
+    }
+
+    /// Waits until the host's log holds `text`, within `patience`; `what` names the wait
+    /// in the failure.
+    pub async fn until_logged(&self, text: &str, patience: Duration, what: &str) {
+        let deadline = std::time::Instant::now() + patience;
+        while !self.log().contains(text) {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
     pub async fn terminate(&mut self) -> bool {
         let Some(pid) = self.child.id() else {

@@ -1641,7 +1641,16 @@ fn npm_cache() -> String {
 /// A remote for a real pi: a plain one (dash, a home with spaces, /tmp noexec) with no agent in
 /// its config, pi's config pointing at the test's stub model, and `npmrc` as its npm's config;
 /// `stand_ins` are commands put first on its `PATH`. Returns it with the stub and a release.
-async fn agent_world(npmrc: &str, stand_ins: &[(&str, &str)]) -> (World, tests::pi::Stub, PathBuf) {
+/// A remote of [`agent_world`]: it, the stub model pi talks to, the release to install, and the
+/// stand-in commands on its `PATH` (kept as long as it is).
+struct AgentWorld {
+    world: World,
+    stub: tests::pi::Stub,
+    release: PathBuf,
+    _stand_ins: tempfile::TempDir,
+}
+
+async fn agent_world(npmrc: &str, stand_ins: &[(&str, &str)]) -> AgentWorld {
     let mut env = pi_offline_env();
     let bin = tempfile::Builder::new()
         .prefix("stand-ins-")
@@ -1666,9 +1675,12 @@ async fn agent_world(npmrc: &str, stand_ins: &[(&str, &str)]) -> (World, tests::
     let port = tests::pi::start_stub(stub.clone()).await;
     tests::pi::write_pi_config(&world.home().join(".pi/agent"), port);
     let release = world.release("release", None);
-    // The stand-ins live as long as the remote.
-    std::mem::forget(bin);
-    (world, stub, release)
+    AgentWorld {
+        world,
+        stub,
+        release,
+        _stand_ins: bin,
+    }
 }
 
 impl World {
@@ -1710,7 +1722,12 @@ impl World {
 #[tokio::test]
 async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
     let npmrc = format!("cache={}\noffline=true\n", npm_cache());
-    let (world, stub, release) = agent_world(&npmrc, &[]).await;
+    let AgentWorld {
+        world,
+        stub,
+        release,
+        _stand_ins,
+    } = agent_world(&npmrc, &[]).await;
 
     let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
     let ready = cold.assert_ok().clone();
@@ -1763,7 +1780,12 @@ async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
 /// own Node; a turn reaches the model.
 #[tokio::test]
 async fn a_remote_whose_npm_cannot_reach_a_registry_gets_a_bundle_and_runs_a_turn() {
-    let (world, stub, release) = agent_world("offline=true\ncache=${HOME}/.npm-empty\n", &[]).await;
+    let AgentWorld {
+        world,
+        stub,
+        release,
+        _stand_ins,
+    } = agent_world("offline=true\ncache=${HOME}/.npm-empty\n", &[]).await;
     let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
     let ready = cold.assert_ok().clone();
     let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
@@ -1777,7 +1799,12 @@ async fn a_remote_whose_npm_cannot_reach_a_registry_gets_a_bundle_and_runs_a_tur
 /// remote; a second connect uploads nothing; a turn reaches the model.
 #[tokio::test]
 async fn a_remote_without_a_node_pi_runs_on_gets_node_in_the_bundle_and_runs_a_turn() {
-    let (world, stub, release) = agent_world(
+    let AgentWorld {
+        world,
+        stub,
+        release,
+        _stand_ins,
+    } = agent_world(
         "offline=true\n",
         &[("node", "echo v18.19.0"), ("npm", "exit 1")],
     )

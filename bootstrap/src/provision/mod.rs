@@ -327,36 +327,12 @@ async fn provision(
     let (remote, mut probe, running) = probe_stage(session, &script, reporter).await?;
 
     let mut work = Work::default();
-    let mut bundle = None;
-    let agent = match agent::decide(&probe, running.as_ref(), &options.agent_version) {
-        agent::AgentWork::Keep(why) => {
-            skipped(reporter, Stage::Agent, &why);
-            None
-        }
-        agent::AgentWork::Install(mut install) => {
-            let made = match agent::source(&probe, &install.version, npm_failed) {
-                Ok(agent::Source::Npm) => Ok(None),
-                Ok(agent::Source::Bundle(spec)) => {
-                    bundle::ensure(&install.version, spec).await.map(Some)
-                }
-                Err(err) => Err(err),
-            };
-            match made {
-                Ok(made) => {
-                    if let Some(made) = &made {
-                        install.source = remote_shell::AgentSource::Bundle {
-                            len: made.len,
-                            sha256: made.sha256.clone(),
-                        };
-                    }
-                    bundle = made;
-                    Some(install)
-                }
-                Err(err) => {
-                    let _ = remote.finish().await;
-                    return Err(err);
-                }
-            }
+    let planned = plan_agent(&probe, running.as_ref(), options, npm_failed, reporter).await;
+    let (agent, bundle) = match planned {
+        Ok(planned) => planned,
+        Err(err) => {
+            let _ = remote.finish().await;
+            return Err(err);
         }
     };
     if let Some(running) = running
@@ -392,34 +368,16 @@ async fn provision(
         agent,
         ..Plan::default()
     };
-    let mut upload = None;
-    if probe.installed.as_deref() == Some(wanted.as_str()) && probe.has_installer {
-        for stage in [Stage::Transfer, Stage::Verify, Stage::Install] {
-            skipped(reporter, stage, &format!("pi-host {wanted} is installed"));
+    let (install, upload) = match plan_upload(&probe, release, &wanted, bundle.as_ref(), reporter) {
+        Ok(planned) => planned,
+        Err(err) => {
+            let _ = remote.finish().await;
+            return Err(err);
         }
-    } else {
-        // Checked before anything is uploaded: a platform the release cannot run on, no
-        // release, no SHA-256 tool. The command then gets EOF and ends.
-        let prepared = install::installable(&probe, release, &wanted)
-            .and_then(|(release, chosen)| install::Upload::prepare(release, chosen));
-        let (prepared, install) = match prepared {
-            Ok(found) => found,
-            Err(err) => {
-                let _ = remote.finish().await;
-                return Err(err);
-            }
-        };
-        plan.install = Some(install);
-        upload = Some(prepared);
-        work.transferred = true;
-        work.installed = true;
-    }
-    if let Some(bundle) = &bundle {
-        upload
-            .get_or_insert_with(install::Upload::default)
-            .add_bundle(bundle);
-        work.transferred = true;
-    }
+    };
+    work.installed = install.is_some();
+    work.transferred = upload.is_some();
+    plan.install = install;
 
     // Only a version this connect installed is rolled back, and only to another one.
     let rollback_to = previous.filter(|p| work.installed && *p != wanted);
@@ -454,6 +412,64 @@ async fn provision(
         cert_sha256,
     };
     Ok((link, work, wanted))
+}
+
+/// What is sent after the plan line: the build (unless the wanted version is installed) and
+/// the agent bundle, if any. Checked before anything is uploaded: a platform the release cannot
+/// run on, no release, no SHA-256 tool.
+fn plan_upload(
+    probe: &Probe,
+    release: Option<&Release>,
+    wanted: &str,
+    bundle: Option<&bundle::Bundle>,
+    reporter: &dyn Reporter,
+) -> Result<(Option<remote_shell::Install>, Option<install::Upload>), AppError> {
+    let (install, mut upload) = if probe.installed.as_deref() == Some(wanted) && probe.has_installer
+    {
+        for stage in [Stage::Transfer, Stage::Verify, Stage::Install] {
+            skipped(reporter, stage, &format!("pi-host {wanted} is installed"));
+        }
+        (None, None)
+    } else {
+        let (release, chosen) = install::installable(probe, release, wanted)?;
+        let (upload, install) = install::Upload::prepare(release, chosen)?;
+        (Some(install), Some(upload))
+    };
+    if let Some(bundle) = bundle {
+        upload
+            .get_or_insert_with(install::Upload::default)
+            .add_bundle(bundle);
+    }
+    Ok((install, upload))
+}
+
+/// What the plan does about the agent: nothing (the stage is skipped), or pi installed from the
+/// source the probe calls for, with the bundle to send when that source is one.
+async fn plan_agent(
+    probe: &Probe,
+    running: Option<&Running>,
+    options: &BootstrapOptions,
+    npm_failed: bool,
+    reporter: &dyn Reporter,
+) -> Result<(Option<remote_shell::AgentInstall>, Option<bundle::Bundle>), AppError> {
+    let mut install = match agent::decide(probe, running, &options.agent_version) {
+        agent::AgentWork::Keep(why) => {
+            skipped(reporter, Stage::Agent, &why);
+            return Ok((None, None));
+        }
+        agent::AgentWork::Install(install) => install,
+    };
+    let bundle = match agent::source(probe, &install.version, npm_failed)? {
+        agent::Source::Npm => None,
+        agent::Source::Bundle(spec) => Some(bundle::ensure(&install.version, spec).await?),
+    };
+    if let Some(made) = &bundle {
+        install.source = remote_shell::AgentSource::Bundle {
+            len: made.len,
+            sha256: made.sha256.clone(),
+        };
+    }
+    Ok((Some(install), bundle))
 }
 
 /// The resolve stage: the SSH destination from the ssh config, the release (if a directory was
