@@ -28,9 +28,8 @@ use serde_json::json;
 /// pi's npm package.
 pub const PI_PACKAGE: &str = "@mariozechner/pi-coding-agent";
 
-/// The pi version the project is tested with (tests/pi/package-lock.json; a test keeps the two
-/// equal).
-pub const PI_VERSION: &str = "0.73.1";
+/// The pi version the project is tested with, the one deploy/agent/ pins (the bundle's tree).
+pub use super::bundle::PI_VERSION;
 
 /// What a connect does about the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,6 +19,10 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+/// The pi version the project is tested with (tests/pi/package-lock.json), the one
+/// deploy/agent/ pins; tests keep the three equal.
+pub const PI_VERSION: &str = "0.73.1";
+
 /// The Node version a bundle carries: the oldest line pi supports that is still maintained,
 /// the one the tests run.
 pub const NODE_VERSION: &str = "20.20.2";
@@ -94,11 +98,10 @@ pub fn cache_dir() -> PathBuf {
 /// The bundle of pi `pi_version` for `spec`, from the cache or made now. Only the pinned
 /// version can be bundled: the tree in deploy/agent/ is its lock.
 pub async fn ensure(pi_version: &str, spec: BundleSpec) -> Result<Bundle, AppError> {
-    if pi_version != super::agent::PI_VERSION {
+    if pi_version != PI_VERSION {
         return Err(failed(
             format!(
-                "only pi {} can be bundled (deploy/agent/ pins it), not {pi_version}",
-                super::agent::PI_VERSION
+                "only pi {PI_VERSION} can be bundled (deploy/agent/ pins it), not {pi_version}"
             ),
             json!({"problem": "not_bundled_version"}),
         ));
@@ -111,7 +114,7 @@ pub async fn ensure(pi_version: &str, spec: BundleSpec) -> Result<Bundle, AppErr
     tokio::fs::create_dir_all(&dir)
         .await
         .map_err(|e| failed(format!("cannot create {}: {e}", dir.display()), json!({})))?;
-    let work = dir.join(format!(".build-{}", super::install::nonce()));
+    let work = dir.join(format!(".build-{}", super::nonce()));
     let made = build(&work, spec, &path).await;
     let _ = tokio::fs::remove_dir_all(&work).await;
     made?;
@@ -273,7 +276,7 @@ mod tests {
         };
         assert_eq!(packages(&pinned), packages(&tested));
         let pi = &pinned["packages"]["node_modules/@mariozechner/pi-coding-agent"];
-        assert_eq!(pi["version"], super::super::agent::PI_VERSION);
+        assert_eq!(pi["version"], PI_VERSION);
         assert_eq!(pi["bin"]["pi"], "dist/cli.js");
         assert!(PI_ENTRY.ends_with(pi["bin"]["pi"].as_str().unwrap()));
     }

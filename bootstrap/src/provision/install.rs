@@ -351,13 +351,6 @@ fn unsupported_platform(message: String, found: Value, needed: Value) -> AppErro
     .with_source(ErrorSource::Bootstrap)
 }
 
-/// Sixteen hex digits from the OS's random source.
-pub(super) fn nonce() -> String {
-    let mut bytes = [0u8; 8];
-    let _ = getrandom::fill(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

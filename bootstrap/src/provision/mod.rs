@@ -96,6 +96,14 @@ impl BootstrapOptions {
     }
 }
 
+/// Sixteen hex digits from the OS's random source: a name no other connect uses (this
+/// connect's staging directory on the remote, a bundle being made here).
+fn nonce() -> String {
+    let mut bytes = [0u8; 8];
+    let _ = getrandom::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A failed stage: HOST_BOOTSTRAP_FAILED with `details.reason` = the stage.
 pub fn stage_failed(stage: Stage, message: impl std::fmt::Display, extra: Value) -> AppError {
     let mut details = json!({"reason": stage.as_str()});
@@ -321,7 +329,7 @@ async fn provision(
     let script = remote_shell::session_script(
         &options.remote_dir,
         &wanted,
-        &install::nonce(),
+        &nonce(),
         &options.agent_version,
     );
     let (remote, mut probe, running) = probe_stage(session, &script, reporter).await?;
