@@ -238,7 +238,7 @@ export type ApprovalState = "pending" | "allowed" | "denied" | "answered" | "exp
 /**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | PairRequest | HostInfoRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
+export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
 
 /**
  * Who is calling.
@@ -1539,20 +1539,20 @@ export type Verdict = "allow" | "deny";
 /** Params and result type of every method. */
 export interface RacpMethods {
   "hello": { params: HelloParams; result: HelloResult };
+  "session/subscribe": { params: SessionSubscribeParams; result: SessionSubscribeResult };
+  "session/unsubscribe": { params: SessionUnsubscribeParams; result: Ack };
   "pair": { params: PairParams; result: PairResult };
-  "host/info": { params: Empty; result: HostInfoResult };
   "host/list": { params: Empty; result: HostListResult };
   "device/list": { params: Empty; result: DeviceListResult };
   "device/revoke": { params: DeviceRevokeParams; result: Ack };
   "pairing/create": { params: PairingCreateParams; result: PairingCreateResult };
+  "host/info": { params: Empty; result: HostInfoResult };
   "fs/list": { params: PathParams; result: FsListResult };
   "fs/stat": { params: PathParams; result: FsStatResult };
   "session/create": { params: SessionCreateParams; result: SessionCreateResult };
   "session/list": { params: Empty; result: SessionListResult };
   "session/get": { params: SessionRef; result: SessionGetResult };
   "session/stream": { params: SessionStreamParams; result: SessionStreamResult };
-  "session/subscribe": { params: SessionSubscribeParams; result: SessionSubscribeResult };
-  "session/unsubscribe": { params: SessionUnsubscribeParams; result: Ack };
   "session/close": { params: SessionRef; result: Ack };
   "turn/start": { params: TurnStartParams; result: TurnStartResult };
   "turn/steer": { params: TurnSteerParams; result: Ack };
@@ -1590,20 +1590,20 @@ export interface RacpEventData {
 /** Who may call each method, whether it changes state, and whether it may be resent after a lost reply. */
 export const METHODS = {
   "hello": { access: "any", mutates: false, safeToResend: true },
+  "session/subscribe": { access: "observer", mutates: false, safeToResend: true },
+  "session/unsubscribe": { access: "observer", mutates: false, safeToResend: true },
   "pair": { access: "pairing", mutates: true, safeToResend: false },
-  "host/info": { access: "observer", mutates: false, safeToResend: true },
   "host/list": { access: "observer", mutates: false, safeToResend: true },
   "device/list": { access: "owner", mutates: false, safeToResend: true },
   "device/revoke": { access: "owner", mutates: true, safeToResend: true },
   "pairing/create": { access: "owner", mutates: true, safeToResend: false },
+  "host/info": { access: "observer", mutates: false, safeToResend: true },
   "fs/list": { access: "observer", mutates: false, safeToResend: true },
   "fs/stat": { access: "observer", mutates: false, safeToResend: true },
   "session/create": { access: "operator", mutates: true, safeToResend: false },
   "session/list": { access: "observer", mutates: false, safeToResend: true },
   "session/get": { access: "observer", mutates: false, safeToResend: true },
   "session/stream": { access: "observer", mutates: false, safeToResend: true },
-  "session/subscribe": { access: "observer", mutates: false, safeToResend: true },
-  "session/unsubscribe": { access: "observer", mutates: false, safeToResend: true },
   "session/close": { access: "operator", mutates: true, safeToResend: true },
   "turn/start": { access: "operator", mutates: true, safeToResend: true },
   "turn/steer": { access: "operator", mutates: true, safeToResend: false },

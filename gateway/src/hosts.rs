@@ -9,7 +9,7 @@ use racp_proto::gateway::{
 };
 use racp_proto::methods::handshake::HostIdentity;
 use racp_proto::methods::host::{HostEntry, HostListResult, HostStatus};
-use racp_proto::{AppError, ErrorCode, Method};
+use racp_proto::{AppError, ErrorCode, HostCall, Method};
 use serde_json::json;
 use serde_json::value::RawValue;
 use std::time::Duration;
@@ -104,6 +104,23 @@ pub async fn list(
     Ok(HostListResult { hosts: entries })
 }
 
+/// A call the gateway routes to a host: its method, one the method table places on the host,
+/// and its params as the client wrote them (decoded and checked at the gateway, passed on as
+/// they are).
+pub struct Routed<'a> {
+    method: Method,
+    params: Option<&'a RawValue>,
+}
+
+impl<'a> Routed<'a> {
+    pub fn new(call: &HostCall, params: Option<&'a RawValue>) -> Self {
+        Routed {
+            method: call.method(),
+            params,
+        }
+    }
+}
+
 /// Sends one call to a host, signed with the gateway's key (docs/protocol.md §15.5), and
 /// returns its result (raw, as the host wrote it) or its error.
 pub async fn route(
@@ -111,22 +128,17 @@ pub async fn route(
     signer: &nkeys::KeyPair,
     host_id: &str,
     device: &DeviceRecord,
-    method: Method,
-    params: Option<&RawValue>,
+    routed: Routed<'_>,
 ) -> Result<Box<RawValue>, AppError> {
-    let empty;
-    let params = match params {
+    let params = match routed.params {
         Some(params) => params.to_owned(),
-        None => {
-            empty = RawValue::from_string("{}".into()).map_err(|e| internal(&e))?;
-            empty
-        }
+        None => RawValue::from_string("{}".into()).map_err(|e| internal(&e))?,
     };
     let call = RoutedCall {
         device_id: device.device_id.clone(),
         roles: device.roles.clone(),
         hosts: device.hosts.clone(),
-        method: method.as_str().to_string(),
+        method: routed.method.as_str().to_string(),
         params,
     };
     let body = serde_json::to_vec(&call).map_err(|e| internal(&e))?;

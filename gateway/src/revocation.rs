@@ -7,11 +7,11 @@
 //! it, or at the latest one lease after it was written: a replica that did not see it by then
 //! (stopped, cut from NATS, its watch lost) no longer serves any device.
 
-use crate::connection::revoked;
 use crate::state::Gateway;
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
 use racp_proto::{AppError, ErrorCode};
+use racp_server::connection::revoked;
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -183,7 +183,7 @@ async fn follow_devices(gateway: Arc<Gateway>) {
 /// Closes the device's gate, waits for its running calls, ends its connections and waits until
 /// they have stopped (as a host does), then says so to the replica that revoked it.
 async fn apply_revoke(gateway: Arc<Gateway>, device_id: String, revision: u64) {
-    let ended = gateway.connections.revoke(&device_id, 0, &revoked()).await;
+    let ended = gateway.connections.revoke(&device_id, &revoked()).await;
     tracing::info!(
         device_id,
         connections = ended,

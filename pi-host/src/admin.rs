@@ -98,7 +98,7 @@ async fn handle(stream: UnixStream, state: Arc<HostState>) {
     }
     let reply = match serde_json::from_str::<AdminRequest>(&line) {
         Ok(AdminRequest::Revoke { device_id }) => {
-            handlers::device_revoke(&state, None, DeviceRevokeParams { device_id })
+            handlers::device_revoke(&state, DeviceRevokeParams { device_id })
                 .await
                 .and_then(|ack| serde_json::to_value(ack).map_err(|e| state.internal(e)))
         }

@@ -7,24 +7,25 @@ use crate::paths::Fence;
 use crate::sessions::HostEvent;
 use crate::state::HostState;
 use crate::store::{DeviceRow, PairingOutcome};
-use crate::wire::to_value;
+use crate::wire::to_raw;
 use racp_proto::limits::{
     DEFAULT_PAIRING_TTL_SECONDS, MAX_PAIRING_TTL_SECONDS, MIN_PAIRING_TTL_SECONDS,
 };
-use racp_proto::methods::handshake::{HelloParams, HostIdentity, Limits, PairParams, PairResult};
+use racp_proto::methods::handshake::{HostIdentity, Limits, PairParams, PairResult};
 use racp_proto::methods::host::{
     AgentStatus, DeviceInfo, DeviceListResult, DeviceRevokeParams, HostInfoResult, HostListResult,
     PairingCreateParams, PairingCreateResult,
 };
 use racp_proto::methods::session::{
     SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult, SessionSettings,
-    SessionStreamResult, SessionSubscribeParams, SessionUnsubscribeParams,
+    SessionStreamResult,
 };
-use racp_proto::{Ack, AppError, Call, ErrorCode, Role};
+use racp_proto::{Ack, AppError, Call, EndpointCall, ErrorCode, HostCall, Role};
+use racp_server::connection::Answer;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
+use serde_json::value::RawValue;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 /// Capabilities a host can have on; `fs` is off when the operator disabled file browsing.
@@ -106,16 +107,9 @@ fn record_session(
     })
 }
 
-/// A call the connection answers itself: it changes the connection's own state.
-pub enum ConnectionCall {
-    Hello(HelloParams),
-    Subscribe(SessionSubscribeParams),
-    Unsubscribe(SessionUnsubscribeParams),
-}
-
-/// The checks a call passes before it is routed, whichever way it came (a device's WebSocket
-/// connection, or a call a gateway routed over NATS): the caller's role, its rate bucket
-/// (`rate_key`; `None` for a call that pays none, `hello`), the drain, then its params.
+/// The checks a call passes before it is answered, whichever way it came (a device's
+/// WebSocket connection, or a call a gateway routed over NATS): racp-server's admit policy with
+/// the host's rate buckets (`rate_key`: `None` for a call that pays none) and drain.
 pub fn admit(
     state: &HostState,
     credential: &Credential,
@@ -123,65 +117,71 @@ pub fn admit(
     params: Option<&serde_json::value::RawValue>,
     rate_key: Option<&str>,
 ) -> Result<Call, AppError> {
-    method
-        .spec()
-        .access
-        .check(method.as_str(), &credential.principal())?;
-    if let Some(key) = rate_key {
-        state.rate.check(key)?;
-    }
-    if state.is_draining() {
-        return Err(AppError::new(
+    let draining = state.is_draining().then(|| {
+        AppError::new(
             ErrorCode::HostShuttingDown,
             "the host is shutting down; the call was not started",
-        ));
-    }
-    Call::decode(method, params)
+        )
+    });
+    let rate = rate_key.map(|key| (&state.rate, key));
+    racp_server::admission::admit(&credential.principal(), method, params, rate, draining)
 }
 
-/// A call's answer, computed on a task of its own.
-pub type Answer = Pin<Box<dyn Future<Output = Result<Value, AppError>> + Send>>;
-
-/// Where a call is answered.
-pub enum Route {
-    Connection(ConnectionCall),
-    Task(Answer),
-}
-
-/// The routing table: every method, in one exhaustive match, so a method without a handler does
-/// not compile. Short store operations run on the blocking pool; turns, approvals,
-/// `session/close` and `device/revoke` wait on agents or connections and run as async tasks.
-pub fn route(state: Arc<HostState>, credential: Credential, call: Call) -> Route {
+/// The calls a host answers as the server the client reached (a gateway answers them for its
+/// devices itself): one exhaustive match, so a method placed here without a handler does not
+/// compile.
+pub fn endpoint(state: Arc<HostState>, credential: Credential, call: EndpointCall) -> Answer {
     match call {
-        Call::Hello(params) => Route::Connection(ConnectionCall::Hello(params)),
-        Call::SessionSubscribe(params) => Route::Connection(ConnectionCall::Subscribe(params)),
-        Call::SessionUnsubscribe(params) => Route::Connection(ConnectionCall::Unsubscribe(params)),
-        Call::Pair(params) => blocking(state, move |s| pair(s, &credential, params)),
-        Call::HostInfo(_) => task(async move {
-            let agent = state.agent.status().await;
-            to_value(&host_info(&state, agent))
+        EndpointCall::Pair(params) => blocking(state, move |s| pair(s, &credential, params)),
+        EndpointCall::HostList(_) => blocking(state, |_| host_list()),
+        EndpointCall::DeviceList(_) => blocking(state, move |s| device_list(s, &credential)),
+        EndpointCall::PairingCreate(params) => blocking(state, move |s| {
+            if params.hosts.is_some() {
+                return Err(racp_proto::validate::invalid(
+                    "hosts",
+                    "names hosts behind a gateway; this is a single pi-host",
+                ));
+            }
+            let ttl = params.ttl_seconds.unwrap_or(DEFAULT_PAIRING_TTL_SECONDS);
+            mint_pairing(s, &params.roles, ttl)
         }),
-        Call::HostList(_) => blocking(state, |_| host_list()),
-        Call::DeviceList(_) => blocking(state, move |s| device_list(s, &credential)),
-        Call::FsList(params) => blocking(state, move |s| {
+        EndpointCall::DeviceRevoke(params) => task(async move {
+            let ack = device_revoke(&state, params).await?;
+            to_raw(&ack)
+        }),
+    }
+}
+
+/// The host's own calls, from a device's connection or routed by a gateway: one exhaustive
+/// match. Short store operations run on the blocking pool; turns, approvals and
+/// `session/close` wait on agents and run as async tasks.
+pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> Answer {
+    match call {
+        HostCall::HostInfo(_) => task(async move {
+            let agent = state.agent.status().await;
+            to_raw(&host_info(&state, agent))
+        }),
+        HostCall::FsList(params) => blocking(state, move |s| {
             require(s, "fs", "fs/list")?;
             crate::fs::list(&params.path, &Fence::of(&s.config))
         }),
-        Call::FsStat(params) => blocking(state, move |s| {
+        HostCall::FsStat(params) => blocking(state, move |s| {
             require(s, "fs", "fs/stat")?;
             crate::fs::stat(&params.path, &Fence::of(&s.config))
         }),
-        Call::SessionCreate(params) => task(async move {
+        HostCall::SessionCreate(params) => task(async move {
             let created = session_create(&state, params).await?;
             // Start the agent now: it loads while the user types (docs/architecture.md).
             if let Some(session) = state.sessions.get(&created.session.session_id) {
                 state.turns.warm(&state, &session);
             }
-            to_value(&created)
+            to_raw(&created)
         }),
-        Call::SessionList(_) => blocking(state, |s| Ok(session_list(s))),
-        Call::SessionGet(params) => blocking(state, move |s| session_get(s, &params.session_id)),
-        Call::SessionStream(params) => blocking(state, move |s| {
+        HostCall::SessionList(_) => blocking(state, |s| Ok(session_list(s))),
+        HostCall::SessionGet(params) => {
+            blocking(state, move |s| session_get(s, &params.session_id))
+        }
+        HostCall::SessionStream(params) => blocking(state, move |s| {
             let stream = s
                 .sessions
                 .find(&params.session_id)?
@@ -192,67 +192,53 @@ pub fn route(state: Arc<HostState>, credential: Credential, call: Call) -> Route
                 tool_outputs: stream.tool_outputs().clone(),
             })
         }),
-        Call::PairingCreate(params) => blocking(state, move |s| {
-            if params.hosts.is_some() {
-                return Err(racp_proto::validate::invalid(
-                    "hosts",
-                    "names hosts behind a gateway; this is a single pi-host",
-                ));
-            }
-            let ttl = params.ttl_seconds.unwrap_or(DEFAULT_PAIRING_TTL_SECONDS);
-            mint_pairing(s, &params.roles, ttl)
-        }),
-        Call::DeviceRevoke(params) => task(async move {
-            let ack = device_revoke(&state, credential.device_id(), params).await?;
-            to_value(&ack)
-        }),
-        Call::SessionClose(params) => task(async move {
+        HostCall::SessionClose(params) => task(async move {
             let ack = session_close(&state, &credential, &params.session_id).await?;
-            to_value(&ack)
+            to_raw(&ack)
         }),
-        Call::TurnStart(params) => task(async move {
+        HostCall::TurnStart(params) => task(async move {
             let started = state.turns.start(&state, &credential, params).await?;
-            to_value(&started)
+            to_raw(&started)
         }),
-        Call::TurnSteer(params) => task(async move {
+        HostCall::TurnSteer(params) => task(async move {
             let ack = state.turns.steer(&state, params).await?;
-            to_value(&ack)
+            to_raw(&ack)
         }),
-        Call::TurnAbort(params) => task(async move {
+        HostCall::TurnAbort(params) => task(async move {
             let ack = state.turns.abort(&state, params).await?;
-            to_value(&ack)
+            to_raw(&ack)
         }),
-        Call::ApprovalRespond(params) => task(async move {
+        HostCall::ApprovalRespond(params) => task(async move {
             let approvals = &state.turns.approvals;
             let settled = approvals.respond(&state, &credential, params).await?;
-            to_value(&settled)
+            to_raw(&settled)
         }),
-        Call::ModelList(_) => task(async move {
+        HostCall::ModelList(_) => task(async move {
             let list = crate::models::list(&state).await?;
-            to_value(&*list)
+            to_raw(&*list)
         }),
-        Call::SessionConfigure(params) => task(async move {
+        HostCall::SessionConfigure(params) => task(async move {
             let configured = state.turns.configure(&state, &credential, params).await?;
-            to_value(&configured)
+            to_raw(&configured)
         }),
-        Call::CredentialSet(params) => {
+        HostCall::CredentialSet(params) => {
             blocking(state, move |s| crate::models::credential_set(s, params))
         }
-        Call::CredentialDelete(params) => blocking(state, move |s| {
+        HostCall::CredentialDelete(params) => blocking(state, move |s| {
             crate::models::credential_delete(s, &params.provider)
         }),
-        Call::CredentialList(_) => blocking(state, |s| Ok(crate::models::credential_list(s))),
-        Call::ProviderSet(params) => {
+        HostCall::CredentialList(_) => blocking(state, |s| Ok(crate::models::credential_list(s))),
+        HostCall::ProviderSet(params) => {
             blocking(state, move |s| crate::models::provider_set(s, params))
         }
-        Call::ProviderDelete(params) => blocking(state, move |s| {
+        HostCall::ProviderDelete(params) => blocking(state, move |s| {
             crate::models::provider_delete(s, &params.provider)
         }),
     }
 }
 
-fn task(answer: impl Future<Output = Result<Value, AppError>> + Send + 'static) -> Route {
-    Route::Task(Box::pin(answer))
+fn task(answer: impl Future<Output = Result<Box<RawValue>, AppError>> + Send + 'static) -> Answer {
+    Box::pin(answer)
 }
 
 /// A synchronous handler (SQLite, the file system) on the blocking pool, not on a runtime
@@ -260,8 +246,8 @@ fn task(answer: impl Future<Output = Result<Value, AppError>> + Send + 'static) 
 fn blocking<T: Serialize + Send + 'static>(
     state: Arc<HostState>,
     handler: impl FnOnce(&HostState) -> Result<T, AppError> + Send + 'static,
-) -> Route {
-    task(async move { to_value(&on_blocking_pool(&state, handler).await?) })
+) -> Answer {
+    task(async move { to_raw(&on_blocking_pool(&state, handler).await?) })
 }
 
 async fn on_blocking_pool<T: Send + 'static>(
@@ -437,11 +423,10 @@ fn device_list(state: &HostState, credential: &Credential) -> Result<DeviceListR
 }
 
 /// Revokes a device. When this returns, none of its calls is running, none can start, and its
-/// connections have stopped sending (racp-server/src/connections.rs). `caller` is the revoking device, whose
-/// own call in flight is not waited for.
+/// connections have stopped sending (racp-server/src/connections.rs); the revoke itself holds
+/// no pass, so a device revoking itself does not wait for its own call.
 pub async fn device_revoke(
     state: &Arc<HostState>,
-    caller: Option<&str>,
     params: DeviceRevokeParams,
 ) -> Result<Ack, AppError> {
     let store_state = state.clone();
@@ -464,14 +449,9 @@ pub async fn device_revoke(
             .with_details(json!({"deviceId": params.device_id})));
     }
     state.rate.forget(&params.device_id);
-    let own_calls = usize::from(caller == Some(params.device_id.as_str()));
     let killed = state
         .connections
-        .revoke(
-            &params.device_id,
-            own_calls,
-            &AppError::new(ErrorCode::RemoteAuthFailed, "this device was revoked"),
-        )
+        .revoke(&params.device_id, &racp_server::connection::revoked())
         .await;
     tracing::info!(device_id = %params.device_id, connections = killed, "device revoked");
     Ok(Ack {})

@@ -32,7 +32,10 @@ pub mod validate;
 
 pub use cursor::{Cursor, Epoch, Expired};
 pub use error::{AppError, ErrorCode, ErrorSource, Recovery, Retriable};
-pub use methods::{Ack, Call, Empty, Method, MethodSpec, RacpMethod, calls};
+pub use methods::{
+    Ack, Call, CoreCall, Empty, EndpointCall, HostCall, Method, MethodSpec, Place, Placed,
+    RacpMethod, SubscriptionCall, calls,
+};
 pub use role::{Access, Principal, Role};
 
 /// The only protocol version this crate speaks.

@@ -106,13 +106,13 @@ impl Connections {
             .clone()
     }
 
-    /// Closes a device's gate, waits for its running calls (other than `own_calls` of the
-    /// revoking call itself), then ends its connections and waits until they have stopped.
-    /// Returns how many connections were ended.
-    pub async fn revoke(&self, device_id: &str, own_calls: usize, error: &AppError) -> usize {
+    /// Closes a device's gate, waits for its running calls (a revoke holds no pass, so a
+    /// device revoking itself waits for none of its own), then ends its connections and waits
+    /// until they have stopped. Returns how many connections were ended.
+    pub async fn revoke(&self, device_id: &str, error: &AppError) -> usize {
         let gate = self.gate(device_id);
         let deadline = tokio::time::Instant::now() + REVOKE_WAIT;
-        if !gate.close_and_wait(own_calls, deadline).await {
+        if !gate.close_and_wait(deadline).await {
             tracing::warn!(device_id, "revoked with calls still running past the wait");
         }
         let kills: Vec<Arc<Kill>> = self
@@ -200,16 +200,16 @@ impl DeviceGate {
         Some(CallPass(self.clone()))
     }
 
-    /// Closes the gate, then waits until at most `keep` calls are running or the deadline
-    /// passes; true when the calls finished in time.
-    async fn close_and_wait(&self, keep: usize, deadline: tokio::time::Instant) -> bool {
+    /// Closes the gate, then waits until no call is running or the deadline passes; true when
+    /// the calls finished in time.
+    async fn close_and_wait(&self, deadline: tokio::time::Instant) -> bool {
         self.lock().closed = true;
         loop {
             let idle = self.idle.notified();
             tokio::pin!(idle);
             // Registered before the count is read, so a pass dropped in between still wakes us.
             idle.as_mut().enable();
-            if self.lock().running <= keep {
+            if self.lock().running == 0 {
                 return true;
             }
             if tokio::time::timeout_at(deadline, idle).await.is_err() {
@@ -245,7 +245,7 @@ mod tests {
             let connections = connections.clone();
             tokio::spawn(async move {
                 let error = AppError::new(racp_proto::ErrorCode::RemoteAuthFailed, "revoked");
-                connections.revoke("dev_a", 0, &error).await
+                connections.revoke("dev_a", &error).await
             })
         };
         // The revocation cannot finish while the pass is out; the gate is already closed.
@@ -268,7 +268,7 @@ mod tests {
             let connections = connections.clone();
             tokio::spawn(async move {
                 let error = AppError::new(racp_proto::ErrorCode::RemoteAuthFailed, "revoked");
-                connections.revoke("dev_b", 0, &error).await
+                connections.revoke("dev_b", &error).await
             })
         };
         registration.kill.changed().await.expect("kill sent");

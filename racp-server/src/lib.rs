@@ -1,7 +1,9 @@
 //! The server side of RACP-WS that a host (`pi-host`) and a gateway (`pi-gateway`) both run
 //! (docs/architecture.md, "racp-server"): nothing here knows sessions, agents or a store.
 
+pub mod admission;
 pub mod clock;
+pub mod connection;
 pub mod connections;
 pub mod elide;
 pub mod fsutil;

@@ -28,6 +28,11 @@ pub fn encode<T: Serialize>(frame: &T) -> String {
     })
 }
 
+/// A result as the JSON text a reply splices in, or INTERNAL.
+pub fn to_raw<T: Serialize>(result: &T) -> Result<Box<serde_json::value::RawValue>, AppError> {
+    serde_json::value::to_raw_value(result).map_err(|err| unencodable("a result", err))
+}
+
 /// A handler's result as a JSON value, or INTERNAL.
 pub fn to_value<T: Serialize>(result: &T) -> Result<Value, AppError> {
     serde_json::to_value(result).map_err(|err| unencodable("a result", err))

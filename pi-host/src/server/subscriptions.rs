@@ -207,29 +207,21 @@ impl Subscriptions {
     }
 
     /// CLIENT_TOO_SLOW with the last delivered cursor of every subscription.
-    pub fn too_slow(&self, why: &str) -> AppError {
-        racp_server::push::too_slow(
-            why,
-            self.subs.iter().map(|(id, sub)| {
-                let epoch = sub.session.head_cursor().epoch;
-                (id.clone(), Cursor::new(epoch, sub.delivered))
-            }),
-        )
+    fn too_slow(&self, why: &str) -> AppError {
+        let last = self.heads().into_iter();
+        racp_server::push::too_slow(why, last.map(|head| (head.subscription_id, head.cursor)))
     }
 
-    /// The `heartbeat` push: every subscription's last delivered cursor, in as many pushes as
-    /// the frame bound needs (one, unless a connection holds very many subscriptions).
-    pub fn heartbeat(&self, at: u64, max_frame_bytes: usize) -> Vec<String> {
-        let heads = self
-            .subs
+    /// Every subscription's last delivered cursor.
+    pub fn heads(&self) -> Vec<SubscriptionHead> {
+        self.subs
             .iter()
             .map(|(id, sub)| SubscriptionHead {
                 subscription_id: id.clone(),
                 session_id: sub.session.id.clone(),
                 cursor: Cursor::new(sub.session.head_cursor().epoch, sub.delivered),
             })
-            .collect();
-        racp_server::push::heartbeats(at, heads, max_frame_bytes)
+            .collect()
     }
 }
 

@@ -1,18 +1,18 @@
-//! RACP calls routed from the gateway: the same checks and handlers as a call on a WebSocket
-//! (`handlers::admit`: access, rate, drain, params; then in-flight bounds and
-//! `handlers::route`), with the gateway's
-//! device as the caller. A message is a call only when a trusted gateway signed it
+//! RACP calls routed from the gateway: the host's calls of the method table (the gateway
+//! serves every other place itself), with the same admit policy as a call on a WebSocket
+//! (`handlers::admit`: access, drain, params; the gateway charged the device's rate bucket),
+//! the host's in-flight bound and `handlers::host`, with the gateway's device as the caller. A message is a call only when a trusted gateway signed it
 //! (`signed.rs`), so the device, roles and grant in the envelope are a gateway's word, whoever
 //! else may publish on the subject; the grant must name this host.
 
 use super::signed::Verifier;
 use crate::auth::Credential;
-use crate::handlers::{self, Route};
+use crate::handlers;
 use crate::state::HostState;
 use async_nats::Subscriber;
 use futures_util::StreamExt;
 use racp_proto::gateway::{RoutedCall, RoutedReply, call_subject};
-use racp_proto::{AppError, ErrorCode, Method};
+use racp_proto::{AppError, ErrorCode, Method, Placed};
 use serde_json::json;
 use serde_json::value::RawValue;
 use std::sync::Arc;
@@ -108,15 +108,10 @@ async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>,
         device_id: call.device_id,
         roles: call.roles,
     };
-    let decoded = handlers::admit(
-        state,
-        &credential,
-        method,
-        Some(&call.params),
-        credential.device_id(),
-    )?;
-    let Route::Task(task) = handlers::route(state.clone(), credential, decoded) else {
-        // hello and subscriptions belong to the desktop's connection, which is the gateway's.
+    // One rate bucket per device per call: the gateway's, which this call already paid.
+    let decoded = handlers::admit(state, &credential, method, Some(&call.params), None)?;
+    let Placed::Host(call) = decoded.place() else {
+        // hello, subscriptions, pairing and devices belong to the desktop's endpoint: the gateway.
         return Err(AppError::new(
             ErrorCode::MethodNotFound,
             format!(
@@ -135,6 +130,5 @@ async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>,
                 .with_retry_after_ms(50),
         );
     };
-    let value = task.await?;
-    serde_json::value::to_raw_value(&value).map_err(|e| state.internal(e))
+    handlers::host(state.clone(), credential, call).await
 }

@@ -54,6 +54,9 @@ pub struct MethodSpec {
     pub method: Method,
     /// The wire name, e.g. `session/subscribe`.
     pub name: &'static str,
+    /// Who serves it: the connection core, the connection's subscriptions, the server the
+    /// client reached (a host or a gateway), or the host (a gateway routes it there).
+    pub place: Place,
     /// Who may call it; anything else gets FORBIDDEN (or UNAUTHORIZED on a pairing connection).
     pub access: Access,
     /// Whether it changes host state.
@@ -81,37 +84,41 @@ pub trait RacpMethod {
 
 macro_rules! method_table {
     ($(
-        $(#[doc = $doc:literal])*
-        $variant:ident = $name:literal ($params:ty => $result:ty) {
-            access: $access:expr, mutates: $mutates:literal, safe_to_resend: $resend:literal $(,)?
-        }
+        $(#[doc = $place_doc:literal])*
+        $place:ident($placed:ident) {$(
+            $(#[doc = $doc:literal])*
+            $variant:ident = $name:literal ($params:ty => $result:ty) {
+                access: $access:expr, mutates: $mutates:literal, safe_to_resend: $resend:literal $(,)?
+            }
+        )*}
     )*) => {
         /// A method name the host knows.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Method {
-            $($(#[doc = $doc])* $variant,)*
+            $($($(#[doc = $doc])* $variant,)*)*
         }
 
         impl Method {
             /// Every method, in table order.
-            pub const ALL: &'static [Method] = &[$(Method::$variant),*];
+            pub const ALL: &'static [Method] = &[$($(Method::$variant,)*)*];
 
             pub fn spec(self) -> &'static MethodSpec {
                 match self {
-                    $(Method::$variant => &MethodSpec {
+                    $($(Method::$variant => &MethodSpec {
                         method: Method::$variant,
                         name: $name,
+                        place: Place::$place,
                         access: $access,
                         mutates: $mutates,
                         safe_to_resend: $resend,
                         doc: concat!($($doc),*),
-                    },)*
+                    },)*)*
                 }
             }
 
             pub fn from_name(name: &str) -> Option<Method> {
                 match name {
-                    $($name => Some(Method::$variant),)*
+                    $($($name => Some(Method::$variant),)*)*
                     _ => None,
                 }
             }
@@ -123,21 +130,21 @@ macro_rules! method_table {
             /// The JSON Schema of the method's params (a `$ref` into the generator's definitions).
             pub fn params_schema(self, generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
                 match self {
-                    $(Method::$variant => generator.subschema_for::<$params>(),)*
+                    $($(Method::$variant => generator.subschema_for::<$params>(),)*)*
                 }
             }
 
             /// Reads a result as this method's result type (client side), to check its shape.
             pub fn check_result(self, result: &str) -> Result<(), serde_json::Error> {
                 match self {
-                    $(Method::$variant => serde_json::from_str::<$result>(result).map(drop),)*
+                    $($(Method::$variant => serde_json::from_str::<$result>(result).map(drop),)*)*
                 }
             }
 
             /// The JSON Schema of the method's result.
             pub fn result_schema(self, generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
                 match self {
-                    $(Method::$variant => generator.subschema_for::<$result>(),)*
+                    $($(Method::$variant => generator.subschema_for::<$result>(),)*)*
                 }
             }
         }
@@ -145,20 +152,56 @@ macro_rules! method_table {
         /// A request's params, read as its method's type.
         #[derive(Debug, Clone, PartialEq)]
         pub enum Call {
-            $($variant($params),)*
+            $($($variant($params),)*)*
         }
+
+        /// Who serves a method ([`MethodSpec::place`]).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Place {
+            $($(#[doc = $place_doc])* $place,)*
+        }
+
+        /// A call by who serves it ([`Call::place`]): each server matches the places it
+        /// serves exhaustively, so a new row that is not placed everywhere does not compile.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Placed {
+            $($(#[doc = $place_doc])* $place($placed),)*
+        }
+
+        $(
+            $(#[doc = $place_doc])*
+            #[derive(Debug, Clone, PartialEq)]
+            pub enum $placed {
+                $($variant($params),)*
+            }
+
+            impl $placed {
+                pub fn method(&self) -> Method {
+                    match self {
+                        $($placed::$variant(_) => Method::$variant,)*
+                    }
+                }
+            }
+        )*
 
         impl Call {
             /// Reads `params` as `method`'s params type and validates them.
             pub fn decode(method: Method, params: Option<&RawValue>) -> Result<Call, AppError> {
                 match method {
-                    $(Method::$variant => decode_params::<$params>(params).map(Call::$variant),)*
+                    $($(Method::$variant => decode_params::<$params>(params).map(Call::$variant),)*)*
                 }
             }
 
             pub fn method(&self) -> Method {
                 match self {
-                    $(Call::$variant(_) => Method::$variant,)*
+                    $($(Call::$variant(_) => Method::$variant,)*)*
+                }
+            }
+
+            /// The call by who serves it.
+            pub fn place(self) -> Placed {
+                match self {
+                    $($(Call::$variant(params) => Placed::$place($placed::$variant(params)),)*)*
                 }
             }
         }
@@ -166,7 +209,7 @@ macro_rules! method_table {
         /// One marker type per method, implementing [`RacpMethod`].
         pub mod calls {
             use super::*;
-            $(
+            $($(
                 $(#[doc = $doc])*
                 #[derive(Debug, Clone, Copy)]
                 pub struct $variant;
@@ -176,7 +219,7 @@ macro_rules! method_table {
                     type Params = $params;
                     type Result = $result;
                 }
-            )*
+            )*)*
         }
     };
 }
@@ -188,60 +231,72 @@ const OPERATOR: Access = Access::Role(Role::Operator);
 const OWNER: Access = Access::Role(Role::Owner);
 
 method_table! {
-    /// Negotiates the protocol version and frame bound; must be the first call on a connection.
-    Hello = "hello" (HelloParams => HelloResult) { access: ANY, mutates: false, safe_to_resend: true }
-    /// Exchanges the connection's pairing token for a device credential (pairing connections only).
-    Pair = "pair" (PairParams => PairResult) { access: PAIRING, mutates: true, safe_to_resend: false }
-    /// Describes the host: version, id, platform, capabilities and limits.
-    HostInfo = "host/info" (Empty => HostInfoResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
-    /// Lists hosts behind a gateway; a plain pi-host answers METHOD_NOT_FOUND.
-    HostList = "host/list" (Empty => HostListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
-    /// Lists paired devices.
-    DeviceList = "device/list" (Empty => DeviceListResult) { access: OWNER, mutates: false, safe_to_resend: true }
-    /// Revokes a device and closes its open connections at once.
-    DeviceRevoke = "device/revoke" (DeviceRevokeParams => Ack) { access: OWNER, mutates: true, safe_to_resend: true }
-    /// Mints a single-use pairing token for another device.
-    PairingCreate = "pairing/create" (PairingCreateParams => PairingCreateResult) { access: OWNER, mutates: true, safe_to_resend: false }
-    /// Lists a directory inside the host's permitted roots.
-    FsList = "fs/list" (PathParams => FsListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
-    /// Describes one path inside the host's permitted roots.
-    FsStat = "fs/stat" (PathParams => FsStatResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
-    /// Creates a session in a workspace directory.
-    SessionCreate = "session/create" (SessionCreateParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: false }
-    /// Lists sessions.
-    SessionList = "session/list" (Empty => SessionListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
-    /// Returns a session with a snapshot and the cursor the snapshot was taken at.
-    SessionGet = "session/get" (SessionRef => SessionGetResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
-    /// The assistant message and tool outputs streaming as of a cursor, so a client that resumes from its own cursor mid-message can rebuild what is in progress.
-    SessionStream = "session/stream" (SessionStreamParams => SessionStreamResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
-    /// Subscribes to a session's events, replaying from a cursor when one is given.
-    SessionSubscribe = "session/subscribe" (SessionSubscribeParams => SessionSubscribeResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
-    /// Ends a subscription.
-    SessionUnsubscribe = "session/unsubscribe" (SessionUnsubscribeParams => Ack) { access: OBSERVER, mutates: false, safe_to_resend: true }
-    /// Closes a session: its agent stops; its log stays readable. Closing a closed session succeeds.
-    SessionClose = "session/close" (SessionRef => Ack) { access: OPERATOR, mutates: true, safe_to_resend: true }
-    /// Starts a turn with a prompt; idempotent by `idempotencyKey`.
-    TurnStart = "turn/start" (TurnStartParams => TurnStartResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
-    /// Adds guidance to the running turn.
-    TurnSteer = "turn/steer" (TurnSteerParams => Ack) { access: OPERATOR, mutates: true, safe_to_resend: false }
-    /// Aborts the running turn. Aborting a finished turn succeeds and changes nothing.
-    TurnAbort = "turn/abort" (TurnRef => Ack) { access: OPERATOR, mutates: true, safe_to_resend: true }
-    /// Answers an approval; the first answer wins, later ones get APPROVAL_STALE.
-    ApprovalRespond = "approval/respond" (ApprovalRespondParams => ApprovalRespondResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
-    /// Lists the providers and models the host's agent can run, each with whether a credential is present; needs no session.
-    ModelList = "model/list" (Empty => ModelListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
-    /// Changes a session's model, thinking level or auto-compaction; setting the same values again changes nothing.
-    SessionConfigure = "session/configure" (SessionConfigureParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
-    /// Sets a provider's API key (write-only: never returned); the next agent started uses it.
-    CredentialSet = "credential/set" (CredentialSetParams => CredentialSetResult) { access: OWNER, mutates: true, safe_to_resend: true }
-    /// Deletes a provider's API key set with `credential/set`.
-    CredentialDelete = "credential/delete" (ProviderRef => Deleted) { access: OWNER, mutates: true, safe_to_resend: true }
-    /// Lists the providers with a key set from a client: when, and a short fingerprint, never the key.
-    CredentialList = "credential/list" (Empty => CredentialListResult) { access: OWNER, mutates: false, safe_to_resend: true }
-    /// Adds or replaces an OpenAI-compatible provider (a model server on the remote's network).
-    ProviderSet = "provider/set" (ProviderSetParams => Ack) { access: OWNER, mutates: true, safe_to_resend: true }
-    /// Removes a provider added with `provider/set`.
-    ProviderDelete = "provider/delete" (ProviderRef => Deleted) { access: OWNER, mutates: true, safe_to_resend: true }
+    /// Served by the connection core itself.
+    Core(CoreCall) {
+        /// Negotiates the protocol version and frame bound; must be the first call on a connection.
+        Hello = "hello" (HelloParams => HelloResult) { access: ANY, mutates: false, safe_to_resend: true }
+    }
+    /// Served by the connection, with its server's events.
+    Subscription(SubscriptionCall) {
+        /// Subscribes to a session's events, replaying from a cursor when one is given.
+        SessionSubscribe = "session/subscribe" (SessionSubscribeParams => SessionSubscribeResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// Ends a subscription.
+        SessionUnsubscribe = "session/unsubscribe" (SessionUnsubscribeParams => Ack) { access: OBSERVER, mutates: false, safe_to_resend: true }
+    }
+    /// Served by the server the client reached: a host, or the gateway for every host behind it.
+    Endpoint(EndpointCall) {
+        /// Exchanges the connection's pairing token for a device credential (pairing connections only).
+        Pair = "pair" (PairParams => PairResult) { access: PAIRING, mutates: true, safe_to_resend: false }
+        /// Lists hosts behind a gateway; a plain pi-host answers METHOD_NOT_FOUND.
+        HostList = "host/list" (Empty => HostListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// Lists paired devices.
+        DeviceList = "device/list" (Empty => DeviceListResult) { access: OWNER, mutates: false, safe_to_resend: true }
+        /// Revokes a device and closes its open connections at once.
+        DeviceRevoke = "device/revoke" (DeviceRevokeParams => Ack) { access: OWNER, mutates: true, safe_to_resend: true }
+        /// Mints a single-use pairing token for another device.
+        PairingCreate = "pairing/create" (PairingCreateParams => PairingCreateResult) { access: OWNER, mutates: true, safe_to_resend: false }
+    }
+    /// Served by the host: directly, or routed to it by a gateway.
+    Host(HostCall) {
+        /// Describes the host: version, id, platform, capabilities and limits.
+        HostInfo = "host/info" (Empty => HostInfoResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// Lists a directory inside the host's permitted roots.
+        FsList = "fs/list" (PathParams => FsListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// Describes one path inside the host's permitted roots.
+        FsStat = "fs/stat" (PathParams => FsStatResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// Creates a session in a workspace directory.
+        SessionCreate = "session/create" (SessionCreateParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: false }
+        /// Lists sessions.
+        SessionList = "session/list" (Empty => SessionListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// Returns a session with a snapshot and the cursor the snapshot was taken at.
+        SessionGet = "session/get" (SessionRef => SessionGetResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// The assistant message and tool outputs streaming as of a cursor, so a client that resumes from its own cursor mid-message can rebuild what is in progress.
+        SessionStream = "session/stream" (SessionStreamParams => SessionStreamResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// Closes a session: its agent stops; its log stays readable. Closing a closed session succeeds.
+        SessionClose = "session/close" (SessionRef => Ack) { access: OPERATOR, mutates: true, safe_to_resend: true }
+        /// Starts a turn with a prompt; idempotent by `idempotencyKey`.
+        TurnStart = "turn/start" (TurnStartParams => TurnStartResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
+        /// Adds guidance to the running turn.
+        TurnSteer = "turn/steer" (TurnSteerParams => Ack) { access: OPERATOR, mutates: true, safe_to_resend: false }
+        /// Aborts the running turn. Aborting a finished turn succeeds and changes nothing.
+        TurnAbort = "turn/abort" (TurnRef => Ack) { access: OPERATOR, mutates: true, safe_to_resend: true }
+        /// Answers an approval; the first answer wins, later ones get APPROVAL_STALE.
+        ApprovalRespond = "approval/respond" (ApprovalRespondParams => ApprovalRespondResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
+        /// Lists the providers and models the host's agent can run, each with whether a credential is present; needs no session.
+        ModelList = "model/list" (Empty => ModelListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// Changes a session's model, thinking level or auto-compaction; setting the same values again changes nothing.
+        SessionConfigure = "session/configure" (SessionConfigureParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
+        /// Sets a provider's API key (write-only: never returned); the next agent started uses it.
+        CredentialSet = "credential/set" (CredentialSetParams => CredentialSetResult) { access: OWNER, mutates: true, safe_to_resend: true }
+        /// Deletes a provider's API key set with `credential/set`.
+        CredentialDelete = "credential/delete" (ProviderRef => Deleted) { access: OWNER, mutates: true, safe_to_resend: true }
+        /// Lists the providers with a key set from a client: when, and a short fingerprint, never the key.
+        CredentialList = "credential/list" (Empty => CredentialListResult) { access: OWNER, mutates: false, safe_to_resend: true }
+        /// Adds or replaces an OpenAI-compatible provider (a model server on the remote's network).
+        ProviderSet = "provider/set" (ProviderSetParams => Ack) { access: OWNER, mutates: true, safe_to_resend: true }
+        /// Removes a provider added with `provider/set`.
+        ProviderDelete = "provider/delete" (ProviderRef => Deleted) { access: OWNER, mutates: true, safe_to_resend: true }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,430 @@
+//! One RACP-WS connection, run the same way by a host and a gateway (docs/architecture.md,
+//! "racp-server"): the checks at its start, `hello` first, the frame bound, admission, the
+//! device's gate, the in-flight bounds, calls on tasks of their own, heartbeats, the send
+//! stall, the kill, and the connection error it ends with. What differs between the two (who
+//! answers a call, where a subscription's events come from) is the server's [`Service`].
+
+use crate::connections::{CallPass, Connections, DeviceGate, Registration, Slot};
+use crate::elide::fit_reply;
+use crate::hello::Agreed;
+use crate::socket::{FINAL_FRAME_GRACE, close_with, error_reply, send_all};
+use crate::wire::encode;
+use axum::extract::ws::{Message, WebSocket};
+use racp_proto::codec::{Rejected, decode_request};
+use racp_proto::events::SubscriptionHead;
+use racp_proto::frame::{ErrorReply, RequestId};
+use racp_proto::limits::PRE_HELLO_MAX_FRAME_BYTES;
+use racp_proto::methods::handshake::{HelloParams, HelloResult};
+use racp_proto::{
+    AppError, Call, CoreCall, EndpointCall, ErrorCode, HostCall, Method, Placed, SubscriptionCall,
+};
+use serde_json::json;
+use serde_json::value::RawValue;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
+
+/// Replies produced by request tasks, waiting for the socket.
+const REPLY_QUEUE: usize = 256;
+
+/// A call's result, computed on a task of its own: the result's JSON, written once.
+pub type Answer = Pin<Box<dyn Future<Output = Result<Box<RawValue>, AppError>> + Send>>;
+
+/// A call answered on the connection's loop, before it reads on: it changes the connection's
+/// own state (its subscriptions).
+pub type Here<'a> = Pin<Box<dyn Future<Output = Result<Box<RawValue>, AppError>> + Send + 'a>>;
+
+/// A server's bounds for its connections.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// "host" or "gateway", for what `hello` says to a client that speaks another version.
+    pub server: &'static str,
+    pub max_frame_bytes: u32,
+    pub max_events_per_frame: usize,
+    pub max_in_flight: u32,
+    /// The bound over all of a server's connections and the calls it answers for a gateway
+    /// (a host's), with its size for HOST_OVERLOADED's details.
+    pub server_in_flight: Option<(Arc<Semaphore>, u32)>,
+    pub heartbeat: Duration,
+    /// A socket write blocked this long means the client stopped reading: CLIENT_TOO_SLOW.
+    pub send_stall: Duration,
+}
+
+/// Why a call was not admitted.
+pub enum Refusal {
+    /// The call is refused; the connection lives on.
+    Call(AppError),
+    /// The caller may call nothing more (its device was revoked): the reply, then the
+    /// connection ends with the same error.
+    Connection(AppError),
+}
+
+impl From<AppError> for Refusal {
+    fn from(error: AppError) -> Self {
+        Refusal::Call(error)
+    }
+}
+
+/// What wakes a connection to send pushes for its subscriptions.
+pub trait Pushes: Send + 'static {
+    type Signal: Send;
+    /// The next wake-up; `None` when no more can come.
+    fn next(&mut self) -> impl Future<Output = Option<Self::Signal>> + Send;
+}
+
+/// A host's subscriptions pull from the sessions' logs when their producer wakes them.
+impl Pushes for Arc<Notify> {
+    type Signal = ();
+    async fn next(&mut self) -> Option<()> {
+        self.notified().await;
+        Some(())
+    }
+}
+
+/// A gateway's subscription tasks queue what they read from the host's stream.
+impl<T: Send + 'static> Pushes for mpsc::Receiver<T> {
+    type Signal = T;
+    async fn next(&mut self) -> Option<T> {
+        self.recv().await
+    }
+}
+
+/// What a server provides to the connection core: every place of the method table it serves
+/// (docs/protocol.md §4) and its subscriptions' events.
+pub trait Service: Send + 'static {
+    type Pushes: Pushes;
+
+    /// The error the connection ends with before it reads anything (the server is draining,
+    /// the device was revoked meanwhile), checked after it is registered.
+    fn refused_at_start(&self) -> Option<AppError>;
+
+    /// Work once the connection is open and not refused.
+    fn opened(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// Every check between a decoded envelope and its handling once `hello` was said: access,
+    /// rate, drain, then the params read as the method's type.
+    fn admit(&mut self, method: Method, params: Option<&RawValue>) -> Result<Call, Refusal>;
+
+    /// `hello`'s result for the bounds agreed with the client.
+    fn hello(&mut self, agreed: Agreed) -> HelloResult;
+
+    fn subscription(&mut self, call: SubscriptionCall) -> Here<'_>;
+
+    fn endpoint(&mut self, call: EndpointCall) -> Answer;
+
+    /// A host call; `params` as the client sent them, for a server that passes them on.
+    fn host(&mut self, call: HostCall, params: Option<&RawValue>) -> Answer;
+
+    /// Every subscription's last delivered cursor (heartbeats, CLIENT_TOO_SLOW).
+    fn heads(&self) -> Vec<SubscriptionHead>;
+
+    /// The frames one wake-up has to send, and the error to end with after them.
+    fn pushes(
+        &mut self,
+        signal: <Self::Pushes as Pushes>::Signal,
+        max_frame_bytes: usize,
+    ) -> (Vec<String>, Option<AppError>);
+}
+
+/// Serves one upgraded socket until the client leaves or the connection ends with an error;
+/// `connections` is the server's table, in which `slot` was taken at the upgrade.
+pub async fn run<S: Service>(
+    mut socket: WebSocket,
+    connections: &Connections,
+    slot: Slot,
+    device_id: Option<String>,
+    settings: Settings,
+    service: S,
+    pushes: S::Pushes,
+) {
+    let Registration {
+        id: connection_id,
+        kill: mut kill_rx,
+        gate,
+        slot: _slot,
+    } = connections.register(slot, device_id.clone());
+    tracing::debug!(connection_id, device_id = ?device_id, "connection opened");
+    let mut conn = Connection::new(settings, service, gate);
+    let mut ending = conn.ending_at_start(&mut kill_rx);
+    if ending.is_none() {
+        conn.service.opened().await;
+        ending = conn.serve(&mut socket, &mut kill_rx, pushes).await;
+    }
+    // Tells a waiting revoke that this connection sends nothing more but its final error.
+    drop(kill_rx);
+    if let Some(error) = ending {
+        tracing::info!(
+            code = %error.code(),
+            message = error.message(),
+            connection_id,
+            "ending a connection"
+        );
+        // A client that stopped reading takes the final error only once it reads again (the
+        // frame waits behind what fills its socket buffers); give it a while, then drop it.
+        let _ = tokio::time::timeout(FINAL_FRAME_GRACE, close_with(&mut socket, error)).await;
+    }
+    drop(conn);
+    connections.unregister(connection_id);
+}
+
+pub fn revoked() -> AppError {
+    AppError::new(ErrorCode::RemoteAuthFailed, "this device was revoked")
+}
+
+struct Connection<S> {
+    settings: Settings,
+    service: S,
+    /// The device's gate: every call but a revoke holds a pass from it while it runs (None on
+    /// a pairing connection).
+    gate: Option<Arc<DeviceGate>>,
+    /// Frame bound in bytes: 64 KiB before `hello`, then the agreed bound.
+    max_frame_bytes: usize,
+    said_hello: bool,
+    in_flight: Arc<Semaphore>,
+    /// Set when a reply must be followed by closing the connection.
+    fatal: Option<AppError>,
+}
+
+impl<S: Service> Connection<S> {
+    fn new(settings: Settings, service: S, gate: Option<Arc<DeviceGate>>) -> Self {
+        Connection {
+            in_flight: Arc::new(Semaphore::new(settings.max_in_flight as usize)),
+            settings,
+            service,
+            gate,
+            max_frame_bytes: PRE_HELLO_MAX_FRAME_BYTES as usize,
+            said_hello: false,
+            fatal: None,
+        }
+    }
+
+    /// Checked after registering, never before: a revoke or drain that began in between either
+    /// saw this connection in the table or is seen here (connections.rs).
+    fn ending_at_start(&self, kill_rx: &mut watch::Receiver<Option<AppError>>) -> Option<AppError> {
+        if let Some(killed) = kill_rx.borrow_and_update().clone() {
+            return Some(killed);
+        }
+        if self.gate.as_deref().is_some_and(DeviceGate::is_closed) {
+            return Some(revoked());
+        }
+        self.service.refused_at_start()
+    }
+
+    /// The connection's loop: requests, replies, pushes and heartbeats, until the client
+    /// leaves (`None`) or the connection must end with an error.
+    async fn serve(
+        &mut self,
+        socket: &mut WebSocket,
+        kill_rx: &mut watch::Receiver<Option<AppError>>,
+        mut pushes: S::Pushes,
+    ) -> Option<AppError> {
+        let (reply_tx, mut reply_rx) = mpsc::channel::<String>(REPLY_QUEUE);
+        let stall = self.settings.send_stall;
+        let mut heartbeat = tokio::time::interval(self.settings.heartbeat);
+        heartbeat.tick().await;
+        loop {
+            let (outgoing, ending) = tokio::select! {
+                incoming = socket.recv() => match incoming {
+                    // The client said goodbye or vanished: no connection error.
+                    Some(Ok(Message::Close(_))) => {
+                        crate::answer_close(socket).await;
+                        return None;
+                    }
+                    None => return None,
+                    Some(Ok(message)) => self.on_message(message, &reply_tx).await,
+                    Some(Err(err)) => {
+                        tracing::debug!(error = %err, "connection read failed");
+                        return crate::socket::read_failure(
+                            err,
+                            self.settings.max_frame_bytes,
+                            self.max_frame_bytes,
+                        );
+                    }
+                },
+                Some(reply) = reply_rx.recv() => (vec![fit_reply(reply, self.max_frame_bytes)], None),
+                Some(signal) = pushes.next() => self.service.pushes(signal, self.max_frame_bytes),
+                _ = heartbeat.tick(), if self.said_hello => {
+                    let heads = self.service.heads();
+                    let at = crate::clock::now_ms();
+                    (crate::push::heartbeats(at, heads, self.max_frame_bytes), None)
+                }
+                changed = kill_rx.changed() => match changed {
+                    Ok(()) => return kill_rx.borrow_and_update().clone(),
+                    Err(_) => return None,
+                },
+            };
+            // Once killed, nothing more leaves: a revoke may already have answered (it waits
+            // for this loop to stop, and a write in progress is part of that wait).
+            if let Some(killed) = kill_rx.borrow_and_update().clone() {
+                return Some(killed);
+            }
+            if !outgoing.is_empty() {
+                match tokio::time::timeout(stall, send_all(socket, outgoing)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return ending,
+                    // The client stopped reading: the socket has not taken the frames in time.
+                    Err(_) => return Some(self.too_slow()),
+                }
+            }
+            if ending.is_some() {
+                return ending;
+            }
+        }
+    }
+
+    fn too_slow(&self) -> AppError {
+        let last = self.service.heads().into_iter();
+        crate::push::too_slow(
+            "stopped reading",
+            last.map(|head| (head.subscription_id, head.cursor)),
+        )
+    }
+
+    /// One message from the client: the frames to send back, and the error to end with after
+    /// them, if any.
+    async fn on_message(
+        &mut self,
+        message: Message,
+        replies: &mpsc::Sender<String>,
+    ) -> (Vec<String>, Option<AppError>) {
+        match message {
+            Message::Text(text) => {
+                let reply = self.handle_text(text.as_str(), replies).await;
+                let frames = reply
+                    .into_iter()
+                    .map(|reply| fit_reply(reply, self.max_frame_bytes))
+                    .collect();
+                (frames, self.fatal.take())
+            }
+            Message::Binary(_) => {
+                let error = AppError::new(
+                    ErrorCode::InvalidArgument,
+                    "binary frames are not accepted; send UTF-8 JSON text frames",
+                )
+                .with_details(json!({"reason": "binary_frame"}));
+                (vec![encode(&ErrorReply { id: None, error })], None)
+            }
+            // Close is handled by the loop.
+            Message::Ping(_) | Message::Pong(_) | Message::Close(_) => (Vec::new(), None),
+        }
+    }
+
+    /// Handles one text frame; returns a reply to send now, if any. Calls answered on a task
+    /// of their own reply through `replies`.
+    async fn handle_text(&mut self, text: &str, replies: &mpsc::Sender<String>) -> Option<String> {
+        let request = match decode_request(text, self.max_frame_bytes) {
+            Ok(request) => request,
+            Err(Rejected { id, error }) => return Some(encode(&ErrorReply { id, error })),
+        };
+        let id = request.id;
+        let (call, pass) = match self.admit(request.method, request.params) {
+            Ok(admitted) => admitted,
+            Err(error) => return Some(error_reply(id, error)),
+        };
+        // The pass is held to the end of this function, or moved into the spawned call.
+        let answer = match call.place() {
+            Placed::Core(CoreCall::Hello(params)) => return Some(self.hello(id, params)),
+            Placed::Subscription(call) => {
+                let answer = self.service.subscription(call).await;
+                return Some(reply(id, answer));
+            }
+            Placed::Endpoint(call) => self.service.endpoint(call),
+            Placed::Host(call) => self.service.host(call, request.params),
+        };
+        self.spawn_answer(id, answer, pass, replies)
+    }
+
+    /// Hello first, then the service's checks, then the device's gate (connections.rs): a
+    /// pass for the call, or the revocation that ends this connection. A revoke holds no pass:
+    /// a device revoking itself would wait for its own call.
+    fn admit(
+        &mut self,
+        method: Method,
+        params: Option<&RawValue>,
+    ) -> Result<(Call, Option<CallPass>), AppError> {
+        if !self.said_hello && method != Method::Hello {
+            return Err(AppError::new(
+                ErrorCode::HelloRequired,
+                "say hello first: it must be the first call on a connection",
+            ));
+        }
+        let call = match self.service.admit(method, params) {
+            Ok(call) => call,
+            Err(Refusal::Call(error)) => return Err(error),
+            Err(Refusal::Connection(error)) => {
+                self.fatal = Some(error.clone());
+                return Err(error);
+            }
+        };
+        let pass = match &self.gate {
+            Some(gate) if method != Method::DeviceRevoke => {
+                let pass = gate.enter().ok_or_else(revoked);
+                Some(pass.inspect_err(|error| self.fatal = Some(error.clone()))?)
+            }
+            _ => None,
+        };
+        Ok((call, pass))
+    }
+
+    fn hello(&mut self, id: RequestId, params: HelloParams) -> String {
+        let agreed = crate::hello::agree(
+            &params,
+            self.settings.server,
+            self.settings.max_frame_bytes,
+            self.settings.max_events_per_frame,
+        );
+        let said = agreed.map(|agreed| {
+            self.max_frame_bytes = agreed.max_frame_bytes as usize;
+            self.said_hello = true;
+            self.service.hello(agreed)
+        });
+        // No common version: nothing more can be said on this connection.
+        let said = said.inspect_err(|error| self.fatal = Some(error.clone()));
+        reply(id, said.and_then(|result| crate::wire::to_raw(&result)))
+    }
+
+    /// Runs a call on its own task within the in-flight bounds (HOST_OVERLOADED beyond them);
+    /// its reply goes through `replies`.
+    fn spawn_answer(
+        &self,
+        id: RequestId,
+        answer: Answer,
+        pass: Option<CallPass>,
+        replies: &mpsc::Sender<String>,
+    ) -> Option<String> {
+        let server = self.settings.server_in_flight.as_ref();
+        let on_connection = self.in_flight.clone().try_acquire_owned();
+        let on_server = server.map(|(bound, _)| bound.clone().try_acquire_owned());
+        let (Ok(on_connection), Ok(on_server)) = (on_connection, on_server.transpose()) else {
+            let mut details = json!({"maxInFlight": self.settings.max_in_flight});
+            if let Some((_, max)) = server {
+                details["maxInFlightHost"] = json!(max);
+            }
+            let overloaded = AppError::new(ErrorCode::HostOverloaded, "too many calls in flight")
+                .with_details(details)
+                .with_retry_after_ms(50);
+            return Some(error_reply(id, overloaded));
+        };
+        let replies = replies.clone();
+        tokio::spawn(async move {
+            let reply = reply(id, answer.await);
+            drop((on_connection, on_server));
+            let _ = replies.send(reply).await;
+            // Held until the reply is queued: a revoke waits for it (connections.rs).
+            drop(pass);
+        });
+        None
+    }
+}
+
+/// The reply frame to request `id`: its result spliced in as written, or its error.
+fn reply(id: RequestId, answer: Result<Box<RawValue>, AppError>) -> String {
+    match answer {
+        Ok(result) => format!(r#"{{"id":{},"result":{}}}"#, encode(&id), result.get()),
+        Err(error) => error_reply(id, error),
+    }
+}
