@@ -171,6 +171,17 @@ impl Raw {
     /// Sends a text frame and returns the reply to it (the next frame with an `id`).
     pub async fn reply(&mut self, payload: &[u8]) -> Value {
         assert!(self.text(payload).await);
+        self.next_reply().await
+    }
+
+    /// Sends frames as they are (`bytes`, encoded with [`Raw::encode`]) and returns the reply.
+    pub async fn reply_to(&mut self, bytes: &[u8]) -> Value {
+        assert!(self.send(bytes).await);
+        self.next_reply().await
+    }
+
+    /// The next frame with an `id`: a reply, or an error reply to what had none.
+    async fn next_reply(&mut self) -> Value {
         loop {
             let (opcode, payload) = self.frame().await.expect("a reply");
             if opcode == 1 {

@@ -583,6 +583,109 @@ async fn a_host_and_a_gateway_end_a_connection_the_same_way() {
     assert_eq!(endings[0], endings[1], "the drain: host, then gateway");
 }
 
+/// Hostile input a connection lives through gets the same reply from a host and from a gateway
+/// in front of it: both run one connection core (racp-server/src/connection.rs).
+#[tokio::test]
+async fn a_host_and_a_gateway_answer_hostile_input_the_same_way() {
+    use tests::raw::Raw;
+    let mut one = one_host(1).await;
+    let (_, direct_token) = one.host.pair_device("direct", &[]).await;
+    let hello = br#"{"id":1,"method":"hello","params":{"protocol":{"min":1,"max":1},"client":{"name":"raw","version":"0"},"maxFrameBytes":65536}}"#;
+    let over_the_bound = {
+        let padding = "x".repeat(70 << 10);
+        format!(r#"{{"id":9,"method":"session/list","params":{{}},"pad":"{padding}"}}"#)
+    };
+    let before_hello: Vec<(&str, Vec<u8>)> = vec![(
+        "a call before hello",
+        Raw::encode(
+            0x81,
+            br#"{"id":1,"method":"session/list","params":{}}"#,
+            false,
+        ),
+    )];
+    let after_hello: Vec<(&str, Vec<u8>)> = vec![
+        ("a binary frame", Raw::encode(0x82, b"{}", false)),
+        ("not JSON", Raw::encode(0x81, b"{\"id\":2,", false)),
+        ("an array", Raw::encode(0x81, b"[1,2]", false)),
+        ("no method", Raw::encode(0x81, br#"{"id":3}"#, false)),
+        (
+            "an unknown method",
+            Raw::encode(0x81, br#"{"id":4,"method":"session/explode"}"#, false),
+        ),
+        (
+            "params of the wrong type",
+            Raw::encode(
+                0x81,
+                br#"{"id":5,"method":"session/get","params":{"sessionId":5}}"#,
+                false,
+            ),
+        ),
+        (
+            "an unknown param",
+            Raw::encode(
+                0x81,
+                br#"{"id":6,"method":"session/list","params":{"colour":"red"}}"#,
+                false,
+            ),
+        ),
+        (
+            "a method for pairing connections",
+            Raw::encode(
+                0x81,
+                br#"{"id":7,"method":"pair","params":{"deviceName":"x"}}"#,
+                false,
+            ),
+        ),
+        (
+            "hello again with no common version",
+            Raw::encode(
+                0x81,
+                br#"{"id":8,"method":"hello","params":{"protocol":{"min":7,"max":9},"client":{"name":"raw","version":"0"}}}"#,
+                false,
+            ),
+        ),
+        (
+            "a frame over the agreed bound",
+            Raw::encode(0x81, over_the_bound.as_bytes(), false),
+        ),
+    ];
+    let servers = [
+        (one.host.url(), direct_token.clone()),
+        (one.gateway.host_url(&one.host_id), one.token.clone()),
+    ];
+    let mut answers: [Vec<(String, serde_json::Value)>; 2] = [Vec::new(), Vec::new()];
+    for ((url, token), answers) in servers.iter().zip(answers.iter_mut()) {
+        let mut raw = Raw::connect(url, token).await;
+        for (name, bytes) in &before_hello {
+            answers.push((name.to_string(), raw.reply_to(bytes).await));
+        }
+        assert!(raw.reply(hello).await.get("result").is_some());
+        for (name, bytes) in &after_hello {
+            // A failed hello ends the connection: the rest is asked on a new one.
+            if name.starts_with("hello again") {
+                let mut fresh = Raw::connect(url, token).await;
+                let reply = fresh.reply_to(bytes).await;
+                answers.push((name.to_string(), reply));
+                continue;
+            }
+            answers.push((name.to_string(), raw.reply_to(bytes).await));
+        }
+        // The connection lived through all of it.
+        assert!(raw.reply(br#"{"id":10,"method":"session/list"}"#).await["result"].is_object());
+    }
+    for ((name, host), (_, gateway)) in answers[0].iter().zip(&answers[1]) {
+        let error = &host["error"];
+        assert!(error["code"].is_string(), "{name}: {host}");
+        let mut gateway = gateway.clone();
+        if name.starts_with("hello again") {
+            // The one word that differs: who speaks.
+            let message = gateway["error"]["message"].as_str().unwrap_or_default();
+            gateway["error"]["message"] = message.replace("gateway", "host").into();
+        }
+        assert_eq!(host, &gateway, "{name}: host, then gateway");
+    }
+}
+
 /// Reads a subscription until `turn.finished`, checking every seq follows the one before (no
 /// gap, no repeat); calls `midway` once after `at` events. Returns how many agent deltas came.
 async fn read_to_the_end(
