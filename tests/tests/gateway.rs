@@ -588,7 +588,7 @@ async fn a_host_and_a_gateway_end_a_connection_the_same_way() {
 #[tokio::test]
 async fn a_host_and_a_gateway_answer_hostile_input_the_same_way() {
     use tests::raw::Raw;
-    let mut one = one_host(1).await;
+    let one = one_host(1).await;
     let (_, direct_token) = one.host.pair_device("direct", &[]).await;
     let hello = br#"{"id":1,"method":"hello","params":{"protocol":{"min":1,"max":1},"client":{"name":"raw","version":"0"},"maxFrameBytes":65536}}"#;
     let over_the_bound = {
