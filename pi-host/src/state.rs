@@ -162,10 +162,14 @@ impl HostState {
         self.draining.store(true, Ordering::Release);
         #[cfg(debug_assertions)]
         crate::test_hooks::before_drain_kill().await;
-        let error = AppError::new(
-            ErrorCode::HostShuttingDown,
-            "the host is shutting down; reconnect when it is back",
-        );
-        self.connections.kill_all(&error);
+        self.connections.kill_all(&shutting_down());
     }
+}
+
+/// What a draining host ends or refuses a connection with.
+pub fn shutting_down() -> AppError {
+    AppError::new(
+        ErrorCode::HostShuttingDown,
+        "the host is shutting down; reconnect when it is back",
+    )
 }

@@ -171,6 +171,13 @@ pub async fn run<S: Service>(
     connections.unregister(connection_id);
 }
 
+/// HOST_OVERLOADED for a call beyond the in-flight bounds `details` names.
+pub fn overloaded(details: serde_json::Value) -> AppError {
+    AppError::new(ErrorCode::HostOverloaded, "too many calls in flight")
+        .with_details(details)
+        .with_retry_after_ms(50)
+}
+
 pub fn revoked() -> AppError {
     AppError::new(ErrorCode::RemoteAuthFailed, "this device was revoked")
 }
@@ -404,10 +411,7 @@ impl<S: Service> Connection<S> {
             if let Some((_, max)) = server {
                 details["maxInFlightHost"] = json!(max);
             }
-            let overloaded = AppError::new(ErrorCode::HostOverloaded, "too many calls in flight")
-                .with_details(details)
-                .with_retry_after_ms(50);
-            return Some(error_reply(id, overloaded));
+            return Some(error_reply(id, overloaded(details)));
         };
         let replies = replies.clone();
         tokio::spawn(async move {

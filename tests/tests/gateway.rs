@@ -583,19 +583,16 @@ async fn a_host_and_a_gateway_end_a_connection_the_same_way() {
     assert_eq!(endings[0], endings[1], "the drain: host, then gateway");
 }
 
-/// Hostile input a connection lives through gets the same reply from a host and from a gateway
-/// in front of it: both run one connection core (racp-server/src/connection.rs).
-#[tokio::test]
-async fn a_host_and_a_gateway_answer_hostile_input_the_same_way() {
+/// Frames a connection lives through: those sent before `hello`, and those sent after it.
+type Cases = Vec<(&'static str, Vec<u8>)>;
+
+fn hostile_input() -> (Cases, Cases) {
     use tests::raw::Raw;
-    let one = one_host(1).await;
-    let (_, direct_token) = one.host.pair_device("direct", &[]).await;
-    let hello = br#"{"id":1,"method":"hello","params":{"protocol":{"min":1,"max":1},"client":{"name":"raw","version":"0"},"maxFrameBytes":65536}}"#;
     let over_the_bound = {
         let padding = "x".repeat(70 << 10);
         format!(r#"{{"id":9,"method":"session/list","params":{{}},"pad":"{padding}"}}"#)
     };
-    let before_hello: Vec<(&str, Vec<u8>)> = vec![(
+    let before_hello: Cases = vec![(
         "a call before hello",
         Raw::encode(
             0x81,
@@ -603,7 +600,7 @@ async fn a_host_and_a_gateway_answer_hostile_input_the_same_way() {
             false,
         ),
     )];
-    let after_hello: Vec<(&str, Vec<u8>)> = vec![
+    let after_hello: Cases = vec![
         ("a binary frame", Raw::encode(0x82, b"{}", false)),
         ("not JSON", Raw::encode(0x81, b"{\"id\":2,", false)),
         ("an array", Raw::encode(0x81, b"[1,2]", false)),
@@ -649,6 +646,18 @@ async fn a_host_and_a_gateway_answer_hostile_input_the_same_way() {
             Raw::encode(0x81, over_the_bound.as_bytes(), false),
         ),
     ];
+    (before_hello, after_hello)
+}
+
+/// Hostile input a connection lives through gets the same reply from a host and from a gateway
+/// in front of it: both run one connection core (racp-server/src/connection.rs).
+#[tokio::test]
+async fn a_host_and_a_gateway_answer_hostile_input_the_same_way() {
+    use tests::raw::Raw;
+    let one = one_host(1).await;
+    let (_, direct_token) = one.host.pair_device("direct", &[]).await;
+    let hello = br#"{"id":1,"method":"hello","params":{"protocol":{"min":1,"max":1},"client":{"name":"raw","version":"0"},"maxFrameBytes":65536}}"#;
+    let (before_hello, after_hello) = hostile_input();
     let servers = [
         (one.host.url(), direct_token.clone()),
         (one.gateway.host_url(&one.host_id), one.token.clone()),

@@ -71,12 +71,7 @@ impl Service for HostConnection {
     type Pushes = Arc<Notify>;
 
     fn refused_at_start(&self) -> Option<AppError> {
-        self.state.is_draining().then(|| {
-            AppError::new(
-                ErrorCode::HostShuttingDown,
-                "the host is shutting down; reconnect when it is back",
-            )
-        })
+        self.state.is_draining().then(crate::state::shutting_down)
     }
 
     /// Records the device's last-seen time: a synchronous SQLite write with fsync, on the

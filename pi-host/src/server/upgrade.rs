@@ -12,10 +12,7 @@ pub use racp_server::upgrade::*;
 /// Runs every check and returns the caller's credential and its place under the connection cap.
 pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Credential, Slot), AppError> {
     if state.is_draining() {
-        return Err(AppError::new(
-            ErrorCode::HostShuttingDown,
-            "the host is shutting down; reconnect when it is back",
-        ));
+        return Err(crate::state::shutting_down());
     }
     check_host_header(headers, &state.config.allowed_hosts)?;
     let token = presented_token(headers, &state.config.allowed_origins)?;

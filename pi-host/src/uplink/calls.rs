@@ -122,13 +122,10 @@ async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>,
         .with_details(json!({"method": method.as_str()})));
     };
     let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
-        return Err(
-            AppError::new(ErrorCode::HostOverloaded, "too many calls in flight")
-                .with_details(json!({
-                    "maxInFlightHost": state.config.limits.max_in_flight_host,
-                }))
-                .with_retry_after_ms(50),
-        );
+        let bound = state.config.limits.max_in_flight_host;
+        return Err(racp_server::connection::overloaded(
+            json!({"maxInFlightHost": bound}),
+        ));
     };
     handlers::host(state.clone(), credential, call).await
 }
