@@ -4,6 +4,7 @@
 //! host's calls to the connection's host over NATS.
 
 use crate::devices::{Caller, DeviceRecord};
+use crate::feed::{self, Feed};
 use crate::follow::{self, Follow, Outgoing, Span};
 use crate::hosts;
 use crate::revocation::Revocation;
@@ -20,8 +21,9 @@ use racp_proto::{
     AppError, Call, Cursor, EndpointCall, Epoch, ErrorCode, Expired, HostCall, Method,
     PROTOCOL_VERSION, SubscriptionCall,
 };
-use racp_server::connection::{self, Answer, Here, Refusal, Service, Settings, revoked};
+use racp_server::connection::{self, Answer, Here, Pushes, Refusal, Service, Settings, revoked};
 use racp_server::connections::Slot;
+use racp_server::fanout::{Subscriptions, no_such_subscription};
 use racp_server::hello::Agreed;
 use racp_server::identity::pairing_link;
 use racp_server::wire::to_raw;
@@ -30,7 +32,7 @@ use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 /// How long a subscribe behind the host's head waits for the host's relay to put the session's
 /// events in a stream that holds none of them, before it answers CURSOR_EXPIRED.
@@ -59,10 +61,34 @@ struct GatewayConnection {
     reached_as: String,
     /// The frame bound and events per push, as agreed at `hello`.
     agreed: Agreed,
+    /// Subscriptions catching up on a consumer of their own, until their feed's window holds
+    /// what comes next.
     follows: BTreeMap<String, Follow>,
-    next_subscription: u64,
-    /// Where the subscription tasks queue their frames for the connection.
+    /// Subscriptions reading from their session's feed, as a host's read its log.
+    live: Subscriptions<Feed>,
+    /// Where the catch-up tasks queue their frames for the connection.
     out: mpsc::Sender<Outgoing>,
+}
+
+/// What wakes a gateway connection: a feed's append, or a catch-up task's frame.
+pub struct GatewayPushes {
+    wake: Arc<Notify>,
+    queue: mpsc::Receiver<Outgoing>,
+}
+
+pub enum Signal {
+    Wake,
+    Out(Outgoing),
+}
+
+impl Pushes for GatewayPushes {
+    type Signal = Signal;
+    async fn next(&mut self) -> Option<Signal> {
+        tokio::select! {
+            () = self.wake.notified() => Some(Signal::Wake),
+            out = self.queue.recv() => out.map(Signal::Out),
+        }
+    }
 }
 
 pub async fn run(
@@ -84,7 +110,12 @@ pub async fn run(
         send_stall: s.send_stall,
     };
     let device_id = caller.device_id().map(str::to_string);
-    let (out, pushes) = mpsc::channel::<Outgoing>(OUTGOING_QUEUE);
+    let (out, queue) = mpsc::channel::<Outgoing>(OUTGOING_QUEUE);
+    let live = Subscriptions::new(s.max_lag_events, s.max_events_per_frame);
+    let pushes = GatewayPushes {
+        wake: live.notify.clone(),
+        queue,
+    };
     let served = GatewayConnection {
         agreed: Agreed {
             max_frame_bytes: racp_proto::limits::PRE_HELLO_MAX_FRAME_BYTES,
@@ -95,7 +126,7 @@ pub async fn run(
         host,
         reached_as,
         follows: BTreeMap::new(),
-        next_subscription: 1,
+        live,
         out,
     };
     connection::run(
@@ -111,7 +142,7 @@ pub async fn run(
 }
 
 impl Service for GatewayConnection {
-    type Pushes = mpsc::Receiver<Outgoing>;
+    type Pushes = GatewayPushes;
 
     fn refused_at_start(&self) -> Option<AppError> {
         if let Some(device_id) = self.caller.device_id()
@@ -145,6 +176,7 @@ impl Service for GatewayConnection {
     fn hello(&mut self, agreed: Agreed) -> HelloResult {
         let settings = &self.gateway.settings;
         self.agreed = agreed;
+        self.live.set_max_events_per_frame(agreed.events_per_push);
         let (principal, pairing) = match &self.caller {
             Caller::Device(device) => (
                 racp_server::hello::device(&device.device_id, &device.roles),
@@ -187,14 +219,10 @@ impl Service for GatewayConnection {
                     to_raw(&self.subscribe(params).await?)
                 }
                 SubscriptionCall::SessionUnsubscribe(params) => {
-                    let removed = self.follows.remove(&params.subscription_id);
-                    removed.ok_or_else(|| {
-                        AppError::new(
-                            ErrorCode::NotFound,
-                            "no such subscription on this connection",
-                        )
-                        .with_details(json!({"subscriptionId": params.subscription_id}))
-                    })?;
+                    let id = &params.subscription_id;
+                    if self.follows.remove(id).is_none() && !self.live.remove(id) {
+                        return Err(no_such_subscription(id));
+                    }
                     to_raw(&racp_proto::Ack {})
                 }
             }
@@ -273,25 +301,35 @@ impl Service for GatewayConnection {
     }
 
     fn heads(&self) -> Vec<SubscriptionHead> {
-        self.follows
-            .iter()
-            .map(|(id, f)| SubscriptionHead {
-                subscription_id: id.clone(),
-                session_id: f.session_id.clone(),
-                cursor: f.cursor(),
-            })
-            .collect()
+        let mut heads = self.live.heads();
+        heads.extend(self.follows.iter().map(|(id, f)| SubscriptionHead {
+            subscription_id: id.clone(),
+            session_id: f.session_id.clone(),
+            cursor: f.cursor(),
+        }));
+        heads
     }
 
     fn pushes(
         &mut self,
-        out: Outgoing,
-        _max_frame_bytes: usize,
+        signal: Signal,
+        max_frame_bytes: usize,
     ) -> (Vec<String>, Option<AppError>) {
-        match out {
-            Outgoing::Frame(frame) => (vec![frame], None),
-            Outgoing::Ended(id) => {
+        match signal {
+            Signal::Wake => self.live.burst(max_frame_bytes),
+            Signal::Out(Outgoing::Frame(frame)) => (vec![frame], None),
+            Signal::Out(Outgoing::Ended(id)) => {
                 self.follows.remove(&id);
+                (Vec::new(), None)
+            }
+            Signal::Out(Outgoing::Live {
+                subscription_id,
+                last,
+            }) => {
+                if let Some(caught_up) = self.follows.remove(&subscription_id) {
+                    self.live
+                        .insert(subscription_id, caught_up.feed.clone(), last);
+                }
                 (Vec::new(), None)
             }
         }
@@ -330,7 +368,7 @@ impl GatewayConnection {
     ) -> Result<SessionSubscribeResult, AppError> {
         let host = self.host_for(Method::SessionSubscribe)?;
         let max = self.gateway.settings.max_subscriptions;
-        if self.follows.len() >= max as usize {
+        if self.follows.len() + self.live.len() >= max as usize {
             return Err(AppError::new(
                 ErrorCode::LimitExceeded,
                 format!("a connection may hold at most {max} subscriptions"),
@@ -352,8 +390,24 @@ impl GatewayConnection {
             .start_point(&stream, &subject, &host, &params.session_id, params.cursor)
             .await?;
         let (epoch, after) = (point.epoch, point.after);
-        let subscription_id = format!("sub_{}", self.next_subscription);
-        self.next_subscription += 1;
+        let subscription_id = self.live.new_id();
+        let feed = self.gateway.feeds.join(feed::Start {
+            stream: &stream,
+            subject: &subject,
+            session_id: &params.session_id,
+            epoch,
+            after: point.head,
+            from: point.after_head,
+            closed: point.closed,
+            window_events: window_events(&self.gateway.settings),
+        });
+        if feed.takes_over_at(after) {
+            self.live.insert(subscription_id.clone(), feed, after);
+            return Ok(SessionSubscribeResult {
+                subscription_id,
+                cursor: Cursor::new(epoch, after),
+            });
+        }
         let start = follow::Start {
             subscription_id: subscription_id.clone(),
             session_id: params.session_id,
@@ -363,7 +417,7 @@ impl GatewayConnection {
             stream_sequence: point.stream_sequence,
             max_frame_bytes: self.agreed.max_frame_bytes as usize,
             max_events_per_frame: self.agreed.events_per_push,
-            ended: point.ended,
+            feed,
         };
         let followed = follow::follow(&stream, start, self.out.clone()).await?;
         self.follows.insert(subscription_id.clone(), followed);
@@ -431,7 +485,9 @@ impl GatewayConnection {
                 epoch,
                 after,
                 stream_sequence,
-                ended: closed && after >= head,
+                head,
+                after_head: last.1 + 1,
+                closed,
             });
         }
     }
@@ -485,6 +541,12 @@ fn device_list(gateway: &Gateway, viewer: &DeviceRecord) -> DeviceListResult {
     }
 }
 
+/// Events a feed's window holds: a subscriber within the lag bound stays in it, as on a host.
+fn window_events(settings: &crate::state::Settings) -> usize {
+    let lag = usize::try_from(settings.max_lag_events).unwrap_or(usize::MAX);
+    lag.saturating_add(settings.max_events_per_frame)
+}
+
 pub fn forbidden_host(host: &str) -> AppError {
     AppError::new(
         ErrorCode::Forbidden,
@@ -493,13 +555,16 @@ pub fn forbidden_host(host: &str) -> AppError {
     .with_details(json!({"hostId": host, "reason": "host_not_granted"}))
 }
 
-/// Where a subscription starts: the session's epoch, the RACP seq after which it delivers, the
-/// stream sequence it reads from, and whether it ends at once (a closed session, read to its end).
+/// Where a subscription starts: the session's epoch, the RACP seq after which it delivers and
+/// the stream sequence it reads from; and where the session's feed would start: the head's
+/// RACP seq, the stream sequence after it, and whether the session is closed there.
 struct StartPoint {
     epoch: Epoch,
     after: u64,
     stream_sequence: u64,
-    ended: bool,
+    head: u64,
+    after_head: u64,
+    closed: bool,
 }
 
 /// A session's head as its host has it.
@@ -530,6 +595,8 @@ fn start_before_relay(
         epoch: head.epoch,
         after,
         stream_sequence: 1,
-        ended: head.closed && after >= head.seq,
+        head: head.seq,
+        after_head: 1,
+        closed: head.closed,
     }))
 }

@@ -1,8 +1,11 @@
 //! Subscriptions through the gateway, served from the host's JetStream stream (docs/protocol.md
-//! §15.3): where a cursor starts in the stream, and one task per subscription that turns
-//! stream messages into `session/events` pushes, with the same framing, gap rules and
-//! `subscription/ended` as a host.
+//! §15.3): where a cursor starts in the stream, reading it (the consumer, its watchdog, the
+//! checks each message passes before it is spliced in), and the catch-up of a subscription whose
+//! cursor is older than its session's feed (feed.rs): a task with a consumer of its own that
+//! turns stream messages into `session/events` pushes, with the same framing, gap rules and
+//! `subscription/ended` as a host, until the feed's window holds what comes next.
 
+use crate::feed::Feed;
 use async_nats::jetstream::{self, consumer, stream::DirectGetErrorKind};
 use futures_util::{FutureExt, StreamExt};
 use racp_proto::events::PushMethod;
@@ -108,16 +111,24 @@ pub async fn stream_start(
     Ok(low)
 }
 
-/// What a subscription task hands its connection.
+/// What a catch-up task hands its connection.
 pub enum Outgoing {
     Frame(String),
     /// The subscription is over (its `subscription/ended` push was the frame before).
     Ended(String),
+    /// The subscription has sent up to RACP seq `last`, which its feed's window holds: it reads
+    /// on from the feed.
+    Live {
+        subscription_id: String,
+        last: u64,
+    },
 }
 
 pub struct Follow {
     pub session_id: String,
     pub epoch: Epoch,
+    /// The feed the subscription joins once caught up.
+    pub feed: Arc<Feed>,
     /// RACP seq of the last event handed to the connection.
     pub delivered: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
@@ -145,9 +156,8 @@ pub struct Start {
     pub stream_sequence: u64,
     pub max_frame_bytes: usize,
     pub max_events_per_frame: usize,
-    /// The session is closed and `after` is at or past `session.closed`: the subscription ends
-    /// at once, as on a host, instead of waiting for events that will never come.
-    pub ended: bool,
+    /// The feed it joins once it has caught up.
+    pub feed: Arc<Feed>,
 }
 
 pub async fn follow(
@@ -160,6 +170,7 @@ pub async fn follow(
     let delivered = Arc::new(AtomicU64::new(start.after));
     let session_id = start.session_id.clone();
     let epoch = start.epoch;
+    let feed = start.feed.clone();
     let task = tokio::spawn(pump(
         stream.clone(),
         messages,
@@ -170,6 +181,7 @@ pub async fn follow(
     Ok(Follow {
         session_id,
         epoch,
+        feed,
         delivered,
         task,
     })
@@ -195,7 +207,7 @@ async fn consume(
 }
 
 /// A new consumer from `from`, retried with doubling delays (50 ms to 2 s) until NATS makes it.
-async fn consume_again(stream: &Stream, subject: &str, from: u64) -> consumer::pull::Ordered {
+pub async fn consume_again(stream: &Stream, subject: &str, from: u64) -> consumer::pull::Ordered {
     let mut retry = Duration::from_millis(50);
     loop {
         match consume(stream, subject, from).await {
@@ -214,13 +226,13 @@ const CONSUMER_ERRORS: u32 = 3;
 /// A subscription quiet this long checks that its consumer still delivers (a direct get to
 /// NATS); each check that finds nothing newer doubles the wait, up to `WATCHDOG_MAX`, so idle
 /// sessions cost NATS little, and a message brings it back to `WATCHDOG`.
-const WATCHDOG: Duration = Duration::from_secs(3);
+pub const WATCHDOG: Duration = Duration::from_secs(3);
 const WATCHDOG_MAX: Duration = Duration::from_secs(24);
 
 /// The consumer's next message; `None` when the consumer ended, or is lost: quiet for `quiet`,
 /// yet the stream has an event after `last` (its node died without the consumer noticing).
 /// Each quiet spell with nothing newer doubles `quiet`; a message resets it.
-async fn next_message(
+pub async fn next_message(
     messages: &mut consumer::pull::Ordered,
     quiet: &mut Duration,
     stream: &Stream,
@@ -249,9 +261,10 @@ async fn newer_in_stream(stream: &Stream, subject: &str, last: u64) -> bool {
     }
 }
 
-/// Turns stream messages into frames for the connection. The ordered consumer recovers from
-/// most faults itself; when it ends or keeps failing (its NATS node died), a new one starts
-/// after the last stream message read, so the subscription neither stalls nor repeats.
+/// Turns stream messages into frames for the connection until the feed's window holds what
+/// comes next. The ordered consumer recovers from most faults itself; when it ends or keeps
+/// failing (its NATS node died), a new one starts after the last stream message read, so the
+/// subscription neither stalls nor repeats.
 async fn pump(
     stream: Stream,
     mut messages: consumer::pull::Ordered,
@@ -268,19 +281,21 @@ async fn pump(
     let budget = start
         .max_frame_bytes
         .saturating_sub(256 + start.subscription_id.len() + start.session_id.len());
-    let mut at = Position {
-        last: start.after,
-        resume_at: start.stream_sequence,
-        errors: 0,
-    };
-    if start.ended {
-        end(&out, &start, at.last, None).await;
-        return;
-    }
+    let mut at = Position::after(start.after, start.stream_sequence);
     let mut quiet = WATCHDOG;
     loop {
+        if start.feed.takes_over_at(at.last) {
+            let subscription_id = start.subscription_id.clone();
+            let _ = out
+                .send(Outgoing::Live {
+                    subscription_id,
+                    last: at.last,
+                })
+                .await;
+            return;
+        }
         let next = next_message(&mut messages, &mut quiet, &stream, &start.subject, at.last).await;
-        let Some(first) = next.filter(|_| at.errors < CONSUMER_ERRORS) else {
+        let Some(first) = next.filter(|_| !at.failing()) else {
             tracing::debug!(
                 resume_at = at.resume_at,
                 "a subscription's consumer is gone; making a new one"
@@ -314,18 +329,34 @@ async fn pump(
     }
 }
 
-/// Where a subscription stands in its stream.
-struct Position {
+/// Where a reader stands in its stream.
+pub struct Position {
     /// The last RACP seq taken.
-    last: u64,
+    pub last: u64,
     /// Where a new consumer would start: after the last stream message read.
-    resume_at: u64,
+    pub resume_at: u64,
     /// Consecutive failed reads.
-    errors: u32,
+    pub errors: u32,
 }
 
-/// A stream message as the pump reads it.
-struct Entry {
+impl Position {
+    /// After RACP seq `last`, with the next message at stream sequence `resume_at`.
+    pub fn after(last: u64, resume_at: u64) -> Self {
+        Position {
+            last,
+            resume_at,
+            errors: 0,
+        }
+    }
+
+    /// Enough failed reads in a row that the consumer is made anew.
+    pub fn failing(&self) -> bool {
+        self.errors >= CONSUMER_ERRORS
+    }
+}
+
+/// A stream message as a reader takes it.
+pub struct Entry {
     /// Its stream sequence: a new consumer starts after the last one read.
     stream_sequence: Option<u64>,
     /// Its session's epoch, from its header (none when the header is missing or unreadable).
@@ -336,7 +367,7 @@ struct Entry {
 }
 
 impl Entry {
-    fn read(message: jetstream::Message) -> Self {
+    pub fn read(message: jetstream::Message) -> Self {
         let headers = message.headers.as_ref();
         Entry {
             stream_sequence: message.info().ok().map(|info| info.stream_sequence),
@@ -351,7 +382,7 @@ impl Entry {
 /// events not read yet) or a message that is not a well-formed event (spliced into a frame as
 /// it is, it would break or forge the frame) ends the batch: the events before it are taken,
 /// so `at.last` is always the last event sent, and the error ends the subscription after them.
-fn accept<E: std::fmt::Display>(
+pub fn accept<E: std::fmt::Display>(
     batch: impl IntoIterator<Item = Result<Entry, E>>,
     at: &mut Position,
     epoch: Epoch,
@@ -420,8 +451,9 @@ fn malformed(seq: u64) -> AppError {
 
 type Read = Result<jetstream::Message, consumer::pull::OrderedError>;
 
-/// `first` and whatever else has already arrived, up to a frame's worth: they go out together.
-fn with_arrived(
+/// `first` and whatever else has already arrived, up to `max_events` or `budget` bytes: they
+/// are taken together.
+pub fn with_arrived(
     messages: &mut consumer::pull::Ordered,
     first: Read,
     max_events: usize,
@@ -484,7 +516,7 @@ async fn end(out: &mpsc::Sender<Outgoing>, start: &Start, last: u64, error: Opti
 
 /// Whether an event is `session.closed`: a host writes `type` before `data`, so the first
 /// `"type":` in the text is the event's own.
-fn is_session_closed(json: &str) -> bool {
+pub fn is_session_closed(json: &str) -> bool {
     json.find("\"type\":")
         .is_some_and(|at| json[at + 7..].starts_with("\"session.closed\""))
 }

@@ -4,6 +4,7 @@
 
 mod connection;
 mod devices;
+mod feed;
 mod follow;
 mod hosts;
 mod nats;
@@ -430,6 +431,7 @@ async fn serve(
         max_in_flight: limits.max_in_flight,
         max_subscriptions: limits.max_subscriptions,
         max_events_per_frame: limits.max_events_per_frame,
+        max_lag_events: limits.max_lag_events,
         send_stall: limits.send_stall,
         requests_per_second: limits.requests_per_second,
         request_burst: limits.request_burst,

@@ -20,6 +20,8 @@ pub struct Settings {
     pub max_in_flight: u32,
     pub max_subscriptions: u32,
     pub max_events_per_frame: usize,
+    /// A live subscriber this many events behind the head is CLIENT_TOO_SLOW, as on a host.
+    pub max_lag_events: u64,
     pub send_stall: Duration,
     pub requests_per_second: u32,
     pub request_burst: u32,
@@ -44,6 +46,8 @@ pub struct Gateway {
     pub rate: racp_server::ratelimit::RateLimiter,
     /// Open connections and the per-device gates that make a revoke final, as on a host.
     pub connections: Connections,
+    /// The sessions this replica follows, each with one JetStream consumer.
+    pub feeds: crate::feed::Feeds,
     draining: AtomicBool,
 }
 
@@ -68,6 +72,7 @@ impl Gateway {
             devices: Devices::new(buckets.devices, buckets.pairings),
             revocation,
             connections: Connections::default(),
+            feeds: crate::feed::Feeds::default(),
             draining: AtomicBool::new(false),
         }))
     }

@@ -2,10 +2,10 @@
 //! policy and handlers, `hello` with the host's capabilities, and subscriptions that pull from
 //! the sessions' logs.
 
-use super::subscriptions::{Delivery, Subscriptions};
 use crate::auth::Credential;
 use crate::connections::Slot;
 use crate::handlers;
+use crate::sessions::Session;
 use crate::state::HostState;
 use axum::extract::ws::WebSocket;
 use racp_proto::events::SubscriptionHead;
@@ -15,15 +15,13 @@ use racp_proto::{
     AppError, Call, EndpointCall, ErrorCode, HostCall, Method, PROTOCOL_VERSION, SubscriptionCall,
 };
 use racp_server::connection::{self, Answer, Here, Refusal, Service, Settings};
+use racp_server::fanout::{Subscriptions, no_such_subscription};
 use racp_server::hello::Agreed;
 use racp_server::wire::to_raw;
 use serde_json::json;
 use serde_json::value::RawValue;
 use std::sync::Arc;
 use tokio::sync::Notify;
-
-/// Frames a connection sends for its subscriptions before it looks at other work again.
-const DELIVERY_BURST: usize = 8;
 
 pub async fn run(socket: WebSocket, state: Arc<HostState>, credential: Credential, slot: Slot) {
     let limits = &state.config.limits;
@@ -62,7 +60,7 @@ pub async fn run(socket: WebSocket, state: Arc<HostState>, credential: Credentia
 struct HostConnection {
     state: Arc<HostState>,
     credential: Credential,
-    subs: Subscriptions,
+    subs: Subscriptions<Session>,
     /// The rate budget this connection draws on: its device's, or its pairing token's.
     rate_key: String,
 }
@@ -135,10 +133,13 @@ impl Service for HostConnection {
             SubscriptionCall::SessionSubscribe(params) => {
                 self.subscribe(params).and_then(|r| to_raw(&r))
             }
-            SubscriptionCall::SessionUnsubscribe(params) => self
-                .subs
-                .unsubscribe(&params.subscription_id)
-                .and_then(|()| to_raw(&racp_proto::Ack {})),
+            SubscriptionCall::SessionUnsubscribe(params) => {
+                if self.subs.remove(&params.subscription_id) {
+                    to_raw(&racp_proto::Ack {})
+                } else {
+                    Err(no_such_subscription(&params.subscription_id))
+                }
+            }
         };
         Box::pin(std::future::ready(answer))
     }
@@ -155,21 +156,8 @@ impl Service for HostConnection {
         self.subs.heads()
     }
 
-    /// Up to a burst of subscription frames; the rest waits for the next wake-up, so requests
-    /// get a turn.
     fn pushes(&mut self, (): (), max_frame_bytes: usize) -> (Vec<String>, Option<AppError>) {
-        let mut frames = Vec::new();
-        while frames.len() < DELIVERY_BURST {
-            match self.subs.next_delivery(max_frame_bytes) {
-                Some(Delivery::Frame(frame)) => frames.push(frame),
-                Some(Delivery::TooSlow(error)) => return (frames, Some(error)),
-                None => break,
-            }
-        }
-        if frames.len() == DELIVERY_BURST {
-            self.subs.notify.notify_one();
-        }
-        (frames, None)
+        self.subs.burst(max_frame_bytes)
     }
 }
 
@@ -187,7 +175,16 @@ impl HostConnection {
             .with_details(json!({"maxSubscriptions": max})));
         }
         let session = self.state.sessions.find(&params.session_id)?;
-        let subscribed = self.subs.subscribe(session.clone(), params.cursor)?;
+        let cursor = match params.cursor {
+            Some(cursor) => {
+                session.check_cursor(cursor)?;
+                cursor
+            }
+            None => session.head_cursor(),
+        };
+        let subscription_id = self.subs.new_id();
+        self.subs
+            .insert(subscription_id.clone(), session.clone(), cursor.seq);
         // Someone who may prompt is watching: have the agent ready for their prompt. An
         // observer only reads the log and the snapshot, so it never starts one.
         let may_prompt = Method::TurnStart
@@ -198,6 +195,9 @@ impl HostConnection {
         if may_prompt && !session.is_closing() {
             self.state.turns.warm(&self.state, &session);
         }
-        Ok(subscribed)
+        Ok(SessionSubscribeResult {
+            subscription_id,
+            cursor,
+        })
     }
 }

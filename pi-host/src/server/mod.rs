@@ -1,7 +1,6 @@
 //! The HTTP server: the `/racp` endpoint, and serving until a shutdown signal.
 
 mod connection;
-mod subscriptions;
 pub mod upgrade;
 
 pub use racp_server::{answer_close, elide, identity, listener, tls};

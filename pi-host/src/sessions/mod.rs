@@ -8,7 +8,7 @@
 //! the producer or anyone else (docs/architecture.md, "Decisions").
 
 mod event;
-pub mod log;
+pub use racp_server::log;
 mod writer;
 
 pub use event::{Effect, HostEvent};
@@ -22,6 +22,7 @@ use racp_proto::methods::session::{SessionInfo, SessionSettings, SessionState, S
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::stream::StreamState;
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
+use racp_server::fanout::{SharedLog, Slice};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -190,29 +191,6 @@ impl Session {
         self.lock().log.check_cursor(cursor)
     }
 
-    /// What a subscriber at `after_seq` may send next, read under one lock: the positions and
-    /// up to `max_count` committed events after it within `max_bytes` (`events` is `None` when
-    /// `after_seq` has left the retained window).
-    pub fn next_after(&self, after_seq: u64, max_count: usize, max_bytes: usize) -> Slice {
-        let inner = self.lock();
-        let (head, oldest) = (inner.log.head(), inner.log.oldest_seq());
-        let events = if after_seq < head {
-            inner.log.after(after_seq, max_count, max_bytes)
-        } else {
-            Some(Vec::new())
-        };
-        Slice {
-            head,
-            oldest,
-            closed: inner.closed,
-            events,
-        }
-    }
-
-    pub fn watch(&self, id: u64, notify: Arc<Notify>) {
-        self.lock().watchers.push((id, notify));
-    }
-
     /// True while a connection is subscribed to the session.
     pub fn has_watchers(&self) -> bool {
         !self.lock().watchers.is_empty()
@@ -221,10 +199,6 @@ impl Session {
     /// True while an approval waits for an answer.
     pub fn has_pending_approvals(&self) -> bool {
         !self.lock().pending_approvals.is_empty()
-    }
-
-    pub fn unwatch(&self, id: u64) {
-        self.lock().watchers.retain(|(w, _)| *w != id);
     }
 
     /// Makes committed events visible: the log, the snapshot state, then the watchers.
@@ -256,12 +230,40 @@ impl Session {
     }
 }
 
-/// See [`Session::next_after`].
-pub struct Slice {
-    pub head: u64,
-    pub oldest: u64,
-    pub closed: bool,
-    pub events: Option<Vec<Arc<LoggedEvent>>>,
+/// Subscribers read the committed log (racp-server/src/fanout.rs).
+impl SharedLog for Session {
+    fn session_id(&self) -> &str {
+        &self.id
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.lock().log.epoch()
+    }
+
+    fn next_after(&self, after_seq: u64, max_count: usize, max_bytes: usize) -> Slice {
+        let inner = self.lock();
+        let (head, oldest) = (inner.log.head(), inner.log.oldest_seq());
+        let events = if after_seq < head {
+            inner.log.after(after_seq, max_count, max_bytes)
+        } else {
+            Some(Vec::new())
+        };
+        Slice {
+            head,
+            oldest,
+            closed: inner.closed,
+            failed: None,
+            events,
+        }
+    }
+
+    fn watch(&self, watcher: u64, notify: Arc<Notify>) {
+        self.lock().watchers.push((watcher, notify));
+    }
+
+    fn unwatch(&self, watcher: u64) {
+        self.lock().watchers.retain(|(w, _)| *w != watcher);
+    }
 }
 
 fn state_of(inner: &Inner) -> SessionState {

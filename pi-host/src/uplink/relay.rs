@@ -16,6 +16,7 @@ use crate::sessions::Session;
 use crate::state::HostState;
 use async_nats::jetstream::{self, stream::Stream};
 use racp_proto::gateway::{EPOCH_HEADER, SEQ_HEADER, events_stream, events_subject};
+use racp_server::fanout::SharedLog;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

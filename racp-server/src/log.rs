@@ -1,5 +1,6 @@
-//! One session's retained event log in memory: committed events only, pre-serialized, bounded
-//! by count, bytes and age. Cursor checks are arithmetic on `seq`, never a lookup: a cursor is
+//! One session's retained event log in memory (a host's log of its session; a gateway
+//! replica's window of a host's stream): committed events only, pre-serialized, bounded by
+//! count, bytes and age. Cursor checks are arithmetic on `seq`, never a lookup: a cursor is
 //! valid exactly when `oldest_cursor <= seq <= head` in the same epoch.
 
 use racp_proto::{AppError, Cursor, Epoch, Expired};

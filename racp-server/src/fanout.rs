@@ -1,14 +1,14 @@
-//! A connection's subscriptions and their delivery.
+//! A connection's subscriptions and their delivery, for a host and a gateway alike.
 //!
-//! Delivery pulls from each session's shared log at the connection's own pace: the producer only
+//! Delivery pulls from each session's shared log ([`SharedLog`]: a host's session, or a gateway
+//! replica's window of the host's stream) at the connection's own pace: the producer only
 //! appends and wakes the connection, so it never waits on a subscriber. The "queue" of a
 //! subscriber is the distance between its last delivered seq and the session's head; memory per
 //! subscriber is one frame being written.
 
-use crate::sessions::Session;
+use crate::log::LoggedEvent;
 use racp_proto::events::{PushMethod, SubscriptionEndedParams, SubscriptionHead};
-use racp_proto::methods::session::SessionSubscribeResult;
-use racp_proto::{AppError, Cursor, ErrorCode};
+use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -18,8 +18,36 @@ use tokio::sync::Notify;
 
 static NEXT_WATCHER: AtomicU64 = AtomicU64::new(1);
 
-struct Subscription {
-    session: Arc<Session>,
+/// Frames a connection sends for its subscriptions before it looks at other work again.
+const DELIVERY_BURST: usize = 8;
+
+/// A session's log as its subscribers read it.
+pub trait SharedLog: Send + Sync + 'static {
+    fn session_id(&self) -> &str;
+    fn epoch(&self) -> Epoch;
+    /// What a subscriber at `after_seq` may send next, read under one lock: the positions and
+    /// up to `max_count` committed events after it within `max_bytes`.
+    fn next_after(&self, after_seq: u64, max_count: usize, max_bytes: usize) -> Slice;
+    /// `notify` is woken after each append.
+    fn watch(&self, watcher: u64, notify: Arc<Notify>);
+    fn unwatch(&self, watcher: u64);
+}
+
+/// What a subscriber may send next.
+pub struct Slice {
+    pub head: u64,
+    pub oldest: u64,
+    /// The last event is `session.closed`: nothing follows it.
+    pub closed: bool,
+    /// Nothing follows the head: the log ended with this error (a gateway's stream that holds
+    /// a hole or a malformed event).
+    pub failed: Option<AppError>,
+    /// `None` when the subscriber's seq has left the retained window.
+    pub events: Option<Vec<Arc<LoggedEvent>>>,
+}
+
+struct Subscription<L> {
+    session: Arc<L>,
     watcher: u64,
     /// Seq of the last event delivered (or where the subscription started).
     delivered: u64,
@@ -37,15 +65,15 @@ pub enum Delivery {
     TooSlow(AppError),
 }
 
-pub struct Subscriptions {
+pub struct Subscriptions<L: SharedLog> {
     pub notify: Arc<Notify>,
-    subs: BTreeMap<String, Subscription>,
+    subs: BTreeMap<String, Subscription<L>>,
     next_id: u64,
     max_lag_events: u64,
     max_events_per_frame: usize,
 }
 
-impl Subscriptions {
+impl<L: SharedLog> Subscriptions<L> {
     pub fn new(max_lag_events: u64, max_events_per_frame: usize) -> Self {
         Subscriptions {
             notify: Arc::new(Notify::new()),
@@ -65,20 +93,19 @@ impl Subscriptions {
         self.subs.len()
     }
 
-    pub fn subscribe(
-        &mut self,
-        session: Arc<Session>,
-        cursor: Option<Cursor>,
-    ) -> Result<SessionSubscribeResult, AppError> {
-        let start = match cursor {
-            Some(cursor) => {
-                session.check_cursor(cursor)?;
-                cursor
-            }
-            None => session.head_cursor(),
-        };
-        let subscription_id = format!("sub_{}", self.next_id);
+    pub fn is_empty(&self) -> bool {
+        self.subs.is_empty()
+    }
+
+    /// A new subscription's id, unique on the connection.
+    pub fn new_id(&mut self) -> String {
+        let id = format!("sub_{}", self.next_id);
         self.next_id += 1;
+        id
+    }
+
+    /// Delivers `session`'s events after seq `delivered` as subscription `subscription_id`.
+    pub fn insert(&mut self, subscription_id: String, session: Arc<L>, delivered: u64) {
         let watcher = NEXT_WATCHER.fetch_add(1, Ordering::Relaxed);
         session.watch(watcher, self.notify.clone());
         let mut prefix = String::new();
@@ -87,36 +114,29 @@ impl Subscriptions {
             r#"{{"method":"{}","params":{{"subscriptionId":{},"sessionId":{},"events":["#,
             PushMethod::SessionEvents.as_str(),
             Value::from(subscription_id.as_str()),
-            Value::from(session.id.as_str()),
+            Value::from(session.session_id()),
         );
         self.subs.insert(
-            subscription_id.clone(),
+            subscription_id,
             Subscription {
                 session,
                 watcher,
-                delivered: start.seq,
+                delivered,
                 caught_up: false,
                 prefix: prefix.into_boxed_str(),
             },
         );
         // Events may have been published between reading the head and watching.
         self.notify.notify_one();
-        Ok(SessionSubscribeResult {
-            subscription_id,
-            cursor: start,
-        })
     }
 
-    pub fn unsubscribe(&mut self, subscription_id: &str) -> Result<(), AppError> {
-        let sub = self.subs.remove(subscription_id).ok_or_else(|| {
-            AppError::new(
-                ErrorCode::NotFound,
-                "no such subscription on this connection",
-            )
-            .with_details(json!({"subscriptionId": subscription_id}))
-        })?;
+    /// Ends a subscription; false when the connection holds none by that id.
+    pub fn remove(&mut self, subscription_id: &str) -> bool {
+        let Some(sub) = self.subs.remove(subscription_id) else {
+            return false;
+        };
         sub.session.unwatch(sub.watcher);
-        Ok(())
+        true
     }
 
     /// The next frame to send, taking one batch from the first subscription that has events.
@@ -124,31 +144,32 @@ impl Subscriptions {
     pub fn next_delivery(&mut self, max_frame_bytes: usize) -> Option<Delivery> {
         enum Step {
             Slow(&'static str),
-            Ended(String),
+            Ended(String, Option<AppError>),
             Frame(String),
         }
         let mut step = None;
         for (id, sub) in self.subs.iter_mut() {
             // Room for the envelope around the events.
-            let budget = max_frame_bytes.saturating_sub(256 + id.len() + sub.session.id.len());
+            let budget =
+                max_frame_bytes.saturating_sub(256 + id.len() + sub.session.session_id().len());
             // Positions and events under one lock: every subscriber of a session takes it
             // after each commit.
             let slice = sub
                 .session
                 .next_after(sub.delivered, self.max_events_per_frame, budget);
-            let (head, oldest, closed) = (slice.head, slice.oldest, slice.closed);
+            let (head, oldest) = (slice.head, slice.oldest);
             if sub.delivered < oldest {
                 step = Some(Step::Slow("fell out of the retained window"));
                 break;
             }
-            if sub.caught_up && head - sub.delivered > self.max_lag_events {
+            if sub.caught_up && head.saturating_sub(sub.delivered) > self.max_lag_events {
                 step = Some(Step::Slow("fell too far behind the head"));
                 break;
             }
             if sub.delivered >= head {
                 sub.caught_up = true;
-                if closed {
-                    step = Some(Step::Ended(id.clone()));
+                if slice.closed || slice.failed.is_some() {
+                    step = Some(Step::Ended(id.clone(), slice.failed));
                     break;
                 }
                 continue;
@@ -171,9 +192,8 @@ impl Subscriptions {
                 }
                 if event.json.len() > budget {
                     // Only ever alone in its batch: cut to fit, with a marker (size policy).
-                    let epoch = sub.session.head_cursor().epoch;
-                    let from = Cursor::new(epoch, event.seq - 1);
-                    frame.push_str(&super::elide::elide(
+                    let from = Cursor::new(sub.session.epoch(), event.seq - 1);
+                    frame.push_str(&crate::elide::elide(
                         &event.json,
                         budget,
                         max_frame_bytes,
@@ -190,26 +210,44 @@ impl Subscriptions {
         match step? {
             Step::Frame(frame) => Some(Delivery::Frame(frame)),
             Step::Slow(why) => Some(Delivery::TooSlow(self.too_slow(why))),
-            Step::Ended(id) => {
+            Step::Ended(id, error) => {
                 let sub = self.subs.remove(&id)?;
                 sub.session.unwatch(sub.watcher);
-                let cursor = Cursor::new(sub.session.head_cursor().epoch, sub.delivered);
-                Some(Delivery::Frame(racp_server::push::subscription_ended(
+                let cursor = Cursor::new(sub.session.epoch(), sub.delivered);
+                Some(Delivery::Frame(crate::push::subscription_ended(
                     &SubscriptionEndedParams {
                         subscription_id: id,
-                        session_id: sub.session.id.clone(),
+                        session_id: sub.session.session_id().to_string(),
                         cursor,
-                        error: None,
+                        error,
                     },
                 )))
             }
         }
     }
 
+    /// Up to a burst of frames, and the error to end the connection with after them; the rest
+    /// waits for the next wake-up (one is left pending when the burst is full), so requests get
+    /// a turn.
+    pub fn burst(&mut self, max_frame_bytes: usize) -> (Vec<String>, Option<AppError>) {
+        let mut frames = Vec::new();
+        while frames.len() < DELIVERY_BURST {
+            match self.next_delivery(max_frame_bytes) {
+                Some(Delivery::Frame(frame)) => frames.push(frame),
+                Some(Delivery::TooSlow(error)) => return (frames, Some(error)),
+                None => break,
+            }
+        }
+        if frames.len() == DELIVERY_BURST {
+            self.notify.notify_one();
+        }
+        (frames, None)
+    }
+
     /// CLIENT_TOO_SLOW with the last delivered cursor of every subscription.
     fn too_slow(&self, why: &str) -> AppError {
         let last = self.heads().into_iter();
-        racp_server::push::too_slow(why, last.map(|head| (head.subscription_id, head.cursor)))
+        crate::push::too_slow(why, last.map(|head| (head.subscription_id, head.cursor)))
     }
 
     /// Every subscription's last delivered cursor.
@@ -218,14 +256,23 @@ impl Subscriptions {
             .iter()
             .map(|(id, sub)| SubscriptionHead {
                 subscription_id: id.clone(),
-                session_id: sub.session.id.clone(),
-                cursor: Cursor::new(sub.session.head_cursor().epoch, sub.delivered),
+                session_id: sub.session.session_id().to_string(),
+                cursor: Cursor::new(sub.session.epoch(), sub.delivered),
             })
             .collect()
     }
 }
 
-impl Drop for Subscriptions {
+/// `session/unsubscribe` of a subscription the connection does not hold.
+pub fn no_such_subscription(subscription_id: &str) -> AppError {
+    AppError::new(
+        ErrorCode::NotFound,
+        "no such subscription on this connection",
+    )
+    .with_details(json!({"subscriptionId": subscription_id}))
+}
+
+impl<L: SharedLog> Drop for Subscriptions<L> {
     fn drop(&mut self) {
         for sub in self.subs.values() {
             sub.session.unwatch(sub.watcher);

@@ -1,0 +1,216 @@
+//! One JetStream consumer per followed session on this replica (docs/protocol.md §15.3): its
+//! events kept in a window (racp-server's `EventLog`) that every subscriber of the session on
+//! this replica reads at its own pace, as a host's subscribers read its log
+//! (racp-server/src/fanout.rs): one read from NATS per event, however many desktops watch.
+//! A subscriber whose cursor is older than the window catches up on a consumer of its own
+//! (follow.rs), then joins.
+
+use crate::follow::{self, Entry, Position, Stream};
+use dashmap::DashMap;
+use racp_proto::{AppError, Epoch};
+use racp_server::fanout::{SharedLog, Slice};
+use racp_server::log::{EventLog, LoggedEvent, Retention};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use tokio::sync::Notify;
+
+/// The window a feed keeps: enough for a subscriber within the lag bound to stay in it, as on
+/// a host, within a byte bound (past it, a subscriber that falls out is CLIENT_TOO_SLOW).
+const WINDOW_BYTES: usize = 16 << 20;
+
+/// The feeds of this replica, by subject.
+#[derive(Default)]
+pub struct Feeds {
+    open: Arc<DashMap<String, Weak<Feed>>>,
+}
+
+/// Where a feed starts: after RACP seq `after`, read from stream sequence `from`.
+pub struct Start<'a> {
+    pub stream: &'a Stream,
+    pub subject: &'a str,
+    pub session_id: &'a str,
+    pub epoch: Epoch,
+    pub after: u64,
+    pub from: u64,
+    /// The session is closed and `after` is its last event: nothing will follow.
+    pub closed: bool,
+    /// Events in the window (the lag bound plus a frame's worth).
+    pub window_events: usize,
+}
+
+impl Feeds {
+    /// The session's feed on this replica, started at `start` when there is none (or the one
+    /// there ended with an error, or follows another epoch).
+    pub fn join(&self, start: Start<'_>) -> Arc<Feed> {
+        // No lock is held while a feed may drop: its drop takes the map's.
+        let existing = self.open.get(start.subject).and_then(|feed| feed.upgrade());
+        if let Some(feed) = &existing
+            && feed.epoch == start.epoch
+            && feed.lock().failed.is_none()
+        {
+            return feed.clone();
+        }
+        let retention = Retention {
+            max_events: start.window_events,
+            max_bytes: WINDOW_BYTES,
+            max_age_ms: u64::MAX,
+        };
+        let feed = Arc::new(Feed {
+            session_id: start.session_id.to_string(),
+            subject: start.subject.to_string(),
+            epoch: start.epoch,
+            window: Mutex::new(Window {
+                log: EventLog::new(start.epoch, start.after, retention),
+                closed: start.closed,
+                failed: None,
+                watchers: Vec::new(),
+            }),
+            feeds: Arc::downgrade(&self.open),
+            pump: Mutex::new(None),
+        });
+        self.open
+            .insert(start.subject.to_string(), Arc::downgrade(&feed));
+        drop(existing);
+        if !start.closed {
+            let task = tokio::spawn(pump(
+                start.stream.clone(),
+                Arc::downgrade(&feed),
+                start.after,
+                start.from,
+            ));
+            *feed.pump.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+        }
+        feed
+    }
+}
+
+pub struct Feed {
+    session_id: String,
+    subject: String,
+    epoch: Epoch,
+    window: Mutex<Window>,
+    feeds: Weak<DashMap<String, Weak<Feed>>>,
+    pump: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+struct Window {
+    log: EventLog,
+    closed: bool,
+    failed: Option<AppError>,
+    watchers: Vec<(u64, Arc<Notify>)>,
+}
+
+impl Feed {
+    fn lock(&self) -> MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a subscriber that has sent up to RACP seq `last` can read on from the window.
+    pub fn takes_over_at(&self, last: u64) -> bool {
+        let window = self.lock();
+        window.failed.is_none() && last >= window.log.oldest_seq()
+    }
+
+    /// Appends the events a batch took, in seq order, and wakes the subscribers.
+    fn append(&self, events: Vec<(u64, bytes::Bytes)>, failed: Option<AppError>) -> bool {
+        let now = racp_server::clock::now_ms();
+        let mut window = self.lock();
+        for (seq, payload) in events {
+            // Checked to be one JSON object before it was accepted, so it is UTF-8.
+            let Ok(json) = std::str::from_utf8(&payload) else {
+                continue;
+            };
+            window.closed |= follow::is_session_closed(json);
+            let event = LoggedEvent {
+                seq,
+                at: now,
+                json: json.into(),
+            };
+            window.log.push(Arc::new(event), now);
+        }
+        window.failed = failed;
+        for (_, notify) in &window.watchers {
+            notify.notify_one();
+        }
+        window.closed || window.failed.is_some()
+    }
+}
+
+impl SharedLog for Feed {
+    fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    fn next_after(&self, after_seq: u64, max_count: usize, max_bytes: usize) -> Slice {
+        let window = self.lock();
+        let (head, oldest) = (window.log.head(), window.log.oldest_seq());
+        let events = if after_seq < head {
+            window.log.after(after_seq, max_count, max_bytes)
+        } else {
+            Some(Vec::new())
+        };
+        Slice {
+            head,
+            oldest,
+            closed: window.closed,
+            failed: window.failed.clone(),
+            events,
+        }
+    }
+
+    fn watch(&self, watcher: u64, notify: Arc<Notify>) {
+        self.lock().watchers.push((watcher, notify));
+    }
+
+    fn unwatch(&self, watcher: u64) {
+        self.lock().watchers.retain(|(w, _)| *w != watcher);
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        if let Some(pump) = self.pump.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            pump.abort();
+        }
+        if let Some(feeds) = self.feeds.upgrade() {
+            feeds.remove_if(&self.subject, |_, feed| feed.strong_count() == 0);
+        }
+    }
+}
+
+/// Reads the session's subject from stream sequence `from` into the feed's window while anyone
+/// holds the feed. The ordered consumer recovers from most faults itself; when it ends or keeps
+/// failing (its NATS node died), a new one starts after the last stream message read, so the
+/// window neither stalls nor repeats.
+async fn pump(stream: Stream, feed: Weak<Feed>, after: u64, from: u64) {
+    let Some((subject, epoch)) = feed.upgrade().map(|f| (f.subject.clone(), f.epoch)) else {
+        return;
+    };
+    let mut messages = follow::consume_again(&stream, &subject, from).await;
+    let mut at = Position::after(after, from);
+    let mut quiet = follow::WATCHDOG;
+    loop {
+        let next = follow::next_message(&mut messages, &mut quiet, &stream, &subject, at.last);
+        let Some(first) = next.await.filter(|_| !at.failing()) else {
+            tracing::debug!(
+                resume_at = at.resume_at,
+                "a feed's consumer is gone; making a new one"
+            );
+            messages = follow::consume_again(&stream, &subject, at.resume_at).await;
+            at.errors = 0;
+            continue;
+        };
+        let batch = follow::with_arrived(&mut messages, first, usize::MAX, WINDOW_BYTES / 16);
+        let batch = batch.into_iter().map(|read| read.map(Entry::read));
+        let (events, stop) = follow::accept(batch, &mut at, epoch, &subject);
+        let Some(feed) = feed.upgrade() else {
+            return;
+        };
+        if feed.append(events, stop) {
+            return;
+        }
+    }
+}
