@@ -146,19 +146,8 @@ impl SharedLog for Feed {
 
     fn next_after(&self, after_seq: u64, max_count: usize, max_bytes: usize) -> Slice {
         let window = self.lock();
-        let (head, oldest) = (window.log.head(), window.log.oldest_seq());
-        let events = if after_seq < head {
-            window.log.after(after_seq, max_count, max_bytes)
-        } else {
-            Some(Vec::new())
-        };
-        Slice {
-            head,
-            oldest,
-            closed: window.closed,
-            failed: window.failed.clone(),
-            events,
-        }
+        let (closed, failed) = (window.closed, window.failed.clone());
+        Slice::of(&window.log, after_seq, max_count, max_bytes, closed, failed)
     }
 
     fn watch(&self, watcher: u64, notify: Arc<Notify>) {

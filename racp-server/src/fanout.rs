@@ -6,7 +6,7 @@
 //! subscriber is the distance between its last delivered seq and the session's head; memory per
 //! subscriber is one frame being written.
 
-use crate::log::LoggedEvent;
+use crate::log::{EventLog, LoggedEvent};
 use racp_proto::events::{PushMethod, SubscriptionEndedParams, SubscriptionHead};
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
 use serde_json::{Value, json};
@@ -44,6 +44,32 @@ pub struct Slice {
     pub failed: Option<AppError>,
     /// `None` when the subscriber's seq has left the retained window.
     pub events: Option<Vec<Arc<LoggedEvent>>>,
+}
+
+impl Slice {
+    /// What `log` holds for a subscriber at `after_seq` (see [`SharedLog::next_after`]).
+    pub fn of(
+        log: &EventLog,
+        after_seq: u64,
+        max_count: usize,
+        max_bytes: usize,
+        closed: bool,
+        failed: Option<AppError>,
+    ) -> Slice {
+        let (head, oldest) = (log.head(), log.oldest_seq());
+        let events = if after_seq < head {
+            log.after(after_seq, max_count, max_bytes)
+        } else {
+            Some(Vec::new())
+        };
+        Slice {
+            head,
+            oldest,
+            closed,
+            failed,
+            events,
+        }
+    }
 }
 
 struct Subscription<L> {

@@ -75,6 +75,12 @@ async fn one_host(nodes: usize) -> OneHost {
 /// Creates a session on `host` over `desk` and subscribes to it from its start; returns its id
 /// and its first cursor.
 async fn open_session(desk: &mut Client, host: &tests::HostProcess) -> (String, Value) {
+    let (session_id, cursor, _) = open_subscribed(desk, host).await;
+    (session_id, cursor)
+}
+
+/// `open_session`, also returning the subscription's id.
+async fn open_subscribed(desk: &mut Client, host: &tests::HostProcess) -> (String, Value, Value) {
     let created = desk
         .call("session/create", json!({"workspace": host.workspace("w")}))
         .await;
@@ -90,7 +96,8 @@ async fn open_session(desk: &mut Client, host: &tests::HostProcess) -> (String, 
         subscribed["result"]["subscriptionId"].is_string(),
         "{subscribed}"
     );
-    (session_id, session["cursor"].clone())
+    let subscription = subscribed["result"]["subscriptionId"].clone();
+    (session_id, session["cursor"].clone(), subscription)
 }
 
 /// Runs a turn with `text` and returns its events up to `turn.finished`.
@@ -437,15 +444,8 @@ async fn a_host_credential_cannot_forge_frames_through_its_own_stream() {
     );
 }
 
-#[tokio::test]
-async fn a_hole_in_a_hosts_stream_ends_a_replay_at_the_hole() {
-    let one = one_host(1).await;
-    let mut desk = connect(&one.gateway.host_url(&one.host_id), &one.token).await;
-    let (session_id, start) = open_session(&mut desk, &one.host).await;
-    let live = run_turn(&mut desk, &session_id, "k", "deltas:20").await;
-    let hole = live[live.len() / 2]["seq"].as_u64().unwrap();
-    // The gateway's own (unrestricted) NATS credential takes one event out of the middle of
-    // the host's stream, as a lost write or an operator's purge would.
+/// The host's events stream, reached with the gateway's own (unrestricted) NATS credential.
+async fn events_stream(one: &OneHost) -> async_nats::jetstream::stream::Stream {
     let seed = std::fs::read_to_string(one.gateway.data_dir.path().join("gateway.nk")).unwrap();
     let admin = one
         .fleet
@@ -457,10 +457,85 @@ async fn a_hole_in_a_hosts_stream_ends_a_replay_at_the_hole() {
         .await
         .unwrap();
     let js = async_nats::jetstream::new(admin);
-    let stream = js
-        .get_stream(racp_proto::gateway::events_stream(&one.host_id))
+    js.get_stream(racp_proto::gateway::events_stream(&one.host_id))
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_subscribers_of_a_session_on_a_replica_share_one_consumer() {
+    let one = one_host(1).await;
+    let url = one.gateway.host_url(&one.host_id);
+    let mut desk = connect(&url, &one.token).await;
+    let (session_id, start) = open_session(&mut desk, &one.host).await;
+    let mut watchers = Vec::new();
+    for _ in 0..5 {
+        let mut watcher = connect(&url, &one.token).await;
+        let subscribed = watcher
+            .call("session/subscribe", json!({"sessionId": session_id}))
+            .await;
+        assert!(
+            subscribed["result"]["subscriptionId"].is_string(),
+            "{subscribed}"
+        );
+        watchers.push(watcher);
+    }
+    let live = run_turn(&mut desk, &session_id, "k", "deltas:40").await;
+    for watcher in &mut watchers {
+        let seen = watcher.events_until(PATIENCE, finished).await;
+        assert_eq!(
+            seen, live,
+            "every watcher sees what the desk saw, once and in order"
+        );
+    }
+    // Six subscribers at the head, one consumer: the in-process fan-out, as on a host.
+    let mut stream = events_stream(&one).await;
+    let consumers = stream.info().await.unwrap().state.consumer_count;
+    assert_eq!(consumers, 1, "one consumer for six subscribers");
+    // A reader from the session's start catches up, then reads on with the others.
+    let mut late = connect(&url, &one.token).await;
+    let subscribed = late
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": start}),
+        )
+        .await;
+    assert!(
+        subscribed["result"]["subscriptionId"].is_string(),
+        "{subscribed}"
+    );
+    let replayed = late.events_until(PATIENCE, finished).await;
+    assert_eq!(
+        &replayed[replayed.len() - live.len()..],
+        &live[..],
+        "the replay ends as live did"
+    );
+    let second = run_turn(&mut desk, &session_id, "k2", "deltas:10").await;
+    assert_eq!(late.events_until(PATIENCE, finished).await, second);
+    for watcher in &mut watchers {
+        assert_eq!(watcher.events_until(PATIENCE, finished).await, second);
+    }
+}
+
+#[tokio::test]
+async fn a_hole_in_a_hosts_stream_ends_a_replay_at_the_hole() {
+    let one = one_host(1).await;
+    let mut desk = connect(&one.gateway.host_url(&one.host_id), &one.token).await;
+    let (session_id, start, subscription) = open_subscribed(&mut desk, &one.host).await;
+    let live = run_turn(&mut desk, &session_id, "k", "deltas:20").await;
+    let hole = live[live.len() / 2]["seq"].as_u64().unwrap();
+    // Nobody on the gateway follows the session any more, so no feed's window holds the event
+    // taken out below: the replay reads the stream itself.
+    let unsubscribed = desk
+        .call(
+            "session/unsubscribe",
+            json!({"subscriptionId": subscription}),
+        )
+        .await;
+    assert!(unsubscribed["result"].is_object(), "{unsubscribed}");
+    // The gateway's own (unrestricted) NATS credential takes one event out of the middle of
+    // the host's stream, as a lost write or an operator's purge would.
+    let stream = events_stream(&one).await;
     let subject = format!("racp.ev.{}.{session_id}", one.host_id);
     let message = stream
         .direct_get_next_for_subject(&subject, None)

@@ -242,19 +242,14 @@ impl SharedLog for Session {
 
     fn next_after(&self, after_seq: u64, max_count: usize, max_bytes: usize) -> Slice {
         let inner = self.lock();
-        let (head, oldest) = (inner.log.head(), inner.log.oldest_seq());
-        let events = if after_seq < head {
-            inner.log.after(after_seq, max_count, max_bytes)
-        } else {
-            Some(Vec::new())
-        };
-        Slice {
-            head,
-            oldest,
-            closed: inner.closed,
-            failed: None,
-            events,
-        }
+        Slice::of(
+            &inner.log,
+            after_seq,
+            max_count,
+            max_bytes,
+            inner.closed,
+            None,
+        )
     }
 
     fn watch(&self, watcher: u64, notify: Arc<Notify>) {
