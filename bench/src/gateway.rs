@@ -542,6 +542,9 @@ async fn measure(
             "delivered_per_s": direct_per_s,
             "latency": latency(&direct_r.hist),
             "workers_cpu_us_per_delivery": per(direct_workers_us, direct_r.received),
+            // Everything the hosts did (the agent's pipe, the commit, the relay to NATS, the
+            // deliveries) per delivery to their direct subscribers.
+            "hosts_cpu_us_per_delivery": per(hosts_cpu_us, direct_r.received),
         },
         "added_p50_us": via.hist.quantile(0.5) as i64 - direct_r.hist.quantile(0.5) as i64,
         "added_p99_us": via.hist.quantile(0.99) as i64 - direct_r.hist.quantile(0.99) as i64,

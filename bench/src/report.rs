@@ -427,11 +427,11 @@ fn gateway(out: &mut String, g: &Value) {
     );
     let _ = writeln!(
         out,
-        "| hosts | connections (each path) | offered events/s | delivered/s via gateway | via gateway p50 / p99 | direct p50 / p99 | added p50 / p99 | gateway CPU per delivery (net of idle) | NATS CPU per delivery (net of idle) | idle CPU, gateway / NATS | gateway RSS idle → subscribed → after | per connection (subscribed / after) | load |"
+        "| hosts | connections (each path) | offered events/s | delivered/s via gateway | via gateway p50 / p99 | direct p50 / p99 | added p50 / p99 | gateway CPU per delivery (net of idle) | NATS CPU per delivery (net of idle) | hosts' CPU per direct delivery | idle CPU, gateway / NATS | gateway RSS idle → subscribed → after | per connection (subscribed / after) | load |"
     );
     let _ = writeln!(
         out,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     for s in steps {
         if let Some(error) = s.get("error") {
@@ -449,7 +449,7 @@ fn gateway(out: &mut String, g: &Value) {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {}{complete} | {} / {} | {} / {} | {} / {} | {} ({}) | {} ({}) | {} / {} | {} → {} → {} | {} / {} | {} |",
+            "| {} | {} | {} | {}{complete} | {} / {} | {} / {} | {} / {} | {} ({}) | {} ({}) | {} | {} / {} | {} → {} → {} | {} / {} | {} |",
             s["hosts"],
             s["connections"],
             count(&s["offered_events_per_s"]),
@@ -464,6 +464,7 @@ fn gateway(out: &mut String, g: &Value) {
             us(&v["net_cpu_us_per_delivery"]),
             us(&v["nats_cpu_us_per_delivery"]),
             us(&v["nats_net_cpu_us_per_delivery"]),
+            us(&d["hosts_cpu_us_per_delivery"]),
             percent(&v["idle_cpu_us_per_s"]),
             percent(&v["nats_idle_cpu_us_per_s"]),
             kib(&m["gateway_rss_idle_kib"]),

@@ -2,12 +2,14 @@
 //! `pi-host pair|devices|revoke|status` commands talk to the running host. One JSON request
 //! line, one JSON reply line: `{"ok": result}` or `{"error": AppError}`.
 
+use crate::auth::Credential;
 use crate::handlers;
 use crate::server::listener::DropOldest;
 use crate::state::HostState;
-use racp_proto::methods::host::DeviceRevokeParams;
-use racp_proto::{AppError, ErrorCode, Role};
+use racp_proto::methods::host::{DeviceRevokeParams, PairingCreateParams};
+use racp_proto::{AppError, Empty, EndpointCall, ErrorCode, HostCall, Role};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -97,28 +99,7 @@ async fn handle(stream: UnixStream, state: Arc<HostState>) {
         }
     }
     let reply = match serde_json::from_str::<AdminRequest>(&line) {
-        Ok(AdminRequest::Revoke { device_id }) => {
-            handlers::device_revoke(&state, DeviceRevokeParams { device_id })
-                .await
-                .and_then(|ack| serde_json::to_value(ack).map_err(|e| state.internal(e)))
-        }
-        Ok(AdminRequest::Status) => {
-            let agent = state.agent.status().await;
-            let state = state.clone();
-            tokio::task::spawn_blocking(move || {
-                let mut status = execute(&state, AdminRequest::Status)?;
-                status["agent"] = serde_json::to_value(agent).map_err(|e| state.internal(e))?;
-                Ok(status)
-            })
-            .await
-            .unwrap_or_else(|e| Err(AppError::new(ErrorCode::Internal, e.to_string())))
-        }
-        Ok(request) => {
-            let state = state.clone();
-            tokio::task::spawn_blocking(move || execute(&state, request))
-                .await
-                .unwrap_or_else(|e| Err(AppError::new(ErrorCode::Internal, e.to_string())))
-        }
+        Ok(request) => answer(state, request).await,
         Err(err) => Err(AppError::new(
             ErrorCode::InvalidArgument,
             format!("bad admin request: {err}"),
@@ -133,50 +114,67 @@ async fn handle(stream: UnixStream, state: Arc<HostState>) {
     let _ = tokio::time::timeout(ADMIN_IO_DEADLINE, write.write_all(text.as_bytes())).await;
 }
 
-fn execute(state: &HostState, request: AdminRequest) -> Result<Value, AppError> {
-    let value = match request {
+/// Each command is a RACP call answered by the handler a device's call reaches
+/// (`handlers::endpoint`, `handlers::host`), as the host's owner; `status` adds what only the
+/// running process knows. Typed calls, so a command without its method does not compile.
+async fn answer(state: Arc<HostState>, request: AdminRequest) -> Result<Value, AppError> {
+    let endpoint = |call| handlers::endpoint(state.clone(), Credential::Owner, call);
+    let answered = match request {
         AdminRequest::Pair { roles, ttl_seconds } => {
             let roles = match roles {
                 Some(roles) => roles,
-                None => handlers::default_pairing_roles(state)?,
+                None => {
+                    let host = state.clone();
+                    tokio::task::spawn_blocking(move || handlers::default_pairing_roles(&host))
+                        .await
+                        .unwrap_or_else(|e| Err(state.internal(e)))?
+                }
             };
-            serde_json::to_value(handlers::mint_pairing(state, &roles, ttl_seconds)?)
+            let params = PairingCreateParams {
+                roles,
+                ttl_seconds: Some(ttl_seconds),
+                hosts: None,
+            };
+            endpoint(EndpointCall::PairingCreate(params)).await?
         }
-        AdminRequest::Devices => serde_json::to_value(
-            state
-                .store
-                .devices()
-                .map_err(|e| state.internal(e))?
-                .into_iter()
-                .map(|d| {
-                    json!({
-                        "deviceId": d.device_id, "name": d.name, "roles": d.roles,
-                        "createdAt": d.created_at, "lastSeenAt": d.last_seen_at,
-                    })
-                })
-                .collect::<Vec<_>>(),
-        ),
-        // Answered in `handle`: a revoke waits for the device's calls and connections.
-        AdminRequest::Revoke { .. } => Err(state.internal("revoke reached the blocking executor"))?,
-        AdminRequest::Status => Ok(json!({
-            "host": handlers::host_identity(state),
-            "pid": std::process::id(),
-            "listen": state.config.listen.to_string(),
-            "url": format!(
-                "{}://{}{}",
-                if state.config.tls.is_some() { "wss" } else { "ws" },
-                state.config.listen,
-                racp_proto::ENDPOINT_PATH
-            ),
-            "certSha256": state.config.cert_sha256.map(|sha256| sha256.to_hex()),
-            "dataDir": state.config.data_dir.display().to_string(),
-            "startedAt": state.started_at,
-            "connections": state.connections.count(),
-            "draining": state.is_draining(),
-            "agents": state.turns.agents_info(state),
-        })),
+        AdminRequest::Devices => endpoint(EndpointCall::DeviceList(Empty {})).await?,
+        AdminRequest::Revoke { device_id } => {
+            endpoint(EndpointCall::DeviceRevoke(DeviceRevokeParams { device_id })).await?
+        }
+        AdminRequest::Status => {
+            let info = HostCall::HostInfo(Empty {});
+            let info = handlers::host(state.clone(), Credential::Owner, info).await?;
+            let mut status = value_of(&state, &info)?;
+            if let Some(fields) = status.as_object_mut() {
+                fields.extend(process_facts(&state));
+            }
+            return Ok(status);
+        }
     };
-    value.map_err(|e| state.internal(e))
+    value_of(&state, &answered)
+}
+
+fn value_of(state: &HostState, answered: &RawValue) -> Result<Value, AppError> {
+    serde_json::from_str(answered.get()).map_err(|e| state.internal(e))
+}
+
+/// What `status` tells beside `host/info`: the running process and where it listens.
+fn process_facts(state: &HostState) -> serde_json::Map<String, Value> {
+    let config = &state.config;
+    let scheme = if config.tls.is_some() { "wss" } else { "ws" };
+    let facts = json!({
+        "pid": std::process::id(),
+        "listen": config.listen.to_string(),
+        "url": format!("{scheme}://{}{}", config.listen, racp_proto::ENDPOINT_PATH),
+        "certSha256": config.cert_sha256.map(|sha256| sha256.to_hex()),
+        "dataDir": config.data_dir.display().to_string(),
+        "connections": state.connections.count(),
+        "draining": state.is_draining(),
+    });
+    match facts {
+        Value::Object(fields) => fields,
+        _ => serde_json::Map::new(),
+    }
 }
 
 /// Client side: sends one request to a running host's admin socket.

@@ -4,13 +4,23 @@
 use crate::clock::now_ms;
 use crate::secrets::{self, DEVICE_PREFIX, PAIRING_PREFIX};
 use crate::state::HostState;
+use racp_proto::methods::handshake::{PrincipalInfo, PrincipalKind};
 use racp_proto::{AppError, ErrorCode, Principal, Role};
 
 /// An authenticated connection's credential.
 #[derive(Debug, Clone)]
 pub enum Credential {
-    Device { device_id: String, roles: Vec<Role> },
-    Pairing { token_id: String, roles: Vec<Role> },
+    Device {
+        device_id: String,
+        roles: Vec<Role>,
+    },
+    Pairing {
+        token_id: String,
+        roles: Vec<Role>,
+    },
+    /// The host's owner at the admin socket (`pi-host pair|devices|revoke|status`), never a
+    /// connection's: the socket is the owner's alone (0600).
+    Owner,
 }
 
 impl Credential {
@@ -18,7 +28,29 @@ impl Credential {
     pub fn device_id(&self) -> Option<&str> {
         match self {
             Credential::Device { device_id, .. } => Some(device_id),
-            Credential::Pairing { .. } => None,
+            Credential::Pairing { .. } | Credential::Owner => None,
+        }
+    }
+
+    /// The rate bucket the credential's calls draw on: its device's, or its pairing token's.
+    pub fn rate_key(&self) -> String {
+        match self {
+            Credential::Device { device_id, .. } => device_id.clone(),
+            Credential::Pairing { token_id, .. } => format!("pairing:{token_id}"),
+            Credential::Owner => "owner".to_string(),
+        }
+    }
+
+    /// The caller as `hello` names it.
+    pub fn hello_principal(&self) -> PrincipalInfo {
+        match self {
+            Credential::Device { device_id, roles } => racp_server::hello::device(device_id, roles),
+            Credential::Pairing { .. } => racp_server::hello::pairing(),
+            Credential::Owner => PrincipalInfo {
+                kind: PrincipalKind::Device,
+                device_id: None,
+                roles: vec![Role::Owner],
+            },
         }
     }
 
@@ -29,6 +61,7 @@ impl Credential {
                 roles: roles.clone(),
             },
             Credential::Pairing { .. } => Principal::Pairing,
+            Credential::Owner => Principal::Owner,
         }
     }
 }

@@ -470,8 +470,8 @@ pub fn default_pairing_roles(state: &HostState) -> Result<Vec<Role>, AppError> {
     })
 }
 
-/// Mints a single-use pairing token (shared by `pairing/create` and the admin socket).
-pub fn mint_pairing(
+/// Mints a single-use pairing token (`pairing/create`, which the admin socket's `pair` is too).
+fn mint_pairing(
     state: &HostState,
     roles: &[Role],
     ttl_seconds: u64,

@@ -302,7 +302,7 @@ fn pairing_text(v: &serde_json::Value, qr: bool) -> String {
 
 /// `pi-host devices` as a table: id, roles, last seen, paired, name.
 fn devices_table(v: &serde_json::Value) -> String {
-    let devices: Vec<&serde_json::Value> = v.as_array().into_iter().flatten().collect();
+    let devices: Vec<&serde_json::Value> = v["devices"].as_array().into_iter().flatten().collect();
     if devices.is_empty() {
         return "no paired devices\n".into();
     }

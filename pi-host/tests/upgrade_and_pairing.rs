@@ -105,7 +105,7 @@ async fn fifty_concurrent_pairs_with_one_token_make_one_device() {
     let (ok, stdout, _) = host.cli(&["devices", "--json"]).await;
     assert!(ok);
     let devices: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!(devices.as_array().unwrap().len(), 1);
+    assert_eq!(devices["devices"].as_array().unwrap().len(), 1, "{devices}");
 }
 
 #[tokio::test]

@@ -48,6 +48,9 @@ pub enum Principal {
     Pairing,
     /// A paired device.
     Device { device_id: String, roles: Vec<Role> },
+    /// The host's owner at its admin socket (the Unix user the host runs as): the owner role,
+    /// without a device.
+    Owner,
 }
 
 impl Principal {
@@ -56,6 +59,7 @@ impl Principal {
         match self {
             Principal::Pairing => None,
             Principal::Device { roles, .. } => roles.iter().copied().max(),
+            Principal::Owner => Some(Role::Owner),
         }
     }
 }
@@ -93,11 +97,12 @@ impl Access {
                 format!("a pairing connection may only call hello and pair, not {method}"),
             )
             .with_details(serde_json::json!({"method": method, "principal": "pairing"}))),
-            (Access::Pairing, Principal::Device { .. }) => Err(AppError::new(
+            (Access::Pairing, Principal::Device { .. } | Principal::Owner) => Err(AppError::new(
                 ErrorCode::Forbidden,
                 "this device is already paired; pair is only for pairing-token connections",
             )
             .with_details(serde_json::json!({"method": method, "requires": "pairing"}))),
+            (Access::Role(_), Principal::Owner) => Ok(()),
             (Access::Role(required), principal @ Principal::Device { roles, .. }) => {
                 if principal.top_role().is_some_and(|top| top >= required) {
                     Ok(())
@@ -137,6 +142,9 @@ mod tests {
     fn access_matrix() {
         let op = Access::Role(Role::Operator);
         assert!(op.check("turn/start", &device(&[Role::Owner])).is_ok());
+        let owner_only = Access::Role(Role::Owner);
+        assert!(owner_only.check("device/revoke", &Principal::Owner).is_ok());
+        assert!(Access::Pairing.check("pair", &Principal::Owner).is_err());
         assert!(op.check("turn/start", &device(&[Role::Operator])).is_ok());
         let err = op
             .check("turn/start", &device(&[Role::Observer]))

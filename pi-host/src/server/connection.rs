@@ -37,10 +37,7 @@ pub async fn run(socket: WebSocket, state: Arc<HostState>, credential: Credentia
     let device_id = credential.device_id().map(str::to_string);
     let host = HostConnection {
         subs: Subscriptions::new(limits.max_lag_events, limits.max_events_per_frame),
-        rate_key: match &credential {
-            Credential::Device { device_id, .. } => device_id.clone(),
-            Credential::Pairing { token_id, .. } => format!("pairing:{token_id}"),
-        },
+        rate_key: credential.rate_key(),
         state: state.clone(),
         credential,
     };
@@ -102,10 +99,7 @@ impl Service for HostConnection {
     fn hello(&mut self, agreed: Agreed) -> HelloResult {
         let (bound, per_push) = (agreed.max_frame_bytes, agreed.events_per_push);
         self.subs.set_max_events_per_frame(per_push);
-        let principal = match &self.credential {
-            Credential::Device { device_id, roles } => racp_server::hello::device(device_id, roles),
-            Credential::Pairing { .. } => racp_server::hello::pairing(),
-        };
+        let principal = self.credential.hello_principal();
         // A pairing connection can only pair: it is offered no features and no subscriptions.
         let pairing = matches!(self.credential, Credential::Pairing { .. });
         let capabilities = if pairing {
