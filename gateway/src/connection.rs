@@ -5,10 +5,11 @@
 
 use crate::devices::{Caller, DeviceRecord};
 use crate::feed::{self, Feed};
-use crate::follow::{self, Follow, Outgoing, Span};
+use crate::follow::{self, Follow, Outgoing};
 use crate::hosts;
 use crate::revocation::Revocation;
 use crate::state::{Gateway, shutting_down};
+use crate::stream::{self, Span};
 use axum::extract::ws::WebSocket;
 use racp_proto::events::SubscriptionHead;
 use racp_proto::gateway::{events_stream, events_subject, valid_session_id};
@@ -430,7 +431,7 @@ impl GatewayConnection {
     /// Where a subscription starts.
     async fn start_point(
         &self,
-        stream: &follow::Stream,
+        stream: &stream::Stream,
         subject: &str,
         host: &str,
         session_id: &str,
@@ -439,7 +440,7 @@ impl GatewayConnection {
         let waiting_since = tokio::time::Instant::now();
         let mut pause = Duration::from_millis(25);
         loop {
-            let span = follow::span(stream, subject).await?;
+            let span = stream::span(stream, subject).await?;
             let Span::Events {
                 epoch,
                 first,
@@ -480,7 +481,7 @@ impl GatewayConnection {
                 }
                 Some(cursor) => cursor.seq,
             };
-            let stream_sequence = follow::stream_start(stream, subject, after, first, last).await?;
+            let stream_sequence = stream::stream_start(stream, subject, after, first, last).await?;
             return Ok(StartPoint {
                 epoch,
                 after,

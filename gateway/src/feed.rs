@@ -5,7 +5,7 @@
 //! A subscriber whose cursor is older than the window catches up on a consumer of its own
 //! (follow.rs), then joins.
 
-use crate::follow::{self, Entry, Position, Stream};
+use crate::stream::{self, Entry, Position, Stream};
 use dashmap::DashMap;
 use racp_proto::{AppError, Epoch};
 use racp_server::fanout::{SharedLog, Slice};
@@ -119,7 +119,7 @@ impl Feed {
             let Ok(json) = std::str::from_utf8(&payload) else {
                 continue;
             };
-            window.closed |= follow::is_session_closed(json);
+            window.closed |= stream::is_session_closed(json);
             let event = LoggedEvent {
                 seq,
                 at: now,
@@ -178,23 +178,23 @@ async fn pump(stream: Stream, feed: Weak<Feed>, after: u64, from: u64) {
     let Some((subject, epoch)) = feed.upgrade().map(|f| (f.subject.clone(), f.epoch)) else {
         return;
     };
-    let mut messages = follow::consume_again(&stream, &subject, from).await;
+    let mut messages = stream::consume_again(&stream, &subject, from).await;
     let mut at = Position::after(after, from);
-    let mut quiet = follow::WATCHDOG;
+    let mut quiet = stream::WATCHDOG;
     loop {
-        let next = follow::next_message(&mut messages, &mut quiet, &stream, &subject, at.last);
+        let next = stream::next_message(&mut messages, &mut quiet, &stream, &subject, at.last);
         let Some(first) = next.await.filter(|_| !at.failing()) else {
             tracing::debug!(
                 resume_at = at.resume_at,
                 "a feed's consumer is gone; making a new one"
             );
-            messages = follow::consume_again(&stream, &subject, at.resume_at).await;
+            messages = stream::consume_again(&stream, &subject, at.resume_at).await;
             at.errors = 0;
             continue;
         };
-        let batch = follow::with_arrived(&mut messages, first, usize::MAX, WINDOW_BYTES / 16);
+        let batch = stream::with_arrived(&mut messages, first, usize::MAX, WINDOW_BYTES / 16);
         let batch = batch.into_iter().map(|read| read.map(Entry::read));
-        let (events, stop) = follow::accept(batch, &mut at, epoch, &subject);
+        let (events, stop) = stream::accept(batch, &mut at, epoch, &subject);
         let Some(feed) = feed.upgrade() else {
             return;
         };

@@ -12,6 +12,7 @@ mod revocation;
 mod served;
 mod server;
 mod state;
+mod stream;
 
 use clap::{Parser, Subcommand};
 use racp_proto::Role;

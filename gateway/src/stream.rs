@@ -1,0 +1,441 @@
+//! Reading a host's JetStream stream (docs/protocol.md §15.3), for a session's feed (feed.rs)
+//! and a catch-up (follow.rs) alike: where a cursor starts in it (binary search with direct
+//! gets), the ordered consumer and its watchdog, and the checks each message passes before it
+//! is spliced into a frame unread.
+
+use async_nats::jetstream::{self, consumer, stream::DirectGetErrorKind};
+use futures_util::{FutureExt, StreamExt};
+use racp_proto::gateway::{EPOCH_HEADER, SEQ_HEADER};
+use racp_proto::{AppError, Epoch, ErrorCode, Expired};
+use serde_json::json;
+use std::time::Duration;
+
+pub type Stream = jetstream::stream::Stream<()>;
+
+/// What the stream holds of one session.
+pub enum Span {
+    /// Nothing yet (a new session, or one the host has not published).
+    Empty,
+    Events {
+        epoch: Epoch,
+        /// RACP seq and stream sequence of the first and last event.
+        first: (u64, u64),
+        last: (u64, u64),
+        /// The last event is `session.closed`: nothing follows it.
+        closed: bool,
+    },
+}
+
+fn position(message: &jetstream::message::StreamMessage) -> Option<(Epoch, u64)> {
+    Some((
+        epoch_header(&message.headers)?,
+        seq_header(&message.headers)?,
+    ))
+}
+
+/// The session's epoch a relayed event carries (`Racp-Epoch`, 16 hex digits).
+fn epoch_header(headers: &async_nats::HeaderMap) -> Option<Epoch> {
+    let hex = headers.get(EPOCH_HEADER)?.as_str();
+    u64::from_str_radix(hex, 16).ok().map(Epoch)
+}
+
+/// The RACP seq a relayed event carries (`Racp-Seq`).
+fn seq_header(headers: &async_nats::HeaderMap) -> Option<u64> {
+    headers.get(SEQ_HEADER)?.as_str().parse().ok()
+}
+
+fn lookup_failed(err: &dyn std::fmt::Display) -> AppError {
+    crate::hosts::nats_down(err)
+}
+
+pub async fn span(stream: &Stream, subject: &str) -> Result<Span, AppError> {
+    let first = match stream.direct_get_next_for_subject(subject, None).await {
+        Ok(first) => first,
+        Err(err) if err.kind() == DirectGetErrorKind::NotFound => return Ok(Span::Empty),
+        Err(err) => return Err(lookup_failed(&err)),
+    };
+    let last = stream
+        .direct_get_last_for_subject(subject)
+        .await
+        .map_err(|e| lookup_failed(&e))?;
+    let (Some((epoch, first_seq)), Some((_, last_seq))) = (position(&first), position(&last))
+    else {
+        return Err(crate::hosts::internal(
+            &"an event in the stream has no position headers",
+        ));
+    };
+    Ok(Span::Events {
+        epoch,
+        first: (first_seq, first.sequence),
+        last: (last_seq, last.sequence),
+        closed: std::str::from_utf8(&last.payload).is_ok_and(is_session_closed),
+    })
+}
+
+/// The stream sequence of the session's first event after RACP seq `after`, within `span`
+/// (`last.1 + 1` when there is none yet): a binary search with direct gets, O(log n) lookups.
+pub async fn stream_start(
+    stream: &Stream,
+    subject: &str,
+    after: u64,
+    first: (u64, u64),
+    last: (u64, u64),
+) -> Result<u64, AppError> {
+    if after < first.0 {
+        return Ok(first.1);
+    }
+    if after >= last.0 {
+        return Ok(last.1 + 1);
+    }
+    let (mut low, mut high) = (first.1, last.1);
+    while low < high {
+        let mid = low + (high - low) / 2;
+        let message = stream
+            .direct_get_next_for_subject(subject, Some(mid))
+            .await
+            .map_err(|e| lookup_failed(&e))?;
+        let seq = position(&message).map_or(0, |(_, seq)| seq);
+        if seq > after {
+            high = message.sequence.min(high);
+        } else {
+            low = message.sequence + 1;
+        }
+    }
+    Ok(low)
+}
+
+/// An ordered consumer of one session's subject from a stream sequence.
+pub async fn consume(
+    stream: &Stream,
+    subject: &str,
+    from: u64,
+) -> Result<consumer::pull::Ordered, AppError> {
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: subject.to_string(),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: from.max(1),
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| lookup_failed(&e))?;
+    consumer.messages().await.map_err(|e| lookup_failed(&e))
+}
+
+/// A new consumer from `from`, retried with doubling delays (50 ms to 2 s) until NATS makes it.
+pub async fn consume_again(stream: &Stream, subject: &str, from: u64) -> consumer::pull::Ordered {
+    let mut retry = Duration::from_millis(50);
+    loop {
+        match consume(stream, subject, from).await {
+            Ok(messages) => return messages,
+            Err(error) => {
+                tracing::debug!(?error, "cannot make a subscription's consumer yet");
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Errors in a row after which a consumer is made anew.
+const CONSUMER_ERRORS: u32 = 3;
+/// A subscription quiet this long checks that its consumer still delivers (a direct get to
+/// NATS); each check that finds nothing newer doubles the wait, up to `WATCHDOG_MAX`, so idle
+/// sessions cost NATS little, and a message brings it back to `WATCHDOG`.
+pub const WATCHDOG: Duration = Duration::from_secs(3);
+const WATCHDOG_MAX: Duration = Duration::from_secs(24);
+
+/// The consumer's next message; `None` when the consumer ended, or is lost: quiet for `quiet`,
+/// yet the stream has an event after `last` (its node died without the consumer noticing).
+/// Each quiet spell with nothing newer doubles `quiet`; a message resets it.
+pub async fn next_message(
+    messages: &mut consumer::pull::Ordered,
+    quiet: &mut Duration,
+    stream: &Stream,
+    subject: &str,
+    last: u64,
+) -> Option<Read> {
+    loop {
+        match tokio::time::timeout(*quiet, messages.next()).await {
+            Ok(next) => {
+                *quiet = WATCHDOG;
+                return next;
+            }
+            Err(_) if !newer_in_stream(stream, subject, last).await => {
+                *quiet = (*quiet * 2).min(WATCHDOG_MAX);
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Whether the stream holds an event of the session after RACP seq `last`.
+async fn newer_in_stream(stream: &Stream, subject: &str, last: u64) -> bool {
+    match stream.direct_get_last_for_subject(subject).await {
+        Ok(message) => position(&message).is_some_and(|(_, seq)| seq > last),
+        Err(_) => false,
+    }
+}
+
+/// Where a reader stands in its stream.
+pub struct Position {
+    /// The last RACP seq taken.
+    pub last: u64,
+    /// Where a new consumer would start: after the last stream message read.
+    pub resume_at: u64,
+    /// Consecutive failed reads.
+    pub errors: u32,
+}
+
+impl Position {
+    /// After RACP seq `last`, with the next message at stream sequence `resume_at`.
+    pub fn after(last: u64, resume_at: u64) -> Self {
+        Position {
+            last,
+            resume_at,
+            errors: 0,
+        }
+    }
+
+    /// Enough failed reads in a row that the consumer is made anew.
+    pub fn failing(&self) -> bool {
+        self.errors >= CONSUMER_ERRORS
+    }
+}
+
+/// A stream message as a reader takes it.
+pub struct Entry {
+    /// Its stream sequence: a new consumer starts after the last one read.
+    stream_sequence: Option<u64>,
+    /// Its session's epoch, from its header (none when the header is missing or unreadable).
+    epoch: Option<Epoch>,
+    /// Its RACP seq (0 when its header has none: such a message is skipped).
+    seq: u64,
+    payload: bytes::Bytes,
+}
+
+impl Entry {
+    pub fn read(message: jetstream::Message) -> Self {
+        let headers = message.headers.as_ref();
+        Entry {
+            stream_sequence: message.info().ok().map(|info| info.stream_sequence),
+            epoch: headers.and_then(epoch_header),
+            seq: headers.and_then(seq_header).unwrap_or(0),
+            payload: message.payload.clone(),
+        }
+    }
+}
+
+/// Takes a batch's events in seq order, skipping those already sent. A gap (retention removed
+/// events not read yet) or a message that is not a well-formed event (spliced into a frame as
+/// it is, it would break or forge the frame) ends the batch: the events before it are taken,
+/// so `at.last` is always the last event sent, and the error ends the subscription after them.
+pub fn accept<E: std::fmt::Display>(
+    batch: impl IntoIterator<Item = Result<Entry, E>>,
+    at: &mut Position,
+    epoch: Epoch,
+    subject: &str,
+) -> (Vec<(u64, bytes::Bytes)>, Option<AppError>) {
+    let mut events = Vec::new();
+    for entry in batch {
+        let entry = match entry {
+            Ok(entry) => {
+                at.errors = 0;
+                entry
+            }
+            Err(err) => {
+                at.errors += 1;
+                tracing::warn!(error = %err, "a subscription's stream read failed");
+                continue;
+            }
+        };
+        if let Some(stream_sequence) = entry.stream_sequence {
+            at.resume_at = stream_sequence + 1;
+        }
+        let seq = entry.seq;
+        if seq == 0 {
+            continue;
+        }
+        if entry.epoch != Some(epoch) {
+            // Delivered under the subscription's epoch, its cursor would name another log.
+            let error = Expired::OtherEpoch.error(epoch, at.last, at.last);
+            return (events, Some(error));
+        }
+        if seq <= at.last {
+            continue;
+        }
+        if seq != at.last + 1 {
+            let error = Expired::OlderThanWindow.error(epoch, seq - 1, seq);
+            return (events, Some(error));
+        }
+        if !well_formed(&entry.payload, seq) {
+            tracing::warn!(subject, seq, "the host's stream holds a malformed event");
+            return (events, Some(malformed(seq)));
+        }
+        at.last = seq;
+        events.push((seq, entry.payload));
+    }
+    (events, None)
+}
+
+/// Whether a stream message is an event the gateway may splice into a frame unread: one JSON
+/// object (valid UTF-8) whose `seq` is the one its header names. Only the head is read into a
+/// struct; the rest is checked for syntax, never re-encoded.
+fn well_formed(payload: &[u8], seq: u64) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        seq: u64,
+    }
+    serde_json::from_slice::<Head>(payload).is_ok_and(|head| head.seq == seq)
+}
+
+fn malformed(seq: u64) -> AppError {
+    AppError::new(
+        ErrorCode::Internal,
+        "the host relayed an event that is not a well-formed RACP event; the subscription ended before it",
+    )
+    .with_details(json!({"reason": "malformed_event", "seq": seq}))
+}
+
+type Read = Result<jetstream::Message, consumer::pull::OrderedError>;
+
+/// `first` and whatever else has already arrived, up to `max_events` or `budget` bytes: they
+/// are taken together.
+pub fn with_arrived(
+    messages: &mut consumer::pull::Ordered,
+    first: Read,
+    max_events: usize,
+    budget: usize,
+) -> Vec<Read> {
+    let mut batch = vec![first];
+    let mut size = 0;
+    while batch.len() < max_events && size < budget {
+        match messages.next().now_or_never() {
+            Some(Some(next)) => {
+                size += next.as_ref().map_or(0, |m| m.payload.len());
+                batch.push(next);
+            }
+            _ => break,
+        }
+    }
+    batch
+}
+
+/// `"type":` in the text is the event's own.
+pub fn is_session_closed(json: &str) -> bool {
+    json.find("\"type\":")
+        .is_some_and(|at| json[at + 7..].starts_with("\"session.closed\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    type Read = Result<Entry, String>;
+
+    fn entry(seq: u64, epoch: Option<Epoch>, payload: String) -> Read {
+        Ok(Entry {
+            stream_sequence: Some(100 + seq),
+            epoch,
+            seq,
+            payload: payload.into(),
+        })
+    }
+
+    fn event(seq: u64) -> Read {
+        entry(
+            seq,
+            Some(Epoch(7)),
+            format!(r#"{{"seq":{seq},"type":"turn.delta"}}"#),
+        )
+    }
+
+    /// A batch taken by a subscription of epoch 7 that has sent up to `at.last`: the seqs taken
+    /// and the error that ends it, if any.
+    fn take(at: &mut Position, batch: Vec<Read>) -> (Vec<u64>, Option<AppError>) {
+        let (events, stop) = accept(batch, at, Epoch(7), "racp.ev.h.s");
+        (events.iter().map(|(seq, _)| *seq).collect(), stop)
+    }
+
+    fn after(last: u64) -> Position {
+        Position {
+            last,
+            resume_at: 0,
+            errors: 0,
+        }
+    }
+
+    fn detail(error: &AppError, key: &str) -> Value {
+        error.details().map(|d| d[key].clone()).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_batch_skips_what_was_sent_and_resumes_after_the_last_message_read() {
+        let mut at = after(2);
+        let (taken, stop) = take(&mut at, vec![event(1), event(2), event(3), event(4)]);
+        assert_eq!(taken, [3, 4]);
+        assert!(stop.is_none());
+        assert_eq!((at.last, at.resume_at), (4, 105));
+    }
+
+    #[test]
+    fn a_gap_mid_batch_sends_the_events_before_it_then_ends_with_cursor_expired() {
+        let mut at = after(0);
+        let (taken, stop) = take(&mut at, vec![event(1), event(2), event(5), event(6)]);
+        assert_eq!(taken, [1, 2]);
+        assert_eq!(
+            at.last, 2,
+            "the subscription's last seq is the last event it sends"
+        );
+        let error = stop.expect("a gap ends the subscription");
+        assert_eq!(error.code(), ErrorCode::CursorExpired);
+        assert_eq!(detail(&error, "reason"), "older_than_window");
+    }
+
+    #[test]
+    fn a_malformed_event_mid_batch_ends_after_the_events_before_it() {
+        let forged = entry(3, Some(Epoch(7)), r#"{}]},"id":7,"result":{"#.into());
+        let mut at = after(0);
+        let (taken, stop) = take(&mut at, vec![event(1), event(2), forged, event(4)]);
+        assert_eq!(taken, [1, 2]);
+        assert_eq!(at.last, 2);
+        let error = stop.expect("a malformed event ends the subscription");
+        assert_eq!(error.code(), ErrorCode::Internal);
+        assert_eq!(detail(&error, "seq"), 3);
+    }
+
+    #[test]
+    fn an_event_of_another_epoch_ends_the_subscription_even_below_its_seq() {
+        for epoch in [Some(Epoch(8)), None] {
+            let other = entry(1, epoch, r#"{"seq":1}"#.into());
+            let mut at = after(2);
+            let (taken, stop) = take(&mut at, vec![event(3), other, event(4)]);
+            assert_eq!(taken, [3]);
+            let error = stop.expect("another epoch ends the subscription");
+            assert_eq!(error.code(), ErrorCode::CursorExpired);
+            assert_eq!(detail(&error, "reason"), "other_epoch");
+        }
+    }
+
+    #[test]
+    fn an_event_whose_body_names_another_seq_is_malformed() {
+        assert!(well_formed(br#"{"seq":3,"data":{}}"#, 3));
+        assert!(!well_formed(br#"{"seq":4,"data":{}}"#, 3));
+        assert!(!well_formed(br#"[{"seq":3}]"#, 3));
+        assert!(!well_formed(br#"{"seq":3,"data":{}"#, 3));
+    }
+
+    #[test]
+    fn failed_reads_are_counted_until_a_message_arrives() {
+        let lost = || Err("lost".to_string());
+        let mut at = after(0);
+        let (taken, stop) = take(&mut at, vec![lost(), lost()]);
+        assert!(taken.is_empty() && stop.is_none());
+        assert_eq!(at.errors, 2);
+        let (taken, _) = take(&mut at, vec![lost(), event(1)]);
+        assert_eq!(taken, [1]);
+        assert_eq!(at.errors, 0);
+    }
+}
