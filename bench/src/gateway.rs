@@ -166,8 +166,18 @@ async fn enroll_hosts(
     }
     let users: Vec<Result<String>> =
         futures_util::stream::iter(prepared.iter().map(|(_, host_id, nkey)| async move {
-            cli.run(&["enroll", host_id, nkey, "--retention-seconds", "3600"])
-                .await
+            // 8 MiB a host (JetStream reserves each stream's max_bytes): a run's events are
+            // well under it, and a hundred hosts fit the store below.
+            cli.run(&[
+                "enroll",
+                host_id,
+                nkey,
+                "--retention-seconds",
+                "3600",
+                "--max-bytes",
+                "8388608",
+            ])
+            .await
         }))
         .buffered(ENROLL_WINDOW)
         .collect()
@@ -294,6 +304,7 @@ pub async fn gateway(
     // route, not of TLS.
     let cleartext = tests::nats::NatsOptions {
         tls: false,
+        max_file_store: "2GB".into(),
         ..Default::default()
     };
     let mut nats = NatsCluster::start_with(1, &users, cleartext).await;
