@@ -19,7 +19,7 @@ use racp_proto::methods::session::{
     SessionRef, SessionState, SessionSubscribeParams, SessionSubscribeResult,
 };
 use racp_proto::{
-    AppError, Call, Cursor, EndpointCall, Epoch, ErrorCode, Expired, HostCall, Method,
+    AppError, Call, Capability, Cursor, EndpointCall, Epoch, ErrorCode, Expired, HostCall, Method,
     PROTOCOL_VERSION, SubscriptionCall,
 };
 use racp_server::connection::{self, Answer, Here, Pushes, Refusal, Service, Settings, revoked};
@@ -41,17 +41,6 @@ const RELAY_WAIT: Duration = Duration::from_secs(3);
 /// Frames subscription tasks may queue for the socket before they wait (and stop pulling from
 /// JetStream): a slow desktop slows only its own consumers.
 const OUTGOING_QUEUE: usize = 32;
-const CAPABILITIES: &[&str] = &[
-    "pairing",
-    "devices",
-    "sessions",
-    "turns",
-    "approvals",
-    "fs",
-    "models",
-    "credentials",
-    "hosts",
-];
 
 struct GatewayConnection {
     gateway: Arc<Gateway>,
@@ -195,7 +184,12 @@ impl Service for GatewayConnection {
             capabilities: if pairing {
                 Vec::new()
             } else {
-                CAPABILITIES.iter().map(|c| c.to_string()).collect()
+                let hosts = std::iter::once(&Capability::Hosts);
+                Capability::HOST
+                    .iter()
+                    .chain(hosts)
+                    .map(|c| c.to_string())
+                    .collect()
             },
             limits: Limits {
                 max_frame_bytes: agreed.max_frame_bytes,

@@ -20,7 +20,7 @@ use racp_proto::methods::session::{
     SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult, SessionSettings,
     SessionStreamResult,
 };
-use racp_proto::{Ack, AppError, Call, EndpointCall, ErrorCode, HostCall, Role};
+use racp_proto::{Ack, AppError, Call, Capability, EndpointCall, ErrorCode, HostCall, Role};
 use racp_server::connection::Answer;
 use serde::Serialize;
 use serde_json::json;
@@ -28,36 +28,24 @@ use serde_json::value::RawValue;
 use std::future::Future;
 use std::sync::Arc;
 
-/// Capabilities a host can have on; `fs` is off when the operator disabled file browsing.
-const ALL_CAPABILITIES: &[&str] = &[
-    "pairing",
-    "devices",
-    "sessions",
-    "turns",
-    "approvals",
-    "fs",
-    "models",
-    "credentials",
-];
-
 /// The capabilities this host has on, as `hello` and `host/info` report them.
 pub fn capabilities(state: &HostState) -> Vec<String> {
-    ALL_CAPABILITIES
+    Capability::HOST
         .iter()
-        .filter(|c| **c != "fs" || state.config.fs_enabled)
+        .filter(|c| **c != Capability::Fs || state.config.fs_enabled)
         .map(|c| c.to_string())
         .collect()
 }
 
-fn require(state: &HostState, capability: &str, method: &str) -> Result<(), AppError> {
-    if capabilities(state).iter().any(|c| c == capability) {
+fn require(state: &HostState, capability: Capability, method: &str) -> Result<(), AppError> {
+    if capabilities(state).iter().any(|c| c == capability.as_str()) {
         return Ok(());
     }
     Err(AppError::new(
         ErrorCode::CapabilityUnavailable,
         format!("{method} needs the `{capability}` capability, which this host has off"),
     )
-    .with_details(json!({"capability": capability, "method": method})))
+    .with_details(json!({"capability": capability.as_str(), "method": method})))
 }
 
 async fn session_create(
@@ -162,11 +150,11 @@ pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> An
             to_raw(&host_info(&state, agent))
         }),
         HostCall::FsList(params) => blocking(state, move |s| {
-            require(s, "fs", "fs/list")?;
+            require(s, Capability::Fs, "fs/list")?;
             crate::fs::list(&params.path, &Fence::of(&s.config))
         }),
         HostCall::FsStat(params) => blocking(state, move |s| {
-            require(s, "fs", "fs/stat")?;
+            require(s, Capability::Fs, "fs/stat")?;
             crate::fs::stat(&params.path, &Fence::of(&s.config))
         }),
         HostCall::SessionCreate(params) => task(async move {

@@ -14,6 +14,7 @@
 //! - [`codegen`]: renders the generated documents.
 
 #[cfg(feature = "client")]
+pub mod capability;
 pub mod client;
 pub mod codec;
 pub mod codegen;
@@ -30,6 +31,7 @@ pub mod role;
 pub mod stream;
 pub mod validate;
 
+pub use capability::Capability;
 pub use cursor::{Cursor, Epoch, Expired};
 pub use error::{AppError, ErrorCode, ErrorSource, Recovery, Retriable};
 pub use methods::{
