@@ -7,7 +7,7 @@ use crate::devices::{Caller, DeviceRecord};
 use crate::feed::{self, Feed};
 use crate::follow::{self, Follow, Outgoing};
 use crate::hosts;
-use crate::revocation::Revocation;
+use crate::revocation;
 use crate::state::{Gateway, shutting_down};
 use crate::stream::{self, Span};
 use axum::extract::ws::WebSocket;
@@ -151,8 +151,8 @@ impl Service for GatewayConnection {
             if self.gateway.devices.is_revoked(&device.device_id) {
                 return Err(Refusal::Connection(revoked()));
             }
-            if !self.gateway.revocation.current() {
-                return Err(Refusal::Call(crate::revocation::stale()));
+            if !self.gateway.lease.current() {
+                return Err(Refusal::Call(crate::lease::stale()));
             }
             rate = Some((&self.gateway.rate, device.device_id.as_str()));
         }
@@ -248,7 +248,7 @@ impl Service for GatewayConnection {
                 }
                 EndpointCall::DeviceList(_) => to_raw(&device_list(&gateway, &device?)),
                 EndpointCall::DeviceRevoke(params) => {
-                    Revocation::revoke(&gateway, &params.device_id, &device?).await?;
+                    revocation::revoke(&gateway, &params.device_id, &device?).await?;
                     to_raw(&racp_proto::Ack {})
                 }
                 EndpointCall::PairingCreate(params) => {

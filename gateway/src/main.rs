@@ -7,6 +7,7 @@ mod devices;
 mod feed;
 mod follow;
 mod hosts;
+mod lease;
 mod nats;
 mod revocation;
 mod served;
@@ -443,7 +444,7 @@ async fn serve(
     };
     let gateway = state::Gateway::new(settings, client, buckets, signer)
         .map_err(|e| e.message().to_string())?;
-    revocation::Revocation::start(gateway.clone()).await;
+    revocation::start(gateway.clone()).await;
     let listener = socket.listen(1024).map_err(|e| e.to_string())?;
     let record = served::Served {
         address: served::address(local, &args.allowed_hosts),

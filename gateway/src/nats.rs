@@ -3,7 +3,7 @@
 //! its own subjects: docs/architecture.md, "Gateway").
 
 use crate::devices::{DEVICES_BUCKET, PAIRING_BUCKET};
-use crate::revocation::{REPLICA_RECORD_AGE, REPLICAS_BUCKET};
+use crate::lease::{REPLICA_RECORD_AGE, REPLICAS_BUCKET};
 use async_nats::jetstream::{self, kv, stream};
 use racp_proto::gateway::{
     HOSTS_BUCKET, HostRecord, call_subject, events_stream, heartbeat_subject, host_events_subjects,

@@ -7,150 +7,75 @@
 //! it, or at the latest one lease after it was written: a replica that did not see it by then
 //! (stopped, cut from NATS, its watch lost) no longer serves any device.
 
+use crate::lease;
 use crate::state::Gateway;
-use async_nats::jetstream::kv;
 use futures_util::StreamExt;
-use racp_proto::{AppError, ErrorCode};
+use racp_proto::AppError;
 use racp_server::connection::revoked;
-use serde_json::json;
-use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Live replicas: a key per replica, refreshed at every successful check.
-pub const REPLICAS_BUCKET: &str = "racp_gw_replicas";
-/// How long a replica that stopped announcing stays listed (a revoke waits at most a lease
-/// for a listed replica, so a stale entry only slows a revoke down).
-pub const REPLICA_RECORD_AGE: Duration = Duration::from_secs(60);
 /// Where a replica says it has applied a device's revoke ("<replica> <device> <revision>"): no
 /// call of the device runs there any more and its connections there have stopped.
 const APPLIED_SUBJECT: &str = "racp.gw.devices.applied";
 
-pub struct Revocation {
-    replica_id: String,
-    lease: Duration,
-    replicas: kv::Store,
-    /// When the replica started: `verified_at` counts from it.
-    born: Instant,
-    /// When the last check that found every earlier change applied began, in ns after `born`
-    /// (0: never). An atomic, as every device call reads it.
-    verified_at: AtomicU64,
+/// Follows the devices bucket and keeps the lease for the life of the process; returns once
+/// the replica is current for the first time, so it never serves before it knows.
+pub async fn start(gateway: Arc<Gateway>) {
+    tokio::spawn(follow_devices(gateway.clone()));
+    let every = (gateway.lease.lease / 5).max(Duration::from_millis(50));
+    let (told, first) = tokio::sync::oneshot::channel();
+    tokio::spawn(keep_lease(gateway, every, Some(told)));
+    let _ = first.await;
 }
 
-impl Revocation {
-    pub fn new(replicas: kv::Store, lease: Duration) -> Result<Self, AppError> {
-        use ring::rand::SecureRandom;
-        let mut id = [0u8; 8];
-        ring::rand::SystemRandom::new()
-            .fill(&mut id)
-            .map_err(|_| AppError::new(ErrorCode::Internal, "the system random source failed"))?;
-        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        Ok(Revocation {
-            replica_id: format!("gw_{hex}"),
-            lease,
-            replicas,
-            born: Instant::now(),
-            verified_at: AtomicU64::new(0),
-        })
-    }
-
-    /// Whether this replica may serve a device's call: it knows every revoke older than its lease.
-    pub fn current(&self) -> bool {
-        let at = self.verified_at.load(Ordering::Acquire);
-        at != 0 && self.born.elapsed().as_nanos() < u128::from(at) + self.lease.as_nanos()
-    }
-
-    fn verified(&self, at: Instant) {
-        let since = at.duration_since(self.born).as_nanos().max(1);
-        self.verified_at
-            .store(u64::try_from(since).unwrap_or(u64::MAX), Ordering::Release);
-    }
-
-    /// Follows the devices bucket and keeps the lease for the life of the process; returns once
-    /// the replica is current for the first time, so it never serves before it knows.
-    pub async fn start(gateway: Arc<Gateway>) {
-        tokio::spawn(follow_devices(gateway.clone()));
-        let every = (gateway.revocation.lease / 5).max(Duration::from_millis(50));
-        let (told, first) = tokio::sync::oneshot::channel();
-        tokio::spawn(keep_lease(gateway, every, Some(told)));
-        let _ = first.await;
-    }
-
-    /// Revokes a device and returns once no replica serves it: every listed replica confirmed,
-    /// or a lease passed since the write (docs/protocol.md §15, `device/revoke`).
-    pub async fn revoke(
-        gateway: &Gateway,
-        device_id: &str,
-        by: &crate::devices::DeviceRecord,
-    ) -> Result<(), AppError> {
-        let this = &gateway.revocation;
-        // Listening before the write, so no confirmation can pass unseen.
-        let mut confirmations = gateway
-            .client
-            .subscribe(APPLIED_SUBJECT)
-            .await
-            .map_err(crate::devices::unavailable)?;
-        let revision = gateway.devices.revoke(device_id, by).await?;
-        let deadline = Instant::now() + this.lease;
-        // Who to wait for; when the list cannot be read, everyone is waited out (one lease).
-        let listed = this.listed().await;
-        let unlisted = listed.is_none();
-        let mut waiting = listed.unwrap_or_default();
-        waiting.insert(this.replica_id.clone());
-        tracing::debug!(device_id, revision, replicas = ?waiting, "revoke written; waiting for the replicas");
-        while !waiting.is_empty() {
-            let Ok(Some(message)) = tokio::time::timeout_at(deadline, confirmations.next()).await
-            else {
-                break;
-            };
-            let text = String::from_utf8_lossy(&message.payload);
-            let mut said = text.split(' ');
-            if let (Some(replica), Some(device), Some(applied)) =
-                (said.next(), said.next(), said.next())
-                && device == device_id
-                && applied
-                    .parse::<u64>()
-                    .is_ok_and(|applied| applied >= revision)
-            {
-                waiting.remove(replica);
-            }
-        }
-        tracing::debug!(device_id, unconfirmed = ?waiting, "revoke confirmations in");
-        if !waiting.is_empty() || unlisted {
-            // Past their lease now: they refuse the device until they catch up.
-            tokio::time::sleep_until(deadline).await;
-            tracing::warn!(device_id, unconfirmed = ?waiting, "revoke not confirmed by every replica; their lease has passed");
-        }
-        Ok(())
-    }
-
-    /// The replicas announced in the last minute, or `None` when the list cannot be read.
-    async fn listed(&self) -> Option<HashSet<String>> {
-        let listing = async {
-            let mut keys = self.replicas.keys().await.ok()?;
-            let mut listed = HashSet::new();
-            while let Some(key) = keys.next().await {
-                listed.insert(key.ok()?);
-            }
-            Some(listed)
+/// Revokes a device and returns once no replica serves it: every listed replica confirmed,
+/// or a lease passed since the write (docs/protocol.md §15, `device/revoke`).
+pub async fn revoke(
+    gateway: &Gateway,
+    device_id: &str,
+    by: &crate::devices::DeviceRecord,
+) -> Result<(), AppError> {
+    let this = &gateway.lease;
+    // Listening before the write, so no confirmation can pass unseen.
+    let mut confirmations = gateway
+        .client
+        .subscribe(APPLIED_SUBJECT)
+        .await
+        .map_err(crate::devices::unavailable)?;
+    let revision = gateway.devices.revoke(device_id, by).await?;
+    let deadline = Instant::now() + this.lease;
+    // Who to wait for; when the list cannot be read, everyone is waited out (one lease).
+    let listed = this.listed().await;
+    let unlisted = listed.is_none();
+    let mut waiting = listed.unwrap_or_default();
+    waiting.insert(this.replica_id.clone());
+    tracing::debug!(device_id, revision, replicas = ?waiting, "revoke written; waiting for the replicas");
+    while !waiting.is_empty() {
+        let Ok(Some(message)) = tokio::time::timeout_at(deadline, confirmations.next()).await
+        else {
+            break;
         };
-        tokio::time::timeout(self.lease, listing)
-            .await
-            .ok()
-            .flatten()
+        let text = String::from_utf8_lossy(&message.payload);
+        let mut said = text.split(' ');
+        if let (Some(replica), Some(device), Some(applied)) =
+            (said.next(), said.next(), said.next())
+            && device == device_id
+            && applied
+                .parse::<u64>()
+                .is_ok_and(|applied| applied >= revision)
+        {
+            waiting.remove(replica);
+        }
     }
-}
-
-/// The refusal of a device's call on a replica that cannot confirm it knows every revoke.
-pub fn stale() -> AppError {
-    AppError::new(
-        ErrorCode::HostUnavailable,
-        "this gateway replica cannot confirm its list of devices is current; retry, or reconnect to another replica",
-    )
-    .with_details(json!({"reason": "device_registry_stale"}))
-    .with_retry_after_ms(1_000)
+    tracing::debug!(device_id, unconfirmed = ?waiting, "revoke confirmations in");
+    if !waiting.is_empty() || unlisted {
+        // Past their lease now: they refuse the device until they catch up.
+        tokio::time::sleep_until(deadline).await;
+        tracing::warn!(device_id, unconfirmed = ?waiting, "revoke not confirmed by every replica; their lease has passed");
+    }
+    Ok(())
 }
 
 /// Applies the devices bucket's changes as they come, from the start after any loss of the watch.
@@ -189,7 +114,7 @@ async fn apply_revoke(gateway: Arc<Gateway>, device_id: String, revision: u64) {
         connections = ended,
         "device revoked on this replica"
     );
-    let said = format!("{} {device_id} {revision}", gateway.revocation.replica_id);
+    let said = format!("{} {device_id} {revision}", gateway.lease.replica_id);
     if let Err(err) = gateway.client.publish(APPLIED_SUBJECT, said.into()).await {
         tracing::warn!(error = %err, "cannot confirm a revoke");
     }
@@ -202,7 +127,7 @@ async fn keep_lease(
     every: Duration,
     mut first: Option<tokio::sync::oneshot::Sender<()>>,
 ) {
-    let this = &gateway.revocation;
+    let this = &gateway.lease;
     let mut dropped = false;
     loop {
         let began = Instant::now();
@@ -224,7 +149,7 @@ async fn keep_lease(
             });
         }
         if !this.current() && !dropped && first.is_none() {
-            let n = gateway.connections.kill_devices(&stale());
+            let n = gateway.connections.kill_devices(&lease::stale());
             tracing::warn!(
                 connections = n,
                 "cannot confirm the device list is current; devices' connections dropped"

@@ -2,7 +2,7 @@
 //! open connections (with the gates that make a revoke final).
 
 use crate::devices::Devices;
-use crate::revocation::Revocation;
+use crate::lease::Lease;
 use async_nats::jetstream::{self, kv};
 use racp_proto::fingerprint::CertSha256;
 use racp_proto::{AppError, ErrorCode};
@@ -42,7 +42,7 @@ pub struct Gateway {
     pub js: jetstream::Context,
     pub hosts: kv::Store,
     pub devices: Devices,
-    pub revocation: Revocation,
+    pub lease: Lease,
     pub rate: racp_server::ratelimit::RateLimiter,
     /// Open connections and the per-device gates that make a revoke final, as on a host.
     pub connections: Connections,
@@ -58,7 +58,7 @@ impl Gateway {
         buckets: crate::nats::Buckets,
         signer: nkeys::KeyPair,
     ) -> Result<Arc<Self>, AppError> {
-        let revocation = Revocation::new(buckets.replicas, settings.revocation_lease)?;
+        let lease = Lease::new(buckets.replicas, settings.revocation_lease)?;
         Ok(Arc::new(Gateway {
             rate: racp_server::ratelimit::RateLimiter::new(
                 settings.requests_per_second,
@@ -70,7 +70,7 @@ impl Gateway {
             signer,
             hosts: buckets.hosts,
             devices: Devices::new(buckets.devices, buckets.pairings),
-            revocation,
+            lease,
             connections: Connections::default(),
             feeds: crate::feed::Feeds::default(),
             draining: AtomicBool::new(false),

@@ -10,11 +10,12 @@
 //! - [`methods`]: the method table (params, results, access, resend safety).
 //! - [`events`]: session events and pushes; [`stream`]: rebuilding a streamed message and
 //!   tool output from compact events.
-//! - [`cursor`], [`role`], [`limits`], [`validate`]: the pieces they are built from.
+//! - [`cursor`], [`role`], [`capability`], [`limits`], [`validate`]: the pieces they are built
+//!   from.
 //! - [`codegen`]: renders the generated documents.
 
-#[cfg(feature = "client")]
 pub mod capability;
+#[cfg(feature = "client")]
 pub mod client;
 pub mod codec;
 pub mod codegen;
