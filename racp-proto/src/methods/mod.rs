@@ -8,7 +8,7 @@ pub mod model;
 pub mod session;
 pub mod turn;
 
-use crate::codec::decode_params;
+use crate::codec::params::decode_params;
 use crate::error::AppError;
 use crate::role::{Access, Role};
 use crate::validate::Validate;
