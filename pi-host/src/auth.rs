@@ -1,11 +1,8 @@
-//! Who a presented token belongs to. Every refusal says the same thing to the caller, so a guess
-//! learns nothing about which part was wrong.
+//! Who a call comes from: a paired device, a pairing token, or the host's owner at the admin
+//! socket (`server/upgrade.rs` finds it from a presented token).
 
-use crate::clock::now_ms;
-use crate::secrets::{self, DEVICE_PREFIX, PAIRING_PREFIX};
-use crate::state::HostState;
 use racp_proto::methods::handshake::{PrincipalInfo, PrincipalKind};
-use racp_proto::{AppError, ErrorCode, Principal, Role};
+use racp_proto::{Principal, Role};
 
 /// An authenticated connection's credential.
 #[derive(Debug, Clone)]
@@ -64,61 +61,4 @@ impl Credential {
             Credential::Owner => Principal::Owner,
         }
     }
-}
-
-fn refused() -> AppError {
-    AppError::new(
-        ErrorCode::RemoteAuthFailed,
-        "the token was not accepted: pair this device again",
-    )
-}
-
-pub fn authenticate(state: &HostState, token: &str) -> Result<Credential, AppError> {
-    if let Some(presented) = secrets::split(token, DEVICE_PREFIX) {
-        let device = state
-            .store
-            .device(presented.id)
-            .map_err(|e| state.internal(e))?
-            .ok_or_else(refused)?;
-        if device.revoked || !state.secrets.verify(presented.secret, &device.token_tag) {
-            return Err(refused());
-        }
-        return Ok(Credential::Device {
-            device_id: device.device_id,
-            roles: device.roles,
-        });
-    }
-    if let Some(presented) = secrets::split(token, PAIRING_PREFIX) {
-        let now = now_ms();
-        let row = state
-            .store
-            .pairing_token(presented.id)
-            .map_err(|e| state.internal(e))?
-            .ok_or_else(refused)?;
-        if !state.secrets.verify(presented.secret, &row.token_tag) {
-            state
-                .store
-                .fail_pairing_attempt(&row.token_id, state.config.limits.max_pairing_attempts, now)
-                .map_err(|e| state.internal(e))?;
-            return Err(refused());
-        }
-        if row.consumed {
-            return Err(AppError::new(
-                ErrorCode::PairingFailed,
-                "this pairing token was already used: mint a new one with `pi-host pair`",
-            ));
-        }
-        if row.expires_at <= now {
-            return Err(AppError::new(
-                ErrorCode::PairingTokenExpired,
-                "this pairing token has expired: mint a new one with `pi-host pair`",
-            )
-            .with_details(serde_json::json!({"expiredAt": row.expires_at})));
-        }
-        return Ok(Credential::Pairing {
-            token_id: row.token_id,
-            roles: row.roles,
-        });
-    }
-    Err(refused())
 }

@@ -357,7 +357,7 @@ fn check_gateway(config: &ServeConfig) -> Result<(), String> {
     if config.gateway.is_empty() {
         return Ok(());
     }
-    crate::uplink::link::Servers::parse(&config.gateway).map_err(|e| format!("--gateway: {e}"))?;
+    racp_server::uplink::link::Servers::parse(&config.gateway).map_err(|e| format!("--gateway: {e}"))?;
     if config.gateway_trust.is_empty() {
         return Err(
             "--gateway needs --gateway-trust: the public nkey of each gateway whose calls \
@@ -366,7 +366,7 @@ fn check_gateway(config: &ServeConfig) -> Result<(), String> {
         );
     }
     for key in &config.gateway_trust {
-        crate::uplink::signed::parse_trusted_key(key)
+        racp_server::uplink::signed::parse_trusted_key(key)
             .map_err(|e| format!("--gateway-trust: {e}"))?;
     }
     Ok(())

@@ -484,10 +484,21 @@ fn mint_pairing(
         .map_err(|e| state.internal(e))?;
     tracing::info!(roles = ?roles, expires_at, "pairing token minted");
     Ok(PairingCreateResult {
-        url: crate::server::pairing_url(&state.config, &minted.token),
+        url: pairing_url(&state.config, &minted.token),
         token: minted.token,
         expires_at,
         roles: roles.to_vec(),
         cert_sha256: state.config.cert_sha256.map(|sha256| sha256.to_hex()),
     })
+}
+
+/// The pairing link for `token` (docs/protocol.md §5.3): with TLS it names the certificate
+/// fingerprint the new device pins.
+pub fn pairing_url(config: &crate::config::ServeConfig, token: &str) -> String {
+    racp_server::identity::pairing_link(
+        &config.listen.to_string(),
+        config.cert_sha256.as_ref(),
+        config.tls.is_some(),
+        token,
+    )
 }

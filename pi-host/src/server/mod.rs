@@ -49,14 +49,3 @@ async fn upgrade_handler(
     racp_server::socket::configure(ws, state.config.limits.max_frame_bytes)
         .on_upgrade(move |socket| connection::run(socket, state, credential, slot))
 }
-
-/// The pairing link for `token` (docs/protocol.md §5.3): with TLS it names the certificate
-/// fingerprint the new device pins.
-pub fn pairing_url(config: &crate::config::ServeConfig, token: &str) -> String {
-    identity::pairing_link(
-        &config.listen.to_string(),
-        config.cert_sha256.as_ref(),
-        config.tls.is_some(),
-        token,
-    )
-}
