@@ -357,7 +357,8 @@ fn check_gateway(config: &ServeConfig) -> Result<(), String> {
     if config.gateway.is_empty() {
         return Ok(());
     }
-    racp_server::uplink::link::Servers::parse(&config.gateway).map_err(|e| format!("--gateway: {e}"))?;
+    racp_server::uplink::link::Servers::parse(&config.gateway)
+        .map_err(|e| format!("--gateway: {e}"))?;
     if config.gateway_trust.is_empty() {
         return Err(
             "--gateway needs --gateway-trust: the public nkey of each gateway whose calls \

@@ -3,8 +3,8 @@
 
 use crate::auth::Credential;
 use crate::clock::now_ms;
-use crate::secrets::{self, DEVICE_PREFIX, PAIRING_PREFIX};
 use crate::connections::Slot;
+use crate::secrets::{self, DEVICE_PREFIX, PAIRING_PREFIX};
 use crate::state::HostState;
 use axum::http::HeaderMap;
 use racp_proto::{AppError, ErrorCode};
