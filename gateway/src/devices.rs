@@ -160,8 +160,7 @@ pub fn unavailable(err: impl std::fmt::Display) -> AppError {
 }
 
 fn internal(err: impl std::fmt::Display) -> AppError {
-    tracing::error!(error = %err, "device registry");
-    AppError::new(ErrorCode::Internal, "the gateway's device registry failed")
+    racp_server::failure::internal("gateway's device registry", err)
 }
 
 pub struct Devices {

@@ -208,6 +208,5 @@ pub fn nats_down(err: &dyn std::fmt::Display) -> AppError {
 }
 
 pub fn internal(err: &dyn std::fmt::Display) -> AppError {
-    tracing::error!(error = %err, "gateway");
-    AppError::new(ErrorCode::Internal, "the gateway failed unexpectedly")
+    racp_server::failure::internal("gateway", err)
 }

@@ -23,3 +23,8 @@ pub mod uplink;
 
 // The server side a gateway runs too (racp-server), under the names the host has always used.
 pub use racp_server::{clock, connections, fsutil, ratelimit, usage, wire};
+
+/// The host's INTERNAL: the cause logged under the trace id the reply carries.
+pub fn internal(err: impl std::fmt::Display) -> racp_proto::AppError {
+    racp_server::failure::internal("host", err)
+}

@@ -8,7 +8,7 @@ use crate::secrets::Secrets;
 use crate::store::Store;
 use racp_proto::{AppError, ErrorCode};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub struct HostState {
     pub config: ServeConfig,
@@ -22,7 +22,6 @@ pub struct HostState {
     /// Calls in flight across every connection (HOST_OVERLOADED beyond it).
     pub in_flight: Arc<tokio::sync::Semaphore>,
     draining: AtomicBool,
-    next_trace: AtomicU64,
     /// Open connections and the device gates (revoke, drain, the connection cap).
     pub connections: Connections,
     /// pi-host's pi extensions, which agents are started with (`agent::extensions`); empty
@@ -106,7 +105,6 @@ impl HostState {
                 limits.max_in_flight_host as usize,
             )),
             draining: AtomicBool::new(false),
-            next_trace: AtomicU64::new(1),
             connections: Connections::default(),
             agent_extensions,
             models,
@@ -117,16 +115,7 @@ impl HostState {
 
     /// Logs an unexpected failure under a trace id and returns the INTERNAL error to report.
     pub fn internal(&self, err: impl std::fmt::Display) -> AppError {
-        let trace_id = format!(
-            "t{:x}",
-            now_ms() ^ self.next_trace.fetch_add(1, Ordering::Relaxed)
-        );
-        tracing::error!(%trace_id, error = %err, "internal error");
-        AppError::new(
-            ErrorCode::Internal,
-            "the host failed unexpectedly; see its log",
-        )
-        .with_trace_id(trace_id)
+        crate::internal(err)
     }
 
     /// The command line an agent is started with: the configured agent and pi-host's
@@ -172,4 +161,40 @@ pub fn shutting_down() -> AppError {
         ErrorCode::HostShuttingDown,
         "the host is shutting down; reconnect when it is back",
     )
+}
+
+impl crate::models::ModelHost for HostState {
+    fn models(&self) -> &crate::models::Models {
+        &self.models
+    }
+    fn config(&self) -> &ServeConfig {
+        &self.config
+    }
+    fn agent(&self) -> &crate::agent::check::AgentCheck {
+        &self.agent
+    }
+    fn agent_command(&self, resume: bool) -> String {
+        HostState::agent_command(self, resume)
+    }
+    fn agent_options(&self) -> crate::agent::AgentOptions {
+        HostState::agent_options(self)
+    }
+}
+
+impl crate::turns::TurnHost for HostState {
+    fn sessions(&self) -> &crate::sessions::Sessions {
+        &self.sessions
+    }
+    fn store(&self) -> &Store {
+        &self.store
+    }
+    fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+    fn turns(&self) -> &crate::turns::Turns {
+        &self.turns
+    }
+    fn is_draining(&self) -> bool {
+        HostState::is_draining(self)
+    }
 }

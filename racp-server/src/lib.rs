@@ -6,6 +6,7 @@ pub mod clock;
 pub mod connection;
 pub mod connections;
 pub mod elide;
+pub mod failure;
 pub mod fanout;
 pub mod fsutil;
 pub mod hello;

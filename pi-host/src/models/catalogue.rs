@@ -9,8 +9,8 @@
 //! user may edit their own pi configuration meanwhile); one agent answers every caller waiting
 //! at the same time.
 
+use super::ModelHost;
 use crate::agent::{Agent, AgentOutput, AgentSpec};
-use crate::state::HostState;
 use racp_proto::methods::model::ModelListResult;
 use racp_proto::{AppError, ErrorCode, ErrorSource};
 use serde_json::json;
@@ -42,11 +42,11 @@ impl Catalogue {
     /// The catalogue, asking the agent when none is fresh (or `refresh`).
     pub async fn get(
         &self,
-        host: &HostState,
+        host: &impl ModelHost,
         refresh: bool,
     ) -> Result<Arc<ModelListResult>, AppError> {
         let mut cached = self.cached.lock().await;
-        let generation = host.models.generation();
+        let generation = host.models().generation();
         if let Some(entry) = cached.as_ref()
             && !refresh
             && entry.generation == generation
@@ -64,13 +64,13 @@ impl Catalogue {
     }
 }
 
-async fn ask_agent(host: &HostState) -> Result<ModelListResult, AppError> {
-    let data_dir = &host.config.data_dir;
+async fn ask_agent(host: &impl ModelHost) -> Result<ModelListResult, AppError> {
+    let data_dir = &host.config().data_dir;
     // pi keeps a session file even for this; it goes with the agent.
     let scratch = data_dir
         .join("agent-sessions")
         .join(format!(".catalogue-{}", std::process::id()));
-    crate::fsutil::create_private_dir(&scratch).map_err(|e| host.internal(e))?;
+    crate::fsutil::create_private_dir(&scratch).map_err(crate::internal)?;
     let spec = AgentSpec {
         command: host.agent_command(false),
         workspace: data_dir.clone(),
@@ -82,7 +82,7 @@ async fn ask_agent(host: &HostState) -> Result<ModelListResult, AppError> {
             ),
         ],
     };
-    let (agent, output) = host.agent.spawn(&spec, host.agent_options()).await?;
+    let (agent, output) = host.agent().spawn(&spec, host.agent_options()).await?;
     let report = tokio::time::timeout(ANSWER_WITHIN, read_report(&agent, output)).await;
     agent.shutdown().await;
     let _ = std::fs::remove_dir_all(&scratch);

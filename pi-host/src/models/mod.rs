@@ -14,7 +14,6 @@ pub use file::FileError;
 pub use providers::Providers;
 
 use crate::clock::now_ms;
-use crate::state::HostState;
 use racp_proto::limits::MAX_PROVIDERS;
 use racp_proto::methods::model::{
     CredentialListResult, CredentialSetParams, CredentialSetResult, Deleted, ModelListResult,
@@ -24,6 +23,35 @@ use racp_proto::{Ack, AppError, ErrorCode};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What the models need of the host (state.rs implements it): its settings and files, and how
+/// to start the one-off agent that lists the catalogue.
+pub trait ModelHost: Send + Sync + 'static {
+    fn models(&self) -> &Models;
+    fn config(&self) -> &crate::config::ServeConfig;
+    fn agent(&self) -> &crate::agent::check::AgentCheck;
+    fn agent_command(&self, resume: bool) -> String;
+    fn agent_options(&self) -> crate::agent::AgentOptions;
+}
+
+/// A shared host is a host.
+impl<T: ModelHost> ModelHost for Arc<T> {
+    fn models(&self) -> &Models {
+        (**self).models()
+    }
+    fn config(&self) -> &crate::config::ServeConfig {
+        (**self).config()
+    }
+    fn agent(&self) -> &crate::agent::check::AgentCheck {
+        (**self).agent()
+    }
+    fn agent_command(&self, resume: bool) -> String {
+        (**self).agent_command(resume)
+    }
+    fn agent_options(&self) -> crate::agent::AgentOptions {
+        (**self).agent_options()
+    }
+}
 
 pub struct Models {
     pub credentials: Credentials,
@@ -63,19 +91,19 @@ impl Models {
 }
 
 /// `model/list`.
-pub async fn list(host: &HostState) -> Result<Arc<ModelListResult>, AppError> {
-    host.models.catalogue.get(host, false).await
+pub async fn list(host: &impl ModelHost) -> Result<Arc<ModelListResult>, AppError> {
+    host.models().catalogue.get(host, false).await
 }
 
 /// Refuses a model the agent does not know (MODEL_NOT_CONFIGURED) or whose provider has no
 /// credential (PROVIDER_SECRET_MISSING). A refusal asks the agent again first: the catalogue
 /// may predate the remote user's own change.
-pub async fn check(host: &HostState, model: &ModelRef) -> Result<(), AppError> {
-    let cached = host.models.catalogue.get(host, false).await?;
+pub async fn check(host: &impl ModelHost, model: &ModelRef) -> Result<(), AppError> {
+    let cached = host.models().catalogue.get(host, false).await?;
     if verdict(&cached, model).is_ok() {
         return Ok(());
     }
-    let fresh = host.models.catalogue.get(host, true).await?;
+    let fresh = host.models().catalogue.get(host, true).await?;
     verdict(&fresh, model)
 }
 
@@ -125,10 +153,6 @@ pub fn secret_missing(provider: &str) -> AppError {
     .with_details(json!({ "provider": provider }))
 }
 
-fn store_error(host: &HostState, err: FileError) -> AppError {
-    host.internal(err)
-}
-
 fn too_many(what: &str) -> AppError {
     AppError::new(
         ErrorCode::LimitExceeded,
@@ -139,66 +163,66 @@ fn too_many(what: &str) -> AppError {
 
 /// `credential/set`.
 pub fn credential_set(
-    host: &HostState,
+    host: &impl ModelHost,
     params: CredentialSetParams,
 ) -> Result<CredentialSetResult, AppError> {
-    let models = &host.models;
+    let models = &host.models();
     if !models.credentials.has(&params.provider) && models.credentials.count() >= MAX_PROVIDERS {
         return Err(too_many("credentials"));
     }
     let credential = models
         .credentials
         .set(&params.provider, &params.api_key, now_ms())
-        .map_err(|e| store_error(host, e))?;
+        .map_err(crate::internal)?;
     models.changed();
     tracing::info!(provider = %params.provider, fingerprint = %credential.fingerprint, "provider credential set");
     Ok(CredentialSetResult { credential })
 }
 
 /// `credential/delete`.
-pub fn credential_delete(host: &HostState, provider: &str) -> Result<Deleted, AppError> {
+pub fn credential_delete(host: &impl ModelHost, provider: &str) -> Result<Deleted, AppError> {
     let deleted = host
-        .models
+        .models()
         .credentials
         .delete(provider)
-        .map_err(|e| store_error(host, e))?;
+        .map_err(crate::internal)?;
     if deleted {
-        host.models.changed();
+        host.models().changed();
         tracing::info!(%provider, "provider credential deleted");
     }
     Ok(Deleted { deleted })
 }
 
 /// `credential/list`.
-pub fn credential_list(host: &HostState) -> CredentialListResult {
+pub fn credential_list(host: &impl ModelHost) -> CredentialListResult {
     CredentialListResult {
-        credentials: host.models.credentials.list(),
+        credentials: host.models().credentials.list(),
     }
 }
 
 /// `provider/set`.
-pub fn provider_set(host: &HostState, params: ProviderSetParams) -> Result<Ack, AppError> {
-    let providers = &host.models.providers;
+pub fn provider_set(host: &impl ModelHost, params: ProviderSetParams) -> Result<Ack, AppError> {
+    let providers = &host.models().providers;
     if !providers.contains(&params.provider) && providers.count() >= MAX_PROVIDERS {
         return Err(too_many("providers"));
     }
     let name = params.provider.clone();
-    if providers.set(params).map_err(|e| store_error(host, e))? {
-        host.models.changed();
+    if providers.set(params).map_err(crate::internal)? {
+        host.models().changed();
         tracing::info!(provider = %name, "custom provider set");
     }
     Ok(Ack {})
 }
 
 /// `provider/delete`.
-pub fn provider_delete(host: &HostState, provider: &str) -> Result<Deleted, AppError> {
+pub fn provider_delete(host: &impl ModelHost, provider: &str) -> Result<Deleted, AppError> {
     let deleted = host
-        .models
+        .models()
         .providers
         .delete(provider)
-        .map_err(|e| store_error(host, e))?;
+        .map_err(crate::internal)?;
     if deleted {
-        host.models.changed();
+        host.models().changed();
         tracing::info!(%provider, "custom provider deleted");
     }
     Ok(Deleted { deleted })

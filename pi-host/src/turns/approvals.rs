@@ -3,11 +3,11 @@
 //! settled approval or an ended turn gets APPROVAL_STALE. At the deadline the host settles the
 //! approval as expired, tells the agent, and emits `approval.settled`.
 
+use super::TurnHost;
 use crate::agent::{Agent, UiAnswer, UiMethod};
 use crate::auth::Credential;
 use crate::clock::now_ms;
 use crate::sessions::{HostEvent, Session};
-use crate::state::HostState;
 use dashmap::DashMap;
 use racp_proto::methods::turn::{
     ApprovalInfo, ApprovalKind, ApprovalRespondParams, ApprovalRespondResult, ApprovalState,
@@ -60,21 +60,21 @@ impl Approvals {
     /// `approval.requested` event to append.
     pub fn open(
         &self,
-        host: &Arc<HostState>,
+        host: &Arc<impl TurnHost>,
         session: &Arc<Session>,
         agent: &Agent,
         turn_id: &str,
         request: Request,
     ) -> HostEvent {
         let approval_id = host
-            .secrets
+            .secrets()
             .new_id("apr_")
             .unwrap_or_else(|_| format!("apr_{}", request.agent_request_id));
         let timeout = request
             .timeout_ms
             .map(Duration::from_millis)
-            .unwrap_or(host.config.approval_timeout)
-            .min(host.config.approval_timeout);
+            .unwrap_or(host.config().approval_timeout)
+            .min(host.config().approval_timeout);
         let deadline = now_ms() + u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let info = ApprovalInfo {
             approval_id: approval_id.clone(),
@@ -95,7 +95,7 @@ impl Approvals {
             agent_request_id: request.agent_request_id,
             session: session.clone(),
         });
-        if let Err(err) = host.store.save_approval(&info) {
+        if let Err(err) = host.store().save_approval(&info) {
             tracing::warn!(error = %err, "cannot store an approval");
         }
         self.map.insert(approval_id, entry.clone());
@@ -108,7 +108,7 @@ impl Approvals {
     }
 
     /// Settles every pending approval of an ended turn as cancelled; returns the events.
-    pub fn cancel_turn(&self, host: &HostState, turn_id: &str) -> Vec<HostEvent> {
+    pub fn cancel_turn(&self, host: &impl TurnHost, turn_id: &str) -> Vec<HostEvent> {
         let mut events = Vec::new();
         for entry in self.map.iter() {
             let mut info = entry.lock();
@@ -122,8 +122,11 @@ impl Approvals {
     }
 
     /// After a restart: approvals left pending have no agent to answer; settle them cancelled.
-    pub fn cancel_stored(host: &HostState, session_id: &str) -> Vec<HostEvent> {
-        let pending = host.store.pending_approvals(session_id).unwrap_or_default();
+    pub fn cancel_stored(host: &impl TurnHost, session_id: &str) -> Vec<HostEvent> {
+        let pending = host
+            .store()
+            .pending_approvals(session_id)
+            .unwrap_or_default();
         pending
             .into_iter()
             .map(|mut info| {
@@ -136,18 +139,18 @@ impl Approvals {
 
     pub async fn respond(
         &self,
-        host: &Arc<HostState>,
+        host: &Arc<impl TurnHost>,
         credential: &Credential,
         params: ApprovalRespondParams,
     ) -> Result<ApprovalRespondResult, AppError> {
         let Some(entry) = self.map.get(&params.approval_id).map(|e| e.clone()) else {
             // Not live (the host restarted since): the store says what became of it.
-            return Err(match host.store.approval(&params.approval_id) {
+            return Err(match host.store().approval(&params.approval_id) {
                 Ok(Some(info)) if info.state == ApprovalState::Expired => expired_error(&info),
                 Ok(Some(info)) => stale_error(&info),
                 Ok(None) => AppError::new(ErrorCode::NotFound, "no such approval")
                     .with_details(json!({"approvalId": params.approval_id})),
-                Err(err) => host.internal(err),
+                Err(err) => crate::internal(err),
             });
         };
         let device_id = credential.device_id().map(str::to_string);
@@ -230,8 +233,8 @@ fn decide(
     }
 }
 
-fn save(host: &HostState, info: &ApprovalInfo) {
-    if let Err(err) = host.store.save_approval(info) {
+fn save(host: &impl TurnHost, info: &ApprovalInfo) {
+    if let Err(err) = host.store().save_approval(info) {
         tracing::warn!(error = %err, "cannot store an approval");
     }
 }
@@ -252,7 +255,7 @@ fn stale_error(info: &ApprovalInfo) -> AppError {
 }
 
 /// Settles a still-pending approval as expired: tells the agent and emits the event.
-async fn expire(host: &HostState, entry: &Entry) {
+async fn expire(host: &impl TurnHost, entry: &Entry) {
     let settled = {
         let mut info = entry.lock();
         if info.state != ApprovalState::Pending {
@@ -272,8 +275,8 @@ async fn expire(host: &HostState, entry: &Entry) {
     record(host, &entry.session, HostEvent::ApprovalSettled(settled)).await;
 }
 
-async fn record(host: &HostState, session: &Arc<Session>, event: HostEvent) {
-    if let Err(err) = host.sessions.commit(session, vec![event]).await {
+async fn record(host: &impl TurnHost, session: &Arc<Session>, event: HostEvent) {
+    if let Err(err) = host.sessions().commit(session, vec![event]).await {
         tracing::warn!(error = %err, "approval event not recorded");
     }
 }

@@ -3,9 +3,9 @@
 //! `agent_idle` with no turn, no pending approval and no subscriber, and started again (resuming
 //! its own session) by the next turn or subscriber; never more than `max_agents` at once.
 
+use super::TurnHost;
 use super::{Driver, Turns};
 use crate::sessions::{HostEvent, Session};
-use crate::state::HostState;
 use racp_proto::events::AgentStopReason;
 use racp_proto::methods::host::AgentsInfo;
 use racp_proto::{AppError, ErrorCode};
@@ -24,7 +24,7 @@ impl Turns {
     /// Starts the session's agent in the background when none runs and there is room, so a
     /// prompt that comes later finds it loaded. A turn that starts meanwhile waits on the
     /// driver's lock and then uses this agent. Failures are left to the turn to report.
-    pub fn warm(&self, host: &Arc<HostState>, session: &Arc<Session>) {
+    pub fn warm(&self, host: &Arc<impl TurnHost>, session: &Arc<Session>) {
         let driver = self.driver(session);
         let host = host.clone();
         tokio::spawn(async move {
@@ -33,7 +33,7 @@ impl Turns {
                 if state.agent.is_some() || driver.session.is_closing() {
                     return;
                 }
-                let Ok(_slot) = host.turns.make_room(&host, &driver).await else {
+                let Ok(_slot) = host.turns().make_room(&host, &driver).await else {
                     return;
                 };
                 match driver.ensure_agent(&host, &mut state).await {
@@ -55,11 +55,11 @@ impl Turns {
     /// slot until the caller has spawned.
     pub(super) async fn make_room(
         &self,
-        host: &HostState,
+        host: &impl TurnHost,
         for_driver: &Arc<Driver>,
     ) -> Result<MutexGuard<'_, ()>, AppError> {
         let slot = self.spawn_gate.lock().await;
-        let max = host.config.max_agents;
+        let max = host.config().max_agents;
         // Each pass stops one agent or gives up; a victim that got busy meanwhile is skipped.
         for _ in 0..=max {
             let running: Vec<Arc<Driver>> = self
@@ -95,7 +95,7 @@ impl Turns {
     }
 
     /// The agents running now and their memory, for `host/info` and `pi-host status`.
-    pub fn agents_info(&self, host: &HostState) -> AgentsInfo {
+    pub fn agents_info(&self, host: &impl TurnHost) -> AgentsInfo {
         let pids: Vec<u32> = self
             .drivers
             .iter()
@@ -104,9 +104,9 @@ impl Turns {
             .collect();
         AgentsInfo {
             running: u32::try_from(pids.len()).unwrap_or(u32::MAX),
-            max: u32::try_from(host.config.max_agents).unwrap_or(u32::MAX),
+            max: u32::try_from(host.config().max_agents).unwrap_or(u32::MAX),
             rss_bytes: pids.iter().map(|pid| rss_bytes(*pid)).sum(),
-            idle_stop_ms: u64::try_from(host.config.agent_idle.as_millis()).unwrap_or(u64::MAX),
+            idle_stop_ms: u64::try_from(host.config().agent_idle.as_millis()).unwrap_or(u64::MAX),
         }
     }
 }
@@ -124,7 +124,7 @@ impl Driver {
 
     /// Stops the agent if it has been idle for at least `min_idle`, and records why. Never waits
     /// for the state's lock: whoever holds it is using the agent.
-    async fn stop_idle(&self, host: &HostState, reason: AgentStopReason, min_idle: Duration) {
+    async fn stop_idle(&self, host: &impl TurnHost, reason: AgentStopReason, min_idle: Duration) {
         let (agent, idle_for, ran_turn) = {
             let Ok(mut state) = self.state.try_lock() else {
                 return;
@@ -148,7 +148,7 @@ impl Driver {
             reason,
             idle_ms: u64::try_from(idle_for.as_millis()).unwrap_or(u64::MAX),
         };
-        if let Err(err) = host.sessions.commit(&self.session, vec![event]).await {
+        if let Err(err) = host.sessions().commit(&self.session, vec![event]).await {
             tracing::warn!(error = %err, "cannot record an agent stop");
         }
     }
@@ -156,8 +156,8 @@ impl Driver {
 
 /// Stops agents idle for `agent_idle`, until the host drains. A session with a subscriber is
 /// in use: its idle time starts when the last one leaves.
-pub async fn stop_idle_agents(host: Arc<HostState>) {
-    let idle = host.config.agent_idle;
+pub async fn stop_idle_agents(host: Arc<impl TurnHost>) {
+    let idle = host.config().agent_idle;
     let mut tick =
         tokio::time::interval((idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(5)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -167,7 +167,7 @@ pub async fn stop_idle_agents(host: Arc<HostState>) {
             return;
         }
         let running: Vec<Arc<Driver>> = host
-            .turns
+            .turns()
             .drivers
             .iter()
             .filter(|d| d.agent_pid.load(Ordering::Relaxed) != 0)

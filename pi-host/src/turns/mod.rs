@@ -16,8 +16,8 @@ use crate::agent::failure::{self, RetryTrail, RunSignal, Verdict};
 use crate::agent::{Agent, AgentError, AgentEvent, AgentOutput, AgentSpec, RunEnd, UiAnswer};
 use crate::auth::Credential;
 use crate::clock::now_ms;
+use crate::models::ModelHost;
 use crate::sessions::{HostEvent, Session};
-use crate::state::HostState;
 use crate::store::TurnRow;
 use racp_proto::events::TurnOutcome;
 use racp_proto::methods::model::ModelRef;
@@ -101,6 +101,35 @@ pub struct Driver {
     configuring: Mutex<()>,
 }
 
+/// What turns need of the host (state.rs implements it), so that the host can own its turns
+/// without the turns knowing the host's state.
+pub trait TurnHost: ModelHost {
+    fn sessions(&self) -> &crate::sessions::Sessions;
+    fn store(&self) -> &crate::store::Store;
+    fn secrets(&self) -> &crate::secrets::Secrets;
+    fn turns(&self) -> &Turns;
+    fn is_draining(&self) -> bool;
+}
+
+/// A shared host is a host.
+impl<T: TurnHost> TurnHost for Arc<T> {
+    fn sessions(&self) -> &crate::sessions::Sessions {
+        (**self).sessions()
+    }
+    fn store(&self) -> &crate::store::Store {
+        (**self).store()
+    }
+    fn secrets(&self) -> &crate::secrets::Secrets {
+        (**self).secrets()
+    }
+    fn turns(&self) -> &Turns {
+        (**self).turns()
+    }
+    fn is_draining(&self) -> bool {
+        (**self).is_draining()
+    }
+}
+
 /// Every session's driver, created on first use.
 #[derive(Default)]
 pub struct Turns {
@@ -128,11 +157,11 @@ impl Turns {
     /// `turn/start`: idempotent by key; AGENT_BUSY while another turn runs.
     pub async fn start(
         &self,
-        host: &Arc<HostState>,
+        host: &Arc<impl TurnHost>,
         credential: &Credential,
         params: TurnStartParams,
     ) -> Result<TurnStartResult, AppError> {
-        let session = host.sessions.find(&params.session_id)?;
+        let session = host.sessions().find(&params.session_id)?;
         let driver = self.driver(&session);
         let mut state = driver.state.lock().await;
         // The key is checked under the driver's lock, so two racing resends see one turn.
@@ -180,10 +209,10 @@ impl Turns {
 
     pub async fn steer(
         &self,
-        host: &Arc<HostState>,
+        host: &Arc<impl TurnHost>,
         params: TurnSteerParams,
     ) -> Result<Ack, AppError> {
-        let session = host.sessions.find(&params.session_id)?;
+        let session = host.sessions().find(&params.session_id)?;
         let driver = self.driver(&session);
         let agent = running_agent(host, &session, &*driver.state.lock().await, &params.turn_id)?;
         agent
@@ -197,11 +226,11 @@ impl Turns {
     /// from its next model request); the session's later agents start with it.
     pub async fn configure(
         &self,
-        host: &Arc<HostState>,
+        host: &Arc<impl TurnHost>,
         credential: &Credential,
         params: SessionConfigureParams,
     ) -> Result<SessionCreateResult, AppError> {
-        let session = host.sessions.find(&params.session_id)?;
+        let session = host.sessions().find(&params.session_id)?;
         if session.is_closing() {
             return Err(closed(&session));
         }
@@ -233,15 +262,15 @@ impl Turns {
         }
         let stored = host.clone();
         let (id, to_store) = (session.id.clone(), settings.clone());
-        tokio::task::spawn_blocking(move || stored.store.set_session_settings(&id, &to_store))
+        tokio::task::spawn_blocking(move || stored.store().set_session_settings(&id, &to_store))
             .await
-            .map_err(|e| host.internal(e))?
-            .map_err(|e| host.internal(e))?;
+            .map_err(crate::internal)?
+            .map_err(crate::internal)?;
         let event = HostEvent::Configured {
             settings,
             device_id: credential.device_id().map(str::to_string),
         };
-        host.sessions.commit(&session, vec![event]).await?;
+        host.sessions().commit(&session, vec![event]).await?;
         tracing::info!(session_id = %session.id, "session configured");
         Ok(SessionCreateResult {
             session: session.info(),
@@ -249,8 +278,8 @@ impl Turns {
     }
 
     /// `turn/abort`: aborting a finished turn succeeds and changes nothing.
-    pub async fn abort(&self, host: &Arc<HostState>, params: TurnRef) -> Result<Ack, AppError> {
-        let session = host.sessions.find(&params.session_id)?;
+    pub async fn abort(&self, host: &Arc<impl TurnHost>, params: TurnRef) -> Result<Ack, AppError> {
+        let session = host.sessions().find(&params.session_id)?;
         let driver = self.driver(&session);
         let agent = {
             let mut state = driver.state.lock().await;
@@ -269,7 +298,7 @@ impl Turns {
     }
 
     /// Stops the session's agent (its whole process tree), ending a running turn as aborted.
-    pub async fn stop_session(&self, host: &Arc<HostState>, session: &Arc<Session>) {
+    pub async fn stop_session(&self, host: &Arc<impl TurnHost>, session: &Arc<Session>) {
         let Some(driver) = self.drivers.get(&session.id).map(|d| d.clone()) else {
             return;
         };
@@ -288,14 +317,14 @@ impl Turns {
         if let Some(active) = active {
             let error = AppError::new(ErrorCode::TurnAborted, "the session was closed");
             let events = end_of_turn(host, &active.turn_id, TurnOutcome::Aborted, Some(error));
-            if let Err(err) = host.sessions.commit(session, events).await {
+            if let Err(err) = host.sessions().commit(session, events).await {
                 tracing::warn!(error = %err, "cannot record the end of a turn");
             }
         }
     }
 
     /// Stops every agent (host drain).
-    pub async fn stop_all(&self, host: &Arc<HostState>) {
+    pub async fn stop_all(&self, host: &Arc<impl TurnHost>) {
         let drivers: Vec<Arc<Driver>> = self.drivers.iter().map(|d| d.clone()).collect();
         for driver in drivers {
             self.stop_session(host, &driver.session).await;
@@ -306,8 +335,8 @@ impl Turns {
 /// After a restart no agent runs: a turn that was running when the host stopped was cut off by
 /// the host, not by its agent, so it ends as aborted with HOST_UNAVAILABLE (docs/protocol.md
 /// §8.7), never as a sidecar crash.
-pub async fn end_interrupted_turns(host: &HostState) {
-    for session in host.sessions.list() {
+pub async fn end_interrupted_turns(host: &impl TurnHost) {
+    for session in host.sessions().list() {
         let mut events = Approvals::cancel_stored(host, &session.id);
         if let Some(turn_id) = session.active_turn() {
             let error = AppError::new(
@@ -324,7 +353,7 @@ pub async fn end_interrupted_turns(host: &HostState) {
         if events.is_empty() {
             continue;
         }
-        if let Err(err) = host.sessions.commit(&session, events).await {
+        if let Err(err) = host.sessions().commit(&session, events).await {
             tracing::warn!(error = %err, "cannot end an interrupted turn");
         }
     }
@@ -338,7 +367,7 @@ fn closed(session: &Session) -> AppError {
 /// The agent of the running turn `turn_id`: TURN_NOT_FOUND for an unknown turn, CONFLICT for
 /// one that already finished.
 fn running_agent(
-    host: &HostState,
+    host: &impl TurnHost,
     session: &Session,
     state: &DriverState,
     turn_id: &str,
@@ -349,9 +378,9 @@ fn running_agent(
         return Ok(agent.clone());
     }
     let known = host
-        .store
+        .store()
         .turn_exists(&session.id, turn_id)
-        .map_err(|e| host.internal(e))?;
+        .map_err(crate::internal)?;
     if known {
         Err(
             AppError::new(ErrorCode::Conflict, "the turn has already finished")
@@ -368,12 +397,12 @@ fn running_agent(
 /// The events that end a turn: its pending approvals settled as cancelled, then
 /// `turn.finished`.
 fn end_of_turn(
-    host: &HostState,
+    host: &impl TurnHost,
     turn_id: &str,
     outcome: TurnOutcome,
     error: Option<AppError>,
 ) -> Vec<HostEvent> {
-    let mut events = host.turns.approvals.cancel_turn(host, turn_id);
+    let mut events = host.turns().approvals.cancel_turn(host, turn_id);
     if let Some(error) = &error {
         // The traceId in the event finds this line (protocol.md §8.7).
         tracing::warn!(
@@ -397,14 +426,14 @@ fn end_of_turn(
 /// The earlier turn of a resent `turn/start` (same idempotency key); IDEMPOTENCY_CONFLICT when
 /// the key started a turn with other input.
 fn earlier_turn(
-    host: &HostState,
+    host: &impl TurnHost,
     session: &Session,
     params: &TurnStartParams,
 ) -> Result<Option<TurnStartResult>, AppError> {
     let Some(turn) = host
-        .store
+        .store()
         .turn_by_key(&session.id, &params.idempotency_key)
-        .map_err(|e| host.internal(e))?
+        .map_err(crate::internal)?
     else {
         return Ok(None);
     };
@@ -422,12 +451,12 @@ fn earlier_turn(
 
 /// Stores a new turn under its idempotency key and commits `turn.started`; returns its id.
 async fn record_turn(
-    host: &HostState,
+    host: &impl TurnHost,
     session: &Arc<Session>,
     credential: &Credential,
     params: &TurnStartParams,
 ) -> Result<String, AppError> {
-    let turn_id = host.secrets.new_id("turn_").map_err(|e| host.internal(e))?;
+    let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
     let started_at = now_ms();
     let row = TurnRow {
         turn_id: turn_id.clone(),
@@ -435,9 +464,9 @@ async fn record_turn(
         text: params.text.clone(),
         started_at,
     };
-    host.store
+    host.store()
         .insert_turn(&session.id, &row)
-        .map_err(|e| host.internal(e))?;
+        .map_err(crate::internal)?;
     let turn = TurnInfo {
         turn_id: turn_id.clone(),
         state: TurnState::Running,
@@ -450,7 +479,7 @@ async fn record_turn(
         turn,
         device_id: credential.device_id().map(str::to_string),
     };
-    host.sessions.commit(session, vec![started]).await?;
+    host.sessions().commit(session, vec![started]).await?;
     Ok(turn_id)
 }
 
@@ -479,7 +508,7 @@ fn settled(active: &mut ActiveTurn, pending: &UnsettledFailure) -> (TurnOutcome,
 /// The events that end the running turn when its agent process exits. A run that already
 /// failed explains the turn better than the exit does.
 fn ended_by_exit(
-    host: &HostState,
+    host: &impl TurnHost,
     mut active: ActiveTurn,
     status: Option<i32>,
     signal: Option<i32>,
@@ -539,7 +568,7 @@ fn died_during_turn(
 /// Up to `PUMP_DEPTH` batches are committing while the next is read and translated, so the
 /// agent's output is not held up by each fsync; the depth bounds what waits in memory.
 async fn pump(
-    host: Arc<HostState>,
+    host: Arc<impl TurnHost>,
     driver: Arc<Driver>,
     agent: Agent,
     mut output: mpsc::Receiver<AgentOutput>,
@@ -555,7 +584,7 @@ async fn pump(
                     committing.wait_all(&session).await;
                     let events = driver.settle_pending(&host).await;
                     if !events.is_empty()
-                        && let Err(err) = host.sessions.commit(&session, events).await
+                        && let Err(err) = host.sessions().commit(&session, events).await
                     {
                         tracing::warn!(error = %err, session_id = %session.id, "turn end not recorded");
                     }
@@ -578,7 +607,7 @@ async fn pump(
         let exited = matches!(batch.last(), Some(AgentOutput::Exited { .. }));
         let events = driver.translate(&host, &agent, batch).await;
         if !events.is_empty() {
-            match host.sessions.append(&session, events) {
+            match host.sessions().append(&session, events) {
                 Ok(committed) => committing.push(committed, &session).await,
                 Err(err) => {
                     tracing::warn!(error = %err, session_id = %session.id, "agent output not recorded");
@@ -624,7 +653,7 @@ impl Driver {
     /// Starts the session's agent if none runs; the pump for its output starts with it.
     async fn ensure_agent(
         self: &Arc<Self>,
-        host: &Arc<HostState>,
+        host: &Arc<impl TurnHost>,
         state: &mut DriverState,
     ) -> Result<Agent, AppError> {
         if let Some(agent) = &state.agent {
@@ -633,7 +662,7 @@ impl Driver {
         // Each session keeps the agent's own session files in its own directory; an agent
         // started again for a session that already ran resumes from them.
         let session_dir = host
-            .config
+            .config()
             .data_dir
             .join("agent-sessions")
             .join(&self.session.id);
@@ -649,8 +678,8 @@ impl Driver {
                 session_dir.display().to_string(),
             )],
         };
-        let generation = host.models.generation();
-        let (agent, output) = host.agent.spawn(&spec, host.agent_options()).await?;
+        let generation = host.models().generation();
+        let (agent, output) = host.agent().spawn(&spec, host.agent_options()).await?;
         tokio::spawn(pump(host.clone(), self.clone(), agent.clone(), output));
         self.agent_pid.store(agent.pid(), Ordering::Relaxed);
         state.agent = Some(agent.clone());
@@ -672,8 +701,8 @@ impl Driver {
     /// Replaces an idle agent started before the host's settings last changed (a key or a
     /// provider): it would run on the old ones. A running turn keeps its agent; the next turn
     /// after it gets a new one.
-    fn retire_stale(&self, host: &HostState, state: &mut DriverState) {
-        if state.active.is_some() || state.generation == host.models.generation() {
+    fn retire_stale(&self, host: &impl TurnHost, state: &mut DriverState) {
+        if state.active.is_some() || state.generation == host.models().generation() {
             return;
         }
         if let Some(stale) = self.take_agent(state) {
@@ -689,7 +718,7 @@ impl Driver {
     /// catalogue says; no request reaches a provider.
     async fn ready(
         &self,
-        host: &HostState,
+        host: &impl TurnHost,
         agent: &Agent,
         state: &mut DriverState,
     ) -> Result<(), AppError> {
@@ -709,7 +738,7 @@ impl Driver {
         };
         // A model server added from a client that wants a key pi sees as keyed (pi-host's
         // extension registers it with a placeholder): the host knows better.
-        if host.models.lacks_key(&current.provider) {
+        if host.models().lacks_key(&current.provider) {
             return Err(crate::models::secret_missing(&current.provider));
         }
         if state.available.is_none() {
@@ -740,7 +769,7 @@ impl Driver {
     }
 
     /// Ends the running turn with its pending failure: pi did not retry it.
-    async fn settle_pending(&self, host: &HostState) -> Vec<HostEvent> {
+    async fn settle_pending(&self, host: &impl TurnHost) -> Vec<HostEvent> {
         let mut state = self.state.lock().await;
         let Some(active) = state.active.as_mut() else {
             return Vec::new();
@@ -757,7 +786,7 @@ impl Driver {
     /// Ends `turn_id` if it is still the running turn (the prompt never reached the agent).
     async fn end_turn_early(
         &self,
-        host: &HostState,
+        host: &impl TurnHost,
         turn_id: &str,
         outcome: TurnOutcome,
         error: AppError,
@@ -768,7 +797,7 @@ impl Driver {
         }
         state.active = None;
         let events = end_of_turn(host, turn_id, outcome, Some(error));
-        if let Err(err) = host.sessions.commit(&self.session, events).await {
+        if let Err(err) = host.sessions().commit(&self.session, events).await {
             tracing::warn!(error = %err, "cannot record the end of a turn");
         }
     }
@@ -777,14 +806,14 @@ impl Driver {
     /// event); one outside any turn has nobody to answer it and is cancelled at once.
     async fn open_dialog(
         &self,
-        host: &Arc<HostState>,
+        host: &Arc<impl TurnHost>,
         agent: &Agent,
         turn_id: Option<String>,
         request: approvals::Request,
     ) -> Option<HostEvent> {
         match turn_id {
             Some(turn_id) => {
-                let approvals = &host.turns.approvals;
+                let approvals = &host.turns().approvals;
                 Some(approvals.open(host, &self.session, agent, &turn_id, request))
             }
             None => {
@@ -799,7 +828,7 @@ impl Driver {
     /// with turn starts and aborts).
     async fn translate(
         &self,
-        host: &Arc<HostState>,
+        host: &Arc<impl TurnHost>,
         agent: &Agent,
         batch: Vec<AgentOutput>,
     ) -> Vec<HostEvent> {
@@ -879,7 +908,7 @@ impl Driver {
 /// An agent event is relayed; one that ends the run also ends the running turn, unless the run
 /// failed in a way pi may retry: then pi's next event decides (docs/protocol.md §8.7).
 fn on_agent_event(
-    host: &HostState,
+    host: &impl TurnHost,
     state: &mut MutexGuard<'_, DriverState>,
     event: AgentEvent,
     events: &mut Vec<HostEvent>,
