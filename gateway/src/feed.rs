@@ -111,7 +111,13 @@ impl Feed {
     }
 
     /// Appends the events a batch took, in seq order, and wakes the subscribers.
-    fn append(&self, events: Vec<(u64, bytes::Bytes)>, failed: Option<AppError>) -> bool {
+    /// `closed`: the last of them is `session.closed`.
+    fn append(
+        &self,
+        events: Vec<(u64, bytes::Bytes)>,
+        closed: bool,
+        failed: Option<AppError>,
+    ) -> bool {
         let now = racp_server::clock::now_ms();
         let mut window = self.lock();
         for (seq, payload) in events {
@@ -119,7 +125,6 @@ impl Feed {
             let Ok(json) = std::str::from_utf8(&payload) else {
                 continue;
             };
-            window.closed |= stream::is_session_closed(json);
             let event = LoggedEvent {
                 seq,
                 at: now,
@@ -127,6 +132,7 @@ impl Feed {
             };
             window.log.push(Arc::new(event), now);
         }
+        window.closed |= closed;
         window.failed = failed;
         for (_, notify) in &window.watchers {
             notify.notify_one();
@@ -198,7 +204,7 @@ async fn pump(stream: Stream, feed: Weak<Feed>, after: u64, from: u64) {
         let Some(feed) = feed.upgrade() else {
             return;
         };
-        if feed.append(events, stop) {
+        if feed.append(events, at.closed, stop) {
             return;
         }
     }

@@ -5,8 +5,7 @@
 
 use crate::feed::Feed;
 use crate::stream::{
-    Entry, Position, Stream, WATCHDOG, accept, consume, consume_again, is_session_closed,
-    next_message, with_arrived,
+    Entry, Position, Stream, WATCHDOG, accept, consume, consume_again, next_message, with_arrived,
 };
 use async_nats::jetstream::consumer;
 use racp_proto::events::PushMethod;
@@ -138,10 +137,8 @@ async fn pump(
         let batch = with_arrived(&mut messages, first, start.max_events_per_frame, budget);
         let batch = batch.into_iter().map(|read| read.map(Entry::read));
         let (events, stop) = accept(batch, &mut at, start.epoch, &start.subject);
-        let mut closed = false;
         for chunk in frames(&events, budget) {
-            let (frame, ends) = events_frame(&prefix, chunk, budget, &start);
-            closed |= ends;
+            let frame = events_frame(&prefix, chunk, budget, &start);
             if out.send(Outgoing::Frame(frame)).await.is_err() {
                 return;
             }
@@ -149,7 +146,7 @@ async fn pump(
                 delivered.store(*seq, Ordering::Relaxed);
             }
         }
-        if closed {
+        if at.closed {
             end(&out, &start, at.last, None).await;
             return;
         }
@@ -160,20 +157,17 @@ async fn pump(
     }
 }
 
-/// One `session/events` frame of `chunk`, an event over `budget` cut to fit as a host cuts it;
-/// and whether the chunk holds `session.closed`.
+/// One `session/events` frame of `chunk`, an event over `budget` cut to fit as a host cuts it.
 fn events_frame(
     prefix: &str,
     chunk: &[(u64, bytes::Bytes)],
     budget: usize,
     start: &Start,
-) -> (String, bool) {
-    let mut closed = false;
+) -> String {
     let mut frame = String::with_capacity(prefix.len() + budget.min(1 << 16));
     frame.push_str(prefix);
     for (i, (seq, payload)) in chunk.iter().enumerate() {
         let json = String::from_utf8_lossy(payload);
-        closed |= is_session_closed(&json);
         if i > 0 {
             frame.push(',');
         }
@@ -190,7 +184,7 @@ fn events_frame(
         }
     }
     frame.push_str("]}}");
-    (frame, closed)
+    frame
 }
 
 /// Ends the subscription: its `subscription/ended` push, then word to the connection.
@@ -201,7 +195,6 @@ async fn end(out: &mpsc::Sender<Outgoing>, start: &Start, last: u64, error: Opti
         .await;
 }
 
-/// Whether an event is `session.closed`: a host writes `type` before `data`, so the first
 /// Splits events into frames of at most `budget` bytes each (an oversized event alone).
 fn frames(events: &[(u64, bytes::Bytes)], budget: usize) -> Vec<&[(u64, bytes::Bytes)]> {
     let mut out = Vec::new();

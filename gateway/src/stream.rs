@@ -5,7 +5,7 @@
 
 use async_nats::jetstream::{self, consumer, stream::DirectGetErrorKind};
 use futures_util::{FutureExt, StreamExt};
-use racp_proto::gateway::{EPOCH_HEADER, SEQ_HEADER};
+use racp_proto::gateway::{CLOSED_HEADER, EPOCH_HEADER, SEQ_HEADER};
 use racp_proto::{AppError, Epoch, ErrorCode, Expired};
 use serde_json::json;
 use std::time::Duration;
@@ -39,6 +39,13 @@ fn epoch_header(headers: &async_nats::HeaderMap) -> Option<Epoch> {
     u64::from_str_radix(hex, 16).ok().map(Epoch)
 }
 
+/// Whether a relayed event is its session's last, `session.closed` (`Racp-Closed`).
+fn closes(headers: &async_nats::HeaderMap) -> bool {
+    headers
+        .get(CLOSED_HEADER)
+        .is_some_and(|v| v.as_str() == "1")
+}
+
 /// The RACP seq a relayed event carries (`Racp-Seq`).
 fn seq_header(headers: &async_nats::HeaderMap) -> Option<u64> {
     headers.get(SEQ_HEADER)?.as_str().parse().ok()
@@ -68,7 +75,7 @@ pub async fn span(stream: &Stream, subject: &str) -> Result<Span, AppError> {
         epoch,
         first: (first_seq, first.sequence),
         last: (last_seq, last.sequence),
-        closed: std::str::from_utf8(&last.payload).is_ok_and(is_session_closed),
+        closed: closes(&last.headers),
     })
 }
 
@@ -186,6 +193,8 @@ pub struct Position {
     pub resume_at: u64,
     /// Consecutive failed reads.
     pub errors: u32,
+    /// The last event taken was `session.closed`: nothing follows.
+    pub closed: bool,
 }
 
 impl Position {
@@ -195,6 +204,7 @@ impl Position {
             last,
             resume_at,
             errors: 0,
+            closed: false,
         }
     }
 
@@ -212,6 +222,8 @@ pub struct Entry {
     epoch: Option<Epoch>,
     /// Its RACP seq (0 when its header has none: such a message is skipped).
     seq: u64,
+    /// It is `session.closed`, its session's last event.
+    closes: bool,
     payload: bytes::Bytes,
 }
 
@@ -222,6 +234,7 @@ impl Entry {
             stream_sequence: message.info().ok().map(|info| info.stream_sequence),
             epoch: headers.and_then(epoch_header),
             seq: headers.and_then(seq_header).unwrap_or(0),
+            closes: headers.is_some_and(closes),
             payload: message.payload.clone(),
         }
     }
@@ -275,6 +288,10 @@ pub fn accept<E: std::fmt::Display>(
         }
         at.last = seq;
         events.push((seq, entry.payload));
+        if entry.closes {
+            at.closed = true;
+            break;
+        }
     }
     (events, None)
 }
@@ -322,12 +339,6 @@ pub fn with_arrived(
     batch
 }
 
-/// `"type":` in the text is the event's own.
-pub fn is_session_closed(json: &str) -> bool {
-    json.find("\"type\":")
-        .is_some_and(|at| json[at + 7..].starts_with("\"session.closed\""))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,6 +351,7 @@ mod tests {
             stream_sequence: Some(100 + seq),
             epoch,
             seq,
+            closes: false,
             payload: payload.into(),
         })
     }
@@ -360,11 +372,23 @@ mod tests {
     }
 
     fn after(last: u64) -> Position {
-        Position {
-            last,
-            resume_at: 0,
-            errors: 0,
-        }
+        Position::after(last, 0)
+    }
+
+    #[test]
+    fn the_event_marked_closing_is_the_last_taken() {
+        let mut closing = event(3).unwrap();
+        closing.closes = true;
+        let mut at = after(1);
+        let (seqs, stop) = take(&mut at, vec![event(2), Ok(closing), event(4)]);
+        assert_eq!(seqs, vec![2, 3]);
+        assert!(stop.is_none() && at.closed && at.last == 3);
+        // The text of an event never closes a session: only the host's header does.
+        let mut at = after(1);
+        let text = r#"{"seq":2,"type":"session.closed"}"#.to_string();
+        let (seqs, _) = take(&mut at, vec![entry(2, Some(Epoch(7)), text)]);
+        assert_eq!(seqs, vec![2]);
+        assert!(!at.closed);
     }
 
     fn detail(error: &AppError, key: &str) -> Value {

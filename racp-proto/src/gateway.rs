@@ -15,6 +15,9 @@ pub const HOSTS_BUCKET: &str = "racp_hosts";
 pub const SEQ_HEADER: &str = "Racp-Seq";
 /// Header carrying the session's epoch (16 hex digits, the RACP cursor's epoch).
 pub const EPOCH_HEADER: &str = "Racp-Epoch";
+/// Header (value `1`) on a session's last event, `session.closed`: a gateway ends its
+/// subscriptions there without reading events.
+pub const CLOSED_HEADER: &str = "Racp-Closed";
 /// Header naming the gateway key (a public user nkey) that signed a routed call.
 pub const CALL_KEY_HEADER: &str = "Racp-Gateway-Key";
 /// Header carrying a routed call's signature (ed25519, base64url without padding).

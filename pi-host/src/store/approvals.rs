@@ -4,13 +4,19 @@ use super::{Store, StoreError};
 use racp_proto::methods::turn::{ApprovalInfo, ApprovalState};
 use rusqlite::OptionalExtension;
 
-fn encode(info: &ApprovalInfo) -> String {
-    serde_json::to_string(info).unwrap_or_default()
+fn encode(info: &ApprovalInfo) -> Result<String, StoreError> {
+    serde_json::to_string(info)
+        .map_err(|e| StoreError::Corrupt(format!("approval {}: {e}", info.approval_id)))
+}
+
+fn decode(json: &str) -> Result<ApprovalInfo, StoreError> {
+    serde_json::from_str(json).map_err(|e| StoreError::Corrupt(format!("an approval: {e}")))
 }
 
 impl Store {
     /// Inserts or updates an approval.
     pub fn save_approval(&self, info: &ApprovalInfo) -> Result<(), StoreError> {
+        let json = encode(info)?;
         let conn = self.conn()?;
         conn.execute(
             "INSERT INTO approvals (approval_id, session_id, pending, json) VALUES (?1, ?2, ?3, ?4)
@@ -19,7 +25,7 @@ impl Store {
                 &info.approval_id,
                 &info.session_id,
                 info.state == ApprovalState::Pending,
-                encode(info),
+                json,
             ),
         )?;
         Ok(())
@@ -34,7 +40,7 @@ impl Store {
                 |r| r.get(0),
             )
             .optional()?;
-        Ok(json.and_then(|j| serde_json::from_str(&j).ok()))
+        json.as_deref().map(decode).transpose()
     }
 
     /// Approvals of a session still pending (after a restart: their agent is gone).
@@ -42,10 +48,7 @@ impl Store {
         let conn = self.conn()?;
         let mut stmt =
             conn.prepare("SELECT json FROM approvals WHERE session_id = ?1 AND pending = 1")?;
-        let rows = stmt
-            .query_map([session_id], |r| r.get::<_, String>(0))?
-            .filter_map(|j| j.ok().and_then(|j| serde_json::from_str(&j).ok()))
-            .collect();
-        Ok(rows)
+        let rows = stmt.query_map([session_id], |r| r.get::<_, String>(0))?;
+        rows.map(|json| decode(&json?)).collect()
     }
 }

@@ -123,10 +123,13 @@ impl Approvals {
 
     /// After a restart: approvals left pending have no agent to answer; settle them cancelled.
     pub fn cancel_stored(host: &impl TurnHost, session_id: &str) -> Vec<HostEvent> {
-        let pending = host
-            .store()
-            .pending_approvals(session_id)
-            .unwrap_or_default();
+        let pending = match host.store().pending_approvals(session_id) {
+            Ok(pending) => pending,
+            Err(err) => {
+                tracing::warn!(%session_id, error = %err, "cannot read the approvals left pending");
+                Vec::new()
+            }
+        };
         pending
             .into_iter()
             .map(|mut info| {

@@ -15,7 +15,7 @@ use super::Retry;
 use crate::sessions::Session;
 use crate::state::HostState;
 use async_nats::jetstream::{self, stream::Stream};
-use racp_proto::gateway::{EPOCH_HEADER, SEQ_HEADER, events_stream, events_subject};
+use racp_proto::gateway::{CLOSED_HEADER, EPOCH_HEADER, SEQ_HEADER, events_stream, events_subject};
 use racp_server::fanout::SharedLog;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -125,6 +125,10 @@ async fn relay_session(
             let mut headers = async_nats::HeaderMap::new();
             headers.insert(SEQ_HEADER, event.seq.to_string());
             headers.insert(EPOCH_HEADER, format!("{:016x}", epoch.0));
+            // A closed session's head is its `session.closed`: nothing follows it.
+            if slice.closed && event.seq == slice.head {
+                headers.insert(CLOSED_HEADER, "1");
+            }
             let id = format!("{}:{:016x}:{}", session.id, epoch.0, event.seq);
             if let Some(previous) = last_id.take() {
                 headers.insert(async_nats::header::NATS_EXPECTED_LAST_MESSAGE_ID, previous);
