@@ -17,6 +17,10 @@ use tokio::sync::Notify;
 /// a host, within a byte bound (past it, a subscriber that falls out is CLIENT_TOO_SLOW).
 const WINDOW_BYTES: usize = 16 << 20;
 
+/// Most events one append adds: a subscriber that keeps up is at most this far behind the head
+/// when it wakes, as after a host's group commit, so it stays well inside the lag bound.
+const APPEND_EVENTS: usize = 256;
+
 /// The feeds of this replica, by subject.
 #[derive(Default)]
 pub struct Feeds {
@@ -198,7 +202,7 @@ async fn pump(stream: Stream, feed: Weak<Feed>, after: u64, from: u64) {
             at.errors = 0;
             continue;
         };
-        let batch = stream::with_arrived(&mut messages, first, usize::MAX, WINDOW_BYTES / 16);
+        let batch = stream::with_arrived(&mut messages, first, APPEND_EVENTS, WINDOW_BYTES / 16);
         let batch = batch.into_iter().map(|read| read.map(Entry::read));
         let (events, stop) = stream::accept(batch, &mut at, epoch, &subject);
         let Some(feed) = feed.upgrade() else {

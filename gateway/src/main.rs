@@ -124,6 +124,11 @@ struct ServeArgs {
     /// names and the --listen address (repeatable; against DNS rebinding)
     #[arg(long = "allow-host")]
     allowed_hosts: Vec<String>,
+    /// A live subscriber this many events behind its session's head gets CLIENT_TOO_SLOW, as on
+    /// a host; a replica's window of each session it follows holds this many events and a push
+    /// [default: 20000]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    max_lag_events: Option<u64>,
     /// How long a replica serves devices after it last confirmed it knows every revoke, and
     /// so the longest a revoke waits for a replica that does not confirm (milliseconds)
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
@@ -433,7 +438,7 @@ async fn serve(
         max_in_flight: limits.max_in_flight,
         max_subscriptions: limits.max_subscriptions,
         max_events_per_frame: limits.max_events_per_frame,
-        max_lag_events: limits.max_lag_events,
+        max_lag_events: args.max_lag_events.unwrap_or(limits.max_lag_events),
         send_stall: limits.send_stall,
         requests_per_second: limits.requests_per_second,
         request_burst: limits.request_burst,

@@ -86,11 +86,7 @@ impl Gateway {
     /// `grace` for them to send their connection error and close.
     pub async fn drain(&self, grace: Duration) {
         self.draining.store(true, Ordering::Release);
-        self.connections.kill_all(&shutting_down());
-        let deadline = tokio::time::Instant::now() + grace;
-        while self.connections.count() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.connections.end_all(&shutting_down(), grace).await;
     }
 
     pub fn is_draining(&self) -> bool {

@@ -146,12 +146,15 @@ impl HostState {
         self.draining.load(Ordering::Acquire)
     }
 
-    /// Starts draining: new upgrades and calls are refused, open connections are told to close.
+    /// Starts draining: new upgrades and calls are refused, open connections are ended and
+    /// waited for until they have closed (5 s at most).
     pub async fn begin_drain(&self) {
         self.draining.store(true, Ordering::Release);
         #[cfg(debug_assertions)]
         crate::test_hooks::before_drain_kill().await;
-        self.connections.kill_all(&shutting_down());
+        // As long as a gateway replica waits for its own.
+        let grace = std::time::Duration::from_secs(5);
+        self.connections.end_all(&shutting_down(), grace).await;
     }
 }
 

@@ -35,6 +35,8 @@ pub struct Connections {
     /// concurrent upgrades cannot pass the cap together.
     admitted: Arc<AtomicUsize>,
     gates: DashMap<String, Arc<DeviceGate>>,
+    /// Woken when a connection leaves the table (it has sent its last frame and closed).
+    unregistered: Notify,
 }
 
 struct OpenConnection {
@@ -96,6 +98,7 @@ impl Connections {
 
     pub fn unregister(&self, id: u64) {
         self.open.remove(&id);
+        self.unregistered.notify_waiters();
     }
 
     /// The gate of a device (made on first use; a revoked device's gate stays closed).
@@ -121,20 +124,31 @@ impl Connections {
             .filter(|entry| entry.device_id.as_deref() == Some(device_id))
             .map(|entry| entry.kill.clone())
             .collect();
-        for kill in &kills {
-            let _ = kill.send(Some(error.clone()));
-        }
-        // A connection drops its receiver when its loop stops: nothing leaves it after that.
-        let stopped = futures_util::future::join_all(kills.iter().map(|kill| kill.closed()));
-        if tokio::time::timeout_at(deadline, stopped).await.is_err() {
+        if !end(&kills, error, deadline).await {
             tracing::warn!(device_id, "a revoked connection is still stopping");
         }
         kills.len()
     }
 
-    /// Tells every open connection to end with `error` (drain).
-    pub fn kill_all(&self, error: &AppError) {
+    /// Ends every open connection with `error` (the drain) and waits, at most `within`, until
+    /// each has sent it and closed: a server that exits before that would cut them unclosed.
+    pub async fn end_all(&self, error: &AppError, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        let ids: Vec<u64> = self.open.iter().map(|entry| *entry.key()).collect();
         self.kill_where(|_| true, error);
+        loop {
+            let left = self.unregistered.notified();
+            tokio::pin!(left);
+            // Listening before the check, so a connection that leaves between them is seen.
+            left.as_mut().enable();
+            if ids.iter().all(|id| !self.open.contains_key(id)) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, left).await.is_err() {
+                tracing::warn!("a connection was still closing when the drain stopped waiting");
+                return;
+            }
+        }
     }
 
     /// Tells every device's connection to end with `error` (those still pairing stay); returns
@@ -153,6 +167,16 @@ impl Connections {
         }
         told
     }
+}
+
+/// Tells each connection to end with `error`; true once every one has stopped before `deadline`.
+async fn end(kills: &[Arc<Kill>], error: &AppError, deadline: tokio::time::Instant) -> bool {
+    for kill in kills {
+        let _ = kill.send(Some(error.clone()));
+    }
+    // A connection drops its receiver when its loop stops: nothing leaves it after that.
+    let stopped = futures_util::future::join_all(kills.iter().map(|kill| kill.closed()));
+    tokio::time::timeout_at(deadline, stopped).await.is_ok()
 }
 
 /// Whether a device may still make calls, and how many of its calls are running.

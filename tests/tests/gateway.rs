@@ -444,6 +444,66 @@ async fn a_host_credential_cannot_forge_frames_through_its_own_stream() {
     );
 }
 
+#[tokio::test]
+async fn a_subscriber_too_slow_for_the_gateway_is_cut_at_the_lag_bound_as_on_a_host() {
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    // Well above one append of the replica's feed (256 events), far below the stream.
+    let gateway = fleet.gateway_with(&["--max-lag-events", "2000"]).await;
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    until_status(&mut root, &host_id, "online").await;
+    let url = gateway.host_url(&host_id);
+    let mut desk = connect(&url, &token).await;
+    let (session_id, _) = open_session(&mut desk, &host).await;
+    // It reads steadily, slower than the agent writes, through small buffers.
+    let proxy = tests::FaultProxy::start_with_small_buffers(gateway.addr).await;
+    proxy.delay(10);
+    let mut slow = connect(
+        &format!("wss://{}/racp/hosts/{host_id}", proxy.addr),
+        &token,
+    )
+    .await;
+    let subscribed = slow
+        .call("session/subscribe", json!({"sessionId": session_id}))
+        .await;
+    assert!(subscribed["result"].is_object(), "{subscribed}");
+    let live = run_turn(&mut desk, &session_id, "k", "stream:40000").await;
+    let read = tokio::time::timeout(PATIENCE * 4, async {
+        let mut done = false;
+        while let Some(frame) = slow.next_frame().await {
+            if frame["method"] == "session/events"
+                && frame["params"]["events"]
+                    .as_array()
+                    .is_some_and(|events| events.iter().any(finished))
+            {
+                done = true;
+                break;
+            }
+        }
+        done
+    })
+    .await;
+    assert_eq!(
+        read,
+        Ok(false),
+        "the slow subscriber was served the whole turn"
+    );
+    assert!(
+        gateway
+            .log()
+            .lines()
+            // Past the lag bound, or (blocked in a send meanwhile) past the feed's window, which
+            // holds the lag bound and a push: either way CLIENT_TOO_SLOW with its cursors.
+            .any(|l| l.contains("code=CLIENT_TOO_SLOW")
+                && (l.contains("fell too far behind the head")
+                    || l.contains("fell out of the retained window"))),
+        "the gateway did not cut the subscriber for its lag"
+    );
+    // The desk, on the same session and replica, saw every event.
+    assert!(live.iter().any(finished));
+}
+
 /// The host's events stream, reached with the gateway's own (unrestricted) NATS credential.
 async fn events_stream(one: &OneHost) -> async_nats::jetstream::stream::Stream {
     let seed = std::fs::read_to_string(one.gateway.data_dir.path().join("gateway.nk")).unwrap();
