@@ -140,7 +140,7 @@ async fn a_real_pi_turn_with_a_tool_call_an_approval_and_a_reconnect() {
         l == "agent.message_update:toolcall_end"
     });
     // The tool call as rebuilt from the compact updates (docs/protocol.md §8.1).
-    let mut stream = racp_proto::stream::StreamState::default();
+    let mut stream = racp_proto::pi::stream::StreamState::default();
     for event in &seen[..=toolcall_end] {
         stream.apply(event["type"].as_str().unwrap(), &event["data"]);
     }

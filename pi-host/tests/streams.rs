@@ -290,7 +290,7 @@ async fn session_stream_tells_what_was_streaming_at_any_retained_cursor() {
     start_turn(&client, &session_id, "deltas:20").await;
     // Rebuilt here event by event, as a subscriber from the start sees it; at every cursor the
     // host's answer must be the same state.
-    let mut rebuilt = racp_proto::stream::StreamState::default();
+    let mut rebuilt = racp_proto::pi::stream::StreamState::default();
     let mut checked = 0;
     loop {
         let event = next_event(&mut sub).await;

@@ -8,8 +8,10 @@
 //! - [`error`]: the registry of codes and the `AppError` object.
 //! - [`frame`] and [`codec`]: frame shapes, size-checked decoding, params with JSON paths.
 //! - [`methods`]: the method table (params, results, access, resend safety).
-//! - [`events`]: session events and pushes; [`stream`]: rebuilding a streamed message and
-//!   tool output from compact events.
+//! - [`events`]: session events and pushes.
+//! - [`pi`]: pi's RPC mode as data, the one reader of pi's format: its event types, a line read
+//!   in one pass, commands and replies, compaction of its stream updates and the rebuild of
+//!   what they stream.
 //! - [`cursor`], [`role`], [`capability`], [`limits`], [`validate`]: the pieces they are built
 //!   from.
 //! - [`codegen`]: renders the generated documents.
@@ -28,8 +30,8 @@ pub mod gateway;
 pub mod human;
 pub mod limits;
 pub mod methods;
+pub mod pi;
 pub mod role;
-pub mod stream;
 pub mod validate;
 
 pub use capability::Capability;

@@ -1,8 +1,11 @@
 //! The human view of a session's events: text deltas inline, tool calls and results as lines,
 //! approvals with their id and question. Event types it does not know are skipped.
 
-use racp_proto::events::{ApprovalRequestedData, ApprovalSettledData, Event, TurnFinishedData};
+use racp_proto::events::{
+    ApprovalRequestedData, ApprovalSettledData, Event, EventType, TurnFinishedData, TurnStartedData,
+};
 use racp_proto::methods::turn::{ApprovalInfo, ApprovalKind};
+use racp_proto::pi::{self, Kind, event::ToolRun};
 use serde_json::Value;
 
 /// Longest tool result text shown, in characters.
@@ -17,43 +20,26 @@ pub struct View {
 impl View {
     /// The text to print for `event` (possibly empty).
     pub fn render(&mut self, event: &Event) -> String {
-        // The human view shows text and abbreviated JSON, so a number rounded by `Value` (an
-        // integer beyond 64 bits) is acceptable here; `--json` prints `data` exactly.
-        let data = &serde_json::from_str::<Value>(event.data.get()).unwrap_or(Value::Null);
+        if let Some(kind) = Kind::of_event_type(&event.kind) {
+            return self.render_agent(&kind, event.data.get());
+        }
+        let Some(kind) = EventType::ALL
+            .iter()
+            .copied()
+            .find(|t| t.as_str() == event.kind)
+        else {
+            return String::new();
+        };
         let turn = event.turn_id.as_deref().unwrap_or("?");
-        match event.kind.as_str() {
-            "agent.message_update" => {
-                let update = &data["assistantMessageEvent"];
-                match update["type"].as_str() {
-                    Some("text_delta") => self.inline(update["delta"].as_str().unwrap_or("")),
-                    _ => String::new(),
-                }
+        match kind {
+            EventType::TurnStarted => {
+                let text = event.data.parse::<TurnStartedData>().map(|d| d.text);
+                let text = text.unwrap_or_default();
+                self.line(&format!("== turn {turn}: {}", truncate(&text, 200)))
             }
-            "agent.tool_execution_start" => {
-                let name = data["toolName"].as_str().unwrap_or("tool");
-                let args = compact(&data["args"], 200);
-                self.line(&format!("[tool] {name} {args}"))
-            }
-            "agent.tool_execution_end" => {
-                let name = data["toolName"].as_str().unwrap_or("tool");
-                let text = result_text(&data["result"]);
-                let label = if data["isError"].as_bool() == Some(true) {
-                    "error"
-                } else {
-                    "result"
-                };
-                self.line(&format!("[tool {label}] {name}: {text}"))
-            }
-            "turn.started" => {
-                let text = data["text"].as_str().unwrap_or("");
-                self.line(&format!("== turn {turn}: {}", truncate(text, 200)))
-            }
-            "turn.finished" => match serde_json::from_value::<TurnFinishedData>(data.clone()) {
+            EventType::TurnFinished => match event.data.parse::<TurnFinishedData>() {
                 Ok(finished) => {
-                    let outcome = serde_json::to_value(finished.outcome)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default();
+                    let outcome = wire_name(&finished.outcome);
                     let why = finished
                         .error
                         .map(|e| format!(" ({}: {})", e.code(), e.message()))
@@ -62,41 +48,46 @@ impl View {
                 }
                 Err(_) => self.line(&format!("== turn {turn} finished")),
             },
-            "approval.requested" => {
-                match serde_json::from_value::<ApprovalRequestedData>(data.clone()) {
-                    Ok(approval) => self.line(&describe_approval(
-                        &approval.approval_id,
-                        approval.kind,
-                        &approval.title,
-                        approval.message.as_deref(),
-                        approval.options.as_deref(),
-                    )),
-                    Err(_) => String::new(),
-                }
-            }
-            "approval.settled" => match serde_json::from_value::<ApprovalSettledData>(data.clone())
-            {
-                Ok(settled) => {
-                    let outcome = serde_json::to_value(settled.outcome)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default();
-                    let by = settled
-                        .device_id
-                        .map(|d| format!(" by {d}"))
-                        .unwrap_or_default();
-                    let value = settled
-                        .value
-                        .map(|v| format!(": {}", truncate(&v, 200)))
-                        .unwrap_or_default();
-                    self.line(&format!(
-                        "[approval {}] {outcome}{by}{value}",
-                        settled.approval_id
-                    ))
-                }
+            EventType::ApprovalRequested => match event.data.parse::<ApprovalRequestedData>() {
+                Ok(approval) => self.line(&describe_approval(
+                    &approval.approval_id,
+                    approval.kind,
+                    &approval.title,
+                    approval.message.as_deref(),
+                    approval.options.as_deref(),
+                )),
                 Err(_) => String::new(),
             },
-            "session.closed" => self.line("== session closed"),
+            EventType::ApprovalSettled => match event.data.parse::<ApprovalSettledData>() {
+                Ok(settled) => self.line(&describe_settled(settled)),
+                Err(_) => String::new(),
+            },
+            EventType::SessionClosed => self.line("== session closed"),
+            EventType::AgentStopped | EventType::SessionConfigured => String::new(),
+        }
+    }
+
+    /// An agent event: reply text inline, a tool's start and end as lines.
+    fn render_agent(&mut self, kind: &Kind, data: &str) -> String {
+        match kind {
+            Kind::MessageUpdate => match pi::event::text_delta(data) {
+                Some(delta) => self.inline(&delta),
+                None => String::new(),
+            },
+            Kind::ToolExecutionStart => {
+                let run = ToolRun::read(data);
+                let name = run.tool_name.as_deref().unwrap_or("tool");
+                let args = compact(&run.args, 200);
+                self.line(&format!("[tool] {name} {args}"))
+            }
+            Kind::ToolExecutionEnd => {
+                let run = ToolRun::read(data);
+                let name = run.tool_name.as_deref().unwrap_or("tool");
+                let text = run.result_texts().join(" ").replace('\n', " ");
+                let text = truncate(&text, MAX_RESULT_CHARS);
+                let label = if run.is_error { "error" } else { "result" };
+                self.line(&format!("[tool {label}] {name}: {text}"))
+            }
             _ => String::new(),
         }
     }
@@ -182,12 +173,26 @@ pub fn kind_name(kind: ApprovalKind) -> &'static str {
     }
 }
 
-fn result_text(result: &Value) -> String {
-    let text: Vec<&str> = result["content"]
-        .as_array()
-        .map(|items| items.iter().filter_map(|i| i["text"].as_str()).collect())
+/// A settled approval: its outcome, who settled it and the answer.
+fn describe_settled(settled: ApprovalSettledData) -> String {
+    let outcome = wire_name(&settled.outcome);
+    let by = settled
+        .device_id
+        .map(|d| format!(" by {d}"))
         .unwrap_or_default();
-    truncate(&text.join(" ").replace('\n', " "), MAX_RESULT_CHARS)
+    let value = settled
+        .value
+        .map(|v| format!(": {}", truncate(&v, 200)))
+        .unwrap_or_default();
+    format!("[approval {}] {outcome}{by}{value}", settled.approval_id)
+}
+
+/// An enum's name on the wire (`completed`, `allowed`...).
+fn wire_name(value: &impl serde::Serialize) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 fn compact(value: &Value, max: usize) -> String {

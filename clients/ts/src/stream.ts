@@ -5,7 +5,7 @@
 // pi writes every update with everything streamed so far; the host relays only what is new, so
 // a reply costs bytes linear in its length. `StreamState` applies those events in order and
 // holds the message and tool outputs pi held at that point. It is the same rule as the Rust
-// reference (racp-proto/src/stream.rs): a client and the host's snapshot must agree exactly.
+// reference (racp-proto/src/pi/stream.rs): a client and the host's snapshot must agree exactly.
 
 import type { Snapshot } from "../racp.js";
 

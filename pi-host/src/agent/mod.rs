@@ -24,7 +24,6 @@
 //! the last [`Agent`] handle kills the group too.
 
 pub mod check;
-mod compact;
 pub mod extensions;
 pub mod failure;
 mod protocol;
@@ -34,13 +33,14 @@ mod tests;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use protocol::{Line, LineReader, Parsed, Reply};
+use protocol::{Line, LineReader, Parsed, Reader, Reply};
 use racp_proto::methods::model::ModelRef;
 use racp_proto::methods::session::SessionSettings;
+use racp_proto::pi::{self, Command as PiCommand, Kind};
+pub use racp_proto::pi::{RunEnd, StopReason, UiAnswer, UiMethod};
 use racp_proto::{AppError, ErrorCode, ErrorSource};
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
-use std::borrow::Cow;
+use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -109,46 +109,6 @@ impl Default for AgentOptions {
     }
 }
 
-/// The dialog methods of pi's extension UI protocol: each needs an answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UiMethod {
-    Confirm,
-    Select,
-    Input,
-    Editor,
-}
-
-impl UiMethod {
-    #[cfg(test)]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UiMethod::Confirm => "confirm",
-            UiMethod::Select => "select",
-            UiMethod::Input => "input",
-            UiMethod::Editor => "editor",
-        }
-    }
-
-    pub fn from_wire(method: &str) -> Option<UiMethod> {
-        match method {
-            "confirm" => Some(UiMethod::Confirm),
-            "select" => Some(UiMethod::Select),
-            "input" => Some(UiMethod::Input),
-            "editor" => Some(UiMethod::Editor),
-            _ => None,
-        }
-    }
-}
-
-/// An answer to a dialog: `confirmed` for confirm, `value` for select/input/editor, or
-/// `cancelled` for any (pi then resolves confirm to false and the others to undefined).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UiAnswer {
-    Confirmed(bool),
-    Value(String),
-    Cancelled,
-}
-
 /// Everything the agent says, in the order it said it.
 #[derive(Debug, Clone)]
 pub enum AgentOutput {
@@ -156,30 +116,18 @@ pub enum AgentOutput {
     /// agent_end, queue_update, compaction_*, auto_retry_*, extension_error, ...), or a line
     /// that is not agent output (`invalid_output`).
     Event(AgentEvent),
-    /// An `extension_ui_request` with method confirm/select/input/editor: needs an answer through
-    /// [`Agent::answer_ui`] with the same `id`. `message` is confirm's; select has `options`.
-    /// `timeout_ms` is set when the extension gave one: pi then resolves the dialog by itself
-    /// (false/undefined) when it passes.
-    UiRequest {
-        id: String,
-        method: UiMethod,
-        title: String,
-        message: Option<String>,
-        options: Option<Vec<String>>,
-        timeout_ms: Option<u64>,
-    },
+    /// An extension's dialog: needs an answer through [`Agent::answer_ui`] with its `id`.
+    UiRequest(pi::Dialog),
     /// A fire-and-forget `extension_ui_request` (notify, setStatus, setWidget, setTitle,
     /// set_editor_text, ...): no answer; `payload` is the line as pi wrote it.
     UiNotice {
         method: String,
         payload: Box<RawValue>,
     },
-    /// A `response` that no command method is waiting for: `{"type": "response", "command",
-    /// "success", "error"?, "data"?, "id"?}`.
+    /// A `response` that no command method is waiting for; `payload` is the line as pi wrote
+    /// it.
     Response {
-        command: String,
-        success: bool,
-        error: Option<String>,
+        response: pi::Response,
         payload: Box<RawValue>,
     },
     /// The process ended and its stdout is drained: always the last output. `status` is the exit
@@ -197,51 +145,23 @@ pub enum AgentOutput {
 /// never re-encodes the rest).
 #[derive(Debug, Clone)]
 pub struct AgentEvent {
-    /// pi's `type`, or `invalid_output` for a line that is not agent output: then the payload
-    /// is `{"type": "invalid_output", "error", "bytes", "line"?}` (`line`: its first KiB, or the
-    /// first 64 bytes of an over-long line).
-    pub kind: String,
+    /// pi's `type`, or [`Kind::InvalidOutput`] for a line that is not agent output: then the
+    /// payload is `{"type": "invalid_output", "error", "bytes", "line"?}` (`line`: its first
+    /// KiB, or the first 64 bytes of an over-long line).
+    pub kind: Kind,
     pub payload: Box<RawValue>,
     /// Set when this output ends the agent's run.
     pub run_end: Option<RunEnd>,
     /// Set for the events that decide whether a failed run is final (pi's automatic retry and
     /// overflow compaction).
-    pub signal: Option<failure::RunSignal>,
-}
-
-/// How an agent run ended: pi's `agent_end`, read from its last assistant message.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RunEnd {
-    pub stop_reason: StopReason,
-    /// pi's `errorMessage` when the run failed.
-    pub error_message: Option<String>,
-    /// The message's `provider` and `model` (which model failed).
-    pub provider: Option<String>,
-    pub model: Option<String>,
-    /// The model finished with no visible text and no tool call.
-    pub empty: bool,
-}
-
-/// pi's `stopReason` of the last assistant message of a run.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum StopReason {
-    /// The model finished (`stop`, `length`, `toolUse`).
-    Finished,
-    Aborted,
-    Error,
-    /// No assistant message, an unknown reason, or an `agent_end` too long to read (its head
-    /// still named it).
-    #[default]
-    Unknown,
+    pub signal: Option<pi::RunSignal>,
 }
 
 impl AgentOutput {
     /// The text of a `notify` notice (an extension's message to the client).
     pub fn notice_message(&self) -> Option<String> {
         match self {
-            AgentOutput::UiNotice { method, payload } if method == "notify" => {
-                protocol::notice_message(payload)
-            }
+            AgentOutput::UiNotice { payload, .. } => pi::UiRequest::notify_message(payload),
             _ => None,
         }
     }
@@ -249,9 +169,11 @@ impl AgentOutput {
     /// pi's `type` for events, `extension_ui_request`, `response`, or `exited`.
     pub fn kind(&self) -> &str {
         match self {
-            AgentOutput::Event(event) => &event.kind,
-            AgentOutput::UiRequest { .. } | AgentOutput::UiNotice { .. } => "extension_ui_request",
-            AgentOutput::Response { .. } => "response",
+            AgentOutput::Event(event) => event.kind.as_str(),
+            AgentOutput::UiRequest(_) | AgentOutput::UiNotice { .. } => {
+                Kind::ExtensionUiRequest.as_str()
+            }
+            AgentOutput::Response { .. } => Kind::Response.as_str(),
             AgentOutput::Exited { .. } => "exited",
         }
     }
@@ -293,13 +215,13 @@ pub enum AgentError {
 impl AgentError {
     /// The agent does not know the command (an older pi, or another agent).
     pub fn is_unknown_command(&self) -> bool {
-        matches!(self, AgentError::Rejected { message, .. } if message.starts_with("Unknown command"))
+        matches!(self, AgentError::Rejected { message, .. } if pi::Response::is_unknown_command(message))
     }
 
     /// pi refused a prompt because a run is going on.
     pub fn is_busy(&self) -> bool {
         matches!(self, AgentError::Rejected { command, message }
-            if command == "prompt" && message.starts_with("Agent is already processing"))
+            if pi::Response::is_busy(command, message))
     }
 
     /// The RACP error for this failure.
@@ -519,7 +441,7 @@ impl Agent {
         let stderr_task = tokio::spawn(read_stderr(stderr, tail.clone()));
         let pump = StdoutPump {
             reader: LineReader::new(BufReader::new(stdout), options.max_line_bytes),
-            compactor: compact::Compactor::default(),
+            lines: Reader::new(options.redactor.clone()),
             out: out_tx,
             pending: pending.clone(),
             exit: exit_rx.clone(),
@@ -559,143 +481,121 @@ impl Agent {
         *self.inner.exit.borrow()
     }
 
-    /// Starts an agent run with this user message (`{"type": "prompt", "message"}`); returns once
-    /// pi accepted it. The run itself is reported through the events; a failure after acceptance
-    /// never comes back here. While a run goes on pi refuses: see [`AgentError::is_busy`].
+    /// Starts an agent run with this user message; returns once pi accepted it. The run itself
+    /// is reported through the events; a failure after acceptance never comes back here. While
+    /// a run goes on pi refuses: see [`AgentError::is_busy`].
     pub async fn prompt(&self, text: &str) -> Result<(), AgentError> {
-        self.call("prompt", json!({ "message": text }))
+        self.call(&PiCommand::Prompt { message: text })
             .await
             .map(drop)
     }
 
-    /// Queues a steering message for the current run (`{"type": "steer", "message"}`): pi delivers
-    /// it after the current assistant turn finishes its tool calls, before the next model call.
+    /// Queues a steering message for the current run: pi delivers it after the current
+    /// assistant turn finishes its tool calls, before the next model call.
     pub async fn steer(&self, text: &str) -> Result<(), AgentError> {
-        self.call("steer", json!({ "message": text }))
+        self.call(&PiCommand::Steer { message: text })
             .await
             .map(drop)
     }
 
-    /// Aborts the current run (`{"type": "abort"}`). pi answers once the agent is idle, that is
-    /// after the run's `agent_end`.
+    /// Aborts the current run. pi answers once the agent is idle, that is after the run's
+    /// `agent_end`.
     pub async fn abort(&self) -> Result<(), AgentError> {
-        self.call("abort", json!({})).await.map(drop)
+        self.call(&PiCommand::Abort).await.map(drop)
     }
 
-    /// Answers a dialog ([`AgentOutput::UiRequest`]) with `extension_ui_response`. pi never
-    /// acknowledges it, and ignores answers to ids it no longer waits for.
+    /// Answers a dialog ([`AgentOutput::UiRequest`]). pi never acknowledges it, and ignores
+    /// answers to ids it no longer waits for.
     pub async fn answer_ui(&self, request_id: &str, answer: UiAnswer) -> Result<(), AgentError> {
-        let kind = match &answer {
-            UiAnswer::Confirmed(_) => "confirmed",
-            UiAnswer::Value(_) => "value",
-            UiAnswer::Cancelled => "cancelled",
-        };
         tracing::debug!(
             pid = self.inner.pid,
             request_id,
-            answer = kind,
+            answer = answer.name(),
             "agent dialog answered"
         );
-        let line = protocol::ui_response(request_id, &answer);
-        self.send(
-            "extension_ui_response",
-            &line,
-            self.inner.options.response_timeout,
-        )
-        .await
+        let command = PiCommand::ExtensionUiResponse {
+            id: request_id,
+            answer: &answer,
+        };
+        self.send(&command, None, self.inner.options.response_timeout)
+            .await
     }
 
     /// pi's session state (`RpcSessionState`: model, isStreaming, messageCount, ...). pi answers
     /// once it has loaded, so a warm start asks it early.
     pub async fn get_state(&self) -> Result<Value, AgentError> {
-        self.call("get_state", json!({})).await
+        self.call(&PiCommand::GetState).await
     }
 
-    /// The model the agent's next prompt runs on (`get_state`'s `model`); None when it has
-    /// none (pi found no model with a credential, or the user's default is gone).
+    /// The model the agent's next prompt runs on; None when it has none (pi found no model
+    /// with a credential, or the user's default is gone).
     pub async fn current_model(&self) -> Result<Option<ModelRef>, AgentError> {
-        let state = self.get_state().await?;
-        Ok(state.get("model").and_then(protocol::model_ref))
+        Ok(pi::reply::current_model(&self.get_state().await?))
     }
 
-    /// The models whose provider has a credential (`get_available_models`).
+    /// The models whose provider has a credential.
     pub async fn available_models(&self) -> Result<Vec<ModelRef>, AgentError> {
-        let data = self.call("get_available_models", json!({})).await?;
-        Ok(protocol::available_models(&data))
+        let data = self.call(&PiCommand::GetAvailableModels).await?;
+        Ok(pi::reply::available_models(&data))
     }
 
-    /// Applies a session's settings (`set_model`, `set_thinking_level`,
-    /// `set_auto_compaction`); fields that are None keep the agent's own.
+    /// Applies a session's settings (model, thinking level, auto-compaction); fields that are
+    /// None keep the agent's own.
     pub async fn configure(&self, settings: &SessionSettings) -> Result<(), AgentError> {
         if let Some(model) = &settings.model {
-            self.call(
-                "set_model",
-                json!({"provider": model.provider, "modelId": model.id}),
-            )
-            .await?;
+            self.call(&PiCommand::set_model(model)).await?;
         }
         if let Some(level) = settings.thinking_level {
-            self.call("set_thinking_level", json!({"level": level.as_str()}))
-                .await?;
+            let level = level.as_str();
+            self.call(&PiCommand::SetThinkingLevel { level }).await?;
         }
         if let Some(enabled) = settings.auto_compaction {
-            self.call("set_auto_compaction", json!({"enabled": enabled}))
-                .await?;
+            self.call(&PiCommand::SetAutoCompaction { enabled }).await?;
         }
         Ok(())
     }
 
-    /// Sends any RPC command (`command_type` and its fields, without `id`), waits for its
-    /// response and returns the response's `data` (Null when it has none).
-    pub async fn call(&self, command_type: &str, fields: Value) -> Result<Value, AgentError> {
-        let mut reply = self.request(command_type, fields).await?;
-        Ok(reply
-            .payload
-            .get_mut("data")
-            .map(Value::take)
-            .unwrap_or(Value::Null))
+    /// Sends a command, waits for its response and returns the response's `data` (Null when
+    /// it has none).
+    pub async fn call(&self, command: &PiCommand<'_>) -> Result<Value, AgentError> {
+        Ok(self.request(command).await?.response.data)
     }
 
-    async fn request(&self, command_type: &str, fields: Value) -> Result<Reply, AgentError> {
+    async fn request(&self, command: &PiCommand<'_>) -> Result<Reply, AgentError> {
         let started = Instant::now();
         let timeout = self.inner.options.response_timeout;
+        let name = command.name();
         let id = format!(
             "pi-host-{}",
             self.inner.next_id.fetch_add(1, Ordering::Relaxed)
         );
-        let mut command = match fields {
-            Value::Object(map) => map,
-            _ => Map::new(),
-        };
-        command.insert("id".into(), json!(id));
-        command.insert("type".into(), json!(command_type));
         let (tx, rx) = oneshot::channel();
         match lock(&self.inner.pending).as_mut() {
             Some(pending) => {
-                pending.insert(id.clone(), (command_type.to_string(), tx));
+                pending.insert(id.clone(), (name.to_string(), tx));
             }
             None => return Err(AgentError::Exited),
         }
-        tracing::debug!(pid = self.inner.pid, %id, command = command_type, "agent command");
-        if let Err(err) = self
-            .send(command_type, &Value::Object(command), timeout)
-            .await
-        {
+        tracing::debug!(pid = self.inner.pid, %id, command = name, "agent command");
+        if let Err(err) = self.send(command, Some(&id), timeout).await {
             self.forget(&id);
             return Err(err);
         }
         let left = timeout.saturating_sub(started.elapsed());
         match tokio::time::timeout(left, rx).await {
-            Ok(Ok(reply)) if reply.success => Ok(reply),
+            Ok(Ok(reply)) if reply.response.success => Ok(reply),
             Ok(Ok(reply)) => Err(AgentError::Rejected {
-                command: command_type.to_string(),
-                message: reply.error.unwrap_or_else(|| "no reason given".to_string()),
+                command: name.to_string(),
+                message: reply
+                    .response
+                    .error
+                    .unwrap_or_else(|| "no reason given".to_string()),
             }),
             Ok(Err(_)) => Err(AgentError::Exited),
             Err(_) => {
                 self.forget(&id);
                 Err(AgentError::Timeout {
-                    command: command_type.to_string(),
+                    command: name.to_string(),
                     after: timeout,
                 })
             }
@@ -711,15 +611,17 @@ impl Agent {
     /// Writes one JSON line to the agent's stdin.
     async fn send(
         &self,
-        command_type: &str,
-        value: &Value,
+        command: &PiCommand<'_>,
+        id: Option<&str>,
         timeout: Duration,
     ) -> Result<(), AgentError> {
         if self.exit_status().is_some() {
             return Err(AgentError::Exited);
         }
-        let mut line = value.to_string().into_bytes();
-        line.push(b'\n');
+        let command_type = command.name();
+        let line = command
+            .to_line(id)
+            .map_err(|err| AgentError::Io(err.into()))?;
         let started_writing = AtomicBool::new(false);
         let write = async {
             let mut stdin = self.inner.stdin.lock().await;
@@ -892,7 +794,7 @@ async fn read_stderr(mut stderr: ChildStderr, tail: Arc<std::sync::Mutex<Tail>>)
 /// Reads the agent's stdout, hands responses to their callers and forwards the rest.
 struct StdoutPump {
     reader: LineReader<BufReader<ChildStdout>>,
-    compactor: compact::Compactor,
+    lines: Reader,
     out: mpsc::Sender<AgentOutput>,
     pending: Arc<ReplyWaiters>,
     exit: watch::Receiver<Option<ExitInfo>>,
@@ -919,9 +821,7 @@ impl StdoutPump {
                     Ok(Some(Line::Text(bytes))) => self.handle(&bytes).await,
                     Ok(Some(Line::TooLong { bytes, head })) => {
                         tracing::warn!(pid = self.pid, bytes, "agent wrote an over-long line; dropped");
-                        let error = "line longer than the bound";
-                        let mut output = protocol::invalid_output(error, Some(&head), bytes);
-                        self.scrub_invalid(&mut output);
+                        let output = self.lines.invalid_of("line longer than the bound", &head, bytes);
                         self.forward(output).await;
                     }
                     Ok(None) => break,
@@ -982,14 +882,14 @@ impl StdoutPump {
     /// pi refuses a command it does not know without echoing its id (`Unknown command: X`, from
     /// an older pi or another agent): the refusal goes to the oldest caller waiting for a
     /// command of that type, which then fails at once instead of running into its timeout.
-    fn claim_refusal(&self, command: &str, error: &Option<String>, raw: &RawValue) -> bool {
+    fn claim_refusal(&self, response: &pi::Response, raw: &RawValue) -> bool {
         let mut pending = lock(&self.pending);
         let Some(pending) = pending.as_mut() else {
             return false;
         };
         let oldest = pending
             .iter()
-            .filter(|(_, (kind, _))| kind == command)
+            .filter(|(_, (kind, _))| *kind == response.command)
             .filter_map(|(id, _)| {
                 let n = id.strip_prefix("pi-host-")?.parse::<u64>().ok()?;
                 Some((n, id.clone()))
@@ -1002,39 +902,15 @@ impl StdoutPump {
             return false;
         };
         let reply = Reply {
-            success: false,
-            error: error.clone(),
-            payload: serde_json::from_str(raw.get()).unwrap_or(Value::Null),
+            response: response.clone(),
             raw: raw.to_owned(),
         };
         let _ = waiter.send(reply);
         true
     }
 
-    /// The payload of an `invalid_output` event quotes a line that was not JSON, so the
-    /// redaction of the line's strings may have missed part of it: the quote is redacted as
-    /// the string it now is.
-    fn scrub_invalid(&self, output: &mut AgentOutput) {
-        if let AgentOutput::Event(event) = output
-            && event.kind == protocol::INVALID_OUTPUT
-            && let Some(redacted) = self.redactor.raw_value(&event.payload)
-        {
-            event.payload = redacted;
-        }
-    }
-
     async fn handle(&mut self, line: &[u8]) {
-        let mut parsed = protocol::parse_line(line);
-        // pi's stream updates repeat the whole message (or tool output) so far, and nothing is
-        // read from them: they are redacted once compacted, when only what is new is left.
-        let streamed = matches!(&parsed, Some(Parsed::Output(AgentOutput::Event(event)))
-            if compact::is_stream_update(&event.kind));
-        // Any other line is redacted before anything reads it: what the host relays, stores,
-        // logs or classifies (pi's `errorMessage` among it) is the redacted line.
-        if !streamed && let Cow::Owned(redacted) = self.redactor.json(line) {
-            parsed = protocol::parse_line(&redacted);
-        }
-        match parsed {
+        match self.lines.read(line) {
             None => {}
             Some(Parsed::Reply { id, reply }) => {
                 let waiter = lock(&self.pending)
@@ -1045,42 +921,18 @@ impl StdoutPump {
                     None => Some(reply),
                 };
                 if let Some(reply) = unclaimed {
-                    let command = reply
-                        .payload
-                        .get("command")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string();
                     self.forward(AgentOutput::Response {
-                        command,
-                        success: reply.success,
-                        error: reply.error,
+                        response: reply.response,
                         payload: reply.raw,
                     })
                     .await;
                 }
             }
-            Some(Parsed::Output(AgentOutput::Response {
-                command,
-                success: false,
-                error,
-                payload,
-            })) if self.claim_refusal(&command, &error, &payload) => {}
-            Some(Parsed::Output(mut output)) => {
-                self.scrub_invalid(&mut output);
-                if let AgentOutput::Event(event) = &mut output
-                    && let Some(compact) = self.compactor.compact(&event.kind, &event.payload)
-                {
-                    event.payload = compact;
-                }
-                if streamed
-                    && let AgentOutput::Event(event) = &mut output
-                    && let Some(redacted) = self.redactor.raw_value(&event.payload)
-                {
-                    event.payload = redacted;
-                }
+            Some(Parsed::Output(AgentOutput::Response { response, payload }))
+                if !response.success && self.claim_refusal(&response, &payload) => {}
+            Some(Parsed::Output(output)) => {
                 if let AgentOutput::Event(event) = &output
-                    && event.kind == protocol::INVALID_OUTPUT
+                    && event.kind == Kind::InvalidOutput
                 {
                     tracing::warn!(
                         pid = self.pid,

@@ -3,6 +3,7 @@
 
 use super::protocol::{Line, LineReader, Parsed, parse_line};
 use super::*;
+use racp_proto::pi::{self, Kind};
 use std::path::Path;
 use tempfile::TempDir;
 use tokio::io::BufReader;
@@ -87,7 +88,7 @@ fn payloads(outputs: &[AgentOutput], kind: &str) -> Vec<Value> {
     outputs
         .iter()
         .filter_map(|output| match output {
-            AgentOutput::Event(event) if event.kind == kind => Some(payload_of(event)),
+            AgentOutput::Event(event) if event.kind.as_str() == kind => Some(payload_of(event)),
             _ => None,
         })
         .collect()
@@ -223,14 +224,14 @@ async fn approvals_round_trip_and_the_tool_result_reflects_the_answer() {
             kinds(&before).contains(&"tool_execution_start"),
             "{before:#?}"
         );
-        let Some(AgentOutput::UiRequest {
+        let Some(AgentOutput::UiRequest(pi::Dialog {
             id,
             method: asked,
             title,
             options,
             timeout_ms,
             ..
-        }) = before.last().cloned()
+        })) = before.last().cloned()
         else {
             panic!("expected a dialog, got {before:#?}");
         };
@@ -273,7 +274,7 @@ async fn a_dialog_timeout_is_reported_and_resolves_by_itself() {
     let (_dir, agent, mut rx) = start().await;
     agent.prompt("approve:confirm:50").await.expect("prompt");
     let before = until_kind(&mut rx, "extension_ui_request").await;
-    let Some(AgentOutput::UiRequest { timeout_ms, .. }) = before.last() else {
+    let Some(AgentOutput::UiRequest(pi::Dialog { timeout_ms, .. })) = before.last() else {
         panic!("expected a dialog");
     };
     assert_eq!(*timeout_ms, Some(50));
@@ -291,7 +292,7 @@ async fn abort_during_sleep_ends_the_run_as_aborted() {
     // The first assistant message has ended: the stand-in is now sleeping.
     collect_until(&mut rx, |o| {
         matches!(o, AgentOutput::Event(e)
-            if e.kind == "message_end" && payload_of(e)["message"]["role"] == "assistant")
+            if e.kind == Kind::MessageEnd && payload_of(e)["message"]["role"] == "assistant")
     })
     .await;
 
@@ -331,7 +332,7 @@ async fn abort_mid_message_closes_the_message_as_aborted() {
     agent.prompt("deltas:1000:200").await.expect("prompt");
     collect_until(&mut rx, |o| {
         matches!(o, AgentOutput::Event(e)
-            if e.kind == "message_update"
+            if e.kind == Kind::MessageUpdate
                 && payload_of(e)["assistantMessageEvent"]["type"] == "text_delta")
     })
     .await;
@@ -364,7 +365,7 @@ async fn steering_during_a_run_is_acknowledged_and_delivered() {
     let (_dir, agent, mut rx) = start().await;
     agent.prompt("approve:confirm").await.expect("prompt");
     let before = until_kind(&mut rx, "extension_ui_request").await;
-    let Some(AgentOutput::UiRequest { id, .. }) = before.last().cloned() else {
+    let Some(AgentOutput::UiRequest(pi::Dialog { id, .. })) = before.last().cloned() else {
         panic!("expected a dialog");
     };
     agent.steer("look at the tests").await.expect("steer");
@@ -769,36 +770,31 @@ fn lines_are_classified_like_pi_means_them() {
     ) {
         Some(Parsed::Reply { id, reply }) => {
             assert_eq!(id, "pi-host-1");
-            assert!(reply.success);
+            assert!(reply.response.success);
         }
         other => panic!("{other:?}"),
     }
     match parse(
         r#"{"type":"response","command":"nope","success":false,"error":"Unknown command: nope"}"#,
     ) {
-        Some(Parsed::Output(AgentOutput::Response {
-            command,
-            success,
-            error,
-            ..
-        })) => {
-            assert_eq!(command, "nope");
-            assert!(!success);
-            assert_eq!(error.as_deref(), Some("Unknown command: nope"));
+        Some(Parsed::Output(AgentOutput::Response { response, .. })) => {
+            assert_eq!(response.command, "nope");
+            assert!(!response.success);
+            assert_eq!(response.error.as_deref(), Some("Unknown command: nope"));
         }
         other => panic!("{other:?}"),
     }
     match parse(
         r#"{"type":"extension_ui_request","id":"u1","method":"confirm","title":"T","message":"M","timeout":5000}"#,
     ) {
-        Some(Parsed::Output(AgentOutput::UiRequest {
+        Some(Parsed::Output(AgentOutput::UiRequest(pi::Dialog {
             id,
             method,
             title,
             message,
             timeout_ms,
             ..
-        })) => {
+        }))) => {
             assert_eq!(
                 (
                     id.as_str(),
@@ -816,7 +812,7 @@ fn lines_are_classified_like_pi_means_them() {
     match parse(
         r#"{"type":"extension_ui_request","id":"u3","method":"select","title":"T","options":["a",18446744073709551616,1E5,{"k":[1,-0.0]}]}"#,
     ) {
-        Some(Parsed::Output(AgentOutput::UiRequest { options, .. })) => {
+        Some(Parsed::Output(AgentOutput::UiRequest(pi::Dialog { options, .. }))) => {
             assert_eq!(
                 options.unwrap(),
                 ["a", "18446744073709551616", "1E5", r#"{"k":[1,-0.0]}"#]
@@ -843,7 +839,7 @@ fn lines_are_classified_like_pi_means_them() {
     }
     match parse(r#"{"type":"auto_retry_start","attempt":1}"#) {
         Some(Parsed::Output(AgentOutput::Event(event))) => {
-            assert_eq!(event.kind, "auto_retry_start");
+            assert_eq!(event.kind, Kind::AutoRetryStart);
             assert_eq!(
                 event.payload.get(),
                 r#"{"type":"auto_retry_start","attempt":1}"#
@@ -852,23 +848,6 @@ fn lines_are_classified_like_pi_means_them() {
         }
         other => panic!("{other:?}"),
     }
-}
-
-#[test]
-fn dialog_answers_use_pis_fields() {
-    use super::protocol::ui_response;
-    assert_eq!(
-        ui_response("a", &UiAnswer::Confirmed(false)),
-        json!({"type": "extension_ui_response", "id": "a", "confirmed": false})
-    );
-    assert_eq!(
-        ui_response("b", &UiAnswer::Value("Allow".into())),
-        json!({"type": "extension_ui_response", "id": "b", "value": "Allow"})
-    );
-    assert_eq!(
-        ui_response("c", &UiAnswer::Cancelled),
-        json!({"type": "extension_ui_response", "id": "c", "cancelled": true})
-    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ use racp_proto::events::{
 };
 use racp_proto::methods::session::SessionSettings;
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
-use racp_proto::stream::StreamState;
+use racp_proto::pi::Kind;
 use serde_json::value::{RawValue, to_raw_value};
 use std::borrow::Cow;
 
@@ -43,7 +43,7 @@ pub enum HostEvent {
     },
     /// Agent output relayed as `agent.<kind>`, its payload exactly as the agent wrote it.
     Agent {
-        kind: String,
+        kind: Kind,
         turn_id: Option<String>,
         payload: Box<RawValue>,
     },
@@ -87,7 +87,7 @@ pub enum Effect {
     /// An agent event that changes what is streaming (docs/protocol.md §8.1), applied to the
     /// snapshot's message and tool outputs when published.
     Stream {
-        kind: String,
+        kind: Kind,
         payload: Box<RawValue>,
     },
 }
@@ -118,7 +118,7 @@ impl HostEvent {
             HostEvent::Configured { .. } => host(EventType::SessionConfigured),
             HostEvent::Agent { kind, .. } => EventTypeName {
                 prefix: EventType::AGENT_PREFIX,
-                name: kind,
+                name: kind.as_str(),
             },
         }
     }
@@ -207,7 +207,7 @@ impl HostEvent {
             HostEvent::AgentStopped { .. } => None,
             HostEvent::Configured { settings, .. } => Some(Effect::Configured(settings)),
             HostEvent::Agent { kind, payload, .. } => {
-                StreamState::streams(&kind).then_some(Effect::Stream { kind, payload })
+                kind.streams().then_some(Effect::Stream { kind, payload })
             }
         }
     }

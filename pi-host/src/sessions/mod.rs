@@ -20,7 +20,7 @@ use log::{EventLog, LoggedEvent, Retention};
 use racp_proto::events::{Event, EventType, TurnFinishedData, TurnStartedData};
 use racp_proto::methods::session::{SessionInfo, SessionSettings, SessionState, Snapshot};
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
-use racp_proto::stream::StreamState;
+use racp_proto::pi::stream::StreamState;
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
 use racp_server::fanout::{SharedLog, Slice};
 use serde::Serialize;

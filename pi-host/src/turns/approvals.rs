@@ -19,14 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A dialog the agent opened.
-pub struct Request {
-    pub agent_request_id: String,
-    pub method: UiMethod,
-    pub title: String,
-    pub message: Option<String>,
-    pub options: Option<Vec<String>>,
-    pub timeout_ms: Option<u64>,
-}
+pub type Request = racp_proto::pi::Dialog;
 
 struct Entry {
     info: Mutex<ApprovalInfo>,
@@ -69,7 +62,7 @@ impl Approvals {
         let approval_id = host
             .secrets()
             .new_id("apr_")
-            .unwrap_or_else(|_| format!("apr_{}", request.agent_request_id));
+            .unwrap_or_else(|_| format!("apr_{}", request.id));
         let timeout = request
             .timeout_ms
             .map(Duration::from_millis)
@@ -92,7 +85,7 @@ impl Approvals {
         let entry = Arc::new(Entry {
             info: Mutex::new(info.clone()),
             agent: agent.clone(),
-            agent_request_id: request.agent_request_id,
+            agent_request_id: request.id,
             session: session.clone(),
         });
         if let Err(err) = host.store().save_approval(&info) {

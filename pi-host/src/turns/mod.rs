@@ -25,8 +25,10 @@ use racp_proto::methods::session::{SessionConfigureParams, SessionCreateResult};
 use racp_proto::methods::turn::{
     TurnInfo, TurnRef, TurnStartParams, TurnStartResult, TurnState, TurnSteerParams,
 };
+use racp_proto::pi::{self, Kind};
 use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
 use serde_json::json;
+use serde_json::value::RawValue;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -817,7 +819,7 @@ impl Driver {
                 Some(approvals.open(host, &self.session, agent, &turn_id, request))
             }
             None => {
-                let id = request.agent_request_id;
+                let id = request.id;
                 let _ = agent.answer_ui(&id, UiAnswer::Cancelled).await;
                 None
             }
@@ -839,45 +841,23 @@ impl Driver {
             let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
             match out {
                 AgentOutput::Event(event) => on_agent_event(host, &mut state, event, &mut events),
-                AgentOutput::UiRequest {
-                    id,
-                    method,
-                    title,
-                    message,
-                    options,
-                    timeout_ms,
-                } => {
-                    let request = approvals::Request {
-                        agent_request_id: id,
-                        method,
-                        title,
-                        message,
-                        options,
-                        timeout_ms,
-                    };
-                    let opened = self.open_dialog(host, agent, turn_id, request).await;
+                AgentOutput::UiRequest(dialog) => {
+                    let opened = self.open_dialog(host, agent, turn_id, dialog).await;
                     events.extend(opened);
                 }
                 AgentOutput::UiNotice { method, payload } => {
                     tracing::trace!(method, "agent notice");
-                    events.push(HostEvent::Agent {
-                        kind: "extension_ui_request".into(),
-                        turn_id,
-                        payload,
-                    });
+                    events.push(relayed(Kind::ExtensionUiRequest, turn_id, payload));
                 }
-                AgentOutput::Response {
-                    command,
-                    success,
-                    error,
-                    payload,
-                } => {
+                AgentOutput::Response { response, payload } => {
+                    let pi::Response {
+                        command,
+                        success,
+                        error,
+                        ..
+                    } = response;
                     tracing::debug!(command, success, ?error, "a response nobody waited for");
-                    events.push(HostEvent::Agent {
-                        kind: "response".into(),
-                        turn_id,
-                        payload,
-                    });
+                    events.push(relayed(Kind::Response, turn_id, payload));
                 }
                 AgentOutput::Exited {
                     status,
@@ -905,6 +885,15 @@ impl Driver {
     }
 }
 
+/// Agent output as the event that relays it.
+fn relayed(kind: Kind, turn_id: Option<String>, payload: Box<RawValue>) -> HostEvent {
+    HostEvent::Agent {
+        kind,
+        turn_id,
+        payload,
+    }
+}
+
 /// An agent event is relayed; one that ends the run also ends the running turn, unless the run
 /// failed in a way pi may retry: then pi's next event decides (docs/protocol.md §8.7).
 fn on_agent_event(
@@ -923,30 +912,18 @@ fn on_agent_event(
             if event.signal.is_some() {
                 // pi's own verdict (`auto_retry_end`, `compaction_end`) belongs to the turn it
                 // ends, and comes before `turn.finished`.
-                events.push(HostEvent::Agent {
-                    kind: event.kind,
-                    turn_id: Some(turn_id),
-                    payload: event.payload,
-                });
+                events.push(relayed(event.kind, Some(turn_id), event.payload));
                 events.extend(end);
             } else {
                 // pi moved on without retrying: the turn ended before this event.
                 events.extend(end);
-                events.push(HostEvent::Agent {
-                    kind: event.kind,
-                    turn_id: None,
-                    payload: event.payload,
-                });
+                events.push(relayed(event.kind, None, event.payload));
             }
             return;
         }
     }
     let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
-    events.push(HostEvent::Agent {
-        kind: event.kind,
-        turn_id,
-        payload: event.payload,
-    });
+    events.push(relayed(event.kind, turn_id, event.payload));
     if let Some(end) = event.run_end
         && let Some(active) = state.active.as_mut()
     {

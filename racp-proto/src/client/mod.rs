@@ -19,7 +19,7 @@ pub use pin::{PinnedVerifier, certificate_sha256};
 use crate::events::Event;
 use crate::fingerprint::CertSha256;
 use crate::methods::session::{SessionGetResult, SessionSubscribeParams};
-use crate::stream::StreamState;
+use crate::pi::stream::StreamState;
 use crate::{AppError, Cursor, ErrorCode, ErrorSource, RacpMethod};
 use serde_json::Value;
 use std::time::Duration;

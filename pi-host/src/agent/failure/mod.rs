@@ -40,18 +40,7 @@ pub struct RetryTrail {
     pub gave_up: bool,
 }
 
-/// A pi event that decides whether a failed run is final (read in `protocol.rs`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunSignal {
-    /// `auto_retry_start`: pi retries the failed request; the turn goes on.
-    RetryStart { attempt: u32 },
-    /// `auto_retry_end`: `success: false` means pi gave up after `attempt` retries.
-    RetryEnd { success: bool, attempt: u32 },
-    /// `compaction_start` (`reason: "overflow"` when pi recovers from a context overflow).
-    CompactionStart { overflow: bool },
-    /// `compaction_end`: `willRetry` says whether pi resends the failed request.
-    CompactionEnd { will_retry: bool },
-}
+pub use racp_proto::pi::RunSignal;
 
 /// How a run ended, as far as the turn is concerned.
 #[derive(Debug, Clone, PartialEq)]

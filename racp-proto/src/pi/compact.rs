@@ -4,20 +4,29 @@
 //! module rewrites those two events to carry only what is new; `message_end` and
 //! `tool_execution_end` still carry pi's complete copy. The shapes and the rule that rebuilds
 //! pi's state from them are in docs/protocol.md §8.1 ("Compact streams"); the rebuild itself is
-//! `racp_proto::stream`, which the host and the clients share.
+//! [`super::stream`], which the host and the clients share.
 //!
 //! Everything else the agent writes is relayed untouched, and so is any update whose shape is
 //! not the one described there.
 
-use racp_proto::stream::single_text;
+use super::Kind;
+use super::line::{Line, Nested, RawFields};
+use super::stream::single_text;
 use serde::Deserialize;
 use serde_json::value::{RawValue, to_raw_value};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
-/// An object read one level deep: each field's value kept as the agent wrote it.
-type RawFields<'a> = BTreeMap<Cow<'a, str>, &'a RawValue>;
+/// A compact line being built: the fields kept as pi wrote them and those rewritten.
+type Out<'a> = BTreeMap<Cow<'a, str>, Cow<'a, RawValue>>;
+
+fn kept<'a>(fields: &RawFields<'a>) -> Out<'a> {
+    fields
+        .iter()
+        .map(|(k, v)| (k.clone(), Cow::Borrowed(*v)))
+        .collect()
+}
 
 /// Most candidate line starts tried when a tool's output window has slid; beyond it the whole
 /// (bounded) window is sent again.
@@ -25,7 +34,7 @@ const MAX_SLIDE_CANDIDATES: usize = 4096;
 
 /// What the compactor remembers of one agent's streams.
 #[derive(Debug, Default)]
-pub(super) struct Compactor {
+pub struct Compactor {
     /// The text of each content block of the message being streamed, from its deltas.
     streamed: Vec<String>,
     /// The message's fields other than `content` as last sent (JSON text by name).
@@ -34,48 +43,26 @@ pub(super) struct Compactor {
     tool_outputs: HashMap<String, String>,
 }
 
-/// The events this module cuts: pi's updates that repeat everything so far.
-pub(super) fn is_stream_update(kind: &str) -> bool {
-    matches!(kind, "message_update" | "tool_execution_update")
-}
-
 impl Compactor {
-    /// The compact payload for an agent event, or `None` to relay it as it came.
-    pub(super) fn compact(&mut self, kind: &str, payload: &RawValue) -> Option<Box<RawValue>> {
-        match kind {
-            "message_start" | "message_end" => {
+    /// The compact payload for a line of agent output, or `None` to relay it as it came.
+    pub fn compact(&mut self, line: &Line<'_>) -> Option<Box<RawValue>> {
+        match line.kind {
+            Kind::MessageStart | Kind::MessageEnd => {
                 self.streamed.clear();
                 self.fields.clear();
-                #[derive(Deserialize)]
-                struct Start<'a> {
-                    #[serde(borrow)]
-                    message: RawFields<'a>,
-                }
-                if kind == "message_start"
-                    && let Ok(start) = serde_json::from_str::<Start<'_>>(payload.get())
+                if line.kind == Kind::MessageStart
+                    && let Some(message) = line.message.object()
                 {
-                    self.changed_fields(&start.message);
+                    self.changed_fields(message);
                 }
                 None
             }
-            // A line without pi's accumulated copies has nothing to cut: relay it as it came.
-            "message_update"
-                if !payload.get().contains("\"partial\":")
-                    && !payload.get().contains("\"message\":") =>
-            {
-                None
-            }
-            "message_update" => self.message_update(payload),
-            "turn_end" | "agent_end" => name_messages(payload),
-            "tool_execution_update" => self.tool_update(payload),
-            "tool_execution_end" => {
-                #[derive(Deserialize)]
-                struct End<'a> {
-                    #[serde(borrow, rename = "toolCallId")]
-                    tool_call_id: Cow<'a, str>,
-                }
-                if let Ok(end) = serde_json::from_str::<End<'_>>(payload.get()) {
-                    self.tool_outputs.remove(end.tool_call_id.as_ref());
+            Kind::MessageUpdate => self.message_update(line),
+            Kind::TurnEnd | Kind::AgentEnd => name_messages(line),
+            Kind::ToolExecutionUpdate => self.tool_update(line),
+            Kind::ToolExecutionEnd => {
+                if let Some(id) = line.field::<Cow<'_, str>>("toolCallId") {
+                    self.tool_outputs.remove(id.as_ref());
                 }
                 None
             }
@@ -83,25 +70,28 @@ impl Compactor {
         }
     }
 
-    fn message_update(&mut self, payload: &RawValue) -> Option<Box<RawValue>> {
-        let mut line: RawFields<'_> = serde_json::from_str(payload.get()).ok()?;
-        let step: RawFields<'_> =
-            serde_json::from_str(line.get("assistantMessageEvent")?.get()).ok()?;
-        let step = self.compact_step(step)?;
-        let mut out: BTreeMap<Cow<'_, str>, Cow<'_, RawValue>> = BTreeMap::new();
-        if let Some(message) = line.remove("message") {
-            let message: RawFields<'_> = serde_json::from_str(message.get()).ok()?;
-            let mut sent = self.changed_fields(&message);
-            for identity in ["role", "timestamp"] {
-                if let Some(value) = message.get(identity) {
-                    sent.insert(identity.into(), value);
-                }
-            }
-            out.insert("message".into(), Cow::Owned(to_raw_value(&sent).ok()?));
+    fn message_update(&mut self, line: &Line<'_>) -> Option<Box<RawValue>> {
+        let step = line.step.object()?;
+        // A line without pi's accumulated copies has nothing to cut: relay it as it came.
+        if line.message.is_absent() && !step.contains_key("partial") {
+            return None;
         }
-        line.remove("assistantMessageEvent");
+        let step = self.compact_step(step.clone())?;
+        let mut out = kept(&line.fields);
+        match &line.message {
+            Nested::Absent => {}
+            Nested::Object(message) => {
+                let mut sent = self.changed_fields(message);
+                for identity in ["role", "timestamp"] {
+                    if let Some(value) = message.get(identity) {
+                        sent.insert(identity.into(), value);
+                    }
+                }
+                out.insert("message".into(), Cow::Owned(to_raw_value(&sent).ok()?));
+            }
+            Nested::Text(_) | Nested::NotObject => return None,
+        }
         out.insert("assistantMessageEvent".into(), Cow::Owned(step));
-        out.extend(line.into_iter().map(|(k, v)| (k, Cow::Borrowed(v))));
         to_raw_value(&out).ok()
     }
 
@@ -210,16 +200,13 @@ impl Compactor {
         &mut self.streamed[index]
     }
 
-    fn tool_update(&mut self, payload: &RawValue) -> Option<Box<RawValue>> {
-        let mut line: RawFields<'_> = serde_json::from_str(payload.get()).ok()?;
-        let id: String = serde_json::from_str(line.get("toolCallId")?.get()).ok()?;
-        let result: Value = serde_json::from_str(line.remove("partialResult")?.get()).ok()?;
+    fn tool_update(&mut self, line: &Line<'_>) -> Option<Box<RawValue>> {
+        let id: String = line.field("toolCallId")?;
+        let result: Value = line.field("partialResult")?;
+        let mut out = kept(&line.fields);
+        out.remove("partialResult");
         // The tool's arguments are in its `tool_execution_start`; each update repeated them.
-        line.remove("args");
-        let mut out: BTreeMap<Cow<'_, str>, Cow<'_, RawValue>> = line
-            .into_iter()
-            .map(|(k, v)| (k, Cow::Borrowed(v)))
-            .collect();
+        out.remove("args");
         let text = single_text(&result);
         let previous = self.tool_outputs.get(&id).map_or("", String::as_str);
         match text.and_then(|text| slide(previous, text).map(|step| (text, step))) {
@@ -253,7 +240,7 @@ impl Compactor {
 /// `turn_end` and `agent_end` with each message they repeat named by its identity instead
 /// (`role`, `timestamp`, a tool result's `toolCallId`) and how it ended (`stopReason`,
 /// `errorMessage`): every message is whole in its own `message_end`.
-fn name_messages(payload: &RawValue) -> Option<Box<RawValue>> {
+fn name_messages(line: &Line<'_>) -> Option<Box<RawValue>> {
     #[derive(Deserialize, serde::Serialize)]
     struct Identity<'a> {
         #[serde(borrow, skip_serializing_if = "Option::is_none")]
@@ -271,25 +258,34 @@ fn name_messages(payload: &RawValue) -> Option<Box<RawValue>> {
         )]
         error_message: Option<Cow<'a, str>>,
     }
-    let mut line: BTreeMap<Cow<'_, str>, Cow<'_, RawValue>> =
-        serde_json::from_str::<RawFields<'_>>(payload.get())
-            .ok()?
-            .into_iter()
-            .map(|(k, v)| (k, Cow::Borrowed(v)))
-            .collect();
-    for field in ["message", "messages", "toolResults"] {
-        let Some(value) = line.get(field) else {
+    const IDENTITY: [&str; 5] = [
+        "role",
+        "timestamp",
+        "toolCallId",
+        "stopReason",
+        "errorMessage",
+    ];
+    let mut out = kept(&line.fields);
+    match &line.message {
+        Nested::Absent => {}
+        Nested::Object(message) => {
+            let named: RawFields<'_> = message
+                .iter()
+                .filter(|(name, _)| IDENTITY.contains(&name.as_ref()))
+                .map(|(name, value)| (name.clone(), *value))
+                .collect();
+            out.insert("message".into(), Cow::Owned(to_raw_value(&named).ok()?));
+        }
+        Nested::Text(_) | Nested::NotObject => return None,
+    }
+    for field in ["messages", "toolResults"] {
+        let Some(value) = line.fields.get(field) else {
             continue;
         };
-        let named = if field == "message" {
-            to_raw_value(&serde_json::from_str::<Identity<'_>>(value.get()).ok()?)
-        } else {
-            to_raw_value(&serde_json::from_str::<Vec<Identity<'_>>>(value.get()).ok()?)
-        }
-        .ok()?;
-        line.insert(field.into(), Cow::Owned(named));
+        let named = serde_json::from_str::<Vec<Identity<'_>>>(value.get()).ok()?;
+        out.insert(field.into(), Cow::Owned(to_raw_value(&named).ok()?));
     }
-    to_raw_value(&line).ok()
+    to_raw_value(&out).ok()
 }
 
 /// Content block `index` of pi's partial message.
@@ -346,12 +342,14 @@ fn slide(previous: &str, next: &str) -> Option<(u64, usize)> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use racp_proto::stream::StreamState;
+    use crate::pi::stream::StreamState;
     use serde_json::json;
 
-    fn raw(value: &Value) -> Box<RawValue> {
-        to_raw_value(value).unwrap()
+    fn compact_json(compactor: &mut Compactor, payload: &Value) -> Option<Box<RawValue>> {
+        let text = payload.to_string();
+        compactor.compact(&Line::read(&text).unwrap())
     }
 
     /// Feeds pi-shaped events through the compactor and a [`StreamState`]; returns the
@@ -361,7 +359,7 @@ mod tests {
         events
             .iter()
             .map(|(kind, payload)| {
-                let compact = compactor.compact(kind, &raw(payload)).map_or_else(
+                let compact = compact_json(&mut compactor, payload).map_or_else(
                     || payload.clone(),
                     |c| serde_json::from_str(c.get()).unwrap(),
                 );
@@ -466,7 +464,7 @@ mod tests {
             let mut compactor = Compactor::default();
             let mut out = Vec::new();
             for (i, (kind, payload)) in events.iter().enumerate() {
-                let c = compactor.compact(kind, &raw(payload)).map_or_else(
+                let c = compact_json(&mut compactor, payload).map_or_else(
                     || payload.clone(),
                     |c| serde_json::from_str(c.get()).unwrap(),
                 );
@@ -542,34 +540,25 @@ mod tests {
     #[test]
     fn other_events_and_unknown_shapes_are_relayed_as_they_came() {
         let mut compactor = Compactor::default();
-        for (kind, payload) in [
-            (
-                "turn_start",
-                json!({"type": "turn_start", "messages": [{"role": "user"}]}),
-            ),
-            (
-                "message_update",
-                json!({"type": "message_update", "assistantMessageEvent": 3}),
-            ),
-            (
-                "tool_execution_update",
-                json!({"type": "tool_execution_update"}),
-            ),
+        for payload in [
+            json!({"type": "turn_start", "messages": [{"role": "user"}]}),
+            json!({"type": "message_update", "assistantMessageEvent": 3}),
+            json!({"type": "tool_execution_update"}),
         ] {
             assert!(
-                compactor.compact(kind, &raw(&payload)).is_none(),
+                compact_json(&mut compactor, &payload).is_none(),
                 "{payload}"
             );
         }
         // A line without pi's copies (the benchmark's) is relayed as it came.
         let bench = json!({"type": "message_update", "assistantMessageEvent":
                            {"type": "text_delta", "delta": "xx", "tag": 3, "i": 7, "t": 12}});
-        assert!(compactor.compact("message_update", &raw(&bench)).is_none());
+        assert!(compact_json(&mut compactor, &bench).is_none());
         // Extra fields of a step are kept when it is compacted.
         let extra = json!({"type": "message_update", "message": {"role": "assistant"},
                            "assistantMessageEvent": {"type": "text_delta", "delta": "xx",
                            "tag": 3, "partial": {"content": []}}});
-        let out = compactor.compact("message_update", &raw(&extra)).unwrap();
+        let out = compact_json(&mut compactor, &extra).unwrap();
         let out: Value = serde_json::from_str(out.get()).unwrap();
         assert_eq!(out["assistantMessageEvent"]["tag"], 3, "{out}");
         assert!(

@@ -7,6 +7,7 @@
 //! and holds the same message and tool outputs pi held at that point. The host keeps one per
 //! session for `session/get`'s snapshot; clients keep one per subscription.
 
+use super::Kind;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
@@ -106,21 +107,9 @@ impl StreamState {
     /// that stream nothing are ignored; so is anything malformed (the state is a view, never a
     /// reason to refuse an event).
     pub fn apply(&mut self, event_type: &str, data: &Value) {
-        if let Some(kind) = event_type.strip_prefix("agent.") {
-            self.apply_agent(kind, data);
+        if let Some(kind) = Kind::of_event_type(event_type) {
+            self.apply_agent(&kind, data);
         }
-    }
-
-    /// True for the agent event kinds that change the state (the others need not be read).
-    pub fn streams(kind: &str) -> bool {
-        matches!(
-            kind,
-            "message_start"
-                | "message_update"
-                | "message_end"
-                | "tool_execution_update"
-                | "tool_execution_end"
-        )
     }
 
     /// [`StreamState::apply`] for an event as received, reading its data only when the event
@@ -130,32 +119,29 @@ impl StreamState {
         if event.kind == crate::events::EventType::TurnFinished.as_str() {
             // Rule 8: a turn that ended ends its streams, even one its agent died in.
             self.clear();
-        } else if let Some(kind) = event
-            .kind
-            .strip_prefix(crate::events::EventType::AGENT_PREFIX)
-        {
-            self.apply_agent_text(kind, event.data.get());
+        } else if let Some(kind) = Kind::of_event_type(&event.kind) {
+            self.apply_agent_text(&kind, event.data.get());
         }
     }
 
     /// [`StreamState::apply_agent`] for an agent event's data as JSON text. A delta, the event
     /// that comes most, is read into borrowed fields without building a `Value`.
-    pub fn apply_agent_text(&mut self, kind: &str, data: &str) {
+    pub fn apply_agent_text(&mut self, kind: &Kind, data: &str) {
         match kind {
             // The rule reads an update's `contentIndex`, `partial` and `message` only: without
             // them it changes nothing, and is not parsed.
-            "message_update"
+            Kind::MessageUpdate
                 if !["\"contentIndex\"", "\"partial\"", "\"message\""]
                     .iter()
                     .any(|field| data.contains(field)) => {}
-            "message_update" => {
+            Kind::MessageUpdate => {
                 if let Ok(update) = serde_json::from_str::<UpdateRef<'_>>(data) {
                     self.apply_message_update(update);
                 }
             }
             // The state reads nothing of `message_end`: do not parse a whole reply.
-            "message_end" => self.apply_agent(kind, &Value::Null),
-            _ if Self::streams(kind) => {
+            Kind::MessageEnd => self.apply_agent(kind, &Value::Null),
+            _ if kind.streams() => {
                 if let Ok(data) = serde_json::from_str::<Value>(data) {
                     self.apply_agent(kind, &data);
                 }
@@ -164,23 +150,23 @@ impl StreamState {
         }
     }
 
-    /// [`StreamState::apply`] for an agent event given by its pi `type`.
-    pub fn apply_agent(&mut self, kind: &str, data: &Value) {
+    /// [`StreamState::apply`] for an agent event given by its kind.
+    pub fn apply_agent(&mut self, kind: &Kind, data: &Value) {
         match kind {
-            "message_start" => {
+            Kind::MessageStart => {
                 let message = &data["message"];
                 if message["role"] == "assistant" {
                     self.message = Some(message.clone());
                 }
             }
-            "message_update" => self.apply_agent_text(kind, &data.to_string()),
-            "message_end" => {
+            Kind::MessageUpdate => self.apply_agent_text(kind, &data.to_string()),
+            Kind::MessageEnd => {
                 if let Some(message) = self.message.take() {
                     self.finished = Some(message);
                 }
             }
-            "tool_execution_update" => self.apply_tool_update(data),
-            "tool_execution_end" => {
+            Kind::ToolExecutionUpdate => self.apply_tool_update(data),
+            Kind::ToolExecutionEnd => {
                 if let Some(id) = data["toolCallId"].as_str() {
                     self.tool_outputs.remove(id);
                 }

@@ -1,0 +1,174 @@
+//! The commands pi takes on its stdin, one JSON line each.
+
+use crate::methods::model::ModelRef;
+use serde::Serialize;
+
+/// A command the host sends pi. A new one is a variant here (its fields as pi names them).
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Command<'a> {
+    /// Starts a run with this user message; pi answers once it took it.
+    Prompt {
+        message: &'a str,
+    },
+    /// Queues a steering message for the current run.
+    Steer {
+        message: &'a str,
+    },
+    /// Aborts the current run; pi answers once the agent is idle.
+    Abort,
+    /// pi's session state (`RpcSessionState`: model, isStreaming, messageCount, ...).
+    GetState,
+    /// The models whose provider has a credential.
+    GetAvailableModels,
+    SetModel {
+        provider: &'a str,
+        #[serde(rename = "modelId")]
+        model_id: &'a str,
+    },
+    SetThinkingLevel {
+        level: &'a str,
+    },
+    SetAutoCompaction {
+        enabled: bool,
+    },
+    /// The answer to an extension's dialog (pi never acknowledges it).
+    ExtensionUiResponse {
+        id: &'a str,
+        #[serde(flatten)]
+        answer: &'a UiAnswer,
+    },
+}
+
+impl<'a> Command<'a> {
+    pub fn set_model(model: &'a ModelRef) -> Command<'a> {
+        Command::SetModel {
+            provider: &model.provider,
+            model_id: &model.id,
+        }
+    }
+
+    /// The command's `type`, as pi names it (and refuses it: `Unknown command: X`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Prompt { .. } => "prompt",
+            Command::Steer { .. } => "steer",
+            Command::Abort => "abort",
+            Command::GetState => "get_state",
+            Command::GetAvailableModels => "get_available_models",
+            Command::SetModel { .. } => "set_model",
+            Command::SetThinkingLevel { .. } => "set_thinking_level",
+            Command::SetAutoCompaction { .. } => "set_auto_compaction",
+            Command::ExtensionUiResponse { .. } => "extension_ui_response",
+        }
+    }
+
+    /// The command as one line, `\n` included, with `id` when pi is to answer it.
+    pub fn to_line(&self, id: Option<&str>) -> serde_json::Result<Vec<u8>> {
+        #[derive(Serialize)]
+        struct WithId<'c, 'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            id: Option<&'c str>,
+            #[serde(flatten)]
+            command: &'c Command<'a>,
+        }
+        let mut line = serde_json::to_vec(&WithId { id, command: self })?;
+        line.push(b'\n');
+        Ok(line)
+    }
+}
+
+/// An answer to a dialog: `confirmed` for confirm, `value` for select/input/editor, or
+/// `cancelled` for any (pi then resolves confirm to false and the others to undefined).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UiAnswer {
+    Confirmed(bool),
+    Value(String),
+    Cancelled,
+}
+
+/// One field: `confirmed`, `value` or `cancelled: true`.
+impl Serialize for UiAnswer {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(1))?;
+        match self {
+            UiAnswer::Confirmed(confirmed) => map.serialize_entry(self.name(), confirmed)?,
+            UiAnswer::Value(value) => map.serialize_entry(self.name(), value)?,
+            UiAnswer::Cancelled => map.serialize_entry(self.name(), &true)?,
+        }
+        map.end()
+    }
+}
+
+impl UiAnswer {
+    /// What kind of answer it is, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            UiAnswer::Confirmed(_) => "confirmed",
+            UiAnswer::Value(_) => "value",
+            UiAnswer::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn line(command: &Command<'_>, id: Option<&str>) -> Value {
+        let bytes = command.to_line(id).unwrap();
+        assert_eq!(bytes.last(), Some(&b'\n'));
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[test]
+    fn each_command_is_written_as_pi_reads_it() {
+        let model = ModelRef {
+            provider: "stub".into(),
+            id: "m1".into(),
+        };
+        let cancelled = UiAnswer::Cancelled;
+        let value = UiAnswer::Value("x".into());
+        let confirmed = UiAnswer::Confirmed(false);
+        for (command, expected) in [
+            (
+                Command::Prompt { message: "hi" },
+                json!({"id": "7", "type": "prompt", "message": "hi"}),
+            ),
+            (Command::Abort, json!({"id": "7", "type": "abort"})),
+            (Command::GetState, json!({"id": "7", "type": "get_state"})),
+            (
+                Command::set_model(&model),
+                json!({"id": "7", "type": "set_model", "provider": "stub", "modelId": "m1"}),
+            ),
+            (
+                Command::SetAutoCompaction { enabled: true },
+                json!({"id": "7", "type": "set_auto_compaction", "enabled": true}),
+            ),
+        ] {
+            assert_eq!(line(&command, Some("7")), expected);
+            assert_eq!(expected["type"], command.name());
+        }
+        for (answer, expected) in [
+            (
+                &cancelled,
+                json!({"type": "extension_ui_response", "id": "d1", "cancelled": true}),
+            ),
+            (
+                &value,
+                json!({"type": "extension_ui_response", "id": "d1", "value": "x"}),
+            ),
+            (
+                &confirmed,
+                json!({"type": "extension_ui_response", "id": "d1", "confirmed": false}),
+            ),
+        ] {
+            let command = Command::ExtensionUiResponse { id: "d1", answer };
+            assert_eq!(line(&command, None), expected);
+            assert_eq!(command.name(), "extension_ui_response");
+        }
+    }
+}

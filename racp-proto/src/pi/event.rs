@@ -1,0 +1,55 @@
+//! What a client reads of a relayed agent event: the text a `message_update` adds, and a
+//! tool's run as `tool_execution_start` and `tool_execution_end` describe it.
+
+use serde::Deserialize;
+use serde_json::Value;
+use std::borrow::Cow;
+
+/// The text a `message_update` adds to the reply (a `text_delta` step), if any; thinking and
+/// tool-call argument deltas are not reply text.
+pub fn text_delta(data: &str) -> Option<Cow<'_, str>> {
+    #[derive(Deserialize)]
+    struct Update<'a> {
+        #[serde(borrow, rename = "assistantMessageEvent")]
+        step: Step<'a>,
+    }
+    #[derive(Deserialize)]
+    struct Step<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Cow<'a, str>,
+        #[serde(borrow, default)]
+        delta: Option<Cow<'a, str>>,
+    }
+    let update = serde_json::from_str::<Update<'_>>(data).ok()?;
+    (update.step.kind == "text_delta").then_some(update.step.delta?)
+}
+
+/// A tool's run: `tool_execution_start` gives its name and arguments, `tool_execution_end` its
+/// result and whether it failed.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolRun {
+    #[serde(default)]
+    pub tool_name: Option<String>,
+    #[serde(default)]
+    pub args: Value,
+    #[serde(default)]
+    pub result: Value,
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+impl ToolRun {
+    pub fn read(data: &str) -> ToolRun {
+        serde_json::from_str(data).unwrap_or_default()
+    }
+
+    /// The texts of a tool result's content blocks (pi's `{"content": [{"type": "text",
+    /// "text"}]}`).
+    pub fn result_texts(&self) -> Vec<&str> {
+        self.result["content"]
+            .as_array()
+            .map(|blocks| blocks.iter().filter_map(|b| b["text"].as_str()).collect())
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,191 @@
+//! What pi says back: a command's `response`, an extension's dialog or notice
+//! (`extension_ui_request`), the wording of its refusals, and the models its answers name.
+
+use super::Kind;
+use super::line::Line;
+use crate::methods::model::ModelRef;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// A `response` line: `{"type": "response", "command", "success", "error"?, "data"?, "id"?}`.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// The command's id as given (pi echoes it; a number is taken as its digits). pi refuses a
+    /// command it does not know without one.
+    pub id: Option<String>,
+    pub command: String,
+    pub success: bool,
+    pub error: Option<String>,
+    /// The response's `data` (`Null` when it has none).
+    pub data: Value,
+}
+
+impl Response {
+    /// The response a `response` line carries; `None` for any other line.
+    pub fn of(line: &Line<'_>) -> Option<Response> {
+        if line.kind != Kind::Response {
+            return None;
+        }
+        // pi echoes the command's id as given; ours are strings, but accept numbers too.
+        let id = match line.field::<Value>("id") {
+            Some(Value::String(id)) => Some(id),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        Some(Response {
+            id,
+            command: line.field("command").unwrap_or_default(),
+            success: line.field("success") == Some(true),
+            error: line.field("error"),
+            data: line.field("data").unwrap_or(Value::Null),
+        })
+    }
+
+    /// pi refused a command it does not know (an older pi, or another agent).
+    pub fn is_unknown_command(message: &str) -> bool {
+        message.starts_with("Unknown command")
+    }
+
+    /// pi refused a prompt because a run is going on.
+    pub fn is_busy(command: &str, message: &str) -> bool {
+        command == "prompt" && message.starts_with("Agent is already processing")
+    }
+}
+
+/// The dialog methods of pi's extension UI protocol: each needs an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UiMethod {
+    Confirm,
+    Select,
+    Input,
+    Editor,
+}
+
+impl UiMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UiMethod::Confirm => "confirm",
+            UiMethod::Select => "select",
+            UiMethod::Input => "input",
+            UiMethod::Editor => "editor",
+        }
+    }
+
+    pub fn from_wire(method: &str) -> Option<UiMethod> {
+        [
+            UiMethod::Confirm,
+            UiMethod::Select,
+            UiMethod::Input,
+            UiMethod::Editor,
+        ]
+        .into_iter()
+        .find(|m| m.as_str() == method)
+    }
+}
+
+/// An extension's dialog (confirm/select/input/editor), answered with the same `id`.
+/// `message` is confirm's; select has `options`. `timeout_ms` when the extension gave one: pi
+/// then resolves the dialog by itself (false/undefined) when it passes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dialog {
+    pub id: String,
+    pub method: UiMethod,
+    pub title: String,
+    pub message: Option<String>,
+    pub options: Option<Vec<String>>,
+    pub timeout_ms: Option<u64>,
+}
+
+/// An `extension_ui_request`: a dialog waiting for its answer, or a fire-and-forget notice.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UiRequest {
+    Dialog(Dialog),
+    /// notify, setStatus, setWidget, setTitle, set_editor_text, ...: no answer.
+    Notice {
+        method: String,
+    },
+    /// A dialog without an id: nobody can answer it.
+    Unanswerable,
+}
+
+impl UiRequest {
+    /// The request an `extension_ui_request` line carries; `None` for any other line.
+    pub fn of(line: &Line<'_>) -> Option<UiRequest> {
+        if line.kind != Kind::ExtensionUiRequest {
+            return None;
+        }
+        let method_name: String = line.field("method").unwrap_or_default();
+        let Some(method) = UiMethod::from_wire(&method_name) else {
+            return Some(UiRequest::Notice {
+                method: method_name,
+            });
+        };
+        let Some(id) = line.field::<String>("id").filter(|id| !id.is_empty()) else {
+            return Some(UiRequest::Unanswerable);
+        };
+        let timeout_ms = line.field::<Value>("timeout").and_then(|t| {
+            t.as_u64().or_else(|| {
+                t.as_f64()
+                    .filter(|ms| ms.is_finite() && *ms >= 0.0)
+                    .map(|ms| ms.ceil() as u64)
+            })
+        });
+        Some(UiRequest::Dialog(Dialog {
+            id,
+            method,
+            title: line.field("title").unwrap_or_default(),
+            // pi reads `message` as confirm's text; the line's top-level `message` is it.
+            message: line.message_text(),
+            options: line.fields.get("options").and_then(|o| dialog_options(o)),
+            timeout_ms,
+        }))
+    }
+
+    /// The text of a `notify` notice (an extension's message to the client), given the line.
+    pub fn notify_message(payload: &RawValue) -> Option<String> {
+        #[derive(Deserialize)]
+        struct Notice {
+            method: Option<String>,
+            message: Option<String>,
+        }
+        let notice = serde_json::from_str::<Notice>(payload.get()).ok()?;
+        (notice.method.as_deref() == Some("notify")).then_some(notice.message?)
+    }
+}
+
+/// A dialog's choices as text: strings decoded, anything else as the JSON the agent wrote
+/// (read from the line, so numbers keep their spelling: docs/protocol.md §1, "Numbers").
+fn dialog_options(options: &RawValue) -> Option<Vec<String>> {
+    let items = serde_json::from_str::<Vec<&RawValue>>(options.get()).ok()?;
+    Some(
+        items
+            .into_iter()
+            .map(|item| {
+                serde_json::from_str::<String>(item.get()).unwrap_or_else(|_| item.get().into())
+            })
+            .collect(),
+    )
+}
+
+/// A model as pi's responses name it (`get_state`'s `model`, `get_available_models`'s items):
+/// a full Model object of which the host reads `provider` and `id`.
+pub fn model_ref(model: &Value) -> Option<ModelRef> {
+    Some(ModelRef {
+        provider: model.get("provider")?.as_str()?.to_string(),
+        id: model.get("id")?.as_str()?.to_string(),
+    })
+}
+
+/// The model of `get_state`'s data.
+pub fn current_model(state: &Value) -> Option<ModelRef> {
+    state.get("model").and_then(model_ref)
+}
+
+/// `get_available_models`'s `data.models`.
+pub fn available_models(data: &Value) -> Vec<ModelRef> {
+    data.get("models")
+        .and_then(Value::as_array)
+        .map(|models| models.iter().filter_map(model_ref).collect())
+        .unwrap_or_default()
+}
