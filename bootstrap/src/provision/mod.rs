@@ -332,9 +332,7 @@ async fn provision(
         &nonce(),
         &options.agent_version,
     );
-    let (remote, mut probe, running) = probe_stage(session, &script, reporter).await?;
-
-    let mut work = Work::default();
+    let (remote, probe, running) = probe_stage(session, &script, reporter).await?;
     let planned = plan_agent(&probe, running.as_ref(), options, npm_failed, reporter).await;
     let (agent, bundle) = match planned {
         Ok(planned) => planned,
@@ -347,28 +345,16 @@ async fn provision(
         .as_ref()
         .filter(|r| r.version == wanted && !r.draining && agent.is_none())
     {
-        if mint {
-            let plan = Plan {
-                mint,
-                version: wanted.clone(),
-                ..Plan::default()
-            };
-            let outcome = install::carry_out(remote, &plan, None, reporter).await?;
-            work.minted = outcome.minted;
-        } else {
-            // EOF instead of a plan: the command ends on its own, and nothing it prints now
-            // matters, so the connect goes on without waiting for it.
-            tokio::spawn(remote.finish());
-        }
+        let work = Work {
+            minted: finish_warm(remote, mint, &wanted, reporter).await?,
+            ..Work::default()
+        };
         let link = warm_link(session.clone(), probe, running, &wanted, reporter)?;
         return Ok((link, work, wanted));
     }
-
-    let previous = probe.installed.clone();
     // A new agent (or its config line) is taken up by a restart: the running host drains
     // first (install.sh stop sends SIGTERM).
-    work.agent = agent.is_some();
-    let mut plan = Plan {
+    let plan = Plan {
         stop: running.is_some(),
         start: true,
         mint,
@@ -376,37 +362,88 @@ async fn provision(
         agent,
         ..Plan::default()
     };
-    let (install, upload) = match plan_upload(&probe, release, &wanted, bundle.as_ref(), reporter) {
+    let (link, work) = install_and_start(
+        session,
+        remote,
+        probe,
+        plan,
+        release,
+        bundle.as_ref(),
+        reporter,
+    )
+    .await?;
+    Ok((link, work, wanted))
+}
+
+/// The warm path's end of the remote command: a plan that only mints the pairing token (when
+/// `mint`), else EOF. Returns the token minted.
+async fn finish_warm(
+    remote: ssh::RemoteCommand,
+    mint: bool,
+    wanted: &str,
+    reporter: &dyn Reporter,
+) -> Result<Option<Value>, AppError> {
+    if !mint {
+        // EOF instead of a plan: the command ends on its own, and nothing it prints now
+        // matters, so the connect goes on without waiting for it.
+        tokio::spawn(remote.finish());
+        return Ok(None);
+    }
+    let plan = Plan {
+        mint: true,
+        version: wanted.to_string(),
+        ..Plan::default()
+    };
+    let outcome = install::carry_out(remote, &plan, None, reporter).await?;
+    Ok(outcome.minted)
+}
+
+/// The cold path: `plan` (the build, when the wanted version is not installed) carried out by
+/// the remote command, up to a started host; an upgraded host that does not start is rolled
+/// back.
+async fn install_and_start(
+    session: &Arc<SshSession>,
+    remote: ssh::RemoteCommand,
+    mut probe: Probe,
+    mut plan: Plan,
+    release: Option<&Release>,
+    bundle: Option<&bundle::Bundle>,
+    reporter: &dyn Reporter,
+) -> Result<(Link, Work), AppError> {
+    let wanted = plan.version.clone();
+    let previous = probe.installed.clone();
+    let (install, upload) = match plan_upload(&probe, release, &wanted, bundle, reporter) {
         Ok(planned) => planned,
         Err(err) => {
             let _ = remote.finish().await;
             return Err(err);
         }
     };
-    work.installed = install.is_some();
-    work.transferred = upload.is_some();
+    let mut work = Work {
+        transferred: upload.is_some(),
+        installed: install.is_some(),
+        agent: plan.agent.is_some(),
+        ..Work::default()
+    };
     plan.install = install;
 
     // Only a version this connect installed is rolled back, and only to another one.
     let rollback_to = previous.filter(|p| work.installed && *p != wanted);
-    let outcome = match install::carry_out(remote, &plan, upload.as_ref(), reporter).await {
+    let carried_out = install::carry_out(remote, &plan, upload.as_ref(), reporter).await;
+    if work.installed {
+        probe.installed = Some(wanted.clone());
+        probe.has_installer = true;
+    }
+    let outcome = match carried_out {
         Ok(outcome) => outcome,
         Err(error) => {
             let failed_start = error.details().is_some_and(|d| d["reason"] == "start");
-            if work.installed {
-                probe.installed = Some(wanted.clone());
-                probe.has_installer = true;
-            }
             return Err(match rollback_to.filter(|_| failed_start) {
                 Some(previous) => roll_back(session, &probe, &previous, error).await,
                 None => error,
             });
         }
     };
-    if work.installed {
-        probe.installed = Some(wanted.clone());
-        probe.has_installer = true;
-    }
     let state = outcome.state.ok_or_else(|| {
         stage_failed(Stage::Start, "install.sh start printed no state", json!({}))
     })?;
@@ -419,7 +456,7 @@ async fn provision(
         probe,
         cert_sha256,
     };
-    Ok((link, work, wanted))
+    Ok((link, work))
 }
 
 /// What is sent after the plan line: the build (unless the wanted version is installed) and
