@@ -104,6 +104,36 @@ impl Display {
             bar.finish_and_clear();
         }
     }
+
+    /// A spinner for `stage`, in place of the last stage's.
+    fn spin(&self, stage: Stage) {
+        self.finish();
+        let bar = ProgressBar::with_draw_target(None, (self.target)());
+        bar.set_style(ProgressStyle::default_spinner());
+        bar.set_message(stage.label());
+        bar.enable_steady_tick(Duration::from_millis(100));
+        if let Ok(mut slot) = self.bar.lock() {
+            *slot = Some((stage, bar));
+        }
+    }
+
+    /// The spinner becomes a byte bar: `sent` of `total`.
+    fn transferred(&self, sent: u64, total: u64) {
+        if let Ok(slot) = self.bar.lock()
+            && let Some((_, bar)) = slot.as_ref()
+        {
+            if bar.length() != Some(total) {
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                bar.set_length(total);
+            }
+            bar.set_position(sent);
+        }
+    }
 }
 
 impl Default for Display {
@@ -115,32 +145,8 @@ impl Default for Display {
 impl Reporter for Display {
     fn report(&self, progress: Progress) {
         match progress {
-            Progress::Started(stage) => {
-                self.finish();
-                let bar = ProgressBar::with_draw_target(None, (self.target)());
-                bar.set_style(ProgressStyle::default_spinner());
-                bar.set_message(stage.label());
-                bar.enable_steady_tick(Duration::from_millis(100));
-                if let Ok(mut slot) = self.bar.lock() {
-                    *slot = Some((stage, bar));
-                }
-            }
-            Progress::Transfer { sent, total } => {
-                if let Ok(slot) = self.bar.lock()
-                    && let Some((_, bar)) = slot.as_ref()
-                {
-                    if bar.length() != Some(total) {
-                        bar.set_style(
-                            ProgressStyle::with_template(
-                                "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}",
-                            )
-                            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-                        );
-                        bar.set_length(total);
-                    }
-                    bar.set_position(sent);
-                }
-            }
+            Progress::Started(stage) => self.spin(stage),
+            Progress::Transfer { sent, total } => self.transferred(sent, total),
             Progress::Done { stage, ms, note } => {
                 self.finish();
                 let note = note
@@ -153,25 +159,7 @@ impl Reporter for Display {
             }
             Progress::Ready(summary) => {
                 self.finish();
-                let agent = &summary["agent"];
-                let with_agent = match (agent["state"].as_str(), agent["version"].as_str()) {
-                    (Some("ready"), Some(version)) => {
-                        format!(" with agent {}", printable(version, false))
-                    }
-                    _ => String::new(),
-                };
-                eprintln!(
-                    "Connected to pi-host {}{with_agent} at {} (Ctrl-C stops the forward)",
-                    printable(summary["hostVersion"].as_str().unwrap_or("?"), false),
-                    printable(summary["url"].as_str().unwrap_or("?"), false),
-                );
-                // The host runs, but turns would fail: say so now, with the host's fix.
-                if let Some(state) = agent["state"].as_str().filter(|s| *s != "ready") {
-                    eprintln!(
-                        "  ! the host's agent is {state}: {}",
-                        printable(agent["problem"].as_str().unwrap_or("?"), false)
-                    );
-                }
+                print_ready(&summary);
             }
             Progress::Reconnecting {
                 attempt,
@@ -189,6 +177,29 @@ impl Reporter for Display {
             }
             Progress::Failed(_) => self.finish(),
         }
+    }
+}
+
+/// The connected line, from the connect's summary, and what is wrong with the host's agent.
+fn print_ready(summary: &serde_json::Value) {
+    let agent = &summary["agent"];
+    let with_agent = match (agent["state"].as_str(), agent["version"].as_str()) {
+        (Some("ready"), Some(version)) => {
+            format!(" with agent {}", printable(version, false))
+        }
+        _ => String::new(),
+    };
+    eprintln!(
+        "Connected to pi-host {}{with_agent} at {} (Ctrl-C stops the forward)",
+        printable(summary["hostVersion"].as_str().unwrap_or("?"), false),
+        printable(summary["url"].as_str().unwrap_or("?"), false),
+    );
+    // The host runs, but turns would fail: say so now, with the host's fix.
+    if let Some(state) = agent["state"].as_str().filter(|s| *s != "ready") {
+        eprintln!(
+            "  ! the host's agent is {state}: {}",
+            printable(agent["problem"].as_str().unwrap_or("?"), false)
+        );
     }
 }
 
