@@ -30,9 +30,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A device credential for the remote host.
+/// A device paired with the remote host: its id, token and roles, and the host certificate it
+/// was paired with (the device's credential for that host).
 #[derive(Clone, PartialEq, Eq)]
-pub struct Credential {
+pub struct PairedDevice {
     pub device_id: String,
     pub device_token: String,
     pub roles: Vec<Role>,
@@ -42,9 +43,9 @@ pub struct Credential {
 }
 
 // Hand-written so the token never reaches a log.
-impl std::fmt::Debug for Credential {
+impl std::fmt::Debug for PairedDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credential")
+        f.debug_struct("PairedDevice")
             .field("device_id", &self.device_id)
             .field("roles", &self.roles)
             .field("cert_sha256", &self.cert_sha256)
@@ -65,8 +66,8 @@ pub struct BootstrapOptions {
     pub remote_dir: String,
     /// The name the host shows for this device.
     pub device_name: String,
-    /// A credential from an earlier connect.
-    pub credential: Option<Credential>,
+    /// The device paired with the host by an earlier connect.
+    pub paired_device: Option<PairedDevice>,
     /// The local port of the forward (0: any free one).
     pub local_port: u16,
     /// A port to try first, falling back to `local_port` when it is taken (the port an earlier
@@ -87,7 +88,7 @@ impl BootstrapOptions {
             release_dir: None,
             remote_dir: remote_shell::DEFAULT_REMOTE_DIR.into(),
             device_name: "pi-remote".into(),
-            credential: None,
+            paired_device: None,
             local_port: 0,
             preferred_local_port: None,
             channel_timeout: Duration::from_secs(10),
@@ -749,11 +750,11 @@ fn version_mismatch(
         .with_source(ErrorSource::Bootstrap)
 }
 
-/// A connected remote host: the forward's local URL and the device credential.
+/// A connected remote host: the forward's local URL and the device paired with it.
 pub struct Connection {
     /// `wss://127.0.0.1:PORT/racp`.
     pub url: String,
-    pub credential: Credential,
+    pub device: PairedDevice,
     pub host_version: String,
     pub host_id: String,
     /// What this connect did, for reports: `{transferred, installed, started, paired, ...}`.
@@ -769,7 +770,7 @@ pub async fn connect(
 ) -> Result<Connection, AppError> {
     let started = Instant::now();
     // Without a stored credential the token is minted in the connect's one remote command.
-    let mint = options.credential.is_none();
+    let mint = options.paired_device.is_none();
     let (link, mut work, wanted) = establish(&options, reporter.as_ref(), mint).await?;
     let pin = link.cert_sha256;
 
@@ -784,8 +785,8 @@ pub async fn connect(
         options: &options,
         reporter: reporter.as_ref(),
     };
-    let (credential, paired) = host.credential(pin, work.minted.take()).await?;
-    let (credential, paired, info) = host.handshake(credential, paired, pin, &wanted).await?;
+    let (device, paired) = host.paired_device(pin, work.minted.take()).await?;
+    let (device, paired, info) = host.handshake(device, paired, pin, &wanted).await?;
 
     let summary = json!({
         "url": url,
@@ -794,7 +795,7 @@ pub async fn connect(
         "agent": info.agent,
         "remotePort": forward.remote_port(),
         "remoteRoot": forward.remote_root(),
-        "certSha256": credential.cert_sha256,
+        "certSha256": device.cert_sha256,
         "transferred": work.transferred,
         "installed": work.installed,
         "started": work.started,
@@ -804,7 +805,7 @@ pub async fn connect(
     });
     Ok(Connection {
         url,
-        credential,
+        device,
         host_version: info.host.version,
         host_id: info.host.id,
         summary,
@@ -821,17 +822,17 @@ struct ForwardedHost<'a> {
 }
 
 impl ForwardedHost<'_> {
-    /// The pair stage: the stored credential, or a new one; `true` when paired now.
-    async fn credential(
+    /// The pair stage: the stored device, or one paired now (`true`).
+    async fn paired_device(
         &self,
         pin: CertSha256,
         minted: Option<Value>,
-    ) -> Result<(Credential, bool), AppError> {
-        match self.options.credential.clone() {
+    ) -> Result<(PairedDevice, bool), AppError> {
+        match self.options.paired_device.clone() {
             // Reused only when paired with the certificate the host shows over SSH now.
-            Some(credential) if credential.cert_sha256 == Some(pin) => {
+            Some(device) if device.cert_sha256 == Some(pin) => {
                 skipped(self.reporter, Stage::Pair, "a stored credential is reused");
-                Ok((credential, false))
+                Ok((device, false))
             }
             // The host's identity was reset (new data directory) or the profile predates
             // pinning: SSH is the trusted path, so pair again through it; the stored token is
@@ -844,24 +845,23 @@ impl ForwardedHost<'_> {
     /// longer know (then it pairs again, once); the host must run the wanted version.
     async fn handshake(
         &self,
-        credential: Credential,
+        device: PairedDevice,
         mut paired: bool,
         pin: CertSha256,
         wanted: &str,
-    ) -> Result<(Credential, bool, HostInfoResult), AppError> {
-        let pin = credential.cert_sha256.unwrap_or(pin);
+    ) -> Result<(PairedDevice, bool, HostInfoResult), AppError> {
+        let pin = device.cert_sha256.unwrap_or(pin);
         let clock = StageClock::start(self.reporter, Stage::Handshake);
-        let (client, credential) = match open_client(self.url, &credential.device_token, pin).await
-        {
-            Ok(client) => (client, credential),
+        let (client, device) = match open_client(self.url, &device.device_token, pin).await {
+            Ok(client) => (client, device),
             Err(err) if !paired && err.code() == ErrorCode::RemoteAuthFailed => {
                 // The host no longer knows this device (reinstalled, revoked): pair again
                 // over SSH.
                 paired = true;
-                let credential = self.pair(None).await?;
-                let pin = credential.cert_sha256.unwrap_or(pin);
-                let client = open_client(self.url, &credential.device_token, pin).await?;
-                (client, credential)
+                let device = self.pair(None).await?;
+                let pin = device.cert_sha256.unwrap_or(pin);
+                let client = open_client(self.url, &device.device_token, pin).await?;
+                (client, device)
             }
             Err(err) => return Err(err),
         };
@@ -878,12 +878,12 @@ impl ForwardedHost<'_> {
             ));
         }
         clock.done(Some(format!("pi-host {}", info.host.version)));
-        Ok((credential, paired, info))
+        Ok((device, paired, info))
     }
 
     /// Mints a pairing token over SSH and trades it for a device credential through the forward.
     /// `minted`: a token the connect's remote command minted already; else one is minted now.
-    async fn pair(&self, minted: Option<Value>) -> Result<Credential, AppError> {
+    async fn pair(&self, minted: Option<Value>) -> Result<PairedDevice, AppError> {
         let clock = StageClock::start(self.reporter, Stage::Pair);
         let minted = match minted {
             Some(minted) => minted,
@@ -928,7 +928,7 @@ impl ForwardedHost<'_> {
             })
             .await?;
         clock.done(Some(paired.device_id.clone()));
-        Ok(Credential {
+        Ok(PairedDevice {
             device_id: paired.device_id,
             device_token: paired.device_token,
             roles: paired.roles,

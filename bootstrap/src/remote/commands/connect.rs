@@ -7,7 +7,7 @@
 //! `{"type":"reconnecting",...}`, `{"type":"reconnected",...}`, `{"type":"error","error"}`.
 
 use crate::provision::stage::{Progress, Reporter, Stage};
-use crate::provision::{self, BootstrapOptions, Credential};
+use crate::provision::{self, BootstrapOptions, PairedDevice};
 use crate::remote::Failure;
 use crate::remote::profile::{self, Profile, SshOrigin};
 use crate::ssh::PassphrasePrompt;
@@ -234,18 +234,18 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     };
     // A reused credential keeps the name it was paired under.
     if let Some((device_id, Some(name))) = reused
-        && device_id == connection.credential.device_id
+        && device_id == connection.device.device_id
     {
         device_name = name;
     }
     let saved = Profile {
         url: connection.url.clone(),
-        cert_sha256: connection.credential.cert_sha256,
+        cert_sha256: connection.device.cert_sha256,
         plain: false,
-        device_id: connection.credential.device_id.clone(),
+        device_id: connection.device.device_id.clone(),
         device_name: Some(device_name),
-        device_token: connection.credential.device_token.clone(),
-        roles: connection.credential.roles.clone(),
+        device_token: connection.device.device_token.clone(),
+        roles: connection.device.roles.clone(),
         ssh: Some(SshOrigin {
             target,
             remote_dir,
@@ -296,7 +296,7 @@ fn reuse_credential(
                 && origin.remote_dir == args.options.remote_dir =>
         {
             // A credential without a pin (an older profile) is paired again over SSH.
-            args.options.credential = Some(Credential {
+            args.options.paired_device = Some(PairedDevice {
                 device_id: stored.device_id.clone(),
                 device_token: stored.device_token.clone(),
                 roles: stored.roles.clone(),
