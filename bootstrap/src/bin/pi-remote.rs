@@ -17,6 +17,7 @@ use bootstrap::remote::{Exit, Failure};
 use bootstrap::ssh::ConnectOptions;
 use bootstrap::ssh::config::ResolveOptions;
 use clap::{Parser, Subcommand};
+use racp_proto::client::RacpClient;
 use racp_proto::methods::model::{ModelRef, ThinkingLevel};
 use racp_proto::methods::session::{SessionConfigureParams, SessionCreateParams};
 use std::process::ExitCode;
@@ -370,6 +371,11 @@ async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
         _ => Reach::Host,
     };
     let client = open_profile(&cli.profile, cli.host.as_deref(), reach).await?;
+    on_client(out, client, command).await
+}
+
+/// A command that goes through the profile's client, to the host or to the gateway.
+async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<(), Failure> {
     match command {
         // Returned above: they need no stored profile, or report on it without a client.
         Command::Connect(_)
@@ -407,13 +413,7 @@ async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
             models::configure(out, &client, params).await
         }
         Command::Models => models::list(out, &client).await,
-        Command::Credentials(CredentialsCommand::Set { provider }) => {
-            models::set(out, &client, provider).await
-        }
-        Command::Credentials(CredentialsCommand::List) => models::credentials(out, &client).await,
-        Command::Credentials(CredentialsCommand::Delete { provider }) => {
-            models::delete(out, &client, provider).await
-        }
+        Command::Credentials(command) => credentials(out, &client, command).await,
         Command::Prompt {
             session,
             text,
@@ -431,6 +431,19 @@ async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
         Command::Attach { session } => attach::attach(out, client, session).await,
         Command::Devices => devices::list(out, &client).await,
         Command::Revoke { device } => devices::revoke(out, &client, device).await,
+    }
+}
+
+/// `pi-remote credentials`: the provider API keys the host hands its agent.
+async fn credentials(
+    out: &Out,
+    client: &RacpClient,
+    command: CredentialsCommand,
+) -> Result<(), Failure> {
+    match command {
+        CredentialsCommand::Set { provider } => models::set(out, client, provider).await,
+        CredentialsCommand::List => models::credentials(out, client).await,
+        CredentialsCommand::Delete { provider } => models::delete(out, client, provider).await,
     }
 }
 

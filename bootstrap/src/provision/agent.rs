@@ -18,12 +18,13 @@
 
 use super::bundle::{self, BundleSpec};
 use super::remote_shell::{
-    AgentConfig, AgentInstall, AgentSource, MARK, MIN_NODE_VERSION, Probe, RemoteNode, Running,
+    AgentConfig, AgentInstall, AgentSource, Libc, MARK, MIN_NODE_VERSION, Probe, RemoteNode,
+    Running,
 };
 use super::stage::Stage;
 use racp_proto::AppError;
 use racp_proto::methods::host::AgentState;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// pi's npm package.
 pub const PI_PACKAGE: &str = "@mariozechner/pi-coding-agent";
@@ -128,37 +129,13 @@ pub fn source(probe: &Probe, version: &str, npm_failed: bool) -> Result<Source, 
     {
         return Ok(Source::Npm);
     }
-    let fix = format!(
-        "install Node.js {} or newer with npm on the remote and connect again, or name your own agent in {}/config.toml (agent = \"/path/to/pi --mode rpc\")",
-        MIN_NODE_VERSION, probe.root
-    );
-    let found = found_node(probe);
-    let node_details = json!({"node": probe.node.as_ref().map(|n| json!({"path": n.path, "version": n.version})), "npm": probe.npm, "hint": fix});
+    let refusal = NoSource::new(probe);
     if version != PI_VERSION {
-        // Only the pinned version can be bundled.
-        return Err(super::stage_failed(
-            Stage::Agent,
-            format!(
-                "pi {version} can come only from the remote's npm, and pi needs Node.js {MIN_NODE_VERSION} or newer with npm where the remote has {found}; {fix}"
-            ),
-            node_details,
-        ));
+        return Err(refusal.not_bundled(version));
     }
-    let refuse = |reason: &str, why: String| {
-        let mut details = node_details.clone();
-        details["reason"] = json!(reason);
-        details["found"] = json!({"os": probe.os, "arch": probe.arch, "libc": probe.libc.family, "libcVersion": probe.libc.version});
-        super::stage_failed(
-            Stage::Agent,
-            format!(
-                "pi needs Node.js {MIN_NODE_VERSION} or newer and the remote has {found}; {why}; nothing was uploaded; {fix}"
-            ),
-            details,
-        )
-    };
     let linux = super::release::normalize_os(&probe.os) == "linux";
     let Some(cpu) = bundle::npm_cpu(&probe.arch).filter(|_| linux) else {
-        return Err(refuse(
+        return Err(refusal.no_bundle(
             "no_node_build",
             format!(
                 "Node.js has no official build for {} {}",
@@ -172,33 +149,92 @@ pub fn source(probe: &Probe, version: &str, npm_failed: bool) -> Result<Source, 
             with_node: false,
         }));
     }
-    match (probe.libc.family.as_str(), probe.libc.version.as_deref()) {
-        ("musl", _) => {
-            return Err(refuse(
-                "no_node_build",
-                format!(
-                    "Node.js's official Linux builds need glibc {} and the remote has musl",
-                    bundle::NODE_GLIBC_MIN
-                ),
-            ));
-        }
-        ("glibc", Some(v))
-            if super::remote_shell::version_cmp(v, bundle::NODE_GLIBC_MIN).is_lt() =>
-        {
-            return Err(refuse(
-                "glibc_too_old",
-                format!(
-                    "Node.js's official Linux builds need glibc {} or newer and the remote has glibc {v}",
-                    bundle::NODE_GLIBC_MIN
-                ),
-            ));
-        }
-        _ => {}
+    if let Some((reason, why)) = node_build_refuses(&probe.libc) {
+        return Err(refusal.no_bundle(reason, why));
     }
     Ok(Source::Bundle(BundleSpec {
         cpu,
         with_node: true,
     }))
+}
+
+/// Why Node.js's official Linux build cannot run on a remote with `libc`: the reason for the
+/// details and the words for the message.
+fn node_build_refuses(libc: &Libc) -> Option<(&'static str, String)> {
+    match (libc.family.as_str(), libc.version.as_deref()) {
+        ("musl", _) => Some((
+            "no_node_build",
+            format!(
+                "Node.js's official Linux builds need glibc {} and the remote has musl",
+                bundle::NODE_GLIBC_MIN
+            ),
+        )),
+        ("glibc", Some(v))
+            if super::remote_shell::version_cmp(v, bundle::NODE_GLIBC_MIN).is_lt() =>
+        {
+            Some((
+                "glibc_too_old",
+                format!(
+                    "Node.js's official Linux builds need glibc {} or newer and the remote has glibc {v}",
+                    bundle::NODE_GLIBC_MIN
+                ),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The agent stage's failure when pi can come from nowhere: what the remote has and the fix.
+struct NoSource<'a> {
+    probe: &'a Probe,
+    /// The remote's Node, in words.
+    found: String,
+    fix: String,
+    details: Value,
+}
+
+impl<'a> NoSource<'a> {
+    fn new(probe: &'a Probe) -> Self {
+        let fix = format!(
+            "install Node.js {} or newer with npm on the remote and connect again, or name your own agent in {}/config.toml (agent = \"/path/to/pi --mode rpc\")",
+            MIN_NODE_VERSION, probe.root
+        );
+        let details = json!({"node": probe.node.as_ref().map(|n| json!({"path": n.path, "version": n.version})), "npm": probe.npm, "hint": fix});
+        NoSource {
+            probe,
+            found: found_node(probe),
+            fix,
+            details,
+        }
+    }
+
+    /// Only the pinned version can be bundled: `version` needs the remote's npm.
+    fn not_bundled(&self, version: &str) -> AppError {
+        let (found, fix) = (&self.found, &self.fix);
+        super::stage_failed(
+            Stage::Agent,
+            format!(
+                "pi {version} can come only from the remote's npm, and pi needs Node.js {MIN_NODE_VERSION} or newer with npm where the remote has {found}; {fix}"
+            ),
+            self.details.clone(),
+        )
+    }
+
+    /// No bundle runs on the remote: `reason` goes into the details, `why` into the message.
+    fn no_bundle(&self, reason: &str, why: String) -> AppError {
+        let probe = self.probe;
+        let (found, fix) = (&self.found, &self.fix);
+        let mut details = self.details.clone();
+        details["reason"] = json!(reason);
+        details["found"] = json!({"os": probe.os, "arch": probe.arch, "libc": probe.libc.family, "libcVersion": probe.libc.version});
+        super::stage_failed(
+            Stage::Agent,
+            format!(
+                "pi needs Node.js {MIN_NODE_VERSION} or newer and the remote has {found}; {why}; nothing was uploaded; {fix}"
+            ),
+            details,
+        )
+    }
 }
 
 /// Whether `error` is the remote's npm failing to install pi (session.sh exits 82 then).

@@ -131,6 +131,20 @@ async fn build(work: &Path, spec: BundleSpec, out: &Path) -> Result<(), AppError
             .await
             .map_err(|e| failed(format!("cannot create {}: {e}", dir.display()), json!({})))?;
     }
+    install_pi(&lib, &bin, spec.cpu).await?;
+    if spec.with_node {
+        add_node(work, &bin, spec.cpu).await?;
+    }
+    let partial = work.join("bundle.tar.gz");
+    let partial_name = partial.display().to_string();
+    run("tar", &["-czf", &partial_name, "bin", "lib"], work).await?;
+    tokio::fs::rename(&partial, out)
+        .await
+        .map_err(|e| failed(format!("cannot write {}: {e}", out.display()), json!({})))
+}
+
+/// pi's pinned tree into `lib` (for Linux on `cpu`), and `bin/pi` linked to its entry.
+async fn install_pi(lib: &Path, bin: &Path, cpu: &str) -> Result<(), AppError> {
     let write = |name: &str, text: &str| {
         std::fs::write(lib.join(name), text)
             .map_err(|e| failed(format!("cannot write {name}: {e}"), json!({})))
@@ -145,7 +159,7 @@ async fn build(work: &Path, spec: BundleSpec, out: &Path) -> Result<(), AppError
             "--os",
             "linux",
             "--cpu",
-            spec.cpu,
+            cpu,
             "--ignore-scripts",
             "--no-audit",
             "--no-fund",
@@ -153,37 +167,34 @@ async fn build(work: &Path, spec: BundleSpec, out: &Path) -> Result<(), AppError
             "--prefer-offline",
             "--loglevel=error",
         ],
-        &lib,
+        lib,
     )
     .await?;
     std::os::unix::fs::symlink(PI_ENTRY, bin.join("pi"))
-        .map_err(|e| failed(format!("cannot link bin/pi: {e}"), json!({})))?;
-    if spec.with_node {
-        let package = format!("node-linux-{}@{NODE_VERSION}", spec.cpu);
-        run(
-            "npm",
-            &[
-                "pack",
-                &package,
-                "--prefer-offline",
-                "--no-update-notifier",
-                "--loglevel=error",
-            ],
-            work,
-        )
-        .await?;
-        let packed = format!("node-linux-{}-{NODE_VERSION}.tgz", spec.cpu);
-        run("tar", &["-xzf", &packed, "package/bin/node"], work).await?;
-        tokio::fs::rename(work.join("package/bin/node"), bin.join("node"))
-            .await
-            .map_err(|e| failed(format!("cannot place bin/node: {e}"), json!({})))?;
-    }
-    let partial = work.join("bundle.tar.gz");
-    let partial_name = partial.display().to_string();
-    run("tar", &["-czf", &partial_name, "bin", "lib"], work).await?;
-    tokio::fs::rename(&partial, out)
+        .map_err(|e| failed(format!("cannot link bin/pi: {e}"), json!({})))
+}
+
+/// Node's Linux build for `cpu` (npm's `node-linux-CPU` package) as `bin/node`, unpacked in
+/// `work`.
+async fn add_node(work: &Path, bin: &Path, cpu: &str) -> Result<(), AppError> {
+    let package = format!("node-linux-{cpu}@{NODE_VERSION}");
+    run(
+        "npm",
+        &[
+            "pack",
+            &package,
+            "--prefer-offline",
+            "--no-update-notifier",
+            "--loglevel=error",
+        ],
+        work,
+    )
+    .await?;
+    let packed = format!("node-linux-{cpu}-{NODE_VERSION}.tgz");
+    run("tar", &["-xzf", &packed, "package/bin/node"], work).await?;
+    tokio::fs::rename(work.join("package/bin/node"), bin.join("node"))
         .await
-        .map_err(|e| failed(format!("cannot write {}: {e}", out.display()), json!({})))
+        .map_err(|e| failed(format!("cannot place bin/node: {e}"), json!({})))
 }
 
 /// Runs `program args` in `dir`; its stderr's tail is the error.

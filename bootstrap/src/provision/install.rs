@@ -83,13 +83,7 @@ pub(super) async fn carry_out(
     upload: Option<&Upload>,
     reporter: &dyn Reporter,
 ) -> Result<Outcome, AppError> {
-    let (mut stage, mut clock) = match upload {
-        Some(_) => (
-            Stage::Transfer,
-            Some(StageClock::start(reporter, Stage::Transfer)),
-        ),
-        None => (Stage::Start, None),
-    };
+    let mut report = Report::start(reporter, upload);
     if let Err(err) = send(&mut remote, plan, upload, reporter).await {
         return Err(match err {
             // The remote ended early: its output says why.
@@ -99,70 +93,123 @@ pub(super) async fn carry_out(
                     Some(_) => "the upload",
                     None => "the remote command",
                 };
-                remote_failed(stage, what, &output)
+                remote_failed(report.stage, what, &output)
             }
-            other => ssh_failed(stage, other),
+            other => ssh_failed(report.stage, other),
         });
     }
-    remote.eof().await.map_err(|e| ssh_failed(stage, e))?;
-
-    let mut outcome = Outcome::default();
-    let mut verified: Vec<(String, String)> = Vec::new();
-    let mut note = None;
+    remote
+        .eof()
+        .await
+        .map_err(|e| ssh_failed(report.stage, e))?;
     while let Some(line) = remote.next_line().await {
+        report.read(&line);
+    }
+    let output = remote
+        .finish()
+        .await
+        .map_err(|e| ssh_failed(report.stage, e))?;
+    if !output.success() {
+        return Err(failed(report.stage, &output, plan, &report.verified));
+    }
+    if let Some(clock) = report.clock.take() {
+        clock.done(report.note);
+    }
+    Ok(report.outcome)
+}
+
+/// What the remote command has reported so far: the stage it is in (timed), the sums it
+/// verified, and its results.
+struct Report<'a> {
+    reporter: &'a dyn Reporter,
+    upload: Option<&'a Upload>,
+    stage: Stage,
+    clock: Option<StageClock<'a>>,
+    /// The note the running stage ends with.
+    note: Option<String>,
+    verified: Vec<(String, String)>,
+    outcome: Outcome,
+}
+
+impl<'a> Report<'a> {
+    /// The transfer when there is an upload (it starts now), else the start.
+    fn start(reporter: &'a dyn Reporter, upload: Option<&'a Upload>) -> Self {
+        let (stage, clock) = match upload {
+            Some(_) => (
+                Stage::Transfer,
+                Some(StageClock::start(reporter, Stage::Transfer)),
+            ),
+            None => (Stage::Start, None),
+        };
+        Report {
+            reporter,
+            upload,
+            stage,
+            clock,
+            note: None,
+            verified: Vec::new(),
+            outcome: Outcome::default(),
+        }
+    }
+
+    /// One `key=value` line of the command's output.
+    fn read(&mut self, line: &str) {
         let Some((key, value)) = line.split_once('=') else {
-            continue;
+            return;
         };
         match key {
             "stage" => {
-                let next = match value {
-                    "transfer" => continue,
-                    "verify" => Stage::Verify,
-                    "agent" => Stage::Agent,
-                    "install" => Stage::Install,
-                    "start" => Stage::Start,
-                    "pair" => Stage::Pair,
-                    _ => continue,
-                };
-                let done_note = match (stage, upload) {
-                    (Stage::Transfer, Some(upload)) => Some(format!("{} bytes", upload.total())),
-                    _ => note.take(),
-                };
-                if let Some(clock) = clock.take() {
-                    clock.done(done_note);
-                }
-                stage = next;
-                // The pair stage is reported when the token is traded, through the forward.
-                if next != Stage::Pair {
-                    clock = Some(StageClock::start(reporter, next));
+                if let Some(next) = stage_named(value) {
+                    self.enter(next);
                 }
             }
             "verified" => {
                 if let Some((file, sum)) = value.split_once(' ') {
-                    verified.push((file.to_string(), sum.to_string()));
+                    self.verified.push((file.to_string(), sum.to_string()));
                 }
             }
-            "installed" | "agent" => note = Some(value.to_string()),
+            "installed" | "agent" => self.note = Some(value.to_string()),
             "state" => {
-                outcome.state = serde_json::from_str(value).ok();
-                note = outcome
+                self.outcome.state = serde_json::from_str(value).ok();
+                self.note = self
+                    .outcome
                     .state
                     .as_ref()
                     .and_then(|state| state["listen"].as_str())
                     .map(|listen| format!("listening on {listen}"));
             }
-            "pair" => outcome.minted = serde_json::from_str(value).ok(),
+            "pair" => self.outcome.minted = serde_json::from_str(value).ok(),
             _ => {}
         }
     }
-    let output = remote.finish().await.map_err(|e| ssh_failed(stage, e))?;
-    if !output.success() {
-        return Err(failed(stage, &output, plan, &verified));
+
+    /// The command went on to `next`: the running stage is done.
+    fn enter(&mut self, next: Stage) {
+        let done_note = match (self.stage, self.upload) {
+            (Stage::Transfer, Some(upload)) => Some(format!("{} bytes", upload.total())),
+            _ => self.note.take(),
+        };
+        if let Some(clock) = self.clock.take() {
+            clock.done(done_note);
+        }
+        self.stage = next;
+        // The pair stage is reported when the token is traded, through the forward.
+        if next != Stage::Pair {
+            self.clock = Some(StageClock::start(self.reporter, next));
+        }
     }
-    if let Some(clock) = clock.take() {
-        clock.done(note);
+}
+
+/// The stage a `stage=NAME` line begins (the transfer is under way before any line).
+fn stage_named(name: &str) -> Option<Stage> {
+    match name {
+        "verify" => Some(Stage::Verify),
+        "agent" => Some(Stage::Agent),
+        "install" => Some(Stage::Install),
+        "start" => Some(Stage::Start),
+        "pair" => Some(Stage::Pair),
+        _ => None,
     }
-    Ok(outcome)
 }
 
 /// The error for a command that failed during `stage`.

@@ -30,9 +30,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A device credential for the remote host.
+/// A device paired with the remote host: its id, token and roles, and the host certificate it
+/// was paired with (the device's credential for that host).
 #[derive(Clone, PartialEq, Eq)]
-pub struct Credential {
+pub struct PairedDevice {
     pub device_id: String,
     pub device_token: String,
     pub roles: Vec<Role>,
@@ -42,9 +43,9 @@ pub struct Credential {
 }
 
 // Hand-written so the token never reaches a log.
-impl std::fmt::Debug for Credential {
+impl std::fmt::Debug for PairedDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credential")
+        f.debug_struct("PairedDevice")
             .field("device_id", &self.device_id)
             .field("roles", &self.roles)
             .field("cert_sha256", &self.cert_sha256)
@@ -65,8 +66,8 @@ pub struct BootstrapOptions {
     pub remote_dir: String,
     /// The name the host shows for this device.
     pub device_name: String,
-    /// A credential from an earlier connect.
-    pub credential: Option<Credential>,
+    /// The device paired with the host by an earlier connect.
+    pub paired_device: Option<PairedDevice>,
     /// The local port of the forward (0: any free one).
     pub local_port: u16,
     /// A port to try first, falling back to `local_port` when it is taken (the port an earlier
@@ -87,7 +88,7 @@ impl BootstrapOptions {
             release_dir: None,
             remote_dir: remote_shell::DEFAULT_REMOTE_DIR.into(),
             device_name: "pi-remote".into(),
-            credential: None,
+            paired_device: None,
             local_port: 0,
             preferred_local_port: None,
             channel_timeout: Duration::from_secs(10),
@@ -332,9 +333,7 @@ async fn provision(
         &nonce(),
         &options.agent_version,
     );
-    let (remote, mut probe, running) = probe_stage(session, &script, reporter).await?;
-
-    let mut work = Work::default();
+    let (remote, probe, running) = probe_stage(session, &script, reporter).await?;
     let planned = plan_agent(&probe, running.as_ref(), options, npm_failed, reporter).await;
     let (agent, bundle) = match planned {
         Ok(planned) => planned,
@@ -347,28 +346,16 @@ async fn provision(
         .as_ref()
         .filter(|r| r.version == wanted && !r.draining && agent.is_none())
     {
-        if mint {
-            let plan = Plan {
-                mint,
-                version: wanted.clone(),
-                ..Plan::default()
-            };
-            let outcome = install::carry_out(remote, &plan, None, reporter).await?;
-            work.minted = outcome.minted;
-        } else {
-            // EOF instead of a plan: the command ends on its own, and nothing it prints now
-            // matters, so the connect goes on without waiting for it.
-            tokio::spawn(remote.finish());
-        }
+        let work = Work {
+            minted: finish_warm(remote, mint, &wanted, reporter).await?,
+            ..Work::default()
+        };
         let link = warm_link(session.clone(), probe, running, &wanted, reporter)?;
         return Ok((link, work, wanted));
     }
-
-    let previous = probe.installed.clone();
     // A new agent (or its config line) is taken up by a restart: the running host drains
     // first (install.sh stop sends SIGTERM).
-    work.agent = agent.is_some();
-    let mut plan = Plan {
+    let plan = Plan {
         stop: running.is_some(),
         start: true,
         mint,
@@ -376,37 +363,88 @@ async fn provision(
         agent,
         ..Plan::default()
     };
-    let (install, upload) = match plan_upload(&probe, release, &wanted, bundle.as_ref(), reporter) {
+    let (link, work) = install_and_start(
+        session,
+        remote,
+        probe,
+        plan,
+        release,
+        bundle.as_ref(),
+        reporter,
+    )
+    .await?;
+    Ok((link, work, wanted))
+}
+
+/// The warm path's end of the remote command: a plan that only mints the pairing token (when
+/// `mint`), else EOF. Returns the token minted.
+async fn finish_warm(
+    remote: ssh::RemoteCommand,
+    mint: bool,
+    wanted: &str,
+    reporter: &dyn Reporter,
+) -> Result<Option<Value>, AppError> {
+    if !mint {
+        // EOF instead of a plan: the command ends on its own, and nothing it prints now
+        // matters, so the connect goes on without waiting for it.
+        tokio::spawn(remote.finish());
+        return Ok(None);
+    }
+    let plan = Plan {
+        mint: true,
+        version: wanted.to_string(),
+        ..Plan::default()
+    };
+    let outcome = install::carry_out(remote, &plan, None, reporter).await?;
+    Ok(outcome.minted)
+}
+
+/// The cold path: `plan` (the build, when the wanted version is not installed) carried out by
+/// the remote command, up to a started host; an upgraded host that does not start is rolled
+/// back.
+async fn install_and_start(
+    session: &Arc<SshSession>,
+    remote: ssh::RemoteCommand,
+    mut probe: Probe,
+    mut plan: Plan,
+    release: Option<&Release>,
+    bundle: Option<&bundle::Bundle>,
+    reporter: &dyn Reporter,
+) -> Result<(Link, Work), AppError> {
+    let wanted = plan.version.clone();
+    let previous = probe.installed.clone();
+    let (install, upload) = match plan_upload(&probe, release, &wanted, bundle, reporter) {
         Ok(planned) => planned,
         Err(err) => {
             let _ = remote.finish().await;
             return Err(err);
         }
     };
-    work.installed = install.is_some();
-    work.transferred = upload.is_some();
+    let mut work = Work {
+        transferred: upload.is_some(),
+        installed: install.is_some(),
+        agent: plan.agent.is_some(),
+        ..Work::default()
+    };
     plan.install = install;
 
     // Only a version this connect installed is rolled back, and only to another one.
     let rollback_to = previous.filter(|p| work.installed && *p != wanted);
-    let outcome = match install::carry_out(remote, &plan, upload.as_ref(), reporter).await {
+    let carried_out = install::carry_out(remote, &plan, upload.as_ref(), reporter).await;
+    if work.installed {
+        probe.installed = Some(wanted.clone());
+        probe.has_installer = true;
+    }
+    let outcome = match carried_out {
         Ok(outcome) => outcome,
         Err(error) => {
             let failed_start = error.details().is_some_and(|d| d["reason"] == "start");
-            if work.installed {
-                probe.installed = Some(wanted.clone());
-                probe.has_installer = true;
-            }
             return Err(match rollback_to.filter(|_| failed_start) {
                 Some(previous) => roll_back(session, &probe, &previous, error).await,
                 None => error,
             });
         }
     };
-    if work.installed {
-        probe.installed = Some(wanted.clone());
-        probe.has_installer = true;
-    }
     let state = outcome.state.ok_or_else(|| {
         stage_failed(Stage::Start, "install.sh start printed no state", json!({}))
     })?;
@@ -419,7 +457,7 @@ async fn provision(
         probe,
         cert_sha256,
     };
-    Ok((link, work, wanted))
+    Ok((link, work))
 }
 
 /// What is sent after the plan line: the build (unless the wanted version is installed) and
@@ -712,11 +750,11 @@ fn version_mismatch(
         .with_source(ErrorSource::Bootstrap)
 }
 
-/// A connected remote host: the forward's local URL and the device credential.
+/// A connected remote host: the forward's local URL and the device paired with it.
 pub struct Connection {
     /// `wss://127.0.0.1:PORT/racp`.
     pub url: String,
-    pub credential: Credential,
+    pub device: PairedDevice,
     pub host_version: String,
     pub host_id: String,
     /// What this connect did, for reports: `{transferred, installed, started, paired, ...}`.
@@ -732,7 +770,7 @@ pub async fn connect(
 ) -> Result<Connection, AppError> {
     let started = Instant::now();
     // Without a stored credential the token is minted in the connect's one remote command.
-    let mint = options.credential.is_none();
+    let mint = options.paired_device.is_none();
     let (link, mut work, wanted) = establish(&options, reporter.as_ref(), mint).await?;
     let pin = link.cert_sha256;
 
@@ -747,8 +785,8 @@ pub async fn connect(
         options: &options,
         reporter: reporter.as_ref(),
     };
-    let (credential, paired) = host.credential(pin, work.minted.take()).await?;
-    let (credential, paired, info) = host.handshake(credential, paired, pin, &wanted).await?;
+    let (device, paired) = host.paired_device(pin, work.minted.take()).await?;
+    let (device, paired, info) = host.handshake(device, paired, pin, &wanted).await?;
 
     let summary = json!({
         "url": url,
@@ -757,7 +795,7 @@ pub async fn connect(
         "agent": info.agent,
         "remotePort": forward.remote_port(),
         "remoteRoot": forward.remote_root(),
-        "certSha256": credential.cert_sha256,
+        "certSha256": device.cert_sha256,
         "transferred": work.transferred,
         "installed": work.installed,
         "started": work.started,
@@ -767,7 +805,7 @@ pub async fn connect(
     });
     Ok(Connection {
         url,
-        credential,
+        device,
         host_version: info.host.version,
         host_id: info.host.id,
         summary,
@@ -784,17 +822,17 @@ struct ForwardedHost<'a> {
 }
 
 impl ForwardedHost<'_> {
-    /// The pair stage: the stored credential, or a new one; `true` when paired now.
-    async fn credential(
+    /// The pair stage: the stored device, or one paired now (`true`).
+    async fn paired_device(
         &self,
         pin: CertSha256,
         minted: Option<Value>,
-    ) -> Result<(Credential, bool), AppError> {
-        match self.options.credential.clone() {
+    ) -> Result<(PairedDevice, bool), AppError> {
+        match self.options.paired_device.clone() {
             // Reused only when paired with the certificate the host shows over SSH now.
-            Some(credential) if credential.cert_sha256 == Some(pin) => {
+            Some(device) if device.cert_sha256 == Some(pin) => {
                 skipped(self.reporter, Stage::Pair, "a stored credential is reused");
-                Ok((credential, false))
+                Ok((device, false))
             }
             // The host's identity was reset (new data directory) or the profile predates
             // pinning: SSH is the trusted path, so pair again through it; the stored token is
@@ -807,24 +845,23 @@ impl ForwardedHost<'_> {
     /// longer know (then it pairs again, once); the host must run the wanted version.
     async fn handshake(
         &self,
-        credential: Credential,
+        device: PairedDevice,
         mut paired: bool,
         pin: CertSha256,
         wanted: &str,
-    ) -> Result<(Credential, bool, HostInfoResult), AppError> {
-        let pin = credential.cert_sha256.unwrap_or(pin);
+    ) -> Result<(PairedDevice, bool, HostInfoResult), AppError> {
+        let pin = device.cert_sha256.unwrap_or(pin);
         let clock = StageClock::start(self.reporter, Stage::Handshake);
-        let (client, credential) = match open_client(self.url, &credential.device_token, pin).await
-        {
-            Ok(client) => (client, credential),
+        let (client, device) = match open_client(self.url, &device.device_token, pin).await {
+            Ok(client) => (client, device),
             Err(err) if !paired && err.code() == ErrorCode::RemoteAuthFailed => {
                 // The host no longer knows this device (reinstalled, revoked): pair again
                 // over SSH.
                 paired = true;
-                let credential = self.pair(None).await?;
-                let pin = credential.cert_sha256.unwrap_or(pin);
-                let client = open_client(self.url, &credential.device_token, pin).await?;
-                (client, credential)
+                let device = self.pair(None).await?;
+                let pin = device.cert_sha256.unwrap_or(pin);
+                let client = open_client(self.url, &device.device_token, pin).await?;
+                (client, device)
             }
             Err(err) => return Err(err),
         };
@@ -841,12 +878,12 @@ impl ForwardedHost<'_> {
             ));
         }
         clock.done(Some(format!("pi-host {}", info.host.version)));
-        Ok((credential, paired, info))
+        Ok((device, paired, info))
     }
 
     /// Mints a pairing token over SSH and trades it for a device credential through the forward.
     /// `minted`: a token the connect's remote command minted already; else one is minted now.
-    async fn pair(&self, minted: Option<Value>) -> Result<Credential, AppError> {
+    async fn pair(&self, minted: Option<Value>) -> Result<PairedDevice, AppError> {
         let clock = StageClock::start(self.reporter, Stage::Pair);
         let minted = match minted {
             Some(minted) => minted,
@@ -891,7 +928,7 @@ impl ForwardedHost<'_> {
             })
             .await?;
         clock.done(Some(paired.device_id.clone()));
-        Ok(Credential {
+        Ok(PairedDevice {
             device_id: paired.device_id,
             device_token: paired.device_token,
             roles: paired.roles,

@@ -207,6 +207,41 @@ impl Libc {
     }
 }
 
+/// What the probe printed about the C library, in order of trust: `getconf`, `ldd`, musl's
+/// loader.
+#[derive(Default)]
+struct LibcClues {
+    getconf: Option<Libc>,
+    ldd: Option<Libc>,
+    musl_loader: bool,
+}
+
+impl LibcClues {
+    /// Takes a probe line about the C library; `false` for any other line.
+    fn read(&mut self, key: &str, value: &str) -> bool {
+        match key {
+            "libc" => self.getconf = Libc::from_getconf(value),
+            "ldd" => self.ldd = Libc::from_ldd(value),
+            "musl" => self.musl_loader = true,
+            _ => return false,
+        }
+        true
+    }
+
+    fn conclude(self) -> Libc {
+        self.getconf.or(self.ldd).unwrap_or_else(|| {
+            if self.musl_loader {
+                Libc {
+                    family: "musl".into(),
+                    version: None,
+                }
+            } else {
+                Libc::unknown()
+            }
+        })
+    }
+}
+
 /// `2.17`, `1.2.4`: digits and dots, starting and ending with a digit.
 fn is_version(text: &str) -> bool {
     !text.is_empty()
@@ -295,66 +330,61 @@ pub struct Running {
 impl Probe {
     pub fn parse(output: &str) -> Result<Probe, String> {
         let mut probe = Probe::default();
-        let (mut getconf, mut ldd, mut musl_loader) = (None, None, false);
+        let mut libc = LibcClues::default();
         for line in output.lines() {
             let Some((key, value)) = line.split_once('=') else {
                 continue;
             };
-            match key {
-                "root" => probe.root = value.to_string(),
-                "os" => probe.os = value.to_string(),
-                "arch" => probe.arch = value.to_string(),
-                "current" => {
-                    probe.installed = value
-                        .trim_end_matches('/')
-                        .rsplit('/')
-                        .next()
-                        .map(str::to_string)
-                        .filter(|v| !v.is_empty())
-                }
-                "installer" => probe.has_installer = value == "yes",
-                "status" => probe.status = serde_json::from_str(value).ok(),
-                "sha" => probe.sha_command = Some(value.to_string()),
-                "libc" => getconf = Libc::from_getconf(value),
-                "ldd" => ldd = Libc::from_ldd(value),
-                "musl" => musl_loader = true,
-                "nodebin" => {
-                    probe.node = Some(RemoteNode {
-                        path: value.to_string(),
-                        version: None,
-                    })
-                }
-                "node" => {
-                    let version = value.trim().trim_start_matches('v');
-                    if let Some(node) = probe.node.as_mut()
-                        && is_version(version)
-                    {
-                        node.version = Some(version.to_string());
-                    }
-                }
-                "pi" => probe.pi = Some(value.to_string()),
-                "npmbin" => probe.npm = Some(value.to_string()),
-                "agentconf" => {
-                    probe.agent_config = std::mem::take(&mut probe.agent_config).with_line(value)
-                }
-                "agentv" => probe.agent_installed = Some(value.to_string()),
-                _ => {}
+            if !libc.read(key, value) {
+                probe.read(key, value);
             }
         }
-        probe.libc = getconf.or(ldd).unwrap_or_else(|| {
-            if musl_loader {
-                Libc {
-                    family: "musl".into(),
-                    version: None,
-                }
-            } else {
-                Libc::unknown()
-            }
-        });
+        probe.libc = libc.conclude();
         if probe.root.is_empty() {
             return Err(format!("the probe printed no root: {output:?}"));
         }
         Ok(probe)
+    }
+
+    /// One `key=value` line of the probe (other than the C library's).
+    fn read(&mut self, key: &str, value: &str) {
+        match key {
+            "root" => self.root = value.to_string(),
+            "os" => self.os = value.to_string(),
+            "arch" => self.arch = value.to_string(),
+            "current" => {
+                self.installed = value
+                    .trim_end_matches('/')
+                    .rsplit('/')
+                    .next()
+                    .map(str::to_string)
+                    .filter(|v| !v.is_empty())
+            }
+            "installer" => self.has_installer = value == "yes",
+            "status" => self.status = serde_json::from_str(value).ok(),
+            "sha" => self.sha_command = Some(value.to_string()),
+            "nodebin" => {
+                self.node = Some(RemoteNode {
+                    path: value.to_string(),
+                    version: None,
+                })
+            }
+            "node" => {
+                let version = value.trim().trim_start_matches('v');
+                if let Some(node) = self.node.as_mut()
+                    && is_version(version)
+                {
+                    node.version = Some(version.to_string());
+                }
+            }
+            "pi" => self.pi = Some(value.to_string()),
+            "npmbin" => self.npm = Some(value.to_string()),
+            "agentconf" => {
+                self.agent_config = std::mem::take(&mut self.agent_config).with_line(value)
+            }
+            "agentv" => self.agent_installed = Some(value.to_string()),
+            _ => {}
+        }
     }
 
     pub fn running(&self) -> Option<Running> {

@@ -208,54 +208,70 @@ async fn supervise(
         let Some(link) = links.borrow().clone() else {
             return;
         };
-        let mut closed = link.session.closed();
-        let session_closed = async {
-            while !*closed.borrow_and_update() {
-                if closed.changed().await.is_err() {
-                    break;
-                }
-            }
-        };
-        // Either SSH dropped, or the host behind the forward is gone (crashed, killed, the
-        // remote rebooted its services): both are mended by running the stages again, which
-        // start the host when it is not running.
-        let mut error = tokio::select! {
-            _ = session_closed => link_down("the SSH link dropped"),
-            _ = host_gone.notified() => link_down("pi-host no longer listens on the remote"),
-        };
+        let error = link_lost(&link, &host_gone).await;
         links.send_replace(None);
         link.session.disconnect().await;
         drop(link);
         let lost = Instant::now();
-        let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
-        let mut attempt = 1;
-        loop {
-            let delay = backoff.next_delay();
-            reporter.report(Progress::Reconnecting {
-                attempt,
-                delay_ms: delay.as_millis() as u64,
-                error: error.clone(),
-            });
-            tokio::time::sleep(delay).await;
-            // The credential is the one connect stored: no token to mint.
-            match establish(&options, reporter.as_ref(), false).await {
-                Ok((link, _, _)) => {
-                    let remote_port = link.remote_port;
-                    links.send_replace(Some(Arc::new(link)));
-                    reporter.report(Progress::Reconnected {
-                        remote_port,
-                        ms: lost.elapsed().as_millis() as u64,
-                    });
-                    break;
-                }
-                Err(err) if is_permanent(&err) => {
-                    reporter.report(Progress::Failed(err.clone()));
-                    let _ = fatal.send(Some(err));
-                    return;
-                }
-                Err(err) => error = err,
+        match reconnect(&options, reporter.as_ref(), error).await {
+            Ok(link) => {
+                let remote_port = link.remote_port;
+                links.send_replace(Some(Arc::new(link)));
+                reporter.report(Progress::Reconnected {
+                    remote_port,
+                    ms: lost.elapsed().as_millis() as u64,
+                });
             }
-            attempt += 1;
+            Err(err) => {
+                reporter.report(Progress::Failed(err.clone()));
+                let _ = fatal.send(Some(err));
+                return;
+            }
         }
+    }
+}
+
+/// Waits until `link` is lost: its SSH session closed, or the host behind the forward gone
+/// (crashed, killed, the remote rebooted its services). Both are mended by running the stages
+/// again, which start the host when it is not running.
+async fn link_lost(link: &Link, host_gone: &Notify) -> AppError {
+    let mut closed = link.session.closed();
+    let session_closed = async {
+        while !*closed.borrow_and_update() {
+            if closed.changed().await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = session_closed => link_down("the SSH link dropped"),
+        _ = host_gone.notified() => link_down("pi-host no longer listens on the remote"),
+    }
+}
+
+/// Runs the stages again, with backoff, until they give a link or fail in a way another
+/// attempt cannot fix. `error`: why the last link was lost.
+async fn reconnect(
+    options: &BootstrapOptions,
+    reporter: &dyn Reporter,
+    mut error: AppError,
+) -> Result<Link, AppError> {
+    let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
+    let mut attempt = 1;
+    loop {
+        let delay = backoff.next_delay();
+        reporter.report(Progress::Reconnecting {
+            attempt,
+            delay_ms: delay.as_millis() as u64,
+            error: error.clone(),
+        });
+        tokio::time::sleep(delay).await;
+        // The credential is the one connect stored: no token to mint.
+        match establish(options, reporter, false).await {
+            Ok((link, _, _)) => return Ok(link),
+            Err(err) if is_permanent(&err) => return Err(err),
+            Err(err) => error = err,
+        }
+        attempt += 1;
     }
 }

@@ -47,92 +47,120 @@ const PLAIN_REFUSED: &str = "a racp:// link is plain WebSocket: nothing proves t
 /// Reads a pairing link, or a bare token plus `hints.host`.
 pub fn parse(link_or_token: &str, hints: &PairingHints<'_>) -> Result<PairingTarget, String> {
     let input = link_or_token.trim();
-    let (secure, rest) = if let Some(rest) = input.strip_prefix("racps://") {
-        (true, Some(rest))
-    } else if let Some(rest) = input.strip_prefix("racp://") {
-        (false, Some(rest))
-    } else {
-        (false, None)
-    };
-    if let Some(rest) = rest {
-        if hints.host.is_some() {
-            return Err("--host goes with a bare token (the host's HOST:PORT), not with a pairing \
-                 link; a host behind a gateway is chosen after pairing: pi-remote hosts --use HOST_ID"
-                .into());
-        }
-        let expected = if secure {
-            "racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN"
-        } else {
-            "racp://HOST:PORT/pair#TOKEN"
-        };
-        let (location, token) = rest
-            .split_once('#')
-            .ok_or_else(|| format!("the pairing link has no token (expected {expected})"))?;
-        let (location, query) = match location.split_once('?') {
-            Some((location, query)) => (location, Some(query)),
-            None => (location, None),
-        };
-        let authority = location
-            .strip_suffix("/pair")
-            .ok_or_else(|| format!("the pairing link's path is not /pair (expected {expected})"))?;
-        check_authority(authority)?;
-        check_token(token)?;
-        let from_link = match query {
-            Some(query) => Some(cert_from_query(query)?),
-            None => None,
-        };
-        if !secure {
-            if from_link.is_some() {
-                return Err(
-                    "a racp:// (plain) link cannot carry a certificate; use racps://".into(),
-                );
-            }
-            if !hints.plain {
-                return Err(PLAIN_REFUSED.into());
-            }
-            return Ok(PairingTarget {
-                url: format!("ws://{authority}{ENDPOINT_PATH}"),
-                token: token.to_string(),
-                cert_sha256: None,
-            });
-        }
-        let cert_sha256 = match (from_link, hints.cert_sha256) {
-            (Some(link), Some(given)) if link != given => {
-                return Err(format!(
-                    "the link names certificate {link} but --cert-sha256 says {given}"
-                ));
-            }
-            (Some(cert), _) | (None, Some(cert)) => cert,
-            (None, None) => {
-                return Err(format!(
-                    "the racps:// link names no certificate fingerprint (expected {expected}); \
-                     use the link `pi-host pair` prints, or give --cert-sha256"
-                ));
-            }
-        };
-        return Ok(PairingTarget {
-            url: format!("wss://{authority}{ENDPOINT_PATH}"),
-            token: token.to_string(),
-            cert_sha256: Some(cert_sha256),
-        });
+    if let Some(rest) = input.strip_prefix("racps://") {
+        return parse_link(rest, true, hints);
+    }
+    if let Some(rest) = input.strip_prefix("racp://") {
+        return parse_link(rest, false, hints);
     }
     if input.contains("://") {
         return Err("expected a racps:// pairing link or a bare pairing token".into());
     }
+    parse_bare_token(input, hints)
+}
+
+/// A link's parts: where the host is, the token and the certificate the link names.
+struct LinkParts<'a> {
+    authority: &'a str,
+    token: &'a str,
+    cert_sha256: Option<CertSha256>,
+}
+
+/// A link after its scheme (`racps://` when `secure`, else `racp://`).
+fn parse_link(rest: &str, secure: bool, hints: &PairingHints<'_>) -> Result<PairingTarget, String> {
+    if hints.host.is_some() {
+        return Err(
+            "--host goes with a bare token (the host's HOST:PORT), not with a pairing \
+             link; a host behind a gateway is chosen after pairing: pi-remote hosts --use HOST_ID"
+                .into(),
+        );
+    }
+    let expected = if secure {
+        "racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN"
+    } else {
+        "racp://HOST:PORT/pair#TOKEN"
+    };
+    let LinkParts {
+        authority,
+        token,
+        cert_sha256: from_link,
+    } = link_parts(rest, expected)?;
+    if !secure {
+        if from_link.is_some() {
+            return Err("a racp:// (plain) link cannot carry a certificate; use racps://".into());
+        }
+        if !hints.plain {
+            return Err(PLAIN_REFUSED.into());
+        }
+        return Ok(PairingTarget {
+            url: format!("ws://{authority}{ENDPOINT_PATH}"),
+            token: token.to_string(),
+            cert_sha256: None,
+        });
+    }
+    let cert_sha256 = match (from_link, hints.cert_sha256) {
+        (Some(link), Some(given)) if link != given => {
+            return Err(format!(
+                "the link names certificate {link} but --cert-sha256 says {given}"
+            ));
+        }
+        (Some(cert), _) | (None, Some(cert)) => cert,
+        (None, None) => {
+            return Err(format!(
+                "the racps:// link names no certificate fingerprint (expected {expected}); \
+                 use the link `pi-host pair` prints, or give --cert-sha256"
+            ));
+        }
+    };
+    Ok(PairingTarget {
+        url: format!("wss://{authority}{ENDPOINT_PATH}"),
+        token: token.to_string(),
+        cert_sha256: Some(cert_sha256),
+    })
+}
+
+/// `HOST:PORT/pair[?cert=sha256:HEX]#TOKEN`, each part checked; `expected` is the link's form,
+/// for the messages.
+fn link_parts<'a>(rest: &'a str, expected: &str) -> Result<LinkParts<'a>, String> {
+    let (location, token) = rest
+        .split_once('#')
+        .ok_or_else(|| format!("the pairing link has no token (expected {expected})"))?;
+    let (location, query) = match location.split_once('?') {
+        Some((location, query)) => (location, Some(query)),
+        None => (location, None),
+    };
+    let authority = location
+        .strip_suffix("/pair")
+        .ok_or_else(|| format!("the pairing link's path is not /pair (expected {expected})"))?;
+    check_authority(authority)?;
+    check_token(token)?;
+    let cert_sha256 = match query {
+        Some(query) => Some(cert_from_query(query)?),
+        None => None,
+    };
+    Ok(LinkParts {
+        authority,
+        token,
+        cert_sha256,
+    })
+}
+
+/// A bare token: the host's address is `hints.host`, its certificate `hints.cert_sha256`.
+fn parse_bare_token(token: &str, hints: &PairingHints<'_>) -> Result<PairingTarget, String> {
     let host = hints
         .host
         .ok_or("a bare pairing token needs --host HOST:PORT")?;
     check_authority(host)?;
-    check_token(input)?;
+    check_token(token)?;
     match (hints.cert_sha256, hints.plain) {
         (Some(cert), _) => Ok(PairingTarget {
             url: format!("wss://{host}{ENDPOINT_PATH}"),
-            token: input.to_string(),
+            token: token.to_string(),
             cert_sha256: Some(cert),
         }),
         (None, true) => Ok(PairingTarget {
             url: format!("ws://{host}{ENDPOINT_PATH}"),
-            token: input.to_string(),
+            token: token.to_string(),
             cert_sha256: None,
         }),
         (None, false) => Err(

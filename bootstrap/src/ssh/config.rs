@@ -2,7 +2,7 @@
 //! (HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump, HostKeyAlias,
 //! UserKnownHostsFile, ConnectTimeout), parsed by the `ssh2-config` crate.
 
-use ssh2_config::{ParseRule, SshConfig};
+use ssh2_config::{HostParams, ParseRule, SshConfig};
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -164,54 +164,10 @@ fn resolve_with(
     let (user, alias, port) = parse_target(target)?;
     // Host patterns are in lowercase (parse_config).
     let params = config.query(alias.to_ascii_lowercase());
-    let fields = |name: &str| -> Option<Vec<String>> {
-        params
-            .unsupported_fields
-            .get(name)
-            .or_else(|| params.ignored_fields.get(name))
-            .filter(|args| !args.is_empty())
-            .cloned()
-    };
-    let field = |name: &str| fields(name).and_then(|args| args.into_iter().next());
-    let mut identity_files = options.identity_files.clone();
-    identity_files.extend(params.identity_file.clone().unwrap_or_default());
-    if identity_files.is_empty()
-        && let Some(home) = home()
-    {
-        for name in ["id_ed25519", "id_ecdsa", "id_rsa"] {
-            identity_files.push(home.join(".ssh").join(name));
-        }
-    }
-    let user_files = match &options.known_hosts {
-        Some(path) => vec![path.clone()],
-        None => known_hosts_files(
-            fields("userknownhostsfile"),
-            &["~/.ssh/known_hosts", "~/.ssh/known_hosts2"],
-        ),
-    };
-    let mut user_files = user_files.into_iter();
-    let known_hosts = user_files.next().ok_or(
-        "no user known_hosts file (UserKnownHostsFile none, or no home directory): pass --known-hosts",
-    )?;
-    let mut other_known_hosts: Vec<PathBuf> = user_files.collect();
-    other_known_hosts.extend(known_hosts_files(
-        fields("globalknownhostsfile"),
-        &["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"],
-    ));
-    let mut jumps = Vec::new();
-    for hop in params.proxy_jump.clone().unwrap_or_default() {
-        let hop = hop.trim();
-        if hop.eq_ignore_ascii_case("none") || hop.is_empty() {
-            continue;
-        }
-        // ssh://user@host:port is also allowed in ProxyJump.
-        let hop = hop.strip_prefix("ssh://").unwrap_or(hop);
-        let mut resolved = resolve_with(hop, options, config, depth + 1)?;
-        // A hop's own jumps come first.
-        let mut nested = std::mem::take(&mut resolved.jumps);
-        jumps.append(&mut nested);
-        jumps.push(resolved);
-    }
+    let field = |name: &str| extra_field(&params, name).and_then(|args| args.into_iter().next());
+    let identity_files = identity_files(options, &params);
+    let (known_hosts, other_known_hosts) = known_hosts(options, &params)?;
+    let jumps = jumps(&params, options, config, depth)?;
     Ok(Destination {
         host: params.host_name.clone().unwrap_or_else(|| alias.clone()),
         port: port.or(params.port).unwrap_or(22),
@@ -229,6 +185,79 @@ fn resolve_with(
         connect_timeout: params.connect_timeout.unwrap_or(Duration::from_secs(15)),
         alias,
     })
+}
+
+/// The arguments of a keyword `ssh2-config` does not read itself (`name` in lowercase), when
+/// the config gives any.
+fn extra_field(params: &HostParams, name: &str) -> Option<Vec<String>> {
+    params
+        .unsupported_fields
+        .get(name)
+        .or_else(|| params.ignored_fields.get(name))
+        .filter(|args| !args.is_empty())
+        .cloned()
+}
+
+/// The `-i` files, then the config's IdentityFile ones; `ssh`'s defaults when there are none.
+fn identity_files(options: &ResolveOptions, params: &HostParams) -> Vec<PathBuf> {
+    let mut identity_files = options.identity_files.clone();
+    identity_files.extend(params.identity_file.clone().unwrap_or_default());
+    if identity_files.is_empty()
+        && let Some(home) = home()
+    {
+        for name in ["id_ed25519", "id_ecdsa", "id_rsa"] {
+            identity_files.push(home.join(".ssh").join(name));
+        }
+    }
+    identity_files
+}
+
+/// The known_hosts file new hosts are recorded in, and the others read too.
+fn known_hosts(
+    options: &ResolveOptions,
+    params: &HostParams,
+) -> Result<(PathBuf, Vec<PathBuf>), String> {
+    let user_files = match &options.known_hosts {
+        Some(path) => vec![path.clone()],
+        None => known_hosts_files(
+            extra_field(params, "userknownhostsfile"),
+            &["~/.ssh/known_hosts", "~/.ssh/known_hosts2"],
+        ),
+    };
+    let mut user_files = user_files.into_iter();
+    let known_hosts = user_files.next().ok_or(
+        "no user known_hosts file (UserKnownHostsFile none, or no home directory): pass --known-hosts",
+    )?;
+    let mut other_known_hosts: Vec<PathBuf> = user_files.collect();
+    other_known_hosts.extend(known_hosts_files(
+        extra_field(params, "globalknownhostsfile"),
+        &["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"],
+    ));
+    Ok((known_hosts, other_known_hosts))
+}
+
+/// ProxyJump's hops, each resolved through the config, first hop first.
+fn jumps(
+    params: &HostParams,
+    options: &ResolveOptions,
+    config: &SshConfig,
+    depth: usize,
+) -> Result<Vec<Destination>, String> {
+    let mut jumps = Vec::new();
+    for hop in params.proxy_jump.clone().unwrap_or_default() {
+        let hop = hop.trim();
+        if hop.eq_ignore_ascii_case("none") || hop.is_empty() {
+            continue;
+        }
+        // ssh://user@host:port is also allowed in ProxyJump.
+        let hop = hop.strip_prefix("ssh://").unwrap_or(hop);
+        let mut resolved = resolve_with(hop, options, config, depth + 1)?;
+        // A hop's own jumps come first.
+        let mut nested = std::mem::take(&mut resolved.jumps);
+        jumps.append(&mut nested);
+        jumps.push(resolved);
+    }
+    Ok(jumps)
 }
 
 /// A UserKnownHostsFile or GlobalKnownHostsFile value (`none` is no file), else the defaults;

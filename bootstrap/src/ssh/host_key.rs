@@ -222,6 +222,13 @@ impl KnownHostsCheck<'_> {
         }
     }
 
+    /// The files this check reads, the one new hosts are recorded in first.
+    fn files(&self) -> Vec<&Path> {
+        std::iter::once(self.known_hosts)
+            .chain(self.other_known_hosts.iter().map(PathBuf::as_path))
+            .collect()
+    }
+
     pub(crate) async fn verify(
         &self,
         key: &PublicKey,
@@ -229,32 +236,14 @@ impl KnownHostsCheck<'_> {
     ) -> Result<bool, SshError> {
         let name = self.name();
         let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
-        let algorithm = key.algorithm().to_string();
-        let files: Vec<&Path> = std::iter::once(self.known_hosts)
-            .chain(self.other_known_hosts.iter().map(PathBuf::as_path))
-            .collect();
-        let mut texts = Vec::with_capacity(files.len());
-        for file in &files {
-            match std::fs::read_to_string(file) {
-                Ok(text) => texts.push(text),
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => texts.push(String::new()),
-                // A file that cannot be read may hold the key on record: refuse rather than
-                // take the host for new.
-                Err(err) => {
-                    return Err(SshError::KnownHosts {
-                        known_hosts: file.display().to_string(),
-                        reason: err.to_string(),
-                    });
-                }
-            }
-        }
+        let files = self.files();
+        let texts = read_all(&files)?;
         let file_name = |place: Place| {
             files
                 .get(place.file)
                 .map(|file| file.display().to_string())
                 .unwrap_or_default()
         };
-        let known_hosts = self.known_hosts.display().to_string();
         match self.lookup(&texts, key) {
             Verdict::Known { at } => {
                 tracing::debug!(host = %name, known_hosts = %file_name(at), line = at.line, "host key known");
@@ -269,7 +258,7 @@ impl KnownHostsCheck<'_> {
                     known_hosts,
                     line,
                     fingerprint,
-                    algorithm,
+                    algorithm: key.algorithm().to_string(),
                     recorded_fingerprint,
                     recorded_algorithm: recorded.algorithm().to_string(),
                 })))
@@ -284,53 +273,88 @@ impl KnownHostsCheck<'_> {
                     fingerprint,
                 })
             }
-            Verdict::Unknown => {
-                let host_part = match self.host_key_alias {
-                    Some(_) => name.clone(),
-                    None => canonical_host(self.host),
-                };
-                // Said under every policy: --accept-new would not help.
-                if !recordable(&host_part) {
-                    return Err(SshError::KnownHosts {
-                        known_hosts,
-                        reason: format!(
-                            "{name} is not in it (key {fingerprint}), and a name with any of @?*#[]|'\"\\, or spaces is never recorded; add the key by hand"
-                        ),
-                    });
-                }
-                let unknown = UnknownHost {
-                    host: name.clone(),
-                    fingerprint: fingerprint.clone(),
-                    algorithm,
-                    known_hosts: self.known_hosts.to_path_buf(),
-                };
-                let trusted = match policy {
-                    HostKeyPolicy::Strict => false,
-                    HostKeyPolicy::AcceptNew => true,
-                    HostKeyPolicy::Ask(ask) => {
-                        let ask = ask.clone();
-                        let question = unknown.clone();
-                        tokio::task::spawn_blocking(move || ask(&question))
-                            .await
-                            .unwrap_or(false)
-                    }
-                };
-                if !trusted {
-                    return Err(SshError::HostKeyUnknown {
-                        host: name,
-                        known_hosts,
-                        fingerprint,
-                    });
-                }
-                tracing::info!(host = %name, %known_hosts, %fingerprint, "recording a new host key");
-                learn(self.known_hosts, &name, key).map_err(|err| SshError::KnownHosts {
-                    known_hosts,
-                    reason: format!("cannot record the new host: {err}"),
-                })?;
-                Ok(true)
+            Verdict::Unknown => self.first_seen(name, fingerprint, key, policy).await,
+        }
+    }
+
+    /// A host with no key on record: recorded when `policy` trusts it, else refused.
+    async fn first_seen(
+        &self,
+        name: String,
+        fingerprint: String,
+        key: &PublicKey,
+        policy: &HostKeyPolicy,
+    ) -> Result<bool, SshError> {
+        let known_hosts = self.known_hosts.display().to_string();
+        let host_part = match self.host_key_alias {
+            Some(_) => name.clone(),
+            None => canonical_host(self.host),
+        };
+        // Said under every policy: --accept-new would not help.
+        if !recordable(&host_part) {
+            return Err(SshError::KnownHosts {
+                known_hosts,
+                reason: format!(
+                    "{name} is not in it (key {fingerprint}), and a name with any of @?*#[]|'\"\\, or spaces is never recorded; add the key by hand"
+                ),
+            });
+        }
+        let unknown = UnknownHost {
+            host: name.clone(),
+            fingerprint: fingerprint.clone(),
+            algorithm: key.algorithm().to_string(),
+            known_hosts: self.known_hosts.to_path_buf(),
+        };
+        if !policy.trusts(unknown).await {
+            return Err(SshError::HostKeyUnknown {
+                host: name,
+                known_hosts,
+                fingerprint,
+            });
+        }
+        tracing::info!(host = %name, %known_hosts, %fingerprint, "recording a new host key");
+        learn(self.known_hosts, &name, key).map_err(|err| SshError::KnownHosts {
+            known_hosts,
+            reason: format!("cannot record the new host: {err}"),
+        })?;
+        Ok(true)
+    }
+}
+
+impl HostKeyPolicy {
+    /// Whether a host seen for the first time is trusted (and so recorded).
+    async fn trusts(&self, unknown: UnknownHost) -> bool {
+        match self {
+            HostKeyPolicy::Strict => false,
+            HostKeyPolicy::AcceptNew => true,
+            HostKeyPolicy::Ask(ask) => {
+                let ask = ask.clone();
+                tokio::task::spawn_blocking(move || ask(&unknown))
+                    .await
+                    .unwrap_or(false)
             }
         }
     }
+}
+
+/// The texts of `files`, in order; a missing file reads as empty.
+fn read_all(files: &[&Path]) -> Result<Vec<String>, SshError> {
+    let mut texts = Vec::with_capacity(files.len());
+    for file in files {
+        match std::fs::read_to_string(file) {
+            Ok(text) => texts.push(text),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => texts.push(String::new()),
+            // A file that cannot be read may hold the key on record: refuse rather than
+            // take the host for new.
+            Err(err) => {
+                return Err(SshError::KnownHosts {
+                    known_hosts: file.display().to_string(),
+                    reason: err.to_string(),
+                });
+            }
+        }
+    }
+    Ok(texts)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use crate::ssh::host_key::{HostKeyPolicy, KnownHostsCheck};
 use russh::client::{self, Handle};
 use russh::keys::agent::AgentIdentity;
 use russh::keys::agent::client::AgentClient;
-use russh::keys::{PrivateKeyWithHashAlg, PublicKey};
+use russh::keys::{Algorithm, HashAlg, PrivateKeyWithHashAlg, PublicKey};
 use russh::{ChannelMsg, ChannelOpenFailure, ChannelStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -325,7 +325,6 @@ async fn authenticate(
     destination: &Destination,
     options: &ConnectOptions,
 ) -> Result<(), SshError> {
-    let user = destination.user.as_str();
     let mut tried: Vec<String> = Vec::new();
     let rsa_hash = handle.best_supported_rsa_hash().await?.flatten();
     let wanted_public: Vec<PublicKey> = destination
@@ -333,37 +332,16 @@ async fn authenticate(
         .iter()
         .filter_map(|path| read_public_key(path))
         .collect();
-
-    let agent_socket = match destination.identity_agent.as_deref() {
-        Some(none) if none.eq_ignore_ascii_case("none") => None,
-        Some(path) if path != "SSH_AUTH_SOCK" && path != "$SSH_AUTH_SOCK" => {
-            Some(PathBuf::from(path))
-        }
-        _ => std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
-    };
     if options.use_agent
-        && let Some(socket) = agent_socket
+        && let Some(socket) = agent_socket(destination)
         && let Ok(mut agent) = AgentClient::connect_uds(&socket).await
     {
-        let identities = agent.request_identities().await.unwrap_or_default();
-        let mut offered = 0;
-        for identity in identities {
-            let AgentIdentity::PublicKey { key, .. } = identity else {
-                continue;
-            };
-            if destination.identities_only
-                && !wanted_public.iter().any(|w| w.key_data() == key.key_data())
-            {
-                continue;
-            }
-            offered += 1;
-            let hash = if key.algorithm().is_rsa() {
-                rsa_hash
-            } else {
-                None
-            };
+        let keys = agent_keys(&mut agent, destination, &wanted_public).await;
+        let offered = keys.len();
+        for key in keys {
+            let hash = signature_hash(key.algorithm(), rsa_hash);
             match handle
-                .authenticate_publickey_with(user, key, hash, &mut agent)
+                .authenticate_publickey_with(&destination.user, key, hash, &mut agent)
                 .await
             {
                 Ok(result) if result.success() => return Ok(()),
@@ -375,7 +353,67 @@ async fn authenticate(
             tried.push(format!("{offered} ssh-agent key(s)"));
         }
     }
+    if with_key_files(handle, destination, options, rsa_hash, &mut tried).await? {
+        return Ok(());
+    }
+    Err(SshError::AuthFailed {
+        user: destination.user.clone(),
+        host: destination.host.clone(),
+        tried: if tried.is_empty() {
+            "no ssh-agent keys and no key files were found".into()
+        } else {
+            format!("tried {}", tried.join(", "))
+        },
+    })
+}
 
+/// The ssh-agent's socket: IdentityAgent's path, none when it says `none`, else
+/// `SSH_AUTH_SOCK`.
+fn agent_socket(destination: &Destination) -> Option<PathBuf> {
+    match destination.identity_agent.as_deref() {
+        Some(none) if none.eq_ignore_ascii_case("none") => None,
+        Some(path) if path != "SSH_AUTH_SOCK" && path != "$SSH_AUTH_SOCK" => {
+            Some(PathBuf::from(path))
+        }
+        _ => std::env::var_os("SSH_AUTH_SOCK").map(PathBuf::from),
+    }
+}
+
+/// The agent's keys to offer: all of them, or with IdentitiesOnly those of the identity files
+/// (`wanted_public`).
+async fn agent_keys(
+    agent: &mut AgentClient<tokio::net::UnixStream>,
+    destination: &Destination,
+    wanted_public: &[PublicKey],
+) -> Vec<PublicKey> {
+    let identities = agent.request_identities().await.unwrap_or_default();
+    identities
+        .into_iter()
+        .filter_map(|identity| match identity {
+            AgentIdentity::PublicKey { key, .. } => Some(key),
+            _ => None,
+        })
+        .filter(|key| {
+            !destination.identities_only
+                || wanted_public.iter().any(|w| w.key_data() == key.key_data())
+        })
+        .collect()
+}
+
+/// The hash an RSA key signs with (the best the server takes); other keys have their own.
+fn signature_hash(algorithm: Algorithm, rsa_hash: Option<HashAlg>) -> Option<HashAlg> {
+    if algorithm.is_rsa() { rsa_hash } else { None }
+}
+
+/// Tries the identity files that exist, in order; `true` once one is accepted. Each is named
+/// in `tried`.
+async fn with_key_files(
+    handle: &mut Handle<Client>,
+    destination: &Destination,
+    options: &ConnectOptions,
+    rsa_hash: Option<HashAlg>,
+    tried: &mut Vec<String>,
+) -> Result<bool, SshError> {
     for path in &destination.identity_files {
         if !path.exists() {
             continue;
@@ -384,28 +422,19 @@ async fn authenticate(
             tried.push(format!("{} (no passphrase given)", path.display()));
             continue;
         };
-        let hash = if key.algorithm().is_rsa() {
-            rsa_hash
-        } else {
-            None
-        };
+        let hash = signature_hash(key.algorithm(), rsa_hash);
         tried.push(path.display().to_string());
         let result = handle
-            .authenticate_publickey(user, PrivateKeyWithHashAlg::new(Arc::new(key), hash))
+            .authenticate_publickey(
+                &destination.user,
+                PrivateKeyWithHashAlg::new(Arc::new(key), hash),
+            )
             .await?;
         if result.success() {
-            return Ok(());
+            return Ok(true);
         }
     }
-    Err(SshError::AuthFailed {
-        user: user.to_string(),
-        host: destination.host.clone(),
-        tried: if tried.is_empty() {
-            "no ssh-agent keys and no key files were found".into()
-        } else {
-            format!("tried {}", tried.join(", "))
-        },
-    })
+    Ok(false)
 }
 
 fn read_public_key(private_key: &Path) -> Option<PublicKey> {

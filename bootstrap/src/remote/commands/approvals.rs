@@ -8,7 +8,7 @@ use crate::remote::out::Out;
 use racp_proto::ErrorCode;
 use racp_proto::calls;
 use racp_proto::client::RacpClient;
-use racp_proto::events::{ApprovalRequestedData, ApprovalSettledData, Event};
+use racp_proto::events::{ApprovalRequestedData, ApprovalSettledData, Event, EventType};
 use racp_proto::methods::turn::{
     Answer, ApprovalInfo, ApprovalKind, ApprovalRespondParams, Decision, Verdict,
 };
@@ -125,20 +125,17 @@ impl Approvals {
 
     /// Follows `approval.requested` and `approval.settled`; returns an approval just requested.
     pub fn on_event(&mut self, event: &Event) -> Option<&WaitingApproval> {
-        match event.kind.as_str() {
-            "approval.requested" => {
-                let data = event.data.parse::<ApprovalRequestedData>().ok()?;
-                self.pending.push(WaitingApproval::requested(data));
-                self.pending.last()
-            }
-            "approval.settled" => {
-                if let Ok(settled) = event.data.parse::<ApprovalSettledData>() {
-                    self.pending.retain(|p| p.id != settled.approval_id);
-                }
-                None
-            }
-            _ => None,
+        if event.kind == EventType::ApprovalRequested.as_str() {
+            let data = event.data.parse::<ApprovalRequestedData>().ok()?;
+            self.pending.push(WaitingApproval::requested(data));
+            return self.pending.last();
         }
+        if event.kind == EventType::ApprovalSettled.as_str()
+            && let Ok(settled) = event.data.parse::<ApprovalSettledData>()
+        {
+            self.pending.retain(|p| p.id != settled.approval_id);
+        }
+        None
     }
 
     /// Events were missed: a snapshot's pending approvals replace the ones known (those

@@ -8,7 +8,7 @@ use crate::remote::out::{Out, enum_name};
 use crate::remote::view::{self, View};
 use racp_proto::calls;
 use racp_proto::client::{ClientState, RacpClient, Subscription, SubscriptionItem};
-use racp_proto::events::Event;
+use racp_proto::events::{Event, EventType};
 use racp_proto::methods::session::{SessionGetResult, SessionRef, SessionSubscribeParams};
 use serde_json::json;
 use std::io::IsTerminal;
@@ -117,7 +117,7 @@ impl<'a> Attached<'a> {
     fn on_event(&mut self, event: &Event) -> ControlFlow<()> {
         self.out.event(&mut self.view, event);
         self.approvals.on_event(event);
-        if event.kind == "session.closed" {
+        if event.kind == EventType::SessionClosed.as_str() {
             return ControlFlow::Break(());
         }
         ControlFlow::Continue(())

@@ -7,7 +7,7 @@
 //! `{"type":"reconnecting",...}`, `{"type":"reconnected",...}`, `{"type":"error","error"}`.
 
 use crate::provision::stage::{Progress, Reporter, Stage};
-use crate::provision::{self, BootstrapOptions, Credential};
+use crate::provision::{self, BootstrapOptions, PairedDevice};
 use crate::remote::Failure;
 use crate::remote::profile::{self, Profile, SshOrigin};
 use crate::ssh::PassphrasePrompt;
@@ -104,6 +104,36 @@ impl Display {
             bar.finish_and_clear();
         }
     }
+
+    /// A spinner for `stage`, in place of the last stage's.
+    fn spin(&self, stage: Stage) {
+        self.finish();
+        let bar = ProgressBar::with_draw_target(None, (self.target)());
+        bar.set_style(ProgressStyle::default_spinner());
+        bar.set_message(stage.label());
+        bar.enable_steady_tick(Duration::from_millis(100));
+        if let Ok(mut slot) = self.bar.lock() {
+            *slot = Some((stage, bar));
+        }
+    }
+
+    /// The spinner becomes a byte bar: `sent` of `total`.
+    fn transferred(&self, sent: u64, total: u64) {
+        if let Ok(slot) = self.bar.lock()
+            && let Some((_, bar)) = slot.as_ref()
+        {
+            if bar.length() != Some(total) {
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                bar.set_length(total);
+            }
+            bar.set_position(sent);
+        }
+    }
 }
 
 impl Default for Display {
@@ -115,32 +145,8 @@ impl Default for Display {
 impl Reporter for Display {
     fn report(&self, progress: Progress) {
         match progress {
-            Progress::Started(stage) => {
-                self.finish();
-                let bar = ProgressBar::with_draw_target(None, (self.target)());
-                bar.set_style(ProgressStyle::default_spinner());
-                bar.set_message(stage.label());
-                bar.enable_steady_tick(Duration::from_millis(100));
-                if let Ok(mut slot) = self.bar.lock() {
-                    *slot = Some((stage, bar));
-                }
-            }
-            Progress::Transfer { sent, total } => {
-                if let Ok(slot) = self.bar.lock()
-                    && let Some((_, bar)) = slot.as_ref()
-                {
-                    if bar.length() != Some(total) {
-                        bar.set_style(
-                            ProgressStyle::with_template(
-                                "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec}",
-                            )
-                            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-                        );
-                        bar.set_length(total);
-                    }
-                    bar.set_position(sent);
-                }
-            }
+            Progress::Started(stage) => self.spin(stage),
+            Progress::Transfer { sent, total } => self.transferred(sent, total),
             Progress::Done { stage, ms, note } => {
                 self.finish();
                 let note = note
@@ -153,25 +159,7 @@ impl Reporter for Display {
             }
             Progress::Ready(summary) => {
                 self.finish();
-                let agent = &summary["agent"];
-                let with_agent = match (agent["state"].as_str(), agent["version"].as_str()) {
-                    (Some("ready"), Some(version)) => {
-                        format!(" with agent {}", printable(version, false))
-                    }
-                    _ => String::new(),
-                };
-                eprintln!(
-                    "Connected to pi-host {}{with_agent} at {} (Ctrl-C stops the forward)",
-                    printable(summary["hostVersion"].as_str().unwrap_or("?"), false),
-                    printable(summary["url"].as_str().unwrap_or("?"), false),
-                );
-                // The host runs, but turns would fail: say so now, with the host's fix.
-                if let Some(state) = agent["state"].as_str().filter(|s| *s != "ready") {
-                    eprintln!(
-                        "  ! the host's agent is {state}: {}",
-                        printable(agent["problem"].as_str().unwrap_or("?"), false)
-                    );
-                }
+                print_ready(&summary);
             }
             Progress::Reconnecting {
                 attempt,
@@ -189,6 +177,29 @@ impl Reporter for Display {
             }
             Progress::Failed(_) => self.finish(),
         }
+    }
+}
+
+/// The connected line, from the connect's summary, and what is wrong with the host's agent.
+fn print_ready(summary: &serde_json::Value) {
+    let agent = &summary["agent"];
+    let with_agent = match (agent["state"].as_str(), agent["version"].as_str()) {
+        (Some("ready"), Some(version)) => {
+            format!(" with agent {}", printable(version, false))
+        }
+        _ => String::new(),
+    };
+    eprintln!(
+        "Connected to pi-host {}{with_agent} at {} (Ctrl-C stops the forward)",
+        printable(summary["hostVersion"].as_str().unwrap_or("?"), false),
+        printable(summary["url"].as_str().unwrap_or("?"), false),
+    );
+    // The host runs, but turns would fail: say so now, with the host's fix.
+    if let Some(state) = agent["state"].as_str().filter(|s| *s != "ready") {
+        eprintln!(
+            "  ! the host's agent is {state}: {}",
+            printable(agent["problem"].as_str().unwrap_or("?"), false)
+        );
     }
 }
 
@@ -223,18 +234,18 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     };
     // A reused credential keeps the name it was paired under.
     if let Some((device_id, Some(name))) = reused
-        && device_id == connection.credential.device_id
+        && device_id == connection.device.device_id
     {
         device_name = name;
     }
     let saved = Profile {
         url: connection.url.clone(),
-        cert_sha256: connection.credential.cert_sha256,
+        cert_sha256: connection.device.cert_sha256,
         plain: false,
-        device_id: connection.credential.device_id.clone(),
+        device_id: connection.device.device_id.clone(),
         device_name: Some(device_name),
-        device_token: connection.credential.device_token.clone(),
-        roles: connection.credential.roles.clone(),
+        device_token: connection.device.device_token.clone(),
+        roles: connection.device.roles.clone(),
         ssh: Some(SshOrigin {
             target,
             remote_dir,
@@ -285,7 +296,7 @@ fn reuse_credential(
                 && origin.remote_dir == args.options.remote_dir =>
         {
             // A credential without a pin (an older profile) is paired again over SSH.
-            args.options.credential = Some(Credential {
+            args.options.paired_device = Some(PairedDevice {
                 device_id: stored.device_id.clone(),
                 device_token: stored.device_token.clone(),
                 roles: stored.roles.clone(),

@@ -61,6 +61,12 @@ pub async fn pair(
         host: None,
     };
     let file = profile::save(&dir, profile_name, &stored).map_err(Failure::Local)?;
+    print_paired(out, profile_name, &stored, &file);
+    Ok(())
+}
+
+/// What `pair` says once the profile is saved to `file`.
+fn print_paired(out: &Out, profile_name: &str, stored: &Profile, file: &std::path::Path) {
     if out.json {
         out.json_value(&json!({
             "deviceId": stored.device_id,
@@ -70,21 +76,20 @@ pub async fn pair(
             "certSha256": stored.cert_sha256,
             "gateway": stored.gateway,
         }));
-    } else {
-        out.line(&format!(
-            "paired as {} ({}); profile {profile_name:?} saved to {}",
-            stored.device_id,
-            profile::roles_text(&stored.roles),
-            file.display()
-        ));
-        if stored.gateway {
-            out.note(
-                "this is a gateway: list its hosts with `pi-remote hosts`, then give --host HOST_ID \
-                 or choose a default with `pi-remote hosts --use HOST_ID`",
-            );
-        }
+        return;
     }
-    Ok(())
+    out.line(&format!(
+        "paired as {} ({}); profile {profile_name:?} saved to {}",
+        stored.device_id,
+        profile::roles_text(&stored.roles),
+        file.display()
+    ));
+    if stored.gateway {
+        out.note(
+            "this is a gateway: list its hosts with `pi-remote hosts`, then give --host HOST_ID \
+             or choose a default with `pi-remote hosts --use HOST_ID`",
+        );
+    }
 }
 
 /// Whether the paired endpoint is a gateway: a gateway answers `host/list` on its own

@@ -8,8 +8,8 @@ use crate::remote::out::{Out, enum_name};
 use crate::remote::view::View;
 use racp_proto::calls;
 use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
-use racp_proto::events::{TurnFinishedData, TurnOutcome};
-use racp_proto::methods::session::{SessionRef, SessionSubscribeParams};
+use racp_proto::events::{Event, EventType, TurnFinishedData, TurnOutcome};
+use racp_proto::methods::session::{SessionGetResult, SessionRef, SessionSubscribeParams};
 use racp_proto::methods::turn::{
     Answer, ApprovalKind, ApprovalRespondParams, Decision, TurnRef, TurnStartParams, TurnState,
     TurnSteerParams, Verdict,
@@ -68,17 +68,22 @@ async fn follow_turn(
     turn_id: &str,
 ) -> Result<(), Failure> {
     let interactive = std::io::stdin().is_terminal();
-    let mut approvals = Approvals::new(&[], interactive);
     let mut lines = stdin_lines_if(interactive);
     let mut stdin_open = interactive;
-    let mut view = View::default();
+    let mut turn = FollowedTurn {
+        out,
+        turn_id,
+        interactive,
+        view: View::default(),
+        approvals: Approvals::new(&[], interactive),
+    };
     let outcome = loop {
-        approvals.answer_typed(out, client).await?;
+        turn.approvals.answer_typed(out, client).await?;
         let item = tokio::select! {
             item = sub.items.recv() => item,
             line = lines.recv(), if stdin_open => {
                 match line {
-                    Some(Some(line)) => approvals.on_line(out, &line),
+                    Some(Some(line)) => turn.approvals.on_line(out, &line),
                     _ => stdin_open = false,
                 }
                 continue;
@@ -87,59 +92,88 @@ async fn follow_turn(
         let Some(item) = item else {
             return Err(client_stopped().into());
         };
-        match item {
-            SubscriptionItem::Event(event) => {
-                if event.turn_id.as_deref() != Some(turn_id) {
-                    continue;
-                }
-                out.event(&mut view, &event);
-                if let Some(requested) = approvals.on_event(&event) {
-                    if interactive {
-                        out.text(&view.break_line());
-                        out.note(&requested.how_to_answer());
-                    } else if !out.json {
-                        out.note(&answer_elsewhere(requested.id.as_str(), requested.kind));
-                    }
-                }
-                if event.kind == "turn.finished" {
-                    break event
-                        .data
-                        .parse::<TurnFinishedData>()
-                        .map(|d| outcome_name(d.outcome))
-                        .unwrap_or("failed");
-                }
-            }
-            SubscriptionItem::Resynced(snapshot) => {
-                out.note("pi-remote: reconnecting… (resumed from a snapshot; some output may be missing)");
-                let ended = snapshot
-                    .snapshot
-                    .turns
-                    .iter()
-                    .find(|t| t.turn_id == turn_id && t.state != TurnState::Running);
-                if let Some(turn) = ended {
-                    break match turn.state {
-                        TurnState::Completed => "completed",
-                        TurnState::Aborted => "aborted",
-                        TurnState::Failed | TurnState::Running => "failed",
-                    };
-                }
-                let pending: Vec<_> = snapshot
-                    .snapshot
-                    .pending_approvals
-                    .iter()
-                    .filter(|a| a.turn_id == turn_id)
-                    .collect();
-                approvals.replace(&pending);
-            }
-            SubscriptionItem::Ended => break "aborted (the session was closed)",
+        let ended = match item {
+            SubscriptionItem::Event(event) => turn.on_event(&event),
+            SubscriptionItem::Resynced(snapshot) => turn.on_resync(&snapshot),
+            SubscriptionItem::Ended => Some("aborted (the session was closed)"),
             SubscriptionItem::Failed(error) => return Err(error.into()),
+        };
+        if let Some(outcome) = ended {
+            break outcome;
         }
     };
-    out.text(&view.break_line());
+    out.text(&turn.view.break_line());
     if outcome == "completed" {
         Ok(())
     } else {
         Err(Failure::Turn(outcome.to_string()))
+    }
+}
+
+/// A turn followed by `prompt --wait`: what is shown and what waits for an answer.
+struct FollowedTurn<'a> {
+    out: &'a Out,
+    turn_id: &'a str,
+    /// Stdin is a terminal, where the approvals are answered.
+    interactive: bool,
+    view: View,
+    approvals: Approvals,
+}
+
+impl FollowedTurn<'_> {
+    /// Shows an event of the turn; the turn's outcome once it has finished.
+    fn on_event(&mut self, event: &Event) -> Option<&'static str> {
+        if event.turn_id.as_deref() != Some(self.turn_id) {
+            return None;
+        }
+        let out = self.out;
+        out.event(&mut self.view, event);
+        if let Some(requested) = self.approvals.on_event(event) {
+            if self.interactive {
+                out.text(&self.view.break_line());
+                out.note(&requested.how_to_answer());
+            } else if !out.json {
+                out.note(&answer_elsewhere(requested.id.as_str(), requested.kind));
+            }
+        }
+        if event.kind != EventType::TurnFinished.as_str() {
+            return None;
+        }
+        Some(
+            event
+                .data
+                .parse::<TurnFinishedData>()
+                .map(|d| outcome_name(d.outcome))
+                .unwrap_or("failed"),
+        )
+    }
+
+    /// Events were missed: the turn's outcome when the snapshot has it ended, else its pending
+    /// approvals replace the ones known.
+    fn on_resync(&mut self, snapshot: &SessionGetResult) -> Option<&'static str> {
+        self.out
+            .note("pi-remote: reconnecting… (resumed from a snapshot; some output may be missing)");
+        let turn_id = self.turn_id;
+        let ended = snapshot
+            .snapshot
+            .turns
+            .iter()
+            .find(|t| t.turn_id == turn_id && t.state != TurnState::Running);
+        if let Some(turn) = ended {
+            return Some(match turn.state {
+                TurnState::Completed => "completed",
+                TurnState::Aborted => "aborted",
+                TurnState::Failed | TurnState::Running => "failed",
+            });
+        }
+        let pending: Vec<_> = snapshot
+            .snapshot
+            .pending_approvals
+            .iter()
+            .filter(|a| a.turn_id == turn_id)
+            .collect();
+        self.approvals.replace(&pending);
+        None
     }
 }
 
