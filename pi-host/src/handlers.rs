@@ -18,7 +18,7 @@ use racp_proto::methods::host::{
 };
 use racp_proto::methods::session::{
     SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult, SessionSettings,
-    SessionStreamResult,
+    SessionStreamParams, SessionStreamResult,
 };
 use racp_proto::{Ack, AppError, Call, Capability, EndpointCall, ErrorCode, HostCall, Role};
 use racp_server::connection::Answer;
@@ -55,7 +55,12 @@ async fn session_create(
     if let Some(model) = &params.model {
         crate::models::check(state, model).await?;
     }
-    on_blocking_pool(state, move |s| record_session(s, params)).await
+    let created = on_blocking_pool(state, move |s| record_session(s, params)).await?;
+    // Start the agent now: it loads while the user types (docs/architecture.md).
+    if let Some(session) = state.sessions.get(&created.session.session_id) {
+        state.turns.warm(state, &session);
+    }
+    Ok(created)
 }
 
 fn record_session(
@@ -157,58 +162,37 @@ pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> An
             require(s, Capability::Fs, "fs/stat")?;
             crate::fs::stat(&params.path, &Fence::of(&s.config))
         }),
-        HostCall::SessionCreate(params) => task(async move {
-            let created = session_create(&state, params).await?;
-            // Start the agent now: it loads while the user types (docs/architecture.md).
-            if let Some(session) = state.sessions.get(&created.session.session_id) {
-                state.turns.warm(&state, &session);
-            }
-            to_raw(&created)
-        }),
+        HostCall::SessionCreate(params) => {
+            reply(async move { session_create(&state, params).await })
+        }
         HostCall::SessionList(_) => blocking(state, |s| Ok(session_list(s))),
         HostCall::SessionGet(params) => {
             blocking(state, move |s| session_get(s, &params.session_id))
         }
-        HostCall::SessionStream(params) => blocking(state, move |s| {
-            let stream = s
-                .sessions
-                .find(&params.session_id)?
-                .stream_at(params.cursor)?;
-            Ok(SessionStreamResult {
-                cursor: params.cursor,
-                streaming_message: stream.message().cloned(),
-                tool_outputs: stream.tool_outputs().clone(),
-            })
-        }),
-        HostCall::SessionClose(params) => task(async move {
-            let ack = session_close(&state, &credential, &params.session_id).await?;
-            to_raw(&ack)
-        }),
-        HostCall::TurnStart(params) => task(async move {
-            let started = state.turns.start(&state, &credential, params).await?;
-            to_raw(&started)
-        }),
-        HostCall::TurnSteer(params) => task(async move {
-            let ack = state.turns.steer(&state, params).await?;
-            to_raw(&ack)
-        }),
-        HostCall::TurnAbort(params) => task(async move {
-            let ack = state.turns.abort(&state, params).await?;
-            to_raw(&ack)
-        }),
-        HostCall::ApprovalRespond(params) => task(async move {
+        HostCall::SessionStream(params) => blocking(state, move |s| session_stream(s, params)),
+        HostCall::SessionClose(params) => {
+            reply(async move { session_close(&state, &credential, &params.session_id).await })
+        }
+        HostCall::TurnStart(params) => {
+            reply(async move { state.turns.start(&state, &credential, params).await })
+        }
+        HostCall::TurnSteer(params) => {
+            reply(async move { state.turns.steer(&state, params).await })
+        }
+        HostCall::TurnAbort(params) => {
+            reply(async move { state.turns.abort(&state, params).await })
+        }
+        HostCall::ApprovalRespond(params) => reply(async move {
             let approvals = &state.turns.approvals;
-            let settled = approvals.respond(&state, &credential, params).await?;
-            to_raw(&settled)
+            approvals.respond(&state, &credential, params).await
         }),
         HostCall::ModelList(_) => task(async move {
             let list = crate::models::list(&state).await?;
             to_raw(&*list)
         }),
-        HostCall::SessionConfigure(params) => task(async move {
-            let configured = state.turns.configure(&state, &credential, params).await?;
-            to_raw(&configured)
-        }),
+        HostCall::SessionConfigure(params) => {
+            reply(async move { state.turns.configure(&state, &credential, params).await })
+        }
         HostCall::CredentialSet(params) => {
             blocking(state, move |s| crate::models::credential_set(s, params))
         }
@@ -223,6 +207,13 @@ pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> An
             crate::models::provider_delete(s, &params.provider)
         }),
     }
+}
+
+/// An async handler whose result is the reply.
+fn reply<T: Serialize>(
+    handler: impl Future<Output = Result<T, AppError>> + Send + 'static,
+) -> Answer {
+    task(async move { to_raw(&handler.await?) })
 }
 
 fn task(answer: impl Future<Output = Result<Box<RawValue>, AppError>> + Send + 'static) -> Answer {
@@ -268,6 +259,22 @@ fn session_get(state: &HostState, session_id: &str) -> Result<SessionGetResult, 
         session,
         snapshot,
         cursor,
+    })
+}
+
+/// What is streaming in a session at `params.cursor`: the message and the tools' output so far.
+fn session_stream(
+    state: &HostState,
+    params: SessionStreamParams,
+) -> Result<SessionStreamResult, AppError> {
+    let stream = state
+        .sessions
+        .find(&params.session_id)?
+        .stream_at(params.cursor)?;
+    Ok(SessionStreamResult {
+        cursor: params.cursor,
+        streaming_message: stream.message().cloned(),
+        tool_outputs: stream.tool_outputs().clone(),
     })
 }
 
