@@ -1,9 +1,9 @@
 //! Method handlers: one function per method, each returning the method's result or an error,
 //! and [`route`], the one table that says where each method is answered.
 
-use crate::auth::Credential;
+use crate::auth::Caller;
 use crate::clock::now_ms;
-use crate::paths::Fence;
+use crate::fence::Fence;
 use crate::sessions::HostEvent;
 use crate::state::HostState;
 use crate::store::{DeviceRow, PairingOutcome};
@@ -105,7 +105,7 @@ fn record_session(
 /// the host's rate buckets (`rate_key`: `None` for a call that pays none) and drain.
 pub fn admit(
     state: &HostState,
-    credential: &Credential,
+    caller: &Caller,
     method: racp_proto::Method,
     params: Option<&serde_json::value::RawValue>,
     rate_key: Option<&str>,
@@ -117,17 +117,17 @@ pub fn admit(
         )
     });
     let rate = rate_key.map(|key| (&state.rate, key));
-    racp_server::admission::admit(&credential.principal(), method, params, rate, draining)
+    racp_server::admission::admit(&caller.principal(), method, params, rate, draining)
 }
 
 /// The calls a host answers as the server the client reached (a gateway answers them for its
 /// devices itself): one exhaustive match, so a method placed here without a handler does not
 /// compile.
-pub fn endpoint(state: Arc<HostState>, credential: Credential, call: EndpointCall) -> Answer {
+pub fn endpoint(state: Arc<HostState>, caller: Caller, call: EndpointCall) -> Answer {
     match call {
-        EndpointCall::Pair(params) => blocking(state, move |s| pair(s, &credential, params)),
+        EndpointCall::Pair(params) => blocking(state, move |s| pair(s, &caller, params)),
         EndpointCall::HostList(_) => blocking(state, |_| host_list()),
-        EndpointCall::DeviceList(_) => blocking(state, move |s| device_list(s, &credential)),
+        EndpointCall::DeviceList(_) => blocking(state, move |s| device_list(s, &caller)),
         EndpointCall::PairingCreate(params) => blocking(state, move |s| {
             if params.hosts.is_some() {
                 return Err(racp_proto::validate::invalid(
@@ -148,7 +148,7 @@ pub fn endpoint(state: Arc<HostState>, credential: Credential, call: EndpointCal
 /// The host's own calls, from a device's connection or routed by a gateway: one exhaustive
 /// match. Short store operations run on the blocking pool; turns, approvals and
 /// `session/close` wait on agents and run as async tasks.
-pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> Answer {
+pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
     match call {
         HostCall::HostInfo(_) => task(async move {
             let agent = state.agent.status().await;
@@ -156,11 +156,11 @@ pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> An
         }),
         HostCall::FsList(params) => blocking(state, move |s| {
             require(s, Capability::Fs, "fs/list")?;
-            crate::fs::list(&params.path, &Fence::of(&s.config))
+            crate::browse::list(&params.path, &Fence::of(&s.config))
         }),
         HostCall::FsStat(params) => blocking(state, move |s| {
             require(s, Capability::Fs, "fs/stat")?;
-            crate::fs::stat(&params.path, &Fence::of(&s.config))
+            crate::browse::stat(&params.path, &Fence::of(&s.config))
         }),
         HostCall::SessionCreate(params) => {
             reply(async move { session_create(&state, params).await })
@@ -171,10 +171,10 @@ pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> An
         }
         HostCall::SessionStream(params) => blocking(state, move |s| session_stream(s, params)),
         HostCall::SessionClose(params) => {
-            reply(async move { session_close(&state, &credential, &params.session_id).await })
+            reply(async move { session_close(&state, &caller, &params.session_id).await })
         }
         HostCall::TurnStart(params) => {
-            reply(async move { state.turns.start(&state, &credential, params).await })
+            reply(async move { state.turns.start(&state, &caller, params).await })
         }
         HostCall::TurnSteer(params) => {
             reply(async move { state.turns.steer(&state, params).await })
@@ -184,14 +184,14 @@ pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> An
         }
         HostCall::ApprovalRespond(params) => reply(async move {
             let approvals = &state.turns.approvals;
-            approvals.respond(&state, &credential, params).await
+            approvals.respond(&state, &caller, params).await
         }),
         HostCall::ModelList(_) => task(async move {
             let list = crate::models::list(&state).await?;
             to_raw(&*list)
         }),
         HostCall::SessionConfigure(params) => {
-            reply(async move { state.turns.configure(&state, &credential, params).await })
+            reply(async move { state.turns.configure(&state, &caller, params).await })
         }
         HostCall::CredentialSet(params) => {
             blocking(state, move |s| crate::models::credential_set(s, params))
@@ -282,7 +282,7 @@ fn session_stream(
 /// `session.closed` is the last event. Closing a closed session succeeds and changes nothing.
 async fn session_close(
     state: &Arc<HostState>,
-    credential: &Credential,
+    caller: &Caller,
     session_id: &str,
 ) -> Result<Ack, AppError> {
     let session = state.sessions.find(session_id)?;
@@ -291,7 +291,7 @@ async fn session_close(
     }
     state.turns.stop_session(state, &session).await;
     let closed = HostEvent::SessionClosed {
-        device_id: credential.device_id().map(str::to_string),
+        device_id: caller.device_id().map(str::to_string),
     };
     let committed = match state.sessions.append(&session, vec![closed]) {
         Ok(committed) => committed,
@@ -349,13 +349,9 @@ fn host_info(state: &HostState, agent: AgentStatus) -> HostInfoResult {
     }
 }
 
-fn pair(
-    state: &HostState,
-    credential: &Credential,
-    params: PairParams,
-) -> Result<PairResult, AppError> {
-    let Credential::Pairing { token_id, roles } = credential else {
-        return Err(state.internal("pair called without a pairing credential"));
+fn pair(state: &HostState, caller: &Caller, params: PairParams) -> Result<PairResult, AppError> {
+    let Caller::Pairing { token_id, roles } = caller else {
+        return Err(state.internal("pair called by a caller without a pairing token"));
     };
     let device_id = state
         .secrets
@@ -398,8 +394,8 @@ fn pair(
     }
 }
 
-fn device_list(state: &HostState, credential: &Credential) -> Result<DeviceListResult, AppError> {
-    let current = credential.device_id();
+fn device_list(state: &HostState, caller: &Caller) -> Result<DeviceListResult, AppError> {
+    let current = caller.device_id();
     let devices = state
         .store
         .devices()

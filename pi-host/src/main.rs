@@ -583,7 +583,7 @@ fn write_state_file(
         state["certSha256"] = sha256.to_hex().into();
     }
     // 0600 whatever the umask: it names the certificate the bootstrapper pins.
-    pi_host::fsutil::replace_private(path, format!("{state}\n").as_bytes())
+    pi_host::private_file::replace_private(path, format!("{state}\n").as_bytes())
 }
 
 /// Removes the state file only if it is still this process's (a newer host may have replaced it).
