@@ -6,9 +6,7 @@
 use crate::feed::Feed;
 use crate::stream::{Position, Reader, Stream, consume};
 use async_nats::jetstream::consumer;
-use racp_proto::events::PushMethod;
 use racp_proto::{AppError, Cursor, Epoch};
-use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
@@ -63,16 +61,6 @@ pub struct Start {
 }
 
 impl Start {
-    /// The start of every `session/events` push of the subscription, up to the events array.
-    fn push_prefix(&self) -> String {
-        format!(
-            r#"{{"method":"{}","params":{{"subscriptionId":{},"sessionId":{},"events":["#,
-            PushMethod::SessionEvents.as_str(),
-            Value::from(self.subscription_id.as_str()),
-            Value::from(self.session_id.as_str()),
-        )
-    }
-
     /// The bytes a push's events may take: the frame bound less room for the envelope.
     fn budget(&self) -> usize {
         self.max_frame_bytes
@@ -116,7 +104,8 @@ async fn pump(
     delivered: Arc<AtomicU64>,
     out: mpsc::Sender<Outgoing>,
 ) {
-    let (prefix, budget) = (start.push_prefix(), start.budget());
+    let prefix = racp_server::push::events_prefix(&start.subscription_id, &start.session_id);
+    let budget = start.budget();
     let at = Position::after(start.after, start.stream_sequence);
     let subject = start.subject.clone();
     let mut reader = Reader::new(

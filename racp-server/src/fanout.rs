@@ -7,11 +7,10 @@
 //! subscriber is one frame being written.
 
 use crate::log::{EventLog, LoggedEvent};
-use racp_proto::events::{PushMethod, SubscriptionEndedParams, SubscriptionHead};
+use racp_proto::events::{SubscriptionEndedParams, SubscriptionHead};
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::Notify;
@@ -215,14 +214,7 @@ impl<L: SharedLog> Subscriptions<L> {
     pub fn insert(&mut self, subscription_id: String, session: Arc<L>, delivered: u64) {
         let watcher = NEXT_WATCHER.fetch_add(1, Ordering::Relaxed);
         session.watch(watcher, self.notify.clone());
-        let mut prefix = String::new();
-        let _ = write!(
-            prefix,
-            r#"{{"method":"{}","params":{{"subscriptionId":{},"sessionId":{},"events":["#,
-            PushMethod::SessionEvents.as_str(),
-            Value::from(subscription_id.as_str()),
-            Value::from(session.session_id()),
-        );
+        let prefix = crate::push::events_prefix(&subscription_id, session.session_id());
         self.subs.insert(
             subscription_id,
             Subscription {
