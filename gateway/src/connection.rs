@@ -362,14 +362,7 @@ impl GatewayConnection {
         params: SessionSubscribeParams,
     ) -> Result<SessionSubscribeResult, AppError> {
         let host = self.host_for(Method::SessionSubscribe)?;
-        let max = self.gateway.settings.max_subscriptions;
-        if self.follows.len() + self.live.len() >= max as usize {
-            return Err(AppError::new(
-                ErrorCode::LimitExceeded,
-                format!("a connection may hold at most {max} subscriptions"),
-            )
-            .with_details(json!({"maxSubscriptions": max})));
-        }
+        self.room_for_subscription()?;
         let stream = self
             .gateway
             .js
@@ -422,6 +415,19 @@ impl GatewayConnection {
         })
     }
 
+    /// LIMIT_EXCEEDED when the connection holds as many subscriptions as it may.
+    fn room_for_subscription(&self) -> Result<(), AppError> {
+        let max = self.gateway.settings.max_subscriptions;
+        if self.follows.len() + self.live.len() >= max as usize {
+            return Err(AppError::new(
+                ErrorCode::LimitExceeded,
+                format!("a connection may hold at most {max} subscriptions"),
+            )
+            .with_details(json!({"maxSubscriptions": max})));
+        }
+        Ok(())
+    }
+
     /// Where a subscription starts.
     async fn start_point(
         &self,
@@ -457,24 +463,12 @@ impl GatewayConnection {
                 return Err(Expired::OlderThanWindow.error(epoch, head, head));
             };
             let (oldest, head) = (first.0.saturating_sub(1), last.0);
-            let after = match cursor {
-                None => head,
-                Some(cursor) if cursor.epoch != epoch => {
-                    return Err(Expired::OtherEpoch.error(epoch, oldest, head));
-                }
-                Some(cursor) if cursor.seq < oldest => {
-                    return Err(Expired::OlderThanWindow.error(epoch, oldest, head));
-                }
-                Some(cursor) if cursor.seq > head => {
-                    // Ahead of the stream: valid only if the host has it (not yet relayed).
-                    let at_host = self.host_head(host, session_id).await?;
-                    if at_host.epoch != epoch || cursor.seq > at_host.seq {
-                        return Err(Expired::AheadOfHead.error(epoch, oldest, head));
-                    }
-                    cursor.seq
-                }
-                Some(cursor) => cursor.seq,
+            let window = Window {
+                epoch,
+                oldest,
+                head,
             };
+            let after = self.start_after(cursor, window, host, session_id).await?;
             let stream_sequence = stream::stream_start(stream, subject, after, first, last).await?;
             return Ok(StartPoint {
                 epoch,
@@ -484,6 +478,39 @@ impl GatewayConnection {
                 after_head: last.1 + 1,
                 closed,
             });
+        }
+    }
+
+    /// The seq a subscription from `cursor` starts after, in a stream that holds `window`.
+    async fn start_after(
+        &self,
+        cursor: Option<Cursor>,
+        window: Window,
+        host: &str,
+        session_id: &str,
+    ) -> Result<u64, AppError> {
+        let Window {
+            epoch,
+            oldest,
+            head,
+        } = window;
+        match cursor {
+            None => Ok(head),
+            Some(cursor) if cursor.epoch != epoch => {
+                Err(Expired::OtherEpoch.error(epoch, oldest, head))
+            }
+            Some(cursor) if cursor.seq < oldest => {
+                Err(Expired::OlderThanWindow.error(epoch, oldest, head))
+            }
+            Some(cursor) if cursor.seq > head => {
+                // Ahead of the stream: valid only if the host has it (not yet relayed).
+                let at_host = self.host_head(host, session_id).await?;
+                if at_host.epoch != epoch || cursor.seq > at_host.seq {
+                    return Err(Expired::AheadOfHead.error(epoch, oldest, head));
+                }
+                Ok(cursor.seq)
+            }
+            Some(cursor) => Ok(cursor.seq),
         }
     }
 
@@ -560,6 +587,14 @@ struct StartPoint {
     head: u64,
     after_head: u64,
     closed: bool,
+}
+
+/// The events of one epoch a session's stream holds: the seqs after `oldest` up to `head`.
+#[derive(Clone, Copy)]
+struct Window {
+    epoch: Epoch,
+    oldest: u64,
+    head: u64,
 }
 
 /// A session's head as its host has it.

@@ -80,7 +80,9 @@ struct PairingRecord {
     used: bool,
 }
 
-/// Who opened a connection.
+/// Who opened a connection, as the gateway knows it: what the protocol's [`Principal`] says
+/// ([`Caller::principal`]), plus the device's record (its hosts) or the pairing token's id.
+/// pi-host's `Caller` is the same concept.
 #[derive(Debug, Clone)]
 pub enum Caller {
     Device(DeviceRecord),
@@ -88,6 +90,7 @@ pub enum Caller {
 }
 
 impl Caller {
+    /// The caller as the protocol's access rules see it.
     pub fn principal(&self) -> Principal {
         match self {
             Caller::Device(device) => Principal::Device {

@@ -5,7 +5,7 @@
 //! A subscriber whose cursor is older than the window catches up on a consumer of its own
 //! (follow.rs), then joins.
 
-use crate::stream::{self, Entry, Position, Stream};
+use crate::stream::{self, Position, Reader, Stream};
 use dashmap::DashMap;
 use racp_proto::{AppError, Epoch};
 use racp_server::fanout::{SharedLog, Slice};
@@ -181,34 +181,22 @@ impl Drop for Feed {
 }
 
 /// Reads the session's subject from stream sequence `from` into the feed's window while anyone
-/// holds the feed. The ordered consumer recovers from most faults itself; when it ends or keeps
-/// failing (its NATS node died), a new one starts after the last stream message read, so the
-/// window neither stalls nor repeats.
+/// holds the feed.
 async fn pump(stream: Stream, feed: Weak<Feed>, after: u64, from: u64) {
     let Some((subject, epoch)) = feed.upgrade().map(|f| (f.subject.clone(), f.epoch)) else {
         return;
     };
-    let mut messages = stream::consume_again(&stream, &subject, from).await;
-    let mut at = Position::after(after, from);
-    let mut quiet = stream::WATCHDOG;
+    let messages = stream::consume_again(&stream, &subject, from).await;
+    let at = Position::after(after, from);
+    let mut reader = Reader::new(stream, subject, epoch, messages, at, "a feed's");
     loop {
-        let next = stream::next_message(&mut messages, &mut quiet, &stream, &subject, at.last);
-        let Some(first) = next.await.filter(|_| !at.failing()) else {
-            tracing::debug!(
-                resume_at = at.resume_at,
-                "a feed's consumer is gone; making a new one"
-            );
-            messages = stream::consume_again(&stream, &subject, at.resume_at).await;
-            at.errors = 0;
+        let Some((events, stop)) = reader.next_batch(APPEND_EVENTS, WINDOW_BYTES / 16).await else {
             continue;
         };
-        let batch = stream::with_arrived(&mut messages, first, APPEND_EVENTS, WINDOW_BYTES / 16);
-        let batch = batch.into_iter().map(|read| read.map(Entry::read));
-        let (events, stop) = stream::accept(batch, &mut at, epoch, &subject);
         let Some(feed) = feed.upgrade() else {
             return;
         };
-        if feed.append(events, at.closed, stop) {
+        if feed.append(events, reader.at.closed, stop) {
             return;
         }
     }

@@ -4,13 +4,9 @@
 //! until the feed's window holds what comes next.
 
 use crate::feed::Feed;
-use crate::stream::{
-    Entry, Position, Stream, WATCHDOG, accept, consume, consume_again, next_message, with_arrived,
-};
+use crate::stream::{Position, Reader, Stream, consume};
 use async_nats::jetstream::consumer;
-use racp_proto::events::PushMethod;
 use racp_proto::{AppError, Cursor, Epoch};
-use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
@@ -64,6 +60,14 @@ pub struct Start {
     pub feed: Arc<Feed>,
 }
 
+impl Start {
+    /// The bytes a push's events may take: the frame bound less room for the envelope.
+    fn budget(&self) -> usize {
+        self.max_frame_bytes
+            .saturating_sub(256 + self.subscription_id.len() + self.session_id.len())
+    }
+}
+
 pub async fn follow(
     stream: &Stream,
     start: Start,
@@ -92,51 +96,42 @@ pub async fn follow(
 }
 
 /// Turns stream messages into frames for the connection until the feed's window holds what
-/// comes next. The ordered consumer recovers from most faults itself; when it ends or keeps
-/// failing (its NATS node died), a new one starts after the last stream message read, so the
-/// subscription neither stalls nor repeats.
+/// comes next.
 async fn pump(
     stream: Stream,
-    mut messages: consumer::pull::Ordered,
+    messages: consumer::pull::Ordered,
     start: Start,
     delivered: Arc<AtomicU64>,
     out: mpsc::Sender<Outgoing>,
 ) {
-    let prefix = format!(
-        r#"{{"method":"{}","params":{{"subscriptionId":{},"sessionId":{},"events":["#,
-        PushMethod::SessionEvents.as_str(),
-        Value::from(start.subscription_id.as_str()),
-        Value::from(start.session_id.as_str()),
+    let prefix = racp_server::push::events_prefix(&start.subscription_id, &start.session_id);
+    let budget = start.budget();
+    let at = Position::after(start.after, start.stream_sequence);
+    let subject = start.subject.clone();
+    let mut reader = Reader::new(
+        stream,
+        subject,
+        start.epoch,
+        messages,
+        at,
+        "a subscription's",
     );
-    let budget = start
-        .max_frame_bytes
-        .saturating_sub(256 + start.subscription_id.len() + start.session_id.len());
-    let mut at = Position::after(start.after, start.stream_sequence);
-    let mut quiet = WATCHDOG;
     loop {
-        if start.feed.takes_over_at(at.last) {
+        let last = reader.at.last;
+        if start.feed.takes_over_at(last) {
             let subscription_id = start.subscription_id.clone();
             let _ = out
                 .send(Outgoing::Live {
                     subscription_id,
-                    last: at.last,
+                    last,
                 })
                 .await;
             return;
         }
-        let next = next_message(&mut messages, &mut quiet, &stream, &start.subject, at.last).await;
-        let Some(first) = next.filter(|_| !at.failing()) else {
-            tracing::debug!(
-                resume_at = at.resume_at,
-                "a subscription's consumer is gone; making a new one"
-            );
-            messages = consume_again(&stream, &start.subject, at.resume_at).await;
-            at.errors = 0;
+        let Some((events, stop)) = reader.next_batch(start.max_events_per_frame, budget).await
+        else {
             continue;
         };
-        let batch = with_arrived(&mut messages, first, start.max_events_per_frame, budget);
-        let batch = batch.into_iter().map(|read| read.map(Entry::read));
-        let (events, stop) = accept(batch, &mut at, start.epoch, &start.subject);
         for chunk in frames(&events, budget) {
             let frame = events_frame(&prefix, chunk, budget, &start);
             if out.send(Outgoing::Frame(frame)).await.is_err() {
@@ -146,12 +141,13 @@ async fn pump(
                 delivered.store(*seq, Ordering::Relaxed);
             }
         }
-        if at.closed {
-            end(&out, &start, at.last, None).await;
+        let last = reader.at.last;
+        if reader.at.closed {
+            end(&out, &start, last, None).await;
             return;
         }
         if let Some(error) = stop {
-            end(&out, &start, at.last, Some(error)).await;
+            end(&out, &start, last, Some(error)).await;
             return;
         }
     }

@@ -17,9 +17,11 @@ mod stream;
 
 use clap::{Parser, Subcommand};
 use racp_proto::Role;
+use racp_proto::fingerprint::CertSha256;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -63,25 +65,7 @@ enum Command {
     /// NATS user that confines it to its own subjects (add it to the server's
     /// `authorization.users` and reload the server). A host id enrolled with another key is
     /// refused (exit 64) unless --replace.
-    Enroll {
-        /// The host's id and nkey, as `pi-host gateway-key` prints them.
-        host_id: String,
-        nkey: String,
-        /// How long the stream keeps a host's events (seconds)
-        #[arg(long, alias = "retention", default_value_t = 7 * 86_400)]
-        retention_seconds: u64,
-        /// Most bytes the host's stream keeps (the oldest events go first); JetStream reserves
-        /// them
-        #[arg(long, default_value_t = 256 << 20)]
-        max_bytes: i64,
-        /// The largest event the host's stream takes (bytes)
-        #[arg(long, default_value_t = 1 << 20)]
-        max_msg_size: i32,
-        /// Give the host id to this key even though another key has it; the printed user entry
-        /// replaces the old key's, which must leave the server's configuration
-        #[arg(long)]
-        replace: bool,
-    },
+    Enroll(EnrollArgs),
     /// Mint a single-use pairing token for a device.
     Pair {
         #[arg(long, value_delimiter = ',', default_value = "owner", value_parser = parse_role)]
@@ -98,6 +82,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(clap::Args)]
+struct EnrollArgs {
+    /// The host's id and nkey, as `pi-host gateway-key` prints them.
+    host_id: String,
+    nkey: String,
+    /// How long the stream keeps a host's events (seconds)
+    #[arg(long, alias = "retention", default_value_t = 7 * 86_400)]
+    retention_seconds: u64,
+    /// Most bytes the host's stream keeps (the oldest events go first); JetStream reserves
+    /// them
+    #[arg(long, default_value_t = 256 << 20)]
+    max_bytes: i64,
+    /// The largest event the host's stream takes (bytes)
+    #[arg(long, default_value_t = 1 << 20)]
+    max_msg_size: i32,
+    /// Give the host id to this key even though another key has it; the printed user entry
+    /// replaces the old key's, which must leave the server's configuration
+    #[arg(long)]
+    replace: bool,
 }
 
 #[derive(clap::Args)]
@@ -167,6 +172,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// The TLS configuration a listener serves.
+type ServedTls = Arc<tokio_rustls::rustls::ServerConfig>;
+
 /// A failed command: what to print and the exit code.
 struct Failure {
     message: String,
@@ -223,44 +231,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             println!("{}", key.public);
             Ok(())
         }
-        Command::Enroll {
-            host_id,
-            nkey,
-            retention_seconds,
-            max_bytes,
-            max_msg_size,
-            replace,
-        } => {
+        Command::Enroll(args) => {
             let js = jetstream(&cli, seed(&data_dir)?).await?;
-            let enrollment = nats::Enrollment {
-                host_id,
-                nkey,
-                retention: Duration::from_secs(*retention_seconds),
-                max_bytes: *max_bytes,
-                max_msg_size: *max_msg_size,
-                replicas: cli.replicas,
-                replace: *replace,
-            };
-            let enrolled =
-                tokio::time::timeout(Duration::from_secs(30), nats::enroll(&js, &enrollment))
-                    .await
-                    .map_err(|_| "JetStream did not answer within 30 s".to_string())?
-                    .map_err(|e| match e {
-                        nats::NatsError::Conflict(message) => Failure {
-                            message,
-                            code: ExitCode::from(EXIT_CONFLICT),
-                        },
-                        other => other.to_string().into(),
-                    })?;
-            println!("{}", enrolled.user);
-            if let Some(old) = enrolled.replaced {
-                eprintln!(
-                    "pi-gateway: {host_id} now belongs to {nkey}. In the NATS server's \
-                     authorization.users, replace the entry of {old} with the one printed above \
-                     and reload the server: until then the old key keeps the host's access."
-                );
-            }
-            Ok(())
+            enroll(&js, cli.replicas, args).await
         }
         Command::Pair {
             roles,
@@ -285,6 +258,50 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(serve(&cli, &data_dir, seed, args).await?)
         }
     }
+}
+
+/// `pi-gateway enroll`: the host's key and stream recorded, its NATS user printed.
+async fn enroll(
+    js: &async_nats::jetstream::Context,
+    replicas: usize,
+    args: &EnrollArgs,
+) -> Result<(), Failure> {
+    let EnrollArgs {
+        host_id,
+        nkey,
+        retention_seconds,
+        max_bytes,
+        max_msg_size,
+        replace,
+    } = args;
+    let enrollment = nats::Enrollment {
+        host_id,
+        nkey,
+        retention: Duration::from_secs(*retention_seconds),
+        max_bytes: *max_bytes,
+        max_msg_size: *max_msg_size,
+        replicas,
+        replace: *replace,
+    };
+    let enrolled = tokio::time::timeout(Duration::from_secs(30), nats::enroll(js, &enrollment))
+        .await
+        .map_err(|_| "JetStream did not answer within 30 s".to_string())?
+        .map_err(|e| match e {
+            nats::NatsError::Conflict(message) => Failure {
+                message,
+                code: ExitCode::from(EXIT_CONFLICT),
+            },
+            other => other.to_string().into(),
+        })?;
+    println!("{}", enrolled.user);
+    if let Some(old) = enrolled.replaced {
+        eprintln!(
+            "pi-gateway: {host_id} now belongs to {nkey}. In the NATS server's \
+             authorization.users, replace the entry of {old} with the one printed above \
+             and reload the server: until then the old key keeps the host's access."
+        );
+    }
+    Ok(())
 }
 
 struct PairRequest<'a> {
@@ -386,6 +403,7 @@ fn allowed_hosts(args: &ServeArgs) -> Vec<String> {
     names
 }
 
+/// `pi-gateway serve`: RACP-WS until SIGTERM or SIGINT, then a drain.
 async fn serve(
     cli: &Cli,
     data_dir: &Path,
@@ -396,21 +414,7 @@ async fn serve(
     if plain && !listen.ip().is_loopback() {
         return Err("--plain serves ws:// on loopback only".into());
     }
-    let (tls, cert_sha256) = match (plain, &args.tls_cert, &args.tls_key) {
-        (true, _, _) => (None, None),
-        (false, Some(cert), Some(key)) => {
-            let sha256 = racp_server::identity::fingerprint(cert)
-                .map_err(|e| format!("cannot read --tls-cert {}: {e}", cert.display()))?;
-            let served = racp_server::tls::server_config(cert, key)?;
-            (Some(served), Some(sha256))
-        }
-        _ => {
-            let identity = racp_server::identity::load_or_create(data_dir)
-                .map_err(|e| format!("cannot load the gateway's TLS identity: {e}"))?;
-            let served = racp_server::tls::server_config(&identity.cert, &identity.key)?;
-            (Some(served), Some(identity.sha256))
-        }
-    };
+    let (tls, cert_sha256) = served_tls(args, data_dir)?;
     // Routed calls are signed with the gateway's key whether or not NATS knows it by it.
     let signer = racp_server::uplink::key::load_or_create(data_dir)
         .and_then(|key| key.pair())
@@ -430,23 +434,7 @@ async fn serve(
         })
         .map_err(|e| format!("cannot bind {listen}: {e}"))?;
     let local = socket.local_addr().map_err(|e| e.to_string())?;
-    let settings = state::Settings {
-        listen: local,
-        heartbeat: Duration::from_millis(args.heartbeat_ms.max(100)),
-        max_frame_bytes: limits.max_frame_bytes,
-        max_connections: limits.max_connections,
-        max_in_flight: limits.max_in_flight,
-        max_subscriptions: limits.max_subscriptions,
-        max_events_per_frame: limits.max_events_per_frame,
-        max_lag_events: args.max_lag_events.unwrap_or(limits.max_lag_events),
-        send_stall: limits.send_stall,
-        requests_per_second: limits.requests_per_second,
-        request_burst: limits.request_burst,
-        allowed_origins: args.allowed_origins.clone(),
-        allowed_hosts: allowed_hosts(args),
-        cert_sha256,
-        revocation_lease: Duration::from_millis(args.revocation_lease_ms),
-    };
+    let settings = settings(args, local, &limits, cert_sha256);
     let gateway = state::Gateway::new(settings, client, buckets, signer)
         .map_err(|e| e.message().to_string())?;
     revocation::start(gateway.clone()).await;
@@ -469,22 +457,73 @@ async fn serve(
         "pi-gateway listening on {scheme}://{local}{}",
         racp_proto::ENDPOINT_PATH
     );
-    let shutdown = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
     let router = server::router(gateway.clone());
-    racp_server::listener::serve(listener, tls, router, &budget, shutdown).await;
+    racp_server::listener::serve(listener, tls, router, &budget, shutdown_signal()).await;
     gateway.drain(Duration::from_secs(5)).await;
     Ok(())
+}
+
+/// The TLS configuration served and its certificate's fingerprint: none with --plain, else
+/// --tls-cert's, else the data directory's own identity.
+fn served_tls(
+    args: &ServeArgs,
+    data_dir: &Path,
+) -> Result<(Option<ServedTls>, Option<CertSha256>), String> {
+    match (args.plain, &args.tls_cert, &args.tls_key) {
+        (true, _, _) => Ok((None, None)),
+        (false, Some(cert), Some(key)) => {
+            let sha256 = racp_server::identity::fingerprint(cert)
+                .map_err(|e| format!("cannot read --tls-cert {}: {e}", cert.display()))?;
+            let served = racp_server::tls::server_config(cert, key)?;
+            Ok((Some(served), Some(sha256)))
+        }
+        _ => {
+            let identity = racp_server::identity::load_or_create(data_dir)
+                .map_err(|e| format!("cannot load the gateway's TLS identity: {e}"))?;
+            let served = racp_server::tls::server_config(&identity.cert, &identity.key)?;
+            Ok((Some(served), Some(identity.sha256)))
+        }
+    }
+}
+
+/// The gateway's settings: the host's limits, with what `serve`'s flags change.
+fn settings(
+    args: &ServeArgs,
+    listen: SocketAddr,
+    limits: &racp_server::limits::HostLimits,
+    cert_sha256: Option<CertSha256>,
+) -> state::Settings {
+    state::Settings {
+        listen,
+        heartbeat: Duration::from_millis(args.heartbeat_ms.max(100)),
+        max_frame_bytes: limits.max_frame_bytes,
+        max_connections: limits.max_connections,
+        max_in_flight: limits.max_in_flight,
+        max_subscriptions: limits.max_subscriptions,
+        max_events_per_frame: limits.max_events_per_frame,
+        max_lag_events: args.max_lag_events.unwrap_or(limits.max_lag_events),
+        send_stall: limits.send_stall,
+        requests_per_second: limits.requests_per_second,
+        request_burst: limits.request_burst,
+        allowed_origins: args.allowed_origins.clone(),
+        allowed_hosts: allowed_hosts(args),
+        cert_sha256,
+        revocation_lease: Duration::from_millis(args.revocation_lease_ms),
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT; never when the handlers cannot be installed.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    if let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    } else {
+        std::future::pending::<()>().await;
+    }
 }

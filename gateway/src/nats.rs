@@ -329,6 +329,51 @@ pub struct Enrollment<'a> {
     pub replace: bool,
 }
 
+impl Enrollment<'_> {
+    /// Refuses a malformed host id or key, and limits that are not above 0.
+    fn check(&self) -> Result<(), NatsError> {
+        if !racp_proto::gateway::valid_host_id(self.host_id) {
+            return Err(NatsError::Input(format!(
+                "{:?} is not a host id (pi-host gateway-key prints it)",
+                self.host_id
+            )));
+        }
+        if nkeys::KeyPair::from_public_key(self.nkey).is_err() || !self.nkey.starts_with('U') {
+            return Err(NatsError::Input(format!(
+                "{:?} is not a user nkey (pi-host gateway-key prints it)",
+                self.nkey
+            )));
+        }
+        if self.max_bytes <= 0 || self.retention.is_zero() || self.max_msg_size <= 0 {
+            return Err(NatsError::Input(
+                "--max-bytes, --retention-seconds and --max-msg-size must be above 0".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The configuration of the host's events stream, named `name`.
+    fn stream_config(&self, name: &str) -> stream::Config {
+        stream::Config {
+            name: name.to_string(),
+            subjects: vec![host_events_subjects(self.host_id)],
+            storage: stream::StorageType::File,
+            num_replicas: self.replicas,
+            max_age: self.retention,
+            // Reserved by JetStream at creation: a host fills its own stream, never the server.
+            max_bytes: self.max_bytes,
+            max_message_size: self.max_msg_size,
+            discard: stream::DiscardPolicy::Old,
+            // A host that republishes after a lost ack is deduplicated within this window (which
+            // JetStream wants no longer than the retention).
+            duplicate_window: Duration::from_secs(120).min(self.retention),
+            // Replay lookups (the start of a subscription) read from any replica.
+            allow_direct: true,
+            ..Default::default()
+        }
+    }
+}
+
 /// What an enrollment did: the NATS user entry to put in `authorization.users`, and the key it
 /// replaced (whose entry must go).
 pub struct Enrolled {
@@ -340,44 +385,12 @@ pub struct Enrolled {
 /// creates (or updates) its events stream with its limits, and its first record (offline until
 /// its first heartbeat).
 pub async fn enroll(js: &jetstream::Context, e: &Enrollment<'_>) -> Result<Enrolled, NatsError> {
-    if !racp_proto::gateway::valid_host_id(e.host_id) {
-        return Err(NatsError::Input(format!(
-            "{:?} is not a host id (pi-host gateway-key prints it)",
-            e.host_id
-        )));
-    }
-    if nkeys::KeyPair::from_public_key(e.nkey).is_err() || !e.nkey.starts_with('U') {
-        return Err(NatsError::Input(format!(
-            "{:?} is not a user nkey (pi-host gateway-key prints it)",
-            e.nkey
-        )));
-    }
-    if e.max_bytes <= 0 || e.retention.is_zero() || e.max_msg_size <= 0 {
-        return Err(NatsError::Input(
-            "--max-bytes, --retention-seconds and --max-msg-size must be above 0".into(),
-        ));
-    }
+    e.check()?;
     let buckets = buckets(js, e.replicas).await;
     let name = events_stream(e.host_id);
     let stream_exists = js.get_stream(&name).await.is_ok();
     let replaced = record_key(&buckets.enrollments, e, stream_exists).await?;
-    let config = stream::Config {
-        name: name.clone(),
-        subjects: vec![host_events_subjects(e.host_id)],
-        storage: stream::StorageType::File,
-        num_replicas: e.replicas,
-        max_age: e.retention,
-        // Reserved by JetStream at creation: a host fills its own stream, never the server.
-        max_bytes: e.max_bytes,
-        max_message_size: e.max_msg_size,
-        discard: stream::DiscardPolicy::Old,
-        // A host that republishes after a lost ack is deduplicated within this window (which
-        // JetStream wants no longer than the retention).
-        duplicate_window: Duration::from_secs(120).min(e.retention),
-        // Replay lookups (the start of a subscription) read from any replica.
-        allow_direct: true,
-        ..Default::default()
-    };
+    let config = e.stream_config(&name);
     if stream_exists {
         js.update_stream(config).await.map(|_| ())
     } else {

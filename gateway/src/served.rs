@@ -42,9 +42,9 @@ pub fn address(listen: SocketAddr, allowed_hosts: &[String]) -> String {
 
 /// Records what is served (replacing the previous serve's record).
 pub fn record(data_dir: &Path, served: &Served) -> std::io::Result<()> {
-    racp_server::fsutil::create_private_dir(data_dir)?;
+    racp_server::private_file::create_private_dir(data_dir)?;
     let body = serde_json::to_vec(served).map_err(std::io::Error::other)?;
-    racp_server::fsutil::replace_private(&path(data_dir), &body)
+    racp_server::private_file::replace_private(&path(data_dir), &body)
 }
 
 /// The record of the last `serve` with this data directory, if any (an unreadable one counts as

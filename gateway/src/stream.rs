@@ -1,7 +1,7 @@
 //! Reading a host's JetStream stream (docs/protocol.md §15.3), for a session's feed (feed.rs)
 //! and a catch-up (follow.rs) alike: where a cursor starts in it (binary search with direct
-//! gets), the ordered consumer and its watchdog, and the checks each message passes before it
-//! is spliced into a frame unread.
+//! gets), the ordered consumer, its watchdog and the reader that makes it anew, and the checks
+//! each message passes before it is spliced into a frame unread.
 
 use async_nats::jetstream::{self, consumer, stream::DirectGetErrorKind};
 use futures_util::{FutureExt, StreamExt};
@@ -145,18 +145,85 @@ pub async fn consume_again(stream: &Stream, subject: &str, from: u64) -> consume
     }
 }
 
+/// A session's subject read with an ordered consumer, for a feed or a catch-up. The consumer
+/// recovers from most faults itself; when it ends or keeps failing (its NATS node died), a new
+/// one starts after the last stream message read, so the reader neither stalls nor repeats.
+pub struct Reader {
+    stream: Stream,
+    subject: String,
+    epoch: Epoch,
+    messages: consumer::pull::Ordered,
+    quiet: Duration,
+    pub at: Position,
+    /// Whose consumer it is, for the log ("a feed's").
+    whose: &'static str,
+}
+
+impl Reader {
+    /// Reads `subject` of `epoch` with `messages`, a consumer positioned at `at`.
+    pub fn new(
+        stream: Stream,
+        subject: String,
+        epoch: Epoch,
+        messages: consumer::pull::Ordered,
+        at: Position,
+        whose: &'static str,
+    ) -> Self {
+        Reader {
+            stream,
+            subject,
+            epoch,
+            messages,
+            quiet: WATCHDOG,
+            at,
+            whose,
+        }
+    }
+
+    /// The events that arrived next (at least one message; more while they are already there,
+    /// up to `max_events` and about `budget` bytes), checked as [`accept`] checks them, and
+    /// the error that ends the reading. `None` when the consumer was gone and is made anew.
+    pub async fn next_batch(
+        &mut self,
+        max_events: usize,
+        budget: usize,
+    ) -> Option<(Vec<(u64, bytes::Bytes)>, Option<AppError>)> {
+        let at = &mut self.at;
+        let next = next_message(
+            &mut self.messages,
+            &mut self.quiet,
+            &self.stream,
+            &self.subject,
+            at.last,
+        );
+        let Some(first) = next.await.filter(|_| !at.failing()) else {
+            tracing::debug!(
+                resume_at = at.resume_at,
+                "{} consumer is gone; making a new one",
+                self.whose
+            );
+            self.messages = consume_again(&self.stream, &self.subject, at.resume_at).await;
+            at.errors = 0;
+            return None;
+        };
+        let batch = with_arrived(&mut self.messages, first, max_events, budget);
+        let batch = batch.into_iter().map(|read| read.map(Entry::read));
+        Some(accept(batch, at, self.epoch, &self.subject))
+    }
+}
+
 /// Errors in a row after which a consumer is made anew.
 const CONSUMER_ERRORS: u32 = 3;
 /// A subscription quiet this long checks that its consumer still delivers (a direct get to
 /// NATS); each check that finds nothing newer doubles the wait, up to `WATCHDOG_MAX`, so idle
 /// sessions cost NATS little, and a message brings it back to `WATCHDOG`.
-pub const WATCHDOG: Duration = Duration::from_secs(3);
+const WATCHDOG: Duration = Duration::from_secs(3);
 const WATCHDOG_MAX: Duration = Duration::from_secs(24);
 
 /// The consumer's next message; `None` when the consumer ended, or is lost: quiet for `quiet`,
 /// yet the stream has an event after `last` (its node died without the consumer noticing).
 /// Each quiet spell with nothing newer doubles `quiet`; a message resets it.
-pub async fn next_message(
+async fn next_message(
     messages: &mut consumer::pull::Ordered,
     quiet: &mut Duration,
     stream: &Stream,
@@ -215,7 +282,7 @@ impl Position {
 }
 
 /// A stream message as a reader takes it.
-pub struct Entry {
+struct Entry {
     /// Its stream sequence: a new consumer starts after the last one read.
     stream_sequence: Option<u64>,
     /// Its session's epoch, from its header (none when the header is missing or unreadable).
@@ -228,7 +295,7 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn read(message: jetstream::Message) -> Self {
+    fn read(message: jetstream::Message) -> Self {
         let headers = message.headers.as_ref();
         Entry {
             stream_sequence: message.info().ok().map(|info| info.stream_sequence),
@@ -244,7 +311,7 @@ impl Entry {
 /// events not read yet) or a message that is not a well-formed event (spliced into a frame as
 /// it is, it would break or forge the frame) ends the batch: the events before it are taken,
 /// so `at.last` is always the last event sent, and the error ends the subscription after them.
-pub fn accept<E: std::fmt::Display>(
+fn accept<E: std::fmt::Display>(
     batch: impl IntoIterator<Item = Result<Entry, E>>,
     at: &mut Position,
     epoch: Epoch,
@@ -319,7 +386,7 @@ type Read = Result<jetstream::Message, consumer::pull::OrderedError>;
 
 /// `first` and whatever else has already arrived, up to `max_events` or `budget` bytes: they
 /// are taken together.
-pub fn with_arrived(
+fn with_arrived(
     messages: &mut consumer::pull::Ordered,
     first: Read,
     max_events: usize,

@@ -2,7 +2,7 @@
 //! `pi-host pair|devices|revoke|status` commands talk to the running host. One JSON request
 //! line, one JSON reply line: `{"ok": result}` or `{"error": AppError}`.
 
-use crate::auth::Credential;
+use crate::auth::Caller;
 use crate::handlers;
 use crate::server::listener::DropOldest;
 use crate::state::HostState;
@@ -118,7 +118,7 @@ async fn handle(stream: UnixStream, state: Arc<HostState>) {
 /// (`handlers::endpoint`, `handlers::host`), as the host's owner; `status` adds what only the
 /// running process knows. Typed calls, so a command without its method does not compile.
 async fn answer(state: Arc<HostState>, request: AdminRequest) -> Result<Value, AppError> {
-    let endpoint = |call| handlers::endpoint(state.clone(), Credential::Owner, call);
+    let endpoint = |call| handlers::endpoint(state.clone(), Caller::Owner, call);
     let answered = match request {
         AdminRequest::Pair { roles, ttl_seconds } => {
             let roles = match roles {
@@ -143,7 +143,7 @@ async fn answer(state: Arc<HostState>, request: AdminRequest) -> Result<Value, A
         }
         AdminRequest::Status => {
             let info = HostCall::HostInfo(Empty {});
-            let info = handlers::host(state.clone(), Credential::Owner, info).await?;
+            let info = handlers::host(state.clone(), Caller::Owner, info).await?;
             let mut status = value_of(&state, &info)?;
             if let Some(fields) = status.as_object_mut() {
                 fields.extend(process_facts(&state));

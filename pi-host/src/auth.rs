@@ -4,9 +4,11 @@
 use racp_proto::methods::handshake::{PrincipalInfo, PrincipalKind};
 use racp_proto::{Principal, Role};
 
-/// An authenticated connection's credential.
+/// Who a call comes from, as the host knows it: what the protocol's [`Principal`] says
+/// ([`Caller::principal`]), plus the pairing token's id and the rate bucket. The gateway's
+/// `Caller` is the same concept.
 #[derive(Debug, Clone)]
-pub enum Credential {
+pub enum Caller {
     Device {
         device_id: String,
         roles: Vec<Role>,
@@ -20,30 +22,30 @@ pub enum Credential {
     Owner,
 }
 
-impl Credential {
-    /// The paired device behind the credential (`None` for a pairing token).
+impl Caller {
+    /// The paired device calling (`None` for a pairing token or the owner).
     pub fn device_id(&self) -> Option<&str> {
         match self {
-            Credential::Device { device_id, .. } => Some(device_id),
-            Credential::Pairing { .. } | Credential::Owner => None,
+            Caller::Device { device_id, .. } => Some(device_id),
+            Caller::Pairing { .. } | Caller::Owner => None,
         }
     }
 
-    /// The rate bucket the credential's calls draw on: its device's, or its pairing token's.
+    /// The rate bucket the caller's calls draw on: its device's, or its pairing token's.
     pub fn rate_key(&self) -> String {
         match self {
-            Credential::Device { device_id, .. } => device_id.clone(),
-            Credential::Pairing { token_id, .. } => format!("pairing:{token_id}"),
-            Credential::Owner => "owner".to_string(),
+            Caller::Device { device_id, .. } => device_id.clone(),
+            Caller::Pairing { token_id, .. } => format!("pairing:{token_id}"),
+            Caller::Owner => "owner".to_string(),
         }
     }
 
     /// The caller as `hello` names it.
     pub fn hello_principal(&self) -> PrincipalInfo {
         match self {
-            Credential::Device { device_id, roles } => racp_server::hello::device(device_id, roles),
-            Credential::Pairing { .. } => racp_server::hello::pairing(),
-            Credential::Owner => PrincipalInfo {
+            Caller::Device { device_id, roles } => racp_server::hello::device(device_id, roles),
+            Caller::Pairing { .. } => racp_server::hello::pairing(),
+            Caller::Owner => PrincipalInfo {
                 kind: PrincipalKind::Device,
                 device_id: None,
                 roles: vec![Role::Owner],
@@ -51,14 +53,15 @@ impl Credential {
         }
     }
 
+    /// The caller as the protocol's access rules see it.
     pub fn principal(&self) -> Principal {
         match self {
-            Credential::Device { device_id, roles } => Principal::Device {
+            Caller::Device { device_id, roles } => Principal::Device {
                 device_id: device_id.clone(),
                 roles: roles.clone(),
             },
-            Credential::Pairing { .. } => Principal::Pairing,
-            Credential::Owner => Principal::Owner,
+            Caller::Pairing { .. } => Principal::Pairing,
+            Caller::Owner => Principal::Owner,
         }
     }
 }

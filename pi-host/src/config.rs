@@ -268,15 +268,7 @@ pub fn load(
     flags: Settings,
     data_dir: PathBuf,
 ) -> Result<ServeConfig, String> {
-    let from_file = match file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            toml::from_str(&text).map_err(|e| format!("bad config file {}: {e}", path.display()))?
-        }
-        None => Settings::default(),
-    };
-    let s = flags.over(from_file);
+    let s = flags.over(read_file(file)?);
     let listen = match s.listen {
         Some(listen) => listen,
         None => DEFAULT_LISTEN
@@ -284,6 +276,7 @@ pub fn load(
             .map_err(|e| format!("bad default listen address: {e}"))?,
     };
     let mut config = ServeConfig::new(listen, data_dir);
+    set_bounds(&mut config, &s);
     config.config_file = file.map(std::path::Path::to_path_buf);
     config
         .host_files
@@ -299,6 +292,38 @@ pub fn load(
     }
     config.allowed_hosts = s.allowed_hosts;
     config.allowed_origins = s.allowed_origins;
+    config.gateway = s.gateway;
+    config.gateway_ca = s.gateway_ca;
+    config.gateway_trust = s.gateway_trust;
+    check_gateway(&config)?;
+    config.tls = match (s.tls_cert, s.tls_key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err("TLS needs both tls_cert and tls_key".into()),
+    };
+    if s.plain && config.tls.is_some() {
+        return Err("plain and tls_cert/tls_key exclude each other".into());
+    }
+    config.plain = s.plain;
+    config.insecure_bind = s.insecure_bind;
+    config.fs_enabled = !s.disable_fs;
+    config.agent_preload = !s.disable_agent_preload;
+    Ok(config)
+}
+
+/// The settings of the config file; none without one.
+fn read_file(file: Option<&std::path::Path>) -> Result<Settings, String> {
+    let Some(path) = file else {
+        return Ok(Settings::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("bad config file {}: {e}", path.display()))
+}
+
+/// The retention, timers and per-connection limits `s` sets, each kept to its least sensible
+/// value.
+fn set_bounds(config: &mut ServeConfig, s: &Settings) {
     let ms = |v: u64| Duration::from_millis(v.max(10));
     if let Some(n) = s.retain_events {
         config.retention.max_events = n.max(1);
@@ -318,10 +343,6 @@ pub fn load(
     if let Some(n) = s.max_agents {
         config.max_agents = n.max(1);
     }
-    config.gateway = s.gateway;
-    config.gateway_ca = s.gateway_ca;
-    config.gateway_trust = s.gateway_trust;
-    check_gateway(&config)?;
     if let Some(v) = s.max_lag_events {
         config.limits.max_lag_events = v;
     }
@@ -337,19 +358,6 @@ pub fn load(
     if let Some(v) = s.approval_timeout_ms {
         config.approval_timeout = ms(v);
     }
-    config.tls = match (s.tls_cert, s.tls_key) {
-        (Some(cert), Some(key)) => Some((cert, key)),
-        (None, None) => None,
-        _ => return Err("TLS needs both tls_cert and tls_key".into()),
-    };
-    if s.plain && config.tls.is_some() {
-        return Err("plain and tls_cert/tls_key exclude each other".into());
-    }
-    config.plain = s.plain;
-    config.insecure_bind = s.insecure_bind;
-    config.fs_enabled = !s.disable_fs;
-    config.agent_preload = !s.disable_agent_preload;
-    Ok(config)
 }
 
 /// A host with a gateway needs the gateway's TLS and the keys it trusts calls from.

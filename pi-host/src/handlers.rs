@@ -1,9 +1,9 @@
 //! Method handlers: one function per method, each returning the method's result or an error,
 //! and [`route`], the one table that says where each method is answered.
 
-use crate::auth::Credential;
+use crate::auth::Caller;
 use crate::clock::now_ms;
-use crate::paths::Fence;
+use crate::fence::Fence;
 use crate::sessions::HostEvent;
 use crate::state::HostState;
 use crate::store::{DeviceRow, PairingOutcome};
@@ -18,7 +18,7 @@ use racp_proto::methods::host::{
 };
 use racp_proto::methods::session::{
     SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult, SessionSettings,
-    SessionStreamResult,
+    SessionStreamParams, SessionStreamResult,
 };
 use racp_proto::{Ack, AppError, Call, Capability, EndpointCall, ErrorCode, HostCall, Role};
 use racp_server::connection::Answer;
@@ -55,7 +55,12 @@ async fn session_create(
     if let Some(model) = &params.model {
         crate::models::check(state, model).await?;
     }
-    on_blocking_pool(state, move |s| record_session(s, params)).await
+    let created = on_blocking_pool(state, move |s| record_session(s, params)).await?;
+    // Start the agent now: it loads while the user types (docs/architecture.md).
+    if let Some(session) = state.sessions.get(&created.session.session_id) {
+        state.turns.warm(state, &session);
+    }
+    Ok(created)
 }
 
 fn record_session(
@@ -100,7 +105,7 @@ fn record_session(
 /// the host's rate buckets (`rate_key`: `None` for a call that pays none) and drain.
 pub fn admit(
     state: &HostState,
-    credential: &Credential,
+    caller: &Caller,
     method: racp_proto::Method,
     params: Option<&serde_json::value::RawValue>,
     rate_key: Option<&str>,
@@ -112,17 +117,17 @@ pub fn admit(
         )
     });
     let rate = rate_key.map(|key| (&state.rate, key));
-    racp_server::admission::admit(&credential.principal(), method, params, rate, draining)
+    racp_server::admission::admit(&caller.principal(), method, params, rate, draining)
 }
 
 /// The calls a host answers as the server the client reached (a gateway answers them for its
 /// devices itself): one exhaustive match, so a method placed here without a handler does not
 /// compile.
-pub fn endpoint(state: Arc<HostState>, credential: Credential, call: EndpointCall) -> Answer {
+pub fn endpoint(state: Arc<HostState>, caller: Caller, call: EndpointCall) -> Answer {
     match call {
-        EndpointCall::Pair(params) => blocking(state, move |s| pair(s, &credential, params)),
+        EndpointCall::Pair(params) => blocking(state, move |s| pair(s, &caller, params)),
         EndpointCall::HostList(_) => blocking(state, |_| host_list()),
-        EndpointCall::DeviceList(_) => blocking(state, move |s| device_list(s, &credential)),
+        EndpointCall::DeviceList(_) => blocking(state, move |s| device_list(s, &caller)),
         EndpointCall::PairingCreate(params) => blocking(state, move |s| {
             if params.hosts.is_some() {
                 return Err(racp_proto::validate::invalid(
@@ -143,7 +148,7 @@ pub fn endpoint(state: Arc<HostState>, credential: Credential, call: EndpointCal
 /// The host's own calls, from a device's connection or routed by a gateway: one exhaustive
 /// match. Short store operations run on the blocking pool; turns, approvals and
 /// `session/close` wait on agents and run as async tasks.
-pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> Answer {
+pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
     match call {
         HostCall::HostInfo(_) => task(async move {
             let agent = state.agent.status().await;
@@ -151,64 +156,43 @@ pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> An
         }),
         HostCall::FsList(params) => blocking(state, move |s| {
             require(s, Capability::Fs, "fs/list")?;
-            crate::fs::list(&params.path, &Fence::of(&s.config))
+            crate::browse::list(&params.path, &Fence::of(&s.config))
         }),
         HostCall::FsStat(params) => blocking(state, move |s| {
             require(s, Capability::Fs, "fs/stat")?;
-            crate::fs::stat(&params.path, &Fence::of(&s.config))
+            crate::browse::stat(&params.path, &Fence::of(&s.config))
         }),
-        HostCall::SessionCreate(params) => task(async move {
-            let created = session_create(&state, params).await?;
-            // Start the agent now: it loads while the user types (docs/architecture.md).
-            if let Some(session) = state.sessions.get(&created.session.session_id) {
-                state.turns.warm(&state, &session);
-            }
-            to_raw(&created)
-        }),
+        HostCall::SessionCreate(params) => {
+            reply(async move { session_create(&state, params).await })
+        }
         HostCall::SessionList(_) => blocking(state, |s| Ok(session_list(s))),
         HostCall::SessionGet(params) => {
             blocking(state, move |s| session_get(s, &params.session_id))
         }
-        HostCall::SessionStream(params) => blocking(state, move |s| {
-            let stream = s
-                .sessions
-                .find(&params.session_id)?
-                .stream_at(params.cursor)?;
-            Ok(SessionStreamResult {
-                cursor: params.cursor,
-                streaming_message: stream.message().cloned(),
-                tool_outputs: stream.tool_outputs().clone(),
-            })
-        }),
-        HostCall::SessionClose(params) => task(async move {
-            let ack = session_close(&state, &credential, &params.session_id).await?;
-            to_raw(&ack)
-        }),
-        HostCall::TurnStart(params) => task(async move {
-            let started = state.turns.start(&state, &credential, params).await?;
-            to_raw(&started)
-        }),
-        HostCall::TurnSteer(params) => task(async move {
-            let ack = state.turns.steer(&state, params).await?;
-            to_raw(&ack)
-        }),
-        HostCall::TurnAbort(params) => task(async move {
-            let ack = state.turns.abort(&state, params).await?;
-            to_raw(&ack)
-        }),
-        HostCall::ApprovalRespond(params) => task(async move {
+        HostCall::SessionStream(params) => blocking(state, move |s| session_stream(s, params)),
+        HostCall::SessionClose(params) => {
+            reply(async move { session_close(&state, &caller, &params.session_id).await })
+        }
+        HostCall::TurnStart(params) => {
+            reply(async move { state.turns.start(&state, &caller, params).await })
+        }
+        HostCall::TurnSteer(params) => {
+            reply(async move { state.turns.steer(&state, params).await })
+        }
+        HostCall::TurnAbort(params) => {
+            reply(async move { state.turns.abort(&state, params).await })
+        }
+        HostCall::ApprovalRespond(params) => reply(async move {
             let approvals = &state.turns.approvals;
-            let settled = approvals.respond(&state, &credential, params).await?;
-            to_raw(&settled)
+            approvals.respond(&state, &caller, params).await
         }),
         HostCall::ModelList(_) => task(async move {
             let list = crate::models::list(&state).await?;
             to_raw(&*list)
         }),
-        HostCall::SessionConfigure(params) => task(async move {
-            let configured = state.turns.configure(&state, &credential, params).await?;
-            to_raw(&configured)
-        }),
+        HostCall::SessionConfigure(params) => {
+            reply(async move { state.turns.configure(&state, &caller, params).await })
+        }
         HostCall::CredentialSet(params) => {
             blocking(state, move |s| crate::models::credential_set(s, params))
         }
@@ -223,6 +207,13 @@ pub fn host(state: Arc<HostState>, credential: Credential, call: HostCall) -> An
             crate::models::provider_delete(s, &params.provider)
         }),
     }
+}
+
+/// An async handler whose result is the reply.
+fn reply<T: Serialize>(
+    handler: impl Future<Output = Result<T, AppError>> + Send + 'static,
+) -> Answer {
+    task(async move { to_raw(&handler.await?) })
 }
 
 fn task(answer: impl Future<Output = Result<Box<RawValue>, AppError>> + Send + 'static) -> Answer {
@@ -271,11 +262,27 @@ fn session_get(state: &HostState, session_id: &str) -> Result<SessionGetResult, 
     })
 }
 
+/// What is streaming in a session at `params.cursor`: the message and the tools' output so far.
+fn session_stream(
+    state: &HostState,
+    params: SessionStreamParams,
+) -> Result<SessionStreamResult, AppError> {
+    let stream = state
+        .sessions
+        .find(&params.session_id)?
+        .stream_at(params.cursor)?;
+    Ok(SessionStreamResult {
+        cursor: params.cursor,
+        streaming_message: stream.message().cloned(),
+        tool_outputs: stream.tool_outputs().clone(),
+    })
+}
+
 /// Closes a session: its agent's process tree ends, a running turn ends as aborted, and
 /// `session.closed` is the last event. Closing a closed session succeeds and changes nothing.
 async fn session_close(
     state: &Arc<HostState>,
-    credential: &Credential,
+    caller: &Caller,
     session_id: &str,
 ) -> Result<Ack, AppError> {
     let session = state.sessions.find(session_id)?;
@@ -284,7 +291,7 @@ async fn session_close(
     }
     state.turns.stop_session(state, &session).await;
     let closed = HostEvent::SessionClosed {
-        device_id: credential.device_id().map(str::to_string),
+        device_id: caller.device_id().map(str::to_string),
     };
     let committed = match state.sessions.append(&session, vec![closed]) {
         Ok(committed) => committed,
@@ -342,13 +349,9 @@ fn host_info(state: &HostState, agent: AgentStatus) -> HostInfoResult {
     }
 }
 
-fn pair(
-    state: &HostState,
-    credential: &Credential,
-    params: PairParams,
-) -> Result<PairResult, AppError> {
-    let Credential::Pairing { token_id, roles } = credential else {
-        return Err(state.internal("pair called without a pairing credential"));
+fn pair(state: &HostState, caller: &Caller, params: PairParams) -> Result<PairResult, AppError> {
+    let Caller::Pairing { token_id, roles } = caller else {
+        return Err(state.internal("pair called by a caller without a pairing token"));
     };
     let device_id = state
         .secrets
@@ -391,8 +394,8 @@ fn pair(
     }
 }
 
-fn device_list(state: &HostState, credential: &Credential) -> Result<DeviceListResult, AppError> {
-    let current = credential.device_id();
+fn device_list(state: &HostState, caller: &Caller) -> Result<DeviceListResult, AppError> {
+    let current = caller.device_id();
     let devices = state
         .store
         .devices()

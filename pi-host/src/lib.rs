@@ -5,11 +5,11 @@
 pub mod admin;
 pub mod agent;
 pub mod auth;
+pub mod browse;
 pub mod config;
-pub mod fs;
+pub mod fence;
 pub mod handlers;
 pub mod models;
-pub mod paths;
 pub mod redact;
 pub mod secrets;
 pub mod server;
@@ -21,8 +21,8 @@ mod test_hooks;
 pub mod turns;
 pub mod uplink;
 
-// The server side a gateway runs too (racp-server), under the names the host has always used.
-pub use racp_server::{clock, connections, fsutil, ratelimit, usage, wire};
+// The server side a gateway runs too (racp-server), reached under the host's own paths.
+pub use racp_server::{clock, connections, private_file, ratelimit, usage, wire};
 
 /// The host's INTERNAL: the cause logged under the trace id the reply carries.
 pub fn internal(err: impl std::fmt::Display) -> racp_proto::AppError {

@@ -176,7 +176,13 @@ async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Red
             admin_command(&data_dir, &request, json, |v| pairing_text(v, qr)).await
         }
         Command::Devices { json } => {
-            admin_command(&data_dir, &admin::AdminRequest::Devices, json, devices_table).await
+            admin_command(
+                &data_dir,
+                &admin::AdminRequest::Devices,
+                json,
+                devices_table,
+            )
+            .await
         }
         Command::Revoke { device_id, json } => {
             let request = admin::AdminRequest::Revoke {
@@ -189,46 +195,51 @@ async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Red
         }
         Command::GatewayKey { json } => gateway_key(&data_dir, json),
         Command::Status { json } => {
-            admin_command(&data_dir, &admin::AdminRequest::Status, json, |v| {
-                let cert = match v["certSha256"].as_str() {
-                    Some(sha256) => format!("certificate SHA-256 {sha256}\n"),
-                    None => "plain ws:// (--plain): no certificate\n".into(),
-                };
-                let agents = &v["agents"];
-                let agent = agent_line(&v["agent"]);
-                format!(
-                    "pi-host {} listening on {} ({} connections{})\n{cert}{agent}agents: {} running (at most {}), {} MiB resident\n",
-                    v["host"]["version"].as_str().unwrap_or_default(),
-                    v["url"].as_str().unwrap_or_default(),
-                    v["connections"],
-                    if v["draining"] == true {
-                        ", draining"
-                    } else {
-                        ""
-                    },
-                    agents["running"],
-                    agents["max"],
-                    agents["rssBytes"].as_u64().unwrap_or(0) >> 20,
-                )
-            })
-            .await
+            admin_command(&data_dir, &admin::AdminRequest::Status, json, status_text).await
         }
-        Command::Version { json } => {
-            let version = env!("CARGO_PKG_VERSION");
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"version": version, "protocol": racp_proto::PROTOCOL_VERSION})
-                );
-            } else {
-                println!(
-                    "pi-host {version} (RACP-WS v{})",
-                    racp_proto::PROTOCOL_VERSION
-                );
-            }
-            ExitCode::SUCCESS
-        }
+        Command::Version { json } => version(json),
     }
+}
+
+/// `pi-host status` for a person: the URL, connections, certificate, agent and agents.
+fn status_text(v: &serde_json::Value) -> String {
+    let cert = match v["certSha256"].as_str() {
+        Some(sha256) => format!("certificate SHA-256 {sha256}\n"),
+        None => "plain ws:// (--plain): no certificate\n".into(),
+    };
+    let agents = &v["agents"];
+    let agent = agent_line(&v["agent"]);
+    format!(
+        "pi-host {} listening on {} ({} connections{})\n{cert}{agent}agents: {} running (at most {}), {} MiB resident\n",
+        v["host"]["version"].as_str().unwrap_or_default(),
+        v["url"].as_str().unwrap_or_default(),
+        v["connections"],
+        if v["draining"] == true {
+            ", draining"
+        } else {
+            ""
+        },
+        agents["running"],
+        agents["max"],
+        agents["rssBytes"].as_u64().unwrap_or(0) >> 20,
+    )
+}
+
+/// `pi-host version`.
+fn version(json: bool) -> ExitCode {
+    let version = env!("CARGO_PKG_VERSION");
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"version": version, "protocol": racp_proto::PROTOCOL_VERSION})
+        );
+    } else {
+        println!(
+            "pi-host {version} (RACP-WS v{})",
+            racp_proto::PROTOCOL_VERSION
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 /// `status`'s line about the agent: `agent: ready, 0.73.1 at PATH (node 20.20.2)`, or its state
@@ -383,6 +394,7 @@ fn report(error: &AppError, json: bool) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// `pi-host serve`: RACP-WS until SIGTERM or SIGINT, then a drain.
 async fn serve(
     mut config: ServeConfig,
     state_file: Option<PathBuf>,
@@ -397,38 +409,17 @@ async fn serve(
             config.listen
         ));
     }
-    let listen = config.listen;
     // The port is taken now (a second host fails here, before touching the admin socket) but
     // accepts only once the admin socket is served: whoever sees the port accept can run
     // `pi-host pair` or `status` at once (docs/reliability.md §2.4).
-    let socket = if listen.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()
-    } else {
-        tokio::net::TcpSocket::new_v6()
-    }
-    .and_then(|socket| {
-        socket.set_reuseaddr(true)?;
-        socket.bind(listen)?;
-        Ok(socket)
-    });
-    let socket = match socket {
-        Ok(socket) => socket,
-        Err(err) => return Err(listen_error(&config.data_dir, listen, &err).await),
-    };
+    let socket = take_port(&config).await?;
     let local = socket.local_addr().map_err(|e| e.to_string())?;
     // The real port (when asked for port 0) is what pairing URLs and `status` must show.
     config.listen = local;
     // Before anything else opens descriptors: the limit is raised and split (racp-server/src/listener.rs).
     let budget = server::listener::plan(&mut config.limits);
     let state = state::HostState::open_with(config, redactor).map_err(|e| e.to_string())?;
-    // The agent is checked meanwhile; its first check is what host/info and turns wait for.
-    let checking = state.clone();
-    tokio::spawn(async move { checking.agent.status().await });
-    turns::end_interrupted_turns(&state).await;
-    tokio::spawn(turns::stop_idle_agents(state.clone()));
-    let admin = admin::bind(&state.config.data_dir)
-        .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
-    tokio::spawn(admin::serve(admin, state.clone()));
+    start_local_services(&state).await?;
     let announced = uplink::spawn(&state)?;
     // Ready means reachable through the gateway too, unless NATS cannot be had now.
     if let Err(reason) = announced.wait(uplink::ANNOUNCE_PATIENCE).await {
@@ -457,13 +448,51 @@ async fn serve(
         drain_state.begin_drain().await;
     };
     server::listener::serve(listener, tls, router, &budget, drained).await;
-    // Every connection has closed: end the agents, then commit what is queued before exiting.
-    state.turns.stop_all(&state).await;
+    stop(&state, state_file.as_deref()).await;
+    Ok(())
+}
+
+/// After every connection has closed: ends the agents, commits what is queued, and removes the
+/// admin socket and the state file.
+async fn stop(state: &std::sync::Arc<state::HostState>, state_file: Option<&std::path::Path>) {
+    state.turns.stop_all(state).await;
     state.sessions.flush_and_stop();
     let _ = std::fs::remove_file(admin::socket_path(&state.config.data_dir));
-    if let Some(path) = &state_file {
+    if let Some(path) = state_file {
         remove_own_state_file(path);
     }
+}
+
+/// Binds the listen address (without listening yet); a taken port is explained in words.
+async fn take_port(config: &ServeConfig) -> Result<tokio::net::TcpSocket, String> {
+    let listen = config.listen;
+    let socket = if listen.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .and_then(|socket| {
+        socket.set_reuseaddr(true)?;
+        socket.bind(listen)?;
+        Ok(socket)
+    });
+    match socket {
+        Ok(socket) => Ok(socket),
+        Err(err) => Err(listen_error(&config.data_dir, listen, &err).await),
+    }
+}
+
+/// What runs beside the listener: the agent's first check, the end of turns a previous run
+/// left open, the stop of idle agents, and the admin socket.
+async fn start_local_services(state: &std::sync::Arc<state::HostState>) -> Result<(), String> {
+    // The agent is checked meanwhile; its first check is what host/info and turns wait for.
+    let checking = state.clone();
+    tokio::spawn(async move { checking.agent.status().await });
+    turns::end_interrupted_turns(state).await;
+    tokio::spawn(turns::stop_idle_agents(state.clone()));
+    let admin = admin::bind(&state.config.data_dir)
+        .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
+    tokio::spawn(admin::serve(admin, state.clone()));
     Ok(())
 }
 
@@ -554,7 +583,7 @@ fn write_state_file(
         state["certSha256"] = sha256.to_hex().into();
     }
     // 0600 whatever the umask: it names the certificate the bootstrapper pins.
-    pi_host::fsutil::replace_private(path, format!("{state}\n").as_bytes())
+    pi_host::private_file::replace_private(path, format!("{state}\n").as_bytes())
 }
 
 /// Removes the state file only if it is still this process's (a newer host may have replaced it).

@@ -55,7 +55,7 @@ pub enum StartError {
 
 /// The data directory's secrets, store and host id (made at first use).
 pub fn open_identity(data_dir: &std::path::Path) -> Result<(Secrets, Store, String), StartError> {
-    crate::fsutil::create_private_dir(data_dir).map_err(|source| StartError::DataDir {
+    crate::private_file::create_private_dir(data_dir).map_err(|source| StartError::DataDir {
         path: data_dir.display().to_string(),
         source,
     })?;

@@ -311,111 +311,157 @@ fn scan(
     root: Option<&str>,
     on_string: &mut dyn FnMut(usize, usize, &str),
 ) -> Option<()> {
-    enum Open {
-        Object,
-        Array(usize),
-    }
-    let bytes = text.as_bytes();
-    let mut i = 0;
-    let mut stack: Vec<Open> = Vec::new();
-    let mut path = root.unwrap_or_default().to_string();
-    // The path's length when each open container was entered.
-    let mut path_at: Vec<usize> = Vec::new();
-    // Reads an object key at `i` (after `{` or `,`) and the `:` after it.
-    let key = |i: &mut usize, path: &mut String| -> Option<()> {
-        skip_space(bytes, i);
-        if bytes.get(*i) != Some(&b'"') {
-            return None;
-        }
-        let end = string_end(bytes, *i)?;
-        if root.is_some() && path.len() < PATH_BUILT_BYTES {
-            let name: String = serde_json::from_str(&text[*i..end]).ok()?;
-            push_step(path, &name);
-        }
-        *i = end;
-        skip_space(bytes, i);
-        (bytes.get(*i) == Some(&b':')).then(|| *i += 1)
+    let mut walk = Walk {
+        text,
+        bytes: text.as_bytes(),
+        named: root.is_some(),
+        i: 0,
+        stack: Vec::new(),
+        path: root.unwrap_or_default().to_string(),
+        path_at: Vec::new(),
     };
     loop {
-        // A value starts at `i`.
-        skip_space(bytes, &mut i);
-        match *bytes.get(i)? {
-            b'{' => {
-                i += 1;
-                skip_space(bytes, &mut i);
-                if bytes.get(i) == Some(&b'}') {
-                    i += 1;
-                } else {
-                    stack.push(Open::Object);
-                    path_at.push(path.len());
-                    key(&mut i, &mut path)?;
-                    continue;
-                }
-            }
-            b'[' => {
-                i += 1;
-                skip_space(bytes, &mut i);
-                if bytes.get(i) == Some(&b']') {
-                    i += 1;
-                } else {
-                    stack.push(Open::Array(0));
-                    path_at.push(path.len());
-                    if root.is_some() {
-                        push_step(&mut path, "0");
-                    }
-                    continue;
-                }
-            }
-            b'"' => {
-                let end = string_end(bytes, i)?;
-                on_string(i, end, &path);
-                i = end;
-            }
-            _ => {
-                let start = i;
-                while bytes
-                    .get(i)
-                    .is_some_and(|b| !matches!(b, b',' | b']' | b'}') && !b.is_ascii_whitespace())
-                {
-                    i += 1;
-                }
-                if i == start {
-                    return None;
+        match walk.value(on_string)? {
+            // Its first key is read: its first value starts next.
+            Read::Opened => continue,
+            Read::Ended => {
+                if !walk.next_value()? {
+                    return Some(());
                 }
             }
         }
-        // A value ended: close containers until one continues with another value.
+    }
+}
+
+/// A container [`scan`] is inside.
+enum Open {
+    Object,
+    /// The index of the item being read.
+    Array(usize),
+}
+
+/// What reading a value did.
+enum Read {
+    /// It opened a non-empty container.
+    Opened,
+    /// It was read whole.
+    Ended,
+}
+
+/// [`scan`]'s place in the text: the position, the containers open around it and the path.
+struct Walk<'t> {
+    text: &'t str,
+    bytes: &'t [u8],
+    /// Paths are built (a root was given).
+    named: bool,
+    i: usize,
+    stack: Vec<Open>,
+    path: String,
+    /// The path's length when each open container was entered.
+    path_at: Vec<usize>,
+}
+
+impl Walk<'_> {
+    /// Reads the value starting at the position: a string or a literal whole, a container up to
+    /// its first value.
+    fn value(&mut self, on_string: &mut dyn FnMut(usize, usize, &str)) -> Option<Read> {
+        skip_space(self.bytes, &mut self.i);
+        match *self.bytes.get(self.i)? {
+            b'{' => self.open(Open::Object),
+            b'[' => self.open(Open::Array(0)),
+            b'"' => {
+                let end = string_end(self.bytes, self.i)?;
+                on_string(self.i, end, &self.path);
+                self.i = end;
+                Some(Read::Ended)
+            }
+            _ => {
+                let start = self.i;
+                while self
+                    .bytes
+                    .get(self.i)
+                    .is_some_and(|b| !matches!(b, b',' | b']' | b'}') && !b.is_ascii_whitespace())
+                {
+                    self.i += 1;
+                }
+                (self.i != start).then_some(Read::Ended)
+            }
+        }
+    }
+
+    /// Enters the container whose opening byte is at the position; an empty one is read whole.
+    fn open(&mut self, open: Open) -> Option<Read> {
+        let close = match open {
+            Open::Object => b'}',
+            Open::Array(_) => b']',
+        };
+        self.i += 1;
+        skip_space(self.bytes, &mut self.i);
+        if self.bytes.get(self.i) == Some(&close) {
+            self.i += 1;
+            return Some(Read::Ended);
+        }
+        self.path_at.push(self.path.len());
+        match open {
+            Open::Object => self.key()?,
+            Open::Array(_) if self.named => push_step(&mut self.path, "0"),
+            Open::Array(_) => {}
+        }
+        self.stack.push(open);
+        Some(Read::Opened)
+    }
+
+    /// After a value: closes containers until one continues with another value (`true`), or
+    /// the text ends (`false`).
+    fn next_value(&mut self) -> Option<bool> {
         loop {
-            skip_space(bytes, &mut i);
-            let Some(open) = stack.last_mut() else {
-                return (i == bytes.len()).then_some(());
+            skip_space(self.bytes, &mut self.i);
+            let Some(open) = self.stack.last_mut() else {
+                return (self.i == self.bytes.len()).then_some(false);
             };
-            let entered = path_at.last().copied().unwrap_or(0);
-            match (open, *bytes.get(i)?) {
+            let entered = self.path_at.last().copied().unwrap_or(0);
+            match (open, *self.bytes.get(self.i)?) {
                 (Open::Object, b',') => {
-                    i += 1;
-                    path.truncate(entered);
-                    key(&mut i, &mut path)?;
-                    break;
+                    self.i += 1;
+                    self.path.truncate(entered);
+                    self.key()?;
+                    return Some(true);
                 }
                 (Open::Array(index), b',') => {
-                    i += 1;
+                    self.i += 1;
                     *index += 1;
-                    path.truncate(entered);
-                    if root.is_some() {
-                        push_step(&mut path, &index.to_string());
+                    self.path.truncate(entered);
+                    if self.named {
+                        push_step(&mut self.path, &index.to_string());
                     }
-                    break;
+                    return Some(true);
                 }
                 (Open::Object, b'}') | (Open::Array(_), b']') => {
-                    i += 1;
-                    stack.pop();
-                    path_at.pop();
-                    path.truncate(entered);
+                    self.i += 1;
+                    self.stack.pop();
+                    self.path_at.pop();
+                    self.path.truncate(entered);
                 }
                 _ => return None,
             }
         }
+    }
+
+    /// Reads an object key at the position (after `{` or `,`) and the `:` after it.
+    fn key(&mut self) -> Option<()> {
+        let bytes = self.bytes;
+        skip_space(bytes, &mut self.i);
+        if bytes.get(self.i) != Some(&b'"') {
+            return None;
+        }
+        let end = string_end(bytes, self.i)?;
+        if self.named && self.path.len() < PATH_BUILT_BYTES {
+            let name: String = serde_json::from_str(&self.text[self.i..end]).ok()?;
+            push_step(&mut self.path, &name);
+        }
+        self.i = end;
+        skip_space(bytes, &mut self.i);
+        (bytes.get(self.i) == Some(&b':')).then(|| self.i += 1)
     }
 }
 

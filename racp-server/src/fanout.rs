@@ -7,11 +7,10 @@
 //! subscriber is one frame being written.
 
 use crate::log::{EventLog, LoggedEvent};
-use racp_proto::events::{PushMethod, SubscriptionEndedParams, SubscriptionHead};
+use racp_proto::events::{SubscriptionEndedParams, SubscriptionHead};
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::Notify;
@@ -83,6 +82,87 @@ struct Subscription<L> {
     prefix: Box<str>,
 }
 
+/// The limits one delivery works within.
+struct Bounds {
+    max_frame_bytes: usize,
+    max_events_per_frame: usize,
+    max_lag_events: u64,
+}
+
+/// What one subscription has to do next.
+enum Step {
+    /// The client is too slow, for this reason.
+    Slow(&'static str),
+    /// The session ended (closed, or failed with the error) and every event is delivered.
+    Ended(String, Option<AppError>),
+    Frame(String),
+}
+
+impl<L: SharedLog> Subscription<L> {
+    /// What subscription `id` does next; `None` when it is at its session's head.
+    fn next_step(&mut self, id: &str, bounds: &Bounds) -> Option<Step> {
+        // Room for the envelope around the events.
+        let budget = bounds
+            .max_frame_bytes
+            .saturating_sub(256 + id.len() + self.session.session_id().len());
+        // Positions and events under one lock: every subscriber of a session takes it after
+        // each commit.
+        let slice = self
+            .session
+            .next_after(self.delivered, bounds.max_events_per_frame, budget);
+        let (head, oldest) = (slice.head, slice.oldest);
+        if self.delivered < oldest {
+            return Some(Step::Slow("fell out of the retained window"));
+        }
+        if self.caught_up && head.saturating_sub(self.delivered) > bounds.max_lag_events {
+            return Some(Step::Slow("fell too far behind the head"));
+        }
+        if self.delivered >= head {
+            self.caught_up = true;
+            return (slice.closed || slice.failed.is_some())
+                .then(|| Step::Ended(id.to_string(), slice.failed));
+        }
+        let Some(events) = slice.events else {
+            return Some(Step::Slow("fell out of the retained window"));
+        };
+        let last = events.last()?;
+        self.delivered = last.seq;
+        Some(Step::Frame(self.frame(
+            &events,
+            budget,
+            bounds.max_frame_bytes,
+        )))
+    }
+
+    /// The `session/events` push of `events`, each cut to `budget` bytes when it is larger.
+    fn frame(&self, events: &[Arc<LoggedEvent>], budget: usize, max_frame_bytes: usize) -> String {
+        // Sized exactly: a fixed large capacity per frame costs more in the allocator (glibc
+        // consolidates its heap when a 64 KiB block is freed) than the copy.
+        let size = self.prefix.len() + events.iter().map(|e| e.json.len() + 1).sum::<usize>() + 3;
+        let mut frame = String::with_capacity(size);
+        frame.push_str(&self.prefix);
+        for (i, event) in events.iter().enumerate() {
+            if i > 0 {
+                frame.push(',');
+            }
+            if event.json.len() > budget {
+                // Only ever alone in its batch: cut to fit, with a marker (size policy).
+                let from = Cursor::new(self.session.epoch(), event.seq - 1);
+                frame.push_str(&crate::elide::elide(
+                    &event.json,
+                    budget,
+                    max_frame_bytes,
+                    from,
+                ));
+            } else {
+                frame.push_str(&event.json);
+            }
+        }
+        frame.push_str("]}}");
+        frame
+    }
+}
+
 /// What the connection should send next for its subscriptions.
 pub enum Delivery {
     /// A frame to send; call again for more.
@@ -134,14 +214,7 @@ impl<L: SharedLog> Subscriptions<L> {
     pub fn insert(&mut self, subscription_id: String, session: Arc<L>, delivered: u64) {
         let watcher = NEXT_WATCHER.fetch_add(1, Ordering::Relaxed);
         session.watch(watcher, self.notify.clone());
-        let mut prefix = String::new();
-        let _ = write!(
-            prefix,
-            r#"{{"method":"{}","params":{{"subscriptionId":{},"sessionId":{},"events":["#,
-            PushMethod::SessionEvents.as_str(),
-            Value::from(subscription_id.as_str()),
-            Value::from(session.session_id()),
-        );
+        let prefix = crate::push::events_prefix(&subscription_id, session.session_id());
         self.subs.insert(
             subscription_id,
             Subscription {
@@ -168,88 +241,34 @@ impl<L: SharedLog> Subscriptions<L> {
     /// The next frame to send, taking one batch from the first subscription that has events.
     /// `None` when every subscription is at its session's head.
     pub fn next_delivery(&mut self, max_frame_bytes: usize) -> Option<Delivery> {
-        enum Step {
-            Slow(&'static str),
-            Ended(String, Option<AppError>),
-            Frame(String),
-        }
-        let mut step = None;
-        for (id, sub) in self.subs.iter_mut() {
-            // Room for the envelope around the events.
-            let budget =
-                max_frame_bytes.saturating_sub(256 + id.len() + sub.session.session_id().len());
-            // Positions and events under one lock: every subscriber of a session takes it
-            // after each commit.
-            let slice = sub
-                .session
-                .next_after(sub.delivered, self.max_events_per_frame, budget);
-            let (head, oldest) = (slice.head, slice.oldest);
-            if sub.delivered < oldest {
-                step = Some(Step::Slow("fell out of the retained window"));
-                break;
-            }
-            if sub.caught_up && head.saturating_sub(sub.delivered) > self.max_lag_events {
-                step = Some(Step::Slow("fell too far behind the head"));
-                break;
-            }
-            if sub.delivered >= head {
-                sub.caught_up = true;
-                if slice.closed || slice.failed.is_some() {
-                    step = Some(Step::Ended(id.clone(), slice.failed));
-                    break;
-                }
-                continue;
-            }
-            let Some(events) = slice.events else {
-                step = Some(Step::Slow("fell out of the retained window"));
-                break;
-            };
-            let Some(last) = events.last() else { continue };
-            sub.delivered = last.seq;
-            // Sized exactly: a fixed large capacity per frame costs more in the allocator
-            // (glibc consolidates its heap when a 64 KiB block is freed) than the copy.
-            let size =
-                sub.prefix.len() + events.iter().map(|e| e.json.len() + 1).sum::<usize>() + 3;
-            let mut frame = String::with_capacity(size);
-            frame.push_str(&sub.prefix);
-            for (i, event) in events.iter().enumerate() {
-                if i > 0 {
-                    frame.push(',');
-                }
-                if event.json.len() > budget {
-                    // Only ever alone in its batch: cut to fit, with a marker (size policy).
-                    let from = Cursor::new(sub.session.epoch(), event.seq - 1);
-                    frame.push_str(&crate::elide::elide(
-                        &event.json,
-                        budget,
-                        max_frame_bytes,
-                        from,
-                    ));
-                } else {
-                    frame.push_str(&event.json);
-                }
-            }
-            frame.push_str("]}}");
-            step = Some(Step::Frame(frame));
-            break;
-        }
-        match step? {
+        let bounds = Bounds {
+            max_frame_bytes,
+            max_events_per_frame: self.max_events_per_frame,
+            max_lag_events: self.max_lag_events,
+        };
+        let step = self
+            .subs
+            .iter_mut()
+            .find_map(|(id, sub)| sub.next_step(id, &bounds))?;
+        match step {
             Step::Frame(frame) => Some(Delivery::Frame(frame)),
             Step::Slow(why) => Some(Delivery::TooSlow(self.too_slow(why))),
-            Step::Ended(id, error) => {
-                let sub = self.subs.remove(&id)?;
-                sub.session.unwatch(sub.watcher);
-                let cursor = Cursor::new(sub.session.epoch(), sub.delivered);
-                Some(Delivery::Frame(crate::push::subscription_ended(
-                    &SubscriptionEndedParams {
-                        subscription_id: id,
-                        session_id: sub.session.session_id().to_string(),
-                        cursor,
-                        error,
-                    },
-                )))
-            }
+            Step::Ended(id, error) => self.end(id, error).map(Delivery::Frame),
         }
+    }
+
+    /// Removes subscription `id`, whose session ended (closed, or failed with `error`), and
+    /// gives the `subscription/ended` push that tells the client.
+    fn end(&mut self, id: String, error: Option<AppError>) -> Option<String> {
+        let sub = self.subs.remove(&id)?;
+        sub.session.unwatch(sub.watcher);
+        let cursor = Cursor::new(sub.session.epoch(), sub.delivered);
+        Some(crate::push::subscription_ended(&SubscriptionEndedParams {
+            subscription_id: id,
+            session_id: sub.session.session_id().to_string(),
+            cursor,
+            error,
+        }))
     }
 
     /// Up to a burst of frames, and the error to end the connection with after them; the rest

@@ -95,7 +95,7 @@ fn sha256_of(der: &[u8]) -> CertSha256 {
 /// An ECDSA P-256 key and a self-signed certificate for the loopback names, written so the key
 /// is never readable by others, not even for a moment.
 fn generate(data_dir: &Path, cert: &Path, key: &Path) -> Result<(), IdentityError> {
-    crate::fsutil::create_private_dir(data_dir).map_err(|source| IdentityError::DataDir {
+    crate::private_file::create_private_dir(data_dir).map_err(|source| IdentityError::DataDir {
         path: data_dir.display().to_string(),
         source,
     })?;
@@ -134,7 +134,7 @@ fn generate(data_dir: &Path, cert: &Path, key: &Path) -> Result<(), IdentityErro
 }
 
 fn write_temp(path: &Path, bytes: &[u8]) -> Result<PathBuf, IdentityError> {
-    crate::fsutil::stage_private(path, bytes).map_err(|source| IdentityError::Write {
+    crate::private_file::stage_private(path, bytes).map_err(|source| IdentityError::Write {
         path: path.display().to_string(),
         source,
     })

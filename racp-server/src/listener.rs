@@ -261,12 +261,7 @@ async fn accept_loop(
 ) {
     let registry = DropOldest::new(budget.pre_upgrade);
     let acceptor = tls.map(TlsAcceptor::from);
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_DEADLINE)
-        // Keep-alive stays on: hyper answers `Connection: close` without it, which breaks the
-        // 101. A peer that keeps sending requests is stopped by HTTP_PHASE_DEADLINE.
-        .max_buf_size(MAX_HEADER_BYTES);
+    let http = http_builder();
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection task holds a receiver; `closed()` says they have all ended.
     let (alive_tx, alive_rx) = watch::channel(());
@@ -315,6 +310,17 @@ async fn accept_loop(
     let _ = stop_tx.send(true);
     drop(alive_rx);
     alive_tx.closed().await;
+}
+
+/// How every connection reads HTTP before its upgrade.
+fn http_builder() -> http1::Builder {
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_DEADLINE)
+        // Keep-alive stays on: hyper answers `Connection: close` without it, which breaks the
+        // 101. A peer that keeps sending requests is stopped by HTTP_PHASE_DEADLINE.
+        .max_buf_size(MAX_HEADER_BYTES);
+    http
 }
 
 /// When the last warnings of each kind were logged: a flood must not flood the log too.

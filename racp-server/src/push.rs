@@ -1,7 +1,8 @@
 //! The pushes a server sends without being asked, built from racp-proto's typed params, one way
 //! for a host and a gateway: `heartbeat` (split over as many pushes as the frame bound needs),
 //! `subscription/ended`, and the CLIENT_TOO_SLOW that ends a connection. `session/events` is
-//! assembled where the events are (a host's log, a gateway's stream), spliced in unparsed.
+//! assembled where the events are (a host's log, a gateway's stream), spliced in unparsed after
+//! the one prefix [`events_prefix`] gives.
 
 use racp_proto::events::{HeartbeatParams, PushMethod, SubscriptionEndedParams, SubscriptionHead};
 use racp_proto::{AppError, Cursor, ErrorCode};
@@ -36,6 +37,16 @@ pub fn heartbeats(at: u64, heads: Vec<SubscriptionHead>, max_frame_bytes: usize)
     }
     frames.push(push(part));
     frames
+}
+
+/// The start of every `session/events` push of a subscription, up to its events array.
+pub fn events_prefix(subscription_id: &str, session_id: &str) -> String {
+    format!(
+        r#"{{"method":"{}","params":{{"subscriptionId":{},"sessionId":{},"events":["#,
+        PushMethod::SessionEvents.as_str(),
+        serde_json::Value::from(subscription_id),
+        serde_json::Value::from(session_id),
+    )
 }
 
 /// `subscription/ended`.

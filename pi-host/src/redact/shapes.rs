@@ -299,6 +299,31 @@ enum Name {
 /// A secret-looking name before the `:` or `=` at `sep` (looked back at from there, never
 /// before `floor`), and the span of its value.
 fn named_value(bytes: &[u8], sep: usize, floor: usize) -> Option<(usize, usize)> {
+    let (start, end, quoted_name) = name_before(bytes, sep, floor);
+    let name = classify_name(&bytes[start..end])?;
+    let query = bytes[sep] == b'=' && start > 0 && b"?&;".contains(&bytes[start - 1]);
+    let (k, quote) = value_start(bytes, sep + 1);
+    if quoted_name && bytes[sep] == b':' && quote.is_none() {
+        // `"token": 12`: a JSON number or object, not a secret string.
+        return None;
+    }
+    let span = value_span(bytes, k, quote, name);
+    let value = &bytes[span.0..span.1];
+    let taken = match name {
+        _ if value.is_empty() || value.starts_with(b"[redacted]") => false,
+        _ if query => true,
+        Name::Header => true,
+        // Unquoted after a strong name is code as often as a secret (`apiKey: string`,
+        // `api_key = os.environ[...]`): only a key-like value goes.
+        Name::Strong if quote.is_some() => true,
+        Name::Strong | Name::Weak => key_like(value),
+    };
+    taken.then_some(span)
+}
+
+/// The name that ends before the separator at `sep` (never before `floor`): its start, its
+/// end, and whether it is quoted.
+fn name_before(bytes: &[u8], sep: usize, floor: usize) -> (usize, usize, bool) {
     // Back over spaces and a closing quote (`"`, `'`, or `\"` inside a JSON string).
     let mut j = sep;
     while j > floor && bytes[j - 1] == b' ' {
@@ -320,24 +345,26 @@ fn named_value(bytes: &[u8], sep: usize, floor: usize) -> Option<(usize, usize)>
     if j > floor && bytes[j - 1] == b'\\' && end > j && b"nrtbf".contains(&bytes[j]) {
         j += 1;
     }
-    let name = classify_name(&bytes[j..end])?;
-    let query = bytes[sep] == b'=' && j > 0 && b"?&;".contains(&bytes[j - 1]);
-    // Forward over spaces and an opening quote.
-    let mut k = sep + 1;
-    k += run(&bytes[k..], |b| b == b' ');
-    let mut quote = None;
+    (j, end, quoted_name)
+}
+
+/// Where a value starts after the separator (`from` is the byte after it), past spaces and an
+/// opening quote; and that quote (`\\` for an escaped one).
+fn value_start(bytes: &[u8], from: usize) -> (usize, Option<u8>) {
+    let k = from + run(&bytes[from..], |b| b == b' ');
     let escapes = run(&bytes[k..], |b| b == b'\\');
     if escapes > 0 && matches!(bytes.get(k + escapes), Some(b'"' | b'\'')) {
-        quote = Some(b'\\');
-        k += escapes + 1;
-    } else if let Some(&q @ (b'"' | b'\'')) = bytes.get(k) {
-        quote = Some(q);
-        k += 1;
+        return (k + escapes + 1, Some(b'\\'));
     }
-    if quoted_name && bytes[sep] == b':' && quote.is_none() {
-        // `"token": 12`: a JSON number or object, not a secret string.
-        return None;
+    match bytes.get(k) {
+        Some(&q @ (b'"' | b'\'')) => (k + 1, Some(q)),
+        _ => (k, None),
     }
+}
+
+/// The span of the value starting at `k`: to its closing quote, else to where a value of
+/// `name`'s kind ends; a header's scheme (`Bearer `) and trailing spaces left out.
+fn value_span(bytes: &[u8], k: usize, quote: Option<u8>, name: Name) -> (usize, usize) {
     let value = match (quote, name) {
         (Some(b'\\'), _) => run(&bytes[k..], |b| b != b'\\' && b != b'"'),
         (Some(q), _) => quoted_run(&bytes[k..], q),
@@ -362,17 +389,7 @@ fn named_value(bytes: &[u8], sep: usize, floor: usize) -> Option<(usize, usize)>
             span.1 -= 1;
         }
     }
-    let value = &bytes[span.0..span.1];
-    let taken = match name {
-        _ if value.is_empty() || value.starts_with(b"[redacted]") => false,
-        _ if query => true,
-        Name::Header => true,
-        // Unquoted after a strong name is code as often as a secret (`apiKey: string`,
-        // `api_key = os.environ[...]`): only a key-like value goes.
-        Name::Strong if quote.is_some() => true,
-        Name::Strong | Name::Weak => key_like(value),
-    };
-    taken.then_some(span)
+    span
 }
 
 /// The redacted form of a JSON member's string value when its name (`"api_key": "…"` as an

@@ -2,7 +2,7 @@
 //! policy and handlers, `hello` with the host's capabilities, and subscriptions that pull from
 //! the sessions' logs.
 
-use crate::auth::Credential;
+use crate::auth::Caller;
 use crate::connections::Slot;
 use crate::handlers;
 use crate::sessions::Session;
@@ -23,7 +23,7 @@ use serde_json::value::RawValue;
 use std::sync::Arc;
 use tokio::sync::Notify;
 
-pub async fn run(socket: WebSocket, state: Arc<HostState>, credential: Credential, slot: Slot) {
+pub async fn run(socket: WebSocket, state: Arc<HostState>, caller: Caller, slot: Slot) {
     let limits = &state.config.limits;
     let settings = Settings {
         server: "host",
@@ -34,12 +34,12 @@ pub async fn run(socket: WebSocket, state: Arc<HostState>, credential: Credentia
         heartbeat: state.config.heartbeat,
         send_stall: limits.send_stall,
     };
-    let device_id = credential.device_id().map(str::to_string);
+    let device_id = caller.device_id().map(str::to_string);
     let host = HostConnection {
         subs: Subscriptions::new(limits.max_lag_events, limits.max_events_per_frame),
-        rate_key: credential.rate_key(),
+        rate_key: caller.rate_key(),
         state: state.clone(),
-        credential,
+        caller,
     };
     let wake = host.subs.notify.clone();
     connection::run(
@@ -56,7 +56,7 @@ pub async fn run(socket: WebSocket, state: Arc<HostState>, credential: Credentia
 
 struct HostConnection {
     state: Arc<HostState>,
-    credential: Credential,
+    caller: Caller,
     subs: Subscriptions<Session>,
     /// The rate budget this connection draws on: its device's, or its pairing token's.
     rate_key: String,
@@ -72,7 +72,7 @@ impl Service for HostConnection {
     /// Records the device's last-seen time: a synchronous SQLite write with fsync, on the
     /// blocking pool, not on a runtime thread that serves other connections meanwhile.
     async fn opened(&mut self) {
-        let Some(device_id) = self.credential.device_id().map(str::to_string) else {
+        let Some(device_id) = self.caller.device_id().map(str::to_string) else {
             return;
         };
         let state = self.state.clone();
@@ -89,7 +89,7 @@ impl Service for HostConnection {
         let rate_key = Some(self.rate_key.as_str());
         Ok(handlers::admit(
             &self.state,
-            &self.credential,
+            &self.caller,
             method,
             params,
             rate_key,
@@ -99,9 +99,9 @@ impl Service for HostConnection {
     fn hello(&mut self, agreed: Agreed) -> HelloResult {
         let (bound, per_push) = (agreed.max_frame_bytes, agreed.events_per_push);
         self.subs.set_max_events_per_frame(per_push);
-        let principal = self.credential.hello_principal();
+        let principal = self.caller.hello_principal();
         // A pairing connection can only pair: it is offered no features and no subscriptions.
-        let pairing = matches!(self.credential, Credential::Pairing { .. });
+        let pairing = matches!(self.caller, Caller::Pairing { .. });
         let capabilities = if pairing {
             Vec::new()
         } else {
@@ -139,11 +139,11 @@ impl Service for HostConnection {
     }
 
     fn endpoint(&mut self, call: EndpointCall) -> Answer {
-        handlers::endpoint(self.state.clone(), self.credential.clone(), call)
+        handlers::endpoint(self.state.clone(), self.caller.clone(), call)
     }
 
     fn host(&mut self, call: HostCall, _params: Option<&RawValue>) -> Answer {
-        handlers::host(self.state.clone(), self.credential.clone(), call)
+        handlers::host(self.state.clone(), self.caller.clone(), call)
     }
 
     fn heads(&self) -> Vec<SubscriptionHead> {
@@ -184,7 +184,7 @@ impl HostConnection {
         let may_prompt = Method::TurnStart
             .spec()
             .access
-            .check(Method::TurnStart.as_str(), &self.credential.principal())
+            .check(Method::TurnStart.as_str(), &self.caller.principal())
             .is_ok();
         if may_prompt && !session.is_closing() {
             self.state.turns.warm(&self.state, &session);

@@ -26,7 +26,7 @@ async fn upgrade_handler(
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let (credential, slot) = match upgrade::admit(&state, &headers) {
+    let (caller, slot) = match upgrade::admit(&state, &headers) {
         Ok(admitted) => admitted,
         Err(error) => return upgrade::refusal(error),
     };
@@ -47,5 +47,5 @@ async fn upgrade_handler(
     // Only authenticated devices get here: the socket reads messages up to four times the
     // host's frame bound (racp_server::socket::hard_cap).
     racp_server::socket::configure(ws, state.config.limits.max_frame_bytes)
-        .on_upgrade(move |socket| connection::run(socket, state, credential, slot))
+        .on_upgrade(move |socket| connection::run(socket, state, caller, slot))
 }

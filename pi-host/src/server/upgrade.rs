@@ -1,7 +1,7 @@
 //! The host's upgrade checks: draining, then the checks every RACP-WS server makes
 //! (`racp_server::upgrade`), the device's token, and a place under the connection cap.
 
-use crate::auth::Credential;
+use crate::auth::Caller;
 use crate::clock::now_ms;
 use crate::connections::Slot;
 use crate::secrets::{self, DEVICE_PREFIX, PAIRING_PREFIX};
@@ -11,14 +11,14 @@ use racp_proto::{AppError, ErrorCode};
 
 pub use racp_server::upgrade::*;
 
-/// Runs every check and returns the caller's credential and its place under the connection cap.
-pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Credential, Slot), AppError> {
+/// Runs every check and returns the caller and its place under the connection cap.
+pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Caller, Slot), AppError> {
     if state.is_draining() {
         return Err(crate::state::shutting_down());
     }
     check_host_header(headers, &state.config.allowed_hosts)?;
     let token = presented_token(headers, &state.config.allowed_origins)?;
-    let credential = authenticate(state, token)?;
+    let caller = authenticate(state, token)?;
     // A place is taken here, not when the connection starts: concurrent upgrades cannot all
     // pass the cap before any of them is counted.
     let slot = state
@@ -31,7 +31,7 @@ pub fn admit(state: &HostState, headers: &HeaderMap) -> Result<(Credential, Slot
             )
             .with_retry_after_ms(1000)
         })?;
-    Ok((credential, slot))
+    Ok((caller, slot))
 }
 
 fn refused() -> AppError {
@@ -43,7 +43,7 @@ fn refused() -> AppError {
 
 /// Who a presented token belongs to. Every refusal says the same thing to the caller, so a guess
 /// learns nothing about which part was wrong.
-fn authenticate(state: &HostState, token: &str) -> Result<Credential, AppError> {
+fn authenticate(state: &HostState, token: &str) -> Result<Caller, AppError> {
     if let Some(presented) = secrets::split(token, DEVICE_PREFIX) {
         let device = state
             .store
@@ -53,7 +53,7 @@ fn authenticate(state: &HostState, token: &str) -> Result<Credential, AppError> 
         if device.revoked || !state.secrets.verify(presented.secret, &device.token_tag) {
             return Err(refused());
         }
-        return Ok(Credential::Device {
+        return Ok(Caller::Device {
             device_id: device.device_id,
             roles: device.roles,
         });
@@ -85,7 +85,7 @@ fn authenticate(state: &HostState, token: &str) -> Result<Credential, AppError> 
             )
             .with_details(serde_json::json!({"expiredAt": row.expires_at})));
         }
-        return Ok(Credential::Pairing {
+        return Ok(Caller::Pairing {
             token_id: row.token_id,
             roles: row.roles,
         });

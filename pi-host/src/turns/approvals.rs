@@ -5,7 +5,7 @@
 
 use super::TurnHost;
 use crate::agent::{Agent, UiAnswer, UiMethod};
-use crate::auth::Credential;
+use crate::auth::Caller;
 use crate::clock::now_ms;
 use crate::sessions::{HostEvent, Session};
 use dashmap::DashMap;
@@ -136,7 +136,7 @@ impl Approvals {
     pub async fn respond(
         &self,
         host: &Arc<impl TurnHost>,
-        credential: &Credential,
+        credential: &Caller,
         params: ApprovalRespondParams,
     ) -> Result<ApprovalRespondResult, AppError> {
         let Some(entry) = self.map.get(&params.approval_id).map(|e| e.clone()) else {

@@ -14,7 +14,7 @@ pub use approvals::Approvals;
 
 use crate::agent::failure::{self, RetryTrail, RunSignal, Verdict};
 use crate::agent::{Agent, AgentError, AgentEvent, AgentOutput, AgentSpec, RunEnd, UiAnswer};
-use crate::auth::Credential;
+use crate::auth::Caller;
 use crate::clock::now_ms;
 use crate::models::ModelHost;
 use crate::sessions::{HostEvent, Session};
@@ -160,7 +160,7 @@ impl Turns {
     pub async fn start(
         &self,
         host: &Arc<impl TurnHost>,
-        credential: &Credential,
+        credential: &Caller,
         params: TurnStartParams,
     ) -> Result<TurnStartResult, AppError> {
         let session = host.sessions().find(&params.session_id)?;
@@ -229,7 +229,7 @@ impl Turns {
     pub async fn configure(
         &self,
         host: &Arc<impl TurnHost>,
-        credential: &Credential,
+        credential: &Caller,
         params: SessionConfigureParams,
     ) -> Result<SessionCreateResult, AppError> {
         let session = host.sessions().find(&params.session_id)?;
@@ -455,7 +455,7 @@ fn earlier_turn(
 async fn record_turn(
     host: &impl TurnHost,
     session: &Arc<Session>,
-    credential: &Credential,
+    credential: &Caller,
     params: &TurnStartParams,
 ) -> Result<String, AppError> {
     let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
@@ -668,7 +668,7 @@ impl Driver {
             .data_dir
             .join("agent-sessions")
             .join(&self.session.id);
-        if let Err(err) = crate::fsutil::create_private_dir(&session_dir) {
+        if let Err(err) = crate::private_file::create_private_dir(&session_dir) {
             tracing::warn!(error = %err, "cannot create the agent's session directory");
         }
         let resume = state.spawned_before || self.session.has_turns();

@@ -6,7 +6,7 @@
 //! else may publish on the subject; the grant must name this host.
 
 use super::signed::Verifier;
-use crate::auth::Credential;
+use crate::auth::Caller;
 use crate::handlers;
 use crate::state::HostState;
 use async_nats::Subscriber;
@@ -104,12 +104,12 @@ async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>,
         )
         .with_details(json!({"hostId": state.host_id})));
     }
-    let credential = Credential::Device {
+    let caller = Caller::Device {
         device_id: call.device_id,
         roles: call.roles,
     };
     // One rate bucket per device per call: the gateway's, which this call already paid.
-    let decoded = handlers::admit(state, &credential, method, Some(&call.params), None)?;
+    let decoded = handlers::admit(state, &caller, method, Some(&call.params), None)?;
     let Placed::Host(call) = decoded.place() else {
         // hello, subscriptions, pairing and devices belong to the desktop's endpoint: the gateway.
         return Err(AppError::new(
@@ -127,5 +127,5 @@ async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>,
             json!({"maxInFlightHost": bound}),
         ));
     };
-    handlers::host(state.clone(), credential, call).await
+    handlers::host(state.clone(), caller, call).await
 }

@@ -71,22 +71,8 @@ pub fn spawn(state: &Arc<HostState>) -> Result<Announced, String> {
             // Replies to this host come to its own inbox, so its credential reads no one else's.
             .custom_inbox_prefix(host_inbox_prefix(&host_id))
     };
-    let options = tls
-        .apply(base(), &servers)
-        .map_err(|e| e.to_string())?
-        .name(format!("pi-host {}", state.host_id))
-        .retry_on_initial_connect()
-        .max_reconnects(None)
-        .connection_timeout(Duration::from_secs(5))
-        .request_timeout(Some(Duration::from_secs(10)))
-        .reconnect_delay_callback(backoff)
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::Connected => tracing::info!("gateway link up"),
-                async_nats::Event::Disconnected => tracing::warn!("gateway link down; retrying"),
-                other => tracing::warn!(event = %other, "gateway link"),
-            }
-        });
+    let options = tls.apply(base(), &servers).map_err(|e| e.to_string())?;
+    let options = redialing(options, &state.host_id);
     let state = state.clone();
     let (announced, announcement) = oneshot::channel();
     tokio::spawn(async move {
@@ -124,6 +110,24 @@ pub fn spawn(state: &Arc<HostState>) -> Result<Announced, String> {
         let _ = serving.await;
     });
     Ok(Announced(Some(announcement)))
+}
+
+/// `options` for a link that is made again whenever it drops, and logs when it does.
+fn redialing(options: async_nats::ConnectOptions, host_id: &str) -> async_nats::ConnectOptions {
+    options
+        .name(format!("pi-host {host_id}"))
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(5))
+        .request_timeout(Some(Duration::from_secs(10)))
+        .reconnect_delay_callback(backoff)
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Connected => tracing::info!("gateway link up"),
+                async_nats::Event::Disconnected => tracing::warn!("gateway link down; retrying"),
+                other => tracing::warn!(event = %other, "gateway link"),
+            }
+        })
 }
 
 /// Reconnect delay: doubling from 100 ms to 5 s, with jitter from the attempt count so many

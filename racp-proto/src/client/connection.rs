@@ -202,33 +202,50 @@ pub(super) async fn run(
         };
         match ended {
             Ended::Shutdown => return,
-            Ended::Stop(error) => {
-                let _ = state.send(ClientState::Stopped(error.clone()));
-                for sub in subs.values() {
-                    let _ = sub.items.send(SubscriptionItem::Failed(error.clone()));
-                }
-                // Answer whatever still arrives until every handle is gone.
-                while let Some(command) = commands.recv().await {
-                    refuse(command, &error);
-                }
-                return;
-            }
+            Ended::Stop(error) => return stop(&error, &subs, &mut commands, &state).await,
             Ended::Reconnect(reason) => {
                 tracing::debug!(%reason, "racp link lost; reconnecting");
                 let _ = state.send(ClientState::Connecting);
-                let wait = backoff.next_delay();
-                let deadline = Instant::now() + wait;
-                // While disconnected, calls fail at once: the caller decides whether to resend.
-                loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(deadline) => break,
-                        command = commands.recv() => match command {
-                            Some(command) => refuse(command, &disconnected(&reason)),
-                            None => return,
-                        },
-                    }
+                let deadline = Instant::now() + backoff.next_delay();
+                if !refuse_until(deadline, &reason, &mut commands).await {
+                    return;
                 }
             }
+        }
+    }
+}
+
+/// The client stops for good with `error`: every subscription fails with it, and so does
+/// whatever still arrives until every handle is gone.
+async fn stop(
+    error: &AppError,
+    subs: &HashMap<u64, Sub>,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+    state: &watch::Sender<ClientState>,
+) {
+    let _ = state.send(ClientState::Stopped(error.clone()));
+    for sub in subs.values() {
+        let _ = sub.items.send(SubscriptionItem::Failed(error.clone()));
+    }
+    while let Some(command) = commands.recv().await {
+        refuse(command, error);
+    }
+}
+
+/// Refuses every command until `deadline`, the link being down for `reason`: the caller
+/// decides whether to resend. False when every handle is gone.
+async fn refuse_until(
+    deadline: Instant,
+    reason: &str,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+) -> bool {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => return true,
+            command = commands.recv() => match command {
+                Some(command) => refuse(command, &disconnected(reason)),
+                None => return false,
+            },
         }
     }
 }
@@ -244,12 +261,40 @@ fn refuse(command: Command, error: &AppError) {
     }
 }
 
+/// A connection that failed before hello, worth retrying.
+fn connect_failed(why: String) -> AppError {
+    AppError::new(ErrorCode::RemoteConnectionFailed, why)
+        .with_retriable(true)
+        .with_source(ErrorSource::Client)
+}
+
+/// Connects, upgrades to RACP-WS with the token, and says hello.
 async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError> {
-    let failed = |why: String| {
-        AppError::new(ErrorCode::RemoteConnectionFailed, why)
-            .with_retriable(true)
-            .with_source(ErrorSource::Client)
+    let failed = connect_failed;
+    let request = upgrade_request(options)?;
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, dial(options, request.uri()))
+        .await
+        .map_err(|_| failed("the host did not answer in time".into()))??;
+    let connected = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio_tungstenite::client_async_with_config(request, stream, Some(websocket_config())),
+    )
+    .await
+    .map_err(|_| failed("the host did not answer in time".into()))?;
+    let (mut socket, _) = match connected {
+        Ok(ok) => ok,
+        Err(tungstenite::Error::Http(response)) => return Err(upgrade_refused(&response)),
+        Err(err) => return Err(failed(format!("cannot connect: {err}"))),
     };
+    let hello = hello(&mut socket, options).await?;
+    Ok((socket, hello))
+}
+
+/// The HTTP upgrade request: the URL, the subprotocol and the token.
+fn upgrade_request(
+    options: &ClientOptions,
+) -> Result<tungstenite::handshake::client::Request, AppError> {
+    let failed = connect_failed;
     let mut request = options
         .url
         .as_str()
@@ -263,34 +308,29 @@ async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError
     let bearer = HeaderValue::from_str(&format!("Bearer {}", options.token))
         .map_err(|_| failed("the token has characters a header cannot carry".into()))?;
     headers.insert("Authorization", bearer);
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, dial(options, request.uri()))
-        .await
-        .map_err(|_| failed("the host did not answer in time".into()))??;
-    let connected = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        tokio_tungstenite::client_async_with_config(request, stream, Some(websocket_config())),
-    )
-    .await
-    .map_err(|_| failed("the host did not answer in time".into()))?;
-    let (mut socket, _) = match connected {
-        Ok(ok) => ok,
-        Err(tungstenite::Error::Http(response)) => {
-            let body: Value = response
-                .body()
-                .as_ref()
-                .and_then(|b| serde_json::from_slice(b).ok())
-                .unwrap_or(Value::Null);
-            return Err(if body["error"].is_object() {
-                crate::codec::error_from_wire(body["error"].clone())
-            } else {
-                failed(format!(
-                    "the host refused the upgrade: HTTP {}",
-                    response.status()
-                ))
-            });
-        }
-        Err(err) => return Err(failed(format!("cannot connect: {err}"))),
-    };
+    Ok(request)
+}
+
+/// The host's refusal of the upgrade: the RACP error in its body, else the HTTP status.
+fn upgrade_refused(response: &tungstenite::http::Response<Option<Vec<u8>>>) -> AppError {
+    let body: Value = response
+        .body()
+        .as_ref()
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or(Value::Null);
+    if body["error"].is_object() {
+        crate::codec::error_from_wire(body["error"].clone())
+    } else {
+        connect_failed(format!(
+            "the host refused the upgrade: HTTP {}",
+            response.status()
+        ))
+    }
+}
+
+/// Says hello on a connection just upgraded and reads the host's answer.
+async fn hello(socket: &mut Socket, options: &ClientOptions) -> Result<HelloResult, AppError> {
+    let failed = connect_failed;
     let hello = json!({"id": 0, "method": "hello", "params": {
         "protocol": {"min": PROTOCOL_VERSION, "max": PROTOCOL_VERSION},
         "client": {"name": options.client_name, "version": options.client_version},
@@ -312,11 +352,8 @@ async fn open(options: &ClientOptions) -> Result<(Socket, HelloResult), AppError
     .await
     .map_err(|_| failed("no answer to hello".into()))?;
     match reply {
-        Some(ServerFrame::Result { result, .. }) => {
-            let hello: HelloResult = serde_json::from_str(result.get())
-                .map_err(|e| failed(format!("unreadable hello result: {e}")))?;
-            Ok((socket, hello))
-        }
+        Some(ServerFrame::Result { result, .. }) => serde_json::from_str(result.get())
+            .map_err(|e| failed(format!("unreadable hello result: {e}"))),
         Some(ServerFrame::Error { error, .. } | ServerFrame::ConnectionError { error }) => {
             Err(error)
         }
@@ -337,12 +374,8 @@ async fn dial(
     options: &ClientOptions,
     uri: &tokio_tungstenite::tungstenite::http::Uri,
 ) -> Result<Box<dyn Io>, AppError> {
-    use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, pki_types::ServerName};
-    let failed = |why: String| {
-        AppError::new(ErrorCode::RemoteConnectionFailed, why)
-            .with_retriable(true)
-            .with_source(ErrorSource::Client)
-    };
+    use tokio_rustls::rustls::pki_types::ServerName;
+    let failed = connect_failed;
     let secure = uri.scheme_str() == Some("wss");
     let host = uri
         .host()
@@ -358,31 +391,7 @@ async fn dial(
     if !secure {
         return Ok(Box::new(tcp));
     }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| failed(format!("TLS setup failed: {e}")))?;
-    let mut mismatch = None;
-    let config = match (&options.pinned_sha256, &options.pinned_certificate) {
-        (Some(expected), _) => {
-            let verifier = super::pin::PinnedVerifier::new(*expected, &provider);
-            mismatch = Some(verifier.mismatch());
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(std::sync::Arc::new(verifier))
-                .with_no_client_auth()
-        }
-        (None, pinned) => {
-            let mut roots = RootCertStore::empty();
-            match pinned {
-                Some(der) => roots
-                    .add(der.clone().into())
-                    .map_err(|e| failed(format!("the pinned certificate is unusable: {e}")))?,
-                None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-            }
-            builder.with_root_certificates(roots).with_no_client_auth()
-        }
-    };
+    let (config, mismatch) = tls_config(options)?;
     let name = ServerName::try_from(host.clone())
         .map_err(|_| failed(format!("{host} is not a valid TLS server name")))?;
     let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
@@ -404,6 +413,46 @@ async fn dial(
                     "TLS with {host}:{port} failed (certificate not trusted?): {e}"
                 ))),
             }
+        }
+    }
+}
+
+/// What a pinned-fingerprint verifier saw when it refused: the certificate it found.
+type Mismatch = std::sync::Arc<std::sync::Mutex<Option<CertSha256>>>;
+
+/// The TLS client configuration: the pinned fingerprint when there is one (with where its
+/// verifier records a mismatch), else the pinned certificate, else the web PKI roots.
+fn tls_config(
+    options: &ClientOptions,
+) -> Result<(tokio_rustls::rustls::ClientConfig, Option<Mismatch>), AppError> {
+    use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+    let failed = connect_failed;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| failed(format!("TLS setup failed: {e}")))?;
+    match (&options.pinned_sha256, &options.pinned_certificate) {
+        (Some(expected), _) => {
+            let verifier = super::pin::PinnedVerifier::new(*expected, &provider);
+            let mismatch = verifier.mismatch();
+            let config = builder
+                .dangerous()
+                .with_custom_certificate_verifier(std::sync::Arc::new(verifier))
+                .with_no_client_auth();
+            Ok((config, Some(mismatch)))
+        }
+        (None, pinned) => {
+            let mut roots = RootCertStore::empty();
+            match pinned {
+                Some(der) => roots
+                    .add(der.clone().into())
+                    .map_err(|e| failed(format!("the pinned certificate is unusable: {e}")))?,
+                None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+            }
+            Ok((
+                builder.with_root_certificates(roots).with_no_client_auth(),
+                None,
+            ))
         }
     }
 }

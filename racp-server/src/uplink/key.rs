@@ -45,13 +45,13 @@ pub fn load_or_create(data_dir: &Path) -> Result<HostKey, KeyError> {
     let seed = match std::fs::read_to_string(&path) {
         Ok(seed) => seed.trim().to_string(),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            crate::fsutil::create_private_dir(data_dir).map_err(io)?;
+            crate::private_file::create_private_dir(data_dir).map_err(io)?;
             let fresh = nkeys::KeyPair::new_user();
             let seed = fresh.seed().map_err(|e| KeyError::Damaged {
                 path: shown.clone(),
                 reason: e.to_string(),
             })?;
-            crate::fsutil::write_private(&path, seed.as_bytes()).map_err(io)?;
+            crate::private_file::write_private(&path, seed.as_bytes()).map_err(io)?;
             seed
         }
         Err(err) => return Err(io(err)),

@@ -1,6 +1,6 @@
 //! `fs/list` and `fs/stat`: browsing inside the permitted roots, for the desktop's folder picker.
 
-use crate::paths::Fence;
+use crate::fence::Fence;
 use racp_proto::methods::fs::{EntryKind, FsEntry, FsListResult, FsStatResult};
 use racp_proto::{AppError, ErrorCode};
 use serde_json::json;
