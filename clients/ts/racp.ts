@@ -517,8 +517,9 @@ export type Event = {
    */
   turnId?: string | null;
   /**
-   * `turn.started`, `turn.finished`, `approval.requested`, `approval.settled`,
-   * `session.closed`, or `agent.<pi event type>` (see [`EventType`]).
+   * A type of the host event table (`turn.started`, `approval.requested`, ...; each
+   * type's `data` is in `x-racp-events` and `RacpEventData`), or `agent.<pi event type>`
+   * (see [`EventType`]).
    */
   type: string;
 };

@@ -8,6 +8,7 @@ use crate::sessions::HostEvent;
 use crate::state::HostState;
 use crate::store::{DeviceRow, PairingOutcome};
 use crate::wire::to_raw;
+use racp_proto::events::SessionClosedData;
 use racp_proto::limits::{
     DEFAULT_PAIRING_TTL_SECONDS, MAX_PAIRING_TTL_SECONDS, MIN_PAIRING_TTL_SECONDS,
 };
@@ -290,9 +291,9 @@ async fn session_close(
         return Ok(Ack {});
     }
     state.turns.stop_session(state, &session).await;
-    let closed = HostEvent::SessionClosed {
+    let closed = HostEvent::of_session(SessionClosedData {
         device_id: caller.device_id().map(str::to_string),
-    };
+    });
     let committed = match state.sessions.append(&session, vec![closed]) {
         Ok(committed) => committed,
         // Another close won the race.

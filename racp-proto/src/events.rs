@@ -2,7 +2,7 @@
 
 use crate::cursor::Cursor;
 use crate::error::AppError;
-use crate::methods::turn::{ApprovalKind, ApprovalState};
+use crate::methods::turn::{ApprovalInfo, ApprovalKind, ApprovalState, TurnState};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -16,8 +16,9 @@ pub struct Event {
     pub seq: u64,
     /// The position just after this event: resuming from it delivers the next event.
     pub cursor: Cursor,
-    /// `turn.started`, `turn.finished`, `approval.requested`, `approval.settled`,
-    /// `session.closed`, or `agent.<pi event type>` (see [`EventType`]).
+    /// A type of the host event table (`turn.started`, `approval.requested`, ...; each
+    /// type's `data` is in `x-racp-events` and `RacpEventData`), or `agent.<pi event type>`
+    /// (see [`EventType`]).
     #[serde(rename = "type")]
     pub kind: String,
     /// When the host recorded it (ms since the Unix epoch).
@@ -197,56 +198,129 @@ pub struct ElidedValue {
     pub kept: Option<u64>,
 }
 
-/// The event types the host itself emits, with their `data` types. Agent events are
-/// `agent.<type>` with the agent's payload unchanged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    TurnStarted,
-    TurnFinished,
-    ApprovalRequested,
-    ApprovalSettled,
-    SessionClosed,
-    AgentStopped,
-    SessionConfigured,
+/// The host event table: one row per event type the host itself emits, with its wire type and
+/// its `data` type. From it come [`EventType`], the typed bodies [`HostEventData`] (encoding
+/// and decoding), [`EventBody`], and, through [`EventType::ALL`] and
+/// [`EventType::data_schema`], the schema's `x-racp-events` and the TypeScript `RacpEventData`.
+/// Adding an event is one row here plus its producer; pi-host's snapshot then names it in one
+/// exhaustive match (pi-host/src/sessions/view.rs), so a row nobody decided about does not
+/// compile.
+macro_rules! event_table {
+    ($(
+        $(#[doc = $doc:literal])*
+        $variant:ident = $name:literal ($data:ty)
+    )*) => {
+        /// The event types the host itself emits (agent events are `agent.<type>`, see
+        /// [`EventType::AGENT_PREFIX`]).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum EventType {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl EventType {
+            /// Every host event type, in table order.
+            pub const ALL: &'static [EventType] = &[$(EventType::$variant,)*];
+
+            /// The wire `type`, e.g. `turn.started`.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(EventType::$variant => $name,)*
+                }
+            }
+
+            pub fn from_name(name: &str) -> Option<EventType> {
+                match name {
+                    $($name => Some(EventType::$variant),)*
+                    _ => None,
+                }
+            }
+
+            /// The JSON Schema of this event type's `data`.
+            pub fn data_schema(self, generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                match self {
+                    $(EventType::$variant => generator.subschema_for::<$data>(),)*
+                }
+            }
+        }
+
+        /// The `data` types of the table, for code generic over an event's `data`.
+        pub trait EventBody:
+            ::serde::Serialize + ::serde::de::DeserializeOwned + Into<HostEventData>
+        {
+            const TYPE: EventType;
+        }
+
+        /// A host event's `data`, typed by its event type.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum HostEventData {
+            $($(#[doc = $doc])* $variant($data),)*
+        }
+
+        impl HostEventData {
+            pub fn event_type(&self) -> EventType {
+                match self {
+                    $(HostEventData::$variant(_) => EventType::$variant,)*
+                }
+            }
+
+            /// Reads `data`, the JSON text of an event of type `event_type`.
+            pub fn decode(event_type: EventType, data: &str) -> Result<HostEventData, serde_json::Error> {
+                match event_type {
+                    $(EventType::$variant => serde_json::from_str::<$data>(data).map(HostEventData::$variant),)*
+                }
+            }
+
+            /// The `data` as JSON text.
+            pub fn encode(&self) -> Result<$crate::events::EventData, serde_json::Error> {
+                $crate::events::EventData::encode(self)
+            }
+        }
+
+        /// Serializes as the `data` itself (the type is the event's `type` field).
+        impl ::serde::Serialize for HostEventData {
+            fn serialize<S: ::serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                match self {
+                    $(HostEventData::$variant(data) => data.serialize(serializer),)*
+                }
+            }
+        }
+
+        $(
+            impl From<$data> for HostEventData {
+                fn from(data: $data) -> HostEventData {
+                    HostEventData::$variant(data)
+                }
+            }
+
+            impl EventBody for $data {
+                const TYPE: EventType = EventType::$variant;
+            }
+        )*
+    };
+}
+
+event_table! {
+    TurnStarted = "turn.started" (TurnStartedData)
+    TurnFinished = "turn.finished" (TurnFinishedData)
+    ApprovalRequested = "approval.requested" (ApprovalRequestedData)
+    ApprovalSettled = "approval.settled" (ApprovalSettledData)
+    SessionClosed = "session.closed" (SessionClosedData)
+    AgentStopped = "session.agent_stopped" (AgentStoppedData)
+    SessionConfigured = "session.configured" (SessionConfiguredData)
 }
 
 impl EventType {
-    pub const ALL: &'static [EventType] = &[
-        EventType::TurnStarted,
-        EventType::TurnFinished,
-        EventType::ApprovalRequested,
-        EventType::ApprovalSettled,
-        EventType::SessionClosed,
-        EventType::AgentStopped,
-        EventType::SessionConfigured,
-    ];
-
-    /// Prefix of the events that relay the agent's own output.
+    /// Prefix of the events that relay the agent's own output: `agent.<the agent's type>`,
+    /// with the agent's payload unchanged.
     pub const AGENT_PREFIX: &'static str = "agent.";
+}
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::TurnStarted => "turn.started",
-            EventType::TurnFinished => "turn.finished",
-            EventType::ApprovalRequested => "approval.requested",
-            EventType::ApprovalSettled => "approval.settled",
-            EventType::SessionClosed => "session.closed",
-            EventType::AgentStopped => "session.agent_stopped",
-            EventType::SessionConfigured => "session.configured",
-        }
-    }
-
-    /// The JSON Schema of this event type's `data`.
-    pub fn data_schema(self, generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        match self {
-            EventType::TurnStarted => generator.subschema_for::<TurnStartedData>(),
-            EventType::TurnFinished => generator.subschema_for::<TurnFinishedData>(),
-            EventType::ApprovalRequested => generator.subschema_for::<ApprovalRequestedData>(),
-            EventType::ApprovalSettled => generator.subschema_for::<ApprovalSettledData>(),
-            EventType::SessionClosed => generator.subschema_for::<SessionClosedData>(),
-            EventType::AgentStopped => generator.subschema_for::<AgentStoppedData>(),
-            EventType::SessionConfigured => generator.subschema_for::<SessionConfiguredData>(),
-        }
+impl Event {
+    /// The typed `data` of a host event; `None` for an agent event or a type this version
+    /// does not know.
+    pub fn host_data(&self) -> Option<Result<HostEventData, serde_json::Error>> {
+        let event_type = EventType::from_name(&self.kind)?;
+        Some(HostEventData::decode(event_type, self.data.get()))
     }
 }
 
@@ -268,6 +342,17 @@ pub enum TurnOutcome {
     Completed,
     Aborted,
     Failed,
+}
+
+impl TurnOutcome {
+    /// The state a snapshot shows for a turn that ended so.
+    pub fn turn_state(self) -> TurnState {
+        match self {
+            TurnOutcome::Completed => TurnState::Completed,
+            TurnOutcome::Aborted => TurnState::Aborted,
+            TurnOutcome::Failed => TurnState::Failed,
+        }
+    }
 }
 
 /// `turn.finished`: a turn ended.
@@ -296,6 +381,39 @@ pub struct ApprovalRequestedData {
     pub deadline: u64,
 }
 
+impl ApprovalRequestedData {
+    /// The approval as a snapshot shows it while it waits for an answer.
+    pub fn into_pending(self, session_id: String) -> ApprovalInfo {
+        ApprovalInfo {
+            approval_id: self.approval_id,
+            session_id,
+            turn_id: self.turn_id,
+            kind: self.kind,
+            title: self.title,
+            message: self.message,
+            options: self.options,
+            deadline: self.deadline,
+            state: ApprovalState::Pending,
+            settled_by: None,
+            value: None,
+        }
+    }
+}
+
+impl From<&ApprovalInfo> for ApprovalRequestedData {
+    fn from(info: &ApprovalInfo) -> ApprovalRequestedData {
+        ApprovalRequestedData {
+            approval_id: info.approval_id.clone(),
+            turn_id: info.turn_id.clone(),
+            kind: info.kind,
+            title: info.title.clone(),
+            message: info.message.clone(),
+            options: info.options.clone(),
+            deadline: info.deadline,
+        }
+    }
+}
+
 /// `approval.settled`: an approval got its answer, expired, or was cancelled.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -308,6 +426,18 @@ pub struct ApprovalSettledData {
     pub device_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+}
+
+/// The approval as it was settled (`state`, `settled_by`, `value`).
+impl From<&ApprovalInfo> for ApprovalSettledData {
+    fn from(info: &ApprovalInfo) -> ApprovalSettledData {
+        ApprovalSettledData {
+            approval_id: info.approval_id.clone(),
+            outcome: info.state,
+            device_id: info.settled_by.clone(),
+            value: info.value.clone(),
+        }
+    }
 }
 
 /// `session.closed`: the session was closed; no more events follow.
@@ -508,6 +638,79 @@ mod tests {
             .unwrap();
         let encoded = value.to_string();
         assert_eq!(serde_json::from_str::<Value>(&encoded).unwrap(), value);
+    }
+
+    #[test]
+    fn the_table_names_each_type_once_and_decodes_what_it_encodes() {
+        let mut seen = std::collections::HashSet::new();
+        for event_type in EventType::ALL {
+            assert!(seen.insert(event_type.as_str()), "{event_type:?} twice");
+            assert_eq!(EventType::from_name(event_type.as_str()), Some(*event_type));
+            assert!(!event_type.as_str().starts_with(EventType::AGENT_PREFIX));
+        }
+        assert_eq!(EventType::from_name("agent.message_update"), None);
+        let body = HostEventData::from(TurnStartedData {
+            text: "hi".into(),
+            device_id: None,
+        });
+        let data = body.encode().unwrap();
+        assert_eq!(data.get(), r#"{"text":"hi"}"#);
+        assert_eq!(
+            HostEventData::decode(TurnStartedData::TYPE, data.get()).unwrap(),
+            body
+        );
+        let event = Event {
+            seq: 1,
+            cursor: "00000000000000aa-1".parse().unwrap(),
+            kind: body.event_type().as_str().into(),
+            at: 5,
+            turn_id: Some("turn_1".into()),
+            data,
+            elided: None,
+        };
+        assert_eq!(event.host_data().unwrap().unwrap(), body);
+    }
+
+    /// A row added to the table is all an event type needs in racp-proto: its type, its typed
+    /// body, its encoding and decoding, and its schema follow.
+    mod a_new_row {
+        use super::super::TurnStartedData;
+        use schemars::JsonSchema;
+        use serde::{Deserialize, Serialize};
+
+        /// `test.pinged`: an event only this test knows.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[serde(rename_all = "camelCase")]
+        pub struct PingedData {
+            pub round_trip_ms: u64,
+        }
+
+        event_table! {
+            TurnStarted = "turn.started" (TurnStartedData)
+            /// The test's own event.
+            Pinged = "test.pinged" (PingedData)
+        }
+
+        #[test]
+        fn gets_its_type_body_encoding_and_schema() {
+            assert_eq!(EventType::ALL, [EventType::TurnStarted, EventType::Pinged]);
+            assert_eq!(EventType::from_name("test.pinged"), Some(EventType::Pinged));
+            assert_eq!(PingedData::TYPE.as_str(), "test.pinged");
+            let body = HostEventData::from(PingedData { round_trip_ms: 7 });
+            assert_eq!(body.event_type(), EventType::Pinged);
+            let data = body.encode().unwrap();
+            assert_eq!(data.get(), r#"{"roundTripMs":7}"#);
+            assert_eq!(
+                HostEventData::decode(EventType::Pinged, data.get()).unwrap(),
+                body
+            );
+            assert!(HostEventData::decode(EventType::Pinged, r#"{"text":"hi"}"#).is_err());
+            let mut generator = schemars::SchemaGenerator::default();
+            let schema = EventType::Pinged.data_schema(&mut generator).to_value();
+            assert_eq!(schema["$ref"], "#/$defs/PingedData");
+            let defs = generator.take_definitions(true);
+            assert_eq!(defs["PingedData"]["required"][0], "roundTripMs");
+        }
     }
 
     #[test]

@@ -23,11 +23,7 @@ impl View {
         if let Some(kind) = Kind::of_event_type(&event.kind) {
             return self.render_agent(&kind, event.data.get());
         }
-        let Some(kind) = EventType::ALL
-            .iter()
-            .copied()
-            .find(|t| t.as_str() == event.kind)
-        else {
+        let Some(kind) = EventType::from_name(&event.kind) else {
             return String::new();
         };
         let turn = event.turn_id.as_deref().unwrap_or("?");

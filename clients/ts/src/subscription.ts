@@ -100,7 +100,7 @@ export class Subscription implements AsyncIterableIterator<SubscriptionItem> {
   private take(item: SubscriptionItem): SubscriptionItem {
     if (item.kind === "event") {
       // A finished turn ends whatever it was streaming (§8.1, rule 8).
-      if (item.event.type === "turn.finished") this.stream.clear();
+      if (item.event.type === ("turn.finished" satisfies keyof RacpEventData)) this.stream.clear();
       else this.stream.apply(item.event.type, item.event.data);
     } else if (item.kind === "resynced") {
       // Events continue after the snapshot's cursor: it holds the streams up to there (§8.4).

@@ -1,45 +1,19 @@
-//! The events the host appends to a session's log. Each variant decides its wire type, its
-//! `data` and its effect on the session's snapshot together, so adding an event is one change
-//! here (docs/protocol.md §8).
+//! The events the host appends to a session's log: a host event is its typed body from
+//! racp-proto's event table (which fixes its wire type and `data`) and the turn it belongs to;
+//! an agent event is the agent's payload relayed as it came. What an event does to the snapshot
+//! is `view.rs` (docs/protocol.md §8).
 
-use racp_proto::AppError;
-use racp_proto::events::{
-    AgentStopReason, AgentStoppedData, ApprovalRequestedData, ApprovalSettledData, EventType,
-    SessionClosedData, SessionConfiguredData, TurnFinishedData, TurnOutcome, TurnStartedData,
-};
-use racp_proto::methods::session::SessionSettings;
-use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
+use racp_proto::events::{Event, EventType, HostEventData};
 use racp_proto::pi::Kind;
-use serde_json::value::{RawValue, to_raw_value};
-use std::borrow::Cow;
+use serde_json::value::RawValue;
 
 /// An event before it has a seq.
 #[derive(Debug)]
 pub enum HostEvent {
-    TurnStarted {
-        turn: TurnInfo,
-        device_id: Option<String>,
-    },
-    TurnFinished {
-        turn_id: String,
-        outcome: TurnOutcome,
-        error: Option<AppError>,
-    },
-    ApprovalRequested(ApprovalInfo),
-    /// The approval as it was settled (`state`, `settled_by`, `value`).
-    ApprovalSettled(ApprovalInfo),
-    SessionClosed {
-        device_id: Option<String>,
-    },
-    /// The host stopped the session's idle agent.
-    AgentStopped {
-        reason: AgentStopReason,
-        idle_ms: u64,
-    },
-    /// A client changed what the session runs with; `settings` is the whole new set.
-    Configured {
-        settings: SessionSettings,
-        device_id: Option<String>,
+    /// An event of the host event table.
+    Host {
+        body: HostEventData,
+        turn_id: Option<String>,
     },
     /// Agent output relayed as `agent.<kind>`, its payload exactly as the agent wrote it.
     Agent {
@@ -70,52 +44,64 @@ impl serde::Serialize for EventTypeName<'_> {
     }
 }
 
-/// How an event changes the session's snapshot, applied when it is published.
-#[derive(Debug, Clone)]
-pub enum Effect {
-    TurnStarted(TurnInfo),
-    TurnFinished {
-        turn_id: String,
-        state: TurnState,
-        error: Option<AppError>,
-        at: u64,
-    },
-    ApprovalRequested(ApprovalInfo),
-    ApprovalSettled(String),
-    Closed,
-    Configured(SessionSettings),
-    /// An agent event that changes what is streaming (docs/protocol.md §8.1), applied to the
-    /// snapshot's message and tool outputs when published.
-    Stream {
-        kind: Kind,
-        payload: Box<RawValue>,
-    },
+/// An event's `data` on the wire: the agent's payload as it came, or the host body encoded
+/// straight into the frame.
+#[derive(Debug, Clone, Copy)]
+pub enum WireData<'a> {
+    Raw(&'a RawValue),
+    Host(&'a HostEventData),
 }
 
-/// The snapshot state of a turn that ended with `outcome`.
-pub fn turn_state(outcome: TurnOutcome) -> TurnState {
-    match outcome {
-        TurnOutcome::Completed => TurnState::Completed,
-        TurnOutcome::Aborted => TurnState::Aborted,
-        TurnOutcome::Failed => TurnState::Failed,
+impl serde::Serialize for WireData<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            WireData::Raw(raw) => raw.serialize(serializer),
+            WireData::Host(body) => body.serialize(serializer),
+        }
     }
 }
 
 impl HostEvent {
+    /// A host event of the turn `turn_id`.
+    pub fn of_turn(turn_id: impl Into<String>, body: impl Into<HostEventData>) -> HostEvent {
+        HostEvent::Host {
+            body: body.into(),
+            turn_id: Some(turn_id.into()),
+        }
+    }
+
+    /// A host event of the session, outside any turn.
+    pub fn of_session(body: impl Into<HostEventData>) -> HostEvent {
+        HostEvent::Host {
+            body: body.into(),
+            turn_id: None,
+        }
+    }
+
+    /// A stored event read back (after a restart); `None` for a type this host does not know
+    /// or `data` that is not its type's.
+    pub fn from_stored(event: Event) -> Option<HostEvent> {
+        if let Some(kind) = Kind::of_event_type(&event.kind) {
+            return Some(HostEvent::Agent {
+                kind,
+                turn_id: event.turn_id,
+                payload: event.data.into_raw(),
+            });
+        }
+        let body = event.host_data()?.ok()?;
+        Some(HostEvent::Host {
+            body,
+            turn_id: event.turn_id,
+        })
+    }
+
     /// The wire `type`.
     pub fn kind(&self) -> EventTypeName<'_> {
-        let host = |t: EventType| EventTypeName {
-            prefix: "",
-            name: t.as_str(),
-        };
         match self {
-            HostEvent::TurnStarted { .. } => host(EventType::TurnStarted),
-            HostEvent::TurnFinished { .. } => host(EventType::TurnFinished),
-            HostEvent::ApprovalRequested(_) => host(EventType::ApprovalRequested),
-            HostEvent::ApprovalSettled(_) => host(EventType::ApprovalSettled),
-            HostEvent::SessionClosed { .. } => host(EventType::SessionClosed),
-            HostEvent::AgentStopped { .. } => host(EventType::AgentStopped),
-            HostEvent::Configured { .. } => host(EventType::SessionConfigured),
+            HostEvent::Host { body, .. } => EventTypeName {
+                prefix: "",
+                name: body.event_type().as_str(),
+            },
             HostEvent::Agent { kind, .. } => EventTypeName {
                 prefix: EventType::AGENT_PREFIX,
                 name: kind.as_str(),
@@ -125,90 +111,28 @@ impl HostEvent {
 
     pub fn turn_id(&self) -> Option<&str> {
         match self {
-            HostEvent::TurnStarted { turn, .. } => Some(&turn.turn_id),
-            HostEvent::TurnFinished { turn_id, .. } => Some(turn_id),
-            HostEvent::ApprovalRequested(info) | HostEvent::ApprovalSettled(info) => {
-                Some(&info.turn_id)
+            HostEvent::Host { turn_id, .. } | HostEvent::Agent { turn_id, .. } => {
+                turn_id.as_deref()
             }
-            HostEvent::SessionClosed { .. }
-            | HostEvent::AgentStopped { .. }
-            | HostEvent::Configured { .. } => None,
-            HostEvent::Agent { turn_id, .. } => turn_id.as_deref(),
         }
     }
 
     /// True for the event after which the session takes no more.
     pub fn closes_session(&self) -> bool {
-        matches!(self, HostEvent::SessionClosed { .. })
-    }
-
-    /// The `data` as JSON: the agent's payload as it came, or the host type's encoding.
-    pub fn data(&self) -> serde_json::Result<Cow<'_, RawValue>> {
-        let encoded = match self {
-            HostEvent::Agent { payload, .. } => return Ok(Cow::Borrowed(&**payload)),
-            HostEvent::TurnStarted { turn, device_id } => to_raw_value(&TurnStartedData {
-                text: turn.text.clone(),
-                device_id: device_id.clone(),
-            }),
-            HostEvent::TurnFinished { outcome, error, .. } => to_raw_value(&TurnFinishedData {
-                outcome: *outcome,
-                error: error.clone(),
-            }),
-            HostEvent::ApprovalRequested(info) => to_raw_value(&ApprovalRequestedData {
-                approval_id: info.approval_id.clone(),
-                turn_id: info.turn_id.clone(),
-                kind: info.kind,
-                title: info.title.clone(),
-                message: info.message.clone(),
-                options: info.options.clone(),
-                deadline: info.deadline,
-            }),
-            HostEvent::ApprovalSettled(info) => to_raw_value(&ApprovalSettledData {
-                approval_id: info.approval_id.clone(),
-                outcome: info.state,
-                device_id: info.settled_by.clone(),
-                value: info.value.clone(),
-            }),
-            HostEvent::SessionClosed { device_id } => to_raw_value(&SessionClosedData {
-                device_id: device_id.clone(),
-            }),
-            HostEvent::AgentStopped { reason, idle_ms } => to_raw_value(&AgentStoppedData {
-                reason: *reason,
-                idle_ms: *idle_ms,
-            }),
-            HostEvent::Configured {
-                settings,
-                device_id,
-            } => to_raw_value(&SessionConfiguredData {
-                settings: settings.clone(),
-                device_id: device_id.clone(),
-            }),
-        };
-        encoded.map(Cow::Owned)
-    }
-
-    /// What the event does to the snapshot once published; `at` is the event's time.
-    pub fn into_effect(self, at: u64) -> Option<Effect> {
-        match self {
-            HostEvent::TurnStarted { turn, .. } => Some(Effect::TurnStarted(turn)),
-            HostEvent::TurnFinished {
-                turn_id,
-                outcome,
-                error,
-            } => Some(Effect::TurnFinished {
-                turn_id,
-                state: turn_state(outcome),
-                error,
-                at,
-            }),
-            HostEvent::ApprovalRequested(info) => Some(Effect::ApprovalRequested(info)),
-            HostEvent::ApprovalSettled(info) => Some(Effect::ApprovalSettled(info.approval_id)),
-            HostEvent::SessionClosed { .. } => Some(Effect::Closed),
-            HostEvent::AgentStopped { .. } => None,
-            HostEvent::Configured { settings, .. } => Some(Effect::Configured(settings)),
-            HostEvent::Agent { kind, payload, .. } => {
-                kind.streams().then_some(Effect::Stream { kind, payload })
+        matches!(
+            self,
+            HostEvent::Host {
+                body: HostEventData::SessionClosed(_),
+                ..
             }
+        )
+    }
+
+    /// The `data` as it goes on the wire.
+    pub fn data(&self) -> WireData<'_> {
+        match self {
+            HostEvent::Host { body, .. } => WireData::Host(body),
+            HostEvent::Agent { payload, .. } => WireData::Raw(payload),
         }
     }
 }

@@ -9,27 +9,24 @@
 
 mod event;
 pub use racp_server::log;
+mod view;
 mod writer;
 
-pub use event::{Effect, HostEvent};
+pub use event::HostEvent;
 
 use crate::clock::now_ms;
 use crate::store::{SessionRow, Store, StoreError};
 use dashmap::DashMap;
 use log::{EventLog, LoggedEvent, Retention};
-use racp_proto::events::{Event, EventType, TurnFinishedData, TurnStartedData};
+use racp_proto::events::{Event, EventType};
 use racp_proto::methods::session::{SessionInfo, SessionSettings, SessionState, Snapshot};
-use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::pi::stream::StreamState;
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
 use racp_server::fanout::{SharedLog, Slice};
 use serde::Serialize;
-use serde_json::value::RawValue;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, mpsc, oneshot};
-
-/// How many finished turns a snapshot shows.
-const SNAPSHOT_TURNS: usize = 50;
+use view::View;
 
 pub struct Session {
     pub id: String,
@@ -43,29 +40,17 @@ struct Inner {
     log: EventLog,
     /// Seq the next appended event gets (may run ahead of the committed head).
     next_seq: u64,
-    /// Closed once `session.closed` is committed; no event may follow it.
+    /// True once `session.closed` is appended (committed or not): no event may follow it.
     closing: bool,
-    closed: bool,
-    turns: Vec<TurnInfo>,
-    active_turn: Option<String>,
-    pending_approvals: Vec<ApprovalInfo>,
+    /// The snapshot state as of the last published event.
+    view: View,
     watchers: Vec<(u64, Arc<Notify>)>,
     /// Seq below which the stored log was last pruned.
     pruned_below: u64,
-    /// The message and tool outputs streaming as of the last published event.
-    stream: StreamState,
-    /// What a client set it to run with (stored in its row; `session.configured` changes it).
-    settings: SessionSettings,
 }
 
 impl Session {
-    fn new(
-        row: &SessionRow,
-        log: EventLog,
-        turns: Vec<TurnInfo>,
-        active_turn: Option<String>,
-        stream: StreamState,
-    ) -> Arc<Session> {
+    fn new(row: &SessionRow, log: EventLog, view: View) -> Arc<Session> {
         Arc::new(Session {
             id: row.session_id.clone(),
             workspace: row.workspace.clone(),
@@ -75,14 +60,9 @@ impl Session {
                 pruned_below: log.oldest_seq() + 1,
                 next_seq: log.head() + 1,
                 log,
-                closing: row.closed,
-                closed: row.closed,
-                turns,
-                active_turn,
-                pending_approvals: Vec::new(),
+                closing: view.closed,
+                view,
                 watchers: Vec::new(),
-                stream,
-                settings: row.settings.clone(),
             }),
         })
     }
@@ -104,11 +84,11 @@ impl Session {
 
     /// Whether any turn ever started (so an agent may have left a session file to resume).
     pub fn has_turns(&self) -> bool {
-        !self.lock().turns.is_empty()
+        !self.lock().view.turns.is_empty()
     }
 
     pub fn active_turn(&self) -> Option<String> {
-        self.lock().active_turn.clone()
+        self.lock().view.active_turn.clone()
     }
 
     pub fn info(&self) -> SessionInfo {
@@ -124,14 +104,14 @@ impl Session {
             state: state_of(inner),
             created_at: self.created_at,
             cursor: inner.log.head_cursor(),
-            active_turn_id: inner.active_turn.clone(),
-            settings: inner.settings.clone(),
+            active_turn_id: inner.view.active_turn.clone(),
+            settings: inner.view.settings.clone(),
         }
     }
 
     /// The model, thinking level and auto-compaction a client set (absent: the agent's own).
     pub fn settings(&self) -> SessionSettings {
-        self.lock().settings.clone()
+        self.lock().view.settings.clone()
     }
 
     /// The session, a snapshot of its state, and the cursor the snapshot was taken at, all read
@@ -140,10 +120,10 @@ impl Session {
         let inner = self.lock();
         let snapshot = Snapshot {
             state: state_of(&inner),
-            turns: inner.turns.clone(),
-            pending_approvals: inner.pending_approvals.clone(),
-            streaming_message: inner.stream.message().cloned(),
-            tool_outputs: inner.stream.tool_outputs().clone(),
+            turns: inner.view.turns.clone(),
+            pending_approvals: inner.view.pending_approvals.clone(),
+            streaming_message: inner.view.stream.message().cloned(),
+            tool_outputs: inner.view.stream.tool_outputs().clone(),
         };
         (self.info_locked(&inner), snapshot, inner.log.head_cursor())
     }
@@ -155,7 +135,7 @@ impl Session {
         let inner = self.lock();
         inner.log.check_cursor(cursor)?;
         if cursor.seq == inner.log.head() {
-            return Ok(inner.stream.clone());
+            return Ok(inner.view.stream.clone());
         }
         let mut since_turn_start = Vec::new();
         let mut turn_start_seen = false;
@@ -198,18 +178,18 @@ impl Session {
 
     /// True while an approval waits for an answer.
     pub fn has_pending_approvals(&self) -> bool {
-        !self.lock().pending_approvals.is_empty()
+        !self.lock().view.pending_approvals.is_empty()
     }
 
-    /// Makes committed events visible: the log, the snapshot state, then the watchers.
-    fn publish(&self, events: Vec<(Arc<LoggedEvent>, Option<Effect>)>) -> Cursor {
+    /// Makes committed events visible: the log, the snapshot state, then the watchers. Each
+    /// event comes with the typed body it was encoded from, so nothing is parsed again here.
+    fn publish(&self, events: Vec<(Arc<LoggedEvent>, HostEvent)>) -> Cursor {
         let now = now_ms();
         let mut inner = self.lock();
-        for (event, effect) in events {
-            inner.log.push(event, now);
-            if let Some(effect) = effect {
-                apply(&mut inner, effect);
-            }
+        for (logged, event) in events {
+            let at = logged.at;
+            inner.log.push(logged, now);
+            inner.view.apply(&self.id, event, at);
         }
         for (_, notify) in &inner.watchers {
             notify.notify_one();
@@ -247,7 +227,7 @@ impl SharedLog for Session {
             after_seq,
             max_count,
             max_bytes,
-            inner.closed,
+            inner.view.closed,
             None,
         )
     }
@@ -262,49 +242,12 @@ impl SharedLog for Session {
 }
 
 fn state_of(inner: &Inner) -> SessionState {
-    if inner.closed {
+    if inner.view.closed {
         SessionState::Closed
-    } else if inner.active_turn.is_some() {
+    } else if inner.view.active_turn.is_some() {
         SessionState::Running
     } else {
         SessionState::Idle
-    }
-}
-
-fn apply(inner: &mut Inner, effect: Effect) {
-    match effect {
-        Effect::TurnStarted(turn) => {
-            inner.active_turn = Some(turn.turn_id.clone());
-            inner.turns.push(turn);
-            if inner.turns.len() > SNAPSHOT_TURNS {
-                let excess = inner.turns.len() - SNAPSHOT_TURNS;
-                inner.turns.drain(..excess);
-            }
-        }
-        Effect::TurnFinished {
-            turn_id,
-            state,
-            error,
-            at,
-        } => {
-            if inner.active_turn.as_deref() == Some(turn_id.as_str()) {
-                inner.active_turn = None;
-            }
-            if let Some(turn) = inner.turns.iter_mut().find(|t| t.turn_id == turn_id) {
-                turn.state = state;
-                turn.error = error;
-                turn.finished_at = Some(at);
-            }
-            // A turn that ended ends its streams, even one its agent died in.
-            inner.stream.clear();
-        }
-        Effect::ApprovalRequested(approval) => inner.pending_approvals.push(approval),
-        Effect::ApprovalSettled(approval_id) => inner
-            .pending_approvals
-            .retain(|a| a.approval_id != approval_id),
-        Effect::Closed => inner.closed = true,
-        Effect::Configured(settings) => inner.settings = settings,
-        Effect::Stream { kind, payload } => inner.stream.apply_agent_text(&kind, payload.get()),
     }
 }
 
@@ -336,30 +279,7 @@ impl Sessions {
     ) -> Result<Sessions, SessionsError> {
         let map = DashMap::new();
         for row in store.sessions()? {
-            let head = store.event_head(&row.session_id)?;
-            let tail = store.event_tail(&row.session_id, retention.max_events)?;
-            let now = now_ms();
-            // Older events may have been pruned: the log starts just before the first kept one.
-            let start = tail.first().map_or(head, |e| e.seq - 1);
-            let mut log = EventLog::new(Epoch(row.epoch), start, retention);
-            let mut turns: Vec<TurnInfo> = Vec::new();
-            let mut stream = StreamState::default();
-            for event in tail {
-                restore_state(&mut turns, &mut stream, &event.json);
-                log.push(
-                    Arc::new(LoggedEvent {
-                        seq: event.seq,
-                        at: event.at,
-                        json: event.json.into_boxed_str(),
-                    }),
-                    now,
-                );
-            }
-            let active_turn = turns
-                .iter()
-                .find(|t| t.state == TurnState::Running)
-                .map(|t| t.turn_id.clone());
-            let session = Session::new(&row, log, turns, active_turn, stream);
+            let session = restore(store, &row, retention)?;
             map.insert(row.session_id, session);
         }
         let (tx, rx) = mpsc::unbounded_channel();
@@ -401,7 +321,7 @@ impl Sessions {
     pub fn create(&self, store: &Store, row: SessionRow) -> Result<Arc<Session>, StoreError> {
         store.insert_session(&row)?;
         let log = EventLog::new(Epoch(row.epoch), 0, self.retention);
-        let session = Session::new(&row, log, Vec::new(), None, StreamState::default());
+        let session = Session::new(&row, log, View::of_new(&row));
         self.map.insert(row.session_id, session.clone());
         Ok(session)
     }
@@ -458,14 +378,10 @@ impl Sessions {
         }
         inner.next_seq = first_seq + logged.len() as u64;
         inner.closing |= logged.iter().any(|(_, event)| event.closes_session());
-        let events = logged
-            .into_iter()
-            .map(|(logged, event)| (logged, event.into_effect(at)))
-            .collect();
         writer
             .send(writer::QueuedBatch {
                 session: session.clone(),
-                events,
+                events: logged,
                 done: Some(done),
             })
             .map_err(|_| shutting_down())?;
@@ -504,7 +420,7 @@ struct WireEvent<'a> {
     at: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     turn_id: Option<&'a str>,
-    data: &'a RawValue,
+    data: event::WireData<'a>,
 }
 
 fn encode(
@@ -514,14 +430,13 @@ fn encode(
     at: u64,
     buf: &mut Vec<u8>,
 ) -> Result<(), AppError> {
-    let data = event.data().map_err(|e| unencodable(event, e))?;
     let wire = WireEvent {
         seq,
         cursor,
         kind: event.kind(),
         at,
         turn_id: event.turn_id(),
-        data: &data,
+        data: event.data(),
     };
     serde_json::to_writer(buf, &wire).map_err(|e| unencodable(event, e))
 }
@@ -531,38 +446,42 @@ fn unencodable(event: &HostEvent, err: impl std::fmt::Display) -> AppError {
     crate::wire::unencodable(&format!("a {} event", event.kind()), err)
 }
 
-/// Rebuilds the snapshot's turn list and streams from stored events after a restart.
-fn restore_state(turns: &mut Vec<TurnInfo>, stream: &mut StreamState, json: &str) {
-    let Ok(event) = serde_json::from_str::<Event>(json) else {
-        return;
-    };
-    stream.apply_event(&event);
-    let Some(turn_id) = event.turn_id else {
-        return;
-    };
-    if event.kind == EventType::TurnStarted.as_str() {
-        let Ok(data) = event.data.parse::<TurnStartedData>() else {
-            return;
-        };
-        turns.push(TurnInfo {
-            turn_id,
-            state: TurnState::Running,
-            text: data.text,
-            started_at: event.at,
-            finished_at: None,
-            error: None,
-        });
-        if turns.len() > SNAPSHOT_TURNS {
-            turns.remove(0);
+/// A session as it was before a restart: its retained log, and the snapshot state rebuilt by
+/// applying each stored event as it was once published, then corrected by the store.
+fn restore(
+    store: &Store,
+    row: &SessionRow,
+    retention: Retention,
+) -> Result<Arc<Session>, StoreError> {
+    let head = store.event_head(&row.session_id)?;
+    let tail = store.event_tail(&row.session_id, retention.max_events)?;
+    let now = now_ms();
+    // Older events may have been pruned: the log starts just before the first kept one.
+    let start = tail.first().map_or(head, |e| e.seq - 1);
+    let mut log = EventLog::new(Epoch(row.epoch), start, retention);
+    let mut view = View::default();
+    for event in tail {
+        if let Some(stored) = serde_json::from_str::<Event>(&event.json)
+            .ok()
+            .and_then(HostEvent::from_stored)
+        {
+            view.apply(&row.session_id, stored, event.at);
         }
-    } else if event.kind == EventType::TurnFinished.as_str()
-        && let Some(turn) = turns.iter_mut().find(|t| t.turn_id == turn_id)
-    {
-        let Ok(data) = event.data.parse::<TurnFinishedData>() else {
-            return;
-        };
-        turn.state = event::turn_state(data.outcome);
-        turn.finished_at = Some(event.at);
-        turn.error = data.error;
+        log.push(
+            Arc::new(LoggedEvent {
+                seq: event.seq,
+                at: event.at,
+                json: event.json.into_boxed_str(),
+            }),
+            now,
+        );
     }
+    let still_pending = store
+        .pending_approvals(&row.session_id)
+        .unwrap_or_else(|err| {
+            tracing::warn!(session_id = %row.session_id, error = %err, "cannot read the approvals left pending");
+            Vec::new()
+        });
+    view.reconcile(row, &still_pending);
+    Ok(Session::new(row, log, view))
 }

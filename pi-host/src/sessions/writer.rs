@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 /// Events of one session waiting to be committed, in seq order.
 pub struct QueuedBatch {
     pub session: Arc<Session>,
-    pub events: Vec<(Arc<LoggedEvent>, Option<super::Effect>)>,
+    pub events: Vec<(Arc<LoggedEvent>, super::HostEvent)>,
     /// Told the cursor of the last event once it is committed and published.
     pub done: Option<oneshot::Sender<Cursor>>,
 }

@@ -9,6 +9,7 @@ use crate::auth::Caller;
 use crate::clock::now_ms;
 use crate::sessions::{HostEvent, Session};
 use dashmap::DashMap;
+use racp_proto::events::{ApprovalRequestedData, ApprovalSettledData};
 use racp_proto::methods::turn::{
     ApprovalInfo, ApprovalKind, ApprovalRespondParams, ApprovalRespondResult, ApprovalState,
     Decision, Verdict,
@@ -97,7 +98,7 @@ impl Approvals {
             tokio::time::sleep(timeout).await;
             expire(&host, &entry).await;
         });
-        HostEvent::ApprovalRequested(info)
+        HostEvent::of_turn(&info.turn_id, ApprovalRequestedData::from(&info))
     }
 
     /// Settles every pending approval of an ended turn as cancelled; returns the events.
@@ -108,7 +109,7 @@ impl Approvals {
             if info.turn_id == turn_id && info.state == ApprovalState::Pending {
                 info.state = ApprovalState::Cancelled;
                 save(host, &info);
-                events.push(HostEvent::ApprovalSettled(info.clone()));
+                events.push(settled_event(&info));
             }
         }
         events
@@ -128,7 +129,7 @@ impl Approvals {
             .map(|mut info| {
                 info.state = ApprovalState::Cancelled;
                 save(host, &info);
-                HostEvent::ApprovalSettled(info)
+                settled_event(&info)
             })
             .collect()
     }
@@ -175,12 +176,7 @@ impl Approvals {
         if let Err(err) = entry.agent.answer_ui(&entry.agent_request_id, answer).await {
             tracing::warn!(error = %err, "the agent did not take an approval answer");
         }
-        record(
-            host,
-            &entry.session,
-            HostEvent::ApprovalSettled(settled.clone()),
-        )
-        .await;
+        record(host, &entry.session, settled_event(&settled)).await;
         Ok(ApprovalRespondResult { approval: settled })
     }
 }
@@ -268,7 +264,12 @@ async fn expire(host: &impl TurnHost, entry: &Entry) {
     {
         tracing::debug!(error = %err, "the agent did not take an expiry");
     }
-    record(host, &entry.session, HostEvent::ApprovalSettled(settled)).await;
+    record(host, &entry.session, settled_event(&settled)).await;
+}
+
+/// `approval.settled` for the approval as it was settled (`state`, `settled_by`, `value`).
+fn settled_event(info: &ApprovalInfo) -> HostEvent {
+    HostEvent::of_turn(&info.turn_id, ApprovalSettledData::from(info))
 }
 
 async fn record(host: &impl TurnHost, session: &Arc<Session>, event: HostEvent) {

@@ -6,7 +6,7 @@
 use super::TurnHost;
 use super::{Driver, Turns};
 use crate::sessions::{HostEvent, Session};
-use racp_proto::events::AgentStopReason;
+use racp_proto::events::{AgentStopReason, AgentStoppedData};
 use racp_proto::methods::host::AgentsInfo;
 use racp_proto::{AppError, ErrorCode};
 use serde_json::json;
@@ -144,10 +144,10 @@ impl Driver {
         if !ran_turn {
             return;
         }
-        let event = HostEvent::AgentStopped {
+        let event = HostEvent::of_session(AgentStoppedData {
             reason,
             idle_ms: u64::try_from(idle_for.as_millis()).unwrap_or(u64::MAX),
-        };
+        });
         if let Err(err) = host.sessions().commit(&self.session, vec![event]).await {
             tracing::warn!(error = %err, "cannot record an agent stop");
         }

@@ -19,12 +19,10 @@ use crate::clock::now_ms;
 use crate::models::ModelHost;
 use crate::sessions::{HostEvent, Session};
 use crate::store::TurnRow;
-use racp_proto::events::TurnOutcome;
+use racp_proto::events::{SessionConfiguredData, TurnFinishedData, TurnOutcome, TurnStartedData};
 use racp_proto::methods::model::ModelRef;
 use racp_proto::methods::session::{SessionConfigureParams, SessionCreateResult};
-use racp_proto::methods::turn::{
-    TurnInfo, TurnRef, TurnStartParams, TurnStartResult, TurnState, TurnSteerParams,
-};
+use racp_proto::methods::turn::{TurnRef, TurnStartParams, TurnStartResult, TurnSteerParams};
 use racp_proto::pi::{self, Kind};
 use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
 use serde_json::json;
@@ -268,10 +266,10 @@ impl Turns {
             .await
             .map_err(crate::internal)?
             .map_err(crate::internal)?;
-        let event = HostEvent::Configured {
+        let event = HostEvent::of_session(SessionConfiguredData {
             settings,
             device_id: credential.device_id().map(str::to_string),
-        };
+        });
         host.sessions().commit(&session, vec![event]).await?;
         tracing::info!(session_id = %session.id, "session configured");
         Ok(SessionCreateResult {
@@ -346,11 +344,13 @@ pub async fn end_interrupted_turns(host: &impl TurnHost) {
                 "the host stopped during this turn; start a new turn to continue",
             )
             .with_details(json!({"reason": "host_restarted"}));
-            events.push(HostEvent::TurnFinished {
+            events.push(HostEvent::of_turn(
                 turn_id,
-                outcome: TurnOutcome::Aborted,
-                error: Some(error),
-            });
+                TurnFinishedData {
+                    outcome: TurnOutcome::Aborted,
+                    error: Some(error),
+                },
+            ));
         }
         if events.is_empty() {
             continue;
@@ -417,11 +417,10 @@ fn end_of_turn(
             "turn did not complete"
         );
     }
-    events.push(HostEvent::TurnFinished {
-        turn_id: turn_id.to_string(),
-        outcome,
-        error,
-    });
+    events.push(HostEvent::of_turn(
+        turn_id,
+        TurnFinishedData { outcome, error },
+    ));
     events
 }
 
@@ -459,28 +458,22 @@ async fn record_turn(
     params: &TurnStartParams,
 ) -> Result<String, AppError> {
     let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
-    let started_at = now_ms();
     let row = TurnRow {
         turn_id: turn_id.clone(),
         idempotency_key: params.idempotency_key.clone(),
         text: params.text.clone(),
-        started_at,
+        started_at: now_ms(),
     };
     host.store()
         .insert_turn(&session.id, &row)
         .map_err(crate::internal)?;
-    let turn = TurnInfo {
-        turn_id: turn_id.clone(),
-        state: TurnState::Running,
-        text: params.text.clone(),
-        started_at,
-        finished_at: None,
-        error: None,
-    };
-    let started = HostEvent::TurnStarted {
-        turn,
-        device_id: credential.device_id().map(str::to_string),
-    };
+    let started = HostEvent::of_turn(
+        &turn_id,
+        TurnStartedData {
+            text: params.text.clone(),
+            device_id: credential.device_id().map(str::to_string),
+        },
+    );
     host.sessions().commit(session, vec![started]).await?;
     Ok(turn_id)
 }

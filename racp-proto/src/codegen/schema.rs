@@ -6,47 +6,59 @@
 use crate::error::{AppError, ErrorCode, Recovery};
 use crate::events::{Event, EventType, PushMethod};
 use crate::frame::{ConnectionError, ErrorReply, RequestId};
-use crate::methods::{Empty, Method};
+use crate::methods::{Empty, Method, MethodSpec};
 use crate::{Cursor, PROTOCOL_VERSION, Role, SUBPROTOCOL};
+use schemars::SchemaGenerator;
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
 /// Builds the whole protocol schema as a JSON value.
 pub fn protocol_schema() -> Value {
     let mut generator = SchemaSettings::draft2020_12().into_generator();
-    let empty_ref = generator.subschema_for::<Empty>().to_value();
-
     let mut defs = Map::new();
+    let (methods, request_refs) = method_schemas(&mut generator, &mut defs);
+    let (pushes, push_refs) = push_schemas(&mut generator, &mut defs);
+    let events = event_schemas(&mut generator);
+    define_building_blocks(&mut generator);
+    define_frames(&mut defs, request_refs, push_refs);
+    for (name, schema) in generator.take_definitions(true) {
+        defs.insert(name, schema);
+    }
+    let defs: Map<String, Value> = sort_map(defs);
+
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "racp.v1.schema.json",
+        "title": "RACP-WS v1",
+        "description": format!(
+            "Frames of the RACP-WS protocol, version {PROTOCOL_VERSION} (WebSocket subprotocol `{SUBPROTOCOL}`). Generated from the racp-proto crate by `{}`; do not edit.",
+            super::REGENERATE
+        ),
+        "anyOf": [{"$ref": "#/$defs/ClientFrame"}, {"$ref": "#/$defs/HostFrame"}],
+        "x-racp-methods": methods,
+        "x-racp-pushes": pushes,
+        "x-racp-events": events,
+        "$defs": defs,
+    })
+}
+
+/// The method table: `x-racp-methods`, and one request definition per method (added to `defs`)
+/// with the refs the `ClientFrame` union takes.
+fn method_schemas(
+    generator: &mut SchemaGenerator,
+    defs: &mut Map<String, Value>,
+) -> (Map<String, Value>, Vec<Value>) {
+    let empty_ref = generator.subschema_for::<Empty>().to_value();
     let mut methods = Map::new();
     let mut request_refs = Vec::new();
     for method in Method::ALL {
         let spec = method.spec();
-        let params = method.params_schema(&mut generator).to_value();
-        let result = method.result_schema(&mut generator).to_value();
+        let params = method.params_schema(generator).to_value();
+        let result = method.result_schema(generator).to_value();
         let request_name = format!("{}Request", type_name(spec.name));
-        let params_optional = params == empty_ref;
-        let params_schema = if params_optional {
-            json!({"anyOf": [params.clone(), {"type": "null"}]})
-        } else {
-            params.clone()
-        };
-        let mut required = vec!["id", "method"];
-        if !params_optional {
-            required.push("params");
-        }
         defs.insert(
             request_name.clone(),
-            json!({
-                "description": format!("`{}`: {}", spec.name, spec.summary()),
-                "type": "object",
-                "properties": {
-                    "id": {"$ref": "#/$defs/RequestId"},
-                    "method": {"const": spec.name},
-                    "params": params_schema,
-                },
-                "required": required,
-                "additionalProperties": false,
-            }),
+            request_schema(spec, params.clone(), params == empty_ref),
         );
         request_refs.push(json!({"$ref": format!("#/$defs/{request_name}")}));
         methods.insert(
@@ -61,11 +73,43 @@ pub fn protocol_schema() -> Value {
             }),
         );
     }
+    (methods, request_refs)
+}
 
+/// A request frame of one method; `params` may be absent (or null) when they are `{}`.
+fn request_schema(spec: &MethodSpec, params: Value, params_optional: bool) -> Value {
+    let params_schema = if params_optional {
+        json!({"anyOf": [params, {"type": "null"}]})
+    } else {
+        params
+    };
+    let mut required = vec!["id", "method"];
+    if !params_optional {
+        required.push("params");
+    }
+    json!({
+        "description": format!("`{}`: {}", spec.name, spec.summary()),
+        "type": "object",
+        "properties": {
+            "id": {"$ref": "#/$defs/RequestId"},
+            "method": {"const": spec.name},
+            "params": params_schema,
+        },
+        "required": required,
+        "additionalProperties": false,
+    })
+}
+
+/// The pushes: `x-racp-pushes`, and one push definition each (added to `defs`) with the refs
+/// the `HostPush` union takes.
+fn push_schemas(
+    generator: &mut SchemaGenerator,
+    defs: &mut Map<String, Value>,
+) -> (Map<String, Value>, Vec<Value>) {
     let mut pushes = Map::new();
     let mut push_refs = Vec::new();
     for push in PushMethod::ALL {
-        let params = push.params_schema(&mut generator).to_value();
+        let params = push.params_schema(generator).to_value();
         let name = format!("{}Push", type_name(push.as_str()));
         defs.insert(
             name.clone(),
@@ -86,16 +130,23 @@ pub fn protocol_schema() -> Value {
             json!({"summary": push.summary(), "params": params}),
         );
     }
+    (pushes, push_refs)
+}
 
+/// `x-racp-events`: the `data` schema of every row of the host event table.
+fn event_schemas(generator: &mut SchemaGenerator) -> Map<String, Value> {
     let mut events = Map::new();
     for event in EventType::ALL {
         events.insert(
             event.as_str().to_string(),
-            json!({"data": event.data_schema(&mut generator).to_value()}),
+            json!({"data": event.data_schema(generator).to_value()}),
         );
     }
+    events
+}
 
-    // The shared building blocks are defined even where no method names them directly.
+/// The shared building blocks are defined even where no method names them directly.
+fn define_building_blocks(generator: &mut SchemaGenerator) {
     generator.subschema_for::<RequestId>();
     generator.subschema_for::<AppError>();
     generator.subschema_for::<ErrorCode>();
@@ -105,7 +156,10 @@ pub fn protocol_schema() -> Value {
     generator.subschema_for::<Event>();
     generator.subschema_for::<ErrorReply>();
     generator.subschema_for::<ConnectionError>();
+}
 
+/// The frame unions, which the method table and the pushes define rather than one Rust type.
+fn define_frames(defs: &mut Map<String, Value>, request_refs: Vec<Value>, push_refs: Vec<Value>) {
     defs.insert(
         "ResultReply".into(),
         json!({
@@ -139,25 +193,6 @@ pub fn protocol_schema() -> Value {
             ],
         }),
     );
-    for (name, schema) in generator.take_definitions(true) {
-        defs.insert(name, schema);
-    }
-    let defs: Map<String, Value> = sort_map(defs);
-
-    json!({
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "racp.v1.schema.json",
-        "title": "RACP-WS v1",
-        "description": format!(
-            "Frames of the RACP-WS protocol, version {PROTOCOL_VERSION} (WebSocket subprotocol `{SUBPROTOCOL}`). Generated from the racp-proto crate by `{}`; do not edit.",
-            super::REGENERATE
-        ),
-        "anyOf": [{"$ref": "#/$defs/ClientFrame"}, {"$ref": "#/$defs/HostFrame"}],
-        "x-racp-methods": methods,
-        "x-racp-pushes": pushes,
-        "x-racp-events": events,
-        "$defs": defs,
-    })
 }
 
 /// Pretty JSON with a trailing newline.

@@ -14,6 +14,23 @@ use std::fmt::Write;
 
 pub fn render_typescript(schema: &Value) -> String {
     let mut out = String::new();
+    write_header(&mut out);
+    if let Some(defs) = schema["$defs"].as_object() {
+        for (name, def) in defs {
+            write_doc(&mut out, def, "");
+            let _ = writeln!(out, "export type {name} = {};\n", render(def, ""));
+        }
+    }
+    write_method_types(&mut out, schema);
+    write_push_types(&mut out, schema);
+    write_event_data(&mut out, schema);
+    write_method_specs(&mut out);
+    write_error_codes(&mut out);
+    out
+}
+
+/// The banner and the protocol's constants.
+fn write_header(out: &mut String) {
     let _ = writeln!(
         out,
         "// RACP-WS v1 TypeScript declarations.\n// Generated from racp-proto by `{}`. Do not edit: a test fails when this file is stale.\n",
@@ -28,14 +45,10 @@ pub fn render_typescript(schema: &Value) -> String {
         crate::BEARER_SUBPROTOCOL_PREFIX,
         crate::ENDPOINT_PATH
     );
+}
 
-    if let Some(defs) = schema["$defs"].as_object() {
-        for (name, def) in defs {
-            write_doc(&mut out, def, "");
-            let _ = writeln!(out, "export type {name} = {};\n", render(def, ""));
-        }
-    }
-
+/// `RacpMethods`: each method's params and result, from the method table.
+fn write_method_types(out: &mut String, schema: &Value) {
     out.push_str(
         "/** Params and result type of every method. */\nexport interface RacpMethods {\n",
     );
@@ -50,7 +63,10 @@ pub fn render_typescript(schema: &Value) -> String {
         );
     }
     out.push_str("}\n\nexport type RacpMethodName = keyof RacpMethods;\n\n");
+}
 
+/// `RacpPushes`: each push's params.
+fn write_push_types(out: &mut String, schema: &Value) {
     out.push_str("/** Params type of every push. */\nexport interface RacpPushes {\n");
     for push in PushMethod::ALL {
         let entry = &schema["x-racp-pushes"][push.as_str()];
@@ -62,7 +78,10 @@ pub fn render_typescript(schema: &Value) -> String {
         );
     }
     out.push_str("}\n\n");
+}
 
+/// `RacpEventData`: each host event type's `data`, from the host event table.
+fn write_event_data(out: &mut String, schema: &Value) {
     out.push_str(
         "/** `data` type of every event type the host emits; `agent.*` events carry the agent's payload. */\nexport interface RacpEventData {\n",
     );
@@ -76,7 +95,10 @@ pub fn render_typescript(schema: &Value) -> String {
         );
     }
     out.push_str("}\n\n");
+}
 
+/// `METHODS`: who may call each method and how it may be resent.
+fn write_method_specs(out: &mut String) {
     out.push_str(
         "/** Who may call each method, whether it changes state, and whether it may be resent after a lost reply. */\nexport const METHODS = {\n",
     );
@@ -92,7 +114,10 @@ pub fn render_typescript(schema: &Value) -> String {
         );
     }
     out.push_str("} as const;\n\n");
+}
 
+/// `ERROR_CODES`: the error-code registry.
+fn write_error_codes(out: &mut String) {
     out.push_str("/** The error-code registry. */\nexport const ERROR_CODES = {\n");
     for code in ErrorCode::ALL {
         let spec = code.spec();
@@ -117,7 +142,6 @@ pub fn render_typescript(schema: &Value) -> String {
         );
     }
     out.push_str("} as const satisfies Record<ErrorCode, unknown>;\n");
-    out
 }
 
 fn write_doc(out: &mut String, schema: &Value, indent: &str) {

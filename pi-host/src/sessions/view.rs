@@ -1,0 +1,260 @@
+//! A session's snapshot state, and the one function that changes it: [`View::apply`], called
+//! with each event as it is published and, after a restart, with each stored event of the
+//! retained log (then [`View::reconcile`] lets the store correct what the log cannot know).
+
+use super::HostEvent;
+use crate::store::SessionRow;
+use racp_proto::events::HostEventData;
+use racp_proto::methods::session::SessionSettings;
+use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
+use racp_proto::pi::stream::StreamState;
+
+/// How many finished turns a snapshot shows.
+const SNAPSHOT_TURNS: usize = 50;
+
+/// What a snapshot shows of a session, as of the last published event.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct View {
+    pub turns: Vec<TurnInfo>,
+    pub active_turn: Option<String>,
+    pub pending_approvals: Vec<ApprovalInfo>,
+    /// True once `session.closed` is published.
+    pub closed: bool,
+    /// What a client set it to run with (stored in its row; `session.configured` changes it).
+    pub settings: SessionSettings,
+    /// The message and tool outputs streaming.
+    pub stream: StreamState,
+}
+
+impl View {
+    /// A new session's view: nothing happened yet.
+    pub fn of_new(row: &SessionRow) -> View {
+        View {
+            closed: row.closed,
+            settings: row.settings.clone(),
+            ..View::default()
+        }
+    }
+
+    /// What `event`, recorded at `at`, does to the snapshot.
+    pub fn apply(&mut self, session_id: &str, event: HostEvent, at: u64) {
+        let (body, turn_id) = match event {
+            HostEvent::Host { body, turn_id } => (body, turn_id),
+            HostEvent::Agent { kind, payload, .. } => {
+                // Only some agent events change what is streaming (docs/protocol.md §8.1).
+                if kind.streams() {
+                    self.stream.apply_agent_text(&kind, payload.get());
+                }
+                return;
+            }
+        };
+        match body {
+            HostEventData::TurnStarted(data) => {
+                let Some(turn_id) = turn_id else { return };
+                self.active_turn = Some(turn_id.clone());
+                self.turns.push(TurnInfo {
+                    turn_id,
+                    state: TurnState::Running,
+                    text: data.text,
+                    started_at: at,
+                    finished_at: None,
+                    error: None,
+                });
+                if self.turns.len() > SNAPSHOT_TURNS {
+                    let excess = self.turns.len() - SNAPSHOT_TURNS;
+                    self.turns.drain(..excess);
+                }
+            }
+            HostEventData::TurnFinished(data) => {
+                // A turn that ended ends its streams, even one its agent died in.
+                self.stream.clear();
+                let Some(turn_id) = turn_id else { return };
+                if self.active_turn.as_deref() == Some(turn_id.as_str()) {
+                    self.active_turn = None;
+                }
+                if let Some(turn) = self.turns.iter_mut().find(|t| t.turn_id == turn_id) {
+                    turn.state = data.outcome.turn_state();
+                    turn.error = data.error;
+                    turn.finished_at = Some(at);
+                }
+            }
+            HostEventData::ApprovalRequested(data) => self
+                .pending_approvals
+                .push(data.into_pending(session_id.to_string())),
+            HostEventData::ApprovalSettled(data) => self
+                .pending_approvals
+                .retain(|a| a.approval_id != data.approval_id),
+            HostEventData::SessionClosed(_) => self.closed = true,
+            HostEventData::SessionConfigured(data) => self.settings = data.settings,
+            HostEventData::AgentStopped(_) => {}
+        }
+    }
+
+    /// After a restart, once the retained log is applied: where the log and the store disagree,
+    /// the store wins. The store is written before an event is committed (settings, an
+    /// approval's answer) or just after (`closed`), so a host stopped in between left the log
+    /// behind or ahead of it; and the log's tail may no longer hold an approval's request.
+    /// `still_pending` are the approvals the store holds pending (the host cancels each of them
+    /// before it serves: turns::end_interrupted_turns).
+    pub fn reconcile(&mut self, row: &SessionRow, still_pending: &[ApprovalInfo]) {
+        self.closed = row.closed;
+        self.settings = row.settings.clone();
+        self.pending_approvals.retain(|shown| {
+            still_pending
+                .iter()
+                .any(|stored| stored.approval_id == shown.approval_id)
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use racp_proto::events::{
+        AgentStopReason, AgentStoppedData, ApprovalRequestedData, ApprovalSettledData, Event,
+        SessionClosedData, SessionConfiguredData, TurnFinishedData, TurnOutcome, TurnStartedData,
+    };
+    use racp_proto::methods::turn::{ApprovalKind, ApprovalState};
+    use racp_proto::{Cursor, Epoch};
+
+    fn approval(approval_id: &str) -> ApprovalRequestedData {
+        ApprovalRequestedData {
+            approval_id: approval_id.into(),
+            turn_id: "turn_1".into(),
+            kind: ApprovalKind::Confirm,
+            title: "run it?".into(),
+            message: None,
+            options: None,
+            deadline: 99,
+        }
+    }
+
+    fn agent(kind: &str, payload: &str) -> HostEvent {
+        HostEvent::Agent {
+            kind: racp_proto::pi::Kind::from_wire(kind),
+            turn_id: Some("turn_2".into()),
+            payload: serde_json::value::RawValue::from_string(payload.into()).unwrap(),
+        }
+    }
+
+    /// A session's life in events: every host event type, and a reply streaming when it ends.
+    fn life() -> Vec<HostEvent> {
+        let started = |text: &str| TurnStartedData {
+            text: text.into(),
+            device_id: None,
+        };
+        vec![
+            HostEvent::of_turn("turn_1", started("first")),
+            HostEvent::of_turn("turn_1", approval("apr_1")),
+            HostEvent::of_turn(
+                "turn_1",
+                ApprovalSettledData {
+                    approval_id: "apr_1".into(),
+                    outcome: ApprovalState::Allowed,
+                    device_id: Some("dev_1".into()),
+                    value: None,
+                },
+            ),
+            HostEvent::of_turn("turn_1", approval("apr_2")),
+            HostEvent::of_session(SessionConfiguredData {
+                settings: SessionSettings {
+                    auto_compaction: Some(false),
+                    ..SessionSettings::default()
+                },
+                device_id: None,
+            }),
+            HostEvent::of_turn(
+                "turn_1",
+                TurnFinishedData {
+                    outcome: TurnOutcome::Failed,
+                    error: None,
+                },
+            ),
+            HostEvent::of_turn("turn_2", started("second")),
+            agent(
+                "message_start",
+                r#"{"type":"message_start","message":{"role":"assistant","content":[],"timestamp":1}}"#,
+            ),
+            agent(
+                "message_update",
+                r#"{"type":"message_update","message":{"role":"assistant","timestamp":1},"assistantMessageEvent":{"type":"text_start","contentIndex":0,"block":{"type":"text"}}}"#,
+            ),
+            agent(
+                "message_update",
+                r#"{"type":"message_update","message":{"role":"assistant","timestamp":1},"assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"hi"}}"#,
+            ),
+            HostEvent::of_session(AgentStoppedData {
+                reason: AgentStopReason::Idle,
+                idle_ms: 5,
+            }),
+            HostEvent::of_session(SessionClosedData { device_id: None }),
+        ]
+    }
+
+    #[test]
+    fn a_restart_rebuilds_the_view_that_publishing_built() {
+        let mut published = View::default();
+        let mut restored = View::default();
+        let epoch = Epoch(7);
+        for (i, (live, stored)) in life().into_iter().zip(life()).enumerate() {
+            let (seq, at) = (i as u64 + 1, 1000 + i as u64);
+            published.apply("ses_1", live, at);
+            let mut json = Vec::new();
+            super::super::encode(&stored, seq, Cursor::new(epoch, seq), at, &mut json).unwrap();
+            let event: Event = serde_json::from_slice(&json).unwrap();
+            let stored = HostEvent::from_stored(event).expect("a known event");
+            restored.apply("ses_1", stored, at);
+        }
+        assert_eq!(restored, published);
+
+        let turns: Vec<_> = published
+            .turns
+            .iter()
+            .map(|t| (t.state, t.started_at))
+            .collect();
+        assert_eq!(
+            turns,
+            [(TurnState::Failed, 1000), (TurnState::Running, 1006)]
+        );
+        assert_eq!(published.turns[0].finished_at, Some(1005));
+        assert_eq!(published.active_turn.as_deref(), Some("turn_2"));
+        let pending: Vec<_> = published
+            .pending_approvals
+            .iter()
+            .map(|a| a.approval_id.as_str())
+            .collect();
+        assert_eq!(pending, ["apr_2"]);
+        assert_eq!(published.pending_approvals[0].session_id, "ses_1");
+        assert_eq!(published.settings.auto_compaction, Some(false));
+        assert!(published.closed);
+        assert_eq!(
+            published.stream.message().unwrap()["content"][0]["text"],
+            "hi"
+        );
+    }
+
+    #[test]
+    fn at_a_restart_the_store_wins() {
+        let mut view = View::default();
+        for (i, event) in life().into_iter().enumerate() {
+            view.apply("ses_1", event, i as u64);
+        }
+        let row = SessionRow {
+            session_id: "ses_1".into(),
+            workspace: "/w".into(),
+            title: None,
+            epoch: 7,
+            created_at: 1,
+            closed: false,
+            settings: SessionSettings::default(),
+        };
+        // The store holds apr_2 answered and apr_3 pending (its request pruned from the log).
+        let still_pending = [approval("apr_3").into_pending("ses_1".into())];
+        view.reconcile(&row, &still_pending);
+        assert!(!view.closed);
+        assert_eq!(view.settings, SessionSettings::default());
+        assert!(view.pending_approvals.is_empty());
+        assert_eq!(view.turns.len(), 2);
+    }
+}
