@@ -137,7 +137,7 @@ impl Approvals {
     pub async fn respond(
         &self,
         host: &Arc<impl TurnHost>,
-        credential: &Caller,
+        caller: &Caller,
         params: ApprovalRespondParams,
     ) -> Result<ApprovalRespondResult, AppError> {
         let Some(entry) = self.map.get(&params.approval_id).map(|e| e.clone()) else {
@@ -150,7 +150,7 @@ impl Approvals {
                 Err(err) => crate::internal(err),
             });
         };
-        let device_id = credential.device_id().map(str::to_string);
+        let device_id = caller.device_id().map(str::to_string);
         let past_deadline = {
             let info = entry.lock();
             info.state == ApprovalState::Pending && now_ms() >= info.deadline

@@ -158,7 +158,7 @@ impl Turns {
     pub async fn start(
         &self,
         host: &Arc<impl TurnHost>,
-        credential: &Caller,
+        caller: &Caller,
         params: TurnStartParams,
     ) -> Result<TurnStartResult, AppError> {
         let session = host.sessions().find(&params.session_id)?;
@@ -188,7 +188,7 @@ impl Turns {
         };
         state.last_used = Some(Instant::now());
         driver.ready(host, &agent, &mut state).await?;
-        let turn_id = record_turn(host, &session, credential, &params).await?;
+        let turn_id = record_turn(host, &session, caller, &params).await?;
         state.ran_turn = true;
         state.active = Some(ActiveTurn::new(turn_id.clone()));
         // Not under the lock: the pump needs it to read what the agent says meanwhile.
@@ -227,7 +227,7 @@ impl Turns {
     pub async fn configure(
         &self,
         host: &Arc<impl TurnHost>,
-        credential: &Caller,
+        caller: &Caller,
         params: SessionConfigureParams,
     ) -> Result<SessionCreateResult, AppError> {
         let session = host.sessions().find(&params.session_id)?;
@@ -268,7 +268,7 @@ impl Turns {
             .map_err(crate::internal)?;
         let event = HostEvent::of_session(SessionConfiguredData {
             settings,
-            device_id: credential.device_id().map(str::to_string),
+            device_id: caller.device_id().map(str::to_string),
         });
         host.sessions().commit(&session, vec![event]).await?;
         tracing::info!(session_id = %session.id, "session configured");
@@ -454,7 +454,7 @@ fn earlier_turn(
 async fn record_turn(
     host: &impl TurnHost,
     session: &Arc<Session>,
-    credential: &Caller,
+    caller: &Caller,
     params: &TurnStartParams,
 ) -> Result<String, AppError> {
     let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
@@ -471,7 +471,7 @@ async fn record_turn(
         &turn_id,
         TurnStartedData {
             text: params.text.clone(),
-            device_id: credential.device_id().map(str::to_string),
+            device_id: caller.device_id().map(str::to_string),
         },
     );
     host.sessions().commit(session, vec![started]).await?;
