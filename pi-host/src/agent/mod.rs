@@ -56,6 +56,9 @@ use tokio::time::Instant;
 
 /// The longest stdout line accepted from an agent; longer ones are dropped as they stream in.
 pub const MAX_LINE_BYTES: usize = 16 << 20;
+/// The read buffer on the agent's stdout: pi's stream updates are kilobytes each (the whole
+/// message so far), and the default 8 KiB made the pipe reads a tenth of the host's time.
+const STDOUT_BUFFER: usize = 256 << 10;
 /// Outputs buffered between the agent's stdout and the receiver.
 pub const OUTPUT_CAPACITY: usize = 1024;
 /// How much of the agent's stderr is kept for [`AgentOutput::Exited`].
@@ -440,7 +443,10 @@ impl Agent {
         tokio::spawn(supervise(child, pid, pgid, exit_tx));
         let stderr_task = tokio::spawn(read_stderr(stderr, tail.clone()));
         let pump = StdoutPump {
-            reader: LineReader::new(BufReader::new(stdout), options.max_line_bytes),
+            reader: LineReader::new(
+                BufReader::with_capacity(STDOUT_BUFFER, stdout),
+                options.max_line_bytes,
+            ),
             lines: Reader::new(options.redactor.clone()),
             out: out_tx,
             pending: pending.clone(),

@@ -67,7 +67,8 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
                 }
                 return Ok(Some(self.finish_text()));
             }
-            match available.iter().position(|&b| b == b'\n') {
+            // memchr: a byte-wise search over pi's kilobyte lines was a tenth of the host's time.
+            match memchr::memchr(b'\n', available) {
                 Some(end) => {
                     let line = if let Some((seen, head)) = self.discarding.take() {
                         Line::TooLong {

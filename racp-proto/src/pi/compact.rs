@@ -10,7 +10,7 @@
 //! not the one described there.
 
 use super::Kind;
-use super::line::{Line, Nested, RawFields};
+use super::line::{Line, Nested, RawFields, text};
 use super::stream::single_text;
 use serde::Deserialize;
 use serde_json::value::{RawValue, to_raw_value};
@@ -61,7 +61,7 @@ impl Compactor {
             Kind::TurnEnd | Kind::AgentEnd => name_messages(line),
             Kind::ToolExecutionUpdate => self.tool_update(line),
             Kind::ToolExecutionEnd => {
-                if let Some(id) = line.field::<Cow<'_, str>>("toolCallId") {
+                if let Some(id) = line.fields.get("toolCallId").and_then(|id| text(id)) {
                     self.tool_outputs.remove(id.as_ref());
                 }
                 None
@@ -113,7 +113,7 @@ impl Compactor {
 
     /// The step without pi's accumulated copies; `None` when it is not a shape this knows.
     fn compact_step(&mut self, mut step: RawFields<'_>) -> Option<Box<RawValue>> {
-        let kind: Cow<'_, str> = serde_json::from_str(step.get("type")?.get()).ok()?;
+        let kind = text(step.get("type")?)?;
         if kind == "start" {
             self.start_message(&step);
             return to_raw_value(&step).ok();
@@ -125,7 +125,7 @@ impl Compactor {
         let mut block: Option<Map<String, Value>> = None;
         if kind.ends_with("_delta") {
             if let (Some(index), Some(delta)) = (index, step.get("delta")) {
-                let delta: Cow<'_, str> = serde_json::from_str(delta.get()).ok()?;
+                let delta = text(delta)?;
                 self.streamed_mut(index).push_str(&delta);
             }
         } else if kind.ends_with("_start") || kind.ends_with("_end") {
@@ -184,7 +184,7 @@ impl Compactor {
         drop_streamed(block, streamed);
         if step
             .get("content")
-            .and_then(|c| serde_json::from_str::<Cow<'_, str>>(c.get()).ok())
+            .and_then(|c| text(c))
             .is_some_and(|content| content == streamed)
         {
             step.remove("content");
