@@ -59,6 +59,9 @@ pub const MAX_LINE_BYTES: usize = 16 << 20;
 /// The read buffer on the agent's stdout: pi's stream updates are kilobytes each (the whole
 /// message so far), and the default 8 KiB made the pipe reads a tenth of the host's time.
 const STDOUT_BUFFER: usize = 256 << 10;
+/// The agent's stdout pipe, as wide as an unprivileged process may make it (Linux's
+/// `/proc/sys/fs/pipe-max-size` default).
+const AGENT_PIPE_BYTES: i32 = 1 << 20;
 /// Outputs buffered between the agent's stdout and the receiver.
 pub const OUTPUT_CAPACITY: usize = 1024;
 /// How much of the agent's stderr is kept for [`AgentOutput::Exited`].
@@ -712,8 +715,19 @@ fn take_pipes(child: &mut Child) -> Result<Pipes, AgentError> {
         .map_err(|_| missing("valid process id"))?;
     let stdin = child.stdin.take().ok_or_else(|| missing("stdin pipe"))?;
     let stdout = child.stdout.take().ok_or_else(|| missing("stdout pipe"))?;
+    widen_pipe(&stdout);
     let stderr = child.stderr.take().ok_or_else(|| missing("stderr pipe"))?;
     Ok((pid, pgid, stdin, stdout, stderr))
+}
+
+/// pi writes each stream update with the whole message so far: a 64 KiB pipe (Linux's default)
+/// holds a few of them, so agent and host woke each other every few lines. A wider one is an
+/// optimisation only: where the kernel refuses, the default stays.
+fn widen_pipe(stdout: &ChildStdout) {
+    use nix::fcntl::{FcntlArg, fcntl};
+    if let Err(err) = fcntl(stdout, FcntlArg::F_SETPIPE_SZ(AGENT_PIPE_BYTES)) {
+        tracing::debug!(error = %err, "the agent's stdout pipe keeps its size");
+    }
 }
 
 /// Owns the child: reaps it, then kills what is left of its process group.
