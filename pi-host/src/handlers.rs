@@ -300,13 +300,15 @@ async fn session_close(
         Err(_) if session.is_closing() => return Ok(Ack {}),
         Err(error) => return Err(error),
     };
+    // The row is marked once the event is durable: a closed row always has its
+    // `session.closed` (sessions/view.rs, `reconcile`).
+    committed
+        .await
+        .map_err(|_| state.internal("the event writer stopped before committing"))?;
     state
         .store
         .mark_session_closed(session_id, now_ms())
         .map_err(|e| state.internal(e))?;
-    committed
-        .await
-        .map_err(|_| state.internal("the event writer stopped before committing"))?;
     tracing::info!(%session_id, "session closed");
     Ok(Ack {})
 }

@@ -483,5 +483,9 @@ fn restore(
             Vec::new()
         });
     view.reconcile(row, &still_pending);
+    if view.closed && !row.closed {
+        // The host stopped between committing `session.closed` and marking the row.
+        store.mark_session_closed(&row.session_id, now)?;
+    }
     Ok(Session::new(row, log, view))
 }

@@ -91,13 +91,15 @@ impl View {
     }
 
     /// After a restart, once the retained log is applied: where the log and the store disagree,
-    /// the store wins. The store is written before an event is committed (settings, an
-    /// approval's answer) or just after (`closed`), so a host stopped in between left the log
-    /// behind or ahead of it; and the log's tail may no longer hold an approval's request.
+    /// the store wins, but for `closed`. The store is written before an event is committed
+    /// (settings, an approval's answer), so a host stopped in between left the log behind it;
+    /// and the log's tail may no longer hold an approval's request. A session's row is marked
+    /// closed only once its `session.closed` is committed: a committed close is never undone,
+    /// and a closed row always has its event (so no event can follow `session.closed`).
     /// `still_pending` are the approvals the store holds pending (the host cancels each of them
     /// before it serves: turns::end_interrupted_turns).
     pub fn reconcile(&mut self, row: &SessionRow, still_pending: &[ApprovalInfo]) {
-        self.closed = row.closed;
+        self.closed |= row.closed;
         self.settings = row.settings.clone();
         self.pending_approvals.retain(|shown| {
             still_pending
@@ -252,7 +254,10 @@ mod tests {
         // The store holds apr_2 answered and apr_3 pending (its request pruned from the log).
         let still_pending = [approval("apr_3").into_pending("ses_1".into())];
         view.reconcile(&row, &still_pending);
-        assert!(!view.closed);
+        assert!(
+            view.closed,
+            "a committed session.closed is not undone by its row"
+        );
         assert_eq!(view.settings, SessionSettings::default());
         assert!(view.pending_approvals.is_empty());
         assert_eq!(view.turns.len(), 2);
