@@ -384,57 +384,12 @@ impl Agent {
         spec: &AgentSpec,
         options: AgentOptions,
     ) -> Result<(Agent, mpsc::Receiver<AgentOutput>), AgentError> {
-        let unavailable = |reason: String| AgentError::Unavailable {
-            command: spec.command.clone(),
-            reason,
-            suggestion: "Set --agent / PI_HOST_AGENT to the agent's command line, e.g. \
-                `pi --mode rpc`."
-                .to_string(),
-        };
-        let words = shell_words::split(&spec.command)
-            .map_err(|err| unavailable(format!("the command line cannot be parsed: {err}")))?;
-        let Some((program, args)) = words.split_first() else {
-            return Err(unavailable("the command line is empty".to_string()));
-        };
-        match tokio::fs::metadata(&spec.workspace).await {
-            Ok(meta) if meta.is_dir() => {}
-            Ok(_) => {
-                return Err(AgentError::Workspace {
-                    path: spec.workspace.clone(),
-                    reason: "not a directory".to_string(),
-                });
-            }
-            Err(err) => {
-                return Err(AgentError::Workspace {
-                    path: spec.workspace.clone(),
-                    reason: err.to_string(),
-                });
-            }
-        }
-
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .current_dir(&spec.workspace)
-            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own process group, so that the whole tree can be signalled at once.
-            .process_group(0)
-            .kill_on_drop(true);
-        let mut child = command
-            .spawn()
-            .map_err(|err| spawn_error(&spec.command, program, &err))?;
-        let (pid, pgid, stdin, stdout, stderr) = match take_pipes(&mut child) {
-            Ok(parts) => parts,
-            Err(err) => {
-                if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
-                    signal_group(Pid::from_raw(pid), Signal::SIGKILL);
-                }
-                return Err(err);
-            }
-        };
+        let words = command_words(spec)?;
+        let (program, args) = words
+            .split_first()
+            .ok_or_else(|| unavailable(spec, "the command line is empty".to_string()))?;
+        check_workspace(spec).await?;
+        let (child, (pid, pgid, stdin, stdout, stderr)) = start_child(spec, program, args)?;
         tracing::info!(pid, program = %program, workspace = %spec.workspace.display(), "agent started");
         tracing::debug!(pid, command = %spec.command, "agent command line");
 
@@ -707,6 +662,67 @@ impl Agent {
 type Pipes = (u32, Pid, ChildStdin, ChildStdout, ChildStderr);
 
 /// The child's pid, its process group (the same number) and its pipes.
+/// An agent command line that cannot start, and how to fix it.
+fn unavailable(spec: &AgentSpec, reason: String) -> AgentError {
+    AgentError::Unavailable {
+        command: spec.command.clone(),
+        reason,
+        suggestion: "Set --agent / PI_HOST_AGENT to the agent's command line, e.g. \
+            `pi --mode rpc`."
+            .to_string(),
+    }
+}
+
+/// The command line split as a shell would (it runs without one).
+fn command_words(spec: &AgentSpec) -> Result<Vec<String>, AgentError> {
+    shell_words::split(&spec.command)
+        .map_err(|err| unavailable(spec, format!("the command line cannot be parsed: {err}")))
+}
+
+/// The workspace the agent runs in must be a directory.
+async fn check_workspace(spec: &AgentSpec) -> Result<(), AgentError> {
+    let reason = match tokio::fs::metadata(&spec.workspace).await {
+        Ok(meta) if meta.is_dir() => return Ok(()),
+        Ok(_) => "not a directory".to_string(),
+        Err(err) => err.to_string(),
+    };
+    Err(AgentError::Workspace {
+        path: spec.workspace.clone(),
+        reason,
+    })
+}
+
+/// Starts the process, the leader of its own process group, with its three pipes.
+fn start_child(
+    spec: &AgentSpec,
+    program: &str,
+    args: &[String],
+) -> Result<(Child, Pipes), AgentError> {
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .current_dir(&spec.workspace)
+        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so that the whole tree can be signalled at once.
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .map_err(|err| spawn_error(&spec.command, program, &err))?;
+    match take_pipes(&mut child) {
+        Ok(pipes) => Ok((child, pipes)),
+        Err(err) => {
+            if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
+                signal_group(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            Err(err)
+        }
+    }
+}
+
 fn take_pipes(child: &mut Child) -> Result<Pipes, AgentError> {
     let missing = |what: &str| AgentError::Io(std::io::Error::other(format!("no {what}")));
     let pid = child.id().ok_or_else(|| missing("process id"))?;
