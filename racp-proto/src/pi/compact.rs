@@ -76,7 +76,7 @@ impl Compactor {
         if line.message.is_absent() && !step.contains_key("partial") {
             return None;
         }
-        let step = self.compact_step(step.clone())?;
+        let step = self.compact_step(step)?;
         let mut out = kept(&line.fields);
         match &line.message {
             Nested::Absent => {}
@@ -112,13 +112,15 @@ impl Compactor {
     }
 
     /// The step without pi's accumulated copies; `None` when it is not a shape this knows.
-    fn compact_step(&mut self, mut step: RawFields<'_>) -> Option<Box<RawValue>> {
+    fn compact_step(&mut self, step: &RawFields<'_>) -> Option<Box<RawValue>> {
         let kind = text(step.get("type")?)?;
         if kind == "start" {
-            self.start_message(&step);
-            return to_raw_value(&step).ok();
+            self.start_message(step);
+            return to_raw_value(step).ok();
         }
-        let partial = step.remove("partial");
+        let mut out = kept(step);
+        out.remove("partial");
+        let partial = step.get("partial").copied();
         let index: Option<usize> = step
             .get("contentIndex")
             .and_then(|i| serde_json::from_str(i.get()).ok());
@@ -144,17 +146,13 @@ impl Compactor {
                     }
                 }
             } else if let (Some(index), Some(block)) = (index, block.as_mut()) {
-                self.end_block(&mut step, index, block);
+                self.end_block(step, &mut out, index, block);
             }
         } else if kind == "done" {
-            step.remove("message");
+            out.remove("message");
         } else if kind == "error" {
-            step.remove("error");
+            out.remove("error");
         }
-        let mut out: BTreeMap<Cow<'_, str>, Cow<'_, RawValue>> = step
-            .into_iter()
-            .map(|(k, v)| (k, Cow::Borrowed(v)))
-            .collect();
         if let Some(block) = block {
             out.insert("block".into(), Cow::Owned(to_raw_value(&block).ok()?));
         }
@@ -176,7 +174,8 @@ impl Compactor {
     /// A `*_end` step: the ending block and pi's copies of it lose what the deltas gave.
     fn end_block(
         &mut self,
-        step: &mut RawFields<'_>,
+        step: &RawFields<'_>,
+        out: &mut Out<'_>,
         index: usize,
         block: &mut Map<String, Value>,
     ) {
@@ -187,10 +186,10 @@ impl Compactor {
             .and_then(|c| text(c))
             .is_some_and(|content| content == streamed)
         {
-            step.remove("content");
+            out.remove("content");
         }
         // `toolCall` is the block as it ends: `block` carries it.
-        step.remove("toolCall");
+        out.remove("toolCall");
     }
 
     fn streamed_mut(&mut self, index: usize) -> &mut String {
@@ -241,40 +240,14 @@ impl Compactor {
 /// (`role`, `timestamp`, a tool result's `toolCallId`) and how it ended (`stopReason`,
 /// `errorMessage`): every message is whole in its own `message_end`.
 fn name_messages(line: &Line<'_>) -> Option<Box<RawValue>> {
-    #[derive(Deserialize, serde::Serialize)]
-    struct Identity<'a> {
-        #[serde(borrow, skip_serializing_if = "Option::is_none")]
-        role: Option<Cow<'a, str>>,
-        #[serde(borrow, skip_serializing_if = "Option::is_none")]
-        timestamp: Option<&'a RawValue>,
-        #[serde(borrow, rename = "toolCallId", skip_serializing_if = "Option::is_none")]
-        tool_call_id: Option<Cow<'a, str>>,
-        #[serde(borrow, rename = "stopReason", skip_serializing_if = "Option::is_none")]
-        stop_reason: Option<Cow<'a, str>>,
-        #[serde(
-            borrow,
-            rename = "errorMessage",
-            skip_serializing_if = "Option::is_none"
-        )]
-        error_message: Option<Cow<'a, str>>,
-    }
-    const IDENTITY: [&str; 5] = [
-        "role",
-        "timestamp",
-        "toolCallId",
-        "stopReason",
-        "errorMessage",
-    ];
     let mut out = kept(&line.fields);
     match &line.message {
         Nested::Absent => {}
         Nested::Object(message) => {
-            let named: RawFields<'_> = message
-                .iter()
-                .filter(|(name, _)| IDENTITY.contains(&name.as_ref()))
-                .map(|(name, value)| (name.clone(), *value))
-                .collect();
-            out.insert("message".into(), Cow::Owned(to_raw_value(&named).ok()?));
+            out.insert(
+                "message".into(),
+                Cow::Owned(to_raw_value(&identity(message)).ok()?),
+            );
         }
         Nested::Text(_) | Nested::NotObject => return None,
     }
@@ -282,10 +255,27 @@ fn name_messages(line: &Line<'_>) -> Option<Box<RawValue>> {
         let Some(value) = line.fields.get(field) else {
             continue;
         };
-        let named = serde_json::from_str::<Vec<Identity<'_>>>(value.get()).ok()?;
+        let messages = serde_json::from_str::<Vec<RawFields<'_>>>(value.get()).ok()?;
+        let named: Vec<RawFields<'_>> = messages.iter().map(identity).collect();
         out.insert(field.into(), Cow::Owned(to_raw_value(&named).ok()?));
     }
     to_raw_value(&out).ok()
+}
+
+/// A message named by its identity and how it ended, the rest left out.
+fn identity<'a>(message: &RawFields<'a>) -> RawFields<'a> {
+    const IDENTITY: [&str; 5] = [
+        "role",
+        "timestamp",
+        "toolCallId",
+        "stopReason",
+        "errorMessage",
+    ];
+    message
+        .iter()
+        .filter(|(name, _)| IDENTITY.contains(&name.as_ref()))
+        .map(|(name, value)| (name.clone(), *value))
+        .collect()
 }
 
 /// Content block `index` of pi's partial message.
