@@ -84,14 +84,9 @@ impl<'a> Line<'a> {
 
     /// A top-level field read as `T` (`None` when absent or of another shape).
     pub fn field<T: serde::Deserialize<'a>>(&self, name: &str) -> Option<T> {
-        field(&self.fields, name)
+        let raw: &'a RawValue = self.fields.get(name)?;
+        serde_json::from_str(raw.get()).ok()
     }
-}
-
-/// A field of an object read one level deep, as `T`.
-pub fn field<'a, T: serde::Deserialize<'a>>(fields: &RawFields<'a>, name: &str) -> Option<T> {
-    let raw: &'a RawValue = fields.get(name)?;
-    serde_json::from_str(raw.get()).ok()
 }
 
 /// A JSON string as text, borrowed from the line unless it holds escapes (serde's own `Cow<str>`
