@@ -70,6 +70,15 @@ impl HostEvent {
         }
     }
 
+    /// Agent output relayed as `agent.<kind>`, its payload as the agent wrote it.
+    pub fn relayed(kind: Kind, turn_id: Option<String>, payload: Box<RawValue>) -> HostEvent {
+        HostEvent::Agent {
+            kind,
+            turn_id,
+            payload,
+        }
+    }
+
     /// A host event of the session, outside any turn.
     pub fn of_session(body: impl Into<HostEventData>) -> HostEvent {
         HostEvent::Host {

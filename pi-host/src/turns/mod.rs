@@ -26,7 +26,6 @@ use racp_proto::methods::turn::{TurnRef, TurnStartParams, TurnStartResult, TurnS
 use racp_proto::pi::{self, Kind};
 use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
 use serde_json::json;
-use serde_json::value::RawValue;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -840,7 +839,11 @@ impl Driver {
                 }
                 AgentOutput::UiNotice { method, payload } => {
                     tracing::trace!(method, "agent notice");
-                    events.push(relayed(Kind::ExtensionUiRequest, turn_id, payload));
+                    events.push(HostEvent::relayed(
+                        Kind::ExtensionUiRequest,
+                        turn_id,
+                        payload,
+                    ));
                 }
                 AgentOutput::Response { response, payload } => {
                     let pi::Response {
@@ -850,7 +853,7 @@ impl Driver {
                         ..
                     } = response;
                     tracing::debug!(command, success, ?error, "a response nobody waited for");
-                    events.push(relayed(Kind::Response, turn_id, payload));
+                    events.push(HostEvent::relayed(Kind::Response, turn_id, payload));
                 }
                 AgentOutput::Exited {
                     status,
@@ -878,15 +881,6 @@ impl Driver {
     }
 }
 
-/// Agent output as the event that relays it.
-fn relayed(kind: Kind, turn_id: Option<String>, payload: Box<RawValue>) -> HostEvent {
-    HostEvent::Agent {
-        kind,
-        turn_id,
-        payload,
-    }
-}
-
 /// An agent event is relayed; one that ends the run also ends the running turn, unless the run
 /// failed in a way pi may retry: then pi's next event decides (docs/protocol.md §8.7).
 fn on_agent_event(
@@ -905,18 +899,18 @@ fn on_agent_event(
             if event.signal.is_some() {
                 // pi's own verdict (`auto_retry_end`, `compaction_end`) belongs to the turn it
                 // ends, and comes before `turn.finished`.
-                events.push(relayed(event.kind, Some(turn_id), event.payload));
+                events.push(HostEvent::relayed(event.kind, Some(turn_id), event.payload));
                 events.extend(end);
             } else {
                 // pi moved on without retrying: the turn ended before this event.
                 events.extend(end);
-                events.push(relayed(event.kind, None, event.payload));
+                events.push(HostEvent::relayed(event.kind, None, event.payload));
             }
             return;
         }
     }
     let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
-    events.push(relayed(event.kind, turn_id, event.payload));
+    events.push(HostEvent::relayed(event.kind, turn_id, event.payload));
     if let Some(end) = event.run_end
         && let Some(active) = state.active.as_mut()
     {
