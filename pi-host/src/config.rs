@@ -57,6 +57,8 @@ pub struct ServeConfig {
     /// Longest an approval waits for an answer (the agent's own timeout applies when shorter).
     pub approval_timeout: Duration,
     pub retention: crate::sessions::log::Retention,
+    /// What each session keeps of its history past the replay window (docs/protocol.md §7.24).
+    pub history: crate::store::HistoryPolicy,
     /// NATS servers of a gateway this host dials out to (docs/architecture.md, "Gateway");
     /// empty: no gateway.
     pub gateway: Vec<String>,
@@ -106,6 +108,7 @@ impl ServeConfig {
             gateway_trust: Vec::new(),
             approval_timeout: Duration::from_secs(10 * 60),
             retention: crate::sessions::log::Retention::default(),
+            history: crate::store::HistoryPolicy::default(),
         }
     }
 }
@@ -160,6 +163,16 @@ pub struct Settings {
     /// Age in seconds past which events leave the replay window [default: 86400]
     #[arg(long)]
     pub retain_seconds: Option<u64>,
+    /// Bytes of history (messages and compaction summaries) each session keeps past the replay
+    /// window [default: no bound, as pi keeps its session file]
+    #[arg(long)]
+    pub history_max_bytes: Option<u64>,
+    /// Age in seconds past which history entries go [default: none]
+    #[arg(long)]
+    pub history_max_seconds: Option<u64>,
+    /// What happens to a session's history over --history-max-bytes [default: drop-oldest]
+    #[arg(long, value_enum)]
+    pub history_at_bound: Option<crate::store::AtBound>,
     /// Heartbeat interval in milliseconds [default: 15000]
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
@@ -241,6 +254,9 @@ impl Settings {
             retain_events: self.retain_events.or(file.retain_events),
             retain_bytes: self.retain_bytes.or(file.retain_bytes),
             retain_seconds: self.retain_seconds.or(file.retain_seconds),
+            history_max_bytes: self.history_max_bytes.or(file.history_max_bytes),
+            history_max_seconds: self.history_max_seconds.or(file.history_max_seconds),
+            history_at_bound: self.history_at_bound.or(file.history_at_bound),
             heartbeat_ms: self.heartbeat_ms.or(file.heartbeat_ms),
             agent_idle_ms: self.agent_idle_ms.or(file.agent_idle_ms),
             max_agents: self.max_agents.or(file.max_agents),
@@ -333,6 +349,15 @@ fn set_bounds(config: &mut ServeConfig, s: &Settings) {
     }
     if let Some(n) = s.retain_seconds {
         config.retention.max_age_ms = n.saturating_mul(1000).max(1000);
+    }
+    if let Some(n) = s.history_max_bytes {
+        config.history.max_bytes = Some(n.max(1));
+    }
+    if let Some(n) = s.history_max_seconds {
+        config.history.max_age = Some(Duration::from_secs(n.max(1)));
+    }
+    if let Some(at_bound) = s.history_at_bound {
+        config.history.at_bound = at_bound;
     }
     if let Some(v) = s.heartbeat_ms {
         config.heartbeat = ms(v);

@@ -5,6 +5,7 @@ use crate::auth::Caller;
 use crate::clock::now_ms;
 use crate::fence::Fence;
 use crate::sessions::HostEvent;
+use crate::sessions::history::{self, PageBounds};
 use crate::state::HostState;
 use crate::store::{DeviceRow, PairingOutcome};
 use crate::wire::to_raw;
@@ -18,8 +19,9 @@ use racp_proto::methods::host::{
     PairingCreateParams, PairingCreateResult,
 };
 use racp_proto::methods::session::{
-    SessionCreateParams, SessionCreateResult, SessionGetResult, SessionListResult, SessionSettings,
-    SessionStreamParams, SessionStreamResult,
+    SessionCreateParams, SessionCreateResult, SessionGetResult, SessionHistoryParams,
+    SessionHistoryResult, SessionListResult, SessionSettings, SessionStreamParams,
+    SessionStreamResult,
 };
 use racp_proto::{Ack, AppError, Call, Capability, EndpointCall, ErrorCode, HostCall, Role};
 use racp_server::connection::Answer;
@@ -171,6 +173,7 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
             blocking(state, move |s| session_get(s, &params.session_id))
         }
         HostCall::SessionStream(params) => blocking(state, move |s| session_stream(s, params)),
+        HostCall::SessionHistory(params) => blocking(state, move |s| session_history(s, params)),
         HostCall::SessionClose(params) => {
             reply(async move { session_close(&state, &caller, &params.session_id).await })
         }
@@ -254,13 +257,31 @@ fn session_list(state: &HostState) -> SessionListResult {
     }
 }
 
+/// The snapshot, with the most recent history up to its cursor: events after the cursor reach
+/// a subscriber from it, so no entry is missed or seen twice (docs/protocol.md §8.4).
 fn session_get(state: &HostState, session_id: &str) -> Result<SessionGetResult, AppError> {
-    let (session, snapshot, cursor) = state.sessions.find(session_id)?.snapshot();
+    let (session, mut snapshot, cursor) = state.sessions.find(session_id)?.snapshot();
+    snapshot.history = history::page(&state.store, session_id, cursor, PageBounds::SNAPSHOT)?;
     Ok(SessionGetResult {
         session,
         snapshot,
         cursor,
     })
+}
+
+/// A page of a session's history up to `params.upTo` (the head when absent); read from the
+/// store, so it needs no agent and works for a closed session.
+fn session_history(
+    state: &HostState,
+    params: SessionHistoryParams,
+) -> Result<SessionHistoryResult, AppError> {
+    let cursor = state
+        .sessions
+        .find(&params.session_id)?
+        .history_position(params.up_to)?;
+    let bounds = PageBounds::of(&params);
+    let page = history::page(&state.store, &params.session_id, cursor, bounds)?;
+    Ok(SessionHistoryResult { cursor, page })
 }
 
 /// What is streaming in a session at `params.cursor`: the message and the tools' output so far.

@@ -75,7 +75,8 @@ impl HostState {
     pub fn open_with(config: ServeConfig, redactor: Redactor) -> Result<Arc<Self>, StartError> {
         let (secrets, store, host_id) = open_identity(&config.data_dir)?;
         let db_path = config.data_dir.join("pi-host.db");
-        let sessions = crate::sessions::Sessions::open(&store, &db_path, config.retention)?;
+        let sessions =
+            crate::sessions::Sessions::open(&store, &db_path, config.retention, config.history)?;
         let limits = config.limits.clone();
         let agent_extensions =
             crate::agent::extensions::install(&config.data_dir, config.agent_preload)

@@ -24,6 +24,15 @@ pub const MAX_CUSTOM_MODELS: u64 = 256;
 /// Most providers an owner adds with `provider/set`, and most credentials a host stores.
 pub const MAX_PROVIDERS: usize = 64;
 
+/// Most history entries one `session/history` page holds, and how many when `limit` is absent.
+pub const MAX_HISTORY_LIMIT: u32 = 1000;
+pub const DEFAULT_HISTORY_LIMIT: u32 = 100;
+/// The bytes one `session/history` page holds when `maxBytes` is absent (256 KiB), and the
+/// least a client may ask for (an entry larger than a page is cut to it, docs/protocol.md §8.6).
+pub const DEFAULT_HISTORY_PAGE_BYTES: u32 = 256 << 10;
+pub const MIN_HISTORY_PAGE_BYTES: u32 = 4 << 10;
+pub const MAX_HISTORY_PAGE_BYTES: u32 = 16 << 20;
+
 /// Pairing token lifetime bounds, in seconds.
 pub const MIN_PAIRING_TTL_SECONDS: u64 = 10;
 pub const MAX_PAIRING_TTL_SECONDS: u64 = 24 * 60 * 60;

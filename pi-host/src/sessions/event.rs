@@ -137,6 +137,11 @@ impl HostEvent {
         )
     }
 
+    /// True for an event the session's history keeps (docs/protocol.md §7.24).
+    pub fn in_history(&self) -> bool {
+        matches!(self, HostEvent::Agent { kind, .. } if kind.is_history())
+    }
+
     /// The `data` as it goes on the wire.
     pub fn data(&self) -> WireData<'_> {
         match self {

@@ -8,6 +8,7 @@
 //! the producer or anyone else (docs/architecture.md, "Decisions").
 
 mod event;
+pub mod history;
 pub use racp_server::log;
 mod view;
 mod writer;
@@ -116,6 +117,8 @@ impl Session {
 
     /// The session, a snapshot of its state, and the cursor the snapshot was taken at, all read
     /// under one lock so that subscribing from the cursor continues exactly after the snapshot.
+    /// Its `history` is left empty: the store holds it, read up to the cursor
+    /// ([`history::page`]).
     pub fn snapshot(&self) -> (SessionInfo, Snapshot, Cursor) {
         let inner = self.lock();
         let snapshot = Snapshot {
@@ -124,6 +127,7 @@ impl Session {
             pending_approvals: inner.view.pending_approvals.clone(),
             streaming_message: inner.view.stream.message().cloned(),
             tool_outputs: inner.view.stream.tool_outputs().clone(),
+            history: Default::default(),
         };
         (self.info_locked(&inner), snapshot, inner.log.head_cursor())
     }
@@ -276,6 +280,7 @@ impl Sessions {
         store: &Store,
         db_path: &std::path::Path,
         retention: Retention,
+        history: crate::store::HistoryPolicy,
     ) -> Result<Sessions, SessionsError> {
         let map = DashMap::new();
         for row in store.sessions()? {
@@ -285,7 +290,8 @@ impl Sessions {
         let (tx, rx) = mpsc::unbounded_channel();
         let conn = crate::store::connect(db_path)?;
         let committed = Arc::new(Notify::new());
-        let thread = writer::spawn(conn, rx, committed.clone()).map_err(SessionsError::Writer)?;
+        let thread =
+            writer::spawn(conn, rx, committed.clone(), history).map_err(SessionsError::Writer)?;
         Ok(Sessions {
             map,
             writer: Mutex::new(Some(tx)),

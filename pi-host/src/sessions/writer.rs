@@ -4,7 +4,7 @@
 //! many events share one fsync when producers are busy.
 
 use super::{Session, log::LoggedEvent};
-use crate::store::{self, NewEvent, SessionBatch};
+use crate::store::{self, HistoryPolicy, NewEvent, SessionBatch};
 use racp_proto::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +27,7 @@ pub fn spawn(
     mut conn: rusqlite::Connection,
     mut queue: mpsc::UnboundedReceiver<QueuedBatch>,
     committed: Arc<tokio::sync::Notify>,
+    history: HistoryPolicy,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("pi-host-writer".into())
@@ -39,7 +40,7 @@ pub fn spawn(
                         Err(_) => break,
                     }
                 }
-                commit_until_done(&mut conn, &group);
+                commit_until_done(&mut conn, &group, &history);
                 for pending in group {
                     let cursor = pending.session.publish(pending.events);
                     if let Some(done) = pending.done {
@@ -53,7 +54,11 @@ pub fn spawn(
 
 /// Commits a group, retrying while the disk refuses: events already have their seqs, so
 /// giving up would leave a gap. Producers wait meanwhile; nothing is published uncommitted.
-fn commit_until_done(conn: &mut rusqlite::Connection, group: &[QueuedBatch]) {
+fn commit_until_done(
+    conn: &mut rusqlite::Connection,
+    group: &[QueuedBatch],
+    history: &HistoryPolicy,
+) {
     // One part per session, so each session writes one chunk per commit: a session's batches
     // are queued in seq order, so appending them in queue order keeps each part consecutive.
     let mut batch: Vec<SessionBatch<'_>> = Vec::new();
@@ -72,15 +77,16 @@ fn commit_until_done(conn: &mut rusqlite::Connection, group: &[QueuedBatch]) {
         };
         batch[index]
             .events
-            .extend(queued.events.iter().map(|(e, _)| NewEvent {
+            .extend(queued.events.iter().map(|(e, event)| NewEvent {
                 seq: e.seq,
                 at: e.at,
                 json: &e.json,
+                history: event.in_history(),
             }));
     }
     let mut delay = Duration::from_millis(10);
     loop {
-        match store::commit_events(conn, &batch) {
+        match store::commit_events(conn, &batch, history, crate::clock::now_ms()) {
             Ok(()) => return,
             Err(err) => {
                 tracing::error!(error = %err, "cannot commit events; retrying");

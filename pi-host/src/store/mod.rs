@@ -6,10 +6,12 @@
 mod approvals;
 mod chunk;
 mod devices;
+mod history;
 mod sessions;
 
 pub use devices::{DeviceRow, PairingOutcome};
-pub use sessions::{NewEvent, SessionBatch, SessionRow, TurnRow, commit_events};
+pub use history::{AtBound, HistoryPolicy};
+pub use sessions::{EventRow, NewEvent, SessionBatch, SessionRow, TurnRow, commit_events};
 
 use rusqlite::{Connection, OptionalExtension};
 use std::path::Path;
@@ -110,6 +112,7 @@ impl Store {
         conn.execute_batch(SCHEMA)?;
         sessions::migrate_event_rows(&mut conn)?;
         sessions::add_settings_column(&conn)?;
+        history::create(&mut conn)?;
         Ok(Store {
             conn: Mutex::new(conn),
         })

@@ -3,6 +3,7 @@
 //! Events are written by the group-commit writer (`sessions::writer`) on its own connection;
 //! this file holds the reads and the small writes.
 
+use super::history::HistoryPolicy;
 use super::{Store, StoreError};
 use racp_proto::methods::session::SessionSettings;
 use rusqlite::{Connection, OptionalExtension, Transaction};
@@ -33,6 +34,8 @@ impl EventRow {
             seq: self.seq,
             at: self.at,
             json: &self.json,
+            // A store moved from event rows gains its history after the move (history::create).
+            history: false,
         }
     }
 }
@@ -240,6 +243,8 @@ pub struct NewEvent<'a> {
     pub seq: u64,
     pub at: u64,
     pub json: &'a str,
+    /// Whether it is kept in the session's history too (`store/history.rs`).
+    pub history: bool,
 }
 
 /// One session's part of a group commit: its events, consecutive in seq, and the seq to prune
@@ -252,10 +257,17 @@ pub struct SessionBatch<'a> {
 
 /// Writes one batch of events for several sessions in one transaction (group commit), one
 /// chunk row per session part, records each session's head so it survives pruning, and drops
-/// the chunks wholly below each session's oldest kept seq.
-pub fn commit_events(conn: &mut Connection, batch: &[SessionBatch<'_>]) -> Result<(), StoreError> {
+/// the chunks wholly below each session's oldest kept seq; the events that hold the
+/// conversation go into its history in the same transaction, kept within `policy` as of `now`.
+pub fn commit_events(
+    conn: &mut Connection,
+    batch: &[SessionBatch<'_>],
+    policy: &HistoryPolicy,
+    now: u64,
+) -> Result<(), StoreError> {
     let tx = conn.transaction()?;
     insert_chunks(&tx, batch)?;
+    super::history::insert(&tx, batch, policy, now)?;
     tx.commit()?;
     Ok(())
 }
@@ -396,7 +408,13 @@ mod tests {
             events: rows.iter().map(EventRow::as_new).collect(),
             prune_below,
         }];
-        commit_events(&mut store.conn().unwrap(), &batch).unwrap();
+        commit_events(
+            &mut store.conn().unwrap(),
+            &batch,
+            &HistoryPolicy::default(),
+            0,
+        )
+        .unwrap();
     }
 
     fn seqs(rows: &[EventRow]) -> Vec<u64> {

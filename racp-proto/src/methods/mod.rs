@@ -29,8 +29,8 @@ use model::{
 };
 use session::{
     SessionConfigureParams, SessionCreateParams, SessionCreateResult, SessionGetResult,
-    SessionListResult, SessionRef, SessionStreamParams, SessionStreamResult,
-    SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
+    SessionHistoryParams, SessionHistoryResult, SessionListResult, SessionRef, SessionStreamParams,
+    SessionStreamResult, SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
 };
 use turn::{
     ApprovalRespondParams, ApprovalRespondResult, TurnRef, TurnStartParams, TurnStartResult,
@@ -272,6 +272,8 @@ method_table! {
         SessionGet = "session/get" (SessionRef => SessionGetResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
         /// The assistant message and tool outputs streaming as of a cursor, so a client that resumes from its own cursor mid-message can rebuild what is in progress.
         SessionStream = "session/stream" (SessionStreamParams => SessionStreamResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// A page of a session's conversation (its messages and compaction summaries) up to a cursor, kept past the event log's retention; needs no agent.
+        SessionHistory = "session/history" (SessionHistoryParams => SessionHistoryResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
         /// Closes a session: its agent stops; its log stays readable. Closing a closed session succeeds.
         SessionClose = "session/close" (SessionRef => Ack) { access: OPERATOR, mutates: true, safe_to_resend: true }
         /// Starts a turn with a prompt; idempotent by `idempotencyKey`.

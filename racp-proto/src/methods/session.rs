@@ -4,8 +4,12 @@ use super::model::{ModelRef, ThinkingLevel};
 use super::turn::{ApprovalInfo, TurnInfo};
 use crate::AppError;
 use crate::cursor::Cursor;
-use crate::limits::{MAX_ID_CHARS, MAX_NAME_CHARS, MAX_PATH_CHARS};
-use crate::validate::{NAME_PATTERN, Validate, length, name};
+use crate::events::Event;
+use crate::limits::{
+    MAX_HISTORY_LIMIT, MAX_HISTORY_PAGE_BYTES, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_PATH_CHARS,
+    MIN_HISTORY_PAGE_BYTES,
+};
+use crate::validate::{NAME_PATTERN, Validate, length, name, range};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -168,7 +172,7 @@ impl Validate for SessionRef {
 }
 
 /// Everything a client needs to draw a session without replaying its log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Snapshot {
     pub state: SessionState,
@@ -183,11 +187,81 @@ pub struct Snapshot {
     /// The output so far of each running tool, by tool call id (pi's `partialResult` shape).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tool_outputs: std::collections::BTreeMap<String, serde_json::Value>,
+    /// The conversation's most recent entries up to the snapshot's cursor (bounded in bytes;
+    /// an entry over 16 KiB cut as in docs/protocol.md §8.6), and where to page back from with
+    /// `session/history` (docs/protocol.md §7.24, §8.4).
+    pub history: HistoryPage,
+}
+
+/// Entries of a session's history, oldest first: each is the event that carried a message
+/// whole or a compaction's summary (`agent.message_end`, `agent.compaction_end`), exactly as
+/// it was delivered live, with its seq and cursor.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryPage {
+    pub entries: Vec<Event>,
+    /// Present when older entries exist: pass it as `upTo` to `session/history` for the page
+    /// before this one. Absent: the page reaches the start of the conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earlier: Option<Cursor>,
+    /// True when the host's history policy dropped entries older than any it still holds
+    /// (docs/protocol.md §7.24, "Bounds").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// Asks for a page of a session's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionHistoryParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    /// The page ends with the last entry at or before this cursor (a snapshot's `cursor`, a
+    /// page's `earlier`, any event's cursor). Absent: the log's head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_to: Option<Cursor>,
+    /// Most entries in the page; 100 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_HISTORY_LIMIT))]
+    pub limit: Option<u32>,
+    /// Most bytes of entries in the page (256 KiB when absent); one entry larger than this
+    /// comes alone, cut to fit (docs/protocol.md §8.6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_HISTORY_PAGE_BYTES, max = MAX_HISTORY_PAGE_BYTES))]
+    pub max_bytes: Option<u32>,
+}
+
+impl Validate for SessionHistoryParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
+        if let Some(limit) = self.limit {
+            range("limit", limit.into(), 1, MAX_HISTORY_LIMIT.into())?;
+        }
+        if let Some(max_bytes) = self.max_bytes {
+            range(
+                "maxBytes",
+                max_bytes.into(),
+                MIN_HISTORY_PAGE_BYTES.into(),
+                MAX_HISTORY_PAGE_BYTES.into(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A page of history and the position it was read up to: subscribing from `cursor` delivers
+/// every later entry as a live event, none of them twice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionHistoryResult {
+    pub cursor: Cursor,
+    #[serde(flatten)]
+    pub page: HistoryPage,
 }
 
 /// A session, its snapshot, and the cursor the snapshot was taken at: subscribing from that
 /// cursor continues exactly where the snapshot ends.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionGetResult {
     pub session: SessionInfo,

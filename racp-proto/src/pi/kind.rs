@@ -90,6 +90,16 @@ impl Kind {
         )
     }
 
+    /// The events that hold the conversation: each message whole (user, assistant with its
+    /// tool calls, tool result, an extension's), and a compaction's summary. The host keeps them
+    /// past the log's retention as the session's history (docs/protocol.md §7.24).
+    pub fn is_history(&self) -> bool {
+        matches!(
+            self,
+            Kind::MessageEnd | Kind::CompactionEnd | Kind::AutoCompactionEnd
+        )
+    }
+
     /// The kind of a relayed event's wire type (`agent.message_update`), or `None` for a host
     /// event.
     pub fn of_event_type(event_type: &str) -> Option<Kind> {
