@@ -238,7 +238,7 @@ export type ApprovalState = "pending" | "allowed" | "denied" | "answered" | "exp
 /**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
+export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
 
 /**
  * Who is calling.
@@ -657,6 +657,25 @@ export type HelloResult = {
    * The protocol version chosen for this connection.
    */
   protocol: number;
+};
+
+/**
+ * Entries of a session's history, oldest first: each is the event that carried a message
+ * whole or a compaction's summary (`agent.message_end`, `agent.compaction_end`), exactly as
+ * it was delivered live, with its seq and cursor.
+ */
+export type HistoryPage = {
+  /**
+   * Present when older entries exist: pass it as `upTo` to `session/history` for the page
+   * before this one. Absent: the page reaches the start of the conversation.
+   */
+  earlier?: Cursor | null;
+  entries: Event[];
+  /**
+   * True when the host's history policy dropped entries older than any it still holds
+   * (docs/protocol.md §7.24, "Bounds").
+   */
+  truncated?: boolean;
 };
 
 /**
@@ -1205,6 +1224,55 @@ export type SessionGetResult = {
 };
 
 /**
+ * Asks for a page of a session's history.
+ */
+export type SessionHistoryParams = {
+  /**
+   * Most entries in the page; 100 when absent.
+   */
+  limit?: number | null;
+  /**
+   * Most bytes of entries in the page (256 KiB when absent); one entry larger than this
+   * comes alone, cut to fit (docs/protocol.md §8.6).
+   */
+  maxBytes?: number | null;
+  sessionId: string;
+  /**
+   * The page ends with the last entry at or before this cursor (a snapshot's `cursor`, a
+   * page's `earlier`, any event's cursor). Absent: the log's head.
+   */
+  upTo?: Cursor | null;
+};
+
+/**
+ * `session/history`: A page of a session's conversation (its messages and compaction summaries) up to a cursor, kept past the event log's retention; needs no agent.
+ */
+export type SessionHistoryRequest = {
+  id: RequestId;
+  method: "session/history";
+  params: SessionHistoryParams;
+};
+
+/**
+ * A page of history and the position it was read up to: subscribing from `cursor` delivers
+ * every later entry as a live event, none of them twice.
+ */
+export type SessionHistoryResult = {
+  cursor: Cursor;
+  /**
+   * Present when older entries exist: pass it as `upTo` to `session/history` for the page
+   * before this one. Absent: the page reaches the start of the conversation.
+   */
+  earlier?: Cursor | null;
+  entries: Event[];
+  /**
+   * True when the host's history policy dropped entries older than any it still holds
+   * (docs/protocol.md §7.24, "Bounds").
+   */
+  truncated?: boolean;
+};
+
+/**
  * A session as listed.
  */
 export type SessionInfo = {
@@ -1354,6 +1422,12 @@ export type SessionUnsubscribeRequest = {
  * Everything a client needs to draw a session without replaying its log.
  */
 export type Snapshot = {
+  /**
+   * The conversation's most recent entries up to the snapshot's cursor (bounded in bytes;
+   * an entry over 16 KiB cut as in docs/protocol.md §8.6), and where to page back from with
+   * `session/history` (docs/protocol.md §7.24, §8.4).
+   */
+  history?: HistoryPage;
   /**
    * Approvals waiting for an answer.
    */
@@ -1554,6 +1628,7 @@ export interface RacpMethods {
   "session/list": { params: Empty; result: SessionListResult };
   "session/get": { params: SessionRef; result: SessionGetResult };
   "session/stream": { params: SessionStreamParams; result: SessionStreamResult };
+  "session/history": { params: SessionHistoryParams; result: SessionHistoryResult };
   "session/close": { params: SessionRef; result: Ack };
   "turn/start": { params: TurnStartParams; result: TurnStartResult };
   "turn/steer": { params: TurnSteerParams; result: Ack };
@@ -1605,6 +1680,7 @@ export const METHODS = {
   "session/list": { access: "observer", mutates: false, safeToResend: true },
   "session/get": { access: "observer", mutates: false, safeToResend: true },
   "session/stream": { access: "observer", mutates: false, safeToResend: true },
+  "session/history": { access: "observer", mutates: false, safeToResend: true },
   "session/close": { access: "operator", mutates: true, safeToResend: true },
   "turn/start": { access: "operator", mutates: true, safeToResend: true },
   "turn/steer": { access: "operator", mutates: true, safeToResend: false },

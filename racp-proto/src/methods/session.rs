@@ -190,6 +190,7 @@ pub struct Snapshot {
     /// The conversation's most recent entries up to the snapshot's cursor (bounded in bytes;
     /// an entry over 16 KiB cut as in docs/protocol.md §8.6), and where to page back from with
     /// `session/history` (docs/protocol.md §7.24, §8.4).
+    #[serde(default)]
     pub history: HistoryPage,
 }
 
