@@ -713,3 +713,181 @@ async fn first_reply_figures() {
     }
     tests::record_figures("first_reply", &figures);
 }
+
+/// The conversation as a client that watched live holds it: each `agent.message_end` and
+/// `agent.compaction_end` event, whole.
+fn conversation_of(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "agent.message_end" || e["type"] == "agent.compaction_end")
+        .cloned()
+        .collect()
+}
+
+/// The conversation as a client that arrives late rebuilds it (docs/protocol.md §8.4): the
+/// snapshot's history, then `session/history` pages back from its `earlier`. Walking back from
+/// the snapshot's cursor two entries a page must give the same entries.
+async fn conversation_from_history(client: &mut Client, session_id: &str) -> (Vec<Value>, Value) {
+    let got = client
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    let history = &got["result"]["snapshot"]["history"];
+    let cursor = got["result"]["cursor"].clone();
+    let recent: Vec<Value> = history["entries"].as_array().expect("history").clone();
+    let entries = [
+        pages_back(client, session_id, &history["earlier"], 100).await,
+        recent,
+    ]
+    .concat();
+    let walked = pages_back(client, session_id, &cursor, 2).await;
+    assert_eq!(walked, entries, "two entries a page, back from the cursor");
+    (entries, cursor)
+}
+
+/// Every history entry at or before `up_to` (none when it is null), paging back `limit` at a
+/// time; oldest first.
+async fn pages_back(
+    client: &mut Client,
+    session_id: &str,
+    up_to: &Value,
+    limit: u64,
+) -> Vec<Value> {
+    let mut entries = Vec::new();
+    let mut earlier = up_to.clone();
+    while !earlier.is_null() {
+        let page = client
+            .call(
+                "session/history",
+                json!({"sessionId": session_id, "upTo": earlier, "limit": limit}),
+            )
+            .await;
+        let page = &page["result"];
+        let older = page["entries"].as_array().expect("a page").clone();
+        assert!(!older.is_empty() && older.len() as u64 <= limit, "{page}");
+        assert_ne!(page["truncated"], true, "{page}");
+        entries.splice(0..0, older);
+        earlier = page["earlier"].clone();
+    }
+    entries
+}
+
+/// Runs one turn with a tool call and returns its events up to `turn.finished`.
+async fn turn_with_a_tool_call(client: &mut Client, session_id: &str, n: usize) -> Vec<Value> {
+    let turn = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": format!("k{n}"), "text": format!("Run check {n}.")}),
+        )
+        .await;
+    assert!(turn.get("result").is_some(), "{turn}");
+    let events = events_until(client, |e| e["type"] == "turn.finished").await;
+    assert_eq!(
+        events.last().unwrap()["data"]["outcome"],
+        "completed",
+        "{:#?}",
+        events.last()
+    );
+    events
+}
+
+/// Three turns with tool calls through the real pi, watched live by one device; an observer
+/// that arrives after the whole log left the replay window (`--retain-events 50`) rebuilds the
+/// same conversation from the history, and again after kill -9 of the host, after the agent's
+/// idle stop (without starting it again), and after `session/close` (docs/protocol.md §7.24).
+#[tokio::test]
+async fn a_late_observer_rebuilds_the_conversation_after_the_window_a_kill_and_an_idle_stop() {
+    let stub = Stub::default();
+    let extra = ["--retain-events", "50", "--agent-idle-ms", "1500"];
+    let (host, pi_dir) = pi_host_with(&stub, None, &extra).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let (_, observer_token) = host.pair_device("phone", &["--roles", "observer"]).await;
+    let mut live = connect(&host, &token).await;
+    let session_id = subscribed_session(&mut live, &host).await;
+    let mut watched = Vec::new();
+    for n in 1..=3 {
+        watched.extend(turn_with_a_tool_call(&mut live, &session_id, n).await);
+    }
+    let conversation = conversation_of(&watched);
+    let roles: Vec<&str> = conversation
+        .iter()
+        .map(|e| e["data"]["message"]["role"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "toolResult", "assistant"].repeat(3),
+        "each turn: the prompt, a tool call, its result, the answer"
+    );
+    assert!(
+        watched.len() > 50,
+        "the log outgrew the window: {}",
+        watched.len()
+    );
+
+    // The observer's cursor from the session's start has left the window.
+    let mut observer = connect(&host, &observer_token).await;
+    let sub = observer
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": watched[0]["cursor"]}),
+        )
+        .await;
+    assert_eq!(sub["error"]["code"], "CURSOR_EXPIRED", "{sub}");
+    let (rebuilt, cursor) = conversation_from_history(&mut observer, &session_id).await;
+    assert_eq!(rebuilt, conversation, "the late observer's conversation");
+    assert_eq!(cursor, watched.last().unwrap()["cursor"]);
+    let texts: Vec<String> = rebuilt
+        .iter()
+        .filter(|e| e["data"]["message"]["role"] == "toolResult")
+        .map(|e| e["data"]["message"]["content"].to_string())
+        .collect();
+    assert!(texts.iter().all(|t| t.contains("real-pi-ok")), "{texts:?}");
+
+    // kill -9: the history is durable with its events.
+    drop((live, observer));
+    let agent = shell_words::join(pi_words(&pi_cli(), None));
+    let mut args = vec!["--agent", agent.as_str()];
+    args.extend_from_slice(&extra);
+    let host = host.restart(&args).await;
+    let mut observer = connect(&host, &observer_token).await;
+    let (rebuilt, _) = conversation_from_history(&mut observer, &session_id).await;
+    assert_eq!(rebuilt, conversation, "after kill -9");
+
+    // A fourth turn on a new agent, then its idle stop: the history is read with no agent.
+    let mut live = connect(&host, &token).await;
+    let head = live
+        .call("session/get", json!({"sessionId": session_id}))
+        .await["result"]["cursor"]
+        .clone();
+    let sub = live
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": head}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    let fourth = turn_with_a_tool_call(&mut live, &session_id, 4).await;
+    let conversation = [conversation, conversation_of(&fourth)].concat();
+    drop(live);
+    let deadline = Instant::now() + WAIT;
+    while running_agents(&mut observer).await != 0 {
+        assert!(Instant::now() < deadline, "the idle agent was not stopped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (rebuilt, _) = conversation_from_history(&mut observer, &session_id).await;
+    assert_eq!(rebuilt, conversation, "after the idle stop");
+    assert_eq!(
+        running_agents(&mut observer).await,
+        0,
+        "reading the history started no agent"
+    );
+
+    // Closed: still readable, and the same.
+    let mut owner = connect(&host, &token).await;
+    let closed = owner
+        .call("session/close", json!({"sessionId": session_id}))
+        .await;
+    assert!(closed.get("result").is_some(), "{closed}");
+    let (rebuilt, _) = conversation_from_history(&mut observer, &session_id).await;
+    assert_eq!(rebuilt, conversation, "after session/close");
+    drop(pi_dir);
+}

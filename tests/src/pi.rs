@@ -211,9 +211,12 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
         return failure(mode);
     }
     let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    // A tool result last: the tool ran, so answer; anything else (a new prompt, in a new
+    // conversation or after earlier turns) asks for the tool.
     let has_tool_result = request["messages"]
         .as_array()
-        .is_some_and(|messages| messages.iter().any(|m| m["role"] == "tool"));
+        .and_then(|messages| messages.last())
+        .is_some_and(|last| last["role"] == "tool");
     stub.requests.lock().unwrap().push(request);
     let mut sse = String::new();
     if let Some(chunks) = long_reply(&body) {
