@@ -65,11 +65,14 @@ pub fn page(
 ) -> Result<HistoryPage, AppError> {
     let mut entries: Vec<Event> = Vec::new();
     let mut bytes = 0;
+    // An entry larger than the whole page comes alone (cut to the page).
+    let mut alone = false;
     let back = store
         .history_back(session_id, up_to.seq, |row| {
-            if entries.len() >= bounds.limit {
+            if entries.len() >= bounds.limit || alone {
                 return false;
             }
+            alone = row.json.len() > bounds.max_bytes;
             let json = fitted(&row, up_to, bounds.entry_bytes.min(bounds.max_bytes));
             if !entries.is_empty() && bytes + json.len() > bounds.max_bytes {
                 return false;
