@@ -179,6 +179,31 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
     let replayed = again.events_until(PATIENCE, finished).await;
     assert_eq!(replayed, direct_events);
 
+    // The conversation's history, routed to the host: the host's own, entry for entry, and
+    // each entry the message_end event as delivered (docs/protocol.md §7.24).
+    let history = json!({"sessionId": session_id});
+    let routed = again.call("session/history", history.clone()).await;
+    let on_host = direct.call("session/history", history).await;
+    assert_eq!(routed["result"], on_host["result"], "{routed}");
+    let messages: Vec<&Value> = direct_events
+        .iter()
+        .filter(|e| e["type"] == "agent.message_end")
+        .collect();
+    let entries: Vec<&Value> = routed["result"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
+    assert!(!messages.is_empty());
+    assert_eq!(entries, messages);
+    let got = again
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    assert_eq!(
+        got["result"]["snapshot"]["history"]["entries"],
+        routed["result"]["entries"]
+    );
+
     // A closed session read to its end ends a subscription at once, as on a host, from its last
     // cursor or from its head, instead of leaving it open for events that will never come.
     let closed = desk
