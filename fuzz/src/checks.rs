@@ -201,31 +201,6 @@ fn check_params(method: Method, params: Option<&RawValue>) {
 }
 
 fn params_json(call: &Call) -> String {
-    let value: Result<Value, _> = match call {
-        Call::Hello(p) => serde_json::to_value(p),
-        Call::Pair(p) => serde_json::to_value(p),
-        Call::HostInfo(p)
-        | Call::HostList(p)
-        | Call::DeviceList(p)
-        | Call::SessionList(p)
-        | Call::ModelList(p)
-        | Call::CredentialList(p) => serde_json::to_value(p),
-        Call::DeviceRevoke(p) => serde_json::to_value(p),
-        Call::PairingCreate(p) => serde_json::to_value(p),
-        Call::FsList(p) | Call::FsStat(p) => serde_json::to_value(p),
-        Call::SessionCreate(p) => serde_json::to_value(p),
-        Call::SessionGet(p) | Call::SessionClose(p) => serde_json::to_value(p),
-        Call::SessionSubscribe(p) => serde_json::to_value(p),
-        Call::SessionStream(p) => serde_json::to_value(p),
-        Call::SessionUnsubscribe(p) => serde_json::to_value(p),
-        Call::TurnStart(p) => serde_json::to_value(p),
-        Call::TurnSteer(p) => serde_json::to_value(p),
-        Call::TurnAbort(p) => serde_json::to_value(p),
-        Call::ApprovalRespond(p) => serde_json::to_value(p),
-        Call::SessionConfigure(p) => serde_json::to_value(p),
-        Call::CredentialSet(p) => serde_json::to_value(p),
-        Call::CredentialDelete(p) | Call::ProviderDelete(p) => serde_json::to_value(p),
-        Call::ProviderSet(p) => serde_json::to_value(p),
-    };
+    let value = call.params_value();
     value.expect("params encode").to_string()
 }

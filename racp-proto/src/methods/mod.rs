@@ -198,6 +198,13 @@ macro_rules! method_table {
                 }
             }
 
+            /// The params as JSON, as a client writes them.
+            pub fn params_value(&self) -> Result<serde_json::Value, serde_json::Error> {
+                match self {
+                    $($(Call::$variant(params) => serde_json::to_value(params),)*)*
+                }
+            }
+
             /// The call by who serves it.
             pub fn place(self) -> Placed {
                 match self {
