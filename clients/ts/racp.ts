@@ -1259,16 +1259,12 @@ export type SessionHistoryRequest = {
  */
 export type SessionHistoryResult = {
   cursor: Cursor;
-  /**
-   * Present when older entries exist: pass it as `upTo` to `session/history` for the page
-   * before this one. Absent: the page reaches the start of the conversation.
-   */
   earlier?: Cursor | null;
-  entries: Event[];
   /**
-   * True when the host's history policy dropped entries older than any it still holds
-   * (docs/protocol.md §7.24, "Bounds").
+   * The page's fields, as in [`HistoryPage`] (written out: serde cannot flatten the raw
+   * `data` of an event).
    */
+  entries: Event[];
   truncated?: boolean;
 };
 

@@ -281,7 +281,7 @@ fn session_history(
         .history_position(params.up_to)?;
     let bounds = PageBounds::of(&params);
     let page = history::page(&state.store, &params.session_id, cursor, bounds)?;
-    Ok(SessionHistoryResult { cursor, page })
+    Ok(SessionHistoryResult::new(cursor, page))
 }
 
 /// What is streaming in a session at `params.cursor`: the message and the tools' output so far.

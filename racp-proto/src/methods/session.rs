@@ -256,8 +256,33 @@ impl Validate for SessionHistoryParams {
 #[serde(rename_all = "camelCase")]
 pub struct SessionHistoryResult {
     pub cursor: Cursor,
-    #[serde(flatten)]
-    pub page: HistoryPage,
+    /// The page's fields, as in [`HistoryPage`] (written out: serde cannot flatten the raw
+    /// `data` of an event).
+    pub entries: Vec<Event>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earlier: Option<Cursor>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+impl SessionHistoryResult {
+    pub fn new(cursor: Cursor, page: HistoryPage) -> SessionHistoryResult {
+        SessionHistoryResult {
+            cursor,
+            entries: page.entries,
+            earlier: page.earlier,
+            truncated: page.truncated,
+        }
+    }
+
+    /// The page without the cursor it was read up to.
+    pub fn into_page(self) -> HistoryPage {
+        HistoryPage {
+            entries: self.entries,
+            earlier: self.earlier,
+            truncated: self.truncated,
+        }
+    }
 }
 
 /// A session, its snapshot, and the cursor the snapshot was taken at: subscribing from that
