@@ -19,6 +19,7 @@ pub const LOWEST_ROLE: &[(&str, Option<Role>)] = &[
     ("session/list", Some(Role::Observer)),
     ("session/get", Some(Role::Observer)),
     ("session/stream", Some(Role::Observer)),
+    ("session/history", Some(Role::Observer)),
     ("session/subscribe", Some(Role::Observer)),
     ("session/unsubscribe", Some(Role::Observer)),
     ("session/close", Some(Role::Operator)),
