@@ -120,13 +120,16 @@ impl Session {
     /// Its `history` is left empty: the store holds it, read up to the cursor
     /// ([`history::page`]).
     pub fn snapshot(&self) -> (SessionInfo, Snapshot, Cursor) {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        let stream = inner.view.stream();
+        let (streaming_message, tool_outputs) =
+            (stream.message().cloned(), stream.tool_outputs().clone());
         let snapshot = Snapshot {
             state: state_of(&inner),
             turns: inner.view.turns.clone(),
             pending_approvals: inner.view.pending_approvals.clone(),
-            streaming_message: inner.view.stream.message().cloned(),
-            tool_outputs: inner.view.stream.tool_outputs().clone(),
+            streaming_message,
+            tool_outputs,
             history: Default::default(),
         };
         (self.info_locked(&inner), snapshot, inner.log.head_cursor())
@@ -136,10 +139,10 @@ impl Session {
     /// the turn running there, from its `turn.started` on. CURSOR_EXPIRED when the cursor is
     /// outside the window, or when that turn began before it (then only a snapshot can say).
     pub fn stream_at(&self, cursor: Cursor) -> Result<StreamState, AppError> {
-        let inner = self.lock();
+        let mut inner = self.lock();
         inner.log.check_cursor(cursor)?;
         if cursor.seq == inner.log.head() {
-            return Ok(inner.view.stream.clone());
+            return Ok(inner.view.stream().clone());
         }
         let mut since_turn_start = Vec::new();
         let mut turn_start_seen = false;

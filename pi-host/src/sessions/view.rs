@@ -7,10 +7,13 @@ use crate::store::SessionRow;
 use racp_proto::events::HostEventData;
 use racp_proto::methods::session::SessionSettings;
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
+use racp_proto::pi::Kind;
 use racp_proto::pi::stream::StreamState;
 
 /// How many finished turns a snapshot shows.
 const SNAPSHOT_TURNS: usize = 50;
+/// Most stream events held unapplied before they are applied anyway.
+const MAX_UNAPPLIED: usize = 4096;
 
 /// What a snapshot shows of a session, as of the last published event.
 #[derive(Debug, Default, PartialEq)]
@@ -22,8 +25,14 @@ pub(super) struct View {
     pub closed: bool,
     /// What a client set it to run with (stored in its row; `session.configured` changes it).
     pub settings: SessionSettings,
-    /// The message and tool outputs streaming.
-    pub stream: StreamState,
+    /// The message and tool outputs streaming, up to the events in `unapplied`.
+    stream: StreamState,
+    /// Stream events not applied yet, in order. Applying each as it is published would read
+    /// every delta again right after the compactor wrote it, on the host's hottest path, and
+    /// most are never needed: once a message ends, nothing it streamed is in progress. So they
+    /// wait until a snapshot reads the stream ([`View::stream`]), and a message that starts and
+    /// ends among them is dropped whole.
+    unapplied: Vec<(Kind, Box<str>)>,
 }
 
 impl View {
@@ -43,7 +52,7 @@ impl View {
             HostEvent::Agent { kind, payload, .. } => {
                 // Only some agent events change what is streaming (docs/protocol.md §8.1).
                 if kind.streams() {
-                    self.stream.apply_agent_text(&kind, payload.get());
+                    self.defer(kind, payload.into());
                 }
                 return;
             }
@@ -67,6 +76,7 @@ impl View {
             }
             HostEventData::TurnFinished(data) => {
                 // A turn that ended ends its streams, even one its agent died in.
+                self.unapplied.clear();
                 self.stream.clear();
                 let Some(turn_id) = turn_id else { return };
                 if self.active_turn.as_deref() == Some(turn_id.as_str()) {
@@ -87,6 +97,36 @@ impl View {
             HostEventData::SessionClosed(_) => self.closed = true,
             HostEventData::SessionConfigured(data) => self.settings = data.settings,
             HostEventData::AgentStopped(_) => {}
+        }
+    }
+
+    /// The message and tool outputs streaming as of the last event applied.
+    pub fn stream(&mut self) -> &StreamState {
+        for (kind, data) in self.unapplied.drain(..) {
+            self.stream.apply_agent_text(&kind, &data);
+        }
+        &self.stream
+    }
+
+    fn defer(&mut self, kind: Kind, data: Box<str>) {
+        let whole_message = kind == Kind::MessageEnd
+            && self
+                .unapplied
+                .first()
+                .is_some_and(|(first, _)| *first == Kind::MessageStart)
+            && self
+                .unapplied
+                .iter()
+                .all(|(k, _)| matches!(k, Kind::MessageStart | Kind::MessageUpdate));
+        if whole_message {
+            // Applied, these would leave no message streaming and the tools as they are.
+            self.unapplied.clear();
+            self.stream.apply_agent(&kind, &serde_json::Value::Null);
+            return;
+        }
+        self.unapplied.push((kind, data));
+        if self.unapplied.len() >= MAX_UNAPPLIED {
+            self.stream();
         }
     }
 
@@ -231,9 +271,51 @@ mod tests {
         assert_eq!(published.settings.auto_compaction, Some(false));
         assert!(published.closed);
         assert_eq!(
-            published.stream.message().unwrap()["content"][0]["text"],
+            published.stream().message().unwrap()["content"][0]["text"],
             "hi"
         );
+    }
+
+    /// Deferring stream events changes nothing a snapshot reads: a whole message dropped, a
+    /// message in progress and a tool's output applied when read, as if applied one by one.
+    #[test]
+    fn deferred_stream_events_give_the_stream_applied_one_by_one() {
+        let start =
+            r#"{"type":"message_start","message":{"role":"assistant","content":[],"timestamp":1}}"#;
+        let text_start = r#"{"type":"message_update","message":{"role":"assistant","timestamp":1},"assistantMessageEvent":{"type":"text_start","contentIndex":0,"block":{"type":"text"}}}"#;
+        let delta = |d: &str| {
+            format!(
+                r#"{{"type":"message_update","message":{{"role":"assistant","timestamp":1}},"assistantMessageEvent":{{"type":"text_delta","contentIndex":0,"delta":"{d}"}}}}"#
+            )
+        };
+        let end = r#"{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"ab"}],"timestamp":1}}"#;
+        let tool = r#"{"type":"tool_execution_update","toolCallId":"call_1","toolName":"bash","partialResult":{"content":[{"type":"text","text":"out\n"}]}}"#;
+        let events: Vec<(&str, String)> = vec![
+            ("message_start", start.into()),
+            ("message_update", text_start.into()),
+            ("message_update", delta("a")),
+            ("message_update", delta("b")),
+            ("message_end", end.into()),
+            ("tool_execution_update", tool.into()),
+            ("message_start", start.into()),
+            ("message_update", text_start.into()),
+            ("message_update", delta("c")),
+        ];
+        let mut eager = StreamState::default();
+        let mut view = View::default();
+        for (i, (kind, payload)) in events.iter().enumerate() {
+            eager.apply_agent_text(&Kind::from_wire(kind), payload);
+            view.apply("ses_1", agent(kind, payload), i as u64);
+            if i == 4 {
+                assert!(view.unapplied.is_empty(), "a whole message is dropped");
+                assert_eq!(view.stream().message(), None);
+            }
+        }
+        let deferred = view.stream();
+        assert_eq!(deferred.message(), eager.message());
+        assert_eq!(deferred.tool_outputs(), eager.tool_outputs());
+        assert_eq!(deferred.message().unwrap()["content"][0]["text"], "c");
+        assert!(deferred.tool_outputs().contains_key("call_1"));
     }
 
     #[test]
