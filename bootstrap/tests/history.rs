@@ -1,7 +1,8 @@
 //! A session's conversation in `pi-remote`, against a real pi-host with the stand-in agent:
 //! `history` prints every message oldest first, paging back with `session/history` even after
-//! the events left the host's replay window; `attach` shows the conversation so far before it
-//! follows live, and after a resync the messages it missed, each message once.
+//! the events left the host's replay window, and says when the host's history bound dropped the
+//! oldest; `attach` shows the conversation so far before it follows live, and after a resync
+//! the messages it missed, each message once.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -64,18 +65,14 @@ async fn history_prints_the_whole_conversation_after_the_replay_window_moved_on(
         .ok(&["prompt", &session, "echo one", "--wait", "--json"])
         .await;
     let first: Value = serde_json::from_str(first.lines().next().unwrap()).unwrap();
-    // Three results of 100 KB: more than one page of 256 KiB, so the pages are read back.
-    turn(
-        &remote,
-        &session,
-        "output:100000 output:100000 output:100000",
-    )
-    .await;
+    // Seven results of 50 KB: more than a page of 256 KiB, so pi-remote pages back.
+    turn(&remote, &session, &["output:50000"; 7].join(" ")).await;
     // Over a hundred messages in one turn: more than the snapshot's history holds.
-    turn(&remote, &session, &vec!["tool"; 55].join(" ")).await;
+    turn(&remote, &session, &["tool"; 55].join(" ")).await;
     turn(&remote, &session, "echo four").await;
 
-    // The host no longer replays the first turn, and its history is more than a page.
+    // The host no longer replays the first turn, and its history is more than a page of the
+    // most entries pi-remote asks for.
     let token = remote.profile()["deviceToken"]
         .as_str()
         .unwrap()
@@ -91,7 +88,10 @@ async fn history_prints_the_whole_conversation_after_the_replay_window_moved_on(
         .await;
     assert_eq!(expired["error"]["code"], "CURSOR_EXPIRED", "{expired}");
     let head = raw
-        .call("session/history", json!({"sessionId": session}))
+        .call(
+            "session/history",
+            json!({"sessionId": session, "limit": 1000}),
+        )
         .await;
     assert!(head["result"]["earlier"].is_string(), "one page: {head}");
 
@@ -101,7 +101,7 @@ async fn history_prints_the_whole_conversation_after_the_replay_window_moved_on(
         &[
             "you: echo one\n",
             "assistant: echo one\n",
-            "you: output:100000",
+            "you: output:50000",
             "← bash: 0000",
             " …\n",
             "assistant: done\n",
@@ -114,6 +114,7 @@ async fn history_prints_the_whole_conversation_after_the_replay_window_moved_on(
     );
     assert_eq!(shown.matches("you: ").count(), 4, "{shown}");
     assert_eq!(shown.matches("← bash: stand-in tool ran").count(), 55);
+    assert_eq!(shown.matches("← bash: 0000").count(), 7);
     assert!(!shown.contains("dropped"), "{shown}");
 
     // --json: the events as delivered live, oldest first.
@@ -391,4 +392,43 @@ async fn attach_shows_the_messages_missed_while_the_log_moved_on() {
     turn(&driver, &session, "echo after").await;
     attach.until(": echo after");
     attach.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_says_when_the_hosts_bound_dropped_the_oldest_messages() {
+    let host = host(&["--history-max-bytes", "4000"]).await;
+    let remote = paired(&host).await;
+    let session = new_session(&remote, &host).await;
+    for text in [
+        "echo one",
+        "echo two",
+        "echo three",
+        "echo four",
+        "echo five",
+        "echo six",
+    ] {
+        turn(&remote, &session, text).await;
+    }
+    let shown = remote.ok(&["history", &session]).await;
+    assert!(
+        shown.starts_with("(earlier messages were dropped by the host's history bound)\n"),
+        "{shown}"
+    );
+    assert!(
+        shown.ends_with("you: echo six\nassistant: echo six\n"),
+        "{shown}"
+    );
+    assert!(!shown.contains("echo one"), "{shown}");
+    // With --json the entries alone are on stdout; the word on the dropped ones is a note.
+    let output = remote.run(&["history", &session, "--json"]).await;
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("dropped by the host's history bound"),
+        "{stderr}"
+    );
+    for line in String::from_utf8(output.stdout).unwrap().lines() {
+        let entry: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(entry["type"], "agent.message_end");
+    }
 }
