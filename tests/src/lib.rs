@@ -1033,9 +1033,12 @@ impl FaultProxy {
         let _ = self.cut.send(());
     }
 
-    /// Holds (or releases) all traffic without closing anything.
+    /// Holds (or releases) all traffic without closing anything, and that of connections made
+    /// later.
     pub fn stall(&self, on: bool) {
-        let _ = self.stalled.send(on);
+        // `send` keeps the old value when no connection holds a receiver (between a client's
+        // attempts): a release then would not reach the next connection.
+        self.stalled.send_replace(on);
     }
 
     /// Adds `ms` of latency to every chunk forwarded in either direction (0 removes it).

@@ -8,7 +8,7 @@ use bootstrap::provision::{self, BootstrapOptions};
 use bootstrap::remote::commands::connect::{self, ConnectArgs, Display};
 use bootstrap::remote::commands::models::{parse_model, parse_thinking};
 use bootstrap::remote::commands::{
-    Reach, attach, devices, hosts, models, open_profile, pair, sessions, status, turns,
+    Reach, attach, devices, history, hosts, models, open_profile, pair, sessions, status, turns,
 };
 use bootstrap::remote::out::Out;
 use bootstrap::remote::pairing::PairingHints;
@@ -168,8 +168,17 @@ enum Command {
     },
     /// Deny a pending approval.
     Deny { approval: String },
-    /// Follow a session live and answer its approvals from stdin (y/n or a value).
+    /// Follow a session live and answer its approvals from stdin (y/n or a value); its most
+    /// recent messages are shown first.
     Attach { session: String },
+    /// Print a session's conversation, oldest first: every message the host kept, however long
+    /// ago (with --json, one event a line).
+    History {
+        session: String,
+        /// Only the last N messages.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        limit: Option<u32>,
+    },
     /// List paired devices (owner only).
     Devices,
     /// Revoke a device (owner only).
@@ -429,6 +438,7 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
         Command::Approve { approval, value } => turns::approve(out, &client, approval, value).await,
         Command::Deny { approval } => turns::deny(out, &client, approval).await,
         Command::Attach { session } => attach::attach(out, client, session).await,
+        Command::History { session, limit } => history::history(out, &client, session, limit).await,
         Command::Devices => devices::list(out, &client).await,
         Command::Revoke { device } => devices::revoke(out, &client, device).await,
     }

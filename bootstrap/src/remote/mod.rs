@@ -9,6 +9,7 @@
 //! pi-remote steer SESSION "use the other test runner"  # guide the running turn
 //! pi-remote abort SESSION | close SESSION              # end the running turn | close the session
 //! pi-remote attach SESSION                             # live view; answer approvals from stdin
+//! pi-remote history SESSION [--limit N]                # the conversation, oldest first
 //! pi-remote approve APPROVAL [--value V] | deny APPROVAL
 //! pi-remote devices | revoke DEVICE                    # owner only
 //! pi-remote hosts [--use HOST_ID]                      # a gateway's hosts | choose the default
@@ -64,17 +65,33 @@
 //! otherwise stdin is not read and a note on stderr gives the `pi-remote approve`/`deny`
 //! command.
 //!
-//! `attach` prints the session live from its snapshot cursor and survives dropped links (the
-//! client resumes by cursor; a note goes to stderr on reconnects and snapshot resyncs). Pending
-//! approvals (from the snapshot or from events) are answered with stdin lines, oldest first:
-//! `y`/`n` for confirm, an option or its number for select (options are shown numbered from
-//! 1), the text for input and editor ([`commands`]' `approvals` module, shared with `prompt
-//! --wait`). Piped
+//! `history` prints the session's conversation, oldest first: it reads `session/history` pages
+//! back from the head (each page's `earlier` is the next one's `upTo`) until a page has no
+//! `earlier`, then prints them in order, one message at a time: `you: TEXT`, `assistant: TEXT`,
+//! a tool call `→ NAME {ARGS}` (200 characters), its result `← NAME: OUTPUT` (the first 5
+//! lines, at most 400 characters, `…` where cut), a compaction `[compacted: SUMMARY'S FIRST
+//! LINE]`; a message's further lines are indented. The host keeps the history past its replay
+//! window; when its own bound dropped the oldest messages, the first line says so. `--limit N`
+//! prints the last N messages. With `--json`, each entry is printed as the event it is (one
+//! JSON line each, as `attach` prints events).
+//!
+//! `attach` first shows the conversation so far: the snapshot's history (its most recent
+//! messages, in `history`'s view, naming `pi-remote history SESSION` when there are more).
+//! Then it prints the session live from the snapshot's cursor, where that history ends, so no
+//! message is shown twice, and survives dropped links (the client resumes by cursor; a note goes
+//! to stderr on reconnects and snapshot resyncs; after a resync, the snapshot's history entries
+//! past the last event shown are printed: the messages missed meanwhile, naming `history` when
+//! more may have been). Pending approvals
+//! (from the snapshot or from events) are answered with stdin lines, oldest first: `y`/`n` for
+//! confirm, an option or its number for select (options are shown numbered from 1), the text
+//! for input and editor ([`commands`]' `approvals` module, shared with `prompt --wait`). Piped
 //! input is held until an approval needs it; at a terminal a line typed while nothing waits is
 //! dropped. It exits 0 when the session closes, or when stdin has ended, every typed line is
 //! used, and no approval it knows is pending (an answered one counts until `approval.settled`).
 //! With `--json` it prints a `{"type": "client.attached", "session", "cursor",
-//! "pendingApprovals"}` line, then each event as one JSON line (and `client.resynced` lines).
+//! "pendingApprovals", "history"}` line (`history`: the snapshot's, `{entries, earlier?,
+//! truncated?}`), then each event as one JSON line (and `client.resynced` lines, whose
+//! `history` holds only the entries missed, with `earlier` when more may have been).
 //!
 //! Profiles live in `$PI_REMOTE_CONFIG_DIR/profiles/<name>.json`, where the directory defaults to
 //! `$XDG_CONFIG_HOME/pi-remote` or `~/.config/pi-remote` (see [`profile`]). A profile holds the

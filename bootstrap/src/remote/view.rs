@@ -1,5 +1,9 @@
 //! The human view of a session's events: text deltas inline, tool calls and results as lines,
 //! approvals with their id and question. Event types it does not know are skipped.
+//!
+//! The history's entries (a message whole, a compaction's summary) have their own view,
+//! [`View::entry`]: one message per line, continuation lines indented, `you: …`,
+//! `assistant: …`, `→ tool {args}`, `← tool: result…`, `[compacted: …]`.
 
 use racp_proto::events::{
     ApprovalRequestedData, ApprovalSettledData, Event, EventType, TurnFinishedData, TurnStartedData,
@@ -10,6 +14,16 @@ use serde_json::Value;
 
 /// Longest tool result text shown, in characters.
 const MAX_RESULT_CHARS: usize = 400;
+
+/// Most lines of a tool result shown in a history entry: the result is in the history whole,
+/// and a transcript is read for the conversation, not the output.
+const ENTRY_RESULT_LINES: usize = 5;
+
+/// Longest tool call arguments shown in a history entry, in characters.
+const ENTRY_ARGS_CHARS: usize = 200;
+
+/// Longest compaction summary shown (its first line), in characters.
+const ENTRY_SUMMARY_CHARS: usize = 200;
 
 /// Renders events as text; remembers whether the last output ended mid-line.
 #[derive(Debug, Default)]
@@ -88,6 +102,22 @@ impl View {
         }
     }
 
+    /// A history entry (`agent.message_end`: a message whole; `agent.compaction_end`: a
+    /// summary) as lines; other events, and messages with nothing to show, give nothing.
+    pub fn entry(&mut self, event: &Event) -> String {
+        let lines = entry_lines(event);
+        if lines.is_empty() {
+            return String::new();
+        }
+        let mut out = self.break_line();
+        for line in lines {
+            // Continuation lines are indented: a line at the margin starts a message.
+            out.push_str(&line.replace('\n', "\n  "));
+            out.push('\n');
+        }
+        out
+    }
+
     /// A note on its own line (e.g. a pending approval from a snapshot).
     pub fn note(&mut self, text: &str) -> String {
         self.line(text)
@@ -114,6 +144,159 @@ impl View {
         out.push_str(text);
         out.push('\n');
         out
+    }
+}
+
+/// The lines of a history entry (each may hold newlines).
+fn entry_lines(event: &Event) -> Vec<String> {
+    // A `Value` may round an integer beyond 64 bits; only text is read from it here.
+    let Ok(data) = event.data.parse::<Value>() else {
+        return Vec::new();
+    };
+    let mut lines = match Kind::of_event_type(&event.kind) {
+        Some(Kind::MessageEnd) => message_lines(&data["message"]),
+        Some(Kind::CompactionEnd | Kind::AutoCompactionEnd) => {
+            summary_line("compacted", &data["result"]["summary"])
+                .into_iter()
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    if event.elided.is_some()
+        && let Some(last) = lines.last_mut()
+    {
+        last.push_str(" [cut by the host]");
+    }
+    lines
+}
+
+/// A message of pi's, by its role.
+fn message_lines(message: &Value) -> Vec<String> {
+    let content = &message["content"];
+    match message["role"].as_str().unwrap_or_default() {
+        "user" => vec![format!("you: {}", content_text(content).trim())],
+        "assistant" => assistant_lines(message),
+        "toolResult" => {
+            let name = message["toolName"].as_str().unwrap_or("tool");
+            let error = message["isError"].as_bool().unwrap_or(false);
+            vec![tool_result_line(name, &content_text(content), error)]
+        }
+        "bashExecution" => {
+            let command = message["command"].as_str().unwrap_or_default();
+            let output = message["output"].as_str().unwrap_or_default();
+            vec![tool_result_line(&format!("$ {command}"), output, false)]
+        }
+        "compactionSummary" => summary_line("compacted", &message["summary"])
+            .into_iter()
+            .collect(),
+        "branchSummary" => summary_line("branch", &message["summary"])
+            .into_iter()
+            .collect(),
+        // An extension's message that asks not to be shown.
+        "custom" if message["display"] == Value::Bool(false) => Vec::new(),
+        "custom" => {
+            let kind = message["customType"].as_str().unwrap_or("custom");
+            vec![format!("[{kind}] {}", content_text(content).trim())]
+        }
+        "" => Vec::new(),
+        role => vec![format!("{role}: {}", content_text(content).trim())],
+    }
+}
+
+/// An assistant message: its text, its tool calls (`→ name {args}`), and why it stopped when it
+/// failed or was aborted. Thinking is left out, as in the live view.
+fn assistant_lines(message: &Value) -> Vec<String> {
+    fn flush(text: &mut String, lines: &mut Vec<String>) {
+        if !text.trim().is_empty() {
+            lines.push(format!("assistant: {}", text.trim()));
+        }
+        text.clear();
+    }
+    let mut lines = Vec::new();
+    let mut text = String::new();
+    for part in message["content"].as_array().into_iter().flatten() {
+        match part["type"].as_str() {
+            Some("text") => text.push_str(part["text"].as_str().unwrap_or_default()),
+            Some("toolCall") => {
+                flush(&mut text, &mut lines);
+                let name = part["name"].as_str().unwrap_or("tool");
+                let args = compact(&part["arguments"], ENTRY_ARGS_CHARS);
+                lines.push(format!("→ {name} {args}").trim_end().to_string());
+            }
+            _ => {}
+        }
+    }
+    flush(&mut text, &mut lines);
+    match message["stopReason"].as_str() {
+        Some("error") => {
+            let why = message["errorMessage"]
+                .as_str()
+                .unwrap_or("no reason given");
+            lines.push(format!("assistant: [failed: {}]", truncate(why, 400)));
+        }
+        Some("aborted") => lines.push("assistant: [aborted]".into()),
+        _ => {}
+    }
+    lines
+}
+
+/// `← name: output`, its first lines only, marked where cut.
+fn tool_result_line(name: &str, output: &str, error: bool) -> String {
+    let label = if error { " (error)" } else { "" };
+    let output = output.trim_end();
+    if output.is_empty() {
+        return format!("← {name}{label}: (no output)");
+    }
+    let excerpt = excerpt(output, ENTRY_RESULT_LINES, MAX_RESULT_CHARS);
+    format!("← {name}{label}: {excerpt}")
+}
+
+/// `[label: the summary's first line]`, or nothing without a summary.
+fn summary_line(label: &str, summary: &Value) -> Option<String> {
+    let summary = summary.as_str()?.trim();
+    let first = summary.lines().next().unwrap_or_default();
+    let more = if summary.lines().nth(1).is_some() && !first.is_empty() {
+        " …"
+    } else {
+        ""
+    };
+    Some(format!(
+        "[{label}: {}{more}]",
+        truncate(first, ENTRY_SUMMARY_CHARS)
+    ))
+}
+
+/// The text of a message's content: a string, or its text parts (an image as `[image]`).
+fn content_text(content: &Value) -> String {
+    if let Some(text) = content.as_str() {
+        return text.to_string();
+    }
+    let parts = content.as_array().into_iter().flatten();
+    let texts: Vec<&str> = parts
+        .filter_map(|part| match part["type"].as_str() {
+            Some("text") => part["text"].as_str(),
+            Some("image") => Some("[image]"),
+            _ => None,
+        })
+        .collect();
+    texts.join("\n")
+}
+
+/// The first `max_lines` lines of `text`, at most `max_chars` characters, ending in `…` when
+/// anything was left out.
+fn excerpt(text: &str, max_lines: usize, max_chars: usize) -> String {
+    let mut lines = text.lines();
+    let kept = lines
+        .by_ref()
+        .take(max_lines)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let more_lines = lines.next().is_some();
+    let cut = truncate(&kept, max_chars);
+    if more_lines && cut == kept {
+        format!("{cut} …")
+    } else {
+        cut
     }
 }
 
@@ -255,5 +438,63 @@ mod tests {
             out,
             "[approval apr_1] select: Pick [options: 1. a, 2. b] (answer with a number or an option)\n"
         );
+    }
+
+    fn message(message: Value) -> Event {
+        event(
+            "agent.message_end",
+            json!({"type": "message_end", "message": message}),
+        )
+    }
+
+    #[test]
+    fn history_entries_read_as_a_conversation() {
+        let mut view = View::default();
+        let entries = [
+            message(json!({"role": "user", "content": "fix the tests\nplease"})),
+            message(json!({"role": "user", "content": [
+                {"type": "text", "text": "and this"}, {"type": "image", "mimeType": "image/png"}
+            ]})),
+            message(
+                json!({"role": "assistant", "stopReason": "toolUse", "content": [
+                    {"type": "thinking", "thinking": "hmm"},
+                    {"type": "text", "text": "Running them."},
+                    {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {"command": "ls"}}
+                ]}),
+            ),
+            message(
+                json!({"role": "toolResult", "toolName": "bash", "isError": false,
+                "content": [{"type": "text", "text": "a\nb\nc\nd\ne\nf\ng\n"}]}),
+            ),
+            message(
+                json!({"role": "assistant", "stopReason": "error", "content": [],
+                "errorMessage": "503"}),
+            ),
+            event(
+                "agent.compaction_end",
+                json!({"type": "compaction_end", "result": {"summary": "Fixed.\nMore."}}),
+            ),
+            event("turn.finished", json!({"outcome": "completed"})),
+        ];
+        let out: String = entries.iter().map(|e| view.entry(e)).collect();
+        assert_eq!(
+            out,
+            "you: fix the tests\n  please\n\
+             you: and this\n  [image]\n\
+             assistant: Running them.\n\
+             → bash {\"command\":\"ls\"}\n\
+             ← bash: a\n  b\n  c\n  d\n  e …\n\
+             assistant: [failed: 503]\n\
+             [compacted: Fixed. …]\n"
+        );
+    }
+
+    #[test]
+    fn a_long_tool_result_is_cut_to_its_first_characters() {
+        let mut view = View::default();
+        let long = "x".repeat(1000);
+        let out = view.entry(&message(json!({"role": "toolResult", "toolName": "read",
+            "isError": true, "content": [{"type": "text", "text": long}]})));
+        assert_eq!(out, format!("← read (error): {}…\n", "x".repeat(400)));
     }
 }
