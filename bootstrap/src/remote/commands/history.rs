@@ -2,17 +2,16 @@
 //! `session/history` from the head to the start (docs/protocol.md §7.24). `attach` shows the
 //! snapshot's history with the same view ([`print_entries`]).
 
-use super::call_raw_resending;
+use super::call_resending;
 use crate::remote::Failure;
 use crate::remote::out::Out;
 use crate::remote::view::View;
+use racp_proto::calls;
 use racp_proto::client::RacpClient;
 use racp_proto::events::Event;
 use racp_proto::limits::MAX_HISTORY_LIMIT;
-use racp_proto::methods::Method;
 use racp_proto::methods::session::{HistoryPage, SessionHistoryParams};
 use racp_proto::validate::printable;
-use racp_proto::{AppError, ErrorCode, ErrorSource};
 
 /// What the host's history bound did, said where the conversation starts.
 pub const DROPPED_NOTE: &str = "(earlier messages were dropped by the host's history bound)";
@@ -101,22 +100,13 @@ async fn read_back(
     }
 }
 
-/// One page of `session/history`. Its result is read as the page it holds (the `cursor` beside
-/// it is not needed here) rather than as `SessionHistoryResult`: that type flattens the page,
-/// and serde's `flatten` buffers values in a form an event's raw `data` cannot be read from, so
-/// the typed call fails on every page with entries.
+/// One page of `session/history` (the `cursor` it was read up to is not needed here).
 async fn read_page(
     client: &RacpClient,
     params: SessionHistoryParams,
 ) -> Result<HistoryPage, Failure> {
-    let method = Method::SessionHistory.as_str();
-    let params = serde_json::to_value(params)
-        .map_err(|e| AppError::new(ErrorCode::InvalidParams, e.to_string()))?;
-    let reply = call_raw_resending(client, method, params).await?;
-    serde_json::from_value(reply).map_err(|e| {
-        let message = format!("the host's reply to {method} has an unexpected shape: {e}");
-        Failure::App(AppError::new(ErrorCode::Internal, message).with_source(ErrorSource::Client))
-    })
+    let page = call_resending::<calls::SessionHistory>(client, params).await?;
+    Ok(page.into_page())
 }
 
 /// The `limit` of the next page: what is left to read, at most the host's page bound.

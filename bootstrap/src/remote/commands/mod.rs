@@ -181,26 +181,6 @@ where
     }
 }
 
-/// [`call_resending`] with JSON params and result, for a reply read into a type of the
-/// caller's choosing.
-pub(crate) async fn call_raw_resending(
-    client: &RacpClient,
-    method: &'static str,
-    params: serde_json::Value,
-) -> Result<serde_json::Value, AppError> {
-    let mut client = client.clone();
-    let mut attempts = 0;
-    loop {
-        match client.call_raw(method, params.clone()).await {
-            Err(e) if e.code() == ErrorCode::HostDisconnected && attempts < 5 => {
-                attempts += 1;
-                client.wait_connected().await?;
-            }
-            other => return other,
-        }
-    }
-}
-
 /// A subscription's channel closed under us: the client is gone.
 pub(crate) fn client_stopped() -> AppError {
     AppError::new(ErrorCode::HostDisconnected, "the client stopped")
