@@ -206,6 +206,32 @@ impl Turns {
         Ok(TurnStartResult { turn_id })
     }
 
+    /// The session's agent for a command outside a turn's prompt (compaction, a shell command,
+    /// stats, ...): the running one, or one started now (resuming the session's own pi session,
+    /// making room as a turn does). CONFLICT for a closed session. Callers send their command
+    /// without holding the driver's lock: pi's answers come through the pump, which needs it.
+    pub async fn agent_for(
+        &self,
+        host: &Arc<impl TurnHost>,
+        session: &Arc<Session>,
+    ) -> Result<Agent, AppError> {
+        if session.is_closing() {
+            return Err(closed(session));
+        }
+        let driver = self.driver(session);
+        let mut state = driver.state.lock().await;
+        driver.retire_stale(host, &mut state);
+        let agent = match state.agent.clone() {
+            Some(agent) => agent,
+            None => {
+                let _slot = self.make_room(host, &driver).await?;
+                driver.ensure_agent(host, &mut state).await?
+            }
+        };
+        state.last_used = Some(Instant::now());
+        Ok(agent)
+    }
+
     pub async fn steer(
         &self,
         host: &Arc<impl TurnHost>,
