@@ -13,6 +13,7 @@ import type {
   RacpMethods,
   SessionEventsParams,
   SessionGetResult,
+  SessionHistoryResult,
   SessionStreamResult,
   SessionSubscribeResult,
   Snapshot,
@@ -21,6 +22,7 @@ import type {
 import { Backoff } from "./backoff.js";
 import { Link, type CallOptions, type LinkEnd } from "./connection.js";
 import { RacpError, hostDisconnected, isFatal } from "./errors.js";
+import { pagesBack, type HistoryOptions, type HistoryPagesOptions } from "./history.js";
 import { checkUrl, type Endpoint } from "./pairing.js";
 import { Subscription, type SubscriptionControl } from "./subscription.js";
 import { webSocketTransport, type Transport } from "./transport.js";
@@ -233,6 +235,28 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
     }
     if (tracked === undefined) throw hostDisconnected("the link closed before the subscription started", "session/subscribe");
     return tracked.subscription;
+  }
+
+  /**
+   * One page of a session's history (§7.24): the entries up to `upTo` (the head when absent),
+   * oldest first, and `earlier` when older ones exist. Each entry is the `agent.message_end` or
+   * `agent.compaction_end` event exactly as it was delivered live; `messagesOf` reads pi's
+   * messages out of them.
+   */
+  history(sessionId: string, options: HistoryOptions = {}): Promise<SessionHistoryResult> {
+    const { upTo, limit, maxBytes, ...callOptions } = options;
+    return this.call("session/history", { sessionId, upTo, limit, maxBytes }, callOptions);
+  }
+
+  /**
+   * Pages back through a session's history, newest page first, until a page has no `earlier`.
+   * From a `session/get` result (a `resynced` item's `snapshot`), it reads what is older than
+   * `snapshot.history`: that history, these pages and a subscription from the snapshot's cursor
+   * hold every entry once (§8.4). Read pages as the user scrolls back; a call that fails (the
+   * link dropped) ends the iteration with its error, and `from` the last page continues it.
+   */
+  historyPages(sessionId: string, options: HistoryPagesOptions = {}): AsyncGenerator<SessionHistoryResult, void, undefined> {
+    return pagesBack((params, callOptions) => this.call("session/history", params, callOptions), sessionId, options);
   }
 
   /** Stops the client: the link closes, subscriptions end, calls fail. */

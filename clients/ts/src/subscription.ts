@@ -11,8 +11,11 @@ import { StreamState } from "./stream.js";
 /** What a subscription yields, in order. */
 export type SubscriptionItem =
   | { kind: "event"; event: Event }
-  /** The host no longer had the events after the last cursor: here is the session's snapshot;
-   * events continue right after its cursor (§8.4). Replace the view of the session with it. */
+  /** The host no longer had the events after the last cursor: here is the session's
+   * `session/get` result, whole; events continue right after its cursor (§8.4). Replace the view
+   * of the session with it: its state, approvals, streams, and the conversation from
+   * `snapshot.history` (the most recent entries; `client.historyPages(id, {from: snapshot})`
+   * reads the older ones). */
   | { kind: "resynced"; snapshot: SessionGetResult }
   /** The host ended the subscription (the session was closed). Last item. */
   | { kind: "ended" }

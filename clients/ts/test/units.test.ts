@@ -1,8 +1,10 @@
-// The parts of the client that need no host: pairing links, URL checks, backoff, errors, frames.
+// The parts of the client that need no host: pairing links, URL checks, backoff, errors, frames,
+// reading pi's messages out of history entries.
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { Backoff, ERROR_CODES, RacpError, checkUrl, parsePairingLink } from "../src/index.js";
+import { Backoff, ERROR_CODES, RacpError, checkUrl, isHistoryEntry, messagesOf, parsePairingLink, type Event, type SessionHistoryParams } from "../src/index.js";
+import { pagesBack } from "../src/history.js";
 import { decodeHostFrame, encodeRequest } from "../src/frames.js";
 
 const PIN = "3f1c9a0e5b7d2468ace013579bdf2468ace013579bdf2468ace013579bdf2468";
@@ -154,4 +156,66 @@ test("a request over the frame bound fails locally with PAYLOAD_TOO_LARGE", () =
   const tooLarge = refusal(() => encodeRequest(2, "turn/start", { text: "é".repeat(3000) }, 4096));
   assert.equal(tooLarge.code, "PAYLOAD_TOO_LARGE");
   assert.equal(tooLarge.method, "turn/start");
+});
+
+function entry(seq: number, type: string, data: unknown): Event {
+  return { seq, cursor: `0f3a9c2e11d04b7a-${seq}`, type, at: 1764528000000 + seq, turnId: "turn_1", data };
+}
+
+test("messagesOf: a message_end's message as is, a compaction's end as pi's compactionSummary", () => {
+  const user = { role: "user", content: [{ type: "text", text: "run the tests" }], timestamp: 1764528000001 };
+  const assistant = { role: "assistant", content: [{ type: "text", text: "ok" }], stopReason: "stop", timestamp: 1764528000002 };
+  const result = { summary: "Ran the tests; all pass.", firstKeptEntryId: "e9", tokensBefore: 52000 };
+  const entries = [
+    entry(4, "agent.message_end", { type: "message_end", message: user }),
+    entry(9, "agent.message_end", { type: "message_end", message: assistant }),
+    entry(12, "agent.compaction_end", { type: "compaction_end", reason: "threshold", result, aborted: false, willRetry: false }),
+    // An aborted compaction left nothing in place of the messages.
+    entry(13, "agent.compaction_end", { type: "compaction_end", reason: "manual", aborted: true, willRetry: false }),
+    entry(15, "agent.auto_compaction_end", { type: "auto_compaction_end", result: { summary: "older pi" } }),
+    // Cut away to fit a frame (docs/protocol.md §8.6): no message to show.
+    { ...entry(16, "agent.message_end", null), elided: { bytes: 9000000, limit: 8192, from: "0f3a9c2e11d04b7a-15", cut: [] } },
+    entry(17, "turn.finished", { outcome: "completed" }),
+  ];
+  assert.deepEqual(messagesOf(entries), [
+    user,
+    assistant,
+    { role: "compactionSummary", summary: result.summary, tokensBefore: 52000, timestamp: 1764528000012 },
+    { role: "compactionSummary", summary: "older pi", timestamp: 1764528000015 },
+  ]);
+  // The message is the event's own object: nothing is copied.
+  assert.equal(messagesOf(entries)[0], user);
+  assert.deepEqual(entries.map(isHistoryEntry), [true, true, true, true, true, true, false]);
+});
+
+test("history pages start before what the caller holds and stop at a page without earlier", async () => {
+  const calls: SessionHistoryParams[] = [];
+  const pages = new Map([
+    ["e-9", { cursor: "e-9", entries: [entry(7, "agent.message_end", {})], earlier: "e-6" }],
+    ["e-6", { cursor: "e-6", entries: [entry(3, "agent.message_end", {})] }],
+    ["e-0", { cursor: "e-0", entries: [] }],
+    ["head", { cursor: "e-20", entries: [entry(18, "agent.message_end", {})], earlier: "e-9" }],
+  ]);
+  const call = async (params: SessionHistoryParams) => {
+    calls.push(params);
+    return pages.get(params.upTo ?? "head")!;
+  };
+  const read = async (options: Parameters<typeof pagesBack>[2]) => {
+    calls.length = 0;
+    const cursors: string[] = [];
+    for await (const page of pagesBack(call, "ses_1", options)) cursors.push(page.cursor);
+    return cursors;
+  };
+  const snapshot = { state: "idle" as const, turns: [], pendingApprovals: [] };
+  const got = { session: { sessionId: "ses_1", workspace: "/w", state: "idle" as const, createdAt: 0, cursor: "e-20" }, cursor: "e-20" };
+  // From a snapshot: only what is older than its history.
+  assert.deepEqual(await read({ from: { ...got, snapshot: { ...snapshot, history: { entries: [], earlier: "e-9" } } } }), ["e-9", "e-6"]);
+  assert.deepEqual(await read({ from: { ...got, snapshot: { ...snapshot, history: { entries: [] } } } }), []);
+  assert.equal(calls.length, 0);
+  // A snapshot without history (an older host): everything up to its cursor.
+  assert.deepEqual(await read({ from: { ...got, cursor: "e-0", snapshot } }), ["e-0"]);
+  // From the head, with the caller's bounds; and on from a page already read.
+  assert.deepEqual(await read({ limit: 1, maxBytes: 4096 }), ["e-20", "e-9", "e-6"]);
+  assert.deepEqual(calls.map((c) => [c.upTo, c.limit, c.maxBytes]), [[undefined, 1, 4096], ["e-9", 1, 4096], ["e-6", 1, 4096]]);
+  assert.deepEqual(await read({ from: pages.get("e-9")! }), ["e-6"]);
 });
