@@ -374,6 +374,38 @@ async fn prompt_wait_prints_the_deltas_and_exits_on_the_outcome() {
         .ok_json(&["prompt", &session, "deltas:1", "--json"])
         .await;
     assert!(started["turnId"].as_str().unwrap().starts_with("turn_"));
+
+    // --image: the file goes with the prompt (docs/protocol.md §7.15); another kind is usage.
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("shot.png");
+    std::fs::write(&png, b"\x89PNG\r\n\x1a\n").unwrap();
+    let png = png.to_str().unwrap();
+    let stdout = remote
+        .ok(&[
+            "prompt", &session, "deltas:1", "--image", png, "--wait", "--json",
+        ])
+        .await;
+    let started = stdout
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["type"] == "turn.started")
+        .expect("turn.started");
+    assert_eq!(
+        started["data"]["images"],
+        serde_json::json!([{"mimeType": "image/png", "bytes": 8}])
+    );
+    let tiff = dir.path().join("shot.tiff");
+    std::fs::write(&tiff, b"II*").unwrap();
+    let output = remote
+        .run(&[
+            "prompt",
+            &session,
+            "deltas:1",
+            "--image",
+            tiff.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(output.status.code(), Some(64), "{}", text(&output.stderr));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -786,6 +786,31 @@ export type HostPush = SessionEventsPush | HeartbeatPush | SubscriptionEndedPush
 export type HostStatus = "online" | "offline";
 
 /**
+ * An image sent with a prompt, as pi takes it (`ImageContent`).
+ */
+export type ImageAttachment = {
+  /**
+   * The image's bytes in base64 (standard alphabet, padded).
+   */
+  data: string;
+  /**
+   * `image/png`, `image/jpeg`, `image/gif` or `image/webp`.
+   */
+  mimeType: string;
+};
+
+/**
+ * An image a prompt carried, as the log and the snapshot name it.
+ */
+export type ImageInfo = {
+  /**
+   * Its size, decoded.
+   */
+  bytes: number;
+  mimeType: string;
+};
+
+/**
  * Bounds the host enforces on this connection.
  */
 export type Limits = {
@@ -1545,6 +1570,11 @@ export type TurnRef = {
  */
 export type TurnStartParams = {
   idempotencyKey: string;
+  /**
+   * Images sent with the prompt (the `attachments` capability): at most 8, each at most
+   * 5 MiB decoded (docs/protocol.md §7.15).
+   */
+  images?: ImageAttachment[];
   sessionId: string;
   /**
    * The prompt.
@@ -1573,6 +1603,11 @@ export type TurnStartedData = {
    * The device that started it.
    */
   deviceId?: string | null;
+  /**
+   * The images sent with it, named only: their bytes are in the prompt's own message
+   * (`agent.message_end`, role `user`), so the log holds them once.
+   */
+  images?: ImageInfo[];
   /**
    * The prompt.
    */

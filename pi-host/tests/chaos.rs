@@ -261,6 +261,7 @@ async fn kill_9_cycles_during_a_stream_lose_duplicate_and_reorder_nothing() {
             session_id: session_id.clone(),
             idempotency_key: format!("chaos-{turn}"),
             text: format!("stream:{n}:{rate}:{turn}"),
+            images: Vec::new(),
         };
         let mut client = client.clone();
         async move { call_through::<calls::TurnStart>(&mut client, params).await }
@@ -421,6 +422,7 @@ async fn a_partition_fails_calls_in_flight_then_heals_and_resumes() {
             session_id: session_id.clone(),
             idempotency_key: "stream".into(),
             text: format!("stream:{}:200", duration_s * 200),
+            images: Vec::new(),
         },
     )
     .await;

@@ -108,6 +108,7 @@ fn turn(session_id: &str, key: &str, text: &str) -> TurnStartParams {
         session_id: session_id.to_string(),
         idempotency_key: key.to_string(),
         text: text.to_string(),
+        images: Vec::new(),
     }
 }
 

@@ -392,6 +392,7 @@ async fn a_long_real_reply_is_relayed_in_linear_bytes_and_rebuilt_exactly() {
             session_id: session_id.clone(),
             idempotency_key: "long".into(),
             text: "Answer with LONG-REPLY:1000 please.".into(),
+            images: Vec::new(),
         })
         .await
         .unwrap();
@@ -890,4 +891,109 @@ async fn a_late_observer_rebuilds_the_conversation_after_the_window_a_kill_and_a
     let (rebuilt, _) = conversation_from_history(&mut observer, &session_id).await;
     assert_eq!(rebuilt, conversation, "after session/close");
     drop(pi_dir);
+}
+
+/// A 1×1 PNG.
+const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+
+/// An image sent with a prompt reaches the model as image content; the log names it in
+/// `turn.started` and keeps its bytes once, in the prompt's own message; prompts with too many
+/// images or another type are refused before anything is recorded (docs/protocol.md §7.15).
+#[tokio::test]
+async fn an_image_with_a_prompt_reaches_the_model() {
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let hello = client.hello().await;
+    assert!(
+        hello["capabilities"]
+            .as_array()
+            .is_some_and(|c| c.contains(&json!("attachments"))),
+        "{hello}"
+    );
+    let session_id = subscribed_session(&mut client, &host).await;
+    let image = json!({"mimeType": "image/png", "data": PNG});
+
+    let refused = [
+        (
+            json!(vec![image.clone(); 9]),
+            "LIMIT_EXCEEDED",
+            "params.images",
+        ),
+        (
+            json!([{"mimeType": "image/tiff", "data": PNG}]),
+            "INVALID_PARAMS",
+            "params.images.0.mimeType",
+        ),
+        (
+            json!([{"mimeType": "image/png", "data": "not base64!"}]),
+            "INVALID_PARAMS",
+            "params.images.0.data",
+        ),
+    ];
+    for (images, code, path) in refused {
+        let reply = client
+            .call(
+                "turn/start",
+                json!({"sessionId": session_id, "idempotencyKey": "bad", "text": "see", "images": images}),
+            )
+            .await;
+        assert_eq!(reply["error"]["code"], code, "{reply}");
+        assert_eq!(reply["error"]["details"]["path"], path, "{reply}");
+    }
+
+    let turn = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "What is in this image?", "images": [image]}),
+        )
+        .await;
+    assert!(turn.get("result").is_some(), "{turn}");
+    let events = events_until(&mut client, |e| e["type"] == "turn.finished").await;
+    assert_eq!(
+        events[0]["type"], "turn.started",
+        "nothing was recorded for the refusals"
+    );
+    assert_eq!(
+        events[0]["data"]["images"],
+        json!([{"mimeType": "image/png", "bytes": 70}])
+    );
+    assert!(
+        !events[0].to_string().contains(PNG),
+        "turn.started names it only"
+    );
+    let prompt = events
+        .iter()
+        .find(|e| e["type"] == "agent.message_end" && e["data"]["message"]["role"] == "user")
+        .expect("the prompt's message");
+    let content = prompt["data"]["message"]["content"].to_string();
+    assert!(
+        content.contains(PNG),
+        "the prompt's message holds the image: {content}"
+    );
+    let with_image = events
+        .iter()
+        .filter(|e| e.to_string().contains(PNG))
+        .count();
+    assert_eq!(with_image, 1, "the log holds the bytes once");
+
+    let requests = stub.requests.lock().unwrap().clone();
+    let user = requests[0]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "user")
+        .cloned()
+        .expect("the prompt in the model request");
+    let parts = user["content"].as_array().expect("text and image parts");
+    assert!(
+        parts.iter().any(|p| p["type"] == "image_url"
+            && p["image_url"]["url"] == format!("data:image/png;base64,{PNG}")),
+        "{user}"
+    );
+    assert!(
+        parts.iter().any(|p| p["text"] == "What is in this image?"),
+        "{user}"
+    );
 }

@@ -67,6 +67,7 @@ async fn start_turn(client: &RacpClient, session_id: &str, text: &str) {
             session_id: session_id.to_string(),
             idempotency_key: text.to_string(),
             text: text.to_string(),
+            images: Vec::new(),
         })
         .await
         .unwrap();

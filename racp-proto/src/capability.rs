@@ -12,6 +12,8 @@ pub enum Capability {
     Fs,
     Models,
     Credentials,
+    /// Images with a prompt (`turn/start`'s `images`).
+    Attachments,
     /// `host/list` and `/racp/hosts/{hostId}`: a gateway's.
     Hosts,
 }
@@ -27,6 +29,7 @@ impl Capability {
         Capability::Fs,
         Capability::Models,
         Capability::Credentials,
+        Capability::Attachments,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -39,6 +42,7 @@ impl Capability {
             Capability::Fs => "fs",
             Capability::Models => "models",
             Capability::Credentials => "credentials",
+            Capability::Attachments => "attachments",
             Capability::Hosts => "hosts",
         }
     }

@@ -330,6 +330,10 @@ impl Event {
 pub struct TurnStartedData {
     /// The prompt.
     pub text: String,
+    /// The images sent with it, named only: their bytes are in the prompt's own message
+    /// (`agent.message_end`, role `user`), so the log holds them once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<crate::methods::turn::ImageInfo>,
     /// The device that started it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
@@ -651,6 +655,7 @@ mod tests {
         assert_eq!(EventType::from_name("agent.message_update"), None);
         let body = HostEventData::from(TurnStartedData {
             text: "hi".into(),
+            images: Vec::new(),
             device_id: None,
         });
         let data = body.encode().unwrap();

@@ -24,6 +24,13 @@ pub const MAX_CUSTOM_MODELS: u64 = 256;
 /// Most providers an owner adds with `provider/set`, and most credentials a host stores.
 pub const MAX_PROVIDERS: usize = 64;
 
+/// Most images one prompt carries, and the largest one (bytes, decoded): providers take
+/// about 5 MB an image. A turn/start must still fit the connection's frame bound (§5.2).
+pub const MAX_IMAGES: usize = 8;
+pub const MAX_IMAGE_BYTES: u64 = 5 << 20;
+/// The image types a prompt takes (pi's and the providers').
+pub const IMAGE_MIME_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
 /// Most history entries one `session/history` page holds, and how many when `limit` is absent.
 pub const MAX_HISTORY_LIMIT: u32 = 1000;
 pub const DEFAULT_HISTORY_LIMIT: u32 = 100;

@@ -304,7 +304,7 @@ pub fn write_pi_config(dir: &Path, port: u16) {
         "apiKey": "any-non-empty",
         "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
         "models": [{
-            "id": "stub-model", "name": "Stub", "reasoning": false, "input": ["text"],
+            "id": "stub-model", "name": "Stub", "reasoning": false, "input": ["text", "image"],
             "contextWindow": 32000, "maxTokens": 4096,
         }],
     }}});

@@ -924,6 +924,7 @@ async fn start_stream(
             session_id,
             idempotency_key: "stream".into(),
             text: script.into(),
+            images: Vec::new(),
         })
         .await
         .unwrap();

@@ -138,6 +138,9 @@ enum Command {
     Prompt {
         session: String,
         text: String,
+        /// An image to send with the prompt (.png, .jpg, .gif, .webp; repeatable, at most 8).
+        #[arg(long = "image")]
+        images: Vec<std::path::PathBuf>,
         /// Follow the turn and print its events until it finishes; exit 5 unless it completed.
         /// At a terminal it asks for the answers to the turn's approvals.
         #[arg(long)]
@@ -426,8 +429,9 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
         Command::Prompt {
             session,
             text,
+            images,
             wait,
-        } => turns::prompt(out, &client, session, text, wait).await,
+        } => turns::prompt(out, &client, session, text, &images, wait).await,
         Command::Steer {
             session,
             text,

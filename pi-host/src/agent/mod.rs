@@ -36,6 +36,7 @@ use nix::unistd::Pid;
 use protocol::{Line, LineReader, Parsed, Reader, Reply};
 use racp_proto::methods::model::ModelRef;
 use racp_proto::methods::session::SessionSettings;
+use racp_proto::methods::turn::ImageAttachment;
 use racp_proto::pi::{self, Command as PiCommand, Kind};
 pub use racp_proto::pi::{RunEnd, StopReason, UiAnswer, UiMethod};
 use racp_proto::{AppError, ErrorCode, ErrorSource};
@@ -448,10 +449,15 @@ impl Agent {
     /// Starts an agent run with this user message; returns once pi accepted it. The run itself
     /// is reported through the events; a failure after acceptance never comes back here. While
     /// a run goes on pi refuses: see [`AgentError::is_busy`].
-    pub async fn prompt(&self, text: &str) -> Result<(), AgentError> {
-        self.call(&PiCommand::Prompt { message: text })
-            .await
-            .map(drop)
+    pub async fn prompt(&self, text: &str, images: &[ImageAttachment]) -> Result<(), AgentError> {
+        let images: Vec<pi::command::Image<'_>> =
+            images.iter().map(pi::command::Image::of).collect();
+        self.call(&PiCommand::Prompt {
+            message: text,
+            images: &images,
+        })
+        .await
+        .map(drop)
     }
 
     /// Queues a steering message for the current run: pi delivers it after the current

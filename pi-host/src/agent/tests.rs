@@ -139,7 +139,10 @@ async fn deltas_turn_streams_pi_events_in_order() {
     assert_eq!(state["isStreaming"], false);
     assert_eq!(state["messageCount"], 0);
 
-    agent.prompt("deltas:5").await.expect("prompt accepted");
+    agent
+        .prompt("deltas:5", &[])
+        .await
+        .expect("prompt accepted");
     let outputs = until_kind(&mut rx, "agent_end").await;
     let mut expected = vec![
         "agent_start",
@@ -182,7 +185,7 @@ async fn deltas_turn_streams_pi_events_in_order() {
     assert_eq!(kinds(&rest), ["exited"]);
     assert!(agent.exit_status().is_some());
     assert!(matches!(
-        agent.prompt("deltas:1").await,
+        agent.prompt("deltas:1", &[]).await,
         Err(AgentError::Exited)
     ));
 }
@@ -216,7 +219,7 @@ async fn approvals_round_trip_and_the_tool_result_reflects_the_answer() {
     let mut ids = Vec::new();
     for (method, answer, blocked, mention) in cases {
         agent
-            .prompt(&format!("approve:{method}"))
+            .prompt(&format!("approve:{method}"), &[])
             .await
             .expect("prompt accepted");
         let before = until_kind(&mut rx, "extension_ui_request").await;
@@ -272,7 +275,10 @@ async fn approvals_round_trip_and_the_tool_result_reflects_the_answer() {
 #[tokio::test]
 async fn a_dialog_timeout_is_reported_and_resolves_by_itself() {
     let (_dir, agent, mut rx) = start().await;
-    agent.prompt("approve:confirm:50").await.expect("prompt");
+    agent
+        .prompt("approve:confirm:50", &[])
+        .await
+        .expect("prompt");
     let before = until_kind(&mut rx, "extension_ui_request").await;
     let Some(AgentOutput::UiRequest(pi::Dialog { timeout_ms, .. })) = before.last() else {
         panic!("expected a dialog");
@@ -288,7 +294,10 @@ async fn a_dialog_timeout_is_reported_and_resolves_by_itself() {
 #[tokio::test]
 async fn abort_during_sleep_ends_the_run_as_aborted() {
     let (_dir, agent, mut rx) = start().await;
-    agent.prompt("deltas:1 sleep:600000").await.expect("prompt");
+    agent
+        .prompt("deltas:1 sleep:600000", &[])
+        .await
+        .expect("prompt");
     // The first assistant message has ended: the stand-in is now sleeping.
     collect_until(&mut rx, |o| {
         matches!(o, AgentOutput::Event(e)
@@ -296,7 +305,7 @@ async fn abort_during_sleep_ends_the_run_as_aborted() {
     })
     .await;
 
-    let busy = agent.prompt("deltas:1").await.expect_err("busy");
+    let busy = agent.prompt("deltas:1", &[]).await.expect_err("busy");
     assert!(busy.is_busy(), "{busy}");
     assert_eq!(busy.to_app_error().code(), ErrorCode::AgentBusy);
     let state = agent.get_state().await.expect("state while running");
@@ -321,7 +330,10 @@ async fn abort_during_sleep_ends_the_run_as_aborted() {
     assert_eq!(ends[0]["message"]["errorMessage"], "Request was aborted");
 
     // Idle again: a new prompt runs.
-    agent.prompt("deltas:2").await.expect("prompt after abort");
+    agent
+        .prompt("deltas:2", &[])
+        .await
+        .expect("prompt after abort");
     until_kind(&mut rx, "agent_end").await;
     agent.shutdown().await;
 }
@@ -329,7 +341,7 @@ async fn abort_during_sleep_ends_the_run_as_aborted() {
 #[tokio::test]
 async fn abort_mid_message_closes_the_message_as_aborted() {
     let (_dir, agent, mut rx) = start().await;
-    agent.prompt("deltas:1000:200").await.expect("prompt");
+    agent.prompt("deltas:1000:200", &[]).await.expect("prompt");
     collect_until(&mut rx, |o| {
         matches!(o, AgentOutput::Event(e)
             if e.kind == Kind::MessageUpdate
@@ -363,7 +375,7 @@ async fn abort_mid_message_closes_the_message_as_aborted() {
 #[tokio::test]
 async fn steering_during_a_run_is_acknowledged_and_delivered() {
     let (_dir, agent, mut rx) = start().await;
-    agent.prompt("approve:confirm").await.expect("prompt");
+    agent.prompt("approve:confirm", &[]).await.expect("prompt");
     let before = until_kind(&mut rx, "extension_ui_request").await;
     let Some(AgentOutput::UiRequest(pi::Dialog { id, .. })) = before.last().cloned() else {
         panic!("expected a dialog");
@@ -406,7 +418,7 @@ async fn steering_during_a_run_is_acknowledged_and_delivered() {
 async fn a_failed_turn_is_reported_like_pi() {
     let (_dir, agent, mut rx) = start().await;
     agent
-        .prompt("deltas:1 fail deltas:3")
+        .prompt("deltas:1 fail deltas:3", &[])
         .await
         .expect("prompt");
     let outputs = until_kind(&mut rx, "agent_end").await;
@@ -432,7 +444,7 @@ async fn a_failed_turn_is_reported_like_pi() {
 #[tokio::test]
 async fn a_crash_reports_exit_status_and_stderr_tail() {
     let (_dir, agent, mut rx) = start().await;
-    agent.prompt("deltas:2 crash").await.expect("prompt");
+    agent.prompt("deltas:2 crash", &[]).await.expect("prompt");
     let outputs = until_exited(&mut rx).await;
     assert_eq!(kinds(&outputs)[0], "agent_start");
     assert!(!kinds(&outputs).contains(&"agent_end"));
@@ -452,7 +464,7 @@ async fn a_crash_reports_exit_status_and_stderr_tail() {
     );
     assert_eq!(agent.exit_status().map(|e| e.code), Some(Some(3)));
     assert!(matches!(
-        agent.prompt("deltas:1").await,
+        agent.prompt("deltas:1", &[]).await,
         Err(AgentError::Exited)
     ));
     assert!(matches!(agent.get_state().await, Err(AgentError::Exited)));
@@ -481,7 +493,7 @@ async fn what_the_agent_writes_is_redacted_before_it_is_read() {
     let (_dir, agent, mut rx) = start_with(options.clone()).await;
     let said = "401 key opaque.Value-7Kq2Xw via https://u:Pa55w0rd9@proxy:8080";
     let script = format!("sayhex:{} failhex:{}", hex(said), hex(said));
-    agent.prompt(&script).await.expect("prompt");
+    agent.prompt(&script, &[]).await.expect("prompt");
     let outputs = collect_until(&mut rx, |o| o.kind() == "agent_end").await;
     let mut ends = 0;
     for output in &outputs {
@@ -504,7 +516,7 @@ async fn what_the_agent_writes_is_redacted_before_it_is_read() {
 
     let (_dir, agent, mut rx) = start_with(options).await;
     agent
-        .prompt(&format!("crashhex:{}", hex(said)))
+        .prompt(&format!("crashhex:{}", hex(said)), &[])
         .await
         .expect("prompt");
     let outputs = until_exited(&mut rx).await;
@@ -528,7 +540,10 @@ fn a_cut_stderr_tail_starts_at_a_line() {
 #[tokio::test]
 async fn the_stderr_tail_is_bounded() {
     let (_dir, agent, mut rx) = start().await;
-    agent.prompt("stderr:100000 crash").await.expect("prompt");
+    agent
+        .prompt("stderr:100000 crash", &[])
+        .await
+        .expect("prompt");
     let outputs = until_exited(&mut rx).await;
     let Some(AgentOutput::Exited { stderr_tail, .. }) = outputs.last() else {
         panic!("no exit");
@@ -586,7 +601,7 @@ async fn a_missing_or_unusable_command_is_unavailable() {
 #[tokio::test]
 async fn shutdown_ends_the_whole_process_tree() {
     let (_dir, agent, mut rx) = start().await;
-    agent.prompt("spawn-child hang").await.expect("prompt");
+    agent.prompt("spawn-child hang", &[]).await.expect("prompt");
     let outputs = until_kind(&mut rx, "stand_in_child").await;
     let child = child_pid(&outputs);
     assert!(!process_gone(child), "the child runs");
@@ -604,7 +619,7 @@ async fn shutdown_ends_the_whole_process_tree() {
 async fn a_crash_with_a_child_holding_the_pipes_still_exits_cleanly() {
     let (_dir, agent, mut rx) = start().await;
     agent
-        .prompt("spawn-child:inherit deltas:1 crash")
+        .prompt("spawn-child:inherit deltas:1 crash", &[])
         .await
         .expect("prompt");
     let outputs = until_exited(&mut rx).await;
@@ -620,7 +635,7 @@ async fn a_crash_with_a_child_holding_the_pipes_still_exits_cleanly() {
 #[tokio::test]
 async fn dropping_the_last_handle_kills_the_agent() {
     let (_dir, agent, mut rx) = start().await;
-    agent.prompt("spawn-child hang").await.expect("prompt");
+    agent.prompt("spawn-child hang", &[]).await.expect("prompt");
     let outputs = until_kind(&mut rx, "stand_in_child").await;
     let child = child_pid(&outputs);
     let leader = agent.pid();
@@ -647,7 +662,7 @@ async fn bad_lines_are_reported_and_skipped() {
     // content, `message`, `partial`), so they are over the bound; message_end, turn_end and
     // agent_end carry it once and are not.
     agent
-        .prompt("garbage big:40000 notify deltas:1")
+        .prompt("garbage big:40000 notify deltas:1", &[])
         .await
         .expect("prompt");
     let outputs = until_kind(&mut rx, "agent_end").await;
@@ -680,7 +695,7 @@ async fn a_slow_reader_loses_nothing() {
         ..AgentOptions::default()
     };
     let (_dir, agent, mut rx) = start_with(options).await;
-    agent.prompt("burst:3000").await.expect("prompt");
+    agent.prompt("burst:3000", &[]).await.expect("prompt");
     // The agent is held back by the full channel; get_state waits behind the backlog and times
     // out only if nobody reads, so read everything first.
     let outputs = until_kind(&mut rx, "agent_end").await;

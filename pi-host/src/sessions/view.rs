@@ -184,6 +184,7 @@ mod tests {
     fn life() -> Vec<HostEvent> {
         let started = |text: &str| TurnStartedData {
             text: text.into(),
+            images: Vec::new(),
             device_id: None,
         };
         vec![

@@ -192,7 +192,7 @@ impl Turns {
         state.active = Some(ActiveTurn::new(turn_id.clone()));
         // Not under the lock: the pump needs it to read what the agent says meanwhile.
         drop(state);
-        if let Err(err) = agent.prompt(&params.text).await {
+        if let Err(err) = agent.prompt(&params.text, &params.images).await {
             // The turn is recorded; end it so the session is usable again. An agent that died
             // under the prompt settles it as aborted, like a crash mid-run (protocol.md §8.7).
             let error = err.to_app_error();
@@ -496,6 +496,7 @@ async fn record_turn(
         &turn_id,
         TurnStartedData {
             text: params.text.clone(),
+            images: params.images.iter().map(|image| image.info()).collect(),
             device_id: caller.device_id().map(str::to_string),
         },
     );

@@ -1,8 +1,11 @@
 //! `turn/*` and `approval/respond`: driving the agent.
 
+use crate::ErrorCode;
 use crate::error::AppError;
-use crate::limits::{MAX_ANSWER_CHARS, MAX_ID_CHARS, MAX_TEXT_CHARS};
-use crate::validate::{Validate, length};
+use crate::limits::{
+    IMAGE_MIME_TYPES, MAX_ANSWER_CHARS, MAX_ID_CHARS, MAX_IMAGE_BYTES, MAX_IMAGES, MAX_TEXT_CHARS,
+};
+use crate::validate::{Validate, invalid, length};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -19,14 +22,109 @@ pub struct TurnStartParams {
     /// The prompt.
     #[schemars(length(min = 1, max = MAX_TEXT_CHARS))]
     pub text: String,
+    /// Images sent with the prompt (the `attachments` capability): at most 8, each at most
+    /// 5 MiB decoded (docs/protocol.md §7.15).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_IMAGES))]
+    pub images: Vec<ImageAttachment>,
 }
 
 impl Validate for TurnStartParams {
     fn validate(&self) -> Result<(), AppError> {
         length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
         length("idempotencyKey", &self.idempotency_key, 1, MAX_ID_CHARS)?;
-        length("text", &self.text, 1, MAX_TEXT_CHARS)
+        length("text", &self.text, 1, MAX_TEXT_CHARS)?;
+        if self.images.len() > MAX_IMAGES {
+            return Err(AppError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "a prompt carries at most {MAX_IMAGES} images, this one {}: send the rest \
+                     with the next prompt",
+                    self.images.len()
+                ),
+            )
+            .with_details(serde_json::json!({"path": "params.images", "limit": MAX_IMAGES, "count": self.images.len()})));
+        }
+        for (i, image) in self.images.iter().enumerate() {
+            image.validate(&format!("images.{i}"))?;
+        }
+        Ok(())
     }
+}
+
+/// An image sent with a prompt, as pi takes it (`ImageContent`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageAttachment {
+    /// `image/png`, `image/jpeg`, `image/gif` or `image/webp`.
+    pub mime_type: String,
+    /// The image's bytes in base64 (standard alphabet, padded).
+    pub data: String,
+}
+
+impl ImageAttachment {
+    /// The image's size decoded.
+    pub fn bytes(&self) -> u64 {
+        let padding = self.data.bytes().rev().take_while(|b| *b == b'=').count();
+        (self.data.len() / 4 * 3).saturating_sub(padding) as u64
+    }
+
+    /// What the log and the snapshot keep of it: the bytes go to the agent, and come back once
+    /// in the prompt's own message (docs/protocol.md §7.15).
+    pub fn info(&self) -> ImageInfo {
+        ImageInfo {
+            mime_type: self.mime_type.clone(),
+            bytes: self.bytes(),
+        }
+    }
+
+    fn validate(&self, path: &str) -> Result<(), AppError> {
+        if !IMAGE_MIME_TYPES.contains(&self.mime_type.as_str()) {
+            return Err(invalid(
+                &format!("{path}.mimeType"),
+                format!("must be one of {}", IMAGE_MIME_TYPES.join(", ")),
+            ));
+        }
+        if !is_base64(&self.data) {
+            return Err(invalid(
+                &format!("{path}.data"),
+                "must be the image's bytes in base64 (standard alphabet, padded)",
+            ));
+        }
+        let bytes = self.bytes();
+        if bytes > MAX_IMAGE_BYTES {
+            return Err(AppError::new(
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "{path} is {bytes} bytes; an image may be at most {MAX_IMAGE_BYTES} bytes: \
+                     scale it down or send it as a smaller format"
+                ),
+            )
+            .with_details(serde_json::json!({"path": format!("params.{path}"), "size": bytes, "limit": MAX_IMAGE_BYTES})));
+        }
+        Ok(())
+    }
+}
+
+/// Checked by hand rather than decoded: the bytes go on to the agent as they came, and decoding
+/// megabytes only to throw them away would cost the call a copy.
+fn is_base64(data: &str) -> bool {
+    let body = data.trim_end_matches('=');
+    !data.is_empty()
+        && data.len() % 4 == 0
+        && data.len() - body.len() <= 2
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+}
+
+/// An image a prompt carried, as the log and the snapshot name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageInfo {
+    pub mime_type: String,
+    /// Its size, decoded.
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -218,4 +316,63 @@ impl Validate for ApprovalRespondParams {
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalRespondResult {
     pub approval: ApprovalInfo,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn with_images(images: Vec<ImageAttachment>) -> TurnStartParams {
+        TurnStartParams {
+            session_id: "ses_1".into(),
+            idempotency_key: "k".into(),
+            text: "see".into(),
+            images,
+        }
+    }
+
+    fn png(data: String) -> ImageAttachment {
+        ImageAttachment {
+            mime_type: "image/png".into(),
+            data,
+        }
+    }
+
+    #[test]
+    fn images_are_bounded_in_count_size_type_and_encoding() {
+        let small = png("iVBORw0KGgo=".into());
+        assert_eq!(small.bytes(), 8);
+        assert!(
+            with_images(vec![small.clone(); MAX_IMAGES])
+                .validate()
+                .is_ok()
+        );
+        let refused = |params: TurnStartParams| params.validate().unwrap_err();
+        let many = refused(with_images(vec![small.clone(); MAX_IMAGES + 1]));
+        assert_eq!(many.code(), ErrorCode::LimitExceeded);
+        // One byte over the bound, decoded: 4 characters per 3 bytes.
+        let over = MAX_IMAGE_BYTES as usize + 1;
+        let large = png("A".repeat(over.div_ceil(3) * 4));
+        assert!(large.bytes() > MAX_IMAGE_BYTES);
+        let large = refused(with_images(vec![large]));
+        assert_eq!(large.code(), ErrorCode::PayloadTooLarge);
+        assert!(large.message().contains("scale it down"), "{large:?}");
+        for (image, path) in [
+            (
+                ImageAttachment {
+                    mime_type: "image/tiff".into(),
+                    data: "iVBORw0KGgo=".into(),
+                },
+                "params.images.0.mimeType",
+            ),
+            (png("iVBORw0KGgo".into()), "params.images.0.data"),
+            (png("iVBO Rw0KGgo=".into()), "params.images.0.data"),
+            (png(String::new()), "params.images.0.data"),
+        ] {
+            let error = refused(with_images(vec![image]));
+            assert_eq!(error.code(), ErrorCode::InvalidParams);
+            assert_eq!(error.details().unwrap()["path"], path);
+        }
+    }
 }

@@ -7,9 +7,11 @@ use serde::Serialize;
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Command<'a> {
-    /// Starts a run with this user message; pi answers once it took it.
+    /// Starts a run with this user message and its images; pi answers once it took it.
     Prompt {
         message: &'a str,
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        images: &'a [Image<'a>],
     },
     /// Queues a steering message for the current run.
     Steer {
@@ -38,6 +40,26 @@ pub enum Command<'a> {
         #[serde(flatten)]
         answer: &'a UiAnswer,
     },
+}
+
+/// An image with a prompt, as pi reads it (`ImageContent`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Image<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    data: &'a str,
+    #[serde(rename = "mimeType")]
+    mime_type: &'a str,
+}
+
+impl<'a> Image<'a> {
+    pub fn of(image: &'a crate::methods::turn::ImageAttachment) -> Image<'a> {
+        Image {
+            kind: "image",
+            data: &image.data,
+            mime_type: &image.mime_type,
+        }
+    }
 }
 
 impl<'a> Command<'a> {
@@ -133,9 +155,25 @@ mod tests {
         let cancelled = UiAnswer::Cancelled;
         let value = UiAnswer::Value("x".into());
         let confirmed = UiAnswer::Confirmed(false);
+        let png = crate::methods::turn::ImageAttachment {
+            mime_type: "image/png".into(),
+            data: "iVBORw0KGgo=".into(),
+        };
+        let images = [Image::of(&png)];
         for (command, expected) in [
             (
-                Command::Prompt { message: "hi" },
+                Command::Prompt {
+                    message: "see",
+                    images: &images,
+                },
+                json!({"id": "7", "type": "prompt", "message": "see",
+                       "images": [{"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}]}),
+            ),
+            (
+                Command::Prompt {
+                    message: "hi",
+                    images: &[],
+                },
                 json!({"id": "7", "type": "prompt", "message": "hi"}),
             ),
             (Command::Abort, json!({"id": "7", "type": "abort"})),

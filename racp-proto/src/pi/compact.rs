@@ -54,6 +54,7 @@ impl Compactor {
                     && let Some(message) = line.message.object()
                 {
                     self.changed_fields(message);
+                    return images_named(line, message);
                 }
                 None
             }
@@ -259,6 +260,32 @@ fn name_messages(line: &Line<'_>) -> Option<Box<RawValue>> {
         let named: Vec<RawFields<'_>> = messages.iter().map(identity).collect();
         out.insert(field.into(), Cow::Owned(to_raw_value(&named).ok()?));
     }
+    to_raw_value(&out).ok()
+}
+
+/// A `message_start` whose message carries images (a prompt's) with each image named by its
+/// `mimeType` instead: `message_end` carries the message whole, so the bytes are logged once.
+/// `None` for any other (relayed as it came).
+fn images_named(line: &Line<'_>, message: &RawFields<'_>) -> Option<Box<RawValue>> {
+    let content = message.get("content")?;
+    // Most messages have no image: a look at the text spares the parse.
+    if !content.get().contains("\"image\"") {
+        return None;
+    }
+    let parts: Vec<Map<String, Value>> = serde_json::from_str(content.get()).ok()?;
+    let named: Vec<Map<String, Value>> = parts
+        .into_iter()
+        .map(|mut part| {
+            if part.get("type").and_then(Value::as_str) == Some("image") {
+                part.remove("data");
+            }
+            part
+        })
+        .collect();
+    let mut message: Out<'_> = kept(message);
+    message.insert("content".into(), Cow::Owned(to_raw_value(&named).ok()?));
+    let mut out = kept(&line.fields);
+    out.insert("message".into(), Cow::Owned(to_raw_value(&message).ok()?));
     to_raw_value(&out).ok()
 }
 
@@ -555,5 +582,29 @@ mod tests {
             out["assistantMessageEvent"].get("partial").is_none(),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_prompts_images_are_named_in_its_start_and_whole_in_its_end() {
+        let mut compactor = Compactor::default();
+        let message = json!({"role": "user", "timestamp": 5, "content": [
+            {"type": "text", "text": "see"},
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}]});
+        let start = json!({"type": "message_start", "message": message});
+        let out = compact_json(&mut compactor, &start).expect("compacted");
+        let out: Value = serde_json::from_str(out.get()).unwrap();
+        assert_eq!(
+            out,
+            json!({"type": "message_start", "message": {"role": "user", "timestamp": 5, "content": [
+                {"type": "text", "text": "see"}, {"type": "image", "mimeType": "image/png"}]}})
+        );
+        let end = json!({"type": "message_end", "message": message});
+        assert!(
+            compact_json(&mut compactor, &end).is_none(),
+            "the end is whole"
+        );
+        let text_only =
+            json!({"type": "message_start", "message": {"role": "user", "content": "hi"}});
+        assert!(compact_json(&mut compactor, &text_only).is_none());
     }
 }

@@ -11,12 +11,39 @@ use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
 use racp_proto::events::{Event, EventType, TurnFinishedData, TurnOutcome};
 use racp_proto::methods::session::{SessionGetResult, SessionRef, SessionSubscribeParams};
 use racp_proto::methods::turn::{
-    Answer, ApprovalKind, ApprovalRespondParams, Decision, TurnRef, TurnStartParams, TurnState,
-    TurnSteerParams, Verdict,
+    Answer, ApprovalKind, ApprovalRespondParams, Decision, ImageAttachment, TurnRef,
+    TurnStartParams, TurnState, TurnSteerParams, Verdict,
 };
 use serde_json::json;
 use std::io::IsTerminal;
 use tokio::sync::mpsc;
+
+/// An image file as a prompt carries it; its type from its name (the host checks the rest).
+fn image_from_file(path: &std::path::Path) -> Result<ImageAttachment, Failure> {
+    use base64::Engine;
+    let extension = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    let mime_type = match extension.as_deref() {
+        Some("png") => "image/png",
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("gif") => "image/gif",
+        Some("webp") => "image/webp",
+        _ => {
+            return Err(Failure::Usage(format!(
+                "{}: an image must be a .png, .jpg, .gif or .webp file",
+                path.display()
+            )));
+        }
+    };
+    let bytes = std::fs::read(path)
+        .map_err(|e| Failure::Local(format!("cannot read {}: {e}", path.display())))?;
+    Ok(ImageAttachment {
+        mime_type: mime_type.to_string(),
+        data: base64::engine::general_purpose::STANDARD.encode(bytes),
+    })
+}
 
 /// Starts a turn; with `wait`, follows it to its end (an outcome other than `completed` is
 /// [`Failure::Turn`]).
@@ -25,12 +52,18 @@ pub async fn prompt(
     client: &RacpClient,
     session_id: String,
     text: String,
+    image_files: &[std::path::PathBuf],
     wait: bool,
 ) -> Result<(), Failure> {
+    let images = image_files
+        .iter()
+        .map(|path| image_from_file(path))
+        .collect::<Result<Vec<_>, _>>()?;
     let params = TurnStartParams {
         session_id: session_id.clone(),
         idempotency_key: idempotency_key()?,
         text,
+        images,
     };
     if !wait {
         let started = call_resending::<calls::TurnStart>(client, params).await?;
