@@ -24,7 +24,10 @@ async fn session(client: &mut Client, host: &HostProcess) -> String {
         .call("session/create", json!({"workspace": host.workspace("w")}))
         .await;
     let session = &created["result"]["session"];
-    let id = session["sessionId"].as_str().expect("sessionId").to_string();
+    let id = session["sessionId"]
+        .as_str()
+        .expect("sessionId")
+        .to_string();
     let sub = client
         .call(
             "session/subscribe",
@@ -108,13 +111,17 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
     let first_id = first["result"]["turnId"].as_str().unwrap().to_string();
     requests_reach(&stub, 1).await;
 
-    let follow_up = json!({"sessionId": session_id, "idempotencyKey": "f1", "text": "Then say goodbye."});
+    let follow_up =
+        json!({"sessionId": session_id, "idempotencyKey": "f1", "text": "Then say goodbye."});
     let queued = client.call("turn/follow_up", follow_up.clone()).await;
     assert_eq!(queued["result"]["queued"], true, "{queued}");
     let follow_id = queued["result"]["turnId"].as_str().unwrap().to_string();
     assert_ne!(follow_id, first_id);
     let resent = client.call("turn/follow_up", follow_up).await;
-    assert_eq!(resent["result"], queued["result"], "a resend queues nothing more");
+    assert_eq!(
+        resent["result"], queued["result"],
+        "a resend queues nothing more"
+    );
     let compact = client
         .call("session/compact", json!({"sessionId": session_id}))
         .await;
@@ -123,17 +130,26 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
     // The queue, as pi said it, in a snapshot and in one taken after the client reconnects.
     let seen = client
         .events_until(WAIT, |e| {
-            e["type"] == "agent.queue_update" && e["data"]["followUp"] == json!(["Then say goodbye."])
+            e["type"] == "agent.queue_update"
+                && e["data"]["followUp"] == json!(["Then say goodbye."])
         })
         .await;
     let last_cursor = seen.last().unwrap()["cursor"].clone();
     let snap = snapshot(&mut client, &session_id).await;
-    assert_eq!(snap["queue"]["followUp"], json!(["Then say goodbye."]), "{snap}");
+    assert_eq!(
+        snap["queue"]["followUp"],
+        json!(["Then say goodbye."]),
+        "{snap}"
+    );
     assert_eq!(snap["queue"]["steering"], json!([]), "{snap}");
     drop(client);
     let mut client = connect(&host, &token).await;
     let snap = snapshot(&mut client, &session_id).await;
-    assert_eq!(snap["queue"]["followUp"], json!(["Then say goodbye."]), "{snap}");
+    assert_eq!(
+        snap["queue"]["followUp"],
+        json!(["Then say goodbye."]),
+        "{snap}"
+    );
     assert_eq!(snap["turns"].as_array().unwrap().len(), 1, "{snap}");
     let sub = client
         .call(
@@ -178,12 +194,19 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
 
     // The stub got the follow-up as a later user message, after the first prompt's answer.
     let requests = stub.requests.lock().unwrap().clone();
-    assert!(!user_texts(&requests[0]).iter().any(|t| t.contains("goodbye")));
+    assert!(
+        !user_texts(&requests[0])
+            .iter()
+            .any(|t| t.contains("goodbye"))
+    );
     let later = requests
         .iter()
         .position(|r| user_texts(r).iter().any(|t| t.contains("goodbye")))
         .expect("a request with the follow-up");
-    assert!(later >= 2, "after the first prompt's tool call was answered");
+    assert!(
+        later >= 2,
+        "after the first prompt's tool call was answered"
+    );
 
     let snap = snapshot(&mut client, &session_id).await;
     assert!(snap.get("queue").is_none(), "the queue is empty: {snap}");
@@ -234,12 +257,19 @@ async fn compaction_shrinks_the_context_and_a_failed_one_says_why() {
     let mut client = connect(&host, &token).await;
     let session_id = session(&mut client, &host).await;
 
-    for (key, text) in [("k1", "Run the check."), ("k2", "Again."), ("k3", "Once more.")] {
+    for (key, text) in [
+        ("k1", "Run the check."),
+        ("k2", "Again."),
+        ("k3", "Once more."),
+    ] {
         run_turn(&mut client, &session_id, key, text).await;
     }
     let before = {
         let requests = stub.requests.lock().unwrap();
-        requests.last().unwrap()["messages"].as_array().unwrap().len()
+        requests.last().unwrap()["messages"]
+            .as_array()
+            .unwrap()
+            .len()
     };
 
     let compacted = client
@@ -250,7 +280,10 @@ async fn compaction_shrinks_the_context_and_a_failed_one_says_why() {
         .await;
     let result = &compacted["result"];
     assert!(
-        result["summary"].as_str().unwrap_or("").contains(STUB_SUMMARY),
+        result["summary"]
+            .as_str()
+            .unwrap_or("")
+            .contains(STUB_SUMMARY),
         "{compacted}"
     );
     // pi estimates from the model's reported usage, which the stub does not send.
@@ -258,7 +291,8 @@ async fn compaction_shrinks_the_context_and_a_failed_one_says_why() {
     assert!(result["firstKeptEntryId"].is_string(), "{compacted}");
     let instructed = stub.requests.lock().unwrap().iter().any(|r| {
         let r = r.to_string();
-        r.contains("context summarization assistant") && r.contains("Additional focus: Keep the commands.")
+        r.contains("context summarization assistant")
+            && r.contains("Additional focus: Keep the commands.")
     });
     assert!(instructed, "the instructions reach the summary's request");
     let events = client
@@ -305,4 +339,76 @@ async fn compaction_shrinks_the_context_and_a_failed_one_says_why() {
     assert!(end["errorMessage"].is_string(), "{end}");
     // The session is usable afterwards.
     run_turn(&mut client, &session_id, "k5", "Still there?").await;
+}
+
+/// The queue modes set with `session/configure` before the session's agent runs: the agent
+/// started for the turn takes them, so pi delivers both follow-ups together (mode `all`), and
+/// they run as one turn, the first one's.
+#[tokio::test]
+async fn queue_modes_set_for_a_session_reach_its_agent() {
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = session(&mut client, &host).await;
+    let configured = client
+        .call(
+            "session/configure",
+            json!({"sessionId": session_id, "steeringMode": "all", "followUpMode": "all"}),
+        )
+        .await;
+    let info = &configured["result"]["session"];
+    assert_eq!(info["followUpMode"], "all", "{configured}");
+    assert_eq!(info["steeringMode"], "all", "{configured}");
+
+    stub.hold();
+    let first = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Run the check."}),
+        )
+        .await;
+    assert!(first.get("result").is_some(), "{first}");
+    requests_reach(&stub, 1).await;
+    let mut queued = Vec::new();
+    for (key, text) in [("f1", "First extra."), ("f2", "Second extra.")] {
+        let reply = client
+            .call(
+                "turn/follow_up",
+                json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
+            )
+            .await;
+        assert_eq!(reply["result"]["queued"], true, "{reply}");
+        queued.push(reply["result"]["turnId"].as_str().unwrap().to_string());
+    }
+    client
+        .events_until(WAIT, |e| {
+            e["type"] == "agent.queue_update"
+                && e["data"]["followUp"] == json!(["First extra.", "Second extra."])
+        })
+        .await;
+    stub.release();
+    let events = client.events_until(WAIT, turn_finished(&queued[0])).await;
+    assert!(
+        !events.iter().any(|e| e["turnId"] == queued[1].as_str()),
+        "the second follow-up is part of the first one's turn"
+    );
+    let requests = stub.requests.lock().unwrap().clone();
+    let first_with_extra = requests
+        .iter()
+        .find(|r| user_texts(r).iter().any(|t| t.contains("extra")))
+        .expect("a request with the follow-ups");
+    let texts = user_texts(first_with_extra).join(" ");
+    assert!(
+        texts.contains("First extra.") && texts.contains("Second extra."),
+        "delivered together: {texts}"
+    );
+    let snap = snapshot(&mut client, &session_id).await;
+    let turns: Vec<_> = snap["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["text"].clone())
+        .collect();
+    assert_eq!(turns, [json!("Run the check."), json!("First extra.")]);
 }

@@ -4,8 +4,8 @@
 
 use super::HostEvent;
 use crate::store::SessionRow;
-use racp_proto::events::HostEventData;
 use racp_proto::ErrorCode;
+use racp_proto::events::HostEventData;
 use racp_proto::methods::session::{Queue, SessionSettings};
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::pi::Kind;
@@ -55,8 +55,8 @@ impl View {
             HostEvent::Host { body, turn_id } => (body, turn_id),
             HostEvent::Agent { kind, payload, .. } => {
                 if kind == Kind::QueueUpdate {
-                    self.queue = racp_proto::pi::event::queue_update(payload.get())
-                        .unwrap_or_default();
+                    self.queue =
+                        racp_proto::pi::event::queue_update(payload.get()).unwrap_or_default();
                     return;
                 }
                 // Only some agent events change what is streaming (docs/protocol.md §8.1).
@@ -238,6 +238,10 @@ mod tests {
             ),
             HostEvent::of_turn("turn_2", started("second")),
             agent(
+                "queue_update",
+                r#"{"type":"queue_update","steering":["s"],"followUp":["then"]}"#,
+            ),
+            agent(
                 "message_start",
                 r#"{"type":"message_start","message":{"role":"assistant","content":[],"timestamp":1}}"#,
             ),
@@ -292,6 +296,8 @@ mod tests {
         assert_eq!(pending, ["apr_2"]);
         assert_eq!(published.pending_approvals[0].session_id, "ses_1");
         assert_eq!(published.settings.auto_compaction, Some(false));
+        // The agent's queue went with the session's close.
+        assert!(published.queue.is_empty());
         assert!(published.closed);
         assert_eq!(
             published.stream().message().unwrap()["content"][0]["text"],
@@ -339,6 +345,37 @@ mod tests {
         assert_eq!(deferred.tool_outputs(), eager.tool_outputs());
         assert_eq!(deferred.message().unwrap()["content"][0]["text"], "c");
         assert!(deferred.tool_outputs().contains_key("call_1"));
+    }
+
+    /// The queue is what pi said last, and goes with the agent process: at its stop, and at a
+    /// restart (no agent runs then).
+    #[test]
+    fn the_queue_is_the_agents_last_word_until_the_agent_goes() {
+        let mut view = View::default();
+        let update = r#"{"type":"queue_update","steering":[],"followUp":["a","b"]}"#;
+        view.apply("ses_1", agent("queue_update", update), 1);
+        assert_eq!(view.queue.follow_up, ["a", "b"]);
+        view.apply(
+            "ses_1",
+            HostEvent::of_session(AgentStoppedData {
+                reason: AgentStopReason::Idle,
+                idle_ms: 5,
+            }),
+            2,
+        );
+        assert!(view.queue.is_empty());
+        view.apply("ses_1", agent("queue_update", update), 3);
+        let row = SessionRow {
+            session_id: "ses_1".into(),
+            workspace: "/w".into(),
+            title: None,
+            epoch: 7,
+            created_at: 1,
+            closed: false,
+            settings: SessionSettings::default(),
+        };
+        view.reconcile(&row, &[]);
+        assert!(view.queue.is_empty());
     }
 
     #[test]

@@ -37,6 +37,9 @@ const MAX_REASON_CHARS: usize = 1000;
 /// A follow-up sent to the agent, waiting in pi's queue for its turn.
 pub(super) struct QueuedFollowUp {
     pub turn_id: String,
+    /// Its idempotency key: a resend racing the first attempt finds it here before the store
+    /// has it.
+    pub key: String,
     pub text: String,
     pub device_id: Option<String>,
 }
@@ -57,17 +60,14 @@ impl Turns {
             text: params.text,
         };
         let mut state = driver.state.lock().await;
-        if let Some(earlier) = earlier_turn(host, &session, &start)? {
-            let queued = state.follow_ups.iter().any(|f| f.turn_id == earlier.turn_id);
-            return Ok(TurnFollowUpResult {
-                turn_id: earlier.turn_id,
-                queued,
-            });
+        // The key is checked under the driver's lock, so two racing resends see one follow-up.
+        if let Some(earlier) = earlier_follow_up(host, &session, &state, &start)? {
+            return Ok(earlier);
         }
         if session.is_closing() {
             return Err(closed(&session));
         }
-        let Some(turn_id) = state.active.as_ref().map(|a| a.turn_id.clone()) else {
+        let Some(running) = state.active.as_ref().map(|a| a.turn_id.clone()) else {
             drop(state);
             let started = self.start(host, caller, start).await?;
             return Ok(TurnFollowUpResult {
@@ -75,22 +75,18 @@ impl Turns {
                 queued: false,
             });
         };
-        let agent = running_agent(host, &session, &state, &turn_id)?;
-        let follow_up = QueuedFollowUp {
-            turn_id: host.secrets().new_id("turn_").map_err(crate::internal)?,
+        let agent = running_agent(host, &session, &state, &running)?;
+        let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
+        // Known before pi has it, so that the pump recognises it whenever pi takes it.
+        state.follow_ups.push_back(QueuedFollowUp {
+            turn_id: turn_id.clone(),
+            key: start.idempotency_key.clone(),
             text: start.text.clone(),
             device_id: caller.device_id().map(str::to_string),
-        };
-        let turn_id = follow_up.turn_id.clone();
-        // Known before pi has it, so that the pump recognises it whenever pi takes it.
-        state.follow_ups.push_back(follow_up);
+        });
         drop(state);
-        let sent = agent
-            .call(&Command::FollowUp {
-                message: &start.text,
-            })
-            .await;
-        if let Err(err) = sent {
+        let message = &start.text;
+        if let Err(err) = agent.call(&Command::FollowUp { message }).await {
             let mut state = driver.state.lock().await;
             state.follow_ups.retain(|f| f.turn_id != turn_id);
             return Err(err.to_app_error());
@@ -143,6 +139,45 @@ impl Turns {
         tracing::info!(session_id = %session.id, "session compacted");
         serde_json::from_value(data).map_err(crate::internal)
     }
+}
+
+/// The answer to a resent `turn/follow_up` (same key): the turn it started or queued, from
+/// the store or, while pi has not answered the first attempt yet, from the driver;
+/// IDEMPOTENCY_CONFLICT when the key came with other text.
+fn earlier_follow_up(
+    host: &impl TurnHost,
+    session: &crate::sessions::Session,
+    state: &DriverState,
+    start: &TurnStartParams,
+) -> Result<Option<TurnFollowUpResult>, AppError> {
+    if let Some(earlier) = earlier_turn(host, session, start)? {
+        let queued = state
+            .follow_ups
+            .iter()
+            .any(|f| f.turn_id == earlier.turn_id);
+        return Ok(Some(TurnFollowUpResult {
+            turn_id: earlier.turn_id,
+            queued,
+        }));
+    }
+    let Some(sent) = state
+        .follow_ups
+        .iter()
+        .find(|f| f.key == start.idempotency_key)
+    else {
+        return Ok(None);
+    };
+    if sent.text != start.text {
+        return Err(AppError::new(
+            ErrorCode::IdempotencyConflict,
+            "this idempotency key already queued a follow-up with other input",
+        )
+        .with_details(json!({"idempotencyKey": sent.key, "turnId": sent.turn_id})));
+    }
+    Ok(Some(TurnFollowUpResult {
+        turn_id: sent.turn_id.clone(),
+        queued: true,
+    }))
 }
 
 impl super::Driver {

@@ -28,9 +28,10 @@ use model::{
     ProviderRef, ProviderSetParams,
 };
 use session::{
-    SessionCompactParams, SessionCompactResult, SessionConfigureParams, SessionCreateParams, SessionCreateResult, SessionGetResult,
-    SessionHistoryParams, SessionHistoryResult, SessionListResult, SessionRef, SessionStreamParams,
-    SessionStreamResult, SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
+    SessionCompactParams, SessionCompactResult, SessionConfigureParams, SessionCreateParams,
+    SessionCreateResult, SessionGetResult, SessionHistoryParams, SessionHistoryResult,
+    SessionListResult, SessionRef, SessionStreamParams, SessionStreamResult,
+    SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
 };
 use turn::{
     ApprovalRespondParams, ApprovalRespondResult, TurnFollowUpParams, TurnFollowUpResult, TurnRef,

@@ -81,17 +81,25 @@ mod queue_tests {
 
     #[test]
     fn a_queue_update_reads_as_the_queue_and_names_what_was_taken() {
-        let queue = queue_update(
-            r#"{"type":"queue_update","steering":["s"],"followUp":["a","b","a"]}"#,
-        )
-        .unwrap();
+        let queue =
+            queue_update(r#"{"type":"queue_update","steering":["s"],"followUp":["a","b","a"]}"#)
+                .unwrap();
         assert_eq!(queue.steering, ["s"]);
         assert_eq!(queue.follow_up, ["a", "b", "a"]);
         let before = queue.follow_up;
         let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(taken_from(&before, &owned(&["b", "a"])).as_deref(), Some("a"));
-        assert_eq!(taken_from(&before, &owned(&["a", "a"])).as_deref(), Some("b"));
-        assert_eq!(taken_from(&before, &owned(&["a", "b"])).as_deref(), Some("a"));
+        assert_eq!(
+            taken_from(&before, &owned(&["b", "a"])).as_deref(),
+            Some("a")
+        );
+        assert_eq!(
+            taken_from(&before, &owned(&["a", "a"])).as_deref(),
+            Some("b")
+        );
+        assert_eq!(
+            taken_from(&before, &owned(&["a", "b"])).as_deref(),
+            Some("a")
+        );
         assert_eq!(taken_from(&before, &before), None);
         assert_eq!(taken_from(&[], &owned(&["x"])), None);
     }
