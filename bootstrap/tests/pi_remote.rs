@@ -723,12 +723,21 @@ async fn credentials_are_set_from_stdin_listed_by_fingerprint_and_sessions_confi
             "high",
             "--auto-compaction",
             "off",
+            "--follow-up-mode",
+            "all",
         ])
         .await;
     assert!(
-        configured.contains("thinking=high") && configured.contains("auto-compaction=off"),
+        configured.contains("thinking=high")
+            && configured.contains("auto-compaction=off")
+            && configured.contains("follow-up=all")
+            && configured.contains("steering=default"),
         "{configured}"
     );
+    let bad = remote
+        .run(&["configure", &session, "--steering-mode", "some"])
+        .await;
+    assert_eq!(bad.status.code(), Some(64), "{}", text(&bad.stderr));
     let bad = remote
         .run(&["configure", &session, "--thinking", "max"])
         .await;
@@ -904,6 +913,12 @@ async fn steer_reaches_the_running_turns_agent() {
     let queued = attached.until("agent.queue_update");
     assert_eq!(queued["turnId"], turn);
     assert_eq!(queued["data"]["steering"][0], "try the other door");
+    // A follow-up while the turn runs is queued for after it, under a turn id of its own.
+    let follow_up = remote.ok(&["follow-up", &session, "then the window"]).await;
+    assert!(
+        follow_up.contains("queued") && !follow_up.contains(&turn),
+        "{follow_up}"
+    );
     remote.ok(&["abort", &session]).await;
     let finished = attached.until("turn.finished");
     assert_eq!(finished["data"]["outcome"], "aborted");

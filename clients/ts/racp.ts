@@ -238,7 +238,7 @@ export type ApprovalState = "pending" | "allowed" | "denied" | "answered" | "exp
 /**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
+export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionCompactRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
 
 /**
  * Who is calling.
@@ -1103,6 +1103,27 @@ export type ProviderSetRequest = {
 };
 
 /**
+ * What the agent holds queued while it works (pi's `queue_update`): each message's text, in
+ * the order it will be delivered.
+ */
+export type Queue = {
+  /**
+   * Follow-ups (`turn/follow_up`): each runs as a turn of its own when the work before it ends.
+   */
+  followUp?: string[];
+  /**
+   * Steering messages (`turn/steer`): delivered before the agent's next model request.
+   */
+  steering?: string[];
+};
+
+/**
+ * How pi delivers the messages queued while it works (`set_steering_mode`,
+ * `set_follow_up_mode`): every queued message at once, or one per step (pi's default).
+ */
+export type QueueMode = "all" | "one-at-a-time";
+
+/**
  * What a client should do next when it meets a code.
  */
 export type Recovery = "retry" | "retry_after" | "reconnect_and_resume" | "resnapshot" | "fix_arguments" | "reauthorize" | "check_state" | "upgrade" | "stop_and_report";
@@ -1146,6 +1167,49 @@ export type SessionClosedData = {
 };
 
 /**
+ * Compacts a session's conversation: the agent summarises it and keeps only the summary and
+ * its most recent messages.
+ */
+export type SessionCompactParams = {
+  /**
+   * What the summary should focus on (pi's `customInstructions`).
+   */
+  instructions?: string | null;
+  sessionId: string;
+};
+
+/**
+ * `session/compact`: Compacts a session's conversation: the agent replaces its older messages with a summary; refused while a turn runs.
+ */
+export type SessionCompactRequest = {
+  id: RequestId;
+  method: "session/compact";
+  params: SessionCompactParams;
+};
+
+/**
+ * pi's compaction result.
+ */
+export type SessionCompactResult = {
+  /**
+   * pi's details (the files read and modified), as pi gives them.
+   */
+  details?: unknown;
+  /**
+   * pi's id of the oldest message kept after the summary.
+   */
+  firstKeptEntryId: string;
+  /**
+   * The summary that replaces the older messages.
+   */
+  summary: string;
+  /**
+   * The context's size before, in tokens (pi's estimate).
+   */
+  tokensBefore: number;
+};
+
+/**
  * Changes what a session runs with. Each field given replaces the session's (none given
  * changes nothing and returns the session); the running
  * agent takes it at once (a running turn from its next model request), and every later
@@ -1153,13 +1217,21 @@ export type SessionClosedData = {
  */
 export type SessionConfigureParams = {
   autoCompaction?: boolean | null;
+  /**
+   * pi's `set_follow_up_mode`.
+   */
+  followUpMode?: QueueMode | null;
   model?: ModelRef | null;
   sessionId: string;
+  /**
+   * pi's `set_steering_mode`.
+   */
+  steeringMode?: QueueMode | null;
   thinkingLevel?: ThinkingLevel | null;
 };
 
 /**
- * `session/configure`: Changes a session's model, thinking level or auto-compaction; setting the same values again changes nothing.
+ * `session/configure`: Changes a session's model, thinking level, auto-compaction or queue modes; setting the same values again changes nothing.
  */
 export type SessionConfigureRequest = {
   id: RequestId;
@@ -1313,9 +1385,17 @@ export type SessionInfo = {
    * The head of its event log: subscribing from here receives only new events.
    */
   cursor: Cursor;
+  /**
+   * How the agent delivers follow-ups queued while it works.
+   */
+  followUpMode?: QueueMode | null;
   model?: ModelRef | null;
   sessionId: string;
   state: SessionState;
+  /**
+   * How the agent delivers steering messages queued while it works.
+   */
+  steeringMode?: QueueMode | null;
   thinkingLevel?: ThinkingLevel | null;
   title?: string | null;
   /**
@@ -1353,7 +1433,15 @@ export type SessionSettings = {
    * Whether the agent compacts its context by itself when it is nearly full.
    */
   autoCompaction?: boolean | null;
+  /**
+   * How the agent delivers follow-ups queued while it works.
+   */
+  followUpMode?: QueueMode | null;
   model?: ModelRef | null;
+  /**
+   * How the agent delivers steering messages queued while it works.
+   */
+  steeringMode?: QueueMode | null;
   thinkingLevel?: ThinkingLevel | null;
 };
 
@@ -1453,6 +1541,11 @@ export type Snapshot = {
    * Approvals waiting for an answer.
    */
   pendingApprovals: ApprovalInfo[];
+  /**
+   * The messages the agent holds queued (steering and follow-ups), as its last
+   * `queue_update` said. Absent when both are empty.
+   */
+  queue?: Queue;
   state: SessionState;
   /**
    * The assistant message being streamed, as far as the snapshot's cursor (pi's message
@@ -1530,6 +1623,38 @@ export type TurnFinishedData = {
    */
   error?: AppError | null;
   outcome: TurnOutcome;
+};
+
+/**
+ * Queues a follow-up: a prompt run after the work going on now ends, as a turn of its own;
+ * while no turn runs, it starts one at once. Idempotent by key, as `turn/start`, and in the
+ * same key space (docs/protocol.md §7.25).
+ */
+export type TurnFollowUpParams = {
+  idempotencyKey: string;
+  sessionId: string;
+  /**
+   * The prompt.
+   */
+  text: string;
+};
+
+/**
+ * `turn/follow_up`: Queues a prompt to run as a turn of its own once the running turn ends (starts it at once when none runs); idempotent by `idempotencyKey`.
+ */
+export type TurnFollowUpRequest = {
+  id: RequestId;
+  method: "turn/follow_up";
+  params: TurnFollowUpParams;
+};
+
+/**
+ * The follow-up's turn: started now (`queued: false`), or waiting in the agent's queue, its
+ * `turn.started` to come when the agent takes it (`queued: true`).
+ */
+export type TurnFollowUpResult = {
+  queued: boolean;
+  turnId: string;
 };
 
 /**
@@ -1666,6 +1791,8 @@ export interface RacpMethods {
   "turn/abort": { params: TurnRef; result: Ack };
   "approval/respond": { params: ApprovalRespondParams; result: ApprovalRespondResult };
   "model/list": { params: Empty; result: ModelListResult };
+  "turn/follow_up": { params: TurnFollowUpParams; result: TurnFollowUpResult };
+  "session/compact": { params: SessionCompactParams; result: SessionCompactResult };
   "session/configure": { params: SessionConfigureParams; result: SessionCreateResult };
   "credential/set": { params: CredentialSetParams; result: CredentialSetResult };
   "credential/delete": { params: ProviderRef; result: Deleted };
@@ -1718,6 +1845,8 @@ export const METHODS = {
   "turn/abort": { access: "operator", mutates: true, safeToResend: true },
   "approval/respond": { access: "operator", mutates: true, safeToResend: true },
   "model/list": { access: "observer", mutates: false, safeToResend: true },
+  "turn/follow_up": { access: "operator", mutates: true, safeToResend: true },
+  "session/compact": { access: "operator", mutates: true, safeToResend: false },
   "session/configure": { access: "operator", mutates: true, safeToResend: true },
   "credential/set": { access: "owner", mutates: true, safeToResend: true },
   "credential/delete": { access: "owner", mutates: true, safeToResend: true },

@@ -90,7 +90,7 @@ fn record_session(
         settings: SessionSettings {
             model: params.model,
             thinking_level: params.thinking_level,
-            auto_compaction: None,
+            ..SessionSettings::default()
         },
     };
     let session = state
@@ -182,6 +182,12 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
         }
         HostCall::TurnSteer(params) => {
             reply(async move { state.turns.steer(&state, params).await })
+        }
+        HostCall::TurnFollowUp(params) => {
+            reply(async move { state.turns.follow_up(&state, &caller, params).await })
+        }
+        HostCall::SessionCompact(params) => {
+            reply(async move { state.turns.compact(&state, params).await })
         }
         HostCall::TurnAbort(params) => {
             reply(async move { state.turns.abort(&state, params).await })

@@ -61,9 +61,27 @@ pub struct Stub {
     pub authorizations: Arc<Mutex<Vec<Option<String>>>>,
     /// The port it serves on, once started.
     port: Arc<Mutex<Option<u16>>>,
+    /// While set, each request is recorded and then held until the test releases a permit
+    /// ([`Stub::hold`], [`Stub::release`]): a run stays going for as long as the test needs.
+    gate: Arc<Mutex<Option<Arc<tokio::sync::Semaphore>>>>,
 }
 
+/// What the stub answers a compaction's summary request with (pi's summarization prompt).
+pub const STUB_SUMMARY: &str = "STUB-SUMMARY: the user ran the check; it passed.";
+
 impl Stub {
+    /// From now on each request waits for a [`Stub::release`] before it is answered.
+    pub fn hold(&self) {
+        *self.gate.lock().unwrap() = Some(Arc::new(tokio::sync::Semaphore::new(0)));
+    }
+
+    /// Answers every held request and every later one at once.
+    pub fn release(&self) {
+        if let Some(gate) = self.gate.lock().unwrap().take() {
+            gate.close();
+        }
+    }
+
     /// The port [`start_stub`] serves it on.
     pub fn port(&self) -> u16 {
         self.port.lock().unwrap().expect("the stub was started")
@@ -211,6 +229,13 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
         return failure(mode);
     }
     let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    if body.contains("context summarization assistant") {
+        stub.requests.lock().unwrap().push(request);
+        let mut sse = chunk(json!({"role": "assistant", "content": STUB_SUMMARY}), None);
+        sse += &chunk(json!({}), Some("stop"));
+        sse += "data: [DONE]\n\n";
+        return ([(header::CONTENT_TYPE, "text/event-stream")], sse).into_response();
+    }
     // A tool result last: the tool ran, so answer; anything else (a new prompt, in a new
     // conversation or after earlier turns) asks for the tool.
     let has_tool_result = request["messages"]
@@ -218,6 +243,11 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
         .and_then(|messages| messages.last())
         .is_some_and(|last| last["role"] == "tool");
     stub.requests.lock().unwrap().push(request);
+    let gate = stub.gate.lock().unwrap().clone();
+    if let Some(gate) = gate {
+        // Closed by `release`: every waiter goes on.
+        let _ = gate.acquire().await;
+    }
     let mut sse = String::new();
     if let Some(chunks) = long_reply(&body) {
         // `LONG-REPLY:N` in the prompt: N text chunks of 10 characters.

@@ -204,6 +204,19 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
         routed["result"]["entries"]
     );
 
+    // A follow-up routed to the host: no turn runs there, so it is a turn at once.
+    let follow_up = desk
+        .call(
+            "turn/follow_up",
+            json!({"sessionId": session_id, "idempotencyKey": "f1", "text": "echo after"}),
+        )
+        .await;
+    assert_eq!(follow_up["result"]["queued"], false, "{follow_up}");
+    let followed = desk.events_until(PATIENCE, finished).await;
+    let end = followed.last().unwrap();
+    assert_eq!(end["turnId"], follow_up["result"]["turnId"], "{end}");
+    assert_eq!(end["data"]["outcome"], "completed", "{end}");
+
     // A closed session read to its end ends a subscription at once, as on a host, from its last
     // cursor or from its head, instead of leaving it open for events that will never come.
     let closed = desk

@@ -6,7 +6,7 @@
 
 use bootstrap::provision::{self, BootstrapOptions};
 use bootstrap::remote::commands::connect::{self, ConnectArgs, Display};
-use bootstrap::remote::commands::models::{parse_model, parse_thinking};
+use bootstrap::remote::commands::models::{parse_model, parse_queue_mode, parse_thinking};
 use bootstrap::remote::commands::{
     Reach, attach, devices, history, hosts, models, open_profile, pair, sessions, status, turns,
 };
@@ -18,7 +18,7 @@ use bootstrap::ssh::ConnectOptions;
 use bootstrap::ssh::config::ResolveOptions;
 use clap::{Parser, Subcommand};
 use racp_proto::client::RacpClient;
-use racp_proto::methods::model::{ModelRef, ThinkingLevel};
+use racp_proto::methods::model::{ModelRef, QueueMode, ThinkingLevel};
 use racp_proto::methods::session::{SessionConfigureParams, SessionCreateParams};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -116,7 +116,7 @@ enum Command {
         #[arg(long, value_parser = parse_thinking)]
         thinking: Option<ThinkingLevel>,
     },
-    /// Change a session's model, thinking level or auto-compaction.
+    /// Change a session's model, thinking level, auto-compaction or queue modes.
     Configure {
         session: String,
         /// The model, as PROVIDER/MODEL.
@@ -128,6 +128,19 @@ enum Command {
         /// Whether the agent compacts its context when it is nearly full: on or off.
         #[arg(long, value_parser = parse_on_off)]
         auto_compaction: Option<bool>,
+        /// How the agent delivers queued steering messages: all, or one-at-a-time.
+        #[arg(long, value_parser = parse_queue_mode)]
+        steering_mode: Option<QueueMode>,
+        /// How the agent delivers queued follow-ups: all, or one-at-a-time.
+        #[arg(long, value_parser = parse_queue_mode)]
+        follow_up_mode: Option<QueueMode>,
+    },
+    /// Compact a session's conversation: the agent replaces its older messages with a summary.
+    Compact {
+        session: String,
+        /// What the summary should keep or focus on.
+        #[arg(long)]
+        instructions: Option<String>,
     },
     /// List the models the host's agent can run and whether each provider has a key.
     Models,
@@ -154,6 +167,9 @@ enum Command {
         #[arg(long)]
         turn: Option<String>,
     },
+    /// Queue a prompt to run as a turn of its own once the running turn ends (at once when none
+    /// runs).
+    FollowUp { session: String, text: String },
     /// Abort the running turn (nothing running is not an error).
     Abort {
         session: String,
@@ -415,12 +431,16 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
             model,
             thinking,
             auto_compaction,
+            steering_mode,
+            follow_up_mode,
         } => {
             let params = SessionConfigureParams {
                 session_id: session,
                 model,
                 thinking_level: thinking,
                 auto_compaction,
+                steering_mode,
+                follow_up_mode,
             };
             models::configure(out, &client, params).await
         }
@@ -437,6 +457,11 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
             text,
             turn,
         } => turns::steer(out, &client, session, text, turn).await,
+        Command::FollowUp { session, text } => turns::follow_up(out, &client, session, text).await,
+        Command::Compact {
+            session,
+            instructions,
+        } => turns::compact(out, &client, session, instructions).await,
         Command::Abort { session, turn } => turns::abort(out, &client, session, turn).await,
         Command::Close { session } => sessions::close(out, &client, session).await,
         Command::Approve { approval, value } => turns::approve(out, &client, approval, value).await,

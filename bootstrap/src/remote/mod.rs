@@ -7,6 +7,8 @@
 //! pi-remote new --workspace /srv/code/app --title fix  # create a session
 //! pi-remote prompt SESSION "fix the tests" --wait      # start a turn and follow it
 //! pi-remote steer SESSION "use the other test runner"  # guide the running turn
+//! pi-remote follow-up SESSION "then update the docs"   # a turn of its own after the running one
+//! pi-remote compact SESSION [--instructions TEXT]      # summarise the conversation
 //! pi-remote abort SESSION | close SESSION              # end the running turn | close the session
 //! pi-remote attach SESSION                             # live view; answer approvals from stdin
 //! pi-remote history SESSION [--limit N]                # the conversation, oldest first
@@ -56,7 +58,10 @@
 //! `steer` and `abort` act on the session's running turn (`--turn` names one). `abort` with
 //! nothing running succeeds, as `turn/abort` of a finished turn does; `steer` with nothing
 //! running is refused locally (exit 1). `steer` is sent once (`turn/steer` is not safe to
-//! resend); `abort` and `close` are resent after a dropped link.
+//! resend); `abort` and `close` are resent after a dropped link. `follow-up` queues a prompt for
+//! after the running turn (or starts a turn when none runs) with a fresh idempotency key,
+//! resent as is after a dropped link, as `prompt`'s; `compact` is sent once
+//! (docs/protocol.md §7.25, §7.26).
 //!
 //! `prompt` starts a turn with a fresh idempotency key (resent as is after a dropped link). With
 //! `--wait` it first subscribes from the session's snapshot cursor (`session/get`), so no event

@@ -522,18 +522,40 @@ impl Agent {
         if let Some(enabled) = settings.auto_compaction {
             self.call(&PiCommand::SetAutoCompaction { enabled }).await?;
         }
+        if let Some(mode) = settings.steering_mode {
+            let mode = mode.as_str();
+            self.call(&PiCommand::SetSteeringMode { mode }).await?;
+        }
+        if let Some(mode) = settings.follow_up_mode {
+            let mode = mode.as_str();
+            self.call(&PiCommand::SetFollowUpMode { mode }).await?;
+        }
         Ok(())
     }
 
     /// Sends a command, waits for its response and returns the response's `data` (Null when
     /// it has none).
     pub async fn call(&self, command: &PiCommand<'_>) -> Result<Value, AgentError> {
-        Ok(self.request(command).await?.response.data)
+        Ok(self.request(command, None).await?.response.data)
     }
 
-    async fn request(&self, command: &PiCommand<'_>) -> Result<Reply, AgentError> {
+    /// [`Agent::call`] for a command that waits on a model request (a compaction's summary),
+    /// which may take much longer than a command's usual deadline.
+    pub async fn call_within(
+        &self,
+        command: &PiCommand<'_>,
+        deadline: Duration,
+    ) -> Result<Value, AgentError> {
+        Ok(self.request(command, Some(deadline)).await?.response.data)
+    }
+
+    async fn request(
+        &self,
+        command: &PiCommand<'_>,
+        deadline: Option<Duration>,
+    ) -> Result<Reply, AgentError> {
         let started = Instant::now();
-        let timeout = self.inner.options.response_timeout;
+        let timeout = deadline.unwrap_or(self.inner.options.response_timeout);
         let name = command.name();
         let id = format!(
             "pi-host-{}",

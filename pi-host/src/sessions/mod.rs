@@ -128,6 +128,7 @@ impl Session {
             state: state_of(&inner),
             turns: inner.view.turns.clone(),
             pending_approvals: inner.view.pending_approvals.clone(),
+            queue: inner.view.queue.clone(),
             streaming_message,
             tool_outputs,
             history: Default::default(),

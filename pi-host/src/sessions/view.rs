@@ -4,8 +4,9 @@
 
 use super::HostEvent;
 use crate::store::SessionRow;
+use racp_proto::ErrorCode;
 use racp_proto::events::HostEventData;
-use racp_proto::methods::session::SessionSettings;
+use racp_proto::methods::session::{Queue, SessionSettings};
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::pi::Kind;
 use racp_proto::pi::stream::StreamState;
@@ -25,6 +26,9 @@ pub(super) struct View {
     pub closed: bool,
     /// What a client set it to run with (stored in its row; `session.configured` changes it).
     pub settings: SessionSettings,
+    /// The agent's queue as its last `queue_update` said; emptied when the agent process goes,
+    /// since pi holds its queue in memory.
+    pub queue: Queue,
     /// The message and tool outputs streaming, up to the events in `unapplied`.
     stream: StreamState,
     /// Stream events not applied yet, in order. Applying each as it is published would read
@@ -50,6 +54,11 @@ impl View {
         let (body, turn_id) = match event {
             HostEvent::Host { body, turn_id } => (body, turn_id),
             HostEvent::Agent { kind, payload, .. } => {
+                if kind == Kind::QueueUpdate {
+                    self.queue =
+                        racp_proto::pi::event::queue_update(payload.get()).unwrap_or_default();
+                    return;
+                }
                 // Only some agent events change what is streaming (docs/protocol.md §8.1).
                 if kind.streams() {
                     self.defer(kind, payload.into());
@@ -78,6 +87,15 @@ impl View {
                 // A turn that ended ends its streams, even one its agent died in.
                 self.unapplied.clear();
                 self.stream.clear();
+                let agent_died = data.error.as_ref().is_some_and(|e| {
+                    matches!(
+                        e.code(),
+                        ErrorCode::AgentSidecarCrashed | ErrorCode::AgentSidecarOom
+                    )
+                });
+                if agent_died {
+                    self.queue = Queue::default();
+                }
                 let Some(turn_id) = turn_id else { return };
                 if self.active_turn.as_deref() == Some(turn_id.as_str()) {
                     self.active_turn = None;
@@ -94,9 +112,12 @@ impl View {
             HostEventData::ApprovalSettled(data) => self
                 .pending_approvals
                 .retain(|a| a.approval_id != data.approval_id),
-            HostEventData::SessionClosed(_) => self.closed = true,
+            HostEventData::SessionClosed(_) => {
+                self.closed = true;
+                self.queue = Queue::default();
+            }
             HostEventData::SessionConfigured(data) => self.settings = data.settings,
-            HostEventData::AgentStopped(_) => {}
+            HostEventData::AgentStopped(_) => self.queue = Queue::default(),
         }
     }
 
@@ -140,6 +161,8 @@ impl View {
     /// before it serves: turns::end_interrupted_turns).
     pub fn reconcile(&mut self, row: &SessionRow, still_pending: &[ApprovalInfo]) {
         self.closed |= row.closed;
+        // No agent runs after a restart: whatever pi held queued went with it.
+        self.queue = Queue::default();
         self.settings = row.settings.clone();
         self.pending_approvals.retain(|shown| {
             still_pending
@@ -216,6 +239,10 @@ mod tests {
             ),
             HostEvent::of_turn("turn_2", started("second")),
             agent(
+                "queue_update",
+                r#"{"type":"queue_update","steering":["s"],"followUp":["then"]}"#,
+            ),
+            agent(
                 "message_start",
                 r#"{"type":"message_start","message":{"role":"assistant","content":[],"timestamp":1}}"#,
             ),
@@ -270,6 +297,8 @@ mod tests {
         assert_eq!(pending, ["apr_2"]);
         assert_eq!(published.pending_approvals[0].session_id, "ses_1");
         assert_eq!(published.settings.auto_compaction, Some(false));
+        // The agent's queue went with the session's close.
+        assert!(published.queue.is_empty());
         assert!(published.closed);
         assert_eq!(
             published.stream().message().unwrap()["content"][0]["text"],
@@ -317,6 +346,37 @@ mod tests {
         assert_eq!(deferred.tool_outputs(), eager.tool_outputs());
         assert_eq!(deferred.message().unwrap()["content"][0]["text"], "c");
         assert!(deferred.tool_outputs().contains_key("call_1"));
+    }
+
+    /// The queue is what pi said last, and goes with the agent process: at its stop, and at a
+    /// restart (no agent runs then).
+    #[test]
+    fn the_queue_is_the_agents_last_word_until_the_agent_goes() {
+        let mut view = View::default();
+        let update = r#"{"type":"queue_update","steering":[],"followUp":["a","b"]}"#;
+        view.apply("ses_1", agent("queue_update", update), 1);
+        assert_eq!(view.queue.follow_up, ["a", "b"]);
+        view.apply(
+            "ses_1",
+            HostEvent::of_session(AgentStoppedData {
+                reason: AgentStopReason::Idle,
+                idle_ms: 5,
+            }),
+            2,
+        );
+        assert!(view.queue.is_empty());
+        view.apply("ses_1", agent("queue_update", update), 3);
+        let row = SessionRow {
+            session_id: "ses_1".into(),
+            workspace: "/w".into(),
+            title: None,
+            epoch: 7,
+            created_at: 1,
+            closed: false,
+            settings: SessionSettings::default(),
+        };
+        view.reconcile(&row, &[]);
+        assert!(view.queue.is_empty());
     }
 
     #[test]

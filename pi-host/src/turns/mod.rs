@@ -7,6 +7,7 @@
 
 mod approvals;
 mod lifecycle;
+mod queue;
 
 pub use lifecycle::stop_idle_agents;
 
@@ -50,6 +51,9 @@ struct ActiveTurn {
     retries: RetryTrail,
     /// A failed run pi may still retry: it ends the turn unless pi retries or recovers.
     pending: Option<UnsettledFailure>,
+    /// pi finished a step of this turn (`turn_end`): a follow-up pi takes from now on is a
+    /// turn of its own, not part of this one's first step (queue.rs).
+    answered: bool,
 }
 
 struct UnsettledFailure {
@@ -65,6 +69,7 @@ impl ActiveTurn {
             abort_requested: false,
             retries: RetryTrail::default(),
             pending: None,
+            answered: false,
         }
     }
 }
@@ -88,6 +93,10 @@ struct DriverState {
     /// The models the agent has a credential for, once asked (`ready`); `Err` when the agent
     /// does not answer `get_available_models` (not pi), so there is nothing to check.
     available: Option<Result<Vec<ModelRef>, ()>>,
+    /// The follow-ups sent to the running agent that it has not taken yet (queue.rs).
+    follow_ups: VecDeque<queue::QueuedFollowUp>,
+    /// pi's follow-up queue as of its last `queue_update`.
+    pi_follow_ups: Vec<String>,
 }
 
 pub struct Driver {
@@ -98,6 +107,8 @@ pub struct Driver {
     agent_pid: AtomicU32,
     /// Held by `session/configure` from reading the settings to storing them.
     configuring: Mutex<()>,
+    /// A `session/compact` is going on: no turn starts meanwhile (queue.rs).
+    compacting: std::sync::atomic::AtomicBool,
 }
 
 /// What turns need of the host (state.rs implements it), so that the host can own its turns
@@ -148,6 +159,7 @@ impl Turns {
                     state: Mutex::new(DriverState::default()),
                     agent_pid: AtomicU32::new(0),
                     configuring: Mutex::new(()),
+                    compacting: Default::default(),
                 })
             })
             .clone()
@@ -173,10 +185,12 @@ impl Turns {
         if let Some(active) = &state.active {
             return Err(AppError::new(
                 ErrorCode::AgentBusy,
-                "a turn is already running: steer it, abort it, or wait for it to finish",
+                "a turn is already running: steer it, abort it, queue a follow-up, or wait for \
+                 it to finish",
             )
             .with_details(json!({"turnId": active.turn_id})));
         }
+        driver.refuse_while_compacting()?;
         driver.retire_stale(host, &mut state);
         let agent = match state.agent.clone() {
             Some(agent) => agent,
@@ -776,6 +790,9 @@ impl Driver {
     /// Takes the running agent out of the state (the caller stops it).
     fn take_agent(&self, state: &mut DriverState) -> Option<Agent> {
         self.agent_pid.store(0, Ordering::Relaxed);
+        // pi holds its queue in memory: what it had not taken goes with it.
+        state.follow_ups.clear();
+        state.pi_follow_ups.clear();
         state.agent.take()
     }
 
@@ -917,7 +934,11 @@ fn on_agent_event(
     events: &mut Vec<HostEvent>,
 ) {
     let mut finished = None;
+    if event.kind == Kind::QueueUpdate {
+        queue::on_queue_update(host, state, &event.payload, events);
+    }
     if let Some(active) = state.active.as_mut() {
+        active.answered |= event.kind == Kind::TurnEnd;
         finished = follow_retry(active, event.signal.as_ref());
         if let Some((outcome, error)) = finished.take() {
             let turn_id = active.turn_id.clone();

@@ -28,13 +28,14 @@ use model::{
     ProviderRef, ProviderSetParams,
 };
 use session::{
-    SessionConfigureParams, SessionCreateParams, SessionCreateResult, SessionGetResult,
-    SessionHistoryParams, SessionHistoryResult, SessionListResult, SessionRef, SessionStreamParams,
-    SessionStreamResult, SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
+    SessionCompactParams, SessionCompactResult, SessionConfigureParams, SessionCreateParams,
+    SessionCreateResult, SessionGetResult, SessionHistoryParams, SessionHistoryResult,
+    SessionListResult, SessionRef, SessionStreamParams, SessionStreamResult,
+    SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
 };
 use turn::{
-    ApprovalRespondParams, ApprovalRespondResult, TurnRef, TurnStartParams, TurnStartResult,
-    TurnSteerParams,
+    ApprovalRespondParams, ApprovalRespondResult, TurnFollowUpParams, TurnFollowUpResult, TurnRef,
+    TurnStartParams, TurnStartResult, TurnSteerParams,
 };
 
 /// No params, or no result fields: `{}`.
@@ -293,7 +294,11 @@ method_table! {
         ApprovalRespond = "approval/respond" (ApprovalRespondParams => ApprovalRespondResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
         /// Lists the providers and models the host's agent can run, each with whether a credential is present; needs no session.
         ModelList = "model/list" (Empty => ModelListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
-        /// Changes a session's model, thinking level or auto-compaction; setting the same values again changes nothing.
+        /// Queues a prompt to run as a turn of its own once the running turn ends (starts it at once when none runs); idempotent by `idempotencyKey`.
+        TurnFollowUp = "turn/follow_up" (TurnFollowUpParams => TurnFollowUpResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
+        /// Compacts a session's conversation: the agent replaces its older messages with a summary; refused while a turn runs.
+        SessionCompact = "session/compact" (SessionCompactParams => SessionCompactResult) { access: OPERATOR, mutates: true, safe_to_resend: false }
+        /// Changes a session's model, thinking level, auto-compaction or queue modes; setting the same values again changes nothing.
         SessionConfigure = "session/configure" (SessionConfigureParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
         /// Sets a provider's API key (write-only: never returned); the next agent started uses it.
         CredentialSet = "credential/set" (CredentialSetParams => CredentialSetResult) { access: OWNER, mutates: true, safe_to_resend: true }

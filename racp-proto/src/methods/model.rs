@@ -75,6 +75,25 @@ impl ThinkingLevel {
     }
 }
 
+/// How pi delivers the messages queued while it works (`set_steering_mode`,
+/// `set_follow_up_mode`): every queued message at once, or one per step (pi's default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueMode {
+    All,
+    OneAtATime,
+}
+
+impl QueueMode {
+    /// pi's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueMode::All => "all",
+            QueueMode::OneAtATime => "one-at-a-time",
+        }
+    }
+}
+
 /// One model the host's agent knows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

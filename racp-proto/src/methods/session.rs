@@ -1,13 +1,13 @@
 //! `session/*`: sessions, snapshots and subscriptions.
 
-use super::model::{ModelRef, ThinkingLevel};
+use super::model::{ModelRef, QueueMode, ThinkingLevel};
 use super::turn::{ApprovalInfo, TurnInfo};
 use crate::AppError;
 use crate::cursor::Cursor;
 use crate::events::Event;
 use crate::limits::{
     MAX_HISTORY_LIMIT, MAX_HISTORY_PAGE_BYTES, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_PATH_CHARS,
-    MIN_HISTORY_PAGE_BYTES,
+    MAX_TEXT_CHARS, MIN_HISTORY_PAGE_BYTES,
 };
 use crate::validate::{NAME_PATTERN, Validate, length, name, range};
 use schemars::JsonSchema;
@@ -60,6 +60,12 @@ pub struct SessionSettings {
     /// Whether the agent compacts its context by itself when it is nearly full.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_compaction: Option<bool>,
+    /// How the agent delivers steering messages queued while it works.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steering_mode: Option<QueueMode>,
+    /// How the agent delivers follow-ups queued while it works.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow_up_mode: Option<QueueMode>,
 }
 
 impl SessionSettings {
@@ -69,6 +75,8 @@ impl SessionSettings {
             model: change.model.clone().or_else(|| self.model.clone()),
             thinking_level: change.thinking_level.or(self.thinking_level),
             auto_compaction: change.auto_compaction.or(self.auto_compaction),
+            steering_mode: change.steering_mode.or(self.steering_mode),
+            follow_up_mode: change.follow_up_mode.or(self.follow_up_mode),
         }
     }
 
@@ -123,6 +131,12 @@ pub struct SessionConfigureParams {
     pub thinking_level: Option<ThinkingLevel>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_compaction: Option<bool>,
+    /// pi's `set_steering_mode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steering_mode: Option<QueueMode>,
+    /// pi's `set_follow_up_mode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow_up_mode: Option<QueueMode>,
 }
 
 impl SessionConfigureParams {
@@ -131,6 +145,8 @@ impl SessionConfigureParams {
             model: self.model.clone(),
             thinking_level: self.thinking_level,
             auto_compaction: self.auto_compaction,
+            steering_mode: self.steering_mode,
+            follow_up_mode: self.follow_up_mode,
         }
     }
 }
@@ -180,6 +196,10 @@ pub struct Snapshot {
     pub turns: Vec<TurnInfo>,
     /// Approvals waiting for an answer.
     pub pending_approvals: Vec<ApprovalInfo>,
+    /// The messages the agent holds queued (steering and follow-ups), as its last
+    /// `queue_update` said. Absent when both are empty.
+    #[serde(default, skip_serializing_if = "Queue::is_empty")]
+    pub queue: Queue,
     /// The assistant message being streamed, as far as the snapshot's cursor (pi's message
     /// shape; docs/protocol.md §8.1, "Compact streams"). Absent when none is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -192,6 +212,63 @@ pub struct Snapshot {
     /// `session/history` (docs/protocol.md §7.24, §8.4).
     #[serde(default)]
     pub history: HistoryPage,
+}
+
+/// What the agent holds queued while it works (pi's `queue_update`): each message's text, in
+/// the order it will be delivered.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Queue {
+    /// Steering messages (`turn/steer`): delivered before the agent's next model request.
+    #[serde(default)]
+    pub steering: Vec<String>,
+    /// Follow-ups (`turn/follow_up`): each runs as a turn of its own when the work before it ends.
+    #[serde(default)]
+    pub follow_up: Vec<String>,
+}
+
+impl Queue {
+    pub fn is_empty(&self) -> bool {
+        self.steering.is_empty() && self.follow_up.is_empty()
+    }
+}
+
+/// Compacts a session's conversation: the agent summarises it and keeps only the summary and
+/// its most recent messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionCompactParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    /// What the summary should focus on (pi's `customInstructions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_TEXT_CHARS))]
+    pub instructions: Option<String>,
+}
+
+impl Validate for SessionCompactParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
+        if let Some(instructions) = &self.instructions {
+            length("instructions", instructions, 1, MAX_TEXT_CHARS)?;
+        }
+        Ok(())
+    }
+}
+
+/// pi's compaction result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCompactResult {
+    /// The summary that replaces the older messages.
+    pub summary: String,
+    /// The context's size before, in tokens (pi's estimate).
+    pub tokens_before: u64,
+    /// pi's id of the oldest message kept after the summary.
+    pub first_kept_entry_id: String,
+    /// pi's details (the files read and modified), as pi gives them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<serde_json::Value>,
 }
 
 /// Entries of a session's history, oldest first: each is the event that carried a message

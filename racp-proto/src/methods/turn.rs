@@ -133,6 +133,38 @@ pub struct TurnStartResult {
     pub turn_id: String,
 }
 
+/// Queues a follow-up: a prompt run after the work going on now ends, as a turn of its own;
+/// while no turn runs, it starts one at once. Idempotent by key, as `turn/start`, and in the
+/// same key space (docs/protocol.md §7.25).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TurnFollowUpParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub idempotency_key: String,
+    /// The prompt.
+    #[schemars(length(min = 1, max = MAX_TEXT_CHARS))]
+    pub text: String,
+}
+
+impl Validate for TurnFollowUpParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
+        length("idempotencyKey", &self.idempotency_key, 1, MAX_ID_CHARS)?;
+        length("text", &self.text, 1, MAX_TEXT_CHARS)
+    }
+}
+
+/// The follow-up's turn: started now (`queued: false`), or waiting in the agent's queue, its
+/// `turn.started` to come when the agent takes it (`queued: true`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnFollowUpResult {
+    pub turn_id: String,
+    pub queued: bool,
+}
+
 /// Adds guidance to the running turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

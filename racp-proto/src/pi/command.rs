@@ -17,6 +17,11 @@ pub enum Command<'a> {
     Steer {
         message: &'a str,
     },
+    /// Queues a follow-up for after the current run: pi takes it when the run would stop, in
+    /// the same run (docs/protocol.md §7.25). While no run goes on, pi only queues it.
+    FollowUp {
+        message: &'a str,
+    },
     /// Aborts the current run; pi answers once the agent is idle.
     Abort,
     /// pi's session state (`RpcSessionState`: model, isStreaming, messageCount, ...).
@@ -33,6 +38,20 @@ pub enum Command<'a> {
     },
     SetAutoCompaction {
         enabled: bool,
+    },
+    /// How pi delivers queued steering messages: `all` or `one-at-a-time`.
+    SetSteeringMode {
+        mode: &'a str,
+    },
+    /// How pi delivers queued follow-ups: `all` or `one-at-a-time`.
+    SetFollowUpMode {
+        mode: &'a str,
+    },
+    /// Summarises the conversation so far (aborting a run first); pi answers with the
+    /// compaction's result once the summary's model request is done.
+    Compact {
+        #[serde(rename = "customInstructions", skip_serializing_if = "Option::is_none")]
+        custom_instructions: Option<&'a str>,
     },
     /// The answer to an extension's dialog (pi never acknowledges it).
     ExtensionUiResponse {
@@ -75,12 +94,16 @@ impl<'a> Command<'a> {
         match self {
             Command::Prompt { .. } => "prompt",
             Command::Steer { .. } => "steer",
+            Command::FollowUp { .. } => "follow_up",
             Command::Abort => "abort",
             Command::GetState => "get_state",
             Command::GetAvailableModels => "get_available_models",
             Command::SetModel { .. } => "set_model",
             Command::SetThinkingLevel { .. } => "set_thinking_level",
             Command::SetAutoCompaction { .. } => "set_auto_compaction",
+            Command::SetSteeringMode { .. } => "set_steering_mode",
+            Command::SetFollowUpMode { .. } => "set_follow_up_mode",
+            Command::Compact { .. } => "compact",
             Command::ExtensionUiResponse { .. } => "extension_ui_response",
         }
     }
@@ -185,6 +208,32 @@ mod tests {
             (
                 Command::SetAutoCompaction { enabled: true },
                 json!({"id": "7", "type": "set_auto_compaction", "enabled": true}),
+            ),
+            (
+                Command::FollowUp { message: "then" },
+                json!({"id": "7", "type": "follow_up", "message": "then"}),
+            ),
+            (
+                Command::SetSteeringMode { mode: "all" },
+                json!({"id": "7", "type": "set_steering_mode", "mode": "all"}),
+            ),
+            (
+                Command::SetFollowUpMode {
+                    mode: "one-at-a-time",
+                },
+                json!({"id": "7", "type": "set_follow_up_mode", "mode": "one-at-a-time"}),
+            ),
+            (
+                Command::Compact {
+                    custom_instructions: None,
+                },
+                json!({"id": "7", "type": "compact"}),
+            ),
+            (
+                Command::Compact {
+                    custom_instructions: Some("keep the paths"),
+                },
+                json!({"id": "7", "type": "compact", "customInstructions": "keep the paths"}),
             ),
         ] {
             assert_eq!(line(&command, Some("7")), expected);

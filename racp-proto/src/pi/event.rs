@@ -53,3 +53,54 @@ impl ToolRun {
             .unwrap_or_default()
     }
 }
+
+/// pi's `queue_update`: the steering messages and follow-ups it holds, each in the order it
+/// will deliver them. `None` for a payload of another shape.
+pub fn queue_update(data: &str) -> Option<crate::methods::session::Queue> {
+    serde_json::from_str(data).ok()
+}
+
+/// The text pi took from a queue between two `queue_update`s: pi removes one message (the first
+/// with that text) as it delivers it. `None` when nothing was removed.
+pub fn taken_from(before: &[String], after: &[String]) -> Option<String> {
+    if after.len() >= before.len() {
+        return None;
+    }
+    let at = before
+        .iter()
+        .zip(after)
+        .position(|(b, a)| b != a)
+        .unwrap_or(after.len());
+    before.get(at).cloned()
+}
+
+#[cfg(test)]
+mod queue_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_queue_update_reads_as_the_queue_and_names_what_was_taken() {
+        let queue =
+            queue_update(r#"{"type":"queue_update","steering":["s"],"followUp":["a","b","a"]}"#)
+                .unwrap();
+        assert_eq!(queue.steering, ["s"]);
+        assert_eq!(queue.follow_up, ["a", "b", "a"]);
+        let before = queue.follow_up;
+        let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            taken_from(&before, &owned(&["b", "a"])).as_deref(),
+            Some("a")
+        );
+        assert_eq!(
+            taken_from(&before, &owned(&["a", "a"])).as_deref(),
+            Some("b")
+        );
+        assert_eq!(
+            taken_from(&before, &owned(&["a", "b"])).as_deref(),
+            Some("a")
+        );
+        assert_eq!(taken_from(&before, &before), None);
+        assert_eq!(taken_from(&[], &owned(&["x"])), None);
+    }
+}

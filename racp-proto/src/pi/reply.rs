@@ -51,6 +51,15 @@ impl Response {
     pub fn is_busy(command: &str, message: &str) -> bool {
         command == "prompt" && message.starts_with("Agent is already processing")
     }
+
+    /// pi refused a compaction because there is nothing to summarise: the conversation is too
+    /// short, or it was just compacted (or an extension cancelled it).
+    pub fn is_nothing_to_compact(command: &str, message: &str) -> bool {
+        command == "compact"
+            && (message.starts_with("Nothing to compact")
+                || message.starts_with("Already compacted")
+                || message.starts_with("Compaction cancelled"))
+    }
 }
 
 /// The dialog methods of pi's extension UI protocol: each needs an answer.

@@ -432,6 +432,10 @@ impl StandIn {
                 respond(id, kind, None);
                 Action::None
             }
+            "set_steering_mode" | "set_follow_up_mode" => {
+                respond(id, kind, None);
+                Action::None
+            }
             "set_auto_compaction" => {
                 let enabled = command.get("enabled").and_then(Value::as_bool);
                 self.settings.auto_compaction = enabled.unwrap_or(false);

@@ -4,7 +4,9 @@
 use crate::remote::Failure;
 use crate::remote::out::{Out, enum_name};
 use racp_proto::client::RacpClient;
-use racp_proto::methods::model::{CredentialSetParams, ModelRef, ProviderRef, ThinkingLevel};
+use racp_proto::methods::model::{
+    CredentialSetParams, ModelRef, ProviderRef, QueueMode, ThinkingLevel,
+};
 use racp_proto::methods::session::SessionConfigureParams;
 use racp_proto::validate::printable;
 use racp_proto::{Empty, calls};
@@ -28,6 +30,11 @@ pub fn parse_model(text: &str) -> Result<ModelRef, String> {
 pub fn parse_thinking(text: &str) -> Result<ThinkingLevel, String> {
     serde_json::from_value(json!(text))
         .map_err(|_| format!("{text:?} is not one of off, minimal, low, medium, high, xhigh"))
+}
+
+/// A queue mode: `all` or `one-at-a-time`.
+pub fn parse_queue_mode(text: &str) -> Result<QueueMode, String> {
+    serde_json::from_value(json!(text)).map_err(|_| format!("{text:?} is not all or one-at-a-time"))
 }
 
 /// Lists models: `PROVIDER/MODEL  CONTEXT  [thinking] [images]  key|no key`, the default marked.
@@ -162,8 +169,11 @@ pub async fn configure(
     let compaction = settings
         .auto_compaction
         .map_or("default", |on| if on { "on" } else { "off" });
+    let steering = settings.steering_mode.map_or("default", |m| m.as_str());
+    let follow_up = settings.follow_up_mode.map_or("default", |m| m.as_str());
     out.line(&format!(
-        "{}\t{}\tmodel={}\tthinking={thinking}\tauto-compaction={compaction}",
+        "{}\t{}\tmodel={}\tthinking={thinking}\tauto-compaction={compaction}\t\
+         steering={steering}\tfollow-up={follow_up}",
         printable(&result.session.session_id, false),
         enum_name(&result.session.state),
         printable(&model, false),

@@ -9,11 +9,14 @@ use crate::remote::view::View;
 use racp_proto::calls;
 use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
 use racp_proto::events::{Event, EventType, TurnFinishedData, TurnOutcome};
-use racp_proto::methods::session::{SessionGetResult, SessionRef, SessionSubscribeParams};
-use racp_proto::methods::turn::{
-    Answer, ApprovalKind, ApprovalRespondParams, Decision, ImageAttachment, TurnRef,
-    TurnStartParams, TurnState, TurnSteerParams, Verdict,
+use racp_proto::methods::session::{
+    SessionCompactParams, SessionGetResult, SessionRef, SessionSubscribeParams,
 };
+use racp_proto::methods::turn::{
+    Answer, ApprovalKind, ApprovalRespondParams, Decision, ImageAttachment, TurnFollowUpParams,
+    TurnRef, TurnStartParams, TurnState, TurnSteerParams, Verdict,
+};
+use racp_proto::validate::printable;
 use serde_json::json;
 use std::io::IsTerminal;
 use tokio::sync::mpsc;
@@ -323,6 +326,56 @@ pub async fn steer(
         out.json_value(&json!({"sessionId": session_id, "turnId": turn_id, "steered": true}));
     } else {
         out.line(&format!("steered {turn_id}"));
+    }
+    Ok(())
+}
+
+/// `follow-up`: a prompt for after the running turn, as a turn of its own (at once when none
+/// runs); resent with the same key after a lost connection, so it is queued once.
+pub async fn follow_up(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    text: String,
+) -> Result<(), Failure> {
+    let params = TurnFollowUpParams {
+        session_id: session_id.clone(),
+        idempotency_key: idempotency_key()?,
+        text,
+    };
+    let result = call_resending::<calls::TurnFollowUp>(client, params).await?;
+    if out.json {
+        out.json_value(
+            &json!({"sessionId": session_id, "turnId": result.turn_id, "queued": result.queued}),
+        );
+    } else if result.queued {
+        out.line(&format!("{} queued", result.turn_id));
+    } else {
+        out.line(&result.turn_id);
+    }
+    Ok(())
+}
+
+/// `compact`: the agent summarises the session's conversation; prints the summary.
+pub async fn compact(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    instructions: Option<String>,
+) -> Result<(), Failure> {
+    let params = SessionCompactParams {
+        session_id,
+        instructions,
+    };
+    let result = client.call::<calls::SessionCompact>(params).await?;
+    if out.json {
+        out.json_value(&result);
+    } else {
+        out.line(&format!(
+            "compacted ({} tokens before)\n{}",
+            result.tokens_before,
+            printable(&result.summary, true)
+        ));
     }
     Ok(())
 }

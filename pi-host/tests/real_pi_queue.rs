@@ -1,0 +1,414 @@
+//! Follow-ups, the agent's queue and compaction end to end with the REAL pi agent, offline
+//! against the stub model (`tests::pi`). The stub holds its answers while a test needs a run to
+//! keep going ([`Stub::hold`]), so a follow-up is queued while a turn runs, deterministically.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use tests::pi::{STUB_SUMMARY, Stub, pi_host, write_pi_config};
+use tests::{Client, HostProcess};
+
+/// How long any single wait may take: pi starts in about 2 s, but a loaded 2-core machine is slow.
+const WAIT: Duration = Duration::from_secs(90);
+
+async fn connect(host: &HostProcess, token: &str) -> Client {
+    let mut client = Client::connect(&host.url(), token).await.unwrap();
+    client.hello().await;
+    client
+}
+
+/// A session, subscribed from its start.
+async fn session(client: &mut Client, host: &HostProcess) -> String {
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let session = &created["result"]["session"];
+    let id = session["sessionId"]
+        .as_str()
+        .expect("sessionId")
+        .to_string();
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": id, "cursor": session["cursor"]}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    id
+}
+
+/// Waits until the stub has received `n` requests.
+async fn requests_reach(stub: &Stub, n: usize) {
+    let began = Instant::now();
+    while stub.requests.lock().unwrap().len() < n {
+        assert!(
+            began.elapsed() < WAIT,
+            "the stub got no request #{n} in time"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn turn_finished(turn_id: &str) -> impl Fn(&Value) -> bool + '_ {
+    move |e| e["type"] == "turn.finished" && e["turnId"] == turn_id
+}
+
+/// Starts a turn and waits for its end; returns its events.
+async fn run_turn(client: &mut Client, session_id: &str, key: &str, text: &str) -> Vec<Value> {
+    let started = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
+        )
+        .await;
+    let turn_id = started["result"]["turnId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("turn/start failed: {started}"))
+        .to_string();
+    let events = client.events_until(WAIT, turn_finished(&turn_id)).await;
+    let finished = events.last().unwrap();
+    assert_eq!(finished["data"]["outcome"], "completed", "{finished}");
+    events
+}
+
+/// The texts of the user messages of a request to the stub.
+fn user_texts(request: &Value) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| match &m["content"] {
+            Value::String(text) => text.clone(),
+            content => content.to_string(),
+        })
+        .collect()
+}
+
+async fn snapshot(client: &mut Client, session_id: &str) -> Value {
+    let got = client
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    got["result"]["snapshot"].clone()
+}
+
+#[tokio::test]
+async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = session(&mut client, &host).await;
+
+    stub.hold();
+    let first = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Run the check."}),
+        )
+        .await;
+    let first_id = first["result"]["turnId"].as_str().unwrap().to_string();
+    requests_reach(&stub, 1).await;
+
+    let follow_up =
+        json!({"sessionId": session_id, "idempotencyKey": "f1", "text": "Then say goodbye."});
+    let queued = client.call("turn/follow_up", follow_up.clone()).await;
+    assert_eq!(queued["result"]["queued"], true, "{queued}");
+    let follow_id = queued["result"]["turnId"].as_str().unwrap().to_string();
+    assert_ne!(follow_id, first_id);
+    let resent = client.call("turn/follow_up", follow_up).await;
+    assert_eq!(
+        resent["result"], queued["result"],
+        "a resend queues nothing more"
+    );
+    let compact = client
+        .call("session/compact", json!({"sessionId": session_id}))
+        .await;
+    assert_eq!(compact["error"]["code"], "AGENT_BUSY", "{compact}");
+
+    // The queue, as pi said it, in a snapshot and in one taken after the client reconnects.
+    let seen = client
+        .events_until(WAIT, |e| {
+            e["type"] == "agent.queue_update"
+                && e["data"]["followUp"] == json!(["Then say goodbye."])
+        })
+        .await;
+    let last_cursor = seen.last().unwrap()["cursor"].clone();
+    let snap = snapshot(&mut client, &session_id).await;
+    assert_eq!(
+        snap["queue"]["followUp"],
+        json!(["Then say goodbye."]),
+        "{snap}"
+    );
+    assert_eq!(snap["queue"]["steering"], json!([]), "{snap}");
+    drop(client);
+    let mut client = connect(&host, &token).await;
+    let snap = snapshot(&mut client, &session_id).await;
+    assert_eq!(
+        snap["queue"]["followUp"],
+        json!(["Then say goodbye."]),
+        "{snap}"
+    );
+    assert_eq!(snap["turns"].as_array().unwrap().len(), 1, "{snap}");
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": last_cursor}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+
+    stub.release();
+    let events = client.events_until(WAIT, turn_finished(&follow_id)).await;
+    let labels: Vec<String> = events
+        .iter()
+        .map(|e| format!("{} {}", e["type"].as_str().unwrap(), e["turnId"]))
+        .collect();
+    eprintln!("events: {labels:#?}");
+    let first_end = events
+        .iter()
+        .position(|e| turn_finished(&first_id)(e))
+        .expect("the first turn ends");
+    assert_eq!(events[first_end]["data"]["outcome"], "completed");
+    let started = &events[first_end + 1];
+    assert_eq!(started["type"], "turn.started", "{started}");
+    assert_eq!(started["turnId"], follow_id.as_str());
+    assert_eq!(started["data"]["text"], "Then say goodbye.");
+    let user_message = events
+        .iter()
+        .find(|e| {
+            e["type"] == "agent.message_end"
+                && e["data"]["message"]["role"] == "user"
+                && e["data"]["message"]["content"][0]["text"] == "Then say goodbye."
+        })
+        .expect("the follow-up's user message");
+    assert_eq!(user_message["turnId"], follow_id.as_str());
+    let agent_ends: Vec<_> = events
+        .iter()
+        .filter(|e| e["type"] == "agent.agent_end")
+        .collect();
+    assert_eq!(agent_ends.len(), 1, "pi ran both in one run");
+    assert_eq!(agent_ends[0]["turnId"], follow_id.as_str());
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+
+    // The stub got the follow-up as a later user message, after the first prompt's answer.
+    let requests = stub.requests.lock().unwrap().clone();
+    assert!(
+        !user_texts(&requests[0])
+            .iter()
+            .any(|t| t.contains("goodbye"))
+    );
+    let later = requests
+        .iter()
+        .position(|r| user_texts(r).iter().any(|t| t.contains("goodbye")))
+        .expect("a request with the follow-up");
+    assert!(
+        later >= 2,
+        "after the first prompt's tool call was answered"
+    );
+
+    let snap = snapshot(&mut client, &session_id).await;
+    assert!(snap.get("queue").is_none(), "the queue is empty: {snap}");
+    let turns: Vec<_> = snap["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["text"].clone(), t["state"].clone()))
+        .collect();
+    assert_eq!(
+        turns,
+        [
+            (json!("Run the check."), json!("completed")),
+            (json!("Then say goodbye."), json!("completed"))
+        ]
+    );
+
+    // While no turn runs, a follow-up is a turn at once.
+    let now = client
+        .call(
+            "turn/follow_up",
+            json!({"sessionId": session_id, "idempotencyKey": "f2", "text": "Once more."}),
+        )
+        .await;
+    assert_eq!(now["result"]["queued"], false, "{now}");
+    let now_id = now["result"]["turnId"].as_str().unwrap().to_string();
+    let events = client.events_until(WAIT, turn_finished(&now_id)).await;
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "turn.started" && e["data"]["text"] == "Once more.")
+    );
+}
+
+#[tokio::test]
+async fn compaction_shrinks_the_context_and_a_failed_one_says_why() {
+    let stub = Stub::default();
+    let (host, pi_dir) = pi_host(&stub, None).await;
+    // Keep as little as pi can after a compaction, so that a short conversation shrinks.
+    write_pi_config(pi_dir.path(), stub.port());
+    let settings_file = pi_dir.path().join("settings.json");
+    let mut settings: Value =
+        serde_json::from_str(&std::fs::read_to_string(&settings_file).unwrap()).unwrap();
+    settings["compaction"]["keepRecentTokens"] = json!(1);
+    std::fs::write(&settings_file, settings.to_string()).unwrap();
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = session(&mut client, &host).await;
+
+    for (key, text) in [
+        ("k1", "Run the check."),
+        ("k2", "Again."),
+        ("k3", "Once more."),
+    ] {
+        run_turn(&mut client, &session_id, key, text).await;
+    }
+    let before = {
+        let requests = stub.requests.lock().unwrap();
+        requests.last().unwrap()["messages"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+
+    let compacted = client
+        .call(
+            "session/compact",
+            json!({"sessionId": session_id, "instructions": "Keep the commands."}),
+        )
+        .await;
+    let result = &compacted["result"];
+    assert!(
+        result["summary"]
+            .as_str()
+            .unwrap_or("")
+            .contains(STUB_SUMMARY),
+        "{compacted}"
+    );
+    // pi estimates from the model's reported usage, which the stub does not send.
+    assert!(result["tokensBefore"].is_u64(), "{compacted}");
+    assert!(result["firstKeptEntryId"].is_string(), "{compacted}");
+    let instructed = stub.requests.lock().unwrap().iter().any(|r| {
+        let r = r.to_string();
+        r.contains("context summarization assistant")
+            && r.contains("Additional focus: Keep the commands.")
+    });
+    assert!(instructed, "the instructions reach the summary's request");
+    let events = client
+        .events_until(WAIT, |e| e["type"] == "agent.compaction_end")
+        .await;
+    assert!(events.iter().any(|e| e["type"] == "agent.compaction_start"));
+    assert!(events.last().unwrap().get("turnId").is_none());
+    // Compacted just now: pi has nothing more to summarise.
+    let again = client
+        .call("session/compact", json!({"sessionId": session_id}))
+        .await;
+    assert_eq!(again["error"]["code"], "CONFLICT", "{again}");
+    assert_eq!(again["error"]["retriable"], false, "{again}");
+
+    let asked = stub.requests.lock().unwrap().len();
+    run_turn(&mut client, &session_id, "k4", "And now?").await;
+    let after = stub.requests.lock().unwrap()[asked].clone();
+    let messages = after["messages"].as_array().unwrap();
+    assert!(
+        messages.len() < before,
+        "{} messages after the compaction, {before} before: {after}",
+        messages.len()
+    );
+    assert!(after.to_string().contains(STUB_SUMMARY), "{after}");
+
+    // The summary's model request fails: the compaction fails with the provider's reason.
+    *stub.failure.lock().unwrap() = Some("500");
+    let failed = client
+        .call("session/compact", json!({"sessionId": session_id}))
+        .await;
+    *stub.failure.lock().unwrap() = None;
+    assert_eq!(failed["error"]["code"], "PROVIDER_ERROR", "{failed}");
+    assert!(
+        failed["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("ummarization failed: 500"),
+        "{failed}"
+    );
+    let events = client
+        .events_until(WAIT, |e| e["type"] == "agent.compaction_end")
+        .await;
+    let end = &events.last().unwrap()["data"];
+    assert!(end["errorMessage"].is_string(), "{end}");
+    // The session is usable afterwards.
+    run_turn(&mut client, &session_id, "k5", "Still there?").await;
+}
+
+/// The queue modes set with `session/configure` before the session's agent runs: the agent
+/// started for the turn takes them, so pi delivers both follow-ups together (mode `all`), and
+/// they run as one turn, the first one's.
+#[tokio::test]
+async fn queue_modes_set_for_a_session_reach_its_agent() {
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = session(&mut client, &host).await;
+    let configured = client
+        .call(
+            "session/configure",
+            json!({"sessionId": session_id, "steeringMode": "all", "followUpMode": "all"}),
+        )
+        .await;
+    let info = &configured["result"]["session"];
+    assert_eq!(info["followUpMode"], "all", "{configured}");
+    assert_eq!(info["steeringMode"], "all", "{configured}");
+
+    stub.hold();
+    let first = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Run the check."}),
+        )
+        .await;
+    assert!(first.get("result").is_some(), "{first}");
+    requests_reach(&stub, 1).await;
+    let mut queued = Vec::new();
+    for (key, text) in [("f1", "First extra."), ("f2", "Second extra.")] {
+        let reply = client
+            .call(
+                "turn/follow_up",
+                json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
+            )
+            .await;
+        assert_eq!(reply["result"]["queued"], true, "{reply}");
+        queued.push(reply["result"]["turnId"].as_str().unwrap().to_string());
+    }
+    client
+        .events_until(WAIT, |e| {
+            e["type"] == "agent.queue_update"
+                && e["data"]["followUp"] == json!(["First extra.", "Second extra."])
+        })
+        .await;
+    stub.release();
+    let events = client.events_until(WAIT, turn_finished(&queued[0])).await;
+    assert!(
+        !events.iter().any(|e| e["turnId"] == queued[1].as_str()),
+        "the second follow-up is part of the first one's turn"
+    );
+    let requests = stub.requests.lock().unwrap().clone();
+    let first_with_extra = requests
+        .iter()
+        .find(|r| user_texts(r).iter().any(|t| t.contains("extra")))
+        .expect("a request with the follow-ups");
+    let texts = user_texts(first_with_extra).join(" ");
+    assert!(
+        texts.contains("First extra.") && texts.contains("Second extra."),
+        "delivered together: {texts}"
+    );
+    let snap = snapshot(&mut client, &session_id).await;
+    let turns: Vec<_> = snap["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["text"].clone())
+        .collect();
+    assert_eq!(turns, [json!("Run the check."), json!("First extra.")]);
+}
