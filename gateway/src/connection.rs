@@ -47,6 +47,8 @@ struct GatewayConnection {
     caller: Caller,
     /// The host this connection reaches (`/racp/hosts/<id>`); `None` on `/racp`.
     host: Option<String>,
+    /// What that host's last record says it has on (empty: not known).
+    host_capabilities: Vec<String>,
     /// The address the desktop reached the gateway at (its Host header).
     reached_as: String,
     /// The frame bound and events per push, as agreed at `hello`.
@@ -100,6 +102,15 @@ pub async fn run(
         send_stall: s.send_stall,
     };
     let device_id = caller.device_id().map(str::to_string);
+    let host_capabilities = match &host {
+        Some(host_id) => crate::hosts::seen(&gateway.hosts, host_id)
+            .await
+            .ok()
+            .flatten()
+            .map(|seen| seen.record.capabilities)
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
     let (out, queue) = mpsc::channel::<Outgoing>(OUTGOING_QUEUE);
     let live = Subscriptions::new(s.max_lag_events, s.max_events_per_frame);
     let pushes = GatewayPushes {
@@ -114,6 +125,7 @@ pub async fn run(
         gateway: gateway.clone(),
         caller,
         host,
+        host_capabilities,
         reached_as,
         follows: BTreeMap::new(),
         live,
@@ -184,12 +196,7 @@ impl Service for GatewayConnection {
             capabilities: if pairing {
                 Vec::new()
             } else {
-                let hosts = std::iter::once(&Capability::Hosts);
-                Capability::HOST
-                    .iter()
-                    .chain(hosts)
-                    .map(|c| c.to_string())
-                    .collect()
+                self.capabilities()
             },
             limits: Limits {
                 max_frame_bytes: agreed.max_frame_bytes,
@@ -332,6 +339,25 @@ impl Service for GatewayConnection {
 }
 
 impl GatewayConnection {
+    /// What `hello` names: on a host's endpoint the host's own (from its last record, so a host
+    /// with `fs` off is not said to have it), else every capability a host can have; and `hosts`.
+    fn capabilities(&self) -> Vec<String> {
+        let hosts = Capability::Hosts.to_string();
+        if !self.host_capabilities.is_empty() {
+            return self
+                .host_capabilities
+                .iter()
+                .cloned()
+                .chain(std::iter::once(hosts))
+                .collect();
+        }
+        Capability::HOST
+            .iter()
+            .map(|c| c.to_string())
+            .chain(std::iter::once(hosts))
+            .collect()
+    }
+
     fn device(&self) -> Result<DeviceRecord, AppError> {
         match &self.caller {
             Caller::Device(device) => Ok(device.clone()),

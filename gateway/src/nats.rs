@@ -405,6 +405,7 @@ pub async fn enroll(js: &jetstream::Context, e: &Enrollment<'_>) -> Result<Enrol
         sessions: 0,
         at: 0,
         online: false,
+        capabilities: Vec::new(),
     };
     let body = serde_json::to_vec(&record).unwrap_or_default();
     // Only when missing: a host already heard from keeps its record.

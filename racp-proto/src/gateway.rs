@@ -139,6 +139,10 @@ pub struct HostRecord {
     pub at: u64,
     /// False in the last record of a host that is stopping.
     pub online: bool,
+    /// The capabilities the host has on, as its own `hello` names them, so a gateway's `hello`
+    /// for the host names the same (a record of an older host has none: the gateway's list).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
 }
 
 #[cfg(test)]

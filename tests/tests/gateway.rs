@@ -1680,3 +1680,32 @@ async fn a_nats_server_without_jetstream_is_named_with_its_fix() {
     }
     let _ = serve.kill().await;
 }
+
+/// A gateway's `hello` for a host names that host's capabilities, from its heartbeat record:
+/// a host with file browsing off is not said to have `fs` (docs/protocol.md §15.1).
+#[tokio::test]
+async fn a_hosts_endpoint_names_the_hosts_own_capabilities() {
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet.gateway().await;
+    let (host, host_id) = fleet.host(&["--disable-fs"]).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    until_status(&mut root, &host_id, "online").await;
+
+    let mut through = Client::connect(&gateway.host_url(&host_id), &token)
+        .await
+        .expect("connect");
+    let routed = through.hello().await["capabilities"].clone();
+    let (_, host_token) = host.pair_device("direct", &[]).await;
+    let mut direct = Client::connect(&host.url(), &host_token)
+        .await
+        .expect("connect");
+    let own = direct.hello().await["capabilities"].clone();
+    let own = own.as_array().unwrap();
+    assert!(!own.contains(&json!("fs")), "{own:?}");
+    assert!(own.contains(&json!("attachments")), "{own:?}");
+    let expected: Vec<Value> = own.iter().cloned().chain([json!("hosts")]).collect();
+    assert_eq!(routed, json!(expected));
+    let fs = through.call("fs/list", json!({"path": "/"})).await;
+    assert_eq!(fs["error"]["code"], "CAPABILITY_UNAVAILABLE", "{fs}");
+}
