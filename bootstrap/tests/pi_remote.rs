@@ -338,6 +338,14 @@ async fn new_creates_a_session_that_sessions_lists() {
         "{human}"
     );
 
+    // rename: the new title in the list.
+    let renamed = remote
+        .ok_json(&["rename", &session, "login fix", "--json"])
+        .await;
+    assert_eq!(renamed["title"], "login fix");
+    let listed = remote.ok_json(&["sessions", "--json"]).await;
+    assert_eq!(listed["sessions"][0]["title"], "login fix");
+
     // A workspace outside the host's roots: the host refuses (exit 2, code printed).
     let output = remote.run(&["new", "--workspace", "/"]).await;
     assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));

@@ -238,7 +238,7 @@ export type ApprovalState = "pending" | "allowed" | "denied" | "answered" | "exp
 /**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionCompactRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
+export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionCompactRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
 
 /**
  * Who is calling.
@@ -1425,6 +1425,37 @@ export type SessionRef = {
 };
 
 /**
+ * Gives a session another title (pi's session name too).
+ */
+export type SessionRenameParams = {
+  sessionId: string;
+  /**
+   * No control characters.
+   */
+  title: string;
+};
+
+/**
+ * `session/rename`: Gives a session another title (and its agent's session the same name); the same title again changes nothing.
+ */
+export type SessionRenameRequest = {
+  id: RequestId;
+  method: "session/rename";
+  params: SessionRenameParams;
+};
+
+/**
+ * `session.renamed`: the session's title changed (`session/rename`).
+ */
+export type SessionRenamedData = {
+  /**
+   * The device that renamed it.
+   */
+  deviceId?: string | null;
+  title: string;
+};
+
+/**
  * What a session runs with, where a client chose it; each absent field is the agent's own
  * default (the remote user's pi settings).
  */
@@ -1785,6 +1816,7 @@ export interface RacpMethods {
   "session/get": { params: SessionRef; result: SessionGetResult };
   "session/stream": { params: SessionStreamParams; result: SessionStreamResult };
   "session/history": { params: SessionHistoryParams; result: SessionHistoryResult };
+  "session/rename": { params: SessionRenameParams; result: SessionCreateResult };
   "session/close": { params: SessionRef; result: Ack };
   "turn/start": { params: TurnStartParams; result: TurnStartResult };
   "turn/steer": { params: TurnSteerParams; result: Ack };
@@ -1819,6 +1851,7 @@ export interface RacpEventData {
   "session.closed": SessionClosedData;
   "session.agent_stopped": AgentStoppedData;
   "session.configured": SessionConfiguredData;
+  "session.renamed": SessionRenamedData;
 }
 
 /** Who may call each method, whether it changes state, and whether it may be resent after a lost reply. */
@@ -1839,6 +1872,7 @@ export const METHODS = {
   "session/get": { access: "observer", mutates: false, safeToResend: true },
   "session/stream": { access: "observer", mutates: false, safeToResend: true },
   "session/history": { access: "observer", mutates: false, safeToResend: true },
+  "session/rename": { access: "operator", mutates: true, safeToResend: true },
   "session/close": { access: "operator", mutates: true, safeToResend: true },
   "turn/start": { access: "operator", mutates: true, safeToResend: true },
   "turn/steer": { access: "operator", mutates: true, safeToResend: false },

@@ -203,6 +203,9 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
         HostCall::SessionConfigure(params) => {
             reply(async move { state.turns.configure(&state, &caller, params).await })
         }
+        HostCall::SessionRename(params) => {
+            reply(async move { state.turns.rename(&state, &caller, params).await })
+        }
         HostCall::CredentialSet(params) => {
             blocking(state, move |s| crate::models::credential_set(s, params))
         }

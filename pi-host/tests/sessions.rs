@@ -250,3 +250,71 @@ async fn sessions_and_their_logs_survive_kill_9() {
     assert_eq!(events[0]["type"], "session.closed");
     assert_eq!(events[0]["cursor"], head);
 }
+
+/// `session/rename` (pi's `set_session_name`): the title is stored, `session.renamed` is in the
+/// log, the same title again appends nothing, it survives a restart, and a closed session keeps
+/// its name (docs/protocol.md §7.33).
+#[tokio::test]
+async fn a_session_is_renamed_and_keeps_its_title_across_a_restart() {
+    let host = HostProcess::start(bin()).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let session = create(&mut client, &host.workspace("a")).await;
+    let id = session["sessionId"].as_str().unwrap().to_string();
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": id, "cursor": session["cursor"]}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    for _ in 0..2 {
+        let renamed = client
+            .call(
+                "session/rename",
+                json!({"sessionId": id, "title": "login fix"}),
+            )
+            .await;
+        assert_eq!(
+            renamed["result"]["session"]["title"], "login fix",
+            "{renamed}"
+        );
+    }
+    let events = client
+        .events_until(tests::PATIENCE, |e| e["type"] == "session.renamed")
+        .await;
+    assert_eq!(events.last().unwrap()["data"]["title"], "login fix");
+    let bad = client
+        .call(
+            "session/rename",
+            json!({"sessionId": id, "title": "a\u{7}b"}),
+        )
+        .await;
+    assert_eq!(bad["error"]["code"], "INVALID_PARAMS", "{bad}");
+    let closed = client.call("session/close", json!({"sessionId": id})).await;
+    assert!(closed.get("result").is_some(), "{closed}");
+    let ended = events_until_ended(&mut client).await;
+    let renames = ended
+        .iter()
+        .filter(|e| e["type"] == "session.renamed")
+        .count();
+    assert_eq!(
+        renames, 0,
+        "the same title again appended nothing: {ended:?}"
+    );
+    let refused = client
+        .call("session/rename", json!({"sessionId": id, "title": "other"}))
+        .await;
+    assert_eq!(refused["error"]["code"], "CONFLICT", "{refused}");
+    drop(client);
+
+    let host = host.restart(&[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let listed = client.call("session/list", json!({})).await;
+    assert_eq!(
+        listed["result"]["sessions"][0]["title"], "login fix",
+        "{listed}"
+    );
+}

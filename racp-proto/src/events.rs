@@ -307,6 +307,7 @@ event_table! {
     SessionClosed = "session.closed" (SessionClosedData)
     AgentStopped = "session.agent_stopped" (AgentStoppedData)
     SessionConfigured = "session.configured" (SessionConfiguredData)
+    SessionRenamed = "session.renamed" (SessionRenamedData)
 }
 
 impl EventType {
@@ -470,6 +471,16 @@ pub struct AgentStoppedData {
 pub struct SessionConfiguredData {
     pub settings: crate::methods::session::SessionSettings,
     /// The device that changed them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+}
+
+/// `session.renamed`: the session's title changed (`session/rename`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionRenamedData {
+    pub title: String,
+    /// The device that renamed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
 }

@@ -20,6 +20,7 @@ pub const LOWEST_ROLE: &[(&str, Option<Role>)] = &[
     ("session/get", Some(Role::Observer)),
     ("session/stream", Some(Role::Observer)),
     ("session/history", Some(Role::Observer)),
+    ("session/rename", Some(Role::Operator)),
     ("session/subscribe", Some(Role::Observer)),
     ("session/unsubscribe", Some(Role::Observer)),
     ("session/close", Some(Role::Operator)),

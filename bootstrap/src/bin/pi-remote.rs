@@ -179,6 +179,8 @@ enum Command {
     },
     /// Close a session: its agent stops and a running turn ends aborted; its log stays readable.
     Close { session: String },
+    /// Give a session another title.
+    Rename { session: String, title: String },
     /// Allow a pending approval, or answer it with --value (select, input, editor).
     Approve {
         approval: String,
@@ -464,6 +466,7 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
         } => turns::compact(out, &client, session, instructions).await,
         Command::Abort { session, turn } => turns::abort(out, &client, session, turn).await,
         Command::Close { session } => sessions::close(out, &client, session).await,
+        Command::Rename { session, title } => sessions::rename(out, &client, session, title).await,
         Command::Approve { approval, value } => turns::approve(out, &client, approval, value).await,
         Command::Deny { approval } => turns::deny(out, &client, approval).await,
         Command::Attach { session } => attach::attach(out, client, session).await,

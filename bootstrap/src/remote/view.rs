@@ -6,7 +6,8 @@
 //! `assistant: …`, `→ tool {args}`, `← tool: result…`, `[compacted: …]`.
 
 use racp_proto::events::{
-    ApprovalRequestedData, ApprovalSettledData, Event, EventType, TurnFinishedData, TurnStartedData,
+    ApprovalRequestedData, ApprovalSettledData, Event, EventType, SessionRenamedData,
+    TurnFinishedData, TurnStartedData,
 };
 use racp_proto::methods::turn::{ApprovalInfo, ApprovalKind};
 use racp_proto::pi::{self, Kind, event::ToolRun};
@@ -73,6 +74,10 @@ impl View {
                 Err(_) => String::new(),
             },
             EventType::SessionClosed => self.line("== session closed"),
+            EventType::SessionRenamed => match event.data.parse::<SessionRenamedData>() {
+                Ok(renamed) => self.line(&format!("== session renamed: {}", renamed.title)),
+                Err(_) => String::new(),
+            },
             EventType::AgentStopped | EventType::SessionConfigured => String::new(),
         }
     }

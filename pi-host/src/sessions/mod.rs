@@ -32,7 +32,6 @@ use view::View;
 pub struct Session {
     pub id: String,
     pub workspace: String,
-    pub title: Option<String>,
     pub created_at: u64,
     inner: Mutex<Inner>,
 }
@@ -55,7 +54,6 @@ impl Session {
         Arc::new(Session {
             id: row.session_id.clone(),
             workspace: row.workspace.clone(),
-            title: row.title.clone(),
             created_at: row.created_at,
             inner: Mutex::new(Inner {
                 pruned_below: log.oldest_seq() + 1,
@@ -101,7 +99,7 @@ impl Session {
         SessionInfo {
             session_id: self.id.clone(),
             workspace: self.workspace.clone(),
-            title: self.title.clone(),
+            title: inner.view.title.clone(),
             state: state_of(inner),
             created_at: self.created_at,
             cursor: inner.log.head_cursor(),

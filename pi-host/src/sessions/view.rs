@@ -26,6 +26,8 @@ pub(super) struct View {
     pub closed: bool,
     /// What a client set it to run with (stored in its row; `session.configured` changes it).
     pub settings: SessionSettings,
+    /// Its title (stored in its row; `session.renamed` changes it).
+    pub title: Option<String>,
     /// The agent's queue as its last `queue_update` said; emptied when the agent process goes,
     /// since pi holds its queue in memory.
     pub queue: Queue,
@@ -45,6 +47,7 @@ impl View {
         View {
             closed: row.closed,
             settings: row.settings.clone(),
+            title: row.title.clone(),
             ..View::default()
         }
     }
@@ -117,6 +120,7 @@ impl View {
                 self.queue = Queue::default();
             }
             HostEventData::SessionConfigured(data) => self.settings = data.settings,
+            HostEventData::SessionRenamed(data) => self.title = Some(data.title),
             HostEventData::AgentStopped(_) => self.queue = Queue::default(),
         }
     }

@@ -89,6 +89,15 @@ impl Store {
         Ok(())
     }
 
+    pub fn set_session_title(&self, session_id: &str, title: &str) -> Result<(), StoreError> {
+        let conn = self.conn()?;
+        conn.execute(
+            "UPDATE sessions SET title = ?2 WHERE session_id = ?1",
+            (session_id, title),
+        )?;
+        Ok(())
+    }
+
     pub fn mark_session_closed(&self, session_id: &str, now: u64) -> Result<(), StoreError> {
         let conn = self.conn()?;
         conn.execute(

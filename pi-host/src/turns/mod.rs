@@ -20,9 +20,13 @@ use crate::clock::now_ms;
 use crate::models::ModelHost;
 use crate::sessions::{HostEvent, Session};
 use crate::store::TurnRow;
-use racp_proto::events::{SessionConfiguredData, TurnFinishedData, TurnOutcome, TurnStartedData};
+use racp_proto::events::{
+    SessionConfiguredData, SessionRenamedData, TurnFinishedData, TurnOutcome, TurnStartedData,
+};
 use racp_proto::methods::model::ModelRef;
-use racp_proto::methods::session::{SessionConfigureParams, SessionCreateResult};
+use racp_proto::methods::session::{
+    SessionConfigureParams, SessionCreateResult, SessionRenameParams,
+};
 use racp_proto::methods::turn::{TurnRef, TurnStartParams, TurnStartResult, TurnSteerParams};
 use racp_proto::pi::{self, Kind};
 use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
@@ -311,6 +315,52 @@ impl Turns {
         });
         host.sessions().commit(&session, vec![event]).await?;
         tracing::info!(session_id = %session.id, "session configured");
+        Ok(SessionCreateResult {
+            session: session.info(),
+        })
+    }
+
+    /// `session/rename`: the title is stored, then `session.renamed` is committed; the running
+    /// agent's own session takes the name too (pi's `set_session_name`), at best: the title is
+    /// the host's.
+    pub async fn rename(
+        &self,
+        host: &Arc<impl TurnHost>,
+        caller: &Caller,
+        params: SessionRenameParams,
+    ) -> Result<SessionCreateResult, AppError> {
+        let session = host.sessions().find(&params.session_id)?;
+        if session.is_closing() {
+            return Err(closed(&session));
+        }
+        let driver = self.driver(&session);
+        // Held across the change so that two renames store and log in the same order.
+        let _changing = driver.configuring.lock().await;
+        if session.info().title.as_deref() == Some(params.title.as_str()) {
+            return Ok(SessionCreateResult {
+                session: session.info(),
+            });
+        }
+        let stored = host.clone();
+        let (id, title) = (session.id.clone(), params.title.clone());
+        tokio::task::spawn_blocking(move || stored.store().set_session_title(&id, &title))
+            .await
+            .map_err(crate::internal)?
+            .map_err(crate::internal)?;
+        let event = HostEvent::of_session(SessionRenamedData {
+            title: params.title.clone(),
+            device_id: caller.device_id().map(str::to_string),
+        });
+        host.sessions().commit(&session, vec![event]).await?;
+        let agent = driver.state.lock().await.agent.clone();
+        if let Some(agent) = agent {
+            let name = pi::Command::SetSessionName {
+                name: &params.title,
+            };
+            if let Err(err) = agent.call(&name).await {
+                tracing::warn!(session_id = %session.id, error = %err, "the agent did not take the session's name");
+            }
+        }
         Ok(SessionCreateResult {
             session: session.info(),
         })

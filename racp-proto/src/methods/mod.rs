@@ -30,7 +30,7 @@ use model::{
 use session::{
     SessionCompactParams, SessionCompactResult, SessionConfigureParams, SessionCreateParams,
     SessionCreateResult, SessionGetResult, SessionHistoryParams, SessionHistoryResult,
-    SessionListResult, SessionRef, SessionStreamParams, SessionStreamResult,
+    SessionListResult, SessionRef, SessionRenameParams, SessionStreamParams, SessionStreamResult,
     SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
 };
 use turn::{
@@ -282,6 +282,8 @@ method_table! {
         SessionStream = "session/stream" (SessionStreamParams => SessionStreamResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
         /// A page of a session's conversation (its messages and compaction summaries) up to a cursor, kept past the event log's retention; needs no agent.
         SessionHistory = "session/history" (SessionHistoryParams => SessionHistoryResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// Gives a session another title (and its agent's session the same name); the same title again changes nothing.
+        SessionRename = "session/rename" (SessionRenameParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
         /// Closes a session: its agent stops; its log stays readable. Closing a closed session succeeds.
         SessionClose = "session/close" (SessionRef => Ack) { access: OPERATOR, mutates: true, safe_to_resend: true }
         /// Starts a turn with a prompt; idempotent by `idempotencyKey`.

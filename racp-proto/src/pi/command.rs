@@ -53,6 +53,10 @@ pub enum Command<'a> {
         #[serde(rename = "customInstructions", skip_serializing_if = "Option::is_none")]
         custom_instructions: Option<&'a str>,
     },
+    /// The name pi shows for its session.
+    SetSessionName {
+        name: &'a str,
+    },
     /// The answer to an extension's dialog (pi never acknowledges it).
     ExtensionUiResponse {
         id: &'a str,
@@ -104,6 +108,7 @@ impl<'a> Command<'a> {
             Command::SetSteeringMode { .. } => "set_steering_mode",
             Command::SetFollowUpMode { .. } => "set_follow_up_mode",
             Command::Compact { .. } => "compact",
+            Command::SetSessionName { .. } => "set_session_name",
             Command::ExtensionUiResponse { .. } => "extension_ui_response",
         }
     }

@@ -4,7 +4,7 @@ use super::call_resending;
 use crate::remote::Failure;
 use crate::remote::out::{Out, enum_name};
 use racp_proto::client::RacpClient;
-use racp_proto::methods::session::{SessionCreateParams, SessionRef};
+use racp_proto::methods::session::{SessionCreateParams, SessionRef, SessionRenameParams};
 use racp_proto::validate::printable;
 use racp_proto::{Empty, calls};
 
@@ -63,6 +63,29 @@ pub async fn close(out: &Out, client: &RacpClient, session_id: String) -> Result
         out.json_value(&serde_json::json!({"sessionId": session_id, "closed": true}));
     } else {
         out.line(&format!("closed {}", printable(&session_id, false)));
+    }
+    Ok(())
+}
+
+/// Gives a session another title; prints the session as `new` does.
+pub async fn rename(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    title: String,
+) -> Result<(), Failure> {
+    let renamed =
+        call_resending::<calls::SessionRename>(client, SessionRenameParams { session_id, title })
+            .await?;
+    if out.json {
+        out.json_value(&renamed.session);
+    } else {
+        let title = renamed.session.title.as_deref().unwrap_or("");
+        out.line(&format!(
+            "{} {}",
+            printable(&renamed.session.session_id, false),
+            printable(title, false)
+        ));
     }
     Ok(())
 }
