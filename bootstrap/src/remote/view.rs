@@ -1,7 +1,7 @@
 //! The human view of a session's events: text deltas inline, tool calls and results as lines,
 //! approvals with their id and question. Event types it does not know are skipped.
 //!
-//! The history's entries (a message whole, a compaction's summary) have their own view,
+//! The history's entries (a message whole, a compaction's summary, a shell command) have their own view,
 //! [`View::entry`]: one message per line, continuation lines indented, `you: …`,
 //! `assistant: …`, `→ tool {args}`, `← tool: result…`, `[compacted: …]`.
 
@@ -74,6 +74,8 @@ impl View {
             },
             EventType::SessionClosed => self.line("== session closed"),
             EventType::AgentStopped | EventType::SessionConfigured => String::new(),
+            // A shell command's data is pi's `bashExecution` message: shown as in the history.
+            EventType::SessionBash => self.entry(event),
         }
     }
 
@@ -155,6 +157,7 @@ fn entry_lines(event: &Event) -> Vec<String> {
     };
     let mut lines = match Kind::of_event_type(&event.kind) {
         Some(Kind::MessageEnd) => message_lines(&data["message"]),
+        None if event.kind == EventType::SessionBash.as_str() => message_lines(&data),
         Some(Kind::CompactionEnd | Kind::AutoCompactionEnd) => {
             summary_line("compacted", &data["result"]["summary"])
                 .into_iter()

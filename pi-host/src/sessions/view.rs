@@ -97,6 +97,8 @@ impl View {
             HostEventData::SessionClosed(_) => self.closed = true,
             HostEventData::SessionConfigured(data) => self.settings = data.settings,
             HostEventData::AgentStopped(_) => {}
+            // A shell command's message is in the history, not in the snapshot's state.
+            HostEventData::SessionBash(_) => {}
         }
     }
 

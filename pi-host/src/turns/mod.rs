@@ -7,6 +7,8 @@
 
 mod approvals;
 mod lifecycle;
+mod reads;
+mod shell;
 
 pub use lifecycle::stop_idle_agents;
 
@@ -98,6 +100,8 @@ pub struct Driver {
     agent_pid: AtomicU32,
     /// Held by `session/configure` from reading the settings to storing them.
     configuring: Mutex<()>,
+    /// A shell command runs (`shell.rs`): the agent is in use.
+    shell_running: std::sync::atomic::AtomicBool,
 }
 
 /// What turns need of the host (state.rs implements it), so that the host can own its turns
@@ -148,6 +152,7 @@ impl Turns {
                     state: Mutex::new(DriverState::default()),
                     agent_pid: AtomicU32::new(0),
                     configuring: Mutex::new(()),
+                    shell_running: Default::default(),
                 })
             })
             .clone()
