@@ -26,6 +26,8 @@
 //! - `get_available_models`: the stand-in's two models (provider `stand-in`, `stand-in-model`
 //!   and `stand-in-model-2`); `set_model` takes one of them (else `Model not found`),
 //!   `set_thinking_level` and `set_auto_compaction` are kept for `get_state`.
+//! - `bash` (`command`): runs no shell; answers pi's `BashResult` with the output
+//!   `stand-in ran: <command>` and exit code 0. `abort_bash`: answered at once.
 //! - `extension_ui_response` (`id`, `confirmed` | `value` | `cancelled`): answers a pending dialog;
 //!   never acknowledged, and ignored when nothing waits for that id (as in pi).
 //! - Anything else: `{"type": "response", "command": <type>, "success": false, "error": "Unknown
@@ -452,6 +454,18 @@ impl StandIn {
                     "pendingMessageCount": self.steering.len(),
                 });
                 respond(id, "get_state", Some(state));
+                Action::None
+            }
+            "bash" => {
+                // No shell: the command is echoed back, so a test knows what reached the agent.
+                let line = command.get("command").and_then(Value::as_str).unwrap_or("");
+                let result = json!({"output": format!("stand-in ran: {line}\n"), "exitCode": 0,
+                    "cancelled": false, "truncated": false});
+                respond(id, kind, Some(result));
+                Action::None
+            }
+            "abort_bash" => {
+                respond(id, kind, None);
                 Action::None
             }
             other => {
