@@ -84,8 +84,7 @@ impl Turns {
     /// The session's agent if one runs now; never starts one.
     async fn running_agent(&self, session: &Arc<Session>) -> Option<Agent> {
         let driver = self.drivers.get(&session.id).map(|d| d.clone())?;
-        let agent = driver.state.lock().await.agent.clone();
-        agent
+        driver.state.lock().await.agent.clone()
     }
 }
 
