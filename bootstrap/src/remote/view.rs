@@ -430,6 +430,18 @@ mod tests {
     }
 
     #[test]
+    fn a_shell_command_shows_as_in_the_history() {
+        let mut view = View::default();
+        let ran = event(
+            "session.bash",
+            json!({"role": "bashExecution", "command": "git status", "output": "clean\n",
+                   "exitCode": 0, "cancelled": false, "truncated": false, "timestamp": 1}),
+        );
+        assert_eq!(view.render(&ran), "← $ git status: clean\n");
+        assert_eq!(view.entry(&ran), "← $ git status: clean\n");
+    }
+
+    #[test]
     fn approvals_show_their_id_and_question() {
         let mut view = View::default();
         let out = view.render(&event(

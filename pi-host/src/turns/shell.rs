@@ -41,9 +41,16 @@ impl Turns {
         if keep_end(&mut result.output, MAX_SHELL_OUTPUT_BYTES) {
             result.truncated = true;
         }
+        // The output came through the agent's redaction; the command line is the client's, and
+        // may name a key (`curl -H 'Authorization: …'`): stored and relayed redacted too.
+        let command = host
+            .agent_options()
+            .redactor
+            .text(&params.command)
+            .into_owned();
         let event = HostEvent::of_session(SessionBashData {
             role: BashRole::BashExecution,
-            command: params.command,
+            command,
             output: result.output.clone(),
             exit_code: result.exit_code,
             cancelled: result.cancelled,
