@@ -18,6 +18,17 @@ use std::time::Duration;
 /// an agent (`turn/start` waiting for a starting agent) stay well within it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a routed call may take: a shell command (`session/bash`) is answered when it ends,
+/// which the host bounds by its own deadline; every other call by [`CALL_TIMEOUT`].
+fn call_timeout(method: Method) -> Duration {
+    match method {
+        Method::SessionBash => {
+            Duration::from_secs(racp_proto::limits::SHELL_DEADLINE_SECONDS) + CALL_TIMEOUT
+        }
+        _ => CALL_TIMEOUT,
+    }
+}
+
 /// One host's record with the server's time of writing it.
 pub struct Seen {
     pub record: HostRecord,
@@ -144,13 +155,15 @@ pub async fn route(
     let body = serde_json::to_vec(&call).map_err(|e| internal(&e))?;
     let subject = call_subject(host_id);
     let headers = sign(signer, host_id, &subject, &body)?;
+    let timeout = call_timeout(routed.method);
     let request = client.send_request(
         subject,
         async_nats::Request::new()
             .headers(headers)
-            .payload(body.into()),
+            .payload(body.into())
+            .timeout(Some(timeout)),
     );
-    let reply = match tokio::time::timeout(CALL_TIMEOUT, request).await {
+    let reply = match tokio::time::timeout(timeout, request).await {
         Ok(Ok(reply)) => reply,
         Ok(Err(err)) => {
             use async_nats::RequestErrorKind;
