@@ -320,6 +320,12 @@ async fn a_workspace_prompt_template_is_listed_and_expands_in_a_turn() {
     assert_eq!(greet["description"], "Greet someone", "{greet}");
     assert_eq!(greet["location"], "project", "{greet}");
 
+    // Nothing said yet: pi has no session file to export.
+    let empty = observer
+        .call("session/export", json!({"sessionId": session_id}))
+        .await;
+    assert_eq!(empty["error"]["code"], "CONFLICT", "{empty}");
+
     let events = turn(&mut client, &session_id, "k1", "/greet Ada").await;
     let started = events.iter().find(|e| e["type"] == "turn.started").unwrap();
     assert_eq!(started["data"]["text"], "/greet Ada", "the prompt as typed");
