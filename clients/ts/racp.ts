@@ -14,6 +14,26 @@ export const ENDPOINT_PATH = "/racp" as const;
 export type Ack = Record<string, unknown>;
 
 /**
+ * One slash command of the session's agent: run it with `turn/start` and the text
+ * `/name arguments` (docs/protocol.md §7.29).
+ */
+export type AgentCommand = {
+  description?: string | null;
+  /**
+   * Where it was loaded from: `user`, `project` or `temporary`; absent when pi does not say.
+   */
+  location?: string | null;
+  /**
+   * What follows the `/` (skills are `skill:<name>`).
+   */
+  name: string;
+  /**
+   * `extension`, `prompt` (a prompt template) or `skill`.
+   */
+  source: string;
+};
+
+/**
  * The runtime of a Node program.
  */
 export type AgentRuntime = {
@@ -236,9 +256,14 @@ export type ApprovalSettledData = {
 export type ApprovalState = "pending" | "allowed" | "denied" | "answered" | "expired" | "cancelled";
 
 /**
+ * The role of a shell command's message, as pi names it.
+ */
+export type BashRole = "bashExecution";
+
+/**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionCompactRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest;
+export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionCompactRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
 
 /**
  * Who is calling.
@@ -253,6 +278,21 @@ export type ClientInfo = {
  */
 export type ConnectionError = {
   error: AppError;
+};
+
+/**
+ * pi's estimate of the context window in use.
+ */
+export type ContextUsage = {
+  contextWindow: number;
+  /**
+   * `tokens` as a percentage of `contextWindow`.
+   */
+  percent?: number | null;
+  /**
+   * Tokens in the context; absent right after a compaction, until the next reply.
+   */
+  tokens?: number | null;
 };
 
 /**
@@ -1148,6 +1188,90 @@ export type ResultReply = {
 export type Role = "observer" | "operator" | "owner";
 
 /**
+ * `session/bash_abort`: Aborts the session's running shell command; with none running it succeeds and changes nothing.
+ */
+export type SessionBashAbortRequest = {
+  id: RequestId;
+  method: "session/bash_abort";
+  params: SessionRef;
+};
+
+/**
+ * `session.bash`: a shell command ran in the session (`session/bash`). `data` is pi's
+ * `bashExecution` message, the shape pi keeps it in its session and shows it in the
+ * conversation, with the device that ran it.
+ */
+export type SessionBashData = {
+  cancelled: boolean;
+  command: string;
+  /**
+   * The device that ran it.
+   */
+  deviceId?: string | null;
+  /**
+   * Absent when it did not exit by itself (cancelled, killed by a signal).
+   */
+  exitCode?: number | null;
+  /**
+   * Stdout and stderr together; only the end when `truncated` (at most 64 KiB).
+   */
+  output: string;
+  /**
+   * Always `bashExecution`.
+   */
+  role: BashRole;
+  /**
+   * When it ended (ms since the Unix epoch).
+   */
+  timestamp: number;
+  truncated: boolean;
+};
+
+/**
+ * Runs a shell command in a session's workspace, as pi's `!command` does locally: its output
+ * joins the conversation (the model sees it with the next prompt) and the session's history
+ * (`session.bash`, docs/protocol.md §7.27).
+ */
+export type SessionBashParams = {
+  /**
+   * The command line, run by the host user's shell in the workspace.
+   */
+  command: string;
+  sessionId: string;
+};
+
+/**
+ * `session/bash`: Runs a shell command in the session's workspace; its output joins the conversation (the model sees it with the next prompt) and the history.
+ */
+export type SessionBashRequest = {
+  id: RequestId;
+  method: "session/bash";
+  params: SessionBashParams;
+};
+
+/**
+ * How a shell command ended (pi's `BashResult`, without the path of its full output).
+ */
+export type SessionBashResult = {
+  /**
+   * Aborted (`session/bash_abort`, or the host's deadline).
+   */
+  cancelled: boolean;
+  /**
+   * Absent when it did not exit by itself (cancelled, killed by a signal).
+   */
+  exitCode?: number | null;
+  /**
+   * Its output (stdout and stderr together), the end of it when `truncated`.
+   */
+  output: string;
+  /**
+   * `output` is only the end of what the command wrote.
+   */
+  truncated: boolean;
+};
+
+/**
  * `session/close`: Closes a session: its agent stops; its log stays readable. Closing a closed session succeeds.
  */
 export type SessionCloseRequest = {
@@ -1164,6 +1288,22 @@ export type SessionClosedData = {
    * The device that closed it; absent when the host did.
    */
   deviceId?: string | null;
+};
+
+/**
+ * `session/commands`: The slash commands (prompt templates, skills, extension commands) of the session's agent; start one with turn/start and `/name args`.
+ */
+export type SessionCommandsRequest = {
+  id: RequestId;
+  method: "session/commands";
+  params: SessionRef;
+};
+
+/**
+ * The commands a prompt may start with `/name` in a session's workspace.
+ */
+export type SessionCommandsResult = {
+  commands: AgentCommand[];
 };
 
 /**
@@ -1299,6 +1439,38 @@ export type SessionEventsParams = {
 export type SessionEventsPush = {
   method: "session/events";
   params: SessionEventsParams;
+};
+
+/**
+ * Asks for a session exported as one HTML page.
+ */
+export type SessionExportParams = {
+  /**
+   * Most bytes of HTML to return (768 KiB when absent); a larger export is
+   * PAYLOAD_TOO_LARGE. Ask for more only on a connection whose frame bound holds it.
+   */
+  maxBytes?: number | null;
+  sessionId: string;
+};
+
+/**
+ * `session/export`: The session exported by its agent as one self-contained HTML page, bounded by `maxBytes`.
+ */
+export type SessionExportRequest = {
+  id: RequestId;
+  method: "session/export";
+  params: SessionExportParams;
+};
+
+/**
+ * The session as pi's HTML export: one self-contained page.
+ */
+export type SessionExportResult = {
+  /**
+   * The page's size in bytes (UTF-8).
+   */
+  bytes: number;
+  html: string;
 };
 
 /**
@@ -1482,6 +1654,50 @@ export type SessionSettings = {
 export type SessionState = "idle" | "running" | "closed";
 
 /**
+ * `session/stats`: A session's token, cost, message and tool-call totals, counted from its history (no agent needed); the context window in use when its agent runs.
+ */
+export type SessionStatsRequest = {
+  id: RequestId;
+  method: "session/stats";
+  params: SessionRef;
+};
+
+/**
+ * A session's totals (docs/protocol.md §7.28): counted from its history, so they need no
+ * agent; `contextUsage` only when the session's agent runs.
+ */
+export type SessionStatsResult = {
+  assistantMessages: number;
+  /**
+   * How full the model's context is, from the running agent; absent when none runs.
+   */
+  contextUsage?: ContextUsage | null;
+  /**
+   * The cost pi computed for the assistant messages, in US dollars.
+   */
+  cost: number;
+  /**
+   * Shell commands run with `session/bash`.
+   */
+  shellCommands: number;
+  tokens: TokenTotals;
+  /**
+   * Tool calls the assistant messages made.
+   */
+  toolCalls: number;
+  toolResults: number;
+  /**
+   * Every message of the history (user, assistant, tool result, shell command, custom).
+   */
+  totalMessages: number;
+  /**
+   * True when the host's history bounds dropped older entries: the totals are of what is kept.
+   */
+  truncated?: boolean;
+  userMessages: number;
+};
+
+/**
  * Asks for the streams in progress at a cursor of a session.
  */
 export type SessionStreamParams = {
@@ -1635,6 +1851,20 @@ export type SubscriptionHead = {
  * reasoning ignores it; `xhigh` only some models support (pi uses the highest they have).
  */
 export type ThinkingLevel = "off" | "minimal" | "low" | "medium" | "high" | "xhigh";
+
+/**
+ * Tokens over a session's assistant messages, as the providers reported them.
+ */
+export type TokenTotals = {
+  cacheRead: number;
+  cacheWrite: number;
+  input: number;
+  output: number;
+  /**
+   * The four added up.
+   */
+  total: number;
+};
 
 /**
  * `turn/abort`: Aborts the running turn. Aborting a finished turn succeeds and changes nothing.
@@ -1831,6 +2061,11 @@ export interface RacpMethods {
   "credential/list": { params: Empty; result: CredentialListResult };
   "provider/set": { params: ProviderSetParams; result: Ack };
   "provider/delete": { params: ProviderRef; result: Deleted };
+  "session/bash": { params: SessionBashParams; result: SessionBashResult };
+  "session/bash_abort": { params: SessionRef; result: Ack };
+  "session/stats": { params: SessionRef; result: SessionStatsResult };
+  "session/commands": { params: SessionRef; result: SessionCommandsResult };
+  "session/export": { params: SessionExportParams; result: SessionExportResult };
 }
 
 export type RacpMethodName = keyof RacpMethods;
@@ -1852,6 +2087,7 @@ export interface RacpEventData {
   "session.agent_stopped": AgentStoppedData;
   "session.configured": SessionConfiguredData;
   "session.renamed": SessionRenamedData;
+  "session.bash": SessionBashData;
 }
 
 /** Who may call each method, whether it changes state, and whether it may be resent after a lost reply. */
@@ -1887,6 +2123,11 @@ export const METHODS = {
   "credential/list": { access: "owner", mutates: false, safeToResend: true },
   "provider/set": { access: "owner", mutates: true, safeToResend: true },
   "provider/delete": { access: "owner", mutates: true, safeToResend: true },
+  "session/bash": { access: "operator", mutates: true, safeToResend: false },
+  "session/bash_abort": { access: "operator", mutates: true, safeToResend: true },
+  "session/stats": { access: "observer", mutates: false, safeToResend: true },
+  "session/commands": { access: "observer", mutates: false, safeToResend: true },
+  "session/export": { access: "observer", mutates: false, safeToResend: true },
 } as const;
 
 /** The error-code registry. */

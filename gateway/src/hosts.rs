@@ -18,6 +18,18 @@ use std::time::Duration;
 /// an agent (`turn/start` waiting for a starting agent) stay well within it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A shell command (`session/bash`) is answered when it ends, which the host bounds by its own
+/// deadline: its routed call waits that long (NATS's own request timeout too); every other
+/// call keeps the NATS client's request timeout and [`CALL_TIMEOUT`].
+fn call_timeout(method: Method) -> Option<Duration> {
+    match method {
+        Method::SessionBash => {
+            Some(Duration::from_secs(racp_proto::limits::SHELL_DEADLINE_SECONDS) + CALL_TIMEOUT)
+        }
+        _ => None,
+    }
+}
+
 /// One host's record with the server's time of writing it.
 pub struct Seen {
     pub record: HostRecord,
@@ -144,13 +156,15 @@ pub async fn route(
     let body = serde_json::to_vec(&call).map_err(|e| internal(&e))?;
     let subject = call_subject(host_id);
     let headers = sign(signer, host_id, &subject, &body)?;
-    let request = client.send_request(
-        subject,
-        async_nats::Request::new()
-            .headers(headers)
-            .payload(body.into()),
-    );
-    let reply = match tokio::time::timeout(CALL_TIMEOUT, request).await {
+    let long = call_timeout(routed.method);
+    let mut request = async_nats::Request::new()
+        .headers(headers)
+        .payload(body.into());
+    if long.is_some() {
+        request = request.timeout(long);
+    }
+    let request = client.send_request(subject, request);
+    let reply = match tokio::time::timeout(long.unwrap_or(CALL_TIMEOUT), request).await {
         Ok(Ok(reply)) => reply,
         Ok(Err(err)) => {
             use async_nats::RequestErrorKind;

@@ -219,6 +219,21 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
         HostCall::ProviderDelete(params) => blocking(state, move |s| {
             crate::models::provider_delete(s, &params.provider)
         }),
+        HostCall::SessionBash(params) => {
+            reply(async move { state.turns.bash(&state, &caller, params).await })
+        }
+        HostCall::SessionBashAbort(params) => {
+            reply(async move { state.turns.bash_abort(&state, params).await })
+        }
+        HostCall::SessionStats(params) => {
+            reply(async move { state.turns.stats(&state, params).await })
+        }
+        HostCall::SessionCommands(params) => {
+            reply(async move { state.turns.commands(&state, params).await })
+        }
+        HostCall::SessionExport(params) => {
+            reply(async move { state.turns.export(&state, params).await })
+        }
     }
 }
 

@@ -308,12 +308,27 @@ event_table! {
     AgentStopped = "session.agent_stopped" (AgentStoppedData)
     SessionConfigured = "session.configured" (SessionConfiguredData)
     SessionRenamed = "session.renamed" (SessionRenamedData)
+    SessionBash = "session.bash" (SessionBashData)
 }
 
 impl EventType {
     /// Prefix of the events that relay the agent's own output: `agent.<the agent's type>`,
     /// with the agent's payload unchanged.
     pub const AGENT_PREFIX: &'static str = "agent.";
+
+    /// Whether a session's history keeps events of this type (docs/protocol.md §7.24): those
+    /// that hold a message of the conversation, as the agent events `Kind::is_history` names.
+    pub fn is_history(self) -> bool {
+        matches!(self, EventType::SessionBash)
+    }
+
+    /// Whether the history keeps an event of the wire type `kind`, host or agent event.
+    pub fn kept_in_history(kind: &str) -> bool {
+        match crate::pi::Kind::of_event_type(kind) {
+            Some(kind) => kind.is_history(),
+            None => EventType::from_name(kind).is_some_and(EventType::is_history),
+        }
+    }
 }
 
 impl Event {
@@ -483,6 +498,36 @@ pub struct SessionRenamedData {
     /// The device that renamed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+}
+
+/// `session.bash`: a shell command ran in the session (`session/bash`). `data` is pi's
+/// `bashExecution` message, the shape pi keeps it in its session and shows it in the
+/// conversation, with the device that ran it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionBashData {
+    /// Always `bashExecution`.
+    pub role: BashRole,
+    pub command: String,
+    /// Stdout and stderr together; only the end when `truncated` (at most 64 KiB).
+    pub output: String,
+    /// Absent when it did not exit by itself (cancelled, killed by a signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    pub cancelled: bool,
+    pub truncated: bool,
+    /// When it ended (ms since the Unix epoch).
+    pub timestamp: u64,
+    /// The device that ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+}
+
+/// The role of a shell command's message, as pi names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum BashRole {
+    #[serde(rename = "bashExecution")]
+    BashExecution,
 }
 
 /// Why an idle agent was stopped.

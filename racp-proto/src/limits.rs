@@ -45,3 +45,16 @@ pub const MIN_PAIRING_TTL_SECONDS: u64 = 10;
 pub const MAX_PAIRING_TTL_SECONDS: u64 = 24 * 60 * 60;
 /// Pairing token lifetime when `ttlSeconds` is absent.
 pub const DEFAULT_PAIRING_TTL_SECONDS: u64 = 10 * 60;
+
+/// Longest shell command `session/bash` takes (chars).
+pub const MAX_SHELL_COMMAND_CHARS: u64 = 64 << 10;
+/// How long a shell command (`session/bash`) may run before the host aborts it.
+pub const SHELL_DEADLINE_SECONDS: u64 = 600;
+/// Most bytes of a shell command's output the host relays and keeps: its end, like pi's own
+/// bound on what it keeps for the model (50 KB); a longer output says `truncated`.
+pub const MAX_SHELL_OUTPUT_BYTES: usize = 64 << 10;
+/// The HTML `session/export` returns at most when `maxBytes` is absent (768 KiB: with JSON's
+/// escaping it fits the default 1 MiB frame bound), and the bounds a client may ask for.
+pub const DEFAULT_EXPORT_BYTES: u32 = 768 << 10;
+pub const MIN_EXPORT_BYTES: u32 = 4 << 10;
+pub const MAX_EXPORT_BYTES: u32 = 16 << 20;

@@ -20,6 +20,9 @@ for (const keyword of ["x-racp-methods", "x-racp-pushes", "x-racp-events"]) {
 // schemars marks Rust integer widths with these formats; they are real bounds.
 ajv.addFormat("uint32", { type: "number", validate: (n) => Number.isInteger(n) && n >= 0 && n <= 4294967295 });
 ajv.addFormat("uint64", { type: "number", validate: (n) => Number.isInteger(n) && n >= 0 && n <= 18446744073709551615 });
+ajv.addFormat("int64", { type: "number", validate: (n) => Number.isInteger(n) && n >= -9223372036854775808 && n <= 9223372036854775807 });
+// An f64 (a cost, a percentage): any finite JSON number.
+ajv.addFormat("double", { type: "number", validate: (n) => Number.isFinite(n) });
 ajv.addSchema(schema);
 const id = schema.$id;
 const pointer = (text) => text.replaceAll("~", "~0").replaceAll("/", "~1");

@@ -236,6 +236,8 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
         sse += "data: [DONE]\n\n";
         return ([(header::CONTENT_TYPE, "text/event-stream")], sse).into_response();
     }
+    // pi asks for usage in the stream unless its model says the provider cannot send it.
+    let wants_usage = request["stream_options"]["include_usage"] == true;
     // A tool result last: the tool ran, so answer; anything else (a new prompt, in a new
     // conversation or after earlier turns) asks for the tool.
     let has_tool_result = request["messages"]
@@ -281,6 +283,9 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
         );
         sse += &chunk(json!({}), Some("tool_calls"));
     }
+    if wants_usage {
+        sse += &usage_chunk();
+    }
     sse += "data: [DONE]\n\n";
     (
         [
@@ -290,6 +295,45 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
         sse,
     )
         .into_response()
+}
+
+/// The usage the stub reports for every reply it streams, as OpenAI names it: 1 200 prompt
+/// tokens of which 200 were cached, and 34 completion tokens. pi reads it as `input` 1 000,
+/// `cacheRead` 200, `output` 34 (see [`STUB_USAGE`]).
+pub const STUB_PROMPT_TOKENS: u64 = 1200;
+pub const STUB_CACHED_TOKENS: u64 = 200;
+pub const STUB_COMPLETION_TOKENS: u64 = 34;
+
+/// What pi makes of one stub reply's usage: `input`, `output`, `cacheRead`, `cacheWrite`, and
+/// its cost in dollars at the stub model's prices (per million tokens: input 3, output 15,
+/// cache read 0.3).
+pub const STUB_USAGE: (u64, u64, u64, u64, f64) = (
+    STUB_PROMPT_TOKENS - STUB_CACHED_TOKENS,
+    STUB_COMPLETION_TOKENS,
+    STUB_CACHED_TOKENS,
+    0,
+    ((STUB_PROMPT_TOKENS - STUB_CACHED_TOKENS) as f64 * 3.0
+        + STUB_COMPLETION_TOKENS as f64 * 15.0
+        + STUB_CACHED_TOKENS as f64 * 0.3)
+        / 1e6,
+);
+
+/// The last chunk OpenAI streams when asked: no choices, the request's usage.
+fn usage_chunk() -> String {
+    let chunk = json!({
+        "id": "chatcmpl-stub",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "stub-model",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": STUB_PROMPT_TOKENS,
+            "completion_tokens": STUB_COMPLETION_TOKENS,
+            "total_tokens": STUB_PROMPT_TOKENS + STUB_COMPLETION_TOKENS,
+            "prompt_tokens_details": {"cached_tokens": STUB_CACHED_TOKENS},
+        },
+    });
+    format!("data: {chunk}\n\n")
 }
 
 /// N when the request's prompt asks for `LONG-REPLY:N`.
@@ -336,6 +380,7 @@ pub fn write_pi_config(dir: &Path, port: u16) {
         "models": [{
             "id": "stub-model", "name": "Stub", "reasoning": false, "input": ["text", "image"],
             "contextWindow": 32000, "maxTokens": 4096,
+            "cost": {"input": 3, "output": 15, "cacheRead": 0.3, "cacheWrite": 0},
         }],
     }}});
     let settings = json!({

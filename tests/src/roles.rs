@@ -37,6 +37,11 @@ pub const LOWEST_ROLE: &[(&str, Option<Role>)] = &[
     ("credential/list", Some(Role::Owner)),
     ("provider/set", Some(Role::Owner)),
     ("provider/delete", Some(Role::Owner)),
+    ("session/bash", Some(Role::Operator)),
+    ("session/bash_abort", Some(Role::Operator)),
+    ("session/stats", Some(Role::Observer)),
+    ("session/commands", Some(Role::Observer)),
+    ("session/export", Some(Role::Observer)),
 ];
 
 /// Fails unless every method of the table but `hello` has a row, and every row is a method.

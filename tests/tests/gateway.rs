@@ -216,6 +216,34 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
     let end = followed.last().unwrap();
     assert_eq!(end["turnId"], follow_up["result"]["turnId"], "{end}");
     assert_eq!(end["data"]["outcome"], "completed", "{end}");
+    // A shell command and a session's totals, routed to the host (docs/protocol.md §7.27-§7.28):
+    // the command's event reaches the gateway's subscriber, and the totals are the host's own.
+    let ran = again
+        .call(
+            "session/bash",
+            json!({"sessionId": session_id, "command": "git status"}),
+        )
+        .await;
+    assert_eq!(
+        ran["result"]["output"], "stand-in ran: git status\n",
+        "{ran}"
+    );
+    let shown = again
+        .events_until(PATIENCE, |e| e["type"] == "session.bash")
+        .await;
+    assert_eq!(shown.last().unwrap()["data"]["command"], "git status");
+    let stats = json!({"sessionId": session_id});
+    let routed = again.call("session/stats", stats.clone()).await;
+    let on_host = direct.call("session/stats", stats).await;
+    assert_eq!(routed["result"]["shellCommands"], 1, "{routed}");
+    assert_eq!(
+        routed["result"]["assistantMessages"],
+        on_host["result"]["assistantMessages"]
+    );
+    assert!(
+        routed["result"]["assistantMessages"].as_u64() > Some(0),
+        "{routed}"
+    );
 
     // A closed session read to its end ends a subscription at once, as on a host, from its last
     // cursor or from its head, instead of leaving it open for events that will never come.

@@ -8,7 +8,8 @@ use bootstrap::provision::{self, BootstrapOptions};
 use bootstrap::remote::commands::connect::{self, ConnectArgs, Display};
 use bootstrap::remote::commands::models::{parse_model, parse_queue_mode, parse_thinking};
 use bootstrap::remote::commands::{
-    Reach, attach, devices, history, hosts, models, open_profile, pair, sessions, status, turns,
+    Reach, attach, devices, history, hosts, models, open_profile, pair, sessions, shell, status,
+    turns,
 };
 use bootstrap::remote::out::Out;
 use bootstrap::remote::pairing::PairingHints;
@@ -200,6 +201,17 @@ enum Command {
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         limit: Option<u32>,
     },
+    /// Run a shell command in a session's workspace; its output joins the conversation (the
+    /// agent sees it with the next prompt). Waits until it ends (the host aborts it after 10 min).
+    Shell { session: String, command: String },
+    /// Print what a session cost: messages, tool calls, tokens, cost (and the context in use
+    /// while its agent runs).
+    Stats { session: String },
+    /// List a session's slash commands (prompt templates, skills, extension commands); run one
+    /// with `prompt SESSION "/name args"`.
+    Commands { session: String },
+    /// Write a session's HTML export to stdout (`pi-remote export SESSION > session.html`).
+    Export { session: String },
     /// List paired devices (owner only).
     Devices,
     /// Revoke a device (owner only).
@@ -471,6 +483,10 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
         Command::Deny { approval } => turns::deny(out, &client, approval).await,
         Command::Attach { session } => attach::attach(out, client, session).await,
         Command::History { session, limit } => history::history(out, &client, session, limit).await,
+        Command::Shell { session, command } => shell::shell(out, &client, session, command).await,
+        Command::Stats { session } => shell::stats(out, &client, session).await,
+        Command::Commands { session } => shell::commands(out, &client, session).await,
+        Command::Export { session } => shell::export(out, &client, session).await,
         Command::Devices => devices::list(out, &client).await,
         Command::Revoke { device } => devices::revoke(out, &client, device).await,
     }

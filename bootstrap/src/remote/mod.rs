@@ -12,6 +12,9 @@
 //! pi-remote abort SESSION | close SESSION              # end the running turn | close the session
 //! pi-remote attach SESSION                             # live view; answer approvals from stdin
 //! pi-remote history SESSION [--limit N]                # the conversation, oldest first
+//! pi-remote shell SESSION "git status"                 # a shell command; its output joins the conversation
+//! pi-remote stats SESSION | commands SESSION           # tokens and cost | slash commands
+//! pi-remote export SESSION > session.html              # the session as pi's HTML page
 //! pi-remote approve APPROVAL [--value V] | deny APPROVAL
 //! pi-remote devices | revoke DEVICE                    # owner only
 //! pi-remote hosts [--use HOST_ID]                      # a gateway's hosts | choose the default

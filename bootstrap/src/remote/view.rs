@@ -1,7 +1,7 @@
 //! The human view of a session's events: text deltas inline, tool calls and results as lines,
 //! approvals with their id and question. Event types it does not know are skipped.
 //!
-//! The history's entries (a message whole, a compaction's summary) have their own view,
+//! The history's entries (a message whole, a compaction's summary, a shell command) have their own view,
 //! [`View::entry`]: one message per line, continuation lines indented, `you: …`,
 //! `assistant: …`, `→ tool {args}`, `← tool: result…`, `[compacted: …]`.
 
@@ -79,6 +79,8 @@ impl View {
                 Err(_) => String::new(),
             },
             EventType::AgentStopped | EventType::SessionConfigured => String::new(),
+            // A shell command's data is pi's `bashExecution` message: shown as in the history.
+            EventType::SessionBash => self.entry(event),
         }
     }
 
@@ -160,6 +162,7 @@ fn entry_lines(event: &Event) -> Vec<String> {
     };
     let mut lines = match Kind::of_event_type(&event.kind) {
         Some(Kind::MessageEnd) => message_lines(&data["message"]),
+        None if event.kind == EventType::SessionBash.as_str() => message_lines(&data),
         Some(Kind::CompactionEnd | Kind::AutoCompactionEnd) => {
             summary_line("compacted", &data["result"]["summary"])
                 .into_iter()
@@ -429,6 +432,18 @@ mod tests {
             out,
             "chunk0 chunk1 \n[tool] bash {\"command\":\"ls\"}\n== turn turn_1 completed\n"
         );
+    }
+
+    #[test]
+    fn a_shell_command_shows_as_in_the_history() {
+        let mut view = View::default();
+        let ran = event(
+            "session.bash",
+            json!({"role": "bashExecution", "command": "git status", "output": "clean\n",
+                   "exitCode": 0, "cancelled": false, "truncated": false, "timestamp": 1}),
+        );
+        assert_eq!(view.render(&ran), "← $ git status: clean\n");
+        assert_eq!(view.entry(&ran), "← $ git status: clean\n");
     }
 
     #[test]

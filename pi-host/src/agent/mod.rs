@@ -536,26 +536,26 @@ impl Agent {
     /// Sends a command, waits for its response and returns the response's `data` (Null when
     /// it has none).
     pub async fn call(&self, command: &PiCommand<'_>) -> Result<Value, AgentError> {
-        Ok(self.request(command, None).await?.response.data)
+        let timeout = self.inner.options.response_timeout;
+        Ok(self.request(command, timeout).await?.response.data)
     }
 
-    /// [`Agent::call`] for a command that waits on a model request (a compaction's summary),
-    /// which may take much longer than a command's usual deadline.
+    /// [`Agent::call`] for a command pi answers only when its work ends (a shell command):
+    /// waits `timeout` for the answer instead of the agent's response timeout.
     pub async fn call_within(
         &self,
         command: &PiCommand<'_>,
-        deadline: Duration,
+        timeout: Duration,
     ) -> Result<Value, AgentError> {
-        Ok(self.request(command, Some(deadline)).await?.response.data)
+        Ok(self.request(command, timeout).await?.response.data)
     }
 
     async fn request(
         &self,
         command: &PiCommand<'_>,
-        deadline: Option<Duration>,
+        timeout: Duration,
     ) -> Result<Reply, AgentError> {
         let started = Instant::now();
-        let timeout = deadline.unwrap_or(self.inner.options.response_timeout);
         let name = command.name();
         let id = format!(
             "pi-host-{}",

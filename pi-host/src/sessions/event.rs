@@ -139,7 +139,10 @@ impl HostEvent {
 
     /// True for an event the session's history keeps (docs/protocol.md §7.24).
     pub fn in_history(&self) -> bool {
-        matches!(self, HostEvent::Agent { kind, .. } if kind.is_history())
+        match self {
+            HostEvent::Agent { kind, .. } => kind.is_history(),
+            HostEvent::Host { body, .. } => body.event_type().is_history(),
+        }
     }
 
     /// The `data` as it goes on the wire.

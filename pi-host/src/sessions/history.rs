@@ -109,3 +109,24 @@ fn fitted(row: &EventRow, up_to: Cursor, bound: usize) -> std::borrow::Cow<'_, s
     let from = Cursor::new(up_to.epoch, row.seq.saturating_sub(1));
     elide(&row.json, bound, bound, from).into()
 }
+
+/// The session's totals counted from its whole history up to `up_to` (docs/protocol.md
+/// §7.28): read from the store, so they need no agent.
+pub fn stats(
+    store: &Store,
+    session_id: &str,
+    up_to: Cursor,
+) -> Result<racp_proto::methods::session::SessionStatsResult, AppError> {
+    let mut stats = racp_proto::methods::session::SessionStatsResult::default();
+    let back = store
+        .history_back(session_id, up_to.seq, |row| {
+            match serde_json::from_str::<Event>(&row.json) {
+                Ok(event) => racp_proto::pi::stats::add_entry(&mut stats, &event.kind, event.data.get()),
+                Err(err) => tracing::warn!(%session_id, seq = row.seq, error = %err, "unreadable history entry"),
+            }
+            true
+        })
+        .map_err(crate::internal)?;
+    stats.truncated = back.truncated;
+    Ok(stats)
+}

@@ -122,6 +122,8 @@ impl View {
             HostEventData::SessionConfigured(data) => self.settings = data.settings,
             HostEventData::SessionRenamed(data) => self.title = Some(data.title),
             HostEventData::AgentStopped(_) => self.queue = Queue::default(),
+            // A shell command's message is in the history, not in the snapshot's state.
+            HostEventData::SessionBash(_) => {}
         }
     }
 

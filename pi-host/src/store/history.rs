@@ -1,5 +1,5 @@
 //! A session's history: the events that hold its conversation (each message whole, each
-//! compaction's summary: `racp_proto::pi::Kind::is_history`), kept past the event log's
+//! compaction's summary, each shell command: `racp_proto::events::EventType::kept_in_history`), kept past the event log's
 //! retention (docs/protocol.md §7.24). The group-commit writer inserts them in the same
 //! transaction as the events themselves, so an entry is durable exactly when its event is, and
 //! a history position is an event position.
@@ -8,7 +8,7 @@ use super::sessions::{EventRow, SessionBatch};
 use super::{Store, StoreError};
 use racp_proto::Cursor;
 use racp_proto::events::Event;
-use racp_proto::pi::Kind;
+use racp_proto::events::EventType;
 use rusqlite::{Connection, OptionalExtension, Transaction};
 use std::time::Duration;
 
@@ -58,8 +58,7 @@ impl HistoryPolicy {
 pub fn holds(json: &str) -> bool {
     serde_json::from_str::<Event>(json)
         .ok()
-        .and_then(|event| Kind::of_event_type(&event.kind))
-        .is_some_and(|kind| kind.is_history())
+        .is_some_and(|event| EventType::kept_in_history(&event.kind))
 }
 
 /// Creates the table; a store that had none gains the history its retained events hold.

@@ -118,6 +118,7 @@ impl Driver {
         let state = self.state.try_lock().ok()?;
         let idle = state.agent.is_some()
             && state.active.is_none()
+            && !self.shell_running.load(Ordering::Acquire)
             && !self.session.has_pending_approvals();
         idle.then_some(state.last_used)
     }
@@ -130,7 +131,10 @@ impl Driver {
                 return;
             };
             let idle_for = state.last_used.map_or(Duration::MAX, |t| t.elapsed());
-            if state.active.is_some() || self.session.has_pending_approvals() || idle_for < min_idle
+            if state.active.is_some()
+                || self.session.has_pending_approvals()
+                || self.shell_running.load(Ordering::Acquire)
+                || idle_for < min_idle
             {
                 return;
             }

@@ -8,6 +8,8 @@
 mod approvals;
 mod lifecycle;
 mod queue;
+mod reads;
+mod shell;
 
 pub use lifecycle::stop_idle_agents;
 
@@ -113,6 +115,8 @@ pub struct Driver {
     configuring: Mutex<()>,
     /// A `session/compact` is going on: no turn starts meanwhile (queue.rs).
     compacting: std::sync::atomic::AtomicBool,
+    /// A shell command runs (`shell.rs`): the agent is in use.
+    shell_running: std::sync::atomic::AtomicBool,
 }
 
 /// What turns need of the host (state.rs implements it), so that the host can own its turns
@@ -164,6 +168,7 @@ impl Turns {
                     agent_pid: AtomicU32::new(0),
                     configuring: Mutex::new(()),
                     compacting: Default::default(),
+                    shell_running: Default::default(),
                 })
             })
             .clone()

@@ -212,9 +212,21 @@ impl RacpClient {
 
     /// Calls a method with typed params and result.
     pub async fn call<M: RacpMethod>(&self, params: M::Params) -> Result<M::Result, AppError> {
+        self.call_within::<M>(params, self.call_timeout).await
+    }
+
+    /// [`RacpClient::call`] waiting `timeout` for the reply instead of the client's call
+    /// timeout, for a call the host answers only when its work ends (`session/bash`).
+    pub async fn call_within<M: RacpMethod>(
+        &self,
+        params: M::Params,
+        timeout: Duration,
+    ) -> Result<M::Result, AppError> {
         let params = serde_json::to_value(params)
             .map_err(|e| AppError::new(ErrorCode::InvalidParams, e.to_string()))?;
-        let value = self.call_raw(M::METHOD.as_str(), params).await?;
+        let value = self
+            .call_raw_within(M::METHOD.as_str(), params, timeout)
+            .await?;
         serde_json::from_value(value).map_err(|e| {
             AppError::new(
                 ErrorCode::Internal,
@@ -229,6 +241,16 @@ impl RacpClient {
 
     /// Calls a method with JSON params and returns the JSON result.
     pub async fn call_raw(&self, method: &'static str, params: Value) -> Result<Value, AppError> {
+        self.call_raw_within(method, params, self.call_timeout)
+            .await
+    }
+
+    async fn call_raw_within(
+        &self,
+        method: &'static str,
+        params: Value,
+        call_timeout: Duration,
+    ) -> Result<Value, AppError> {
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(Command::Call {
@@ -237,14 +259,14 @@ impl RacpClient {
                 reply,
             })
             .map_err(|_| disconnected("the client stopped"))?;
-        match tokio::time::timeout(self.call_timeout, answer).await {
+        match tokio::time::timeout(call_timeout, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(disconnected("the client stopped")),
             Err(_) => Err(AppError::new(
                 ErrorCode::Timeout,
                 format!(
                     "no reply to {method} within {} ms",
-                    self.call_timeout.as_millis()
+                    call_timeout.as_millis()
                 ),
             )
             .with_source(ErrorSource::Client)),

@@ -28,10 +28,12 @@ use model::{
     ProviderRef, ProviderSetParams,
 };
 use session::{
-    SessionCompactParams, SessionCompactResult, SessionConfigureParams, SessionCreateParams,
-    SessionCreateResult, SessionGetResult, SessionHistoryParams, SessionHistoryResult,
-    SessionListResult, SessionRef, SessionRenameParams, SessionStreamParams, SessionStreamResult,
-    SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
+    SessionBashParams, SessionBashResult, SessionCommandsResult, SessionCompactParams,
+    SessionCompactResult, SessionConfigureParams, SessionCreateParams, SessionCreateResult,
+    SessionExportParams, SessionExportResult, SessionGetResult, SessionHistoryParams,
+    SessionHistoryResult, SessionListResult, SessionRef, SessionRenameParams, SessionStatsResult,
+    SessionStreamParams, SessionStreamResult, SessionSubscribeParams, SessionSubscribeResult,
+    SessionUnsubscribeParams,
 };
 use turn::{
     ApprovalRespondParams, ApprovalRespondResult, TurnFollowUpParams, TurnFollowUpResult, TurnRef,
@@ -312,6 +314,16 @@ method_table! {
         ProviderSet = "provider/set" (ProviderSetParams => Ack) { access: OWNER, mutates: true, safe_to_resend: true }
         /// Removes a provider added with `provider/set`.
         ProviderDelete = "provider/delete" (ProviderRef => Deleted) { access: OWNER, mutates: true, safe_to_resend: true }
+        /// Runs a shell command in the session's workspace; its output joins the conversation (the model sees it with the next prompt) and the history.
+        SessionBash = "session/bash" (SessionBashParams => SessionBashResult) { access: OPERATOR, mutates: true, safe_to_resend: false }
+        /// Aborts the session's running shell command; with none running it succeeds and changes nothing.
+        SessionBashAbort = "session/bash_abort" (SessionRef => Ack) { access: OPERATOR, mutates: true, safe_to_resend: true }
+        /// A session's token, cost, message and tool-call totals, counted from its history (no agent needed); the context window in use when its agent runs.
+        SessionStats = "session/stats" (SessionRef => SessionStatsResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// The slash commands (prompt templates, skills, extension commands) of the session's agent; start one with turn/start and `/name args`.
+        SessionCommands = "session/commands" (SessionRef => SessionCommandsResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
+        /// The session exported by its agent as one self-contained HTML page, bounded by `maxBytes`.
+        SessionExport = "session/export" (SessionExportParams => SessionExportResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
     }
 }
 

@@ -6,8 +6,9 @@ use crate::AppError;
 use crate::cursor::Cursor;
 use crate::events::Event;
 use crate::limits::{
-    MAX_HISTORY_LIMIT, MAX_HISTORY_PAGE_BYTES, MAX_ID_CHARS, MAX_NAME_CHARS, MAX_PATH_CHARS,
-    MAX_TEXT_CHARS, MIN_HISTORY_PAGE_BYTES,
+    MAX_EXPORT_BYTES, MAX_HISTORY_LIMIT, MAX_HISTORY_PAGE_BYTES, MAX_ID_CHARS, MAX_NAME_CHARS,
+    MAX_PATH_CHARS, MAX_SHELL_COMMAND_CHARS, MAX_TEXT_CHARS, MIN_EXPORT_BYTES,
+    MIN_HISTORY_PAGE_BYTES,
 };
 use crate::validate::{NAME_PATTERN, Validate, length, name, range};
 use schemars::JsonSchema;
@@ -456,4 +457,149 @@ impl Validate for SessionUnsubscribeParams {
     fn validate(&self) -> Result<(), AppError> {
         length("subscriptionId", &self.subscription_id, 1, MAX_ID_CHARS)
     }
+}
+
+/// Runs a shell command in a session's workspace, as pi's `!command` does locally: its output
+/// joins the conversation (the model sees it with the next prompt) and the session's history
+/// (`session.bash`, docs/protocol.md §7.27).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionBashParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    /// The command line, run by the host user's shell in the workspace.
+    #[schemars(length(min = 1, max = MAX_SHELL_COMMAND_CHARS))]
+    pub command: String,
+}
+
+impl Validate for SessionBashParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
+        length("command", &self.command, 1, MAX_SHELL_COMMAND_CHARS)
+    }
+}
+
+/// How a shell command ended (pi's `BashResult`, without the path of its full output).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionBashResult {
+    /// Its output (stdout and stderr together), the end of it when `truncated`.
+    pub output: String,
+    /// Absent when it did not exit by itself (cancelled, killed by a signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    /// Aborted (`session/bash_abort`, or the host's deadline).
+    pub cancelled: bool,
+    /// `output` is only the end of what the command wrote.
+    pub truncated: bool,
+}
+
+/// A session's totals (docs/protocol.md §7.28): counted from its history, so they need no
+/// agent; `contextUsage` only when the session's agent runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionStatsResult {
+    pub user_messages: u64,
+    pub assistant_messages: u64,
+    /// Tool calls the assistant messages made.
+    pub tool_calls: u64,
+    pub tool_results: u64,
+    /// Shell commands run with `session/bash`.
+    pub shell_commands: u64,
+    /// Every message of the history (user, assistant, tool result, shell command, custom).
+    pub total_messages: u64,
+    pub tokens: TokenTotals,
+    /// The cost pi computed for the assistant messages, in US dollars.
+    pub cost: f64,
+    /// True when the host's history bounds dropped older entries: the totals are of what is kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    /// How full the model's context is, from the running agent; absent when none runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_usage: Option<ContextUsage>,
+}
+
+/// Tokens over a session's assistant messages, as the providers reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenTotals {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    /// The four added up.
+    pub total: u64,
+}
+
+/// pi's estimate of the context window in use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextUsage {
+    /// Tokens in the context; absent right after a compaction, until the next reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    pub context_window: u64,
+    /// `tokens` as a percentage of `contextWindow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<f64>,
+}
+
+/// The commands a prompt may start with `/name` in a session's workspace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCommandsResult {
+    pub commands: Vec<AgentCommand>,
+}
+
+/// One slash command of the session's agent: run it with `turn/start` and the text
+/// `/name arguments` (docs/protocol.md §7.29).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCommand {
+    /// What follows the `/` (skills are `skill:<name>`).
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// `extension`, `prompt` (a prompt template) or `skill`.
+    pub source: String,
+    /// Where it was loaded from: `user`, `project` or `temporary`; absent when pi does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+}
+
+/// Asks for a session exported as one HTML page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionExportParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    /// Most bytes of HTML to return (768 KiB when absent); a larger export is
+    /// PAYLOAD_TOO_LARGE. Ask for more only on a connection whose frame bound holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = MIN_EXPORT_BYTES, max = MAX_EXPORT_BYTES))]
+    pub max_bytes: Option<u32>,
+}
+
+impl Validate for SessionExportParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
+        if let Some(max_bytes) = self.max_bytes {
+            range(
+                "maxBytes",
+                max_bytes.into(),
+                MIN_EXPORT_BYTES.into(),
+                MAX_EXPORT_BYTES.into(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The session as pi's HTML export: one self-contained page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionExportResult {
+    pub html: String,
+    /// The page's size in bytes (UTF-8).
+    pub bytes: u64,
 }

@@ -57,6 +57,22 @@ pub enum Command<'a> {
     SetSessionName {
         name: &'a str,
     },
+    /// Runs a shell command in the workspace; pi answers when it ends, with its `BashResult`,
+    /// and keeps it as a `bashExecution` message for the model's next request (no event).
+    Bash {
+        command: &'a str,
+    },
+    /// Aborts the running shell command (its `bash` then answers `cancelled: true`).
+    AbortBash,
+    /// Token, cost and message totals of pi's session, and its context-window usage.
+    GetSessionStats,
+    /// Writes the session as one HTML file at `outputPath`.
+    ExportHtml {
+        #[serde(rename = "outputPath")]
+        output_path: &'a str,
+    },
+    /// The extension commands, prompt templates and skills a `prompt` may start with `/name`.
+    GetCommands,
     /// The answer to an extension's dialog (pi never acknowledges it).
     ExtensionUiResponse {
         id: &'a str,
@@ -109,6 +125,11 @@ impl<'a> Command<'a> {
             Command::SetFollowUpMode { .. } => "set_follow_up_mode",
             Command::Compact { .. } => "compact",
             Command::SetSessionName { .. } => "set_session_name",
+            Command::Bash { .. } => "bash",
+            Command::AbortBash => "abort_bash",
+            Command::GetSessionStats => "get_session_stats",
+            Command::ExportHtml { .. } => "export_html",
+            Command::GetCommands => "get_commands",
             Command::ExtensionUiResponse { .. } => "extension_ui_response",
         }
     }
@@ -239,6 +260,25 @@ mod tests {
                     custom_instructions: Some("keep the paths"),
                 },
                 json!({"id": "7", "type": "compact", "customInstructions": "keep the paths"}),
+            ),
+            (
+                Command::Bash { command: "ls" },
+                json!({"id": "7", "type": "bash", "command": "ls"}),
+            ),
+            (Command::AbortBash, json!({"id": "7", "type": "abort_bash"})),
+            (
+                Command::GetSessionStats,
+                json!({"id": "7", "type": "get_session_stats"}),
+            ),
+            (
+                Command::ExportHtml {
+                    output_path: "/d/x.html",
+                },
+                json!({"id": "7", "type": "export_html", "outputPath": "/d/x.html"}),
+            ),
+            (
+                Command::GetCommands,
+                json!({"id": "7", "type": "get_commands"}),
             ),
         ] {
             assert_eq!(line(&command, Some("7")), expected);

@@ -7,6 +7,7 @@
 //! - [`command`]: the commands pi takes.
 //! - [`compact`]: pi's stream updates rewritten to carry only what is new, and
 //!   [`stream`]: the rule that rebuilds pi's state from them (docs/protocol.md §8.1).
+//! - [`stats`]: a session's totals counted from the messages of its history.
 //! - [`event`]: what a client reads of a relayed agent event (a text delta, a tool's run).
 //!
 //! Its callers (the host's agent bridge, the snapshot, the clients' views) hold typed values
@@ -19,6 +20,7 @@ mod kind;
 pub mod line;
 pub mod reply;
 pub mod run;
+pub mod stats;
 pub mod stream;
 
 pub use command::{Command, UiAnswer};

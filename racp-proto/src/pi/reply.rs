@@ -4,6 +4,7 @@
 use super::Kind;
 use super::line::Line;
 use crate::methods::model::ModelRef;
+use crate::methods::session::{AgentCommand, ContextUsage, SessionBashResult};
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -60,6 +61,60 @@ impl Response {
                 || message.starts_with("Already compacted")
                 || message.starts_with("Compaction cancelled"))
     }
+    /// pi refused `export_html` because its session has no file yet (nothing was said).
+    pub fn is_nothing_to_export(command: &str, message: &str) -> bool {
+        command == "export_html" && message.starts_with("Nothing to export yet")
+    }
+}
+
+/// `bash`'s data (pi's `BashResult`); its `fullOutputPath`, a file on the host, is not read.
+pub fn bash_result(data: &Value) -> SessionBashResult {
+    SessionBashResult {
+        output: data
+            .get("output")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        exit_code: data.get("exitCode").and_then(Value::as_i64),
+        cancelled: data.get("cancelled").and_then(Value::as_bool) == Some(true),
+        truncated: data.get("truncated").and_then(Value::as_bool) == Some(true),
+    }
+}
+
+/// `get_session_stats`'s `contextUsage` (absent when pi's model has no context window).
+pub fn context_usage(stats: &Value) -> Option<ContextUsage> {
+    let usage = stats.get("contextUsage")?;
+    Some(ContextUsage {
+        tokens: usage
+            .get("tokens")
+            .and_then(Value::as_f64)
+            .map(|t| t.max(0.0).round() as u64),
+        context_window: usage.get("contextWindow")?.as_u64()?,
+        percent: usage.get("percent").and_then(Value::as_f64),
+    })
+}
+
+/// `get_commands`'s `data.commands`: each with `name`, `description`, `source` and where it
+/// was loaded from (`sourceInfo.scope` in pi 0.73, `location` in its docs).
+pub fn commands(data: &Value) -> Vec<AgentCommand> {
+    let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_string);
+    data.get("commands")
+        .and_then(Value::as_array)
+        .map(|commands| {
+            commands
+                .iter()
+                .filter_map(|c| {
+                    Some(AgentCommand {
+                        name: text(c, "name")?,
+                        description: text(c, "description").filter(|d| !d.is_empty()),
+                        source: text(c, "source").unwrap_or_default(),
+                        location: text(c, "location")
+                            .or_else(|| c.get("sourceInfo").and_then(|s| text(s, "scope"))),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The dialog methods of pi's extension UI protocol: each needs an answer.
@@ -197,4 +252,42 @@ pub fn available_models(data: &Value) -> Vec<ModelRef> {
         .and_then(Value::as_array)
         .map(|models| models.iter().filter_map(model_ref).collect())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn command_replies_are_read_as_pi_writes_them() {
+        let bash = bash_result(&json!({"output": "hi\n", "exitCode": 0, "cancelled": false,
+            "truncated": true, "fullOutputPath": "/tmp/pi-bash-1.log"}));
+        assert_eq!(
+            (bash.output.as_str(), bash.exit_code, bash.truncated),
+            ("hi\n", Some(0), true)
+        );
+        assert_eq!(
+            bash_result(&json!({"output": "", "cancelled": true})).exit_code,
+            None
+        );
+        let usage = context_usage(
+            &json!({"contextUsage": {"tokens": null, "contextWindow": 1000, "percent": null}}),
+        );
+        assert_eq!(
+            usage.map(|u| (u.tokens, u.context_window)),
+            Some((None, 1000))
+        );
+        let listed = commands(&json!({"commands": [
+            {"name": "review", "description": "Review", "source": "prompt", "sourceInfo": {"scope": "project"}},
+            {"name": "skill:x", "source": "skill", "location": "user"},
+            {"description": "nameless"}]}));
+        assert_eq!(listed.len(), 2);
+        assert_eq!(listed[0].location.as_deref(), Some("project"));
+        assert_eq!(listed[1].location.as_deref(), Some("user"));
+        assert!(Response::is_nothing_to_export(
+            "export_html",
+            "Nothing to export yet - start a conversation first"
+        ));
+    }
 }

@@ -26,6 +26,10 @@
 //! - `get_available_models`: the stand-in's two models (provider `stand-in`, `stand-in-model`
 //!   and `stand-in-model-2`); `set_model` takes one of them (else `Model not found`),
 //!   `set_thinking_level` and `set_auto_compaction` are kept for `get_state`.
+//! - `bash` (`command`): runs no shell; answers pi's `BashResult` with the output
+//!   `stand-in ran: <command>` and exit code 0. `abort_bash`: answered at once.
+//! - `get_commands`: one prompt template, `stand-in-template`. `export_html` (`outputPath`):
+//!   writes a small page naming the number of messages there.
 //! - `extension_ui_response` (`id`, `confirmed` | `value` | `cancelled`): answers a pending dialog;
 //!   never acknowledged, and ignored when nothing waits for that id (as in pi).
 //! - Anything else: `{"type": "response", "command": <type>, "success": false, "error": "Unknown
@@ -456,6 +460,40 @@ impl StandIn {
                     "pendingMessageCount": self.steering.len(),
                 });
                 respond(id, "get_state", Some(state));
+                Action::None
+            }
+            "bash" => {
+                // No shell: the command is echoed back, so a test knows what reached the agent.
+                let line = command.get("command").and_then(Value::as_str).unwrap_or("");
+                let result = json!({"output": format!("stand-in ran: {line}\n"), "exitCode": 0,
+                    "cancelled": false, "truncated": false});
+                respond(id, kind, Some(result));
+                Action::None
+            }
+            "abort_bash" => {
+                respond(id, kind, None);
+                Action::None
+            }
+            "get_commands" => {
+                let template = json!({"name": "stand-in-template", "description": "A template",
+                    "source": "prompt", "sourceInfo": {"scope": "project"}});
+                respond(id, kind, Some(json!({"commands": [template]})));
+                Action::None
+            }
+            "export_html" => {
+                // A page naming the messages so far, where pi would write its own.
+                let path = command
+                    .get("outputPath")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let page = format!(
+                    "<!DOCTYPE html><p>stand-in export: {} messages</p>\n",
+                    self.message_count
+                );
+                match std::fs::write(path, page) {
+                    Ok(()) => respond(id, kind, Some(json!({"path": path}))),
+                    Err(err) => respond_error(id, kind, &err.to_string()),
+                }
                 Action::None
             }
             other => {

@@ -10,6 +10,7 @@ pub mod hosts;
 pub mod models;
 pub mod pair;
 pub mod sessions;
+pub mod shell;
 pub mod status;
 pub mod turns;
 
