@@ -14,6 +14,22 @@ pub enum Capability {
     Credentials,
     /// Images with a prompt (`turn/start`'s `images`).
     Attachments,
+    /// A session's conversation past the replay window (`session/history`, a snapshot's
+    /// `history`).
+    History,
+    /// Prompts queued while a turn runs (`turn/follow_up`, the snapshot's `queue`, the queue
+    /// modes of `session/configure`).
+    FollowUps,
+    /// `session/compact`.
+    Compaction,
+    /// `session/bash`, `session/bash_abort`.
+    Shell,
+    /// `session/stats`.
+    Stats,
+    /// `session/commands`.
+    Commands,
+    /// `session/export`.
+    Export,
     /// `host/list` and `/racp/hosts/{hostId}`: a gateway's.
     Hosts,
 }
@@ -30,6 +46,13 @@ impl Capability {
         Capability::Models,
         Capability::Credentials,
         Capability::Attachments,
+        Capability::History,
+        Capability::FollowUps,
+        Capability::Compaction,
+        Capability::Shell,
+        Capability::Stats,
+        Capability::Commands,
+        Capability::Export,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -43,8 +66,32 @@ impl Capability {
             Capability::Models => "models",
             Capability::Credentials => "credentials",
             Capability::Attachments => "attachments",
+            Capability::History => "history",
+            Capability::FollowUps => "followUps",
+            Capability::Compaction => "compaction",
+            Capability::Shell => "shell",
+            Capability::Stats => "stats",
+            Capability::Commands => "commands",
+            Capability::Export => "export",
             Capability::Hosts => "hosts",
         }
+    }
+}
+
+impl Capability {
+    /// The feature a pi command serves, for an agent that refuses the command as unknown (an
+    /// older pi): CAPABILITY_UNAVAILABLE names it.
+    pub fn of_pi_command(command: &str) -> Option<Capability> {
+        Some(match command {
+            "prompt" => Capability::Turns,
+            "follow_up" | "set_steering_mode" | "set_follow_up_mode" => Capability::FollowUps,
+            "compact" => Capability::Compaction,
+            "bash" | "abort_bash" => Capability::Shell,
+            "get_session_stats" => Capability::Stats,
+            "get_commands" => Capability::Commands,
+            "export_html" => Capability::Export,
+            _ => return None,
+        })
     }
 }
 

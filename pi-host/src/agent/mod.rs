@@ -251,14 +251,21 @@ impl AgentError {
             }
             AgentError::Timeout { command, after } => AppError::new(ErrorCode::Timeout, message)
                 .with_details(json!({"command": command, "afterMs": after.as_millis() as u64})),
-            AgentError::Rejected { command, .. } if self.is_unknown_command() => AppError::new(
-                ErrorCode::CapabilityUnavailable,
-                format!(
-                    "the host's agent does not support `{command}`: upgrade pi on the host \
-                     (pi-remote connect installs the version pi-host is tested with)"
-                ),
-            )
-            .with_details(json!({"command": command})),
+            AgentError::Rejected { command, .. } if self.is_unknown_command() => {
+                let capability = racp_proto::Capability::of_pi_command(command);
+                let feature =
+                    capability.map_or(String::new(), |c| format!(" (the `{c}` capability)"));
+                AppError::new(
+                    ErrorCode::CapabilityUnavailable,
+                    format!(
+                        "the host's agent does not support `{command}`{feature}: upgrade pi on \
+                         the host (pi-remote connect installs the version pi-host is tested with)"
+                    ),
+                )
+                .with_details(
+                    json!({"command": command, "capability": capability.map(|c| c.as_str())}),
+                )
+            }
             AgentError::Rejected { command, .. } if self.is_busy() => {
                 AppError::new(ErrorCode::AgentBusy, message)
                     .with_details(json!({"command": command}))

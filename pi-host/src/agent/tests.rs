@@ -877,3 +877,27 @@ fn the_stderr_tail_keeps_the_last_bytes_on_a_char_boundary() {
     assert!(text.len() <= 8);
     assert!(!text.contains('\u{fffd}'));
 }
+
+/// An agent that does not know a command (an older pi) gives CAPABILITY_UNAVAILABLE naming the
+/// feature, so a client can hide it (docs/protocol.md §7.1).
+#[test]
+fn an_unknown_command_names_the_capability_it_serves() {
+    for (command, capability) in [
+        ("bash", Some("shell")),
+        ("compact", Some("compaction")),
+        ("frobnicate", None),
+    ] {
+        let error = AgentError::Rejected {
+            command: command.into(),
+            message: format!("Unknown command: {command}"),
+        }
+        .to_app_error();
+        assert_eq!(error.code(), ErrorCode::CapabilityUnavailable);
+        let details = error.details().unwrap();
+        assert_eq!(details["command"], command);
+        assert_eq!(details["capability"].as_str(), capability);
+        if let Some(capability) = capability {
+            assert!(error.message().contains(capability), "{error:?}");
+        }
+    }
+}
