@@ -460,23 +460,6 @@ async fn running_agents(client: &mut Client) -> u64 {
     info["result"]["agents"]["running"].as_u64().unwrap()
 }
 
-/// Creates a session and subscribes to it; returns its id.
-async fn subscribed_session(client: &mut Client, host: &HostProcess) -> String {
-    let created = client
-        .call("session/create", json!({"workspace": host.workspace("w")}))
-        .await;
-    let session = &created["result"]["session"];
-    let session_id = session["sessionId"].as_str().unwrap().to_string();
-    let sub = client
-        .call(
-            "session/subscribe",
-            json!({"sessionId": session_id, "cursor": session["cursor"]}),
-        )
-        .await;
-    assert!(sub.get("result").is_some(), "{sub}");
-    session_id
-}
-
 /// Starts a turn and returns the time from sending `turn/start` to the first text delta, and the
 /// events up to `turn.finished`.
 async fn time_to_first_delta(
@@ -509,7 +492,7 @@ async fn a_new_sessions_first_turn_runs_on_the_agent_started_with_it() {
     let (host, _pi_dir) = pi_host(&stub, None).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let mut client = connect(&host, &token).await;
-    let session_id = subscribed_session(&mut client, &host).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
     let deadline = Instant::now() + WAIT;
     while running_agents(&mut client).await != 1 {
         assert!(
@@ -644,7 +627,7 @@ async fn first_reply_figures() {
     }
     for (name, host, _, client, _) in &mut hosts {
         // A new session prompted at once: the warm start has had no time.
-        let at_once = subscribed_session(client, host).await;
+        let at_once = client.open_session(&host.workspace("w")).await;
         let (new_at_once, _) = time_to_first_delta(client, &at_once, "a1").await;
         let (warm, _) = time_to_first_delta(client, &at_once, "a2").await;
         client
@@ -658,7 +641,7 @@ async fn first_reply_figures() {
     for round in 0..5 {
         for (_, host, _, client, after_3s) in &mut hosts {
             // A new session prompted 3 s after it was created.
-            let later = subscribed_session(client, host).await;
+            let later = client.open_session(&host.workspace("w")).await;
             tokio::time::sleep(Duration::from_secs(3)).await;
             let (first, _) = time_to_first_delta(client, &later, &format!("b{round}")).await;
             after_3s.push(first.as_millis() as u64);
@@ -803,7 +786,7 @@ async fn a_late_observer_rebuilds_the_conversation_after_the_window_a_kill_and_a
     let (_, token) = host.pair_device("laptop", &[]).await;
     let (_, observer_token) = host.pair_device("phone", &["--roles", "observer"]).await;
     let mut live = connect(&host, &token).await;
-    let session_id = subscribed_session(&mut live, &host).await;
+    let session_id = live.open_session(&host.workspace("w")).await;
     let mut watched = Vec::new();
     for n in 1..=3 {
         watched.extend(turn_with_a_tool_call(&mut live, &session_id, n).await);
@@ -912,7 +895,7 @@ async fn an_image_with_a_prompt_reaches_the_model() {
             .is_some_and(|c| c.contains(&json!("attachments"))),
         "{hello}"
     );
-    let session_id = subscribed_session(&mut client, &host).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
     let image = json!({"mimeType": "image/png", "data": PNG});
 
     let refused = [

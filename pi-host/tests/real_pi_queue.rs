@@ -18,26 +18,6 @@ async fn connect(host: &HostProcess, token: &str) -> Client {
     client
 }
 
-/// A session, subscribed from its start.
-async fn session(client: &mut Client, host: &HostProcess) -> String {
-    let created = client
-        .call("session/create", json!({"workspace": host.workspace("w")}))
-        .await;
-    let session = &created["result"]["session"];
-    let id = session["sessionId"]
-        .as_str()
-        .expect("sessionId")
-        .to_string();
-    let sub = client
-        .call(
-            "session/subscribe",
-            json!({"sessionId": id, "cursor": session["cursor"]}),
-        )
-        .await;
-    assert!(sub.get("result").is_some(), "{sub}");
-    id
-}
-
 /// Waits until the stub has received `n` requests.
 async fn requests_reach(stub: &Stub, n: usize) {
     let began = Instant::now();
@@ -99,7 +79,7 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
     let (host, _pi_dir) = pi_host(&stub, None).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let mut client = connect(&host, &token).await;
-    let session_id = session(&mut client, &host).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
 
     stub.hold();
     let first = client
@@ -255,7 +235,7 @@ async fn compaction_shrinks_the_context_and_a_failed_one_says_why() {
     std::fs::write(&settings_file, settings.to_string()).unwrap();
     let (_, token) = host.pair_device("laptop", &[]).await;
     let mut client = connect(&host, &token).await;
-    let session_id = session(&mut client, &host).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
 
     for (key, text) in [
         ("k1", "Run the check."),
@@ -350,7 +330,7 @@ async fn queue_modes_set_for_a_session_reach_its_agent() {
     let (host, _pi_dir) = pi_host(&stub, None).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let mut client = connect(&host, &token).await;
-    let session_id = session(&mut client, &host).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
     let configured = client
         .call(
             "session/configure",

@@ -39,26 +39,6 @@ async fn connect(host: &HostProcess, token: &str) -> Client {
     client
 }
 
-/// A new session in `workspace`, subscribed from its start.
-async fn subscribed_session(client: &mut Client, workspace: &str) -> String {
-    let created = client
-        .call("session/create", json!({"workspace": workspace}))
-        .await;
-    let session = &created["result"]["session"];
-    let session_id = session["sessionId"]
-        .as_str()
-        .expect("sessionId")
-        .to_string();
-    let sub = client
-        .call(
-            "session/subscribe",
-            json!({"sessionId": session_id, "cursor": session["cursor"]}),
-        )
-        .await;
-    assert!(sub.get("result").is_some(), "{sub}");
-    session_id
-}
-
 async fn call_ok(client: &mut Client, method: &str, params: Value) -> Value {
     let reply = client.call(method, params).await;
     reply
@@ -121,7 +101,7 @@ async fn a_shell_command_joins_the_history_the_context_the_stats_and_the_export(
     let (_, observer_token) = host.pair_device("phone", &["--roles", "observer"]).await;
     let mut client = connect(&host, &token).await;
     let workspace = host.workspace("w");
-    let session_id = subscribed_session(&mut client, &workspace).await;
+    let session_id = client.open_session(&workspace).await;
 
     // The shell command's result, its event, and its history entry.
     let ran = call_ok(
@@ -302,7 +282,7 @@ async fn a_workspace_prompt_template_is_listed_and_expands_in_a_turn() {
     let (_, token) = host.pair_device("laptop", &[]).await;
     let (_, observer_token) = host.pair_device("phone", &["--roles", "observer"]).await;
     let mut client = connect(&host, &token).await;
-    let session_id = subscribed_session(&mut client, &workspace).await;
+    let session_id = client.open_session(&workspace).await;
 
     let mut observer = connect(&host, &observer_token).await;
     let listed = call_ok(

@@ -562,6 +562,29 @@ impl Client {
         reply["result"].clone()
     }
 
+    /// Creates a session in `workspace` and subscribes to it from its start; returns its id.
+    pub async fn open_session(&mut self, workspace: &str) -> String {
+        let created = self
+            .call(
+                "session/create",
+                serde_json::json!({"workspace": workspace}),
+            )
+            .await;
+        let session = &created["result"]["session"];
+        let id = session["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("session/create failed: {created}"))
+            .to_string();
+        let sub = self
+            .call(
+                "session/subscribe",
+                serde_json::json!({"sessionId": id, "cursor": session["cursor"]}),
+            )
+            .await;
+        assert!(sub.get("result").is_some(), "{sub}");
+        id
+    }
+
     /// Sends a request and returns its reply frame, skipping pushes.
     pub async fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.next_id;

@@ -200,15 +200,7 @@ impl Turns {
             .with_details(json!({"turnId": active.turn_id})));
         }
         driver.refuse_while_compacting()?;
-        driver.retire_stale(host, &mut state);
-        let agent = match state.agent.clone() {
-            Some(agent) => agent,
-            None => {
-                let _slot = self.make_room(host, &driver).await?;
-                driver.ensure_agent(host, &mut state).await?
-            }
-        };
-        state.last_used = Some(Instant::now());
+        let agent = self.current_agent(host, &driver, &mut state).await?;
         driver.ready(host, &agent, &mut state).await?;
         let turn_id = record_turn(host, &session, caller, &params).await?;
         state.ran_turn = true;
@@ -243,12 +235,23 @@ impl Turns {
         }
         let driver = self.driver(session);
         let mut state = driver.state.lock().await;
-        driver.retire_stale(host, &mut state);
+        self.current_agent(host, &driver, &mut state).await
+    }
+
+    /// The session's agent under the driver's lock: the running one unless the host's model
+    /// settings changed since it started, else one started now (room made for it).
+    async fn current_agent(
+        &self,
+        host: &Arc<impl TurnHost>,
+        driver: &Arc<Driver>,
+        state: &mut DriverState,
+    ) -> Result<Agent, AppError> {
+        driver.retire_stale(host, state);
         let agent = match state.agent.clone() {
             Some(agent) => agent,
             None => {
-                let _slot = self.make_room(host, &driver).await?;
-                driver.ensure_agent(host, &mut state).await?
+                let _slot = self.make_room(host, driver).await?;
+                driver.ensure_agent(host, state).await?
             }
         };
         state.last_used = Some(Instant::now());
