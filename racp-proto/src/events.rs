@@ -307,6 +307,7 @@ event_table! {
     SessionClosed = "session.closed" (SessionClosedData)
     AgentStopped = "session.agent_stopped" (AgentStoppedData)
     SessionConfigured = "session.configured" (SessionConfiguredData)
+    SessionForked = "session.forked" (SessionForkedData)
 }
 
 impl EventType {
@@ -470,6 +471,23 @@ pub struct AgentStoppedData {
 pub struct SessionConfiguredData {
     pub settings: crate::methods::session::SessionSettings,
     /// The device that changed them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+}
+
+/// `session.forked`: the first event of a session made by `session/fork` or `session/clone`;
+/// the conversation it starts with follows, as this session's own history entries
+/// (docs/protocol.md §7.31, §7.32).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionForkedData {
+    /// The session it was made from.
+    pub from_session_id: String,
+    /// The history entry of that session it was forked at (a user message, which it does not
+    /// hold); absent for a clone, which holds the whole conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Cursor>,
+    /// The device that made it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
 }

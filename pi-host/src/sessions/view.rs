@@ -118,6 +118,9 @@ impl View {
             }
             HostEventData::SessionConfigured(data) => self.settings = data.settings,
             HostEventData::AgentStopped(_) => self.queue = Queue::default(),
+            // Where the session came from; the conversation it starts with follows as history
+            // entries, which change no snapshot state.
+            HostEventData::SessionForked(_) => {}
         }
     }
 

@@ -53,6 +53,17 @@ pub enum Command<'a> {
         #[serde(rename = "customInstructions", skip_serializing_if = "Option::is_none")]
         custom_instructions: Option<&'a str>,
     },
+    /// The user messages pi can fork its session at, in order (`[{entryId, text}]`).
+    GetForkMessages,
+    /// Branches pi's session before the user message `entry_id`: pi writes the branch as a
+    /// new session file in its session directory, switches to it, and answers that message's
+    /// text.
+    Fork {
+        #[serde(rename = "entryId")]
+        entry_id: &'a str,
+    },
+    /// Copies pi's whole session into a new session file and switches to it.
+    Clone,
     /// The answer to an extension's dialog (pi never acknowledges it).
     ExtensionUiResponse {
         id: &'a str,
@@ -104,6 +115,9 @@ impl<'a> Command<'a> {
             Command::SetSteeringMode { .. } => "set_steering_mode",
             Command::SetFollowUpMode { .. } => "set_follow_up_mode",
             Command::Compact { .. } => "compact",
+            Command::GetForkMessages => "get_fork_messages",
+            Command::Fork { .. } => "fork",
+            Command::Clone => "clone",
             Command::ExtensionUiResponse { .. } => "extension_ui_response",
         }
     }
@@ -200,6 +214,15 @@ mod tests {
                 json!({"id": "7", "type": "prompt", "message": "hi"}),
             ),
             (Command::Abort, json!({"id": "7", "type": "abort"})),
+            (
+                Command::GetForkMessages,
+                json!({"id": "7", "type": "get_fork_messages"}),
+            ),
+            (
+                Command::Fork { entry_id: "ab12" },
+                json!({"id": "7", "type": "fork", "entryId": "ab12"}),
+            ),
+            (Command::Clone, json!({"id": "7", "type": "clone"})),
             (Command::GetState, json!({"id": "7", "type": "get_state"})),
             (
                 Command::set_model(&model),

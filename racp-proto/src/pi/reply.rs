@@ -198,3 +198,59 @@ pub fn available_models(data: &Value) -> Vec<ModelRef> {
         .map(|models| models.iter().filter_map(model_ref).collect())
         .unwrap_or_default()
 }
+
+/// A user message pi can fork its session at (`get_fork_messages`'s items).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkMessage {
+    pub entry_id: String,
+    pub text: String,
+}
+
+/// `get_fork_messages`'s `data.messages`, in pi's order (the session file's).
+pub fn fork_messages(data: &Value) -> Vec<ForkMessage> {
+    data.get("messages")
+        .cloned()
+        .and_then(|messages| serde_json::from_value(messages).ok())
+        .unwrap_or_default()
+}
+
+/// The session file of `get_state`'s data: absent when pi saves no session (`--no-session`)
+/// or an agent that is not pi.
+pub fn session_file(state: &Value) -> Option<String> {
+    state
+        .get("sessionFile")
+        .and_then(Value::as_str)
+        .filter(|file| !file.is_empty())
+        .map(str::to_string)
+}
+
+/// What `fork` and `clone` answer: whether an extension cancelled them, and for `fork` the
+/// forked message's text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct Branched {
+    #[serde(default)]
+    pub cancelled: bool,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl Branched {
+    pub fn of(data: &Value) -> Branched {
+        serde_json::from_value(data.clone()).unwrap_or_default()
+    }
+}
+
+/// The text of a user message as pi's fork list shows it: a string content, or its text parts
+/// joined (images left out).
+pub fn user_text(message: &Value) -> String {
+    match message.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter(|part| part.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
