@@ -192,6 +192,21 @@ async fn forks_and_clones_are_sessions_of_their_own_that_continue_their_branch()
     let request = run_turn(&mut client, &stub, &b, "Third prompt.").await;
     assert_eq!(user_texts(&request), ["First prompt.", "Third prompt."]);
 
+    // Forked at its first message, the branch starts empty, and so does its agent's session.
+    let at_first = client
+        .call(
+            "session/fork",
+            json!({"sessionId": a, "from": users[0]["cursor"]}),
+        )
+        .await;
+    assert_eq!(at_first["result"]["text"], "First prompt.", "{at_first}");
+    let d_info = at_first["result"]["session"].clone();
+    let d = d_info["sessionId"].as_str().unwrap().to_string();
+    assert!(history(&mut client, &d).await.is_empty());
+    subscribe(&mut client, &d, &d_info["cursor"]).await;
+    let request = run_turn(&mut client, &stub, &d, "Seventh prompt.").await;
+    assert_eq!(user_texts(&request), ["Seventh prompt."]);
+
     // Clone A: C holds all of it, and its agent sends all of it.
     let cloned = client.call("session/clone", json!({"sessionId": a})).await;
     let c_info = cloned["result"]["session"].clone();
