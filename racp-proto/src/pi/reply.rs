@@ -254,3 +254,44 @@ pub fn user_text(message: &Value) -> String {
         _ => String::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn fork_and_clone_answers_are_read_as_pi_writes_them() {
+        let listed = json!({"messages": [
+            {"entryId": "a1", "text": "First"},
+            {"entryId": "b2", "text": "Second"},
+        ]});
+        let messages = fork_messages(&listed);
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[1].entry_id, "b2");
+        assert_eq!(messages[1].text, "Second");
+        assert!(fork_messages(&json!({"messages": "no"})).is_empty());
+
+        let state = json!({"sessionFile": "/d/2026_x.jsonl", "sessionId": "x"});
+        assert_eq!(session_file(&state).as_deref(), Some("/d/2026_x.jsonl"));
+        assert_eq!(session_file(&json!({"sessionId": "x"})), None);
+
+        let forked = Branched::of(&json!({"text": "Second", "cancelled": false}));
+        assert_eq!(forked.text.as_deref(), Some("Second"));
+        assert!(!forked.cancelled);
+        assert!(Branched::of(&json!({"cancelled": true})).cancelled);
+    }
+
+    #[test]
+    fn a_user_messages_text_is_its_text_parts_joined() {
+        let parts = json!({"role": "user", "content": [
+            {"type": "text", "text": "see "},
+            {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+            {"type": "text", "text": "this"},
+        ]});
+        assert_eq!(user_text(&parts), "see this");
+        assert_eq!(user_text(&json!({"content": "plain"})), "plain");
+        assert_eq!(user_text(&json!({"role": "user"})), "");
+    }
+}
