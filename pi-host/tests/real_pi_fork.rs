@@ -213,20 +213,34 @@ async fn forks_and_clones_are_sessions_of_their_own_that_continue_their_branch()
     let c = c_info["sessionId"].as_str().expect("clone").to_string();
     assert_eq!(said(&history(&mut client, &c).await), said(&a_history));
     subscribe(&mut client, &c, &c_info["cursor"]).await;
+    assert_ne!(
+        c_info["cursor"].as_str().unwrap().split('-').next(),
+        a_cursor.split('-').next()
+    );
+    // Every prompt A's conversation holds (the aborted one too), then C's own.
+    let a_prompts: Vec<String> = a_history
+        .iter()
+        .filter(|e| is_user(e))
+        .map(|e| {
+            e["data"]["message"]["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(a_prompts[..2], ["First prompt.", "Second prompt."]);
     let request = run_turn(&mut client, &stub, &c, "Fourth prompt.").await;
-    let texts = user_texts(&request);
-    assert_eq!(texts[..2], ["First prompt.", "Second prompt."]);
-    assert_eq!(texts.last().unwrap(), "Fourth prompt.");
+    assert_eq!(
+        user_texts(&request),
+        [&a_prompts[..], &["Fourth prompt.".to_string()]].concat()
+    );
 
     // A is unchanged: its history, and its next turn's conversation.
     assert_eq!(history(&mut client, &a).await, a_history);
     let request = run_turn(&mut client, &stub, &a, "Fifth prompt.").await;
-    let texts = user_texts(&request);
-    assert_eq!(texts[..2], ["First prompt.", "Second prompt."]);
-    assert!(
-        !texts
-            .iter()
-            .any(|t| t.contains("Third") || t.contains("Fourth"))
+    assert_eq!(
+        user_texts(&request),
+        [&a_prompts[..], &["Fifth prompt.".to_string()]].concat()
     );
 
     // kill -9: B's agent resumes B's branch, not the copy of A's file it was made from.
