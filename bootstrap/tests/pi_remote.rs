@@ -953,6 +953,49 @@ async fn close_closes_a_session() {
     assert!(text(&output.stderr).contains("SESSION_NOT_FOUND"));
 }
 
+/// `clone` makes a session whose history is the source's; `fork --from` takes a history
+/// entry's cursor (the stand-in agent has no pi fork, so the host's refusal is printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_copies_a_conversation_and_fork_takes_a_cursor() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "w").await;
+    remote.ok(&["prompt", &session, "deltas:2", "--wait"]).await;
+    let entries = |out: String| -> Vec<Value> {
+        out.lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    };
+    let source = entries(remote.ok(&["history", &session, "--json"]).await);
+    assert!(source.len() >= 2, "{source:?}");
+    let said =
+        |entries: &[Value]| -> Vec<Value> { entries.iter().map(|e| e["data"].clone()).collect() };
+
+    let cloned = remote.ok(&["clone", &session, "--title", "copy"]).await;
+    let copy = cloned.trim().to_string();
+    assert!(copy.starts_with("ses_") && copy != session, "{cloned}");
+    let copied = entries(remote.ok(&["history", &copy, "--json"]).await);
+    assert_eq!(said(&copied), said(&source));
+    let listed = remote.ok_json(&["sessions", "--json"]).await;
+    assert_eq!(listed["sessions"].as_array().unwrap().len(), 2, "{listed}");
+
+    let user = source
+        .iter()
+        .find(|e| e["data"]["message"]["role"] == "user")
+        .unwrap();
+    let cursor = user["cursor"].as_str().unwrap();
+    let output = remote.run(&["fork", &session, "--from", cursor]).await;
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("get_fork_messages"),
+        "{}",
+        text(&output.stderr)
+    );
+    let output = remote.run(&["fork", &session, "--from", "nope"]).await;
+    assert_eq!(output.status.code(), Some(64), "{}", text(&output.stderr));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_prints_the_profiles_facts_and_the_hosts_version() {
     let mut host = host().await;

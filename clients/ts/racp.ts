@@ -263,7 +263,7 @@ export type BashRole = "bashExecution";
 /**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionCompactRequest | SessionConfigureRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
+export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionCompactRequest | SessionConfigureRequest | SessionForkRequest | SessionCloneRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
 
 /**
  * Who is calling.
@@ -1272,6 +1272,26 @@ export type SessionBashResult = {
 };
 
 /**
+ * Makes a new session holding a session's whole conversation (docs/protocol.md §7.32).
+ */
+export type SessionCloneParams = {
+  sessionId: string;
+  /**
+   * The new session's title; no control characters.
+   */
+  title?: string | null;
+};
+
+/**
+ * `session/clone`: Makes a new session holding a session's whole conversation; refused while a turn runs.
+ */
+export type SessionCloneRequest = {
+  id: RequestId;
+  method: "session/clone";
+  params: SessionCloneParams;
+};
+
+/**
  * `session/close`: Closes a session: its agent stops; its log stays readable. Closing a closed session succeeds.
  */
 export type SessionCloseRequest = {
@@ -1471,6 +1491,67 @@ export type SessionExportResult = {
    */
   bytes: number;
   html: string;
+};
+
+/**
+ * Makes a new session from an earlier point of a session's conversation: everything before one
+ * of its user messages (docs/protocol.md §7.31).
+ */
+export type SessionForkParams = {
+  /**
+   * The cursor of one of its history entries that is a user message (`agent.message_end`
+   * with `data.message.role` `user`): the new session holds what came before it.
+   */
+  from: Cursor;
+  /**
+   * The session to fork.
+   */
+  sessionId: string;
+  /**
+   * The new session's title; no control characters.
+   */
+  title?: string | null;
+};
+
+/**
+ * `session/fork`: Makes a new session from a session's conversation before one of its user messages, and answers that message's text; refused while a turn runs.
+ */
+export type SessionForkRequest = {
+  id: RequestId;
+  method: "session/fork";
+  params: SessionForkParams;
+};
+
+/**
+ * The forked session, and the text of the message it was forked at (to edit and send again).
+ */
+export type SessionForkResult = {
+  session: SessionInfo;
+  /**
+   * The user message's text (pi's `fork` answer; images left out).
+   */
+  text: string;
+};
+
+/**
+ * `session.forked`: the first event of a session made by `session/fork` or `session/clone`;
+ * the conversation it starts with follows, as this session's own history entries
+ * (docs/protocol.md §7.31, §7.32).
+ */
+export type SessionForkedData = {
+  /**
+   * The device that made it.
+   */
+  deviceId?: string | null;
+  /**
+   * The history entry of that session it was forked at (a user message, which it does not
+   * hold); absent for a clone, which holds the whole conversation.
+   */
+  from?: Cursor | null;
+  /**
+   * The session it was made from.
+   */
+  fromSessionId: string;
 };
 
 /**
@@ -2056,6 +2137,8 @@ export interface RacpMethods {
   "turn/follow_up": { params: TurnFollowUpParams; result: TurnFollowUpResult };
   "session/compact": { params: SessionCompactParams; result: SessionCompactResult };
   "session/configure": { params: SessionConfigureParams; result: SessionCreateResult };
+  "session/fork": { params: SessionForkParams; result: SessionForkResult };
+  "session/clone": { params: SessionCloneParams; result: SessionCreateResult };
   "credential/set": { params: CredentialSetParams; result: CredentialSetResult };
   "credential/delete": { params: ProviderRef; result: Deleted };
   "credential/list": { params: Empty; result: CredentialListResult };
@@ -2088,6 +2171,7 @@ export interface RacpEventData {
   "session.configured": SessionConfiguredData;
   "session.renamed": SessionRenamedData;
   "session.bash": SessionBashData;
+  "session.forked": SessionForkedData;
 }
 
 /** Who may call each method, whether it changes state, and whether it may be resent after a lost reply. */
@@ -2118,6 +2202,8 @@ export const METHODS = {
   "turn/follow_up": { access: "operator", mutates: true, safeToResend: true },
   "session/compact": { access: "operator", mutates: true, safeToResend: false },
   "session/configure": { access: "operator", mutates: true, safeToResend: true },
+  "session/fork": { access: "operator", mutates: true, safeToResend: false },
+  "session/clone": { access: "operator", mutates: true, safeToResend: false },
   "credential/set": { access: "owner", mutates: true, safeToResend: true },
   "credential/delete": { access: "owner", mutates: true, safeToResend: true },
   "credential/list": { access: "owner", mutates: false, safeToResend: true },

@@ -200,6 +200,12 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
             let list = crate::models::list(&state).await?;
             to_raw(&*list)
         }),
+        HostCall::SessionFork(params) => {
+            reply(async move { state.turns.fork(&state, &caller, params).await })
+        }
+        HostCall::SessionClone(params) => {
+            reply(async move { state.turns.clone_session(&state, &caller, params).await })
+        }
         HostCall::SessionConfigure(params) => {
             reply(async move { state.turns.configure(&state, &caller, params).await })
         }

@@ -30,6 +30,8 @@ pub enum Capability {
     Commands,
     /// `session/export`.
     Export,
+    /// `session/fork`, `session/clone`.
+    Branches,
     /// `host/list` and `/racp/hosts/{hostId}`: a gateway's.
     Hosts,
 }
@@ -53,6 +55,7 @@ impl Capability {
         Capability::Stats,
         Capability::Commands,
         Capability::Export,
+        Capability::Branches,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -73,6 +76,7 @@ impl Capability {
             Capability::Stats => "stats",
             Capability::Commands => "commands",
             Capability::Export => "export",
+            Capability::Branches => "branches",
             Capability::Hosts => "hosts",
         }
     }
@@ -90,6 +94,7 @@ impl Capability {
             "get_session_stats" => Capability::Stats,
             "get_commands" => Capability::Commands,
             "export_html" => Capability::Export,
+            "get_fork_messages" | "fork" | "clone" => Capability::Branches,
             _ => return None,
         })
     }

@@ -309,6 +309,7 @@ event_table! {
     SessionConfigured = "session.configured" (SessionConfiguredData)
     SessionRenamed = "session.renamed" (SessionRenamedData)
     SessionBash = "session.bash" (SessionBashData)
+    SessionForked = "session.forked" (SessionForkedData)
 }
 
 impl EventType {
@@ -496,6 +497,23 @@ pub struct SessionConfiguredData {
 pub struct SessionRenamedData {
     pub title: String,
     /// The device that renamed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+}
+
+/// `session.forked`: the first event of a session made by `session/fork` or `session/clone`;
+/// the conversation it starts with follows, as this session's own history entries
+/// (docs/protocol.md §7.31, §7.32).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionForkedData {
+    /// The session it was made from.
+    pub from_session_id: String,
+    /// The history entry of that session it was forked at (a user message, which it does not
+    /// hold); absent for a clone, which holds the whole conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Cursor>,
+    /// The device that made it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
 }

@@ -423,6 +423,28 @@ pub fn pi_words(cli: &Path, extension: Option<&Path>) -> Vec<String> {
     words
 }
 
+/// [`pi_words`] with pi's session files on: pi then saves each session in the directory the
+/// host names (`PI_CODING_AGENT_SESSION_DIR`) and resumes it (`--continue`), as in production.
+pub fn pi_words_saving(cli: &Path) -> Vec<String> {
+    pi_words(cli, None)
+        .into_iter()
+        .filter(|word| word != "--no-session")
+        .collect()
+}
+
+/// A host whose agent is the real pi with its session files on ([`pi_words_saving`]); also
+/// returns the `--agent` command, to start the host again with it.
+pub async fn pi_host_saving(stub: &Stub) -> (HostProcess, tempfile::TempDir, String) {
+    let port = start_stub(stub.clone()).await;
+    let pi_dir = pi_config(port);
+    let agent = shell_words::join(pi_words_saving(&pi_cli()));
+    let env = pi_env(pi_dir.path());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let host =
+        HostProcess::start_with_env(&crate::pi_host_binary(), &["--agent", &agent], &env).await;
+    (host, pi_dir, agent)
+}
+
 /// The environment pi runs with: its own config dir, offline.
 pub fn pi_env(pi_dir: &Path) -> [(&'static str, String); 4] {
     [

@@ -245,6 +245,28 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
         "{routed}"
     );
 
+    // A clone routed to the host: a session of its own whose history is the source's
+    // conversation (docs/protocol.md §7.32), read back through the gateway.
+    let cloned = desk
+        .call("session/clone", json!({"sessionId": session_id}))
+        .await;
+    let clone_id = cloned["result"]["session"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{cloned}"));
+    assert_ne!(clone_id, session_id);
+    let said = |page: &Value| -> Vec<Value> {
+        let entries = page["result"]["entries"].as_array().unwrap();
+        entries.iter().map(|e| e["data"].clone()).collect()
+    };
+    let source = desk
+        .call("session/history", json!({"sessionId": session_id}))
+        .await;
+    let copy = desk
+        .call("session/history", json!({"sessionId": clone_id}))
+        .await;
+    assert!(!said(&source).is_empty());
+    assert_eq!(said(&copy), said(&source), "{copy}");
+
     // A closed session read to its end ends a subscription at once, as on a host, from its last
     // cursor or from its head, instead of leaving it open for events that will never come.
     let closed = desk

@@ -182,6 +182,23 @@ enum Command {
     Close { session: String },
     /// Give a session another title.
     Rename { session: String, title: String },
+    /// Fork a session before one of its messages: a new session with the conversation before
+    /// it; prints the new session's id, then the message's text (to edit and send again).
+    Fork {
+        session: String,
+        /// The cursor of a message you sent (`pi-remote history SESSION --json` prints each
+        /// message with its cursor).
+        #[arg(long, value_name = "CURSOR")]
+        from: racp_proto::Cursor,
+        #[arg(long)]
+        title: Option<String>,
+    },
+    /// Clone a session: a new session with its whole conversation; prints the new session's id.
+    Clone {
+        session: String,
+        #[arg(long)]
+        title: Option<String>,
+    },
     /// Allow a pending approval, or answer it with --value (select, input, editor).
     Approve {
         approval: String,
@@ -479,6 +496,12 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
         Command::Abort { session, turn } => turns::abort(out, &client, session, turn).await,
         Command::Close { session } => sessions::close(out, &client, session).await,
         Command::Rename { session, title } => sessions::rename(out, &client, session, title).await,
+        Command::Fork {
+            session,
+            from,
+            title,
+        } => sessions::fork(out, &client, session, from, title).await,
+        Command::Clone { session, title } => sessions::clone(out, &client, session, title).await,
         Command::Approve { approval, value } => turns::approve(out, &client, approval, value).await,
         Command::Deny { approval } => turns::deny(out, &client, approval).await,
         Command::Attach { session } => attach::attach(out, client, session).await,

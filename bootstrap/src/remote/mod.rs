@@ -15,6 +15,8 @@
 //! pi-remote shell SESSION "git status"                 # a shell command; its output joins the conversation
 //! pi-remote stats SESSION | commands SESSION           # tokens and cost | slash commands
 //! pi-remote export SESSION > session.html              # the session as pi's HTML page
+//! pi-remote fork SESSION --from CURSOR [--title T]     # a new session before a message you sent
+//! pi-remote clone SESSION [--title T]                  # a new session with the whole conversation
 //! pi-remote approve APPROVAL [--value V] | deny APPROVAL
 //! pi-remote devices | revoke DEVICE                    # owner only
 //! pi-remote hosts [--use HOST_ID]                      # a gateway's hosts | choose the default
@@ -64,7 +66,10 @@
 //! resend); `abort` and `close` are resent after a dropped link. `follow-up` queues a prompt for
 //! after the running turn (or starts a turn when none runs) with a fresh idempotency key,
 //! resent as is after a dropped link, as `prompt`'s; `compact` is sent once
-//! (docs/protocol.md §7.25, §7.26).
+//! (docs/protocol.md §7.25, §7.26). `fork` and `clone` are sent once too (a resend would make a
+//! second session): `fork --from` takes the cursor of a user message of the session's history
+//! (`history --json` prints each entry with its `cursor`) and prints the new session's id, then
+//! that message's text; `clone` prints the new session's id (docs/protocol.md §7.31, §7.32).
 //!
 //! `prompt` starts a turn with a fresh idempotency key (resent as is after a dropped link). With
 //! `--wait` it first subscribes from the session's snapshot cursor (`session/get`), so no event

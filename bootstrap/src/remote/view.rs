@@ -6,8 +6,8 @@
 //! `assistant: …`, `→ tool {args}`, `← tool: result…`, `[compacted: …]`.
 
 use racp_proto::events::{
-    ApprovalRequestedData, ApprovalSettledData, Event, EventType, SessionRenamedData,
-    TurnFinishedData, TurnStartedData,
+    ApprovalRequestedData, ApprovalSettledData, Event, EventType, SessionForkedData,
+    SessionRenamedData, TurnFinishedData, TurnStartedData,
 };
 use racp_proto::methods::turn::{ApprovalInfo, ApprovalKind};
 use racp_proto::pi::{self, Kind, event::ToolRun};
@@ -76,6 +76,13 @@ impl View {
             EventType::SessionClosed => self.line("== session closed"),
             EventType::SessionRenamed => match event.data.parse::<SessionRenamedData>() {
                 Ok(renamed) => self.line(&format!("== session renamed: {}", renamed.title)),
+                Err(_) => String::new(),
+            },
+            EventType::SessionForked => match event.data.parse::<SessionForkedData>() {
+                Ok(forked) if forked.from.is_some() => {
+                    self.line(&format!("== forked from {}", forked.from_session_id))
+                }
+                Ok(cloned) => self.line(&format!("== cloned from {}", cloned.from_session_id)),
                 Err(_) => String::new(),
             },
             EventType::AgentStopped | EventType::SessionConfigured => String::new(),

@@ -124,6 +124,9 @@ impl View {
             HostEventData::AgentStopped(_) => self.queue = Queue::default(),
             // A shell command's message is in the history, not in the snapshot's state.
             HostEventData::SessionBash(_) => {}
+            // Where the session came from; the conversation it starts with follows as history
+            // entries, which change no snapshot state.
+            HostEventData::SessionForked(_) => {}
         }
     }
 

@@ -285,6 +285,40 @@ impl Store {
     }
 }
 
+impl Store {
+    /// At most `limit` entries of a session's history after `after_seq` and before
+    /// `before_seq`, oldest first: a fork copies them in batches (turns/branch.rs).
+    pub fn history_between(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        before_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let conn = self.conn()?;
+        let mut select = conn.prepare_cached(
+            "SELECT seq, at, json FROM history WHERE session_id = ?1 AND seq > ?2 AND seq < ?3
+             ORDER BY seq LIMIT ?4",
+        )?;
+        let rows = select.query_map(
+            (
+                session_id,
+                after_seq as i64,
+                before_seq as i64,
+                limit as i64,
+            ),
+            |row| {
+                Ok(EventRow {
+                    seq: row.get::<_, i64>(0)? as u64,
+                    at: row.get::<_, i64>(1)? as u64,
+                    json: row.get(2)?,
+                })
+            },
+        )?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

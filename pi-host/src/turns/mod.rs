@@ -6,6 +6,7 @@
 //! before reading more, so a slow disk pushes back on the agent, never on subscribers.
 
 mod approvals;
+mod branch;
 mod lifecycle;
 mod queue;
 mod reads;
@@ -117,6 +118,9 @@ pub struct Driver {
     compacting: std::sync::atomic::AtomicBool,
     /// A shell command runs (`shell.rs`): the agent is in use.
     shell_running: std::sync::atomic::AtomicBool,
+    /// A `session/fork` or `session/clone` of this session is going on: no turn starts
+    /// meanwhile (branch.rs).
+    branching: std::sync::atomic::AtomicBool,
 }
 
 /// What turns need of the host (state.rs implements it), so that the host can own its turns
@@ -169,6 +173,7 @@ impl Turns {
                     configuring: Mutex::new(()),
                     compacting: Default::default(),
                     shell_running: Default::default(),
+                    branching: Default::default(),
                 })
             })
             .clone()
@@ -754,15 +759,14 @@ impl Driver {
         }
         // Each session keeps the agent's own session files in its own directory; an agent
         // started again for a session that already ran resumes from them.
-        let session_dir = host
-            .config()
-            .data_dir
-            .join("agent-sessions")
-            .join(&self.session.id);
+        let session_dir = branch::agent_dir(host, &self.session.id);
         if let Err(err) = crate::private_file::create_private_dir(&session_dir) {
             tracing::warn!(error = %err, "cannot create the agent's session directory");
         }
-        let resume = state.spawned_before || self.session.has_turns();
+        // A session made by a fork starts with pi's session file already there (branch.rs).
+        let resume = state.spawned_before
+            || self.session.has_turns()
+            || branch::holds_session_file(&session_dir);
         let spec = AgentSpec {
             command: host.agent_command(resume),
             workspace: self.session.workspace.clone().into(),

@@ -190,6 +190,12 @@ impl super::Driver {
                 "the session is compacting its conversation: start the turn once it has finished",
             ));
         }
+        if self.branching.load(Ordering::Acquire) {
+            return Err(AppError::new(
+                ErrorCode::AgentBusy,
+                "the session is being forked or cloned: start the turn once that has finished",
+            ));
+        }
         Ok(())
     }
 }

@@ -28,12 +28,12 @@ use model::{
     ProviderRef, ProviderSetParams,
 };
 use session::{
-    SessionBashParams, SessionBashResult, SessionCommandsResult, SessionCompactParams,
-    SessionCompactResult, SessionConfigureParams, SessionCreateParams, SessionCreateResult,
-    SessionExportParams, SessionExportResult, SessionGetResult, SessionHistoryParams,
-    SessionHistoryResult, SessionListResult, SessionRef, SessionRenameParams, SessionStatsResult,
-    SessionStreamParams, SessionStreamResult, SessionSubscribeParams, SessionSubscribeResult,
-    SessionUnsubscribeParams,
+    SessionBashParams, SessionBashResult, SessionCloneParams, SessionCommandsResult,
+    SessionCompactParams, SessionCompactResult, SessionConfigureParams, SessionCreateParams,
+    SessionCreateResult, SessionExportParams, SessionExportResult, SessionForkParams,
+    SessionForkResult, SessionGetResult, SessionHistoryParams, SessionHistoryResult,
+    SessionListResult, SessionRef, SessionRenameParams, SessionStatsResult, SessionStreamParams,
+    SessionStreamResult, SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
 };
 use turn::{
     ApprovalRespondParams, ApprovalRespondResult, TurnFollowUpParams, TurnFollowUpResult, TurnRef,
@@ -304,6 +304,10 @@ method_table! {
         SessionCompact = "session/compact" (SessionCompactParams => SessionCompactResult) { access: OPERATOR, mutates: true, safe_to_resend: false }
         /// Changes a session's model, thinking level, auto-compaction or queue modes; setting the same values again changes nothing.
         SessionConfigure = "session/configure" (SessionConfigureParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
+        /// Makes a new session from a session's conversation before one of its user messages, and answers that message's text; refused while a turn runs.
+        SessionFork = "session/fork" (SessionForkParams => SessionForkResult) { access: OPERATOR, mutates: true, safe_to_resend: false }
+        /// Makes a new session holding a session's whole conversation; refused while a turn runs.
+        SessionClone = "session/clone" (SessionCloneParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: false }
         /// Sets a provider's API key (write-only: never returned); the next agent started uses it.
         CredentialSet = "credential/set" (CredentialSetParams => CredentialSetResult) { access: OWNER, mutates: true, safe_to_resend: true }
         /// Deletes a provider's API key set with `credential/set`.

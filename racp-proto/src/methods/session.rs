@@ -290,6 +290,64 @@ pub struct SessionCompactResult {
     pub details: Option<serde_json::Value>,
 }
 
+/// Makes a new session from an earlier point of a session's conversation: everything before one
+/// of its user messages (docs/protocol.md §7.31).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionForkParams {
+    /// The session to fork.
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    /// The cursor of one of its history entries that is a user message (`agent.message_end`
+    /// with `data.message.role` `user`): the new session holds what came before it.
+    pub from: Cursor,
+    /// The new session's title; no control characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_NAME_CHARS), regex(pattern = NAME_PATTERN))]
+    pub title: Option<String>,
+}
+
+impl Validate for SessionForkParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
+        if let Some(title) = &self.title {
+            name("title", title, 1, MAX_NAME_CHARS)?;
+        }
+        Ok(())
+    }
+}
+
+/// The forked session, and the text of the message it was forked at (to edit and send again).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionForkResult {
+    pub session: SessionInfo,
+    /// The user message's text (pi's `fork` answer; images left out).
+    pub text: String,
+}
+
+/// Makes a new session holding a session's whole conversation (docs/protocol.md §7.32).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionCloneParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    /// The new session's title; no control characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_NAME_CHARS), regex(pattern = NAME_PATTERN))]
+    pub title: Option<String>,
+}
+
+impl Validate for SessionCloneParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
+        if let Some(title) = &self.title {
+            name("title", title, 1, MAX_NAME_CHARS)?;
+        }
+        Ok(())
+    }
+}
+
 /// Entries of a session's history, oldest first: each is the event that carried a message
 /// whole or a compaction's summary (`agent.message_end`, `agent.compaction_end`), exactly as
 /// it was delivered live, with its seq and cursor.

@@ -73,6 +73,17 @@ pub enum Command<'a> {
     },
     /// The extension commands, prompt templates and skills a `prompt` may start with `/name`.
     GetCommands,
+    /// The user messages pi can fork its session at, in order (`[{entryId, text}]`).
+    GetForkMessages,
+    /// Branches pi's session before the user message `entry_id`: pi writes the branch as a
+    /// new session file in its session directory, switches to it, and answers that message's
+    /// text.
+    Fork {
+        #[serde(rename = "entryId")]
+        entry_id: &'a str,
+    },
+    /// Copies pi's whole session into a new session file and switches to it.
+    Clone,
     /// The answer to an extension's dialog (pi never acknowledges it).
     ExtensionUiResponse {
         id: &'a str,
@@ -130,6 +141,9 @@ impl<'a> Command<'a> {
             Command::GetSessionStats => "get_session_stats",
             Command::ExportHtml { .. } => "export_html",
             Command::GetCommands => "get_commands",
+            Command::GetForkMessages => "get_fork_messages",
+            Command::Fork { .. } => "fork",
+            Command::Clone => "clone",
             Command::ExtensionUiResponse { .. } => "extension_ui_response",
         }
     }
@@ -226,6 +240,15 @@ mod tests {
                 json!({"id": "7", "type": "prompt", "message": "hi"}),
             ),
             (Command::Abort, json!({"id": "7", "type": "abort"})),
+            (
+                Command::GetForkMessages,
+                json!({"id": "7", "type": "get_fork_messages"}),
+            ),
+            (
+                Command::Fork { entry_id: "ab12" },
+                json!({"id": "7", "type": "fork", "entryId": "ab12"}),
+            ),
+            (Command::Clone, json!({"id": "7", "type": "clone"})),
             (Command::GetState, json!({"id": "7", "type": "get_state"})),
             (
                 Command::set_model(&model),

@@ -254,6 +254,62 @@ pub fn available_models(data: &Value) -> Vec<ModelRef> {
         .unwrap_or_default()
 }
 
+/// A user message pi can fork its session at (`get_fork_messages`'s items).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkMessage {
+    pub entry_id: String,
+    pub text: String,
+}
+
+/// `get_fork_messages`'s `data.messages`, in pi's order (the session file's).
+pub fn fork_messages(data: &Value) -> Vec<ForkMessage> {
+    data.get("messages")
+        .cloned()
+        .and_then(|messages| serde_json::from_value(messages).ok())
+        .unwrap_or_default()
+}
+
+/// The session file of `get_state`'s data: absent when pi saves no session (`--no-session`)
+/// or an agent that is not pi.
+pub fn session_file(state: &Value) -> Option<String> {
+    state
+        .get("sessionFile")
+        .and_then(Value::as_str)
+        .filter(|file| !file.is_empty())
+        .map(str::to_string)
+}
+
+/// What `fork` and `clone` answer: whether an extension cancelled them, and for `fork` the
+/// forked message's text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct Branched {
+    #[serde(default)]
+    pub cancelled: bool,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl Branched {
+    pub fn of(data: &Value) -> Branched {
+        serde_json::from_value(data.clone()).unwrap_or_default()
+    }
+}
+
+/// The text of a user message as pi's fork list shows it: a string content, or its text parts
+/// joined (images left out).
+pub fn user_text(message: &Value) -> String {
+    match message.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter(|part| part.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,5 +345,39 @@ mod tests {
             "export_html",
             "Nothing to export yet - start a conversation first"
         ));
+    }
+
+    #[test]
+    fn fork_and_clone_answers_are_read_as_pi_writes_them() {
+        let listed = json!({"messages": [
+            {"entryId": "a1", "text": "First"},
+            {"entryId": "b2", "text": "Second"},
+        ]});
+        let messages = fork_messages(&listed);
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[1].entry_id, "b2");
+        assert_eq!(messages[1].text, "Second");
+        assert!(fork_messages(&json!({"messages": "no"})).is_empty());
+
+        let state = json!({"sessionFile": "/d/2026_x.jsonl", "sessionId": "x"});
+        assert_eq!(session_file(&state).as_deref(), Some("/d/2026_x.jsonl"));
+        assert_eq!(session_file(&json!({"sessionId": "x"})), None);
+
+        let forked = Branched::of(&json!({"text": "Second", "cancelled": false}));
+        assert_eq!(forked.text.as_deref(), Some("Second"));
+        assert!(!forked.cancelled);
+        assert!(Branched::of(&json!({"cancelled": true})).cancelled);
+    }
+
+    #[test]
+    fn a_user_messages_text_is_its_text_parts_joined() {
+        let parts = json!({"role": "user", "content": [
+            {"type": "text", "text": "see "},
+            {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+            {"type": "text", "text": "this"},
+        ]});
+        assert_eq!(user_text(&parts), "see this");
+        assert_eq!(user_text(&json!({"content": "plain"})), "plain");
+        assert_eq!(user_text(&json!({"role": "user"})), "");
     }
 }

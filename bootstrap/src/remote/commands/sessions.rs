@@ -1,10 +1,13 @@
-//! `pi-remote sessions`, `pi-remote new` and `pi-remote close`.
+//! `pi-remote sessions`, `pi-remote new`, `pi-remote close`, `pi-remote fork` and
+//! `pi-remote clone`.
 
 use super::call_resending;
 use crate::remote::Failure;
 use crate::remote::out::{Out, enum_name};
 use racp_proto::client::RacpClient;
-use racp_proto::methods::session::{SessionCreateParams, SessionRef, SessionRenameParams};
+use racp_proto::methods::session::{
+    SessionCloneParams, SessionCreateParams, SessionForkParams, SessionRef, SessionRenameParams,
+};
 use racp_proto::validate::printable;
 use racp_proto::{Empty, calls};
 
@@ -86,6 +89,48 @@ pub async fn rename(
             printable(&renamed.session.session_id, false),
             printable(title, false)
         ));
+    }
+    Ok(())
+}
+
+/// Forks a session before the user message at `from` (docs/protocol.md §7.31): prints the new
+/// session's id, then the message's text. Not resent after a dropped link: a resend would make
+/// a second branch.
+pub async fn fork(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    from: racp_proto::Cursor,
+    title: Option<String>,
+) -> Result<(), Failure> {
+    let params = SessionForkParams {
+        session_id,
+        from,
+        title,
+    };
+    let forked = client.call::<calls::SessionFork>(params).await?;
+    if out.json {
+        out.json_value(&forked);
+    } else {
+        out.line(&forked.session.session_id);
+        out.line(&printable(&forked.text, true));
+    }
+    Ok(())
+}
+
+/// Clones a session (docs/protocol.md §7.32) and prints the new session's id.
+pub async fn clone(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    title: Option<String>,
+) -> Result<(), Failure> {
+    let params = SessionCloneParams { session_id, title };
+    let cloned = client.call::<calls::SessionClone>(params).await?;
+    if out.json {
+        out.json_value(&cloned.session);
+    } else {
+        out.line(&cloned.session.session_id);
     }
     Ok(())
 }
