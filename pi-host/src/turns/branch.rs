@@ -333,12 +333,13 @@ async fn new_branch(
     Ok(target)
 }
 
-/// A history entry of the source as an event of the new session: its type and `data`, without
-/// its `turnId`, which names a turn of the other session.
+/// A history entry of the source (a message, a compaction's summary, a shell command) as an
+/// event of the new session: its type and `data`, without its `turnId`, which names a turn of
+/// the other session.
 fn copied(json: &str) -> Option<HostEvent> {
-    let event = serde_json::from_str::<Event>(json).ok()?;
-    let kind = Kind::of_event_type(&event.kind)?;
-    Some(HostEvent::relayed(kind, None, event.data.into_raw()))
+    let mut event = serde_json::from_str::<Event>(json).ok()?;
+    event.turn_id = None;
+    HostEvent::from_stored(event)
 }
 
 fn not_a_user_message() -> AppError {
