@@ -1759,3 +1759,74 @@ async fn a_hosts_endpoint_names_the_hosts_own_capabilities() {
     let fs = through.call("fs/list", json!({"path": "/"})).await;
     assert_eq!(fs["error"]["code"], "CAPABILITY_UNAVAILABLE", "{fs}");
 }
+
+/// Every method a local pi session's features need reaches the host through the gateway
+/// (docs/protocol.md §6.4): an image with a prompt, a new title, the slash commands, the
+/// export, a fork; and an agent that lacks a command (the stand-in has no `compact`) answers
+/// CAPABILITY_UNAVAILABLE naming the feature, routed as it came.
+#[tokio::test]
+async fn a_local_sessions_features_are_routed_to_the_host() {
+    let OneHost {
+        fleet: _nats,
+        gateway,
+        host,
+        host_id,
+        token,
+        ..
+    } = one_host(1).await;
+    let mut desk = connect(&gateway.host_url(&host_id), &token).await;
+    let (session_id, _) = open_session(&mut desk, &host).await;
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    let started = desk
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "deltas:1",
+                   "images": [{"mimeType": "image/png", "data": png}]}),
+        )
+        .await;
+    assert!(started["result"]["turnId"].is_string(), "{started}");
+    let events = desk.events_until(PATIENCE, finished).await;
+    assert_eq!(
+        events[0]["data"]["images"],
+        json!([{"mimeType": "image/png", "bytes": 70}])
+    );
+
+    let renamed = desk
+        .call(
+            "session/rename",
+            json!({"sessionId": session_id, "title": "routed"}),
+        )
+        .await;
+    assert_eq!(renamed["result"]["session"]["title"], "routed", "{renamed}");
+    let session = json!({"sessionId": session_id});
+    let commands = desk.call("session/commands", session.clone()).await;
+    assert_eq!(
+        commands["result"]["commands"][0]["name"], "stand-in-template",
+        "{commands}"
+    );
+    let exported = desk.call("session/export", session.clone()).await;
+    assert!(
+        exported["result"]["html"]
+            .as_str()
+            .is_some_and(|html| html.starts_with("<!DOCTYPE html>")),
+        "{exported}"
+    );
+    let compact = desk.call("session/compact", session.clone()).await;
+    assert_eq!(
+        compact["error"]["code"], "CAPABILITY_UNAVAILABLE",
+        "{compact}"
+    );
+    assert_eq!(compact["error"]["details"]["capability"], "compaction");
+    let prompt = events
+        .iter()
+        .find(|e| e["type"] == "agent.message_end" && e["data"]["message"]["role"] == "user")
+        .expect("the prompt's message");
+    let fork = desk
+        .call(
+            "session/fork",
+            json!({"sessionId": session_id, "from": prompt["cursor"]}),
+        )
+        .await;
+    assert_eq!(fork["error"]["code"], "CAPABILITY_UNAVAILABLE", "{fork}");
+    assert_eq!(fork["error"]["details"]["capability"], "branches");
+}
