@@ -52,7 +52,8 @@ impl View {
         }
     }
 
-    /// What `event`, recorded at `at`, does to the snapshot.
+    /// What `event`, recorded at `at`, does to the snapshot. Longer than 60 lines by design: one
+    /// arm per row of the host event table, matched exhaustively so a new event asks its effect.
     pub fn apply(&mut self, session_id: &str, event: HostEvent, at: u64) {
         let (body, turn_id) = match event {
             HostEvent::Host { body, turn_id } => (body, turn_id),
