@@ -485,7 +485,7 @@ pub struct AgentStoppedData {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionConfiguredData {
-    pub settings: crate::methods::session::SessionSettings,
+    pub settings: crate::methods::model::SessionSettings,
     /// The device that changed them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,

@@ -4,12 +4,12 @@
 //! together see every entry exactly once, because an entry's position is its event's.
 
 use super::Session;
-use crate::server::elide::elide;
 use crate::store::{EventRow, Store};
 use racp_proto::events::Event;
 use racp_proto::limits::{DEFAULT_HISTORY_LIMIT, DEFAULT_HISTORY_PAGE_BYTES};
 use racp_proto::methods::session::{HistoryPage, SessionHistoryParams};
 use racp_proto::{AppError, Cursor, Expired};
+use racp_server::elide::elide;
 
 /// How much one page holds.
 #[derive(Debug, Clone, Copy)]

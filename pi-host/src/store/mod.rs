@@ -11,7 +11,7 @@ mod sessions;
 
 pub use devices::{DeviceRow, PairingOutcome};
 pub use history::{AtBound, HistoryPolicy};
-pub use sessions::{EventRow, NewEvent, SessionBatch, SessionRow, TurnRow, commit_events};
+pub use sessions::{EventRow, NewEvent, SessionBatch, SessionRow, TurnRow};
 
 use rusqlite::{Connection, OptionalExtension};
 use std::path::Path;
@@ -142,4 +142,20 @@ impl Store {
         )?;
         Ok(value)
     }
+}
+
+/// Writes one batch of events for several sessions in one transaction (group commit): one
+/// chunk row per session part (`sessions.rs`), and the events that hold the conversation into
+/// its history (`history.rs`), kept within `policy` as of `now`.
+pub fn commit_events(
+    conn: &mut Connection,
+    batch: &[SessionBatch<'_>],
+    policy: &HistoryPolicy,
+    now: u64,
+) -> Result<(), StoreError> {
+    let tx = conn.transaction()?;
+    sessions::insert_chunks(&tx, batch)?;
+    history::insert(&tx, batch, policy, now)?;
+    tx.commit()?;
+    Ok(())
 }

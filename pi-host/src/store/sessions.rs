@@ -3,7 +3,6 @@
 //! Events are written by the group-commit writer (`sessions::writer`) on its own connection;
 //! this file holds the reads and the small writes.
 
-use super::history::HistoryPolicy;
 use super::{Store, StoreError};
 use racp_proto::methods::session::SessionSettings;
 use rusqlite::{Connection, OptionalExtension, Transaction};
@@ -264,24 +263,13 @@ pub struct SessionBatch<'a> {
     pub prune_below: Option<u64>,
 }
 
-/// Writes one batch of events for several sessions in one transaction (group commit), one
-/// chunk row per session part, records each session's head so it survives pruning, and drops
-/// the chunks wholly below each session's oldest kept seq; the events that hold the
-/// conversation go into its history in the same transaction, kept within `policy` as of `now`.
-pub fn commit_events(
-    conn: &mut Connection,
+/// One chunk row per session part, each session's head recorded so it survives pruning, and
+/// the chunks wholly below each session's oldest kept seq dropped (part of a group commit,
+/// `store::commit_events`).
+pub(super) fn insert_chunks(
+    tx: &Transaction<'_>,
     batch: &[SessionBatch<'_>],
-    policy: &HistoryPolicy,
-    now: u64,
 ) -> Result<(), StoreError> {
-    let tx = conn.transaction()?;
-    insert_chunks(&tx, batch)?;
-    super::history::insert(&tx, batch, policy, now)?;
-    tx.commit()?;
-    Ok(())
-}
-
-fn insert_chunks(tx: &Transaction<'_>, batch: &[SessionBatch<'_>]) -> Result<(), StoreError> {
     {
         let mut insert = tx.prepare_cached(
             "INSERT INTO event_chunks (session_id, first_seq, last_seq, body)
@@ -417,10 +405,10 @@ mod tests {
             events: rows.iter().map(EventRow::as_new).collect(),
             prune_below,
         }];
-        commit_events(
+        super::super::commit_events(
             &mut store.conn().unwrap(),
             &batch,
-            &HistoryPolicy::default(),
+            &super::super::HistoryPolicy::default(),
             0,
         )
         .unwrap();

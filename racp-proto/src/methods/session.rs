@@ -1,5 +1,6 @@
 //! `session/*`: sessions, snapshots and subscriptions.
 
+pub use super::model::SessionSettings;
 use super::model::{ModelRef, QueueMode, ThinkingLevel};
 use super::turn::{ApprovalInfo, TurnInfo};
 use crate::AppError;
@@ -47,43 +48,6 @@ pub struct SessionInfo {
     /// `session/configure`); an absent one is the agent's own default.
     #[serde(flatten)]
     pub settings: SessionSettings,
-}
-
-/// What a session runs with, where a client chose it; each absent field is the agent's own
-/// default (the remote user's pi settings).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct SessionSettings {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<ModelRef>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub thinking_level: Option<ThinkingLevel>,
-    /// Whether the agent compacts its context by itself when it is nearly full.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auto_compaction: Option<bool>,
-    /// How the agent delivers steering messages queued while it works.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub steering_mode: Option<QueueMode>,
-    /// How the agent delivers follow-ups queued while it works.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub follow_up_mode: Option<QueueMode>,
-}
-
-impl SessionSettings {
-    /// `self` with every field `change` sets replaced.
-    pub fn with(&self, change: &SessionSettings) -> SessionSettings {
-        SessionSettings {
-            model: change.model.clone().or_else(|| self.model.clone()),
-            thinking_level: change.thinking_level.or(self.thinking_level),
-            auto_compaction: change.auto_compaction.or(self.auto_compaction),
-            steering_mode: change.steering_mode.or(self.steering_mode),
-            follow_up_mode: change.follow_up_mode.or(self.follow_up_mode),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self == &SessionSettings::default()
-    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
