@@ -927,6 +927,19 @@ async fn steer_reaches_the_running_turns_agent() {
         follow_up.contains("queued") && !follow_up.contains(&turn),
         "{follow_up}"
     );
+    let follow_turn = follow_up.split_whitespace().next().unwrap().to_string();
+    let queued = attached.until("turn.queued");
+    assert_eq!(queued["turnId"], follow_turn);
+    // Withdrawn before it runs: its text comes back.
+    let cleared = remote.ok(&["clear-queue", &session]).await;
+    assert_eq!(
+        cleared.trim(),
+        format!("withdrew {follow_turn}: then the window")
+    );
+    let withdrawn = attached.until("turn.withdrawn");
+    assert_eq!(withdrawn["data"]["reason"], "cleared");
+    let again = remote.ok(&["clear-queue", &session]).await;
+    assert_eq!(again.trim(), "nothing queued");
     remote.ok(&["abort", &session]).await;
     let finished = attached.until("turn.finished");
     assert_eq!(finished["data"]["outcome"], "aborted");

@@ -263,7 +263,7 @@ export type BashRole = "bashExecution";
 /**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionCompactRequest | SessionConfigureRequest | SessionForkRequest | SessionCloneRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
+export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionClearQueueRequest | SessionCompactRequest | SessionConfigureRequest | SessionForkRequest | SessionCloneRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
 
 /**
  * Who is calling.
@@ -1143,14 +1143,16 @@ export type ProviderSetRequest = {
 };
 
 /**
- * What the agent holds queued while it works (pi's `queue_update`): each message's text, in
- * the order it will be delivered.
+ * What waits to run while a turn works: the steering messages the agent holds (pi's
+ * `queue_update`) and the follow-ups the host holds (docs/protocol.md §7.25), each in the
+ * order it will be delivered.
  */
 export type Queue = {
   /**
-   * Follow-ups (`turn/follow_up`): each runs as a turn of its own when the work before it ends.
+   * Follow-ups (`turn/follow_up`): each runs as a turn of its own when the turn before it
+   * completes; `session/clear_queue` withdraws them.
    */
-  followUp?: string[];
+  followUps?: QueuedFollowUp[];
   /**
    * Steering messages (`turn/steer`): delivered before the agent's next model request.
    */
@@ -1162,6 +1164,18 @@ export type Queue = {
  * `set_follow_up_mode`): every queued message at once, or one per step (pi's default).
  */
 export type QueueMode = "all" | "one-at-a-time";
+
+/**
+ * A follow-up waiting for its turn: its `turnId` has no `turn.started` yet.
+ */
+export type QueuedFollowUp = {
+  /**
+   * The device that queued it.
+   */
+  deviceId?: string | null;
+  text: string;
+  turnId: string;
+};
 
 /**
  * What a client should do next when it meets a code.
@@ -1269,6 +1283,34 @@ export type SessionBashResult = {
    * `output` is only the end of what the command wrote.
    */
   truncated: boolean;
+};
+
+/**
+ * Withdraws queued follow-ups before they run: the one named, or all of them.
+ */
+export type SessionClearQueueParams = {
+  sessionId: string;
+  /**
+   * The follow-up's turn to withdraw; absent, every queued follow-up.
+   */
+  turnId?: string | null;
+};
+
+/**
+ * `session/clear_queue`: Withdraws queued follow-ups before they run (one, or all); a resend withdraws nothing more.
+ */
+export type SessionClearQueueRequest = {
+  id: RequestId;
+  method: "session/clear_queue";
+  params: SessionClearQueueParams;
+};
+
+/**
+ * The follow-ups withdrawn now, in queue order (their text, to put back where it was typed);
+ * empty when none waited (a resend).
+ */
+export type SessionClearQueueResult = {
+  withdrawn: QueuedFollowUp[];
 };
 
 /**
@@ -2023,6 +2065,21 @@ export type TurnInfo = {
 export type TurnOutcome = "completed" | "aborted" | "failed";
 
 /**
+ * `turn.queued`: a follow-up waits for the running turn to complete (docs/protocol.md
+ * §7.25); its `turn.started` or `turn.withdrawn` comes later.
+ */
+export type TurnQueuedData = {
+  /**
+   * The device that queued it.
+   */
+  deviceId?: string | null;
+  /**
+   * The prompt.
+   */
+  text: string;
+};
+
+/**
  * Names one turn of one session.
  */
 export type TurnRef = {
@@ -2105,9 +2162,33 @@ export type TurnSteerRequest = {
 };
 
 /**
+ * `turn.withdrawn`: a queued follow-up will not run as a turn of its own.
+ */
+export type TurnWithdrawnData = {
+  /**
+   * The device that withdrew it (`reason: "cleared"`).
+   */
+  deviceId?: string | null;
+  /**
+   * The turn it was delivered with (`reason: "joined"`).
+   */
+  joinedTurnId?: string | null;
+  reason: WithdrawReason;
+  /**
+   * Its prompt, to put back where it was typed.
+   */
+  text: string;
+};
+
+/**
  * A yes-or-no answer.
  */
 export type Verdict = "allow" | "deny";
+
+/**
+ * Why a queued follow-up left the queue without a turn of its own.
+ */
+export type WithdrawReason = "cleared" | "turn_ended" | "agent_stopped" | "host_restarted" | "joined";
 
 /** Params and result type of every method. */
 export interface RacpMethods {
@@ -2135,6 +2216,7 @@ export interface RacpMethods {
   "approval/respond": { params: ApprovalRespondParams; result: ApprovalRespondResult };
   "model/list": { params: Empty; result: ModelListResult };
   "turn/follow_up": { params: TurnFollowUpParams; result: TurnFollowUpResult };
+  "session/clear_queue": { params: SessionClearQueueParams; result: SessionClearQueueResult };
   "session/compact": { params: SessionCompactParams; result: SessionCompactResult };
   "session/configure": { params: SessionConfigureParams; result: SessionCreateResult };
   "session/fork": { params: SessionForkParams; result: SessionForkResult };
@@ -2164,6 +2246,8 @@ export interface RacpPushes {
 export interface RacpEventData {
   "turn.started": TurnStartedData;
   "turn.finished": TurnFinishedData;
+  "turn.queued": TurnQueuedData;
+  "turn.withdrawn": TurnWithdrawnData;
   "approval.requested": ApprovalRequestedData;
   "approval.settled": ApprovalSettledData;
   "session.closed": SessionClosedData;
@@ -2200,6 +2284,7 @@ export const METHODS = {
   "approval/respond": { access: "operator", mutates: true, safeToResend: true },
   "model/list": { access: "observer", mutates: false, safeToResend: true },
   "turn/follow_up": { access: "operator", mutates: true, safeToResend: true },
+  "session/clear_queue": { access: "operator", mutates: true, safeToResend: true },
   "session/compact": { access: "operator", mutates: true, safeToResend: false },
   "session/configure": { access: "operator", mutates: true, safeToResend: true },
   "session/fork": { access: "operator", mutates: true, safeToResend: false },

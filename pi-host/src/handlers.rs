@@ -187,11 +187,14 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
         HostCall::TurnFollowUp(params) => {
             reply(async move { state.turns.follow_up(&state, &caller, params).await })
         }
+        HostCall::SessionClearQueue(params) => {
+            reply(async move { state.turns.clear_queue(&state, &caller, params).await })
+        }
         HostCall::SessionCompact(params) => {
             reply(async move { state.turns.compact(&state, params).await })
         }
         HostCall::TurnAbort(params) => {
-            reply(async move { state.turns.abort(&state, params).await })
+            reply(async move { state.turns.abort(&state, &caller, params).await })
         }
         HostCall::ApprovalRespond(params) => reply(async move {
             let approvals = &state.turns.approvals;

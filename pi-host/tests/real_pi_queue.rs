@@ -107,29 +107,29 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
         .await;
     assert_eq!(compact["error"]["code"], "AGENT_BUSY", "{compact}");
 
-    // The queue, as pi said it, in a snapshot and in one taken after the client reconnects.
+    // The queue, as the host holds it, in a snapshot and in one taken after the client
+    // reconnects; pi holds nothing (the host sends it as the next prompt).
     let seen = client
         .events_until(WAIT, |e| {
-            e["type"] == "agent.queue_update"
-                && e["data"]["followUp"] == json!(["Then say goodbye."])
+            e["type"] == "turn.queued" && e["turnId"] == follow_id.as_str()
         })
         .await;
+    assert_eq!(seen.last().unwrap()["data"]["text"], "Then say goodbye.");
     let last_cursor = seen.last().unwrap()["cursor"].clone();
+    let queued_texts = |snap: &Value| -> Vec<Value> {
+        snap["queue"]["followUps"]
+            .as_array()
+            .map(|q| q.iter().map(|f| f["text"].clone()).collect())
+            .unwrap_or_default()
+    };
     let snap = snapshot(&mut client, &session_id).await;
-    assert_eq!(
-        snap["queue"]["followUp"],
-        json!(["Then say goodbye."]),
-        "{snap}"
-    );
+    assert_eq!(queued_texts(&snap), [json!("Then say goodbye.")], "{snap}");
+    assert_eq!(snap["queue"]["followUps"][0]["turnId"], follow_id.as_str());
     assert_eq!(snap["queue"]["steering"], json!([]), "{snap}");
     drop(client);
     let mut client = connect(&host, &token).await;
     let snap = snapshot(&mut client, &session_id).await;
-    assert_eq!(
-        snap["queue"]["followUp"],
-        json!(["Then say goodbye."]),
-        "{snap}"
-    );
+    assert_eq!(queued_texts(&snap), [json!("Then say goodbye.")], "{snap}");
     assert_eq!(snap["turns"].as_array().unwrap().len(), 1, "{snap}");
     let sub = client
         .call(
@@ -164,12 +164,17 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
         })
         .expect("the follow-up's user message");
     assert_eq!(user_message["turnId"], follow_id.as_str());
-    let agent_ends: Vec<_> = events
+    // Each turn is one run of pi's: the first's `agent_end` ends it, the follow-up runs next.
+    let agent_ends: Vec<&Value> = events
         .iter()
         .filter(|e| e["type"] == "agent.agent_end")
+        .map(|e| &e["turnId"])
         .collect();
-    assert_eq!(agent_ends.len(), 1, "pi ran both in one run");
-    assert_eq!(agent_ends[0]["turnId"], follow_id.as_str());
+    assert_eq!(
+        agent_ends,
+        [&json!(first_id), &json!(follow_id)],
+        "one run per turn"
+    );
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
 
     // The stub got the follow-up as a later user message, after the first prompt's answer.
@@ -186,6 +191,13 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
     assert!(
         later >= 2,
         "after the first prompt's tool call was answered"
+    );
+    let with_follow_up = user_texts(&requests[later]);
+    assert!(
+        with_follow_up
+            .last()
+            .is_some_and(|t| t.contains("Then say goodbye.")),
+        "the follow-up is the last user message: {with_follow_up:?}"
     );
 
     let snap = snapshot(&mut client, &session_id).await;
@@ -322,8 +334,8 @@ async fn compaction_shrinks_the_context_and_a_failed_one_says_why() {
 }
 
 /// The queue modes set with `session/configure` before the session's agent runs: the agent
-/// started for the turn takes them, so pi delivers both follow-ups together (mode `all`), and
-/// they run as one turn, the first one's.
+/// started for the turn takes the steering mode, and the host delivers both follow-ups together
+/// (mode `all`) as one turn, the first one's.
 #[tokio::test]
 async fn queue_modes_set_for_a_session_reach_its_agent() {
     let stub = Stub::default();
@@ -363,16 +375,23 @@ async fn queue_modes_set_for_a_session_reach_its_agent() {
     }
     client
         .events_until(WAIT, |e| {
-            e["type"] == "agent.queue_update"
-                && e["data"]["followUp"] == json!(["First extra.", "Second extra."])
+            e["type"] == "turn.queued" && e["turnId"] == queued[1].as_str()
         })
         .await;
     stub.release();
     let events = client.events_until(WAIT, turn_finished(&queued[0])).await;
     assert!(
-        !events.iter().any(|e| e["turnId"] == queued[1].as_str()),
+        !events
+            .iter()
+            .any(|e| e["type"] == "turn.started" && e["turnId"] == queued[1].as_str()),
         "the second follow-up is part of the first one's turn"
     );
+    let joined = events
+        .iter()
+        .find(|e| e["type"] == "turn.withdrawn" && e["turnId"] == queued[1].as_str())
+        .expect("the second follow-up joined the first");
+    assert_eq!(joined["data"]["reason"], "joined", "{joined}");
+    assert_eq!(joined["data"]["joinedTurnId"], queued[0].as_str());
     let requests = stub.requests.lock().unwrap().clone();
     let first_with_extra = requests
         .iter()
@@ -390,5 +409,91 @@ async fn queue_modes_set_for_a_session_reach_its_agent() {
         .iter()
         .map(|t| t["text"].clone())
         .collect();
-    assert_eq!(turns, [json!("Run the check."), json!("First extra.")]);
+    assert_eq!(
+        turns,
+        [
+            json!("Run the check."),
+            json!("First extra.\n\nSecond extra.")
+        ]
+    );
+}
+
+/// A follow-up withdrawn before it runs never reaches the model; one left behind a turn that
+/// is aborted is withdrawn with it, its text given back; the session goes on.
+#[tokio::test]
+async fn withdrawn_follow_ups_never_reach_the_model() {
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+
+    stub.hold();
+    let first = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Run the check."}),
+        )
+        .await;
+    let first_id = first["result"]["turnId"].as_str().unwrap().to_string();
+    requests_reach(&stub, 1).await;
+    let mut queued = Vec::new();
+    for (key, text) in [("f1", "Cleared extra."), ("f2", "Left extra.")] {
+        let reply = client
+            .call(
+                "turn/follow_up",
+                json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
+            )
+            .await;
+        assert_eq!(reply["result"]["queued"], true, "{reply}");
+        queued.push(reply["result"]["turnId"].as_str().unwrap().to_string());
+    }
+    let cleared = client
+        .call(
+            "session/clear_queue",
+            json!({"sessionId": session_id, "turnId": queued[0]}),
+        )
+        .await;
+    assert_eq!(
+        cleared["result"]["withdrawn"][0]["text"], "Cleared extra.",
+        "{cleared}"
+    );
+    let aborted = client
+        .call(
+            "turn/abort",
+            json!({"sessionId": session_id, "turnId": first_id}),
+        )
+        .await;
+    assert!(aborted.get("result").is_some(), "{aborted}");
+    stub.release();
+    let events = client
+        .events_until(WAIT, |e| {
+            e["type"] == "turn.withdrawn" && e["turnId"] == queued[1].as_str()
+        })
+        .await;
+    let end = events
+        .iter()
+        .find(|e| turn_finished(&first_id)(e))
+        .expect("the first turn ends");
+    assert_eq!(end["data"]["outcome"], "aborted", "{end}");
+    let left = events.last().unwrap();
+    assert_eq!(left["data"]["reason"], "turn_ended", "{left}");
+    assert_eq!(left["data"]["text"], "Left extra.");
+
+    run_turn(&mut client, &session_id, "k2", "Still there?").await;
+    let requests = stub.requests.lock().unwrap().clone();
+    for request in &requests {
+        let texts = user_texts(request).join(" ");
+        assert!(
+            !texts.contains("extra"),
+            "a withdrawn follow-up ran: {texts}"
+        );
+    }
+    assert!(
+        user_texts(requests.last().unwrap())
+            .iter()
+            .any(|t| t.contains("Still there?"))
+    );
+    let snap = snapshot(&mut client, &session_id).await;
+    assert!(snap.get("queue").is_none(), "the queue is empty: {snap}");
 }

@@ -302,6 +302,8 @@ macro_rules! event_table {
 event_table! {
     TurnStarted = "turn.started" (TurnStartedData)
     TurnFinished = "turn.finished" (TurnFinishedData)
+    TurnQueued = "turn.queued" (TurnQueuedData)
+    TurnWithdrawn = "turn.withdrawn" (TurnWithdrawnData)
     ApprovalRequested = "approval.requested" (ApprovalRequestedData)
     ApprovalSettled = "approval.settled" (ApprovalSettledData)
     SessionClosed = "session.closed" (SessionClosedData)
@@ -384,6 +386,49 @@ pub struct TurnFinishedData {
     /// Why it failed or was aborted (e.g. AGENT_SIDECAR_CRASHED, TURN_ABORTED).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<AppError>,
+}
+
+/// `turn.queued`: a follow-up waits for the running turn to complete (docs/protocol.md
+/// §7.25); its `turn.started` or `turn.withdrawn` comes later.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnQueuedData {
+    /// The prompt.
+    pub text: String,
+    /// The device that queued it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+}
+
+/// Why a queued follow-up left the queue without a turn of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WithdrawReason {
+    /// `session/clear_queue`, or `turn/abort` of the queued turn.
+    Cleared,
+    /// The turn before it was aborted or failed: nothing runs unattended after that.
+    TurnEnded,
+    /// The session's agent was stopped (`session/close`, a host draining).
+    AgentStopped,
+    /// The host restarted: its queue was in memory.
+    HostRestarted,
+    /// Delivered with an earlier follow-up as one turn (`followUpMode: "all"`).
+    Joined,
+}
+
+/// `turn.withdrawn`: a queued follow-up will not run as a turn of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnWithdrawnData {
+    /// Its prompt, to put back where it was typed.
+    pub text: String,
+    pub reason: WithdrawReason,
+    /// The turn it was delivered with (`reason: "joined"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joined_turn_id: Option<String>,
+    /// The device that withdrew it (`reason: "cleared"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
 }
 
 /// `approval.requested`: the agent asked a question; answer with `approval/respond`.

@@ -31,6 +31,9 @@ pub const MAX_IMAGE_BYTES: u64 = 5 << 20;
 /// The image types a prompt takes (pi's and the providers').
 pub const IMAGE_MIME_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 
+/// Most follow-ups a session holds queued (`turn/follow_up`): past it, LIMIT_EXCEEDED.
+pub const MAX_QUEUED_FOLLOW_UPS: usize = 32;
+
 /// Most history entries one `session/history` page holds, and how many when `limit` is absent.
 pub const MAX_HISTORY_LIMIT: u32 = 1000;
 pub const DEFAULT_HISTORY_LIMIT: u32 = 100;

@@ -32,6 +32,7 @@ pub const LOWEST_ROLE: &[(&str, Option<Role>)] = &[
     ("model/list", Some(Role::Observer)),
     ("session/configure", Some(Role::Operator)),
     ("session/compact", Some(Role::Operator)),
+    ("session/clear_queue", Some(Role::Operator)),
     ("session/fork", Some(Role::Operator)),
     ("session/clone", Some(Role::Operator)),
     ("credential/set", Some(Role::Owner)),

@@ -216,6 +216,41 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
     let end = followed.last().unwrap();
     assert_eq!(end["turnId"], follow_up["result"]["turnId"], "{end}");
     assert_eq!(end["data"]["outcome"], "completed", "{end}");
+    // Behind a running turn it is queued on the host, and withdrawn through the gateway.
+    let hanging = desk
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k-hang", "text": "hang"}),
+        )
+        .await;
+    let hanging = hanging["result"]["turnId"].clone();
+    let queued = desk
+        .call(
+            "turn/follow_up",
+            json!({"sessionId": session_id, "idempotencyKey": "f2", "text": "echo later"}),
+        )
+        .await;
+    assert_eq!(queued["result"]["queued"], true, "{queued}");
+    let cleared = desk
+        .call("session/clear_queue", json!({"sessionId": session_id}))
+        .await;
+    assert_eq!(
+        cleared["result"]["withdrawn"][0]["turnId"], queued["result"]["turnId"],
+        "{cleared}"
+    );
+    assert_eq!(cleared["result"]["withdrawn"][0]["text"], "echo later");
+    let withdrawn = desk
+        .events_until(PATIENCE, |e| e["type"] == "turn.withdrawn")
+        .await;
+    assert_eq!(withdrawn.last().unwrap()["data"]["reason"], "cleared");
+    let aborted = desk
+        .call(
+            "turn/abort",
+            json!({"sessionId": session_id, "turnId": hanging}),
+        )
+        .await;
+    assert!(aborted.get("result").is_some(), "{aborted}");
+    desk.events_until(PATIENCE, finished).await;
     // A shell command and a session's totals, routed to the host (docs/protocol.md §7.27-§7.28):
     // the command's event reaches the gateway's subscriber, and the totals are the host's own.
     let ran = again

@@ -171,6 +171,13 @@ enum Command {
     /// Queue a prompt to run as a turn of its own once the running turn ends (at once when none
     /// runs).
     FollowUp { session: String, text: String },
+    /// Withdraw a session's queued follow-ups before they run, printing their text.
+    ClearQueue {
+        session: String,
+        /// Only this follow-up's turn [default: all of them].
+        #[arg(long)]
+        turn: Option<String>,
+    },
     /// Abort the running turn (nothing running is not an error).
     Abort {
         session: String,
@@ -490,6 +497,9 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
             turn,
         } => turns::steer(out, &client, session, text, turn).await,
         Command::FollowUp { session, text } => turns::follow_up(out, &client, session, text).await,
+        Command::ClearQueue { session, turn } => {
+            turns::clear_queue(out, &client, session, turn).await
+        }
         Command::Compact {
             session,
             instructions,

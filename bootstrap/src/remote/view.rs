@@ -7,7 +7,7 @@
 
 use racp_proto::events::{
     ApprovalRequestedData, ApprovalSettledData, Event, EventType, SessionForkedData,
-    SessionRenamedData, TurnFinishedData, TurnStartedData,
+    SessionRenamedData, TurnFinishedData, TurnQueuedData, TurnStartedData, TurnWithdrawnData,
 };
 use racp_proto::methods::turn::{ApprovalInfo, ApprovalKind};
 use racp_proto::pi::{self, Kind, event::ToolRun};
@@ -58,6 +58,18 @@ impl View {
                     self.line(&format!("== turn {turn} {outcome}{why}"))
                 }
                 Err(_) => self.line(&format!("== turn {turn} finished")),
+            },
+            EventType::TurnQueued => {
+                let text = event.data.parse::<TurnQueuedData>().map(|d| d.text);
+                let text = text.unwrap_or_default();
+                self.line(&format!("== queued {turn}: {}", truncate(&text, 200)))
+            }
+            EventType::TurnWithdrawn => match event.data.parse::<TurnWithdrawnData>() {
+                Ok(withdrawn) => {
+                    let reason = wire_name(&withdrawn.reason);
+                    self.line(&format!("== queued {turn} withdrawn ({reason})"))
+                }
+                Err(_) => self.line(&format!("== queued {turn} withdrawn")),
             },
             EventType::ApprovalRequested => match event.data.parse::<ApprovalRequestedData>() {
                 Ok(approval) => self.line(&describe_approval(

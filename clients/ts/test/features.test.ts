@@ -1,5 +1,6 @@
 // What a local pi session does, from the TypeScript client through a real host (with the
-// stand-in agent, docs/protocol.md §6.4): images with a prompt, a follow-up, a shell command,
+// stand-in agent, docs/protocol.md §6.4): images with a prompt, a follow-up (run, and queued then
+// withdrawn), a shell command,
 // the session's totals, its slash commands, its export, a new title and a clone, each a typed
 // call of the generated method table.
 
@@ -70,6 +71,20 @@ test("a remote session offers what a local pi session does, each a typed call", 
     assert.ok(commands.some((c) => c.name === "stand-in-template" && c.source === "prompt"), JSON.stringify(commands));
     const exported = await client.call("session/export", { sessionId });
     assert.ok(exported.html.startsWith("<!DOCTYPE html>") && exported.bytes === exported.html.length, exported.html);
+
+    // Behind a running turn a follow-up waits in the host's queue; clearing it gives its text back.
+    const hanging = await client.call("turn/start", { sessionId, idempotencyKey: "k-hang", text: "hang" });
+    const queued = await client.call("turn/follow_up", { sessionId, idempotencyKey: "k3", text: "deltas:1" });
+    assert.equal(queued.queued, true);
+    const { snapshot } = await client.call("session/get", { sessionId });
+    assert.deepEqual(snapshot.queue?.followUps?.map((f) => [f.turnId, f.text]), [[queued.turnId, "deltas:1"]]);
+    const cleared = await client.call("session/clear_queue", { sessionId });
+    assert.deepEqual(cleared.withdrawn.map((f) => [f.turnId, f.text]), [[queued.turnId, "deltas:1"]]);
+    const [withdrawn] = (await eventsUntil(sub, (e) => e.type === "turn.withdrawn")).slice(-1);
+    assert.equal(withdrawn?.turnId, queued.turnId);
+    assert.equal((withdrawn?.data as { reason: string }).reason, "cleared");
+    await client.call("turn/abort", { sessionId, turnId: hanging.turnId });
+    await eventsUntil(sub, finished(hanging.turnId));
 
     const renamed = await client.call("session/rename", { sessionId, title: "login fix" });
     assert.equal(renamed.session.title, "login fix");

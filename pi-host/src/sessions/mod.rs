@@ -86,6 +86,11 @@ impl Session {
         !self.lock().view.turns.is_empty()
     }
 
+    /// The follow-ups waiting for their turn, as the log shows them.
+    pub fn queued_follow_ups(&self) -> Vec<racp_proto::methods::session::QueuedFollowUp> {
+        self.lock().view.queue.follow_ups.clone()
+    }
+
     pub fn active_turn(&self) -> Option<String> {
         self.lock().view.active_turn.clone()
     }

@@ -6,7 +6,7 @@ use super::HostEvent;
 use crate::store::SessionRow;
 use racp_proto::ErrorCode;
 use racp_proto::events::HostEventData;
-use racp_proto::methods::session::{Queue, SessionSettings};
+use racp_proto::methods::session::{Queue, QueuedFollowUp, SessionSettings};
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::pi::Kind;
 use racp_proto::pi::stream::StreamState;
@@ -28,8 +28,9 @@ pub(super) struct View {
     pub settings: SessionSettings,
     /// Its title (stored in its row; `session.renamed` changes it).
     pub title: Option<String>,
-    /// The agent's queue as its last `queue_update` said; emptied when the agent process goes,
-    /// since pi holds its queue in memory.
+    /// The steering messages as the agent's last `queue_update` said (emptied when the agent
+    /// process goes, since pi holds them in memory) and the follow-ups the host holds
+    /// (`turn.queued` until `turn.started` or `turn.withdrawn`).
     pub queue: Queue,
     /// The message and tool outputs streaming, up to the events in `unapplied`.
     stream: StreamState,
@@ -59,8 +60,8 @@ impl View {
             HostEvent::Host { body, turn_id } => (body, turn_id),
             HostEvent::Agent { kind, payload, .. } => {
                 if kind == Kind::QueueUpdate {
-                    self.queue =
-                        racp_proto::pi::event::queue_update(payload.get()).unwrap_or_default();
+                    self.queue.steering =
+                        racp_proto::pi::event::steering_queue(payload.get()).unwrap_or_default();
                     return;
                 }
                 // Only some agent events change what is streaming (docs/protocol.md §8.1).
@@ -73,6 +74,7 @@ impl View {
         match body {
             HostEventData::TurnStarted(data) => {
                 let Some(turn_id) = turn_id else { return };
+                self.queue.follow_ups.retain(|f| f.turn_id != turn_id);
                 self.active_turn = Some(turn_id.clone());
                 self.turns.push(TurnInfo {
                     turn_id,
@@ -98,7 +100,7 @@ impl View {
                     )
                 });
                 if agent_died {
-                    self.queue = Queue::default();
+                    self.queue.steering.clear();
                 }
                 let Some(turn_id) = turn_id else { return };
                 if self.active_turn.as_deref() == Some(turn_id.as_str()) {
@@ -116,13 +118,25 @@ impl View {
             HostEventData::ApprovalSettled(data) => self
                 .pending_approvals
                 .retain(|a| a.approval_id != data.approval_id),
+            HostEventData::TurnQueued(data) => {
+                let Some(turn_id) = turn_id else { return };
+                self.queue.follow_ups.push(QueuedFollowUp {
+                    turn_id,
+                    text: data.text,
+                    device_id: data.device_id,
+                });
+            }
+            HostEventData::TurnWithdrawn(_) => {
+                let Some(turn_id) = turn_id else { return };
+                self.queue.follow_ups.retain(|f| f.turn_id != turn_id);
+            }
             HostEventData::SessionClosed(_) => {
                 self.closed = true;
                 self.queue = Queue::default();
             }
             HostEventData::SessionConfigured(data) => self.settings = data.settings,
             HostEventData::SessionRenamed(data) => self.title = Some(data.title),
-            HostEventData::AgentStopped(_) => self.queue = Queue::default(),
+            HostEventData::AgentStopped(_) => self.queue.steering.clear(),
             // A shell command's message is in the history, not in the snapshot's state.
             HostEventData::SessionBash(_) => {}
             // Where the session came from; the conversation it starts with follows as history
@@ -171,8 +185,9 @@ impl View {
     /// before it serves: turns::end_interrupted_turns).
     pub fn reconcile(&mut self, row: &SessionRow, still_pending: &[ApprovalInfo]) {
         self.closed |= row.closed;
-        // No agent runs after a restart: whatever pi held queued went with it.
-        self.queue = Queue::default();
+        // No agent runs after a restart: whatever pi held queued went with it. The host's
+        // follow-ups are withdrawn with events (turns::end_interrupted_turns).
+        self.queue.steering.clear();
         self.settings = row.settings.clone();
         self.pending_approvals.retain(|shown| {
             still_pending
@@ -188,7 +203,8 @@ mod tests {
     use super::*;
     use racp_proto::events::{
         AgentStopReason, AgentStoppedData, ApprovalRequestedData, ApprovalSettledData, Event,
-        SessionClosedData, SessionConfiguredData, TurnFinishedData, TurnOutcome, TurnStartedData,
+        SessionClosedData, SessionConfiguredData, TurnFinishedData, TurnOutcome, TurnQueuedData,
+        TurnStartedData, TurnWithdrawnData, WithdrawReason,
     };
     use racp_proto::methods::turn::{ApprovalKind, ApprovalState};
     use racp_proto::{Cursor, Epoch};
@@ -358,24 +374,62 @@ mod tests {
         assert!(deferred.tool_outputs().contains_key("call_1"));
     }
 
-    /// The queue is what pi said last, and goes with the agent process: at its stop, and at a
-    /// restart (no agent runs then).
+    /// The steering messages are what pi said last and go with the agent process (at its stop,
+    /// at a restart); the follow-ups are the host's, from `turn.queued` until `turn.started` or
+    /// `turn.withdrawn`, whatever pi says.
     #[test]
-    fn the_queue_is_the_agents_last_word_until_the_agent_goes() {
+    fn the_queue_holds_pis_steering_and_the_hosts_follow_ups() {
         let mut view = View::default();
-        let update = r#"{"type":"queue_update","steering":[],"followUp":["a","b"]}"#;
+        let update = r#"{"type":"queue_update","steering":["s"],"followUp":["pi's own"]}"#;
         view.apply("ses_1", agent("queue_update", update), 1);
-        assert_eq!(view.queue.follow_up, ["a", "b"]);
+        assert_eq!(view.queue.steering, ["s"]);
+        assert!(
+            view.queue.follow_ups.is_empty(),
+            "pi's follow-ups are not the host's"
+        );
+        for (at, (turn_id, text)) in [("turn_2", "a"), ("turn_3", "b"), ("turn_4", "c")]
+            .into_iter()
+            .enumerate()
+        {
+            let queued = TurnQueuedData {
+                text: text.into(),
+                device_id: Some("dev_1".into()),
+            };
+            view.apply("ses_1", HostEvent::of_turn(turn_id, queued), 2 + at as u64);
+        }
+        let ids = |view: &View| -> Vec<String> {
+            view.queue
+                .follow_ups
+                .iter()
+                .map(|f| f.turn_id.clone())
+                .collect()
+        };
+        assert_eq!(ids(&view), ["turn_2", "turn_3", "turn_4"]);
+        assert_eq!(view.queue.follow_ups[0].device_id.as_deref(), Some("dev_1"));
         view.apply(
             "ses_1",
             HostEvent::of_session(AgentStoppedData {
                 reason: AgentStopReason::Idle,
                 idle_ms: 5,
             }),
-            2,
+            5,
         );
-        assert!(view.queue.is_empty());
-        view.apply("ses_1", agent("queue_update", update), 3);
+        assert!(view.queue.steering.is_empty());
+        let started = TurnStartedData {
+            text: "a".into(),
+            images: Vec::new(),
+            device_id: None,
+        };
+        view.apply("ses_1", HostEvent::of_turn("turn_2", started), 6);
+        let withdrawn = TurnWithdrawnData {
+            text: "c".into(),
+            reason: WithdrawReason::Cleared,
+            joined_turn_id: None,
+            device_id: None,
+        };
+        view.apply("ses_1", HostEvent::of_turn("turn_4", withdrawn), 7);
+        assert_eq!(ids(&view), ["turn_3"]);
+        view.apply("ses_1", agent("queue_update", update), 8);
         let row = SessionRow {
             session_id: "ses_1".into(),
             workspace: "/w".into(),
@@ -386,7 +440,12 @@ mod tests {
             settings: SessionSettings::default(),
         };
         view.reconcile(&row, &[]);
-        assert!(view.queue.is_empty());
+        assert!(view.queue.steering.is_empty());
+        assert_eq!(
+            ids(&view),
+            ["turn_3"],
+            "withdrawn by events, not by the restart"
+        );
     }
 
     #[test]

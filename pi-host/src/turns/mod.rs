@@ -25,6 +25,7 @@ use crate::sessions::{HostEvent, Session};
 use crate::store::TurnRow;
 use racp_proto::events::{
     SessionConfiguredData, SessionRenamedData, TurnFinishedData, TurnOutcome, TurnStartedData,
+    WithdrawReason,
 };
 use racp_proto::methods::model::ModelRef;
 use racp_proto::methods::session::{
@@ -58,9 +59,6 @@ struct ActiveTurn {
     retries: RetryTrail,
     /// A failed run pi may still retry: it ends the turn unless pi retries or recovers.
     pending: Option<UnsettledFailure>,
-    /// pi finished a step of this turn (`turn_end`): a follow-up pi takes from now on is a
-    /// turn of its own, not part of this one's first step (queue.rs).
-    answered: bool,
 }
 
 struct UnsettledFailure {
@@ -76,7 +74,6 @@ impl ActiveTurn {
             abort_requested: false,
             retries: RetryTrail::default(),
             pending: None,
-            answered: false,
         }
     }
 }
@@ -100,10 +97,8 @@ struct DriverState {
     /// The models the agent has a credential for, once asked (`ready`); `Err` when the agent
     /// does not answer `get_available_models` (not pi), so there is nothing to check.
     available: Option<Result<Vec<ModelRef>, ()>>,
-    /// The follow-ups sent to the running agent that it has not taken yet (queue.rs).
-    follow_ups: VecDeque<queue::QueuedFollowUp>,
-    /// pi's follow-up queue as of its last `queue_update`.
-    pi_follow_ups: Vec<String>,
+    /// The follow-ups waiting for the running turn to complete, in order (queue.rs).
+    follow_ups: VecDeque<queue::Held>,
 }
 
 pub struct Driver {
@@ -212,16 +207,11 @@ impl Turns {
         state.active = Some(ActiveTurn::new(turn_id.clone()));
         // Not under the lock: the pump needs it to read what the agent says meanwhile.
         drop(state);
-        if let Err(err) = agent.prompt(&params.text, &params.images).await {
-            // The turn is recorded; end it so the session is usable again. An agent that died
-            // under the prompt settles it as aborted, like a crash mid-run (protocol.md §8.7).
-            let error = err.to_app_error();
-            let outcome = if error.code() == ErrorCode::AgentSidecarCrashed {
-                TurnOutcome::Aborted
-            } else {
-                TurnOutcome::Failed
-            };
-            driver.end_turn_early(host, &turn_id, outcome, error).await;
+        let sent =
+            queue::prompt_when_idle(&agent, &params.text, &params.images, queue::START_PATIENCE)
+                .await;
+        if let Err(err) = sent {
+            driver.prompt_refused(host, &turn_id, &err).await;
         }
         Ok(TurnStartResult { turn_id })
     }
@@ -379,12 +369,31 @@ impl Turns {
         })
     }
 
-    /// `turn/abort`: aborting a finished turn succeeds and changes nothing.
-    pub async fn abort(&self, host: &Arc<impl TurnHost>, params: TurnRef) -> Result<Ack, AppError> {
+    /// `turn/abort`: aborting a finished turn succeeds and changes nothing; aborting a queued
+    /// follow-up's turn withdraws it (`session/clear_queue`).
+    pub async fn abort(
+        &self,
+        host: &Arc<impl TurnHost>,
+        caller: &Caller,
+        params: TurnRef,
+    ) -> Result<Ack, AppError> {
         let session = host.sessions().find(&params.session_id)?;
         let driver = self.driver(&session);
         let agent = {
             let mut state = driver.state.lock().await;
+            if state
+                .follow_ups
+                .iter()
+                .any(|held| held.queued.turn_id == params.turn_id)
+            {
+                drop(state);
+                let clear = racp_proto::methods::session::SessionClearQueueParams {
+                    session_id: params.session_id,
+                    turn_id: Some(params.turn_id),
+                };
+                self.clear_queue(host, caller, clear).await?;
+                return Ok(Ack {});
+            }
             let agent = match running_agent(host, &session, &state, &params.turn_id) {
                 Ok(agent) => agent,
                 Err(err) if err.code() == ErrorCode::Conflict => return Ok(Ack {}),
@@ -415,13 +424,20 @@ impl Turns {
         if let Some(agent) = agent {
             agent.shutdown().await;
         }
-        let active = driver.state.lock().await.active.take();
-        if let Some(active) = active {
+        let mut state = driver.state.lock().await;
+        let mut events = Vec::new();
+        if let Some(active) = state.active.take() {
             let error = AppError::new(ErrorCode::TurnAborted, "the session was closed");
-            let events = end_of_turn(host, &active.turn_id, TurnOutcome::Aborted, Some(error));
-            if let Err(err) = host.sessions().commit(session, events).await {
-                tracing::warn!(error = %err, "cannot record the end of a turn");
-            }
+            events = end_of_turn(host, &active.turn_id, TurnOutcome::Aborted, Some(error));
+        }
+        events.extend(queue::withdraw_all(
+            &mut state,
+            WithdrawReason::AgentStopped,
+        ));
+        if !events.is_empty()
+            && let Err(err) = host.sessions().commit(session, events).await
+        {
+            tracing::warn!(error = %err, "cannot record the end of a turn");
         }
     }
 
@@ -440,6 +456,7 @@ impl Turns {
 pub async fn end_interrupted_turns(host: &impl TurnHost) {
     for session in host.sessions().list() {
         let mut events = Approvals::cancel_stored(host, &session.id);
+        events.extend(queue::withdrawn_by_restart(session.queued_follow_ups()));
         if let Some(turn_id) = session.active_turn() {
             let error = AppError::new(
                 ErrorCode::HostUnavailable,
@@ -852,9 +869,6 @@ impl Driver {
     /// Takes the running agent out of the state (the caller stops it).
     fn take_agent(&self, state: &mut DriverState) -> Option<Agent> {
         self.agent_pid.store(0, Ordering::Relaxed);
-        // pi holds its queue in memory: what it had not taken goes with it.
-        state.follow_ups.clear();
-        state.pi_follow_ups.clear();
         state.agent.take()
     }
 
@@ -880,23 +894,29 @@ impl Driver {
         let (outcome, error) = settled(active, &pending);
         let turn_id = active.turn_id.clone();
         state.active = None;
-        end_of_turn(host, &turn_id, outcome, error)
+        let mut events = end_of_turn(host, &turn_id, outcome, error);
+        // Not completed: the queue is withdrawn, no prompt follows.
+        queue::after_turn(&self.session, &mut state, outcome, &mut events);
+        events
     }
 
-    /// Ends `turn_id` if it is still the running turn (the prompt never reached the agent).
-    async fn end_turn_early(
-        &self,
-        host: &impl TurnHost,
-        turn_id: &str,
-        outcome: TurnOutcome,
-        error: AppError,
-    ) {
+    /// Ends `turn_id`, if it is still the running turn, when pi did not take its prompt; the
+    /// queue behind it is withdrawn. An agent that died under the prompt settles it as aborted,
+    /// like a crash mid-run (protocol.md §8.7).
+    async fn prompt_refused(&self, host: &impl TurnHost, turn_id: &str, err: &AgentError) {
+        let error = err.to_app_error();
+        let outcome = if error.code() == ErrorCode::AgentSidecarCrashed {
+            TurnOutcome::Aborted
+        } else {
+            TurnOutcome::Failed
+        };
         let mut state = self.state.lock().await;
         if state.active.as_ref().is_none_or(|a| a.turn_id != turn_id) {
             return;
         }
         state.active = None;
-        let events = end_of_turn(host, turn_id, outcome, Some(error));
+        let mut events = end_of_turn(host, turn_id, outcome, Some(error));
+        queue::after_turn(&self.session, &mut state, outcome, &mut events);
         if let Err(err) = host.sessions().commit(&self.session, events).await {
             tracing::warn!(error = %err, "cannot record the end of a turn");
         }
@@ -927,7 +947,7 @@ impl Driver {
     /// Turns a batch of agent output into events, under the driver's lock (which orders them
     /// with turn starts and aborts).
     async fn translate(
-        &self,
+        self: &Arc<Self>,
         host: &Arc<impl TurnHost>,
         agent: &Agent,
         batch: Vec<AgentOutput>,
@@ -938,7 +958,12 @@ impl Driver {
         for out in batch {
             let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
             match out {
-                AgentOutput::Event(event) => on_agent_event(host, &mut state, event, &mut events),
+                AgentOutput::Event(event) => {
+                    let next = on_agent_event(host, &self.session, &mut state, event, &mut events);
+                    if let Some(next) = next {
+                        self.send_next(host, agent, next);
+                    }
+                }
                 AgentOutput::UiRequest(dialog) => {
                     let opened = self.open_dialog(host, agent, turn_id, dialog).await;
                     events.extend(opened);
@@ -980,6 +1005,10 @@ impl Driver {
                     if let Some(active) = state.active.take() {
                         events.extend(ended_by_exit(host, active, status, signal, stderr_tail));
                     }
+                    events.extend(queue::withdraw_all(
+                        &mut state,
+                        WithdrawReason::AgentStopped,
+                    ));
                 }
             }
         }
@@ -991,16 +1020,13 @@ impl Driver {
 /// failed in a way pi may retry: then pi's next event decides (docs/protocol.md §8.7).
 fn on_agent_event(
     host: &impl TurnHost,
+    session: &Session,
     state: &mut MutexGuard<'_, DriverState>,
     event: AgentEvent,
     events: &mut Vec<HostEvent>,
-) {
+) -> Option<queue::NextPrompt> {
     let mut finished = None;
-    if event.kind == Kind::QueueUpdate {
-        queue::on_queue_update(host, state, &event.payload, events);
-    }
     if let Some(active) = state.active.as_mut() {
-        active.answered |= event.kind == Kind::TurnEnd;
         finished = follow_retry(active, event.signal.as_ref());
         if let Some((outcome, error)) = finished.take() {
             let turn_id = active.turn_id.clone();
@@ -1016,7 +1042,7 @@ fn on_agent_event(
                 events.extend(end);
                 events.push(HostEvent::relayed(event.kind, None, event.payload));
             }
-            return;
+            return queue::after_turn(session, state, outcome, events);
         }
     }
     let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
@@ -1034,7 +1060,9 @@ fn on_agent_event(
         && let Some(active) = state.active.take()
     {
         events.extend(end_of_turn(host, &active.turn_id, outcome, error));
+        return queue::after_turn(session, state, outcome, events);
     }
+    None
 }
 
 /// Follows pi's retry and overflow-recovery events; returns the turn's end when one settles a

@@ -1,31 +1,36 @@
 //! Follow-ups and compaction: what a session's agent does between and after its turns
 //! (docs/protocol.md §7.25, §7.26).
 //!
-//! pi runs a follow-up in the run it was queued during: when the run would stop, pi takes the
-//! next follow-up from its queue (a `queue_update` without it, then the follow-up's user
-//! message) and goes on, with one `agent_end` at the very end. The host ends the running turn
-//! there and starts the follow-up's own, so that one turn stays one prompt a person sent and
-//! everything it caused.
+//! The host holds the follow-up queue, not pi: pi's own queue cannot be cleared over its RPC
+//! mode, goes with its process, and runs a follow-up after a failed run too. Held here, a
+//! follow-up waits (`turn.queued`) until the turn before it completes, then is sent as the
+//! next prompt (`turn.started`); a clear, an abort or a failure withdraws it (`turn.withdrawn`)
+//! with its text, so a client can put it back where it was typed.
 
-use super::{
-    ActiveTurn, DriverState, TurnHost, Turns, closed, earlier_turn, end_of_turn, running_agent,
-};
-use crate::agent::AgentError;
+use super::{ActiveTurn, DriverState, TurnHost, Turns, closed, earlier_turn};
+use crate::agent::{Agent, AgentError};
 use crate::auth::Caller;
 use crate::clock::now_ms;
 use crate::sessions::HostEvent;
 use crate::store::TurnRow;
-use racp_proto::events::{TurnOutcome, TurnStartedData};
-use racp_proto::methods::session::{SessionCompactParams, SessionCompactResult};
-use racp_proto::methods::turn::{TurnFollowUpParams, TurnFollowUpResult, TurnStartParams};
+use racp_proto::events::{
+    TurnOutcome, TurnQueuedData, TurnStartedData, TurnWithdrawnData, WithdrawReason,
+};
+use racp_proto::limits::MAX_QUEUED_FOLLOW_UPS;
+use racp_proto::methods::model::QueueMode;
+use racp_proto::methods::session::{
+    QueuedFollowUp, SessionClearQueueParams, SessionClearQueueResult, SessionCompactParams,
+    SessionCompactResult,
+};
+use racp_proto::methods::turn::{
+    ImageAttachment, TurnFollowUpParams, TurnFollowUpResult, TurnStartParams,
+};
 use racp_proto::pi::{self, Command};
 use racp_proto::{AppError, ErrorCode};
 use serde_json::json;
-use serde_json::value::RawValue;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
-use tokio::sync::MutexGuard;
+use std::time::{Duration, Instant};
 
 /// How long a compaction may take: its summary is a model request over the whole
 /// conversation, far longer than a command's usual deadline.
@@ -34,18 +39,28 @@ const COMPACT_DEADLINE: Duration = Duration::from_secs(600);
 /// The longest provider message a failed compaction's error quotes.
 const MAX_REASON_CHARS: usize = 1000;
 
-/// A follow-up sent to the agent, waiting in pi's queue for its turn.
-pub(super) struct QueuedFollowUp {
+/// How long a turn/start waits for pi to wind down the run before (its `agent_end` comes
+/// before pi takes prompts again) before it answers AGENT_BUSY.
+pub(super) const START_PATIENCE: Duration = Duration::from_secs(10);
+
+/// How long a follow-up's prompt waits for pi: after a run pi may compact the conversation
+/// (a model request) before it takes the next prompt.
+const FOLLOW_UP_PATIENCE: Duration = COMPACT_DEADLINE;
+
+/// A follow-up the host holds for its turn.
+pub(super) struct Held {
+    pub queued: QueuedFollowUp,
+}
+
+/// The follow-up whose turn the host just started: its prompt is sent once the driver's lock
+/// is released (pi's answer comes through the pump, which needs it).
+pub(super) struct NextPrompt {
     pub turn_id: String,
-    /// Its idempotency key: a resend racing the first attempt finds it here before the store
-    /// has it.
-    pub key: String,
     pub text: String,
-    pub device_id: Option<String>,
 }
 
 impl Turns {
-    /// `turn/follow_up`: queued in pi while a turn runs, a turn of its own at once otherwise.
+    /// `turn/follow_up`: held while a turn runs, a turn of its own at once otherwise.
     pub async fn follow_up(
         &self,
         host: &Arc<impl TurnHost>,
@@ -62,48 +77,103 @@ impl Turns {
         };
         let mut state = driver.state.lock().await;
         // The key is checked under the driver's lock, so two racing resends see one follow-up.
-        if let Some(earlier) = earlier_follow_up(host, &session, &state, &start)? {
-            return Ok(earlier);
+        if let Some(earlier) = earlier_turn(host, &session, &start)? {
+            let queued = state
+                .follow_ups
+                .iter()
+                .any(|held| held.queued.turn_id == earlier.turn_id);
+            return Ok(TurnFollowUpResult {
+                turn_id: earlier.turn_id,
+                queued,
+            });
         }
         if session.is_closing() {
             return Err(closed(&session));
         }
-        let Some(running) = state.active.as_ref().map(|a| a.turn_id.clone()) else {
+        if state.active.is_none() {
             drop(state);
             let started = self.start(host, caller, start).await?;
             return Ok(TurnFollowUpResult {
                 turn_id: started.turn_id,
                 queued: false,
             });
-        };
-        let agent = running_agent(host, &session, &state, &running)?;
-        let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
-        // Known before pi has it, so that the pump recognises it whenever pi takes it.
-        state.follow_ups.push_back(QueuedFollowUp {
-            turn_id: turn_id.clone(),
-            key: start.idempotency_key.clone(),
-            text: start.text.clone(),
-            device_id: caller.device_id().map(str::to_string),
-        });
-        drop(state);
-        let message = &start.text;
-        if let Err(err) = agent.call(&Command::FollowUp { message }).await {
-            let mut state = driver.state.lock().await;
-            state.follow_ups.retain(|f| f.turn_id != turn_id);
-            return Err(err.to_app_error());
         }
+        if state.follow_ups.len() >= MAX_QUEUED_FOLLOW_UPS {
+            return Err(AppError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "{MAX_QUEUED_FOLLOW_UPS} follow-ups already wait: let one run, or clear the \
+                     queue (session/clear_queue)"
+                ),
+            )
+            .with_details(json!({"limit": MAX_QUEUED_FOLLOW_UPS})));
+        }
+        let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
         let row = TurnRow {
             turn_id: turn_id.clone(),
             idempotency_key: start.idempotency_key,
-            text: start.text,
+            text: start.text.clone(),
             started_at: now_ms(),
         };
         host.store()
             .insert_turn(&session.id, &row)
             .map_err(crate::internal)?;
+        let queued = QueuedFollowUp {
+            turn_id: turn_id.clone(),
+            text: start.text,
+            device_id: caller.device_id().map(str::to_string),
+        };
+        let event = HostEvent::of_turn(
+            &turn_id,
+            TurnQueuedData {
+                text: queued.text.clone(),
+                device_id: queued.device_id.clone(),
+            },
+        );
+        // Under the driver's lock, so the running turn cannot end between the two.
+        host.sessions().commit(&session, vec![event]).await?;
+        state.follow_ups.push_back(Held { queued });
         Ok(TurnFollowUpResult {
             turn_id,
             queued: true,
+        })
+    }
+
+    /// `session/clear_queue`: withdraws the follow-up named, or all; TURN_NOT_FOUND for a turn
+    /// the session never had. One that already left the queue is not withdrawn again.
+    pub async fn clear_queue(
+        &self,
+        host: &Arc<impl TurnHost>,
+        caller: &Caller,
+        params: SessionClearQueueParams,
+    ) -> Result<SessionClearQueueResult, AppError> {
+        let session = host.sessions().find(&params.session_id)?;
+        let driver = self.driver(&session);
+        let mut state = driver.state.lock().await;
+        let withdrawn: Vec<Held> = match &params.turn_id {
+            None => state.follow_ups.drain(..).collect(),
+            Some(turn_id) => {
+                let at = state
+                    .follow_ups
+                    .iter()
+                    .position(|held| &held.queued.turn_id == turn_id);
+                match at.and_then(|at| state.follow_ups.remove(at)) {
+                    Some(held) => vec![held],
+                    None => {
+                        known_turn(host, &session, turn_id)?;
+                        Vec::new()
+                    }
+                }
+            }
+        };
+        let device = caller.device_id();
+        let events = withdrawal(&withdrawn, WithdrawReason::Cleared, None, device);
+        if !events.is_empty() {
+            host.sessions().commit(&session, events).await?;
+            tracing::info!(session_id = %session.id, count = withdrawn.len(), "follow-ups withdrawn");
+        }
+        Ok(SessionClearQueueResult {
+            withdrawn: withdrawn.into_iter().map(|held| held.queued).collect(),
         })
     }
 
@@ -140,45 +210,6 @@ impl Turns {
         tracing::info!(session_id = %session.id, "session compacted");
         serde_json::from_value(data).map_err(crate::internal)
     }
-}
-
-/// The answer to a resent `turn/follow_up` (same key): the turn it started or queued, from
-/// the store or, while pi has not answered the first attempt yet, from the driver;
-/// IDEMPOTENCY_CONFLICT when the key came with other text.
-fn earlier_follow_up(
-    host: &impl TurnHost,
-    session: &crate::sessions::Session,
-    state: &DriverState,
-    start: &TurnStartParams,
-) -> Result<Option<TurnFollowUpResult>, AppError> {
-    if let Some(earlier) = earlier_turn(host, session, start)? {
-        let queued = state
-            .follow_ups
-            .iter()
-            .any(|f| f.turn_id == earlier.turn_id);
-        return Ok(Some(TurnFollowUpResult {
-            turn_id: earlier.turn_id,
-            queued,
-        }));
-    }
-    let Some(sent) = state
-        .follow_ups
-        .iter()
-        .find(|f| f.key == start.idempotency_key)
-    else {
-        return Ok(None);
-    };
-    if sent.text != start.text {
-        return Err(AppError::new(
-            ErrorCode::IdempotencyConflict,
-            "this idempotency key already queued a follow-up with other input",
-        )
-        .with_details(json!({"idempotencyKey": sent.key, "turnId": sent.turn_id})));
-    }
-    Ok(Some(TurnFollowUpResult {
-        turn_id: sent.turn_id.clone(),
-        queued: true,
-    }))
 }
 
 impl super::Driver {
@@ -254,46 +285,154 @@ fn compaction_failed(err: &AgentError) -> AppError {
     }
 }
 
-/// pi's queue changed: when it took a follow-up the host sent, that follow-up's turn starts
-/// here. The running turn ends first (completed: pi takes follow-ups only once its run would
-/// stop), unless it has not finished a step yet: then pi delivers the follow-up with the
-/// turn's own prompt (its queue mode `all`, or a follow-up left from an aborted run), and it is
-/// part of that turn.
-pub(super) fn on_queue_update(
+/// TURN_NOT_FOUND unless the session ever had the turn `turn_id`.
+fn known_turn(
     host: &impl TurnHost,
-    state: &mut MutexGuard<'_, DriverState>,
-    payload: &RawValue,
-    events: &mut Vec<HostEvent>,
-) {
-    let Some(queue) = pi::event::queue_update(payload.get()) else {
-        return;
-    };
-    let taken = pi::event::taken_from(&state.pi_follow_ups, &queue.follow_up);
-    state.pi_follow_ups = queue.follow_up;
-    let Some(text) = taken else { return };
-    let Some(at) = state.follow_ups.iter().position(|f| f.text == text) else {
-        // Not one the host sent (an expanded template reads otherwise): it stays in the turn.
-        return;
-    };
-    let Some(follow_up) = state.follow_ups.remove(at) else {
-        return;
-    };
-    if let Some(active) = &state.active {
-        if !active.answered {
-            return;
-        }
-        let turn_id = active.turn_id.clone();
-        events.extend(end_of_turn(host, &turn_id, TurnOutcome::Completed, None));
+    session: &crate::sessions::Session,
+    turn_id: &str,
+) -> Result<(), AppError> {
+    let known = host
+        .store()
+        .turn_exists(&session.id, turn_id)
+        .map_err(crate::internal)?;
+    if known {
+        return Ok(());
     }
-    tracing::info!(turn_id = %follow_up.turn_id, "a follow-up's turn starts");
+    Err(
+        AppError::new(ErrorCode::TurnNotFound, "no such turn in this session")
+            .with_details(json!({"turnId": turn_id})),
+    )
+}
+
+/// The `turn.withdrawn` of each follow-up in `held`.
+fn withdrawal(
+    held: &[Held],
+    reason: WithdrawReason,
+    joined_turn_id: Option<&str>,
+    device_id: Option<&str>,
+) -> Vec<HostEvent> {
+    held.iter()
+        .map(|held| {
+            HostEvent::of_turn(
+                &held.queued.turn_id,
+                TurnWithdrawnData {
+                    text: held.queued.text.clone(),
+                    reason,
+                    joined_turn_id: joined_turn_id.map(str::to_string),
+                    device_id: device_id.map(str::to_string),
+                },
+            )
+        })
+        .collect()
+}
+
+/// What the queue does once the running turn has ended (its `turn.finished` is in `events`):
+/// after a completed turn the next follow-up's turn starts (every queued one joined into it
+/// with `followUpMode: "all"`, as pi delivers them), returned as the prompt to send; after any
+/// other end, or with no agent left to run it, the queue is withdrawn.
+pub(super) fn after_turn(
+    session: &crate::sessions::Session,
+    state: &mut DriverState,
+    outcome: TurnOutcome,
+    events: &mut Vec<HostEvent>,
+) -> Option<NextPrompt> {
+    if state.follow_ups.is_empty() {
+        return None;
+    }
+    if outcome != TurnOutcome::Completed || state.agent.is_none() {
+        let reason = if state.agent.is_none() {
+            WithdrawReason::AgentStopped
+        } else {
+            WithdrawReason::TurnEnded
+        };
+        let held: Vec<Held> = state.follow_ups.drain(..).collect();
+        events.extend(withdrawal(&held, reason, None, None));
+        return None;
+    }
+    let first = state.follow_ups.pop_front()?;
+    let joined: Vec<Held> = if session.settings().follow_up_mode == Some(QueueMode::All) {
+        state.follow_ups.drain(..).collect()
+    } else {
+        Vec::new()
+    };
+    let QueuedFollowUp {
+        turn_id,
+        mut text,
+        device_id,
+    } = first.queued;
+    for held in &joined {
+        text.push_str("\n\n");
+        text.push_str(&held.queued.text);
+    }
+    tracing::info!(%turn_id, joined = joined.len(), "a follow-up's turn starts");
     events.push(HostEvent::of_turn(
-        &follow_up.turn_id,
+        &turn_id,
         TurnStartedData {
-            text: follow_up.text,
+            text: text.clone(),
             images: Vec::new(),
-            device_id: follow_up.device_id,
+            device_id,
         },
     ));
+    events.extend(withdrawal(
+        &joined,
+        WithdrawReason::Joined,
+        Some(&turn_id),
+        None,
+    ));
     state.ran_turn = true;
-    state.active = Some(ActiveTurn::new(follow_up.turn_id));
+    state.active = Some(ActiveTurn::new(turn_id.clone()));
+    Some(NextPrompt { turn_id, text })
+}
+
+/// Every queued follow-up withdrawn for `reason` (the agent stopped, the host restarted).
+pub(super) fn withdraw_all(state: &mut DriverState, reason: WithdrawReason) -> Vec<HostEvent> {
+    let held: Vec<Held> = state.follow_ups.drain(..).collect();
+    withdrawal(&held, reason, None, None)
+}
+
+/// The follow-ups a restarted host no longer holds, as the log last showed them.
+pub(super) fn withdrawn_by_restart(queued: Vec<QueuedFollowUp>) -> Vec<HostEvent> {
+    let held: Vec<Held> = queued.into_iter().map(|queued| Held { queued }).collect();
+    withdrawal(&held, WithdrawReason::HostRestarted, None, None)
+}
+
+/// Sends a prompt, waiting while pi still winds down the run before: pi writes `agent_end`
+/// before its run has settled (its listeners, an automatic compaction) and refuses a prompt
+/// until then, though the host has already ended the turn.
+pub(super) async fn prompt_when_idle(
+    agent: &Agent,
+    text: &str,
+    images: &[ImageAttachment],
+    patience: Duration,
+) -> Result<(), AgentError> {
+    let deadline = Instant::now() + patience;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match agent.prompt(text, images).await {
+            Err(err) if err.is_busy() && Instant::now() < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(250));
+            }
+            sent => return sent,
+        }
+    }
+}
+
+impl super::Driver {
+    /// Sends the prompt of the follow-up whose turn `after_turn` started; a prompt pi refuses
+    /// ends that turn (and withdraws the queue behind it).
+    pub(super) fn send_next(
+        self: &Arc<Self>,
+        host: &Arc<impl TurnHost>,
+        agent: &Agent,
+        next: NextPrompt,
+    ) {
+        let (host, driver, agent) = (host.clone(), self.clone(), agent.clone());
+        tokio::spawn(async move {
+            let sent = prompt_when_idle(&agent, &next.text, &[], FOLLOW_UP_PATIENCE).await;
+            if let Err(err) = sent {
+                driver.prompt_refused(&host, &next.turn_id, &err).await;
+            }
+        });
+    }
 }

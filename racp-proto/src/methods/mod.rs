@@ -28,12 +28,13 @@ use model::{
     ProviderRef, ProviderSetParams,
 };
 use session::{
-    SessionBashParams, SessionBashResult, SessionCloneParams, SessionCommandsResult,
-    SessionCompactParams, SessionCompactResult, SessionConfigureParams, SessionCreateParams,
-    SessionCreateResult, SessionExportParams, SessionExportResult, SessionForkParams,
-    SessionForkResult, SessionGetResult, SessionHistoryParams, SessionHistoryResult,
-    SessionListResult, SessionRef, SessionRenameParams, SessionStatsResult, SessionStreamParams,
-    SessionStreamResult, SessionSubscribeParams, SessionSubscribeResult, SessionUnsubscribeParams,
+    SessionBashParams, SessionBashResult, SessionClearQueueParams, SessionClearQueueResult,
+    SessionCloneParams, SessionCommandsResult, SessionCompactParams, SessionCompactResult,
+    SessionConfigureParams, SessionCreateParams, SessionCreateResult, SessionExportParams,
+    SessionExportResult, SessionForkParams, SessionForkResult, SessionGetResult,
+    SessionHistoryParams, SessionHistoryResult, SessionListResult, SessionRef, SessionRenameParams,
+    SessionStatsResult, SessionStreamParams, SessionStreamResult, SessionSubscribeParams,
+    SessionSubscribeResult, SessionUnsubscribeParams,
 };
 use turn::{
     ApprovalRespondParams, ApprovalRespondResult, TurnFollowUpParams, TurnFollowUpResult, TurnRef,
@@ -300,6 +301,8 @@ method_table! {
         ModelList = "model/list" (Empty => ModelListResult) { access: OBSERVER, mutates: false, safe_to_resend: true }
         /// Queues a prompt to run as a turn of its own once the running turn ends (starts it at once when none runs); idempotent by `idempotencyKey`.
         TurnFollowUp = "turn/follow_up" (TurnFollowUpParams => TurnFollowUpResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
+        /// Withdraws queued follow-ups before they run (one, or all); a resend withdraws nothing more.
+        SessionClearQueue = "session/clear_queue" (SessionClearQueueParams => SessionClearQueueResult) { access: OPERATOR, mutates: true, safe_to_resend: true }
         /// Compacts a session's conversation: the agent replaces its older messages with a summary; refused while a turn runs.
         SessionCompact = "session/compact" (SessionCompactParams => SessionCompactResult) { access: OPERATOR, mutates: true, safe_to_resend: false }
         /// Changes a session's model, thinking level, auto-compaction or queue modes; setting the same values again changes nothing.

@@ -197,22 +197,65 @@ pub struct Snapshot {
     pub history: HistoryPage,
 }
 
-/// What the agent holds queued while it works (pi's `queue_update`): each message's text, in
-/// the order it will be delivered.
+/// What waits to run while a turn works: the steering messages the agent holds (pi's
+/// `queue_update`) and the follow-ups the host holds (docs/protocol.md §7.25), each in the
+/// order it will be delivered.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Queue {
     /// Steering messages (`turn/steer`): delivered before the agent's next model request.
     #[serde(default)]
     pub steering: Vec<String>,
-    /// Follow-ups (`turn/follow_up`): each runs as a turn of its own when the work before it ends.
+    /// Follow-ups (`turn/follow_up`): each runs as a turn of its own when the turn before it
+    /// completes; `session/clear_queue` withdraws them.
     #[serde(default)]
-    pub follow_up: Vec<String>,
+    pub follow_ups: Vec<QueuedFollowUp>,
+}
+
+/// A follow-up waiting for its turn: its `turnId` has no `turn.started` yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuedFollowUp {
+    pub turn_id: String,
+    pub text: String,
+    /// The device that queued it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+}
+
+/// Withdraws queued follow-ups before they run: the one named, or all of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionClearQueueParams {
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub session_id: String,
+    /// The follow-up's turn to withdraw; absent, every queued follow-up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
+    pub turn_id: Option<String>,
+}
+
+impl Validate for SessionClearQueueParams {
+    fn validate(&self) -> Result<(), AppError> {
+        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
+        match &self.turn_id {
+            Some(turn_id) => length("turnId", turn_id, 1, MAX_ID_CHARS),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The follow-ups withdrawn now, in queue order (their text, to put back where it was typed);
+/// empty when none waited (a resend).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionClearQueueResult {
+    pub withdrawn: Vec<QueuedFollowUp>,
 }
 
 impl Queue {
     pub fn is_empty(&self) -> bool {
-        self.steering.is_empty() && self.follow_up.is_empty()
+        self.steering.is_empty() && self.follow_ups.is_empty()
     }
 }
 

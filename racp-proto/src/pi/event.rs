@@ -54,24 +54,18 @@ impl ToolRun {
     }
 }
 
-/// pi's `queue_update`: the steering messages and follow-ups it holds, each in the order it
-/// will deliver them. `None` for a payload of another shape.
-pub fn queue_update(data: &str) -> Option<crate::methods::session::Queue> {
-    serde_json::from_str(data).ok()
-}
-
-/// The text pi took from a queue between two `queue_update`s: pi removes one message (the first
-/// with that text) as it delivers it. `None` when nothing was removed.
-pub fn taken_from(before: &[String], after: &[String]) -> Option<String> {
-    if after.len() >= before.len() {
-        return None;
+/// pi's `queue_update`: the steering messages it holds, in the order it will deliver them.
+/// (Its follow-ups are the host's to hold: pi's own stay empty.) `None` for a payload of
+/// another shape.
+pub fn steering_queue(data: &str) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct QueueUpdate {
+        #[serde(default)]
+        steering: Vec<String>,
     }
-    let at = before
-        .iter()
-        .zip(after)
-        .position(|(b, a)| b != a)
-        .unwrap_or(after.len());
-    before.get(at).cloned()
+    serde_json::from_str::<QueueUpdate>(data)
+        .ok()
+        .map(|queue| queue.steering)
 }
 
 #[cfg(test)]
@@ -80,27 +74,13 @@ mod queue_tests {
     use super::*;
 
     #[test]
-    fn a_queue_update_reads_as_the_queue_and_names_what_was_taken() {
-        let queue =
-            queue_update(r#"{"type":"queue_update","steering":["s"],"followUp":["a","b","a"]}"#)
-                .unwrap();
-        assert_eq!(queue.steering, ["s"]);
-        assert_eq!(queue.follow_up, ["a", "b", "a"]);
-        let before = queue.follow_up;
-        let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    fn a_queue_update_reads_as_its_steering_messages() {
+        let data = r#"{"type":"queue_update","steering":["s","t"],"followUp":["a"]}"#;
+        assert_eq!(steering_queue(data).unwrap(), ["s", "t"]);
         assert_eq!(
-            taken_from(&before, &owned(&["b", "a"])).as_deref(),
-            Some("a")
+            steering_queue(r#"{"type":"queue_update"}"#).unwrap(),
+            [""; 0]
         );
-        assert_eq!(
-            taken_from(&before, &owned(&["a", "a"])).as_deref(),
-            Some("b")
-        );
-        assert_eq!(
-            taken_from(&before, &owned(&["a", "b"])).as_deref(),
-            Some("a")
-        );
-        assert_eq!(taken_from(&before, &before), None);
-        assert_eq!(taken_from(&[], &owned(&["x"])), None);
+        assert_eq!(steering_queue("[1]"), None);
     }
 }

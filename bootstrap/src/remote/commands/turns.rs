@@ -10,7 +10,8 @@ use racp_proto::calls;
 use racp_proto::client::{RacpClient, Subscription, SubscriptionItem};
 use racp_proto::events::{Event, EventType, TurnFinishedData, TurnOutcome};
 use racp_proto::methods::session::{
-    SessionCompactParams, SessionGetResult, SessionRef, SessionSubscribeParams,
+    SessionClearQueueParams, SessionCompactParams, SessionGetResult, SessionRef,
+    SessionSubscribeParams,
 };
 use racp_proto::methods::turn::{
     Answer, ApprovalKind, ApprovalRespondParams, Decision, ImageAttachment, TurnFollowUpParams,
@@ -352,6 +353,35 @@ pub async fn follow_up(
         out.line(&format!("{} queued", result.turn_id));
     } else {
         out.line(&result.turn_id);
+    }
+    Ok(())
+}
+
+/// `clear-queue`: withdraws the session's queued follow-ups (one with `--turn`) before they
+/// run; prints each one's turn and text, so nothing typed is lost.
+pub async fn clear_queue(
+    out: &Out,
+    client: &RacpClient,
+    session_id: String,
+    turn_id: Option<String>,
+) -> Result<(), Failure> {
+    let params = SessionClearQueueParams {
+        session_id: session_id.clone(),
+        turn_id,
+    };
+    let result = call_resending::<calls::SessionClearQueue>(client, params).await?;
+    if out.json {
+        out.json_value(&json!({"sessionId": session_id, "withdrawn": result.withdrawn}));
+        return Ok(());
+    }
+    if result.withdrawn.is_empty() {
+        out.line("nothing queued");
+    }
+    for follow_up in result.withdrawn {
+        out.line(&format!(
+            "withdrew {}: {}",
+            follow_up.turn_id, follow_up.text
+        ));
     }
     Ok(())
 }

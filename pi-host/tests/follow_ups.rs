@@ -1,0 +1,370 @@
+//! The follow-up queue the host holds (docs/protocol.md §7.25), driven over RACP-WS against a
+//! real host running the stand-in agent: a turn waiting on an approval keeps running until the
+//! test answers it, so follow-ups are queued behind it deterministically.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::{Value, json};
+use std::path::Path;
+use tests::{Client, HostProcess};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_pi-host"))
+}
+
+fn agent_args() -> Vec<String> {
+    let agent = tests::stand_in_agent();
+    vec!["--agent".into(), agent.to_str().unwrap().to_string()]
+}
+
+struct Setup {
+    host: HostProcess,
+    token: String,
+    client: Client,
+    session_id: String,
+}
+
+async fn setup() -> Setup {
+    let args = agent_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let host = HostProcess::start_with(bin(), &args).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    // Subscribed from the session's start.
+    let session_id = client.open_session(&host.workspace("w")).await;
+    Setup {
+        host,
+        token,
+        client,
+        session_id,
+    }
+}
+
+impl Setup {
+    async fn call(&mut self, method: &str, mut params: Value) -> Value {
+        params["sessionId"] = json!(self.session_id);
+        self.client.call(method, params).await
+    }
+
+    async fn until(&mut self, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+        self.client.events_until(tests::PATIENCE * 4, done).await
+    }
+
+    /// Starts a turn; returns its id.
+    async fn start(&mut self, key: &str, text: &str) -> String {
+        let started = self
+            .call("turn/start", json!({"idempotencyKey": key, "text": text}))
+            .await;
+        turn_id(&started)
+    }
+
+    /// Queues a follow-up; returns its turn id.
+    async fn follow_up(&mut self, key: &str, text: &str) -> String {
+        let queued = self
+            .call(
+                "turn/follow_up",
+                json!({"idempotencyKey": key, "text": text}),
+            )
+            .await;
+        assert_eq!(queued["result"]["queued"], true, "{queued}");
+        turn_id(&queued)
+    }
+
+    /// Answers the running turn's approval (`approve:confirm`) once it is asked; returns the
+    /// events up to its request.
+    async fn allow_the_approval(&mut self) -> Vec<Value> {
+        let events = self.until(|e| e["type"] == "approval.requested").await;
+        let approval_id = events.last().unwrap()["data"]["approvalId"].clone();
+        let answered = self
+            .client
+            .call(
+                "approval/respond",
+                json!({"approvalId": approval_id, "decision": "allow"}),
+            )
+            .await;
+        assert!(answered.get("result").is_some(), "{answered}");
+        events
+    }
+
+    async fn queue(&mut self) -> Value {
+        let got = self.call("session/get", json!({})).await;
+        got["result"]["snapshot"]["queue"].clone()
+    }
+}
+
+fn turn_id(reply: &Value) -> String {
+    reply["result"]["turnId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no turn: {reply}"))
+        .to_string()
+}
+
+fn finished(turn_id: &str) -> impl Fn(&Value) -> bool + '_ {
+    move |e| e["type"] == "turn.finished" && e["turnId"] == turn_id
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str, turn_id: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e["type"] == kind && e["turnId"] == turn_id)
+        .collect()
+}
+
+/// The user messages the agent was prompted with, in order.
+fn prompts(events: &[Value]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "agent.message_end" && e["data"]["message"]["role"] == "user")
+        .map(|e| {
+            let text = e["data"]["message"]["content"][0]["text"].as_str().unwrap();
+            (e["turnId"].as_str().unwrap().to_string(), text.to_string())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn follow_ups_wait_for_the_turn_to_complete_then_run_in_order_as_turns_of_their_own() {
+    let mut s = setup().await;
+    let first = s.start("k1", "approve:confirm").await;
+    let one = s.follow_up("f1", "echo one").await;
+    let two = s.follow_up("f2", "echo two").await;
+    let resent = s
+        .call(
+            "turn/follow_up",
+            json!({"idempotencyKey": "f1", "text": "echo one"}),
+        )
+        .await;
+    assert_eq!(resent["result"], json!({"turnId": one, "queued": true}));
+    let conflict = s
+        .call(
+            "turn/follow_up",
+            json!({"idempotencyKey": "f1", "text": "other"}),
+        )
+        .await;
+    assert_eq!(
+        conflict["error"]["code"], "IDEMPOTENCY_CONFLICT",
+        "{conflict}"
+    );
+    let queue = s.queue().await;
+    let device_id = queue["followUps"][0]["deviceId"].clone();
+    assert!(device_id.is_string(), "{queue}");
+    assert_eq!(
+        queue["followUps"],
+        json!([
+            {"turnId": one, "text": "echo one", "deviceId": device_id},
+            {"turnId": two, "text": "echo two", "deviceId": device_id},
+        ])
+    );
+    // Until its turn starts, a queued follow-up cannot be steered.
+    let steer = s
+        .call("turn/steer", json!({"turnId": one, "text": "faster"}))
+        .await;
+    assert_eq!(steer["error"]["code"], "CONFLICT", "{steer}");
+
+    let mut events = s.allow_the_approval().await;
+    events.extend(s.until(finished(&two)).await);
+    let order: Vec<(String, String)> = events
+        .iter()
+        .filter(|e| e["type"].as_str().unwrap().starts_with("turn."))
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().into(),
+                e["turnId"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("turn.started", &first),
+        ("turn.queued", &one),
+        ("turn.queued", &two),
+        ("turn.finished", &first),
+        ("turn.started", &one),
+        ("turn.finished", &one),
+        ("turn.started", &two),
+        ("turn.finished", &two),
+    ]
+    .iter()
+    .map(|(k, t)| (k.to_string(), t.to_string()))
+    .collect();
+    assert_eq!(order, expected, "{order:#?}");
+    for turn in [&first, &one, &two] {
+        let end = of_type(&events, "turn.finished", turn);
+        assert_eq!(end[0]["data"]["outcome"], "completed", "{:?}", end);
+    }
+    let started = of_type(&events, "turn.started", &one);
+    assert_eq!(started[0]["data"]["text"], "echo one");
+    assert_eq!(started[0]["data"]["deviceId"], device_id);
+    // Each follow-up reached the agent as its own prompt, inside its own turn.
+    let prompted = prompts(&events);
+    assert_eq!(
+        prompted[prompted.len() - 2..],
+        [
+            (one.clone(), "echo one".into()),
+            (two.clone(), "echo two".into())
+        ]
+    );
+    assert_eq!(s.queue().await, Value::Null, "the queue is empty");
+    let snapshot = s.call("session/get", json!({})).await;
+    let states: Vec<&str> = snapshot["result"]["snapshot"]["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["completed", "completed", "completed"]);
+}
+
+#[tokio::test]
+async fn a_clear_an_abort_or_a_failure_withdraws_follow_ups_and_the_agent_never_sees_them() {
+    let mut s = setup().await;
+    let running = s.start("k1", "hang").await;
+    let a = s.follow_up("fa", "echo a").await;
+    let b = s.follow_up("fb", "echo b").await;
+    let c = s.follow_up("fc", "echo c").await;
+    let d = s.follow_up("fd", "echo d").await;
+
+    let cleared = s.call("session/clear_queue", json!({"turnId": b})).await;
+    let withdrawn = &cleared["result"]["withdrawn"];
+    assert_eq!(withdrawn.as_array().unwrap().len(), 1, "{cleared}");
+    assert_eq!(withdrawn[0]["turnId"], b.as_str());
+    assert_eq!(withdrawn[0]["text"], "echo b");
+    let again = s.call("session/clear_queue", json!({"turnId": b})).await;
+    assert_eq!(
+        again["result"]["withdrawn"],
+        json!([]),
+        "a resend withdraws nothing"
+    );
+    let unknown = s
+        .call("session/clear_queue", json!({"turnId": "turn_nope"}))
+        .await;
+    assert_eq!(unknown["error"]["code"], "TURN_NOT_FOUND", "{unknown}");
+    let aborted = s.call("turn/abort", json!({"turnId": c})).await;
+    assert!(aborted.get("result").is_some(), "{aborted}");
+    let withdrawn = s
+        .until(|e| e["type"] == "turn.withdrawn" && e["turnId"] == c.as_str())
+        .await;
+    let by_clear = of_type(&withdrawn, "turn.withdrawn", &b);
+    assert_eq!(by_clear[0]["data"]["reason"], "cleared");
+    assert_eq!(by_clear[0]["data"]["text"], "echo b");
+    assert!(by_clear[0]["data"]["deviceId"].is_string());
+    let by_abort = withdrawn.last().unwrap();
+    assert_eq!(by_abort["data"]["reason"], "cleared");
+    let queue = s.queue().await;
+    let ids: Vec<&str> = queue["followUps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["turnId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [a.as_str(), d.as_str()]);
+
+    // Aborting the running turn withdraws what waited behind it: nothing runs unattended.
+    let abort = s.call("turn/abort", json!({"turnId": running})).await;
+    assert!(abort.get("result").is_some(), "{abort}");
+    let events = s
+        .until(|e| e["type"] == "turn.withdrawn" && e["turnId"] == d.as_str())
+        .await;
+    assert_eq!(
+        of_type(&events, "turn.finished", &running)[0]["data"]["outcome"],
+        "aborted"
+    );
+    for turn in [&a, &d] {
+        let gone = of_type(&events, "turn.withdrawn", turn);
+        assert_eq!(gone[0]["data"]["reason"], "turn_ended", "{:?}", gone);
+        assert!(gone[0]["data"].get("deviceId").is_none());
+    }
+    assert_eq!(s.queue().await, Value::Null);
+
+    // A failed turn withdraws its queue too.
+    let failing = s.start("k2", "approve:confirm fail").await;
+    let e = s.follow_up("fe", "echo e").await;
+    s.allow_the_approval().await;
+    let events = s
+        .until(|ev| ev["type"] == "turn.withdrawn" && ev["turnId"] == e.as_str())
+        .await;
+    assert_eq!(
+        of_type(&events, "turn.finished", &failing)[0]["data"]["outcome"],
+        "failed"
+    );
+    assert_eq!(
+        of_type(&events, "turn.withdrawn", &e)[0]["data"]["reason"],
+        "turn_ended"
+    );
+
+    // The session goes on, and none of the withdrawn texts ever reached the agent.
+    let next = s.start("k3", "echo last").await;
+    let events = s.until(finished(&next)).await;
+    let history = s.call("session/history", json!({"limit": 1000})).await;
+    let texts = history["result"]["entries"].to_string();
+    for withdrawn in ["echo a", "echo b", "echo c", "echo d", "echo e"] {
+        assert!(!texts.contains(withdrawn), "{withdrawn} reached the agent");
+    }
+    assert!(texts.contains("echo last"));
+    assert!(prompts(&events).iter().all(|(_, t)| t == "echo last"));
+}
+
+#[tokio::test]
+async fn the_queue_is_bounded_and_a_host_restart_withdraws_it() {
+    let mut s = setup().await;
+    let running = s.start("k1", "hang").await;
+    let mut queued = Vec::new();
+    for i in 0..racp_proto::limits::MAX_QUEUED_FOLLOW_UPS {
+        queued.push(s.follow_up(&format!("f{i}"), &format!("echo {i}")).await);
+    }
+    let over = s
+        .call(
+            "turn/follow_up",
+            json!({"idempotencyKey": "over", "text": "one more"}),
+        )
+        .await;
+    assert_eq!(over["error"]["code"], "LIMIT_EXCEEDED", "{over}");
+    let message = over["error"]["message"].as_str().unwrap();
+    assert!(message.contains("session/clear_queue"), "{message}");
+
+    let queued_events = s
+        .until(|e| e["type"] == "turn.queued" && e["turnId"] == queued[31].as_str())
+        .await;
+    let after = queued_events.last().unwrap()["cursor"].clone();
+
+    let Setup {
+        host,
+        token,
+        client,
+        session_id,
+    } = s;
+    drop(client);
+    let args = agent_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let host = host.restart(&args).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let got = client
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    let snapshot = &got["result"]["snapshot"];
+    assert!(snapshot.get("queue").is_none(), "{snapshot}");
+    assert_eq!(snapshot["turns"][0]["state"], "aborted", "{snapshot}");
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": after}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    let events = client
+        .events_until(tests::PATIENCE * 4, finished(&running))
+        .await;
+    let withdrawn: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "turn.withdrawn")
+        .map(|e| {
+            assert_eq!(e["data"]["reason"], "host_restarted", "{e}");
+            e["turnId"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(withdrawn, queued, "each follow-up withdrawn once, in order");
+    let end = events.last().unwrap();
+    assert_eq!(end["data"]["outcome"], "aborted", "{end}");
+    drop(host);
+}
