@@ -161,6 +161,7 @@ async fn follow_ups_wait_for_the_turn_to_complete_then_run_in_order_as_turns_of_
         .call("turn/steer", json!({"turnId": one, "text": "faster"}))
         .await;
     assert_eq!(steer["error"]["code"], "CONFLICT", "{steer}");
+    assert_eq!(steer["error"]["details"]["queued"], true, "{steer}");
 
     let mut events = s.allow_the_approval().await;
     events.extend(s.until(finished(&two)).await);

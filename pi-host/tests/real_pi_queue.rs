@@ -73,14 +73,15 @@ async fn snapshot(client: &mut Client, session_id: &str) -> Value {
     got["result"]["snapshot"].clone()
 }
 
-#[tokio::test]
-async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
-    let stub = Stub::default();
-    let (host, _pi_dir) = pi_host(&stub, None).await;
-    let (_, token) = host.pair_device("laptop", &[]).await;
-    let mut client = connect(&host, &token).await;
-    let session_id = client.open_session(&host.workspace("w")).await;
-
+/// Holds the stub's answers, starts a turn and waits for its first model request, then queues
+/// `texts` as follow-ups behind it (keys `f1`, `f2`, ...); returns the turn's id and the
+/// follow-ups' turn ids.
+async fn follow_ups_behind_a_held_turn(
+    stub: &Stub,
+    client: &mut Client,
+    session_id: &str,
+    texts: &[&str],
+) -> (String, Vec<String>) {
     stub.hold();
     let first = client
         .call(
@@ -89,17 +90,41 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
         )
         .await;
     let first_id = first["result"]["turnId"].as_str().unwrap().to_string();
-    requests_reach(&stub, 1).await;
+    requests_reach(stub, 1).await;
+    let mut queued = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        let key = format!("f{}", i + 1);
+        let reply = client
+            .call(
+                "turn/follow_up",
+                json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
+            )
+            .await;
+        assert_eq!(reply["result"]["queued"], true, "{reply}");
+        queued.push(reply["result"]["turnId"].as_str().unwrap().to_string());
+    }
+    (first_id, queued)
+}
 
+#[tokio::test]
+async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+
+    let (first_id, queued) =
+        follow_ups_behind_a_held_turn(&stub, &mut client, &session_id, &["Then say goodbye."])
+            .await;
+    let follow_id = queued[0].clone();
+    assert_ne!(follow_id, first_id);
     let follow_up =
         json!({"sessionId": session_id, "idempotencyKey": "f1", "text": "Then say goodbye."});
-    let queued = client.call("turn/follow_up", follow_up.clone()).await;
-    assert_eq!(queued["result"]["queued"], true, "{queued}");
-    let follow_id = queued["result"]["turnId"].as_str().unwrap().to_string();
-    assert_ne!(follow_id, first_id);
     let resent = client.call("turn/follow_up", follow_up).await;
     assert_eq!(
-        resent["result"], queued["result"],
+        resent["result"],
+        json!({"turnId": follow_id, "queued": true}),
         "a resend queues nothing more"
     );
     let compact = client
@@ -353,26 +378,8 @@ async fn queue_modes_set_for_a_session_reach_its_agent() {
     assert_eq!(info["followUpMode"], "all", "{configured}");
     assert_eq!(info["steeringMode"], "all", "{configured}");
 
-    stub.hold();
-    let first = client
-        .call(
-            "turn/start",
-            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Run the check."}),
-        )
-        .await;
-    assert!(first.get("result").is_some(), "{first}");
-    requests_reach(&stub, 1).await;
-    let mut queued = Vec::new();
-    for (key, text) in [("f1", "First extra."), ("f2", "Second extra.")] {
-        let reply = client
-            .call(
-                "turn/follow_up",
-                json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
-            )
-            .await;
-        assert_eq!(reply["result"]["queued"], true, "{reply}");
-        queued.push(reply["result"]["turnId"].as_str().unwrap().to_string());
-    }
+    let texts = ["First extra.", "Second extra."];
+    let (_, queued) = follow_ups_behind_a_held_turn(&stub, &mut client, &session_id, &texts).await;
     client
         .events_until(WAIT, |e| {
             e["type"] == "turn.queued" && e["turnId"] == queued[1].as_str()
@@ -428,26 +435,9 @@ async fn withdrawn_follow_ups_never_reach_the_model() {
     let mut client = connect(&host, &token).await;
     let session_id = client.open_session(&host.workspace("w")).await;
 
-    stub.hold();
-    let first = client
-        .call(
-            "turn/start",
-            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Run the check."}),
-        )
-        .await;
-    let first_id = first["result"]["turnId"].as_str().unwrap().to_string();
-    requests_reach(&stub, 1).await;
-    let mut queued = Vec::new();
-    for (key, text) in [("f1", "Cleared extra."), ("f2", "Left extra.")] {
-        let reply = client
-            .call(
-                "turn/follow_up",
-                json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
-            )
-            .await;
-        assert_eq!(reply["result"]["queued"], true, "{reply}");
-        queued.push(reply["result"]["turnId"].as_str().unwrap().to_string());
-    }
+    let texts = ["Cleared extra.", "Left extra."];
+    let (first_id, queued) =
+        follow_ups_behind_a_held_turn(&stub, &mut client, &session_id, &texts).await;
     let cleared = client
         .call(
             "session/clear_queue",

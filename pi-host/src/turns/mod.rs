@@ -486,7 +486,7 @@ fn closed(session: &Session) -> AppError {
 }
 
 /// The agent of the running turn `turn_id`: TURN_NOT_FOUND for an unknown turn, CONFLICT for
-/// one that already finished.
+/// one that already finished or is a follow-up still queued.
 fn running_agent(
     host: &impl TurnHost,
     session: &Session,
@@ -498,21 +498,34 @@ fn running_agent(
     {
         return Ok(agent.clone());
     }
+    if state.follow_ups.iter().any(|f| f.queued.turn_id == turn_id) {
+        return Err(AppError::new(
+            ErrorCode::Conflict,
+            "this follow-up waits in the queue: its turn has not started yet (withdraw it with \
+             session/clear_queue)",
+        )
+        .with_details(json!({"turnId": turn_id, "queued": true})));
+    }
+    known_turn(host, session, turn_id)?;
+    Err(
+        AppError::new(ErrorCode::Conflict, "the turn has already finished")
+            .with_details(json!({"turnId": turn_id})),
+    )
+}
+
+/// TURN_NOT_FOUND unless the session ever had the turn `turn_id`.
+fn known_turn(host: &impl TurnHost, session: &Session, turn_id: &str) -> Result<(), AppError> {
     let known = host
         .store()
         .turn_exists(&session.id, turn_id)
         .map_err(crate::internal)?;
     if known {
-        Err(
-            AppError::new(ErrorCode::Conflict, "the turn has already finished")
-                .with_details(json!({"turnId": turn_id})),
-        )
-    } else {
-        Err(
-            AppError::new(ErrorCode::TurnNotFound, "no such turn in this session")
-                .with_details(json!({"turnId": turn_id})),
-        )
+        return Ok(());
     }
+    Err(
+        AppError::new(ErrorCode::TurnNotFound, "no such turn in this session")
+            .with_details(json!({"turnId": turn_id})),
+    )
 }
 
 /// The events that end a turn: its pending approvals settled as cancelled, then

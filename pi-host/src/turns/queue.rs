@@ -7,7 +7,7 @@
 //! next prompt (`turn.started`); a clear, an abort or a failure withdraws it (`turn.withdrawn`)
 //! with its text, so a client can put it back where it was typed.
 
-use super::{ActiveTurn, DriverState, TurnHost, Turns, closed, earlier_turn};
+use super::{ActiveTurn, DriverState, TurnHost, Turns, closed, earlier_turn, known_turn};
 use crate::agent::{Agent, AgentError};
 use crate::auth::Caller;
 use crate::clock::now_ms;
@@ -283,25 +283,6 @@ fn compaction_failed(err: &AgentError) -> AppError {
         }
         _ => err.to_app_error(),
     }
-}
-
-/// TURN_NOT_FOUND unless the session ever had the turn `turn_id`.
-fn known_turn(
-    host: &impl TurnHost,
-    session: &crate::sessions::Session,
-    turn_id: &str,
-) -> Result<(), AppError> {
-    let known = host
-        .store()
-        .turn_exists(&session.id, turn_id)
-        .map_err(crate::internal)?;
-    if known {
-        return Ok(());
-    }
-    Err(
-        AppError::new(ErrorCode::TurnNotFound, "no such turn in this session")
-            .with_details(json!({"turnId": turn_id})),
-    )
 }
 
 /// The `turn.withdrawn` of each follow-up in `held`.
