@@ -980,3 +980,67 @@ async fn an_image_with_a_prompt_reaches_the_model() {
         "{user}"
     );
 }
+
+/// pi's automatic retry, waiting before its next attempt, is stopped by `turn/abort` (pi's
+/// `abort` cancels the wait: `abort_retry` needs no method of its own), and the turn ends
+/// aborted at once rather than staying open for a retry that will never come.
+#[tokio::test]
+async fn an_abort_during_pis_retry_wait_ends_the_turn() {
+    let stub = Stub::default();
+    let (host, pi_dir) = pi_host(&stub, None).await;
+    // Retries on, with a wait far longer than the test would sit through.
+    let settings = json!({
+        "defaultProvider": "stub",
+        "defaultModel": "stub-model",
+        "quietStartup": true,
+        "retry": {"enabled": true, "maxRetries": 3, "baseDelayMs": 600_000, "provider": {"maxRetries": 0}},
+        "compaction": {"enabled": false},
+    });
+    std::fs::write(pi_dir.path().join("settings.json"), settings.to_string()).unwrap();
+    *stub.failure.lock().unwrap() = Some("500");
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+    let started = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Hello."}),
+        )
+        .await;
+    let turn_id = started["result"]["turnId"].as_str().unwrap().to_string();
+    let waiting = client
+        .events_until(WAIT, |e| e["type"] == "agent.auto_retry_start")
+        .await;
+    assert_eq!(waiting.last().unwrap()["turnId"], turn_id.as_str());
+    let aborted = client
+        .call(
+            "turn/abort",
+            json!({"sessionId": session_id, "turnId": turn_id}),
+        )
+        .await;
+    assert!(aborted.get("result").is_some(), "{aborted}");
+    let events = client
+        .events_until(WAIT, |e| {
+            e["type"] == "turn.finished" && e["turnId"] == turn_id.as_str()
+        })
+        .await;
+    let end = events.last().unwrap();
+    assert_eq!(end["data"]["outcome"], "aborted", "{end}");
+    assert_eq!(end["data"]["error"]["code"], "TURN_ABORTED", "{end}");
+    assert_eq!(stub.requests.lock().unwrap().len(), 1, "no second attempt");
+    // The session goes on.
+    *stub.failure.lock().unwrap() = None;
+    let next = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k2", "text": "Again."}),
+        )
+        .await;
+    let next_id = next["result"]["turnId"].as_str().unwrap().to_string();
+    let events = client
+        .events_until(WAIT, |e| {
+            e["type"] == "turn.finished" && e["turnId"] == next_id.as_str()
+        })
+        .await;
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+}

@@ -59,6 +59,9 @@ struct ActiveTurn {
     retries: RetryTrail,
     /// A failed run pi may still retry: it ends the turn unless pi retries or recovers.
     pending: Option<UnsettledFailure>,
+    /// The failed run pi is waiting to retry: it ends the turn if pi gives the wait up (an
+    /// abort cancels it: pi then says `auto_retry_end` and nothing more).
+    retrying: Option<UnsettledFailure>,
 }
 
 struct UnsettledFailure {
@@ -74,6 +77,7 @@ impl ActiveTurn {
             abort_requested: false,
             retries: RetryTrail::default(),
             pending: None,
+            retrying: None,
         }
     }
 }
@@ -1087,11 +1091,12 @@ fn follow_retry(
     match signal {
         Some(RunSignal::RetryStart { attempt }) => {
             active.retries.attempts = active.retries.attempts.max(*attempt);
-            active.pending = None;
+            active.retrying = active.pending.take().or(active.retrying.take());
             None
         }
         Some(RunSignal::RetryEnd { success: true, .. }) => {
             active.retries = RetryTrail::default();
+            active.retrying = None;
             None
         }
         Some(RunSignal::RetryEnd {
@@ -1099,7 +1104,8 @@ fn follow_retry(
             attempt,
         }) => {
             active.retries.attempts = active.retries.attempts.max(*attempt);
-            let pending = active.pending.take()?;
+            // After a last failed run pi gives up; during its wait, the wait was cancelled.
+            let pending = active.pending.take().or(active.retrying.take())?;
             Some(settled(active, &pending))
         }
         Some(RunSignal::CompactionStart { overflow }) => {
