@@ -1173,6 +1173,10 @@ export type QueuedFollowUp = {
    * The device that queued it.
    */
   deviceId?: string | null;
+  /**
+   * The images sent with it, named only.
+   */
+  images?: ImageInfo[];
   text: string;
   turnId: string;
 };
@@ -2010,31 +2014,17 @@ export type TurnFinishedData = {
 };
 
 /**
- * Queues a follow-up: a prompt run after the work going on now ends, as a turn of its own;
- * while no turn runs, it starts one at once. Idempotent by key, as `turn/start`, and in the
- * same key space (docs/protocol.md §7.25).
- */
-export type TurnFollowUpParams = {
-  idempotencyKey: string;
-  sessionId: string;
-  /**
-   * The prompt.
-   */
-  text: string;
-};
-
-/**
  * `turn/follow_up`: Queues a prompt to run as a turn of its own once the running turn ends (starts it at once when none runs); idempotent by `idempotencyKey`.
  */
 export type TurnFollowUpRequest = {
   id: RequestId;
   method: "turn/follow_up";
-  params: TurnFollowUpParams;
+  params: TurnStartParams;
 };
 
 /**
- * The follow-up's turn: started now (`queued: false`), or waiting in the agent's queue, its
- * `turn.started` to come when the agent takes it (`queued: true`).
+ * The follow-up's turn: started now (`queued: false`), or waiting in the host's queue, its
+ * `turn.started` to come when the turn before it completes (`queued: true`).
  */
 export type TurnFollowUpResult = {
   queued: boolean;
@@ -2073,6 +2063,11 @@ export type TurnQueuedData = {
    * The device that queued it.
    */
   deviceId?: string | null;
+  /**
+   * The images sent with it, named only: their bytes reach the log with the prompt's own
+   * message once its turn runs.
+   */
+  images?: ImageInfo[];
   /**
    * The prompt.
    */
@@ -2215,7 +2210,7 @@ export interface RacpMethods {
   "turn/abort": { params: TurnRef; result: Ack };
   "approval/respond": { params: ApprovalRespondParams; result: ApprovalRespondResult };
   "model/list": { params: Empty; result: ModelListResult };
-  "turn/follow_up": { params: TurnFollowUpParams; result: TurnFollowUpResult };
+  "turn/follow_up": { params: TurnStartParams; result: TurnFollowUpResult };
   "session/clear_queue": { params: SessionClearQueueParams; result: SessionClearQueueResult };
   "session/compact": { params: SessionCompactParams; result: SessionCompactResult };
   "session/configure": { params: SessionConfigureParams; result: SessionCreateResult };

@@ -61,12 +61,12 @@ impl Setup {
 
     /// Queues a follow-up; returns its turn id.
     async fn follow_up(&mut self, key: &str, text: &str) -> String {
-        let queued = self
-            .call(
-                "turn/follow_up",
-                json!({"idempotencyKey": key, "text": text}),
-            )
-            .await;
+        self.follow_up_with(json!({"idempotencyKey": key, "text": text}))
+            .await
+    }
+
+    async fn follow_up_with(&mut self, params: Value) -> String {
+        let queued = self.call("turn/follow_up", params).await;
         assert_eq!(queued["result"]["queued"], true, "{queued}");
         turn_id(&queued)
     }
@@ -127,12 +127,16 @@ fn prompts(events: &[Value]) -> Vec<(String, String)> {
 async fn follow_ups_wait_for_the_turn_to_complete_then_run_in_order_as_turns_of_their_own() {
     let mut s = setup().await;
     let first = s.start("k1", "approve:confirm").await;
-    let one = s.follow_up("f1", "echo one").await;
+    let image = json!({"mimeType": "image/png", "data": tests::pi::PNG});
+    let image_info = json!([{"mimeType": "image/png", "bytes": 70}]);
+    let one = s
+        .follow_up_with(json!({"idempotencyKey": "f1", "text": "echo one", "images": [image]}))
+        .await;
     let two = s.follow_up("f2", "echo two").await;
     let resent = s
         .call(
             "turn/follow_up",
-            json!({"idempotencyKey": "f1", "text": "echo one"}),
+            json!({"idempotencyKey": "f1", "text": "echo one", "images": [image]}),
         )
         .await;
     assert_eq!(resent["result"], json!({"turnId": one, "queued": true}));
@@ -152,7 +156,7 @@ async fn follow_ups_wait_for_the_turn_to_complete_then_run_in_order_as_turns_of_
     assert_eq!(
         queue["followUps"],
         json!([
-            {"turnId": one, "text": "echo one", "deviceId": device_id},
+            {"turnId": one, "text": "echo one", "images": image_info, "deviceId": device_id},
             {"turnId": two, "text": "echo two", "deviceId": device_id},
         ])
     );
@@ -195,6 +199,7 @@ async fn follow_ups_wait_for_the_turn_to_complete_then_run_in_order_as_turns_of_
     }
     let started = of_type(&events, "turn.started", &one);
     assert_eq!(started[0]["data"]["text"], "echo one");
+    assert_eq!(started[0]["data"]["images"], image_info);
     assert_eq!(started[0]["data"]["deviceId"], device_id);
     // Each follow-up reached the agent as its own prompt, inside its own turn.
     let prompted = prompts(&events);
@@ -309,6 +314,33 @@ async fn a_clear_an_abort_or_a_failure_withdraws_follow_ups_and_the_agent_never_
 async fn the_queue_is_bounded_and_a_host_restart_withdraws_it() {
     let mut s = setup().await;
     let running = s.start("k1", "hang").await;
+    // The queue holds at most 8 images in all.
+    let image = json!({"mimeType": "image/png", "data": tests::pi::PNG});
+    let eight =
+        json!({"idempotencyKey": "i8", "text": "echo eight", "images": vec![image.clone(); 8]});
+    let with_eight = s.follow_up_with(eight).await;
+    let ninth = s
+        .call(
+            "turn/follow_up",
+            json!({"idempotencyKey": "i9", "text": "echo nine", "images": [image]}),
+        )
+        .await;
+    assert_eq!(ninth["error"]["code"], "LIMIT_EXCEEDED", "{ninth}");
+    assert!(
+        ninth["error"]["message"].as_str().unwrap().contains("8"),
+        "{ninth}"
+    );
+    let cleared = s
+        .call("session/clear_queue", json!({"turnId": with_eight}))
+        .await;
+    assert_eq!(
+        cleared["result"]["withdrawn"][0]["images"]
+            .as_array()
+            .unwrap()
+            .len(),
+        8,
+        "{cleared}"
+    );
     let mut queued = Vec::new();
     for i in 0..racp_proto::limits::MAX_QUEUED_FOLLOW_UPS {
         queued.push(s.follow_up(&format!("f{i}"), &format!("echo {i}")).await);

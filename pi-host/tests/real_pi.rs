@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tests::pi::{
-    Stub, fixture_dir, pi_cli, pi_config, pi_env, pi_host, pi_host_with, pi_words, start_stub,
+    PNG, Stub, fixture_dir, pi_cli, pi_config, pi_env, pi_host, pi_host_with, pi_words, start_stub,
 };
 use tests::{Client, HostProcess};
 
@@ -875,9 +875,6 @@ async fn a_late_observer_rebuilds_the_conversation_after_the_window_a_kill_and_a
     assert_eq!(rebuilt, conversation, "after session/close");
     drop(pi_dir);
 }
-
-/// A 1×1 PNG.
-const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
 
 /// An image sent with a prompt reaches the model as image content; the log names it in
 /// `turn.started` and keeps its bytes once, in the prompt's own message; prompts with too many

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use tests::pi::{STUB_SUMMARY, Stub, pi_host, write_pi_config};
+use tests::pi::{PNG, STUB_SUMMARY, Stub, pi_host, write_pi_config};
 use tests::{Client, HostProcess};
 
 /// How long any single wait may take: pi starts in about 2 s, but a loaded 2-core machine is slow.
@@ -73,15 +73,9 @@ async fn snapshot(client: &mut Client, session_id: &str) -> Value {
     got["result"]["snapshot"].clone()
 }
 
-/// Holds the stub's answers, starts a turn and waits for its first model request, then queues
-/// `texts` as follow-ups behind it (keys `f1`, `f2`, ...); returns the turn's id and the
-/// follow-ups' turn ids.
-async fn follow_ups_behind_a_held_turn(
-    stub: &Stub,
-    client: &mut Client,
-    session_id: &str,
-    texts: &[&str],
-) -> (String, Vec<String>) {
+/// Holds the stub's answers, starts a turn and waits for its first model request; returns the
+/// turn's id.
+async fn a_held_turn(stub: &Stub, client: &mut Client, session_id: &str) -> String {
     stub.hold();
     let first = client
         .call(
@@ -91,17 +85,30 @@ async fn follow_ups_behind_a_held_turn(
         .await;
     let first_id = first["result"]["turnId"].as_str().unwrap().to_string();
     requests_reach(stub, 1).await;
+    first_id
+}
+
+/// Queues a follow-up behind the running turn; returns its turn id.
+async fn queue_follow_up(client: &mut Client, params: Value) -> String {
+    let reply = client.call("turn/follow_up", params).await;
+    assert_eq!(reply["result"]["queued"], true, "{reply}");
+    reply["result"]["turnId"].as_str().unwrap().to_string()
+}
+
+/// [`a_held_turn`], then `texts` queued as follow-ups behind it (keys `f1`, `f2`, ...); returns
+/// the turn's id and the follow-ups' turn ids.
+async fn follow_ups_behind_a_held_turn(
+    stub: &Stub,
+    client: &mut Client,
+    session_id: &str,
+    texts: &[&str],
+) -> (String, Vec<String>) {
+    let first_id = a_held_turn(stub, client, session_id).await;
     let mut queued = Vec::new();
     for (i, text) in texts.iter().enumerate() {
         let key = format!("f{}", i + 1);
-        let reply = client
-            .call(
-                "turn/follow_up",
-                json!({"sessionId": session_id, "idempotencyKey": key, "text": text}),
-            )
-            .await;
-        assert_eq!(reply["result"]["queued"], true, "{reply}");
-        queued.push(reply["result"]["turnId"].as_str().unwrap().to_string());
+        let params = json!({"sessionId": session_id, "idempotencyKey": key, "text": text});
+        queued.push(queue_follow_up(client, params).await);
     }
     (first_id, queued)
 }
@@ -114,13 +121,13 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
     let mut client = connect(&host, &token).await;
     let session_id = client.open_session(&host.workspace("w")).await;
 
-    let (first_id, queued) =
-        follow_ups_behind_a_held_turn(&stub, &mut client, &session_id, &["Then say goodbye."])
-            .await;
-    let follow_id = queued[0].clone();
+    let first_id = a_held_turn(&stub, &mut client, &session_id).await;
+    // With a screenshot: held by the host until its turn, then sent with the prompt.
+    let image = json!({"mimeType": "image/png", "data": PNG});
+    let follow_up = json!({"sessionId": session_id, "idempotencyKey": "f1",
+        "text": "Then say goodbye.", "images": [image]});
+    let follow_id = queue_follow_up(&mut client, follow_up.clone()).await;
     assert_ne!(follow_id, first_id);
-    let follow_up =
-        json!({"sessionId": session_id, "idempotencyKey": "f1", "text": "Then say goodbye."});
     let resent = client.call("turn/follow_up", follow_up).await;
     assert_eq!(
         resent["result"],
@@ -139,7 +146,10 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
             e["type"] == "turn.queued" && e["turnId"] == follow_id.as_str()
         })
         .await;
-    assert_eq!(seen.last().unwrap()["data"]["text"], "Then say goodbye.");
+    let queued_event = &seen.last().unwrap()["data"];
+    assert_eq!(queued_event["text"], "Then say goodbye.");
+    let image_info = json!([{"mimeType": "image/png", "bytes": 70}]);
+    assert_eq!(queued_event["images"], image_info, "named, not carried");
     let last_cursor = seen.last().unwrap()["cursor"].clone();
     let queued_texts = |snap: &Value| -> Vec<Value> {
         snap["queue"]["followUps"]
@@ -180,6 +190,7 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
     assert_eq!(started["type"], "turn.started", "{started}");
     assert_eq!(started["turnId"], follow_id.as_str());
     assert_eq!(started["data"]["text"], "Then say goodbye.");
+    assert_eq!(started["data"]["images"], image_info);
     let user_message = events
         .iter()
         .find(|e| {
@@ -223,6 +234,12 @@ async fn a_follow_up_queued_during_a_turn_runs_after_it_as_a_turn_of_its_own() {
             .last()
             .is_some_and(|t| t.contains("Then say goodbye.")),
         "the follow-up is the last user message: {with_follow_up:?}"
+    );
+    assert!(
+        with_follow_up
+            .last()
+            .is_some_and(|t| t.contains(&format!("data:image/png;base64,{PNG}"))),
+        "the image reached the model with the follow-up: {with_follow_up:?}"
     );
 
     let snap = snapshot(&mut client, &session_id).await;

@@ -395,6 +395,10 @@ pub struct TurnFinishedData {
 pub struct TurnQueuedData {
     /// The prompt.
     pub text: String,
+    /// The images sent with it, named only: their bytes reach the log with the prompt's own
+    /// message once its turn runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<crate::methods::turn::ImageInfo>,
     /// The device that queued it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,

@@ -66,6 +66,9 @@ pub struct Stub {
     gate: Arc<Mutex<Option<Arc<tokio::sync::Semaphore>>>>,
 }
 
+/// A 1×1 PNG in base64: an image for a prompt.
+pub const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+
 /// What the stub answers a compaction's summary request with (pi's summarization prompt).
 pub const STUB_SUMMARY: &str = "STUB-SUMMARY: the user ran the check; it passed.";
 

@@ -1811,7 +1811,7 @@ async fn a_local_sessions_features_are_routed_to_the_host() {
     } = one_host(1).await;
     let mut desk = connect(&gateway.host_url(&host_id), &token).await;
     let (session_id, _) = open_session(&mut desk, &host).await;
-    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    let png = tests::pi::PNG;
     let started = desk
         .call(
             "turn/start",

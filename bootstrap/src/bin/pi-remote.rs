@@ -168,9 +168,15 @@ enum Command {
         #[arg(long)]
         turn: Option<String>,
     },
-    /// Queue a prompt to run as a turn of its own once the running turn ends (at once when none
-    /// runs).
-    FollowUp { session: String, text: String },
+    /// Queue a prompt to run as a turn of its own once the running turn completes (at once when
+    /// none runs).
+    FollowUp {
+        session: String,
+        text: String,
+        /// An image to send with it (.png, .jpg, .gif, .webp; repeatable, at most 8 queued).
+        #[arg(long = "image")]
+        images: Vec<std::path::PathBuf>,
+    },
     /// Withdraw a session's queued follow-ups before they run, printing their text.
     ClearQueue {
         session: String,
@@ -496,7 +502,11 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
             text,
             turn,
         } => turns::steer(out, &client, session, text, turn).await,
-        Command::FollowUp { session, text } => turns::follow_up(out, &client, session, text).await,
+        Command::FollowUp {
+            session,
+            text,
+            images,
+        } => turns::follow_up(out, &client, session, text, &images).await,
         Command::ClearQueue { session, turn } => {
             turns::clear_queue(out, &client, session, turn).await
         }

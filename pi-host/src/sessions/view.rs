@@ -123,6 +123,7 @@ impl View {
                 self.queue.follow_ups.push(QueuedFollowUp {
                     turn_id,
                     text: data.text,
+                    images: data.images,
                     device_id: data.device_id,
                 });
             }
@@ -393,6 +394,7 @@ mod tests {
         {
             let queued = TurnQueuedData {
                 text: text.into(),
+                images: Vec::new(),
                 device_id: Some("dev_1".into()),
             };
             view.apply("ses_1", HostEvent::of_turn(turn_id, queued), 2 + at as u64);

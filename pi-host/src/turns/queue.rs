@@ -16,15 +16,13 @@ use crate::store::TurnRow;
 use racp_proto::events::{
     TurnOutcome, TurnQueuedData, TurnStartedData, TurnWithdrawnData, WithdrawReason,
 };
-use racp_proto::limits::MAX_QUEUED_FOLLOW_UPS;
+use racp_proto::limits::{MAX_IMAGES, MAX_QUEUED_FOLLOW_UPS};
 use racp_proto::methods::model::QueueMode;
 use racp_proto::methods::session::{
     QueuedFollowUp, SessionClearQueueParams, SessionClearQueueResult, SessionCompactParams,
     SessionCompactResult,
 };
-use racp_proto::methods::turn::{
-    ImageAttachment, TurnFollowUpParams, TurnFollowUpResult, TurnStartParams,
-};
+use racp_proto::methods::turn::{ImageAttachment, TurnFollowUpParams, TurnFollowUpResult};
 use racp_proto::pi::{self, Command};
 use racp_proto::{AppError, ErrorCode};
 use serde_json::json;
@@ -47,9 +45,10 @@ pub(super) const START_PATIENCE: Duration = Duration::from_secs(10);
 /// (a model request) before it takes the next prompt.
 const FOLLOW_UP_PATIENCE: Duration = COMPACT_DEADLINE;
 
-/// A follow-up the host holds for its turn.
+/// A follow-up the host holds for its turn, with the images it goes to the agent with.
 pub(super) struct Held {
     pub queued: QueuedFollowUp,
+    pub images: Vec<ImageAttachment>,
 }
 
 /// The follow-up whose turn the host just started: its prompt is sent once the driver's lock
@@ -57,6 +56,7 @@ pub(super) struct Held {
 pub(super) struct NextPrompt {
     pub turn_id: String,
     pub text: String,
+    pub images: Vec<ImageAttachment>,
 }
 
 impl Turns {
@@ -69,12 +69,7 @@ impl Turns {
     ) -> Result<TurnFollowUpResult, AppError> {
         let session = host.sessions().find(&params.session_id)?;
         let driver = self.driver(&session);
-        let start = TurnStartParams {
-            session_id: params.session_id,
-            idempotency_key: params.idempotency_key,
-            text: params.text,
-            images: Vec::new(),
-        };
+        let start = params;
         let mut state = driver.state.lock().await;
         // The key is checked under the driver's lock, so two racing resends see one follow-up.
         if let Some(earlier) = earlier_turn(host, &session, &start)? {
@@ -108,6 +103,18 @@ impl Turns {
             )
             .with_details(json!({"limit": MAX_QUEUED_FOLLOW_UPS})));
         }
+        let queued_images: usize = state.follow_ups.iter().map(|h| h.images.len()).sum();
+        if queued_images + start.images.len() > MAX_IMAGES {
+            // Held in memory until their turn, and all of them one prompt in `followUpMode: all`.
+            return Err(AppError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "the queued follow-ups carry {queued_images} images and a queue holds at most \
+                     {MAX_IMAGES}: send this one once the queue has run, or clear it"
+                ),
+            )
+            .with_details(json!({"path": "params.images", "limit": MAX_IMAGES, "count": queued_images + start.images.len()})));
+        }
         let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
         let row = TurnRow {
             turn_id: turn_id.clone(),
@@ -121,18 +128,21 @@ impl Turns {
         let queued = QueuedFollowUp {
             turn_id: turn_id.clone(),
             text: start.text,
+            images: start.images.iter().map(ImageAttachment::info).collect(),
             device_id: caller.device_id().map(str::to_string),
         };
         let event = HostEvent::of_turn(
             &turn_id,
             TurnQueuedData {
                 text: queued.text.clone(),
+                images: queued.images.clone(),
                 device_id: queued.device_id.clone(),
             },
         );
         // Under the driver's lock, so the running turn cannot end between the two.
         host.sessions().commit(&session, vec![event]).await?;
-        state.follow_ups.push_back(Held { queued });
+        let images = start.images;
+        state.follow_ups.push_back(Held { queued, images });
         Ok(TurnFollowUpResult {
             turn_id,
             queued: true,
@@ -336,21 +346,27 @@ pub(super) fn after_turn(
     } else {
         Vec::new()
     };
-    let QueuedFollowUp {
-        turn_id,
-        mut text,
-        device_id,
-    } = first.queued;
+    let Held {
+        queued:
+            QueuedFollowUp {
+                turn_id,
+                mut text,
+                device_id,
+                ..
+            },
+        mut images,
+    } = first;
     for held in &joined {
         text.push_str("\n\n");
         text.push_str(&held.queued.text);
+        images.extend(held.images.iter().cloned());
     }
     tracing::info!(%turn_id, joined = joined.len(), "a follow-up's turn starts");
     events.push(HostEvent::of_turn(
         &turn_id,
         TurnStartedData {
             text: text.clone(),
-            images: Vec::new(),
+            images: images.iter().map(ImageAttachment::info).collect(),
             device_id,
         },
     ));
@@ -362,7 +378,11 @@ pub(super) fn after_turn(
     ));
     state.ran_turn = true;
     state.active = Some(ActiveTurn::new(turn_id.clone()));
-    Some(NextPrompt { turn_id, text })
+    Some(NextPrompt {
+        turn_id,
+        text,
+        images,
+    })
 }
 
 /// Every queued follow-up withdrawn for `reason` (the agent stopped, the host restarted).
@@ -373,7 +393,13 @@ pub(super) fn withdraw_all(state: &mut DriverState, reason: WithdrawReason) -> V
 
 /// The follow-ups a restarted host no longer holds, as the log last showed them.
 pub(super) fn withdrawn_by_restart(queued: Vec<QueuedFollowUp>) -> Vec<HostEvent> {
-    let held: Vec<Held> = queued.into_iter().map(|queued| Held { queued }).collect();
+    let held: Vec<Held> = queued
+        .into_iter()
+        .map(|queued| Held {
+            queued,
+            images: Vec::new(),
+        })
+        .collect();
     withdrawal(&held, WithdrawReason::HostRestarted, None, None)
 }
 
@@ -410,7 +436,7 @@ impl super::Driver {
     ) {
         let (host, driver, agent) = (host.clone(), self.clone(), agent.clone());
         tokio::spawn(async move {
-            let sent = prompt_when_idle(&agent, &next.text, &[], FOLLOW_UP_PATIENCE).await;
+            let sent = prompt_when_idle(&agent, &next.text, &next.images, FOLLOW_UP_PATIENCE).await;
             if let Err(err) = sent {
                 driver.prompt_refused(&host, &next.turn_id, &err).await;
             }

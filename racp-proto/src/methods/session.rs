@@ -218,6 +218,9 @@ pub struct Queue {
 pub struct QueuedFollowUp {
     pub turn_id: String,
     pub text: String,
+    /// The images sent with it, named only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<super::turn::ImageInfo>,
     /// The device that queued it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,

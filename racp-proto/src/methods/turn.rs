@@ -133,31 +133,13 @@ pub struct TurnStartResult {
     pub turn_id: String,
 }
 
-/// Queues a follow-up: a prompt run after the work going on now ends, as a turn of its own;
-/// while no turn runs, it starts one at once. Idempotent by key, as `turn/start`, and in the
-/// same key space (docs/protocol.md §7.25).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TurnFollowUpParams {
-    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
-    pub session_id: String,
-    #[schemars(length(min = 1, max = MAX_ID_CHARS))]
-    pub idempotency_key: String,
-    /// The prompt.
-    #[schemars(length(min = 1, max = MAX_TEXT_CHARS))]
-    pub text: String,
-}
+/// Queues a follow-up: a prompt run once the running turn completes, as a turn of its own;
+/// while no turn runs, it starts one at once. The same params as `turn/start` (images too),
+/// idempotent by key in the same key space (docs/protocol.md §7.25).
+pub type TurnFollowUpParams = TurnStartParams;
 
-impl Validate for TurnFollowUpParams {
-    fn validate(&self) -> Result<(), AppError> {
-        length("sessionId", &self.session_id, 1, MAX_ID_CHARS)?;
-        length("idempotencyKey", &self.idempotency_key, 1, MAX_ID_CHARS)?;
-        length("text", &self.text, 1, MAX_TEXT_CHARS)
-    }
-}
-
-/// The follow-up's turn: started now (`queued: false`), or waiting in the agent's queue, its
-/// `turn.started` to come when the agent takes it (`queued: true`).
+/// The follow-up's turn: started now (`queued: false`), or waiting in the host's queue, its
+/// `turn.started` to come when the turn before it completes (`queued: true`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TurnFollowUpResult {

@@ -338,11 +338,17 @@ pub async fn follow_up(
     client: &RacpClient,
     session_id: String,
     text: String,
+    image_files: &[std::path::PathBuf],
 ) -> Result<(), Failure> {
+    let images = image_files
+        .iter()
+        .map(|path| image_from_file(path))
+        .collect::<Result<Vec<_>, _>>()?;
     let params = TurnFollowUpParams {
         session_id: session_id.clone(),
         idempotency_key: idempotency_key()?,
         text,
+        images,
     };
     let result = call_resending::<calls::TurnFollowUp>(client, params).await?;
     if out.json {
