@@ -973,7 +973,8 @@ impl Driver {
         let mut state = self.state.lock().await;
         state.last_used = Some(Instant::now());
         for out in batch {
-            let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
+            // Not for an agent event, the bulk: on_agent_event names its turn itself.
+            let turn_id = || state.active.as_ref().map(|a| a.turn_id.clone());
             match out {
                 AgentOutput::Event(event) => {
                     let next = on_agent_event(host, &self.session, &mut state, event, &mut events);
@@ -982,6 +983,7 @@ impl Driver {
                     }
                 }
                 AgentOutput::UiRequest(dialog) => {
+                    let turn_id = turn_id();
                     let opened = self.open_dialog(host, agent, turn_id, dialog).await;
                     events.extend(opened);
                 }
@@ -989,7 +991,7 @@ impl Driver {
                     tracing::trace!(method, "agent notice");
                     events.push(HostEvent::relayed(
                         Kind::ExtensionUiRequest,
-                        turn_id,
+                        turn_id(),
                         payload,
                     ));
                 }
@@ -1001,7 +1003,7 @@ impl Driver {
                         ..
                     } = response;
                     tracing::debug!(command, success, ?error, "a response nobody waited for");
-                    events.push(HostEvent::relayed(Kind::Response, turn_id, payload));
+                    events.push(HostEvent::relayed(Kind::Response, turn_id(), payload));
                 }
                 AgentOutput::Exited {
                     status,
