@@ -43,34 +43,10 @@ impl View {
         };
         let turn = event.turn_id.as_deref().unwrap_or("?");
         match kind {
-            EventType::TurnStarted => {
-                let text = event.data.parse::<TurnStartedData>().map(|d| d.text);
-                let text = text.unwrap_or_default();
-                self.line(&format!("== turn {turn}: {}", truncate(&text, 200)))
-            }
-            EventType::TurnFinished => match event.data.parse::<TurnFinishedData>() {
-                Ok(finished) => {
-                    let outcome = wire_name(&finished.outcome);
-                    let why = finished
-                        .error
-                        .map(|e| format!(" ({}: {})", e.code(), e.message()))
-                        .unwrap_or_default();
-                    self.line(&format!("== turn {turn} {outcome}{why}"))
-                }
-                Err(_) => self.line(&format!("== turn {turn} finished")),
-            },
-            EventType::TurnQueued => {
-                let text = event.data.parse::<TurnQueuedData>().map(|d| d.text);
-                let text = text.unwrap_or_default();
-                self.line(&format!("== queued {turn}: {}", truncate(&text, 200)))
-            }
-            EventType::TurnWithdrawn => match event.data.parse::<TurnWithdrawnData>() {
-                Ok(withdrawn) => {
-                    let reason = wire_name(&withdrawn.reason);
-                    self.line(&format!("== queued {turn} withdrawn ({reason})"))
-                }
-                Err(_) => self.line(&format!("== queued {turn} withdrawn")),
-            },
+            EventType::TurnStarted
+            | EventType::TurnFinished
+            | EventType::TurnQueued
+            | EventType::TurnWithdrawn => self.render_turn(kind, event, turn),
             EventType::ApprovalRequested => match event.data.parse::<ApprovalRequestedData>() {
                 Ok(approval) => self.line(&describe_approval(
                     &approval.approval_id,
@@ -100,6 +76,41 @@ impl View {
             EventType::AgentStopped | EventType::SessionConfigured => String::new(),
             // A shell command's data is pi's `bashExecution` message: shown as in the history.
             EventType::SessionBash => self.entry(event),
+        }
+    }
+
+    /// A turn's start, end, or wait in the queue, as one line.
+    fn render_turn(&mut self, kind: EventType, event: &Event, turn: &str) -> String {
+        match kind {
+            EventType::TurnStarted => {
+                let text = event.data.parse::<TurnStartedData>().map(|d| d.text);
+                let text = text.unwrap_or_default();
+                self.line(&format!("== turn {turn}: {}", truncate(&text, 200)))
+            }
+            EventType::TurnFinished => match event.data.parse::<TurnFinishedData>() {
+                Ok(finished) => {
+                    let outcome = wire_name(&finished.outcome);
+                    let why = finished
+                        .error
+                        .map(|e| format!(" ({}: {})", e.code(), e.message()))
+                        .unwrap_or_default();
+                    self.line(&format!("== turn {turn} {outcome}{why}"))
+                }
+                Err(_) => self.line(&format!("== turn {turn} finished")),
+            },
+            EventType::TurnQueued => {
+                let text = event.data.parse::<TurnQueuedData>().map(|d| d.text);
+                let text = text.unwrap_or_default();
+                self.line(&format!("== queued {turn}: {}", truncate(&text, 200)))
+            }
+            EventType::TurnWithdrawn => match event.data.parse::<TurnWithdrawnData>() {
+                Ok(withdrawn) => {
+                    let reason = wire_name(&withdrawn.reason);
+                    self.line(&format!("== queued {turn} withdrawn ({reason})"))
+                }
+                Err(_) => self.line(&format!("== queued {turn} withdrawn")),
+            },
+            _ => String::new(),
         }
     }
 

@@ -593,6 +593,25 @@ async fn record_turn(
     caller: &Caller,
     params: &TurnStartParams,
 ) -> Result<String, AppError> {
+    let turn_id = store_turn(host, session, params)?;
+    let started = HostEvent::of_turn(
+        &turn_id,
+        TurnStartedData {
+            text: params.text.clone(),
+            images: params.images.iter().map(|image| image.info()).collect(),
+            device_id: caller.device_id().map(str::to_string),
+        },
+    );
+    host.sessions().commit(session, vec![started]).await?;
+    Ok(turn_id)
+}
+
+/// Stores a new turn (started or queued) under its idempotency key; returns its id.
+fn store_turn(
+    host: &impl TurnHost,
+    session: &Session,
+    params: &TurnStartParams,
+) -> Result<String, AppError> {
     let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
     let row = TurnRow {
         turn_id: turn_id.clone(),
@@ -603,15 +622,6 @@ async fn record_turn(
     host.store()
         .insert_turn(&session.id, &row)
         .map_err(crate::internal)?;
-    let started = HostEvent::of_turn(
-        &turn_id,
-        TurnStartedData {
-            text: params.text.clone(),
-            images: params.images.iter().map(|image| image.info()).collect(),
-            device_id: caller.device_id().map(str::to_string),
-        },
-    );
-    host.sessions().commit(session, vec![started]).await?;
     Ok(turn_id)
 }
 
@@ -883,6 +893,33 @@ impl Driver {
         }
     }
 
+    /// The events of `agent`'s exit: the running turn ends and the queue behind it is
+    /// withdrawn. An agent stopped while idle may exit after the next turn started another:
+    /// only the exit of the agent that runs the turn (or of one taken out by `stop_session`)
+    /// ends it.
+    fn on_exit(
+        &self,
+        host: &impl TurnHost,
+        state: &mut DriverState,
+        agent: &Agent,
+        (status, signal, stderr_tail): (Option<i32>, Option<i32>, String),
+    ) -> Vec<HostEvent> {
+        let runs_the_turn = match &state.agent {
+            Some(current) => current.pid() == agent.pid(),
+            None => true,
+        };
+        if !runs_the_turn {
+            return Vec::new();
+        }
+        self.take_agent(state);
+        let mut events = Vec::new();
+        if let Some(active) = state.active.take() {
+            events = ended_by_exit(host, active, status, signal, stderr_tail);
+        }
+        events.extend(queue::withdraw_all(state, WithdrawReason::AgentStopped));
+        events
+    }
+
     /// Takes the running agent out of the state (the caller stops it).
     fn take_agent(&self, state: &mut DriverState) -> Option<Agent> {
         self.agent_pid.store(0, Ordering::Relaxed);
@@ -1010,24 +1047,8 @@ impl Driver {
                     signal,
                     stderr_tail,
                 } => {
-                    // An agent stopped while idle may exit after the next turn started another:
-                    // only the exit of the agent that runs the turn (or of one taken out by
-                    // `stop_session`) ends it.
-                    let runs_the_turn = match &state.agent {
-                        Some(current) => current.pid() == agent.pid(),
-                        None => true,
-                    };
-                    if !runs_the_turn {
-                        continue;
-                    }
-                    self.take_agent(&mut state);
-                    if let Some(active) = state.active.take() {
-                        events.extend(ended_by_exit(host, active, status, signal, stderr_tail));
-                    }
-                    events.extend(queue::withdraw_all(
-                        &mut state,
-                        WithdrawReason::AgentStopped,
-                    ));
+                    let exit = (status, signal, stderr_tail);
+                    events.extend(self.on_exit(host, &mut state, agent, exit));
                 }
             }
         }

@@ -7,12 +7,12 @@
 //! next prompt (`turn.started`); a clear, an abort or a failure withdraws it (`turn.withdrawn`)
 //! with its text, so a client can put it back where it was typed.
 
-use super::{ActiveTurn, DriverState, TurnHost, Turns, closed, earlier_turn, known_turn};
+use super::{
+    ActiveTurn, DriverState, TurnHost, Turns, closed, earlier_turn, known_turn, store_turn,
+};
 use crate::agent::{Agent, AgentError};
 use crate::auth::Caller;
-use crate::clock::now_ms;
 use crate::sessions::HostEvent;
-use crate::store::TurnRow;
 use racp_proto::events::{
     TurnOutcome, TurnQueuedData, TurnStartedData, TurnWithdrawnData, WithdrawReason,
 };
@@ -51,11 +51,56 @@ pub(super) struct Held {
     pub images: Vec<ImageAttachment>,
 }
 
+impl Held {
+    fn new(turn_id: String, params: TurnFollowUpParams, caller: &Caller) -> Held {
+        Held {
+            queued: QueuedFollowUp {
+                turn_id,
+                text: params.text,
+                images: params.images.iter().map(ImageAttachment::info).collect(),
+                device_id: caller.device_id().map(str::to_string),
+            },
+            images: params.images,
+        }
+    }
+}
+
+/// LIMIT_EXCEEDED when the queue is full, or when `images` more would bring it past the images
+/// it holds: they wait in memory until their turn, all of them in one prompt with
+/// `followUpMode: "all"`.
+fn room_for(state: &DriverState, images: usize) -> Result<(), AppError> {
+    if state.follow_ups.len() >= MAX_QUEUED_FOLLOW_UPS {
+        return Err(AppError::new(
+            ErrorCode::LimitExceeded,
+            format!(
+                "{MAX_QUEUED_FOLLOW_UPS} follow-ups already wait: let one run, or clear the \
+                 queue (session/clear_queue)"
+            ),
+        )
+        .with_details(json!({"limit": MAX_QUEUED_FOLLOW_UPS})));
+    }
+    let queued: usize = state.follow_ups.iter().map(|h| h.images.len()).sum();
+    if queued + images > MAX_IMAGES {
+        return Err(AppError::new(
+            ErrorCode::LimitExceeded,
+            format!(
+                "the queued follow-ups carry {queued} images and a queue holds at most \
+                 {MAX_IMAGES}: send this one once the queue has run, or clear it"
+            ),
+        )
+        .with_details(
+            json!({"path": "params.images", "limit": MAX_IMAGES, "count": queued + images}),
+        ));
+    }
+    Ok(())
+}
+
 /// The follow-up whose turn the host just started: its prompt is sent once the driver's lock
 /// is released (pi's answer comes through the pump, which needs it).
 pub(super) struct NextPrompt {
     pub turn_id: String,
-    pub text: String,
+    /// Its `turn.started`, whose text is the prompt.
+    pub started: TurnStartedData,
     pub images: Vec<ImageAttachment>,
 }
 
@@ -93,56 +138,20 @@ impl Turns {
                 queued: false,
             });
         }
-        if state.follow_ups.len() >= MAX_QUEUED_FOLLOW_UPS {
-            return Err(AppError::new(
-                ErrorCode::LimitExceeded,
-                format!(
-                    "{MAX_QUEUED_FOLLOW_UPS} follow-ups already wait: let one run, or clear the \
-                     queue (session/clear_queue)"
-                ),
-            )
-            .with_details(json!({"limit": MAX_QUEUED_FOLLOW_UPS})));
-        }
-        let queued_images: usize = state.follow_ups.iter().map(|h| h.images.len()).sum();
-        if queued_images + start.images.len() > MAX_IMAGES {
-            // Held in memory until their turn, and all of them one prompt in `followUpMode: all`.
-            return Err(AppError::new(
-                ErrorCode::LimitExceeded,
-                format!(
-                    "the queued follow-ups carry {queued_images} images and a queue holds at most \
-                     {MAX_IMAGES}: send this one once the queue has run, or clear it"
-                ),
-            )
-            .with_details(json!({"path": "params.images", "limit": MAX_IMAGES, "count": queued_images + start.images.len()})));
-        }
-        let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
-        let row = TurnRow {
-            turn_id: turn_id.clone(),
-            idempotency_key: start.idempotency_key,
-            text: start.text.clone(),
-            started_at: now_ms(),
-        };
-        host.store()
-            .insert_turn(&session.id, &row)
-            .map_err(crate::internal)?;
-        let queued = QueuedFollowUp {
-            turn_id: turn_id.clone(),
-            text: start.text,
-            images: start.images.iter().map(ImageAttachment::info).collect(),
-            device_id: caller.device_id().map(str::to_string),
-        };
+        room_for(&state, start.images.len())?;
+        let turn_id = store_turn(host, &session, &start)?;
+        let held = Held::new(turn_id.clone(), start, caller);
         let event = HostEvent::of_turn(
             &turn_id,
             TurnQueuedData {
-                text: queued.text.clone(),
-                images: queued.images.clone(),
-                device_id: queued.device_id.clone(),
+                text: held.queued.text.clone(),
+                images: held.queued.images.clone(),
+                device_id: held.queued.device_id.clone(),
             },
         );
         // Under the driver's lock, so the running turn cannot end between the two.
         host.sessions().commit(&session, vec![event]).await?;
-        let images = start.images;
-        state.follow_ups.push_back(Held { queued, images });
+        state.follow_ups.push_back(held);
         Ok(TurnFollowUpResult {
             turn_id,
             queued: true,
@@ -336,8 +345,7 @@ pub(super) fn after_turn(
         } else {
             WithdrawReason::TurnEnded
         };
-        let held: Vec<Held> = state.follow_ups.drain(..).collect();
-        events.extend(withdrawal(&held, reason, None, None));
+        events.extend(withdraw_all(state, reason));
         return None;
     }
     let first = state.follow_ups.pop_front()?;
@@ -346,43 +354,42 @@ pub(super) fn after_turn(
     } else {
         Vec::new()
     };
-    let Held {
-        queued:
-            QueuedFollowUp {
-                turn_id,
-                mut text,
-                device_id,
-                ..
-            },
-        mut images,
-    } = first;
-    for held in &joined {
-        text.push_str("\n\n");
-        text.push_str(&held.queued.text);
-        images.extend(held.images.iter().cloned());
-    }
-    tracing::info!(%turn_id, joined = joined.len(), "a follow-up's turn starts");
-    events.push(HostEvent::of_turn(
-        &turn_id,
-        TurnStartedData {
-            text: text.clone(),
-            images: images.iter().map(ImageAttachment::info).collect(),
-            device_id,
-        },
-    ));
+    let next = NextPrompt::joining(first, &joined);
+    tracing::info!(turn_id = %next.turn_id, joined = joined.len(), "a follow-up's turn starts");
+    events.push(HostEvent::of_turn(&next.turn_id, next.started.clone()));
     events.extend(withdrawal(
         &joined,
         WithdrawReason::Joined,
-        Some(&turn_id),
+        Some(&next.turn_id),
         None,
     ));
     state.ran_turn = true;
-    state.active = Some(ActiveTurn::new(turn_id.clone()));
-    Some(NextPrompt {
-        turn_id,
-        text,
-        images,
-    })
+    state.active = Some(ActiveTurn::new(next.turn_id.clone()));
+    Some(next)
+}
+
+impl NextPrompt {
+    /// The prompt of `first`'s turn, with the texts and images of the follow-ups `joined` to
+    /// it after a blank line each.
+    fn joining(first: Held, joined: &[Held]) -> NextPrompt {
+        let Held { queued, mut images } = first;
+        let mut text = queued.text;
+        for held in joined {
+            text.push_str("\n\n");
+            text.push_str(&held.queued.text);
+            images.extend(held.images.iter().cloned());
+        }
+        let started = TurnStartedData {
+            text,
+            images: images.iter().map(ImageAttachment::info).collect(),
+            device_id: queued.device_id,
+        };
+        NextPrompt {
+            turn_id: queued.turn_id,
+            started,
+            images,
+        }
+    }
 }
 
 /// Every queued follow-up withdrawn for `reason` (the agent stopped, the host restarted).
@@ -436,7 +443,9 @@ impl super::Driver {
     ) {
         let (host, driver, agent) = (host.clone(), self.clone(), agent.clone());
         tokio::spawn(async move {
-            let sent = prompt_when_idle(&agent, &next.text, &next.images, FOLLOW_UP_PATIENCE).await;
+            let sent =
+                prompt_when_idle(&agent, &next.started.text, &next.images, FOLLOW_UP_PATIENCE)
+                    .await;
             if let Err(err) = sent {
                 driver.prompt_refused(&host, &next.turn_id, &err).await;
             }
