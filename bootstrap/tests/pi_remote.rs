@@ -930,6 +930,12 @@ async fn steer_reaches_the_running_turns_agent() {
     let follow_turn = follow_up.split_whitespace().next().unwrap().to_string();
     let queued = attached.until("turn.queued");
     assert_eq!(queued["turnId"], follow_turn);
+    // One who attaches now sees it waiting.
+    let late = remote.attach(&session);
+    let header = late.until("client.attached");
+    assert_eq!(header["queue"]["followUps"][0]["turnId"], follow_turn);
+    assert_eq!(header["queue"]["followUps"][0]["text"], "then the window");
+    assert!(late.finish().success());
     // Withdrawn before it runs: its text comes back.
     let cleared = remote.ok(&["clear-queue", &session]).await;
     assert_eq!(

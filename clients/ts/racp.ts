@@ -1916,8 +1916,8 @@ export type Snapshot = {
    */
   pendingApprovals: ApprovalInfo[];
   /**
-   * The messages the agent holds queued (steering and follow-ups), as its last
-   * `queue_update` said. Absent when both are empty.
+   * What waits while a turn works: the agent's steering messages and the host's follow-ups
+   * (docs/protocol.md §7.25). Absent when both are empty.
    */
   queue?: Queue;
   state: SessionState;

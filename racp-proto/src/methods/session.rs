@@ -179,8 +179,8 @@ pub struct Snapshot {
     pub turns: Vec<TurnInfo>,
     /// Approvals waiting for an answer.
     pub pending_approvals: Vec<ApprovalInfo>,
-    /// The messages the agent holds queued (steering and follow-ups), as its last
-    /// `queue_update` said. Absent when both are empty.
+    /// What waits while a turn works: the agent's steering messages and the host's follow-ups
+    /// (docs/protocol.md §7.25). Absent when both are empty.
     #[serde(default, skip_serializing_if = "Queue::is_empty")]
     pub queue: Queue,
     /// The assistant message being streamed, as far as the snapshot's cursor (pi's message

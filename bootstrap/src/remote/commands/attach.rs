@@ -219,8 +219,9 @@ fn missed_history(page: &HistoryPage, last_seen: Cursor) -> HistoryPage {
     }
 }
 
-/// The first lines: `client.attached` with `--json` (with the snapshot's `history`), else the
-/// session, the conversation's most recent messages and the pending approvals.
+/// The first lines: `client.attached` with `--json` (with the snapshot's `history` and
+/// `queue`), else the session, the conversation's most recent messages, the pending approvals
+/// and the follow-ups waiting.
 fn print_attached(out: &Out, view: &mut View, got: &SessionGetResult) {
     if out.json {
         out.json_value(&json!({
@@ -228,6 +229,7 @@ fn print_attached(out: &Out, view: &mut View, got: &SessionGetResult) {
             "session": got.session,
             "cursor": got.cursor,
             "pendingApprovals": got.snapshot.pending_approvals,
+            "queue": got.snapshot.queue,
             "history": got.snapshot.history,
         }));
         return;
@@ -255,6 +257,10 @@ fn print_attached(out: &Out, view: &mut View, got: &SessionGetResult) {
     print_entries(out, view, &history.entries);
     for approval in &got.snapshot.pending_approvals {
         out.text(&view.note(&view::describe_pending(approval)));
+    }
+    for follow_up in &got.snapshot.queue.follow_ups {
+        let text = printable(&follow_up.text, false);
+        out.line(&format!("== queued {}: {text}", follow_up.turn_id));
     }
 }
 
