@@ -221,7 +221,7 @@ error_registry! {
     HostShuttingDown = "HOST_SHUTTING_DOWN" { retriable: Yes, recovery: ReconnectAndResume, close: 4020, http: 503, }
     /// A per-device budget was exceeded inside its window; `retryAfterMs` says when it refills.
     RateLimited = "RATE_LIMITED" { retriable: Yes, recovery: RetryAfter, close: 4021, http: 429, }
-    /// A request exceeded a host bound on what a connection may hold: today, its subscriptions (`details.maxSubscriptions`). A field past its own bound (a string's length, a number's range) is INVALID_PARAMS instead.
+    /// A request exceeded a count the host bounds: a connection's subscriptions (`details.maxSubscriptions`), a prompt's images, the follow-ups (and their images) a session holds queued, the providers an owner adds (`details.limit`); the message says what to do instead. A field past its own bound (a string's length, a number's range) is INVALID_PARAMS instead.
     LimitExceeded = "LIMIT_EXCEEDED" { retriable: No, recovery: FixArguments, close: 4022, http: 422, }
     /// The host has no usable agent (not found, its version or runtime unusable) or could not start or reach it. The message says what to fix on the host (also `details.suggestion`); the same call fails the same way until then.
     AgentUnavailable = "AGENT_UNAVAILABLE" { retriable: No, recovery: StopAndReport, close: 4023, http: 503, }
