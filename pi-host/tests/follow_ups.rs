@@ -401,3 +401,78 @@ async fn the_queue_is_bounded_and_a_host_restart_withdraws_it() {
     assert_eq!(end["data"]["outcome"], "aborted", "{end}");
     drop(host);
 }
+
+/// pi writes `agent_end` before its run has wound down (its listeners, an automatic
+/// compaction) and refuses a prompt until then (`settle:MS` in the stand-in). A turn started
+/// right after the last one finished, and a follow-up's turn, wait for it instead of failing
+/// AGENT_BUSY; an abort during that wait ends the turn.
+#[tokio::test]
+async fn a_prompt_waits_while_the_agent_winds_its_last_run_down() {
+    let mut s = setup().await;
+    let first = s.start("k1", "echo one settle:1500").await;
+    s.until(finished(&first)).await;
+    let second = s.start("k2", "echo two").await;
+    let events = s.until(finished(&second)).await;
+    assert_eq!(
+        events.last().unwrap()["data"]["outcome"],
+        "completed",
+        "{events:#?}"
+    );
+    assert!(prompts(&events).contains(&(second.clone(), "echo two".into())));
+
+    // A follow-up queued behind a turn that winds down slowly.
+    let third = s.start("k3", "approve:confirm settle:1500").await;
+    let queued = s.follow_up("f1", "echo after").await;
+    s.allow_the_approval().await;
+    let events = s.until(finished(&queued)).await;
+    assert_eq!(
+        of_type(&events, "turn.finished", &third)[0]["data"]["outcome"],
+        "completed"
+    );
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+
+    // Aborted while it waits: the turn ends (its prompt, `hang`, would never end by itself), and
+    // the session goes on.
+    let slow = s.start("k4", "echo slow settle:60000").await;
+    s.until(finished(&slow)).await;
+    let mut other = Client::connect(&s.host.url(), &s.token).await.unwrap();
+    other.hello().await;
+    let sub = other
+        .call("session/subscribe", json!({"sessionId": s.session_id}))
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    let session_id = s.session_id.clone();
+    let waiting = tokio::spawn(async move {
+        let started = s
+            .call(
+                "turn/start",
+                json!({"idempotencyKey": "k5", "text": "hang"}),
+            )
+            .await;
+        (s, started)
+    });
+    let seen = other
+        .events_until(tests::PATIENCE * 4, |e| {
+            e["type"] == "turn.started" && e["data"]["text"] == "hang"
+        })
+        .await;
+    let late = seen.last().unwrap()["turnId"].as_str().unwrap().to_string();
+    let aborted = other
+        .call(
+            "turn/abort",
+            json!({"sessionId": session_id, "turnId": late}),
+        )
+        .await;
+    assert!(aborted.get("result").is_some(), "{aborted}");
+    let ended = other
+        .events_until(tests::PATIENCE * 4, finished(&late))
+        .await;
+    let end = ended.last().unwrap();
+    assert_eq!(end["data"]["outcome"], "aborted", "{end}");
+    assert_eq!(end["data"]["error"]["code"], "TURN_ABORTED", "{end}");
+    let (mut s, started) = waiting.await.unwrap();
+    assert_eq!(started["result"]["turnId"], late.as_str(), "{started}");
+    let next = s.start("k6", "echo again").await;
+    let events = s.until(finished(&next)).await;
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+}

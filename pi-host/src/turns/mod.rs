@@ -211,12 +211,10 @@ impl Turns {
         state.active = Some(ActiveTurn::new(turn_id.clone()));
         // Not under the lock: the pump needs it to read what the agent says meanwhile.
         drop(state);
-        let sent =
-            queue::prompt_when_idle(&agent, &params.text, &params.images, queue::START_PATIENCE)
-                .await;
-        if let Err(err) = sent {
-            driver.prompt_refused(host, &turn_id, &err).await;
-        }
+        let prompt = (params.text.as_str(), params.images.as_slice());
+        driver
+            .send_prompt(&**host, &agent, &turn_id, prompt, queue::START_PATIENCE)
+            .await;
         Ok(TurnStartResult { turn_id })
     }
 
@@ -954,9 +952,9 @@ impl Driver {
         events
     }
 
-    /// Ends `turn_id`, if it is still the running turn, when pi did not take its prompt; the
-    /// queue behind it is withdrawn. An agent that died under the prompt settles it as aborted,
-    /// like a crash mid-run (protocol.md §8.7).
+    /// Ends `turn_id`, if it is still the running turn, when pi did not take its prompt. An
+    /// agent that died under the prompt settles it as aborted, like a crash mid-run
+    /// (protocol.md §8.7).
     async fn prompt_refused(&self, host: &impl TurnHost, turn_id: &str, err: &AgentError) {
         let error = err.to_app_error();
         let outcome = if error.code() == ErrorCode::AgentSidecarCrashed {
@@ -964,6 +962,18 @@ impl Driver {
         } else {
             TurnOutcome::Failed
         };
+        self.end_unprompted(host, turn_id, outcome, error).await;
+    }
+
+    /// Ends `turn_id`, if it is still the running turn, though its prompt never ran; the queue
+    /// behind it is withdrawn.
+    async fn end_unprompted(
+        &self,
+        host: &impl TurnHost,
+        turn_id: &str,
+        outcome: TurnOutcome,
+        error: AppError,
+    ) {
         let mut state = self.state.lock().await;
         if state.active.as_ref().is_none_or(|a| a.turn_id != turn_id) {
             return;

@@ -38,7 +38,7 @@ const COMPACT_DEADLINE: Duration = Duration::from_secs(600);
 const MAX_REASON_CHARS: usize = 1000;
 
 /// How long a turn/start waits for pi to wind down the run before (its `agent_end` comes
-/// before pi takes prompts again) before it answers AGENT_BUSY.
+/// before pi takes prompts again) before its turn fails with AGENT_BUSY.
 pub(super) const START_PATIENCE: Duration = Duration::from_secs(10);
 
 /// How long a follow-up's prompt waits for pi: after a run pi may compact the conversation
@@ -410,31 +410,64 @@ pub(super) fn withdrawn_by_restart(queued: Vec<QueuedFollowUp>) -> Vec<HostEvent
     withdrawal(&held, WithdrawReason::HostRestarted, None, None)
 }
 
-/// Sends a prompt, waiting while pi still winds down the run before: pi writes `agent_end`
-/// before its run has settled (its listeners, an automatic compaction) and refuses a prompt
-/// until then, though the host has already ended the turn.
-pub(super) async fn prompt_when_idle(
-    agent: &Agent,
-    text: &str,
-    images: &[ImageAttachment],
-    patience: Duration,
-) -> Result<(), AgentError> {
-    let deadline = Instant::now() + patience;
-    let mut pause = Duration::from_millis(10);
-    loop {
-        match agent.prompt(text, images).await {
-            Err(err) if err.is_busy() && Instant::now() < deadline => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(250));
+impl super::Driver {
+    /// Sends the prompt of the running turn `turn_id`, waiting while pi still winds down the
+    /// run before: pi writes `agent_end` before its run has settled (its listeners, an automatic
+    /// compaction) and refuses a prompt until then, though the host has already ended that turn.
+    /// A prompt pi refuses ends the turn (and withdraws the queue behind it); so does an abort
+    /// that comes while it waits, since no run of pi's would end it.
+    pub(super) async fn send_prompt(
+        &self,
+        host: &impl TurnHost,
+        agent: &Agent,
+        turn_id: &str,
+        (text, images): (&str, &[ImageAttachment]),
+        patience: Duration,
+    ) {
+        let deadline = Instant::now() + patience;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let refused = match agent.prompt(text, images).await {
+                Ok(()) => return self.abort_if_asked(agent, turn_id).await,
+                Err(err) => err,
+            };
+            if !refused.is_busy() || Instant::now() >= deadline {
+                return self.prompt_refused(host, turn_id, &refused).await;
             }
-            sent => return sent,
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+            let state = self.state.lock().await;
+            match &state.active {
+                Some(active) if active.turn_id == turn_id && !active.abort_requested => {}
+                Some(active) if active.turn_id == turn_id => {
+                    drop(state);
+                    let error = AppError::new(ErrorCode::TurnAborted, "the turn was aborted");
+                    return self
+                        .end_unprompted(host, turn_id, TurnOutcome::Aborted, error)
+                        .await;
+                }
+                // Ended meanwhile (its agent exited, the session closed).
+                _ => return,
+            }
         }
     }
-}
 
-impl super::Driver {
-    /// Sends the prompt of the follow-up whose turn `after_turn` started; a prompt pi refuses
-    /// ends that turn (and withdraws the queue behind it).
+    /// An abort that came while a prompt was on its way may have reached pi before the prompt
+    /// did, and ended nothing: the run the prompt started is aborted now.
+    async fn abort_if_asked(&self, agent: &Agent, turn_id: &str) {
+        let asked = self
+            .state
+            .lock()
+            .await
+            .active
+            .as_ref()
+            .is_some_and(|active| active.turn_id == turn_id && active.abort_requested);
+        if asked && let Err(err) = agent.abort().await {
+            tracing::warn!(turn_id, error = %err, "the agent did not take an abort");
+        }
+    }
+
+    /// Sends the prompt of the follow-up whose turn `after_turn` started.
     pub(super) fn send_next(
         self: &Arc<Self>,
         host: &Arc<impl TurnHost>,
@@ -443,12 +476,10 @@ impl super::Driver {
     ) {
         let (host, driver, agent) = (host.clone(), self.clone(), agent.clone());
         tokio::spawn(async move {
-            let sent =
-                prompt_when_idle(&agent, &next.started.text, &next.images, FOLLOW_UP_PATIENCE)
-                    .await;
-            if let Err(err) = sent {
-                driver.prompt_refused(&host, &next.turn_id, &err).await;
-            }
+            let prompt = (next.started.text.as_str(), next.images.as_slice());
+            driver
+                .send_prompt(&*host, &agent, &next.turn_id, prompt, FOLLOW_UP_PATIENCE)
+                .await;
         });
     }
 }

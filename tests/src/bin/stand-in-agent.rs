@@ -64,6 +64,7 @@
 //! | `exit:CODE` | exits with status CODE at once |
 //! | `sleep:MS` | pauses MS milliseconds (commands are still answered; `abort` ends the run as aborted) |
 //! | `hang` | waits until aborted (or until stdin closes) |
+//! | `settle:MS` | after the run's `agent_end`, stays busy MS milliseconds (a `prompt` meanwhile is refused as pi refuses one while it winds a run down: its listeners, an automatic compaction); an `abort` ends the wait |
 //! | `spawn-child` | starts `sleep 1000` (stdio closed) and emits `{"type": "stand_in_child", "pid": N}` |
 //! | `spawn-child:inherit` | the same, but the child inherits stdin/stdout/stderr (so it holds the pipes open) |
 //! | `burst:N` | one assistant message with N `text_delta` updates as fast as possible; to stay O(N) their `message` and `partial` carry empty `content` |
@@ -136,6 +137,8 @@ struct Run {
     open_message: Option<Value>,
     /// A tool that started but has not ended: (toolCallId, toolName, args).
     open_tool: Option<(String, String, Value)>,
+    /// How long the run stays busy after its `agent_end` (`settle:MS`).
+    settle: Option<Duration>,
 }
 
 struct StandIn {
@@ -581,7 +584,17 @@ impl StandIn {
             .run_directives(&mut run, text)
             .and_then(|()| self.finish(&mut run));
         match outcome {
-            Ok(()) => {}
+            Ok(()) => {
+                if let Some(settle) = run.settle
+                    && let Err(Aborted(abort_id)) = self.pump(Wait::Until(Instant::now() + settle))
+                {
+                    // Nothing runs any more: the abort only ends the wait.
+                    self.message_count += run.new_messages.len();
+                    self.streaming = false;
+                    respond(abort_id, "abort", None);
+                    return;
+                }
+            }
             Err(Stop::Failed) => {}
             Err(Stop::Aborted(abort_id)) => {
                 self.end_aborted(&mut run);
@@ -720,6 +733,7 @@ impl StandIn {
                 ("exit", Some(code)) => {
                     std::process::exit(i32::try_from(code).unwrap_or(1));
                 }
+                ("settle", Some(ms)) => run.settle = Some(Duration::from_millis(ms)),
                 ("sleep", Some(ms)) => {
                     self.pump(Wait::Until(Instant::now() + Duration::from_millis(ms)))?;
                 }
