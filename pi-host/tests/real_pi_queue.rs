@@ -504,3 +504,54 @@ async fn withdrawn_follow_ups_never_reach_the_model() {
     let snap = snapshot(&mut client, &session_id).await;
     assert!(snap.get("queue").is_none(), "the queue is empty: {snap}");
 }
+
+/// A follow-up sent while the conversation is being compacted waits for the compaction, as a
+/// local pi keeps what is typed meanwhile, then runs on the compacted context.
+#[tokio::test]
+async fn a_follow_up_during_a_compaction_runs_after_it() {
+    let stub = Stub::default();
+    let (host, pi_dir) = pi_host(&stub, None).await;
+    let settings_file = pi_dir.path().join("settings.json");
+    let mut settings: Value =
+        serde_json::from_str(&std::fs::read_to_string(&settings_file).unwrap()).unwrap();
+    settings["compaction"]["keepRecentTokens"] = json!(1);
+    std::fs::write(&settings_file, settings.to_string()).unwrap();
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+    for (key, text) in [("k1", "Run the check."), ("k2", "Again.")] {
+        run_turn(&mut client, &session_id, key, text).await;
+    }
+
+    let asked = stub.requests.lock().unwrap().len();
+    stub.hold();
+    let mut compactor = connect(&host, &token).await;
+    let compact = json!({"sessionId": session_id});
+    let compaction = tokio::spawn(async move { compactor.call("session/compact", compact).await });
+    requests_reach(&stub, asked + 1).await;
+    let params =
+        json!({"sessionId": session_id, "idempotencyKey": "f1", "text": "After the summary."});
+    let follow_id = queue_follow_up(&mut client, params).await;
+    stub.release();
+    let compacted = compaction.await.unwrap();
+    assert!(compacted.get("result").is_some(), "{compacted}");
+    let events = client.events_until(WAIT, turn_finished(&follow_id)).await;
+    let labels: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let compacted_at = labels
+        .iter()
+        .position(|l| *l == "agent.compaction_end")
+        .expect("the compaction's end");
+    let started_at = labels
+        .iter()
+        .position(|l| *l == "turn.started")
+        .expect("the follow-up's start");
+    assert!(compacted_at < started_at, "{labels:?}");
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+    let requests = stub.requests.lock().unwrap().clone();
+    let last = requests.last().unwrap().to_string();
+    assert!(last.contains("After the summary."), "{last}");
+    assert!(
+        last.contains(STUB_SUMMARY),
+        "it ran on the compacted context: {last}"
+    );
+}

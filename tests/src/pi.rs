@@ -85,6 +85,15 @@ impl Stub {
         }
     }
 
+    /// Waits, while [`Stub::hold`] holds, until [`Stub::release`].
+    async fn pass_the_gate(&self) {
+        let gate = self.gate.lock().unwrap().clone();
+        if let Some(gate) = gate {
+            // Closed by `release`: every waiter goes on.
+            let _ = gate.acquire().await;
+        }
+    }
+
     /// The port [`start_stub`] serves it on.
     pub fn port(&self) -> u16 {
         self.port.lock().unwrap().expect("the stub was started")
@@ -234,6 +243,7 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
     let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     if body.contains("context summarization assistant") {
         stub.requests.lock().unwrap().push(request);
+        stub.pass_the_gate().await;
         let mut sse = chunk(json!({"role": "assistant", "content": STUB_SUMMARY}), None);
         sse += &chunk(json!({}), Some("stop"));
         sse += "data: [DONE]\n\n";
@@ -248,11 +258,7 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
         .and_then(|messages| messages.last())
         .is_some_and(|last| last["role"] == "tool");
     stub.requests.lock().unwrap().push(request);
-    let gate = stub.gate.lock().unwrap().clone();
-    if let Some(gate) = gate {
-        // Closed by `release`: every waiter goes on.
-        let _ = gate.acquire().await;
-    }
+    stub.pass_the_gate().await;
     let mut sse = String::new();
     if let Some(chunks) = long_reply(&body) {
         // `LONG-REPLY:N` in the prompt: N text chunks of 10 characters.

@@ -130,7 +130,8 @@ impl Turns {
         if session.is_closing() {
             return Err(closed(&session));
         }
-        if state.active.is_none() {
+        // While a compaction goes on it waits, as a local pi keeps what is typed meanwhile.
+        if state.active.is_none() && !driver.compacting.load(Ordering::Acquire) {
             drop(state);
             let started = self.start(host, caller, start).await?;
             return Ok(TurnFollowUpResult {
@@ -206,7 +207,7 @@ impl Turns {
         let session = host.sessions().find(&params.session_id)?;
         let driver = self.driver(&session);
         let agent = self.agent_for(host, &session).await?;
-        let _compacting = {
+        let compacting = {
             let mut state = driver.state.lock().await;
             if let Some(active) = &state.active {
                 return Err(AppError::new(
@@ -219,12 +220,21 @@ impl Turns {
             driver.ready(host, &agent, &mut state).await?;
             guard
         };
-        let command = Command::Compact {
-            custom_instructions: params.instructions.as_deref(),
-        };
-        let data = agent
-            .call_within(&command, COMPACT_DEADLINE)
+        // A task of its own, so that follow-ups queued meanwhile start even if the caller has
+        // gone.
+        let (host, driver) = (host.clone(), driver.clone());
+        let compaction = tokio::spawn(async move {
+            let command = Command::Compact {
+                custom_instructions: params.instructions.as_deref(),
+            };
+            let done = agent.call_within(&command, COMPACT_DEADLINE).await;
+            drop(compacting);
+            driver.start_queued(&host).await;
+            done
+        });
+        let data = compaction
             .await
+            .map_err(crate::internal)?
             .map_err(|err| compaction_failed(&err))?;
         tracing::info!(session_id = %session.id, "session compacted");
         serde_json::from_value(data).map_err(crate::internal)
@@ -464,6 +474,28 @@ impl super::Driver {
             .is_some_and(|active| active.turn_id == turn_id && active.abort_requested);
         if asked && let Err(err) = agent.abort().await {
             tracing::warn!(turn_id, error = %err, "the agent did not take an abort");
+        }
+    }
+
+    /// Starts the follow-ups queued while no turn ran (during a compaction), as a completed turn
+    /// would.
+    async fn start_queued(self: &Arc<Self>, host: &Arc<impl TurnHost>) {
+        let mut state = self.state.lock().await;
+        if state.active.is_some() || state.follow_ups.is_empty() {
+            return;
+        }
+        let mut events = Vec::new();
+        let next = after_turn(
+            &self.session,
+            &mut state,
+            TurnOutcome::Completed,
+            &mut events,
+        );
+        if let Err(err) = host.sessions().commit(&self.session, events).await {
+            tracing::warn!(error = %err, "cannot record a follow-up's start");
+        }
+        if let (Some(next), Some(agent)) = (next, state.agent.clone()) {
+            self.send_next(host, &agent, next);
         }
     }
 
