@@ -8,7 +8,7 @@
 //! `session.forked` and the source's history entries before the fork point, as its own events,
 //! so its history alone is the whole conversation.
 
-use super::{Driver, TurnHost, Turns, closed};
+use super::{Driver, Raised, TurnHost, Turns, closed};
 use crate::agent::Agent;
 use crate::auth::Caller;
 use crate::clock::now_ms;
@@ -20,7 +20,7 @@ use racp_proto::methods::session::{
 use racp_proto::pi::reply::{self, Branched, ForkMessage};
 use racp_proto::pi::{Command, Kind};
 use racp_proto::{AppError, Cursor, ErrorCode};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -66,7 +66,7 @@ impl Turns {
     ) -> Result<SessionForkResult, AppError> {
         let source = host.sessions().find(&params.session_id)?;
         let driver = self.driver(&source);
-        let _held = Branching::begin(&driver)?;
+        let _held = branching(&driver)?;
         idle_source(&driver, &source).await?;
         let point = fork_point(host, &source, params.from)?;
         let agent = self.agent_for(host, &source).await?;
@@ -107,7 +107,7 @@ impl Turns {
     ) -> Result<SessionCreateResult, AppError> {
         let source = host.sessions().find(&params.session_id)?;
         let driver = self.driver(&source);
-        let _held = Branching::begin(&driver)?;
+        let _held = branching(&driver)?;
         idle_source(&driver, &source).await?;
         let agent = self.agent_for(host, &source).await?;
         let file = session_file(&agent).await?;
@@ -251,9 +251,7 @@ fn user_message(json: &str) -> Option<String> {
     if Kind::of_event_type(&event.kind) != Some(Kind::MessageEnd) {
         return None;
     }
-    let data: Value = serde_json::from_str(event.data.get()).ok()?;
-    let message = data.get("message")?;
-    (message.get("role").and_then(Value::as_str) == Some("user")).then(|| reply::user_text(message))
+    racp_proto::pi::event::user_message_text(event.data.get())
 }
 
 /// pi's fork message for `point`, and its place in pi's list; CONFLICT when pi's conversation
@@ -342,6 +340,15 @@ fn copied(json: &str) -> Option<HostEvent> {
     HostEvent::from_stored(event)
 }
 
+/// The source's branching flag, raised while it is forked or cloned.
+fn branching(driver: &Arc<Driver>) -> Result<Raised, AppError> {
+    Raised::raise(
+        driver,
+        |d| &d.branching,
+        "the session is already being forked or cloned",
+    )
+}
+
 fn not_a_user_message() -> AppError {
     racp_proto::validate::invalid(
         "from",
@@ -358,28 +365,4 @@ fn nothing_saved() -> AppError {
     )
     .with_retriable(false)
     .with_details(json!({"reason": "nothing_saved"}))
-}
-
-/// The driver's branching flag, lowered when the fork or clone ends however it ends.
-struct Branching(Arc<Driver>);
-
-impl Branching {
-    fn begin(driver: &Arc<Driver>) -> Result<Branching, AppError> {
-        driver
-            .branching
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .map_err(|_| {
-                AppError::new(
-                    ErrorCode::AgentBusy,
-                    "the session is already being forked or cloned",
-                )
-            })?;
-        Ok(Branching(driver.clone()))
-    }
-}
-
-impl Drop for Branching {
-    fn drop(&mut self) {
-        self.0.branching.store(false, Ordering::Release);
-    }
 }

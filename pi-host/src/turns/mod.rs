@@ -37,7 +37,7 @@ use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
 use serde_json::json;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, MutexGuard, mpsc, oneshot};
 
@@ -114,12 +114,43 @@ pub struct Driver {
     /// Held by `session/configure` from reading the settings to storing them.
     configuring: Mutex<()>,
     /// A `session/compact` is going on: no turn starts meanwhile (queue.rs).
-    compacting: std::sync::atomic::AtomicBool,
+    compacting: AtomicBool,
     /// A shell command runs (`shell.rs`): the agent is in use.
-    shell_running: std::sync::atomic::AtomicBool,
+    shell_running: AtomicBool,
     /// A `session/fork` or `session/clone` of this session is going on: no turn starts
     /// meanwhile (branch.rs).
-    branching: std::sync::atomic::AtomicBool,
+    branching: AtomicBool,
+}
+
+/// One of a driver's flags (`compacting`, `branching`) raised for as long as the work that
+/// raised it lives, and lowered however it ends (the call's task may be dropped with its
+/// connection).
+struct Raised {
+    driver: Arc<Driver>,
+    flag: fn(&Driver) -> &AtomicBool,
+}
+
+impl Raised {
+    /// Raises `flag`; AGENT_BUSY with `busy` when it already is.
+    fn raise(
+        driver: &Arc<Driver>,
+        flag: fn(&Driver) -> &AtomicBool,
+        busy: &'static str,
+    ) -> Result<Raised, AppError> {
+        flag(driver)
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .map_err(|_| AppError::new(ErrorCode::AgentBusy, busy))?;
+        Ok(Raised {
+            driver: driver.clone(),
+            flag,
+        })
+    }
+}
+
+impl Drop for Raised {
+    fn drop(&mut self) {
+        (self.flag)(&self.driver).store(false, Ordering::Release);
+    }
 }
 
 /// What turns need of the host (state.rs implements it), so that the host can own its turns
@@ -458,7 +489,7 @@ impl Turns {
 pub async fn end_interrupted_turns(host: &impl TurnHost) {
     for session in host.sessions().list() {
         let mut events = Approvals::cancel_stored(host, &session.id);
-        events.extend(queue::withdrawn_by_restart(session.queued_follow_ups()));
+        events.extend(queue::withdrawn_by_restart(&session.queued_follow_ups()));
         if let Some(turn_id) = session.active_turn() {
             let error = AppError::new(
                 ErrorCode::HostUnavailable,
@@ -1096,7 +1127,13 @@ fn on_agent_event(
         }
     }
     let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
+    // A compaction outside any turn (`session/compact`) ended: what was queued meanwhile runs,
+    // its start logged after pi's `compaction_end` (queue.rs).
+    let compacted = turn_id.is_none() && event.kind == Kind::CompactionEnd;
     events.push(HostEvent::relayed(event.kind, turn_id, event.payload));
+    if compacted {
+        return queue::after_turn(session, state, TurnOutcome::Completed, events);
+    }
     if let Some(end) = event.run_end
         && let Some(active) = state.active.as_mut()
     {

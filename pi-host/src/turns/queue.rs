@@ -8,7 +8,7 @@
 //! with its text, so a client can put it back where it was typed.
 
 use super::{
-    ActiveTurn, DriverState, TurnHost, Turns, closed, earlier_turn, known_turn, store_turn,
+    ActiveTurn, DriverState, Raised, TurnHost, Turns, closed, earlier_turn, known_turn, store_turn,
 };
 use crate::agent::{Agent, AgentError};
 use crate::auth::Caller;
@@ -110,11 +110,10 @@ impl Turns {
         &self,
         host: &Arc<impl TurnHost>,
         caller: &Caller,
-        params: TurnFollowUpParams,
+        start: TurnFollowUpParams,
     ) -> Result<TurnFollowUpResult, AppError> {
-        let session = host.sessions().find(&params.session_id)?;
+        let session = host.sessions().find(&start.session_id)?;
         let driver = self.driver(&session);
-        let start = params;
         let mut state = driver.state.lock().await;
         // The key is checked under the driver's lock, so two racing resends see one follow-up.
         if let Some(earlier) = earlier_turn(host, &session, &start)? {
@@ -216,12 +215,18 @@ impl Turns {
                 )
                 .with_details(json!({"turnId": active.turn_id})));
             }
-            let guard = Compacting::begin(&driver)?;
+            let guard = Raised::raise(
+                &driver,
+                |d| &d.compacting,
+                "the session is already compacting its conversation",
+            )?;
             driver.ready(host, &agent, &mut state).await?;
             guard
         };
-        // A task of its own, so that follow-ups queued meanwhile start even if the caller has
-        // gone.
+        // Follow-ups queued meanwhile start at pi's `compaction_end` (the pump's on_agent_event),
+        // which pi writes however its compaction ends. A task of its own, so that an agent that
+        // refuses the command as unknown (and says nothing) still has them started, even if the
+        // caller has gone.
         let (host, driver) = (host.clone(), driver.clone());
         let compaction = tokio::spawn(async move {
             let command = Command::Compact {
@@ -229,7 +234,11 @@ impl Turns {
             };
             let done = agent.call_within(&command, COMPACT_DEADLINE).await;
             drop(compacting);
-            driver.start_queued(&host).await;
+            if let Err(err) = &done
+                && err.is_unknown_command()
+            {
+                driver.start_queued(&host).await;
+            }
             done
         });
         let data = compaction
@@ -257,31 +266,6 @@ impl super::Driver {
             ));
         }
         Ok(())
-    }
-}
-
-/// The driver's compaction flag, lowered when the compaction ends however it ends (the call's
-/// task may be dropped with its connection).
-struct Compacting(Arc<super::Driver>);
-
-impl Compacting {
-    fn begin(driver: &Arc<super::Driver>) -> Result<Compacting, AppError> {
-        driver
-            .compacting
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .map_err(|_| {
-                AppError::new(
-                    ErrorCode::AgentBusy,
-                    "the session is already compacting its conversation",
-                )
-            })?;
-        Ok(Compacting(driver.clone()))
-    }
-}
-
-impl Drop for Compacting {
-    fn drop(&mut self) {
-        self.0.compacting.store(false, Ordering::Release);
     }
 }
 
@@ -321,12 +305,27 @@ fn withdrawal(
     joined_turn_id: Option<&str>,
     device_id: Option<&str>,
 ) -> Vec<HostEvent> {
-    held.iter()
-        .map(|held| {
+    withdrawn(
+        held.iter().map(|h| &h.queued),
+        reason,
+        joined_turn_id,
+        device_id,
+    )
+}
+
+/// The `turn.withdrawn` of each of `queued`.
+fn withdrawn<'a>(
+    queued: impl Iterator<Item = &'a QueuedFollowUp>,
+    reason: WithdrawReason,
+    joined_turn_id: Option<&str>,
+    device_id: Option<&str>,
+) -> Vec<HostEvent> {
+    queued
+        .map(|queued| {
             HostEvent::of_turn(
-                &held.queued.turn_id,
+                &queued.turn_id,
                 TurnWithdrawnData {
-                    text: held.queued.text.clone(),
+                    text: queued.text.clone(),
                     reason,
                     joined_turn_id: joined_turn_id.map(str::to_string),
                     device_id: device_id.map(str::to_string),
@@ -409,15 +408,8 @@ pub(super) fn withdraw_all(state: &mut DriverState, reason: WithdrawReason) -> V
 }
 
 /// The follow-ups a restarted host no longer holds, as the log last showed them.
-pub(super) fn withdrawn_by_restart(queued: Vec<QueuedFollowUp>) -> Vec<HostEvent> {
-    let held: Vec<Held> = queued
-        .into_iter()
-        .map(|queued| Held {
-            queued,
-            images: Vec::new(),
-        })
-        .collect();
-    withdrawal(&held, WithdrawReason::HostRestarted, None, None)
+pub(super) fn withdrawn_by_restart(queued: &[QueuedFollowUp]) -> Vec<HostEvent> {
+    withdrawn(queued.iter(), WithdrawReason::HostRestarted, None, None)
 }
 
 impl super::Driver {
@@ -477,8 +469,8 @@ impl super::Driver {
         }
     }
 
-    /// Starts the follow-ups queued while no turn ran (during a compaction), as a completed turn
-    /// would.
+    /// Starts the follow-ups queued while no turn ran (during a compaction the agent did not
+    /// know), as a completed turn would.
     async fn start_queued(self: &Arc<Self>, host: &Arc<impl TurnHost>) {
         let mut state = self.state.lock().await;
         if state.active.is_some() || state.follow_ups.is_empty() {

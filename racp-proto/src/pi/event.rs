@@ -54,6 +54,15 @@ impl ToolRun {
     }
 }
 
+/// The text of a `message_end`'s message when it is a user message (a string content, or its
+/// text parts joined, as pi's fork list shows it); `None` for any other message.
+pub fn user_message_text(message_end: &str) -> Option<String> {
+    let data: Value = serde_json::from_str(message_end).ok()?;
+    let message = data.get("message")?;
+    (message.get("role").and_then(Value::as_str) == Some("user"))
+        .then(|| super::reply::user_text(message))
+}
+
 /// pi's `queue_update`: the steering messages it holds, in the order it will deliver them.
 /// (Its follow-ups are the host's to hold: pi's own stay empty.) `None` for a payload of
 /// another shape.
@@ -72,6 +81,17 @@ pub fn steering_queue(data: &str) -> Option<Vec<String>> {
 mod queue_tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_user_messages_text_is_read_from_its_message_end() {
+        let parts = r#"{"type":"message_end","message":{"role":"user","content":[{"type":"text","text":"fix "},{"type":"image","data":"x"},{"type":"text","text":"it"}]}}"#;
+        assert_eq!(user_message_text(parts).as_deref(), Some("fix it"));
+        let plain = r#"{"type":"message_end","message":{"role":"user","content":"go"}}"#;
+        assert_eq!(user_message_text(plain).as_deref(), Some("go"));
+        let reply = r#"{"type":"message_end","message":{"role":"assistant","content":"go"}}"#;
+        assert_eq!(user_message_text(reply), None);
+        assert_eq!(user_message_text("{}"), None);
+    }
 
     #[test]
     fn a_queue_update_reads_as_its_steering_messages() {
