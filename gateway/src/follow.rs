@@ -4,8 +4,7 @@
 //! until the feed's window holds what comes next.
 
 use crate::feed::Feed;
-use crate::stream::{Position, Reader, Stream, consume};
-use async_nats::jetstream::consumer;
+use crate::stream::{Messages, Position, Reader, Stream, consume};
 use racp_proto::{AppError, Cursor, Epoch};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,7 +98,7 @@ pub async fn follow(
 /// comes next.
 async fn pump(
     stream: Stream,
-    messages: consumer::pull::Ordered,
+    messages: Messages,
     start: Start,
     delivered: Arc<AtomicU64>,
     out: mpsc::Sender<Outgoing>,

@@ -953,20 +953,33 @@ async fn a_host_and_a_gateway_answer_hostile_input_the_same_way() {
     }
 }
 
+/// What [`read_to_the_end`] saw.
+struct ReadToTheEnd {
+    /// Agent deltas that came.
+    deltas: usize,
+    /// The longest wait for an event after `midway` returned.
+    longest_pause: Duration,
+}
+
 /// Reads a subscription until `turn.finished`, checking every seq follows the one before (no
-/// gap, no repeat); calls `midway` once after `at` events. Returns how many agent deltas came.
+/// gap, no repeat); calls `midway` once after `at` events.
 async fn read_to_the_end(
     sub: &mut racp_proto::client::Subscription,
     at: usize,
     mut midway: impl AsyncFnMut(),
-) -> usize {
+) -> ReadToTheEnd {
     use racp_proto::client::SubscriptionItem;
-    let (mut count, mut deltas, mut last_seq, mut fired) = (0usize, 0usize, 0u64, false);
+    let (mut count, mut deltas, mut last_seq) = (0usize, 0usize, 0u64);
+    let (mut fired, mut longest_pause) = (false, Duration::ZERO);
     loop {
+        let waited = tokio::time::Instant::now();
         let item = tokio::time::timeout(PATIENCE * 2, sub.next())
             .await
             .expect("the stream stalled")
             .expect("the subscription ended");
+        if fired {
+            longest_pause = longest_pause.max(waited.elapsed());
+        }
         let SubscriptionItem::Event(event) = item else {
             panic!("unexpected item {item:?}");
         };
@@ -988,7 +1001,10 @@ async fn read_to_the_end(
         }
         if event.kind == "turn.finished" {
             assert!(fired, "the fault came after the stream ended");
-            return deltas;
+            return ReadToTheEnd {
+                deltas,
+                longest_pause,
+            };
         }
     }
 }
@@ -1045,13 +1061,13 @@ async fn a_desktop_cut_from_one_replica_resumes_on_another_with_nothing_lost_or_
         .await
         .unwrap();
     let mut sub = start_stream(&client, &host, "stream:2000:2000:gw").await;
-    let deltas = read_to_the_end(&mut sub, 300, async || {
+    let read = read_to_the_end(&mut sub, 300, async || {
         first.kill().await;
         proxy.retarget(second.addr);
         proxy.cut();
     })
     .await;
-    assert_eq!(deltas, 2000);
+    assert_eq!(read.deltas, 2000);
 }
 
 #[tokio::test]
@@ -1072,8 +1088,19 @@ async fn a_nats_node_killed_mid_stream_loses_nothing() {
     .unwrap();
     let mut sub = start_stream(&client, &host, "stream:2000:2000:nats").await;
     let nats = &mut fleet.nats;
-    let deltas = read_to_the_end(&mut sub, 300, async || nats.kill(0).await).await;
-    assert_eq!(deltas, 2000);
+    let read = read_to_the_end(&mut sub, 300, async || nats.kill(0).await).await;
+    assert_eq!(read.deltas, 2000);
+    eprintln!(
+        "longest pause after the node was killed: {:?}",
+        read.longest_pause
+    );
+    // Within seconds: it once stalled for tens of seconds, making consumers on the dead node
+    // and watching a dead consumer with an ever longer wait (gateway/src/stream.rs).
+    assert!(
+        read.longest_pause < Duration::from_secs(20),
+        "the replay stalled {:?} after the node was killed",
+        read.longest_pause
+    );
 }
 
 #[tokio::test]
