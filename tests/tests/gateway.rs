@@ -1619,6 +1619,57 @@ async fn a_revoke_waits_out_a_replica_cut_from_nats_which_then_serves_the_device
     }
 }
 
+/// The default revocation lease (`pi-gateway serve --revocation-lease-ms`).
+const LEASE: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn a_killed_replica_holds_up_a_revoke_only_until_its_lease_has_run_out() {
+    let mut fleet = Fleet::new(1, 2, 0, 3600).await;
+    let first = fleet.gateway().await;
+    let mut second = fleet.gateway().await;
+    let (_, owner) = first.pair_device("owner", &[]).await;
+    let (tablet, _) = first.pair_device("owner", &[]).await;
+    let (phone, phone_token) = first.pair_device("owner", &[]).await;
+    let mut admin = connect(&first.url(), &owner).await;
+    let mut on_first = connect(&first.url(), &phone_token).await;
+
+    // Killed, the second replica neither confirms a revoke nor says it has gone: to a revoke it
+    // looks like a replica cut from NATS, which serves devices until its lease runs out. So a
+    // revoke at once waits until then (its last announcement is at most a check, 2 s, old).
+    second.kill().await;
+    let killed = tokio::time::Instant::now();
+    let revoked = admin
+        .call("device/revoke", json!({"deviceId": tablet}))
+        .await;
+    assert!(revoked["result"].is_object(), "{revoked}");
+    let waited = killed.elapsed();
+    assert!(
+        waited >= LEASE / 2,
+        "the revoke answered {waited:?} after a replica was killed, within its lease"
+    );
+
+    // Its lease over, it no longer holds up a revoke: this one answers within a check period
+    // (2 s), where it waited a whole lease (10 s) for a minute after the kill.
+    let asked = tokio::time::Instant::now();
+    let revoked = admin
+        .call("device/revoke", json!({"deviceId": phone}))
+        .await;
+    let took = asked.elapsed();
+    eprintln!("revoke answered {waited:?} after the kill, then in {took:?}");
+    assert!(revoked["result"].is_object(), "{revoked}");
+    assert!(
+        took < LEASE / 2,
+        "a replica killed {:?} ago held up a revoke for {took:?}",
+        asked - killed
+    );
+    // And it holds: the phone's connection on the live replica served nothing more.
+    let (frames, _) = unserved_to_the_close(&mut on_first, 9, "device/list").await;
+    let last = frames.last().expect("a connection error");
+    assert_eq!(last["error"]["code"], "REMOTE_AUTH_FAILED", "{frames:?}");
+    let refused = Client::connect(&first.url(), &phone_token).await.err();
+    assert_eq!(refused.map(|r| r.status), Some(401));
+}
+
 #[tokio::test]
 async fn a_host_serves_its_own_clients_without_nats_and_registers_again_when_it_returns() {
     let OneHost {
