@@ -74,6 +74,11 @@ pub async fn follow(
 ) -> Result<Follow, AppError> {
     // The first consumer is made here, so a subscribe that cannot read the stream fails.
     let messages = consume(stream, &start.subject, start.stream_sequence).await?;
+    tracing::debug!(
+        subscription_id = %start.subscription_id,
+        after = start.after,
+        "a subscription older than its feed's window catches up on a consumer of its own"
+    );
     let delivered = Arc::new(AtomicU64::new(start.after));
     let session_id = start.session_id.clone();
     let epoch = start.epoch;
@@ -119,6 +124,7 @@ async fn pump(
         let last = reader.at.last;
         if start.feed.takes_over_at(last) {
             let subscription_id = start.subscription_id.clone();
+            tracing::debug!(%subscription_id, last, "a caught-up subscription reads on from its feed");
             let _ = out
                 .send(Outgoing::Live {
                     subscription_id,

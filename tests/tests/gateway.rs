@@ -645,15 +645,68 @@ async fn events_stream(one: &OneHost) -> async_nats::jetstream::stream::Stream {
         .unwrap()
 }
 
+/// The lag bound the sharing test gives its gateway: a feed's window is that plus a frame's
+/// worth of events (1024, racp-server's default), 2024 events.
+const SMALL_LAG: &str = "1000";
+const SMALL_WINDOW: usize = 2024;
+
+/// Reads `client`'s events up to the next `turn.finished` on a task of its own, so no reader
+/// falls behind while another is read.
+fn read_turn(mut client: Client) -> tokio::task::JoinHandle<(Client, Vec<Value>)> {
+    tokio::spawn(async move {
+        let seen = client.events_until(PATIENCE * 2, finished).await;
+        (client, seen)
+    })
+}
+
+/// Asserts `seen` is `hosted`, event for event, naming the first that differs (a whole turn's
+/// events are too many to print).
+fn assert_same(seen: &[Value], hosted: &[Value], who: &str) {
+    let differs = seen.iter().zip(hosted).position(|(a, b)| a != b);
+    let at = differs.unwrap_or(seen.len().min(hosted.len()));
+    assert!(
+        differs.is_none() && seen.len() == hosted.len(),
+        "{who}: {} events where the host sent {}; first difference at {at}: {:?} where the host sent {:?}",
+        seen.len(),
+        hosted.len(),
+        seen.get(at),
+        hosted.get(at)
+    );
+}
+
+/// Whether the gateway logged `message` for subscription `id`.
+fn logged_for(gateway: &tests::gateway::GatewayProcess, message: &str, id: &str) -> bool {
+    let field = format!("subscription_id={id}");
+    gateway
+        .log()
+        .lines()
+        .any(|line| line.contains(message) && line.contains(&field))
+}
+
 #[tokio::test]
 async fn the_subscribers_of_a_session_on_a_replica_share_one_consumer() {
-    let one = one_host(1).await;
-    let url = one.gateway.host_url(&one.host_id);
-    let mut desk = connect(&url, &one.token).await;
-    let (session_id, start) = open_session(&mut desk, &one.host).await;
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet.gateway_with(&["--max-lag-events", SMALL_LAG]).await;
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    let online = until_status(&mut root, &host_id, "online").await;
+    let url = gateway.host_url(&host_id);
+    let mut desk = connect(&url, &token).await;
+    let (session_id, start) = open_session(&mut desk, &host).await;
+    // What every reader is held to: the session's events as the host itself sends them.
+    let (_, local_token) = host.pair_device("local", &[]).await;
+    let mut at_host = connect(&host.url(), &local_token).await;
+    let subscribed = at_host
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": start}),
+        )
+        .await;
+    assert!(subscribed["result"].is_object(), "{subscribed}");
     let mut watchers = Vec::new();
     for _ in 0..5 {
-        let mut watcher = connect(&url, &one.token).await;
+        let mut watcher = connect(&url, &token).await;
         let subscribed = watcher
             .call("session/subscribe", json!({"sessionId": session_id}))
             .await;
@@ -661,21 +714,35 @@ async fn the_subscribers_of_a_session_on_a_replica_share_one_consumer() {
             subscribed["result"]["subscriptionId"].is_string(),
             "{subscribed}"
         );
-        watchers.push(watcher);
+        watchers.push(read_turn(watcher));
     }
-    let live = run_turn(&mut desk, &session_id, "k", "deltas:40").await;
-    for watcher in &mut watchers {
-        let seen = watcher.events_until(PATIENCE, finished).await;
-        assert_eq!(
-            seen, live,
-            "every watcher sees what the desk saw, once and in order"
-        );
+    // More events than a feed's window holds, so a reader from the start must catch up.
+    let live = run_turn(&mut desk, &session_id, "k", "burst:2100").await;
+    let hosted = at_host.events_until(PATIENCE * 2, finished).await;
+    assert!(hosted.len() > SMALL_WINDOW, "{} events", hosted.len());
+    assert_same(&live, &hosted, "the desk");
+    let mut readers = Vec::new();
+    for watcher in watchers {
+        let (watcher, seen) = watcher.await.unwrap();
+        assert_same(&seen, &hosted, "a watcher");
+        readers.push(watcher);
     }
     // Six subscribers at the head, one consumer: the in-process fan-out, as on a host.
+    let one = OneHost {
+        fleet,
+        gateway,
+        host,
+        host_id,
+        token,
+        root,
+        online,
+    };
     let mut stream = events_stream(&one).await;
     let consumers = stream.info().await.unwrap().state.consumer_count;
     assert_eq!(consumers, 1, "one consumer for six subscribers");
-    // A reader from the session's start catches up, then reads on with the others.
+
+    // A reader from the session's start, older than the window: it catches up on a consumer of
+    // its own, then hands over to the feed and reads on with the others.
     let mut late = connect(&url, &one.token).await;
     let subscribed = late
         .call(
@@ -683,20 +750,30 @@ async fn the_subscribers_of_a_session_on_a_replica_share_one_consumer() {
             json!({"sessionId": session_id, "cursor": start}),
         )
         .await;
+    let late_id = subscribed["result"]["subscriptionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{subscribed}"))
+        .to_string();
+    let replayed = late.events_until(PATIENCE * 2, finished).await;
+    assert_same(&replayed, &hosted, "the late reader");
+    let catch_up = "older than its feed's window catches up";
+    let hand_over = "a caught-up subscription reads on from its feed";
+    assert!(logged_for(&one.gateway, catch_up, &late_id), "no catch-up");
     assert!(
-        subscribed["result"]["subscriptionId"].is_string(),
-        "{subscribed}"
+        logged_for(&one.gateway, hand_over, &late_id),
+        "no hand-over"
     );
-    let replayed = late.events_until(PATIENCE, finished).await;
-    assert_eq!(
-        &replayed[replayed.len() - live.len()..],
-        &live[..],
-        "the replay ends as live did"
-    );
+    readers.push(late);
+    let readers: Vec<_> = readers.into_iter().map(read_turn).collect();
     let second = run_turn(&mut desk, &session_id, "k2", "deltas:10").await;
-    assert_eq!(late.events_until(PATIENCE, finished).await, second);
-    for watcher in &mut watchers {
-        assert_eq!(watcher.events_until(PATIENCE, finished).await, second);
+    let hosted = at_host.events_until(PATIENCE, finished).await;
+    assert_same(&second, &hosted, "the desk");
+    for reader in readers {
+        assert_same(
+            &reader.await.unwrap().1,
+            &hosted,
+            "a reader after the hand-over",
+        );
     }
 }
 
