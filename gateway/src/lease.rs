@@ -127,13 +127,14 @@ impl Lease {
                     }
                 }
             };
-            self.announce().await.ok()?;
+            let announced = self.announce().await.ok()?;
             // Locally no earlier than the leader stamped the record just announced.
             let stored_by = Instant::now();
-            let now = stamped(&self.replica_id).await.flatten()?;
+            let now = stream.get_raw_message(announced).await.ok()?;
+            let now = now.time.unix_timestamp_nanos();
             let mut longest = Duration::ZERO;
             for id in waiting {
-                longest = longest.max(self.left(stamped(id).await?, now)?);
+                longest = longest.max(left(self.lease, stamped(id).await?, now)?);
             }
             Some(stored_by + longest)
         };
@@ -142,20 +143,20 @@ impl Lease {
             .ok()
             .flatten()
     }
+}
 
-    /// How much lease a replica last announced at `announced` (ns, the bucket's clock; `None`:
-    /// no record) may have left at `now`; `None` when that is not known.
-    fn left(&self, announced: Option<i128>, now: i128) -> Option<Duration> {
-        let Some(announced) = announced else {
-            // The bucket dropped the record: its last announcement is older than that.
-            return (self.lease <= REPLICA_RECORD_AGE).then_some(Duration::ZERO);
-        };
-        let ends = announced.saturating_add(i128::try_from(self.lease.as_nanos()).ok()?);
-        let left = ends.saturating_sub(now).max(0);
-        Some(Duration::from_nanos(
-            u64::try_from(left).unwrap_or(u64::MAX),
-        ))
-    }
+/// How much of a `lease` a replica that last announced itself at `announced` (ns on the bucket's
+/// clock; `None`: no record) may have left at `now`; `None` when that is not known.
+fn left(lease: Duration, announced: Option<i128>, now: i128) -> Option<Duration> {
+    let Some(announced) = announced else {
+        // The bucket dropped the record: its last announcement is older than the bucket keeps.
+        return (lease <= REPLICA_RECORD_AGE).then_some(Duration::ZERO);
+    };
+    let ends = announced.saturating_add(i128::try_from(lease.as_nanos()).ok()?);
+    let left = ends.saturating_sub(now).max(0);
+    Some(Duration::from_nanos(
+        u64::try_from(left).unwrap_or(u64::MAX),
+    ))
 }
 
 /// The refusal of a device's call on a replica that cannot confirm it knows every revoke.
@@ -166,4 +167,31 @@ pub fn stale() -> AppError {
     )
     .with_details(json!({"reason": "device_registry_stale"}))
     .with_retry_after_ms(1_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(10);
+    const NS: i128 = 1_000_000_000;
+
+    #[test]
+    fn a_replica_has_lease_left_until_one_lease_after_its_announcement() {
+        let now = 100 * NS;
+        assert_eq!(left(LEASE, Some(now - 10 * NS), now), Some(Duration::ZERO));
+        assert_eq!(
+            left(LEASE, Some(now - 10 * NS + 1), now),
+            Some(Duration::from_nanos(1))
+        );
+        assert_eq!(left(LEASE, Some(now - 60 * NS), now), Some(Duration::ZERO));
+        assert_eq!(left(LEASE, Some(now), now), Some(LEASE));
+    }
+
+    #[test]
+    fn a_dropped_record_ends_only_a_lease_no_longer_than_the_bucket_keeps_records() {
+        assert_eq!(left(REPLICA_RECORD_AGE, None, 0), Some(Duration::ZERO));
+        let longer = REPLICA_RECORD_AGE + Duration::from_nanos(1);
+        assert_eq!(left(longer, None, 0), None);
+    }
 }
