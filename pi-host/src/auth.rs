@@ -2,7 +2,7 @@
 //! socket (`server/upgrade.rs` finds it from a presented token).
 
 use racp_proto::methods::handshake::{PrincipalInfo, PrincipalKind};
-use racp_proto::{Principal, Role};
+use racp_proto::{Method, Principal, Role};
 
 /// Who a call comes from, as the host knows it: what the protocol's [`Principal`] says
 /// ([`Caller::principal`]), plus the pairing token's id and the rate bucket. The gateway's
@@ -51,6 +51,17 @@ impl Caller {
                 roles: vec![Role::Owner],
             },
         }
+    }
+
+    /// Whether the caller may start agents: whoever may start a turn (an operator or owner).
+    /// An observer reads what the host has and starts no agent, so it never stops another
+    /// session's agent to make room either (docs/protocol.md §6.1).
+    pub fn may_start_agents(&self) -> bool {
+        let turn = Method::TurnStart;
+        turn.spec()
+            .access
+            .check(turn.as_str(), &self.principal())
+            .is_ok()
     }
 
     /// The caller as the protocol's access rules see it.

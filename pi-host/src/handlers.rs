@@ -201,7 +201,7 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
             approvals.respond(&state, &caller, params).await
         }),
         HostCall::ModelList(_) => task(async move {
-            let list = crate::models::list(&state).await?;
+            let list = crate::models::list(&state, caller.may_start_agents()).await?;
             to_raw(&*list)
         }),
         HostCall::SessionFork(params) => {
@@ -239,10 +239,10 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
             reply(async move { state.turns.stats(&state, params).await })
         }
         HostCall::SessionCommands(params) => {
-            reply(async move { state.turns.commands(&state, params).await })
+            reply(async move { state.turns.commands(&state, &caller, params).await })
         }
         HostCall::SessionExport(params) => {
-            reply(async move { state.turns.export(&state, params).await })
+            reply(async move { state.turns.export(&state, &caller, params).await })
         }
     }
 }

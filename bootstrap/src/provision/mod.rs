@@ -562,11 +562,15 @@ async fn probe_stage(
                 text.push('\n');
             }
             None => {
-                // It ended before the probe was through: its exit status and stderr say why.
+                // It ended before the probe was through: its exit status and stderr say why,
+                // or its refusal of an install root others could write.
                 let output = remote
                     .finish()
                     .await
                     .map_err(|e| ssh_failed(Stage::Probe, e))?;
+                if let Some(found) = remote_shell::Unsafe::find(&text) {
+                    return Err(unsafe_root(&found));
+                }
                 return Err(remote_failed(Stage::Probe, "the probe", &output));
             }
         }
@@ -597,6 +601,16 @@ async fn probe_stage(
             .map_or("none".to_string(), |r| r.version.clone())
     )));
     Ok((remote, probe, running))
+}
+
+/// HOST_BOOTSTRAP_FAILED `unsafe_remote_dir`: the install root (or what `current` leads to)
+/// is another user's or writable by others, so nothing was run from it.
+fn unsafe_root(found: &remote_shell::Unsafe) -> AppError {
+    stage_failed(
+        Stage::Probe,
+        found.message(),
+        json!({"reason": "unsafe_remote_dir", "path": found.path, "problem": found.problem}),
+    )
 }
 
 /// The warm path: the wanted version already runs, so transfer to start are skipped.

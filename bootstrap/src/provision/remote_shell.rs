@@ -268,6 +268,50 @@ pub fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     std::cmp::Ordering::Equal
 }
 
+/// A path of the install root the probe would not run anything from (session.sh's `unsafe=`
+/// line): not the connecting user's, or writable by its group or others, as OpenSSH's
+/// StrictModes refuses a `~/.ssh` others could write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsafe {
+    /// `not_owned` or `writable_by_others`.
+    pub problem: &'static str,
+    pub path: String,
+}
+
+impl Unsafe {
+    /// The refusal in the probe's output, if it printed one.
+    pub fn find(output: &str) -> Option<Unsafe> {
+        let line = output.lines().find_map(|l| l.strip_prefix("unsafe="))?;
+        let (problem, path) = line.split_once(' ')?;
+        let problem = match problem {
+            "owner" => "not_owned",
+            "writable" => "writable_by_others",
+            _ => return None,
+        };
+        let path = match path.trim_end_matches('/') {
+            "" => "/",
+            trimmed => trimmed,
+        };
+        Some(Unsafe {
+            problem,
+            path: path.to_string(),
+        })
+    }
+
+    /// What is wrong, in words, with the fix.
+    pub fn message(&self) -> String {
+        let (what, fix) = match self.problem {
+            "not_owned" => ("is not owned by the user you connect as", "chown"),
+            _ => ("is writable by its group or by others", "chmod go-w"),
+        };
+        format!(
+            "{} {what}, so another user could put a program there that would run as you; \
+             nothing was run from it: fix it on the remote ({fix} it) or pick another --remote-dir",
+            self.path
+        )
+    }
+}
+
 /// What the probe found.
 #[derive(Debug, Clone, Default)]
 pub struct Probe {

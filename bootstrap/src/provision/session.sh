@@ -8,11 +8,21 @@ umask 077
 unset CDPATH
 
 # The probe. On the warm path it runs on every connect, so up to `probe-end` it uses builtins
-# only, but for the status query: each fork and exec is paid again on each connect.
+# only, but for the permission check and the status query: each fork and exec is paid again on
+# each connect.
 [ -d "$R" ] || mkdir -p "$R" || exit 97
 cd -P "$R" || exit 97
 R=$PWD
 echo "root=$R"
+# What runs from the root runs as this user: like OpenSSH's StrictModes, the root, what
+# `current` leads to, its bin/pi-host and install.sh must be this user's and writable by no one
+# else, or nothing of it is run (remote_shell::Unsafe). `x/` follows a link to a directory.
+for f in "$R/" "$R/current/" "$R/current/bin/" "$R/current/bin/pi-host" "$R/install.sh"; do
+    if [ -e "$f" ] && [ ! -O "$f" ]; then echo "unsafe=owner $f"; exit 96; fi
+done
+w=$(find "$R/" "$R/current/" "$R/current/bin/" "$R/current/bin/pi-host" "$R/install.sh" -prune \( -perm -0020 -o -perm -0002 \) -print 2>/dev/null)
+if [ -n "$w" ]; then echo "unsafe=writable ${w%%
+*}"; exit 96; fi
 c=
 if [ -L current ] && cd -P ./current 2>/dev/null; then
     c=${PWD##*/}

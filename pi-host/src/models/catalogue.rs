@@ -39,6 +39,12 @@ struct Cached {
 }
 
 impl Catalogue {
+    /// The catalogue last made, whatever its age; never asks an agent (one being asked is
+    /// waited for).
+    pub async fn last(&self) -> Option<Arc<ModelListResult>> {
+        self.cached.lock().await.as_ref().map(|c| c.list.clone())
+    }
+
     /// The catalogue, asking the agent when none is fresh (or `refresh`).
     pub async fn get(
         &self,

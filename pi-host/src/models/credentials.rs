@@ -21,7 +21,8 @@ pub struct Credentials(Keyed<Entry>);
 
 impl Credentials {
     /// Reads the file; `redactor` is handed every key's value now and after each change,
-    /// under the lock of the file's write, so it never scrubs an older set than the agents get.
+    /// under the lock of the file's write, so it never scrubs an older set than the agents get
+    /// (and keeps scrubbing a replaced or deleted key, which an agent may still hold).
     pub fn open(data_dir: &std::path::Path, redactor: Redactor) -> Result<Credentials, FileError> {
         let keyed = Keyed::<Entry>::open(data_dir, FILE, "credentials")?.observed(move |entries| {
             redactor.set_secrets(entries.values().map(|e| e.api_key.clone()).collect());
@@ -129,8 +130,9 @@ mod tests {
         let reopened = Redactor::default();
         let _again = Credentials::open(dir.path(), reopened.clone()).unwrap();
         assert_eq!(reopened.text("plain-value-0001"), "[redacted]");
+        // Deleted (or replaced), it stays scrubbed: an agent started before may still hold it.
         credentials.delete("custom").unwrap();
-        assert_eq!(redactor.text("plain-value-0001"), "plain-value-0001");
+        assert_eq!(redactor.text("plain-value-0001"), "[redacted]");
     }
 
     #[test]

@@ -90,9 +90,25 @@ impl Models {
     }
 }
 
-/// `model/list`.
-pub async fn list(host: &impl ModelHost) -> Result<Arc<ModelListResult>, AppError> {
-    host.models().catalogue.get(host, false).await
+/// `model/list`. A caller who may not start agents (an observer) gets the catalogue the host
+/// last made, whatever its age, and never has an agent started for it (docs/protocol.md §6.1).
+pub async fn list(
+    host: &impl ModelHost,
+    may_start_agents: bool,
+) -> Result<Arc<ModelListResult>, AppError> {
+    if may_start_agents {
+        return host.models().catalogue.get(host, false).await;
+    }
+    host.models().catalogue.last().await.ok_or_else(|| {
+        AppError::new(
+            ErrorCode::Conflict,
+            "the host has not listed its models yet, and an observer starts no agent to list \
+             them: call it again once an operator has used the host, or from a device with the \
+             operator role",
+        )
+        .with_retriable(false)
+        .with_details(json!({"reason": "agent_not_running"}))
+    })
 }
 
 /// Refuses a model the agent does not know (MODEL_NOT_CONFIGURED) or whose provider has no

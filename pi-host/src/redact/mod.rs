@@ -5,7 +5,10 @@
 //!
 //! Two kinds of secret go: credential shapes (`shapes.rs`), and the exact values of the keys
 //! the host itself hands its agent (`credentials.json`), wherever they appear, also
-//! JSON-escaped. A [`Redactor`] is cheap to clone; every clone sees the same values.
+//! JSON-escaped. A key replaced or deleted stays scrubbed for the host's lifetime (the longest
+//! an agent started with it can run; [`MAX_RETIRED`] at most). A [`Redactor`] is cheap to
+//! clone; every clone sees the same values. pi's HTML export is redacted inside its embedded
+//! session data too ([`Redactor::html_export`]).
 
 pub mod shapes;
 
@@ -19,9 +22,24 @@ pub const REDACTED: &str = "[redacted]";
 /// Exact values shorter than this are not scrubbed: they would eat ordinary words.
 pub const MIN_EXACT_LEN: usize = 8;
 
+/// Replaced or deleted keys kept scrubbed at most; past it the oldest goes first. An agent
+/// holds the key it started with until it stops, and an owner replacing a key hundreds of
+/// times while one agent runs is not a case worth unbounded memory.
+pub const MAX_RETIRED: usize = 256;
+
 #[derive(Clone, Default)]
 pub struct Redactor {
-    secrets: Arc<RwLock<Arc<Vec<Exact>>>>,
+    secrets: Arc<RwLock<Secrets>>,
+}
+
+#[derive(Default)]
+struct Secrets {
+    /// The values now set, as handed to [`Redactor::set_secrets`].
+    current: Vec<String>,
+    /// Values once set and since replaced or deleted, oldest first.
+    retired: std::collections::VecDeque<String>,
+    /// Both, in the order they are scrubbed.
+    exact: Arc<Vec<Exact>>,
 }
 
 /// One exact value, as written and as it reads inside a JSON string.
@@ -46,29 +64,35 @@ impl std::fmt::Debug for Redactor {
 }
 
 impl Redactor {
-    /// Replaces the exact values to scrub (the keys the host hands its agent).
+    /// Replaces the exact values to scrub (the keys the host hands its agent). A value no
+    /// longer among them stays scrubbed: an agent started before the change still holds it.
     pub fn set_secrets(&self, values: Vec<String>) {
-        let mut exact: Vec<Exact> = values
-            .into_iter()
-            .filter(|v| v.len() >= MIN_EXACT_LEN)
-            .map(|plain| {
-                let escaped = serde_json::to_string(&plain)
-                    .ok()
-                    .map(|s| s[1..s.len() - 1].to_string())
-                    .filter(|e| *e != plain);
-                Exact { plain, escaped }
-            })
+        let mut secrets = self.secrets.write().unwrap_or_else(PoisonError::into_inner);
+        let gone: Vec<String> = secrets
+            .current
+            .iter()
+            .filter(|old| !values.contains(old))
+            .cloned()
             .collect();
-        // A value inside a longer one must not leave the longer one's rest behind.
-        exact.sort_by(|a, b| (b.plain.len(), &a.plain).cmp(&(a.plain.len(), &b.plain)));
-        exact.dedup_by(|a, b| a.plain == b.plain);
-        *self.secrets.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(exact);
+        for old in gone {
+            secrets.retired.retain(|kept| *kept != old);
+            secrets.retired.push_back(old);
+        }
+        while secrets.retired.len() > MAX_RETIRED {
+            secrets.retired.pop_front();
+        }
+        secrets.retired.retain(|kept| !values.contains(kept));
+        secrets.current = values;
+        secrets.exact = Arc::new(exact_forms(
+            secrets.current.iter().chain(secrets.retired.iter()),
+        ));
     }
 
     fn current(&self) -> Arc<Vec<Exact>> {
         self.secrets
             .read()
             .unwrap_or_else(PoisonError::into_inner)
+            .exact
             .clone()
     }
 
@@ -170,6 +194,51 @@ impl Redactor {
                 .and_then(|text| RawValue::from_string(text).ok()),
         }
     }
+
+    /// pi's HTML export with every secret gone: the embedded session data (base64-encoded
+    /// JSON, `racp_proto::pi::export`) decoded, redacted as JSON and encoded again, the rest of
+    /// the page redacted as text; a page without embedded data is redacted as text. `None` when
+    /// the embedded data does not decode: what cannot be read cannot be checked.
+    pub fn html_export<'a>(&self, html: &'a str) -> Option<Cow<'a, str>> {
+        use base64::Engine;
+        let engine = base64::engine::general_purpose::STANDARD;
+        let Some(range) = racp_proto::pi::export::session_data(html) else {
+            return Some(self.text(html));
+        };
+        let data = engine.decode(html[range.clone()].trim()).ok()?;
+        let data = match self.json(&data) {
+            Cow::Borrowed(_) => None,
+            Cow::Owned(redacted) => Some(engine.encode(redacted)),
+        };
+        let head = self.text(&html[..range.start]);
+        let tail = self.text(&html[range.end..]);
+        if data.is_none() && matches!((&head, &tail), (Cow::Borrowed(_), Cow::Borrowed(_))) {
+            return Some(Cow::Borrowed(html));
+        }
+        let data = data.as_deref().unwrap_or(&html[range]);
+        Some(Cow::Owned([&*head, data, &*tail].concat()))
+    }
+}
+
+/// The values to scrub, each as written and JSON-escaped, longest first.
+fn exact_forms<'a>(values: impl Iterator<Item = &'a String>) -> Vec<Exact> {
+    let mut exact: Vec<Exact> = values
+        .filter(|v| v.len() >= MIN_EXACT_LEN)
+        .map(|plain| {
+            let escaped = serde_json::to_string(plain)
+                .ok()
+                .map(|s| s[1..s.len() - 1].to_string())
+                .filter(|e| e != plain);
+            Exact {
+                plain: plain.clone(),
+                escaped,
+            }
+        })
+        .collect();
+    // A value inside a longer one must not leave the longer one's rest behind.
+    exact.sort_by(|a, b| (b.plain.len(), &a.plain).cmp(&(a.plain.len(), &b.plain)));
+    exact.dedup_by(|a, b| a.plain == b.plain);
+    exact
 }
 
 /// The byte spans of the string literals of a JSON text, quotes included. On text that is not
@@ -280,9 +349,65 @@ mod tests {
             &*r.json(raw),
             br#"{"e":"got [redacted] and [redacted]"}"#.as_slice()
         );
-        r.set_secrets(Vec::new());
-        assert_eq!(r.text("zq9-Custom.Key_7f3b"), "zq9-Custom.Key_7f3b");
         assert!(!format!("{r:?}").contains("zq9"));
+    }
+
+    #[test]
+    fn a_replaced_or_deleted_value_stays_scrubbed_up_to_the_bound() {
+        let r = redactor();
+        // Replaced: an agent started before the change still holds the old value.
+        r.set_secrets(vec!["new-value-0000000".into()]);
+        assert_eq!(r.text("zq9-Custom.Key_7f3b"), "[redacted]");
+        assert_eq!(r.text("new-value-0000000"), "[redacted]");
+        r.set_secrets(Vec::new());
+        assert_eq!(r.text("new-value-0000000 zq9-Custom.Key_7f3b"), "[redacted] [redacted]");
+        // Set again, then replaced again: kept once.
+        r.set_secrets(vec!["zq9-Custom.Key_7f3b".into()]);
+        r.set_secrets(Vec::new());
+        // Exactly MAX_RETIRED values retired: the oldest is still kept...
+        let r = Redactor::default();
+        let value = |i: usize| format!("retired-value-{i:05}");
+        for i in 0..=MAX_RETIRED {
+            r.set_secrets(vec![value(i)]);
+        }
+        assert_eq!(r.text(&value(0)), "[redacted]");
+        assert_eq!(r.current().len(), MAX_RETIRED + 1);
+        // ...and one more retired drops it.
+        r.set_secrets(Vec::new());
+        assert_eq!(r.text(&value(0)), value(0));
+        assert_eq!(r.text(&value(1)), "[redacted]");
+        assert_eq!(r.text(&value(MAX_RETIRED)), "[redacted]");
+        assert_eq!(r.current().len(), MAX_RETIRED);
+    }
+
+    #[test]
+    fn an_export_is_redacted_inside_its_embedded_data() {
+        use base64::Engine;
+        let engine = base64::engine::general_purpose::STANDARD;
+        let r = redactor();
+        let data = serde_json::json!({"entries": [{"text": "key zq9-Custom.Key_7f3b"},
+            {"output": "ANTHROPIC_API_KEY=sk-ant-api03-abcdefghijklmnopqrstuvwx"}], "n": 1.50});
+        let page = |data: &str| {
+            format!(
+                "<title>zq9-Custom.Key_7f3b</title><script id=\"session-data\" \
+                 type=\"application/json\">{data}</script><script>let a = 1;</script>"
+            )
+        };
+        let html = page(&engine.encode(data.to_string()));
+        let out = r.html_export(&html).unwrap();
+        let range = racp_proto::pi::export::session_data(&out).unwrap();
+        let decoded = String::from_utf8(engine.decode(&out[range]).unwrap()).unwrap();
+        let parsed: serde_json::Value = serde_json::from_str(&decoded).unwrap();
+        assert_eq!(parsed["entries"][0]["text"], "key [redacted]");
+        assert_eq!(parsed["entries"][1]["output"], "ANTHROPIC_API_KEY=[redacted]");
+        assert!(decoded.contains("\"n\":1.50"), "{decoded}");
+        assert!(out.starts_with("<title>[redacted]</title>"), "{out}");
+        assert!(out.ends_with("<script>let a = 1;</script>"), "{out}");
+        // Nothing to redact: the same text; data that does not decode is not handed out.
+        let clean = page(&engine.encode("{\"a\":\"hello\"}"));
+        assert!(matches!(r.html_export(&clean), Some(Cow::Borrowed(_))));
+        assert!(r.html_export(&page("not base64!")).is_none());
+        assert_eq!(r.html_export("<p>zq9-Custom.Key_7f3b</p>").unwrap(), "<p>[redacted]</p>");
     }
 
     #[test]

@@ -181,12 +181,7 @@ impl HostConnection {
             .insert(subscription_id.clone(), session.clone(), cursor.seq);
         // Someone who may prompt is watching: have the agent ready for their prompt. An
         // observer only reads the log and the snapshot, so it never starts one.
-        let may_prompt = Method::TurnStart
-            .spec()
-            .access
-            .check(Method::TurnStart.as_str(), &self.caller.principal())
-            .is_ok();
-        if may_prompt && !session.is_closing() {
+        if self.caller.may_start_agents() && !session.is_closing() {
             self.state.turns.warm(&self.state, &session);
         }
         Ok(SessionSubscribeResult {

@@ -4,6 +4,7 @@
 //! writer on its own thread so producers never wait on fsync one by one.
 
 mod approvals;
+mod call_ids;
 mod chunk;
 mod devices;
 mod history;
@@ -80,6 +81,11 @@ CREATE TABLE IF NOT EXISTS approvals (
     session_id  TEXT NOT NULL,
     pending     INTEGER NOT NULL,
     json        TEXT NOT NULL
+);
+-- The ids of routed calls, kept for the signature's time window (store::call_ids).
+CREATE TABLE IF NOT EXISTS call_ids (
+    call_id   TEXT PRIMARY KEY,
+    signed_at INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS turns (
     session_id      TEXT NOT NULL,

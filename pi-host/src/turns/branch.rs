@@ -1,9 +1,11 @@
 //! Branches: `session/fork` and `session/clone` (docs/protocol.md §7.31, §7.32), pi's own fork
 //! and clone delivered as new RACP sessions.
 //!
-//! The new session gets a copy of the source's pi session file in its own agent directory, its
-//! agent resumes that copy (`--continue`), and pi's `fork` or `clone` writes the branch as a new
-//! file there and switches to it. The copy is then removed, so that a later `--continue`, which
+//! The new session gets a copy of the source's pi session file in its own agent directory, each
+//! line redacted as the source's events were (docs/protocol.md §8.8), so the branch's agent
+//! starts from the conversation the clients saw, never from a secret they were shown as
+//! `[redacted]`. Its agent resumes that copy (`--continue`), and pi's `fork` or `clone` writes
+//! the branch as a new file there and switches to it. The copy is then removed, so that a later `--continue`, which
 //! takes the most recently modified file, can only find the branch. Its log starts with
 //! `session.forked` and the source's history entries before the fork point, as its own events,
 //! so its history alone is the whole conversation.
@@ -12,6 +14,7 @@ use super::{Driver, Raised, TurnHost, Turns, closed};
 use crate::agent::Agent;
 use crate::auth::Caller;
 use crate::clock::now_ms;
+use crate::redact::Redactor;
 use crate::sessions::{HostEvent, Session};
 use racp_proto::events::{Event, SessionClosedData, SessionForkedData};
 use racp_proto::methods::session::{
@@ -145,7 +148,11 @@ impl Turns {
             .file_name()
             .ok_or_else(|| crate::internal("pi's session file has no name"))?;
         let copy = dir.join(name);
-        std::fs::copy(file, &copy).map_err(crate::internal)?;
+        let (from, to, redactor) = (file.to_path_buf(), copy.clone(), host.agent_options().redactor);
+        tokio::task::spawn_blocking(move || copy_redacted(&from, &to, &redactor))
+            .await
+            .map_err(crate::internal)?
+            .map_err(crate::internal)?;
         let agent = self.agent_for(host, target).await?;
         let branched = Branched::of(&agent.call(command).await?);
         if branched.cancelled {
@@ -185,6 +192,25 @@ impl Turns {
         tracing::warn!(session_id = %target.id, error = %err, "a branch was abandoned");
         err
     }
+}
+
+/// Copies pi's session file (JSON lines) with every line redacted; the copy is private.
+fn copy_redacted(from: &Path, to: &Path, redactor: &Redactor) -> std::io::Result<()> {
+    use std::io::{BufRead, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let reader = std::io::BufReader::new(std::fs::File::open(from)?);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(to)?;
+    let mut writer = std::io::BufWriter::new(file);
+    for line in reader.split(b'\n') {
+        writer.write_all(&redactor.json(&line?))?;
+        writer.write_all(b"\n")?;
+    }
+    writer.flush()
 }
 
 /// AGENT_BUSY while the source runs a turn or compacts, CONFLICT once it is closed.

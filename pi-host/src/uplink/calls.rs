@@ -3,15 +3,16 @@
 //! (`handlers::admit`: access, drain, params; the gateway charged the device's rate bucket),
 //! the host's in-flight bound and `handlers::host`, with the gateway's device as the caller. A message is a call only when a trusted gateway signed it
 //! (`signed.rs`), so the device, roles and grant in the envelope are a gateway's word, whoever
-//! else may publish on the subject; the grant must name this host.
+//! else may publish on the subject; the grant must name this host. Its id is kept in the store
+//! for the signature's time window before it runs, so a replay is refused after a restart too.
 
-use super::signed::Verifier;
+use super::signed::{Refusal, Verified, Verifier};
 use crate::auth::Caller;
 use crate::handlers;
 use crate::state::HostState;
 use async_nats::Subscriber;
 use futures_util::StreamExt;
-use racp_proto::gateway::{RoutedCall, RoutedReply, call_subject};
+use racp_proto::gateway::{CALL_MAX_SKEW_MS, RoutedCall, RoutedReply, call_subject};
 use racp_proto::{AppError, ErrorCode, Method, Placed};
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -58,15 +59,22 @@ pub async fn run(
             &message.payload,
             crate::clock::now_ms(),
         );
-        if let Err(refusal) = checked {
-            // Not a call: nothing runs and nothing answers (the sender may not be a gateway).
-            tracing::warn!(%refusal, "refused a message on the call subject");
-            continue;
-        }
+        let verified = match checked {
+            Ok(verified) => verified,
+            Err(refusal) => {
+                refused(&refusal);
+                continue;
+            }
+        };
         let state = state.clone();
         let client = client.clone();
         tokio::spawn(async move {
-            let reply = match answer(&state, &message.payload).await {
+            let outcome = match first_time(&state, verified).await {
+                Ok(()) => answer(&state, &message.payload).await,
+                Err(None) => return,
+                Err(Some(error)) => Err(error),
+            };
+            let reply = match outcome {
                 Ok(result) => RoutedReply {
                     result: Some(result),
                     error: None,
@@ -81,6 +89,35 @@ pub async fn run(
                 tracing::warn!(error = %err, "cannot answer a gateway call");
             }
         });
+    }
+}
+
+/// Not a call: nothing runs and nothing answers (the sender may not be a gateway).
+fn refused(refusal: &Refusal) {
+    tracing::warn!(%refusal, "refused a message on the call subject");
+}
+
+/// Keeps the call's id in the store for its time window before the call runs, so a replay is
+/// refused after a restart too. `Err(None)`: a replay (nothing answers); `Err(Some)`: the id
+/// could not be kept, so the call does not run.
+async fn first_time(state: &Arc<HostState>, verified: Verified) -> Result<(), Option<AppError>> {
+    let horizon = crate::clock::now_ms().saturating_sub(CALL_MAX_SKEW_MS);
+    let keeper = state.clone();
+    let id = verified.call_id.clone();
+    let recorded = tokio::task::spawn_blocking(move || {
+        keeper
+            .store
+            .record_call_id(&id, verified.signed_at, horizon)
+    })
+    .await;
+    match recorded {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(false)) => {
+            refused(&Refusal::Replayed(verified.call_id));
+            Err(None)
+        }
+        Ok(Err(err)) => Err(Some(crate::internal(err))),
+        Err(err) => Err(Some(crate::internal(err))),
     }
 }
 

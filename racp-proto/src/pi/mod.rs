@@ -10,6 +10,7 @@
 //! - [`stats`]: a session's totals counted from the messages of its history.
 //! - [`event`]: what a client reads of a relayed agent event (a text delta, a tool's run).
 //! - [`message`]: pi's messages and a history entry as typed values (a transcript reads these).
+//! - [`export`]: where pi's HTML export keeps the conversation.
 //!
 //! Its callers (the host's agent bridge, the snapshot, the clients' views) hold typed values
 //! and never a pi string of their own.
@@ -17,6 +18,7 @@
 pub mod command;
 pub mod compact;
 pub mod event;
+pub mod export;
 mod kind;
 pub mod line;
 pub mod message;

@@ -2,7 +2,9 @@
 //! (docs/protocol.md §15.5, "Signed calls"). A call needs every header of the envelope, a key
 //! of `--gateway-trust`, a signature over the host, the subject, the time, the call id and the
 //! payload, a time within `CALL_MAX_SKEW_MS` of this host's clock, and a call id not seen
-//! before. Anything else is not run and gets no reply.
+//! before. Anything else is not run and gets no reply. The ids seen are kept here, in memory;
+//! a host also keeps each one durably for the skew window before it runs the call (the
+//! [`Verified`] it is handed), so a restart does not open a window for a replay.
 
 use base64::Engine;
 use racp_proto::gateway::{
@@ -59,6 +61,14 @@ pub enum Refusal {
     Busy,
 }
 
+/// A call that passed: its id and when it was signed, for the host to keep as seen until
+/// `signed_at + CALL_MAX_SKEW_MS`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    pub call_id: String,
+    pub signed_at: u64,
+}
+
 /// The gateways' keys this host trusts, and the call ids it has seen.
 pub struct Verifier {
     trusted: Vec<(String, nkeys::KeyPair)>,
@@ -102,7 +112,7 @@ impl Verifier {
         headers: Option<&async_nats::HeaderMap>,
         payload: &[u8],
         now_ms: u64,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Verified, Refusal> {
         let header = |name: &'static str| {
             headers
                 .and_then(|h| h.get(name))
@@ -133,7 +143,11 @@ impl Verifier {
         if skew_ms > CALL_MAX_SKEW_MS {
             return Err(Refusal::Stale { at, skew_ms });
         }
-        self.remember(call_id, at, now_ms)
+        self.remember(call_id.clone(), at, now_ms)?;
+        Ok(Verified {
+            call_id,
+            signed_at: at,
+        })
     }
 
     fn remember(&self, call_id: String, at: u64, now_ms: u64) -> Result<(), Refusal> {
@@ -182,7 +196,14 @@ mod tests {
         let body = br#"{"roles":["observer"]}"#;
         let subject = "racp.call.h1";
         let ok = signed(&gateway, subject, now, "c1", body);
-        assert_eq!(verifier.verify("h1", subject, Some(&ok), body, now), Ok(()));
+        let passed = verifier.verify("h1", subject, Some(&ok), body, now);
+        assert_eq!(
+            passed,
+            Ok(Verified {
+                call_id: "c1".into(),
+                signed_at: now
+            })
+        );
         // The same call again, or moved to another host, or altered, or by another key.
         assert!(matches!(
             verifier.verify("h1", subject, Some(&ok), body, now + 5),
@@ -215,9 +236,10 @@ mod tests {
         // Ids age out once their calls could no longer pass the time check.
         let later = now + 2 * CALL_MAX_SKEW_MS + 1;
         let again = signed(&gateway, subject, later, "c1", body);
-        assert_eq!(
-            verifier.verify("h1", subject, Some(&again), body, later),
-            Ok(())
+        assert!(
+            verifier
+                .verify("h1", subject, Some(&again), body, later)
+                .is_ok()
         );
         assert!(parse_trusted_key("not a key").is_err());
         assert!(parse_trusted_key(&gateway.seed().unwrap()).is_err());
