@@ -861,3 +861,156 @@ async fn secrets_stay_out_of_logs_argv_and_environments_and_their_files_are_priv
         &json!({"processFilesChecked": looked_at, "logBytes": log.len(), "modes": modes}),
     );
 }
+
+/// An agent command that logs each start of the stand-in agent (not its `--version` checks) to
+/// `log`, so a test counts the agent processes the host started.
+fn counting_agent(dir: &Path) -> (PathBuf, PathBuf) {
+    let log = dir.join("starts.log");
+    let script = dir.join("agent.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in --version) ;; *) echo started >>'{}' ;; esac\nexec '{}' \"$@\"\n",
+            log.display(),
+            tests::stand_in_agent().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (script, log)
+}
+
+fn starts(log: &Path) -> usize {
+    std::fs::read_to_string(log).map_or(0, |text| text.lines().count())
+}
+
+/// Waits until `log` has counted `n` agent starts and the host reports `running` agents.
+async fn until_agents(client: &mut Client, log: &Path, n: usize, running: u64) {
+    let began = Instant::now();
+    loop {
+        let info = client.call("host/info", json!({})).await;
+        let now = info["result"]["agents"]["running"].as_u64();
+        if starts(log) == n && now == Some(running) {
+            return;
+        }
+        assert!(
+            began.elapsed() < PATIENCE,
+            "{} starts, {now:?} running; wanted {n} and {running}",
+            starts(log)
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// docs/reliability.md §4.17: an observer's reads never start an agent, so they never stop an
+/// operator's warm agent to make room; they use one that runs.
+#[tokio::test]
+async fn an_observers_reads_start_no_agent_and_stop_none() {
+    let scratch = tempfile::tempdir().unwrap();
+    let (agent, log) = counting_agent(scratch.path());
+    let host =
+        HostProcess::start_with(bin(), &["--agent", agent.to_str().unwrap(), "--max-agents", "1"])
+            .await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let (_, observer_token) = host.pair_device("phone", &["--roles", "observer"]).await;
+    let mut operator = Client::connect(&host.url(), &token).await.unwrap();
+    operator.hello().await;
+    // Session a's warm agent is stopped for session b's: b's agent is the one running.
+    let a = operator.open_session(&host.workspace("a")).await;
+    until_agents(&mut operator, &log, 1, 1).await;
+    let b = operator.open_session(&host.workspace("b")).await;
+    until_agents(&mut operator, &log, 2, 1).await;
+
+    let mut observer = Client::connect(&host.url(), &observer_token).await.unwrap();
+    observer.hello().await;
+    for _ in 0..3 {
+        for method in ["session/commands", "session/export"] {
+            let reply = observer.call(method, json!({"sessionId": a})).await;
+            assert_eq!(reply["error"]["code"], "CONFLICT", "{method}: {reply}");
+            assert_eq!(reply["error"]["details"]["reason"], "agent_not_running");
+            assert_eq!(reply["error"]["retriable"], false);
+        }
+        let stats = observer.call("session/stats", json!({"sessionId": a})).await;
+        assert!(stats["result"]["tokens"].is_object(), "{stats}");
+    }
+    let models = observer.call("model/list", json!({})).await;
+    assert_eq!(models["error"]["code"], "CONFLICT", "{models}");
+    assert_eq!(models["error"]["details"]["reason"], "agent_not_running");
+    assert_eq!(starts(&log), 2, "an observer's call started an agent");
+    // b's agent still runs, and answers the observer.
+    let commands = observer.call("session/commands", json!({"sessionId": b})).await;
+    assert_eq!(
+        commands["result"]["commands"][0]["name"], "stand-in-template",
+        "{commands}"
+    );
+    let export = observer.call("session/export", json!({"sessionId": b})).await;
+    assert!(
+        export["result"]["html"]
+            .as_str()
+            .is_some_and(|h| h.contains("stand-in export")),
+        "{export}"
+    );
+    until_agents(&mut operator, &log, 2, 1).await;
+
+    // An operator's read starts the agent, as a turn would.
+    let commands = operator.call("session/commands", json!({"sessionId": a})).await;
+    assert!(commands["result"]["commands"].is_array(), "{commands}");
+    until_agents(&mut operator, &log, 3, 1).await;
+}
+
+/// docs/reliability.md §4.17: a key replaced while a turn runs is still scrubbed from that
+/// turn, whose agent started with it.
+#[tokio::test]
+async fn a_key_replaced_during_a_turn_is_still_scrubbed_from_it() {
+    let agent = tests::stand_in_agent();
+    let host = HostProcess::start_with(bin(), &["--agent", agent.to_str().unwrap()]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let old_key = "zq9-Old.Provider_Key_41c7";
+    let new_key = "zq9-New.Provider_Key_93d2";
+    for key in [old_key] {
+        let set = client
+            .call("credential/set", json!({"provider": "desk", "apiKey": key}))
+            .await;
+        assert!(set["result"]["credential"].is_object(), "{set}");
+    }
+    let session_id = client.open_session(&host.workspace("w")).await;
+    let hex: String = old_key.bytes().map(|b| format!("{b:02x}")).collect();
+    let text = format!("approve:confirm sayhex:{hex}");
+    let started = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k", "text": text}),
+        )
+        .await;
+    assert!(started["result"]["turnId"].is_string(), "{started}");
+    let events = client
+        .events_until(PATIENCE, |e| e["type"] == "approval.requested")
+        .await;
+    let approval_id = events.last().unwrap()["data"]["approvalId"].clone();
+    // Replaced while the turn (and its agent, which holds the old key) runs.
+    let set = client
+        .call("credential/set", json!({"provider": "desk", "apiKey": new_key}))
+        .await;
+    assert!(set["result"]["credential"].is_object(), "{set}");
+    let answered = client
+        .call(
+            "approval/respond",
+            json!({"approvalId": approval_id, "decision": "allow"}),
+        )
+        .await;
+    assert!(answered.get("result").is_some(), "{answered}");
+    let events = client
+        .events_until(PATIENCE, |e| e["type"] == "turn.finished")
+        .await;
+    let all = json!(events).to_string();
+    assert!(!all.contains(old_key), "the old key got out: {all}");
+    assert!(all.contains("[redacted]"), "{all}");
+    let history = client
+        .call("session/history", json!({"sessionId": session_id}))
+        .await
+        .to_string();
+    assert!(!history.contains(old_key), "{history}");
+    assert!(!host.log().contains(old_key));
+}
