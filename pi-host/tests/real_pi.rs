@@ -1041,3 +1041,102 @@ async fn an_abort_during_pis_retry_wait_ends_the_turn() {
         .await;
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
 }
+
+/// Every file of `dir` whose name ends `.jsonl` (pi's session files), read whole.
+fn session_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "jsonl"))
+                .map(|e| std::fs::read_to_string(e.path()).unwrap())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// docs/reliability.md §4.17: a provider key set with `credential/set` and an Anthropic key a
+/// command printed reach pi's own session file; the events show them `[redacted]`, and so do
+/// the export (inside pi's base64-encoded session data, the page still pi's, its script whole)
+/// and the session file a clone's agent starts from.
+#[tokio::test]
+async fn an_export_and_a_clone_hold_no_secret_the_events_redact() {
+    let stub = Stub::default();
+    let (host, _pi_dir, _agent) = tests::pi::pi_host_saving(&stub).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let provider_key = "zq9-Stub.Provider_Key_7f3b";
+    let anthropic_key = "sk-ant-api03-Xy7kQ2mN9pR4sT6vW8zA1bC3dE5fG7hJ";
+    let set = client
+        .call(
+            "credential/set",
+            json!({"provider": "stub", "apiKey": provider_key}),
+        )
+        .await;
+    assert!(set["result"]["credential"].is_object(), "{set}");
+    let session_id = client.open_session(&host.workspace("w")).await;
+    let mut events = turn_with_a_tool_call(&mut client, &session_id, 1).await;
+    // Printed by a command, never typed whole: the secrets are in its output only.
+    let command = "printf '%s%s\\n' zq9-Stub.Provider _Key_7f3b; \
+                   printf 'ANTHROPIC_API_KEY=%s%s%s\\n' sk-ant-api03- Xy7kQ2mN9pR4 sT6vW8zA1bC3dE5fG7hJ";
+    let ran = client
+        .call(
+            "session/bash",
+            json!({"sessionId": session_id, "command": command}),
+        )
+        .await;
+    assert_eq!(ran["result"]["exitCode"], 0, "{ran}");
+    events.extend(client.events_until(WAIT, |e| e["type"] == "session.bash").await);
+    let shown = json!(events).to_string();
+    assert!(shown.contains("[redacted]"), "{shown}");
+    let source_dir = host.data_dir.path().join("agent-sessions").join(&session_id);
+    let raw = session_files(&source_dir).concat();
+    assert!(
+        raw.contains(provider_key) && raw.contains(anthropic_key),
+        "pi's own file holds both (what the export and a clone are made from)"
+    );
+    for secret in [provider_key, anthropic_key, "Xy7kQ2mN9pR4sT6vW8zA1bC3dE5fG7hJ"] {
+        assert!(!shown.contains(secret), "an event carries {secret}");
+    }
+
+    let export = client
+        .call(
+            "session/export",
+            json!({"sessionId": session_id, "maxBytes": 4 << 20}),
+        )
+        .await;
+    let html = export["result"]["html"].as_str().unwrap_or_else(|| panic!("{export}"));
+    assert_eq!(export["result"]["bytes"], html.len() as u64);
+    let range = racp_proto::pi::export::session_data(html).expect("pi's session data");
+    let bytes = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        html[range].trim(),
+    )
+    .expect("still base64");
+    let data: Value = serde_json::from_slice(&bytes).expect("still JSON");
+    let data_text = data.to_string();
+    assert!(data["entries"].as_array().is_some_and(|e| e.len() > 3), "{data_text}");
+    assert!(data_text.contains("real-pi-ok") && data_text.contains("[redacted]"));
+    // pi's page around it is whole: its own script, as its template has it (pi puts it in
+    // with JavaScript's String.replace, which writes the template's `$$` as `$`).
+    let template = fixture_dir()
+        .join("node_modules/@mariozechner/pi-coding-agent/dist/core/export-html/template.js");
+    let script = std::fs::read_to_string(template).unwrap().replace("$$", "$");
+    assert!(html.contains(script.trim()), "pi's script was changed");
+
+    let cloned = client
+        .call("session/clone", json!({"sessionId": session_id}))
+        .await;
+    let clone_id = cloned["result"]["session"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{cloned}"));
+    let clone_files = session_files(&host.data_dir.path().join("agent-sessions").join(clone_id));
+    assert!(!clone_files.is_empty(), "the clone's agent saved its branch");
+    let clone_text = clone_files.concat();
+    assert!(clone_text.contains("real-pi-ok") && clone_text.contains("[redacted]"));
+    for secret in [provider_key, anthropic_key, "Xy7kQ2mN9pR4sT6vW8zA1bC3dE5fG7hJ"] {
+        assert!(!html.contains(secret), "the export's page carries {secret}");
+        assert!(!data_text.contains(secret), "the export's data carries {secret}");
+        assert!(!clone_text.contains(secret), "the clone's session file carries {secret}");
+    }
+}

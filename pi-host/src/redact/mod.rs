@@ -99,6 +99,15 @@ impl Redactor {
     /// `text` with the exact values and every credential shape redacted; borrowed when
     /// nothing matched.
     pub fn text<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let out = self.exact_values(text);
+        match shapes::redact(&out) {
+            Cow::Owned(redacted) => Cow::Owned(redacted),
+            Cow::Borrowed(_) => out,
+        }
+    }
+
+    /// `text` with the exact values redacted (not the shapes); borrowed when none was there.
+    fn exact_values<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut out = Cow::Borrowed(text);
         for exact in self.current().iter() {
             for form in exact.forms() {
@@ -107,10 +116,7 @@ impl Redactor {
                 }
             }
         }
-        match shapes::redact(&out) {
-            Cow::Owned(redacted) => Cow::Owned(redacted),
-            Cow::Borrowed(_) => out,
-        }
+        out
     }
 
     /// Whether `bytes` may hold something to redact (a quick scan, no allocation).
@@ -196,9 +202,12 @@ impl Redactor {
     }
 
     /// pi's HTML export with every secret gone: the embedded session data (base64-encoded
-    /// JSON, `racp_proto::pi::export`) decoded, redacted as JSON and encoded again, the rest of
-    /// the page redacted as text; a page without embedded data is redacted as text. `None` when
-    /// the embedded data does not decode: what cannot be read cannot be checked.
+    /// JSON, `racp_proto::pi::export`) decoded, redacted as JSON and encoded again. The rest of
+    /// the page is pi's template (styles, its script, vendored libraries), where the shapes
+    /// would rewrite code (`SIDEBAR_WIDTH_STORAGE_KEY = '…'` reads as a secret's name and
+    /// value): it loses the exact values only. A page without embedded data is redacted as
+    /// text. `None` when the embedded data does not decode: what cannot be read cannot be
+    /// checked.
     pub fn html_export<'a>(&self, html: &'a str) -> Option<Cow<'a, str>> {
         use base64::Engine;
         let engine = base64::engine::general_purpose::STANDARD;
@@ -210,8 +219,8 @@ impl Redactor {
             Cow::Borrowed(_) => None,
             Cow::Owned(redacted) => Some(engine.encode(redacted)),
         };
-        let head = self.text(&html[..range.start]);
-        let tail = self.text(&html[range.end..]);
+        let head = self.exact_values(&html[..range.start]);
+        let tail = self.exact_values(&html[range.end..]);
         if data.is_none() && matches!((&head, &tail), (Cow::Borrowed(_), Cow::Borrowed(_))) {
             return Some(Cow::Borrowed(html));
         }
@@ -393,7 +402,7 @@ mod tests {
                  type=\"application/json\">{data}</script><script>let a = 1;</script>"
             )
         };
-        let html = page(&engine.encode(data));
+        let html = page(&engine.encode(data)).replace("let a = 1;", "const A_KEY = 'abc123def456';");
         let out = r.html_export(&html).unwrap();
         let range = racp_proto::pi::export::session_data(&out).unwrap();
         let decoded = String::from_utf8(engine.decode(&out[range]).unwrap()).unwrap();
@@ -402,7 +411,8 @@ mod tests {
         assert_eq!(parsed["entries"][1]["output"], "ANTHROPIC_API_KEY=[redacted]");
         assert!(decoded.contains("\"n\":1.50"), "{decoded}");
         assert!(out.starts_with("<title>[redacted]</title>"), "{out}");
-        assert!(out.ends_with("<script>let a = 1;</script>"), "{out}");
+        // pi's own script keeps its code, however secret-like.
+        assert!(out.ends_with("<script>const A_KEY = 'abc123def456';</script>"), "{out}");
         // Nothing to redact: the same text; data that does not decode is not handed out.
         let clean = page(&engine.encode("{\"a\":\"hello\"}")).replace("zq9-Custom.Key_7f3b", "x");
         assert!(matches!(r.html_export(&clean), Some(Cow::Borrowed(_))));
