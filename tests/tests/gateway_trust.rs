@@ -368,6 +368,80 @@ async fn a_call_no_trusted_gateway_signed_is_not_run_and_a_replay_is_refused() {
     }
 }
 
+/// docs/reliability.md §4.17: a signed call captured before the host restarts is still a
+/// replay after it (the call ids seen are kept in the host's store for the time window).
+#[tokio::test]
+async fn a_call_captured_before_a_restart_is_refused_after_it() {
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    fleet.users.push(
+        "{ user: \"intruder\", password: \"intruder-pw\", permissions: { publish: [\"racp.call.>\"], subscribe: [\"racp.call.>\", \"_INBOX.>\"] } }"
+            .to_string(),
+    );
+    let users = fleet.users.clone();
+    fleet.nats.set_users(&users).await;
+    let gateway = fleet.gateway().await;
+    let host_args = fleet.host_args();
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, owner) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &owner).await;
+    until_online(&mut root, &host_id).await;
+    let intruder = fleet
+        .nats
+        .client_options(async_nats::ConnectOptions::with_user_and_password(
+            "intruder".into(),
+            "intruder-pw".into(),
+        ))
+        .connect(fleet.nats.urls())
+        .await
+        .unwrap();
+    let subject = format!("racp.call.{host_id}");
+    let mut tap = intruder.subscribe(subject.clone()).await.unwrap();
+    intruder.flush().await.unwrap();
+    let mut desk = connect(&gateway.host_url(&host_id), &owner).await;
+    let created = desk
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    assert!(created["result"]["session"].is_object(), "{created}");
+    let captured = tokio::time::timeout(PATIENCE, tap.next())
+        .await
+        .expect("the gateway's call")
+        .unwrap();
+
+    // The host restarts (its memory of call ids gone); the capture is replayed at once, well
+    // within the 30 s a signature is good for.
+    let args: Vec<&str> = host_args.iter().map(String::as_str).collect();
+    let host = host.restart(&args).await;
+    until_online(&mut root, &host_id).await;
+    let inbox = intruder.new_inbox();
+    let mut replies = intruder.subscribe(inbox.clone()).await.unwrap();
+    intruder
+        .publish_with_reply_and_headers(
+            subject.clone(),
+            inbox,
+            captured.headers.clone().unwrap(),
+            captured.payload.clone(),
+        )
+        .await
+        .unwrap();
+    until_logged(|| host.log(), "was seen already (a replay)", 1).await;
+    intruder.flush().await.unwrap();
+    let answered = tokio::time::timeout(Duration::from_millis(300), replies.next()).await;
+    assert!(!matches!(answered, Ok(Some(_))), "the replay was answered");
+    let (_, local) = host.pair_device("local", &[]).await;
+    let mut direct = connect(&host.url(), &local).await;
+    let listed = direct.call("session/list", json!({})).await;
+    assert_eq!(
+        listed["result"]["sessions"].as_array().unwrap().len(),
+        1,
+        "the replay made a session: {listed}"
+    );
+    // A new call of the gateway still runs.
+    let again = desk
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    assert!(again["result"]["session"].is_object(), "{again}");
+}
+
 /// A client with the gateway's NATS credential (an unrestricted user), to read streams.
 async fn as_gateway(fleet: &Fleet, gateway_dir: &std::path::Path) -> async_nats::Client {
     let seed = std::fs::read_to_string(gateway_dir.join("gateway.nk")).unwrap();
