@@ -1879,3 +1879,86 @@ async fn a_remote_without_node_and_too_old_a_glibc_for_it_is_refused_before_the_
     assert!(!world.root().join("versions").exists());
     assert!(!world.root().join("data/agent").exists());
 }
+
+/// Sets `path`'s mode bits.
+fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The refusal of a connect into an install root others could write: what it names, and that
+/// nothing of the root was run or changed.
+fn assert_unsafe(outcome: &Outcome, path: &Path, problem: &str) {
+    let error = outcome.error();
+    assert_eq!(error["code"], "HOST_BOOTSTRAP_FAILED", "{outcome:#?}");
+    assert_eq!(error["details"]["reason"], "unsafe_remote_dir", "{outcome:#?}");
+    assert_eq!(error["details"]["problem"], problem, "{outcome:#?}");
+    assert_eq!(
+        error["details"]["path"],
+        path.display().to_string(),
+        "{outcome:#?}"
+    );
+    assert!(
+        error["message"].as_str().unwrap().contains("--remote-dir"),
+        "{error}"
+    );
+    assert_eq!(outcome.status("transfer"), None, "nothing was sent");
+}
+
+/// docs/reliability.md §4.17: `--remote-dir` naming a root another user owns or may write, or
+/// whose `current` leads to such a directory, is refused before anything there runs, as
+/// OpenSSH's StrictModes refuses such a `~/.ssh`. The sshd runs as the test's user; a root it
+/// does not own is one given to another uid (the tests run as root in CI).
+#[tokio::test]
+async fn an_install_root_others_could_write_is_refused_before_anything_runs() {
+    let world = World::start(SshdOptions::default()).await;
+    let release = world.release("release", None);
+    let root = world.root().to_path_buf();
+    for (mode, problem) in [(0o770, "writable_by_others"), (0o702, "writable_by_others")] {
+        chmod(&root, mode);
+        let refused = world.connect(&release, &[]).await;
+        assert_unsafe(&refused, &root, problem);
+        assert_eq!(world.current(), "", "nothing was installed");
+    }
+    // Readable by all, writable by its owner only: as safe as 0700.
+    chmod(&root, 0o755);
+    world.connect(&release, &[]).await.assert_ok();
+
+    // What `current` leads to, writable by the group: refused on the warm path too, before the
+    // probe asks the binary there for its status (named by the link's path).
+    let version = root.join(world.current());
+    chmod(&version, 0o775);
+    let refused = world.connect(&release, &[]).await;
+    assert_unsafe(&refused, &root.join("current"), "writable_by_others");
+    chmod(&version, 0o755);
+    let bin = version.join("bin");
+    let mode = std::fs::metadata(&bin).unwrap().permissions().mode();
+    chmod(&bin, 0o777);
+    let refused = world.connect(&release, &[]).await;
+    assert_unsafe(&refused, &root.join("current/bin"), "writable_by_others");
+    chmod(&bin, mode & 0o7755);
+    world.connect(&release, &[]).await.assert_ok();
+
+    // Owned by another user: refused, whatever its mode.
+    if nix_uid() == 0 {
+        let chown = std::process::Command::new("chown")
+            .arg("65534")
+            .arg(&root)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        let refused = world.connect(&release, &[]).await;
+        assert_unsafe(&refused, &root, "not_owned");
+        let back = std::process::Command::new("chown")
+            .arg("0")
+            .arg(&root)
+            .status()
+            .unwrap();
+        assert!(back.success());
+    }
+}
+
+/// The test's own uid.
+fn nix_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
+}
