@@ -1086,16 +1086,28 @@ async fn an_export_and_a_clone_hold_no_secret_the_events_redact() {
         )
         .await;
     assert_eq!(ran["result"]["exitCode"], 0, "{ran}");
-    events.extend(client.events_until(WAIT, |e| e["type"] == "session.bash").await);
+    events.extend(
+        client
+            .events_until(WAIT, |e| e["type"] == "session.bash")
+            .await,
+    );
     let shown = json!(events).to_string();
     assert!(shown.contains("[redacted]"), "{shown}");
-    let source_dir = host.data_dir.path().join("agent-sessions").join(&session_id);
+    let source_dir = host
+        .data_dir
+        .path()
+        .join("agent-sessions")
+        .join(&session_id);
     let raw = session_files(&source_dir).concat();
     assert!(
         raw.contains(provider_key) && raw.contains(anthropic_key),
         "pi's own file holds both (what the export and a clone are made from)"
     );
-    for secret in [provider_key, anthropic_key, "Xy7kQ2mN9pR4sT6vW8zA1bC3dE5fG7hJ"] {
+    for secret in [
+        provider_key,
+        anthropic_key,
+        "Xy7kQ2mN9pR4sT6vW8zA1bC3dE5fG7hJ",
+    ] {
         assert!(!shown.contains(secret), "an event carries {secret}");
     }
 
@@ -1105,7 +1117,9 @@ async fn an_export_and_a_clone_hold_no_secret_the_events_redact() {
             json!({"sessionId": session_id, "maxBytes": 4 << 20}),
         )
         .await;
-    let html = export["result"]["html"].as_str().unwrap_or_else(|| panic!("{export}"));
+    let html = export["result"]["html"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{export}"));
     assert_eq!(export["result"]["bytes"], html.len() as u64);
     let range = racp_proto::pi::export::session_data(html).expect("pi's session data");
     let bytes = base64::Engine::decode(
@@ -1115,13 +1129,18 @@ async fn an_export_and_a_clone_hold_no_secret_the_events_redact() {
     .expect("still base64");
     let data: Value = serde_json::from_slice(&bytes).expect("still JSON");
     let data_text = data.to_string();
-    assert!(data["entries"].as_array().is_some_and(|e| e.len() > 3), "{data_text}");
+    assert!(
+        data["entries"].as_array().is_some_and(|e| e.len() > 3),
+        "{data_text}"
+    );
     assert!(data_text.contains("real-pi-ok") && data_text.contains("[redacted]"));
     // pi's page around it is whole: its own script, as its template has it (pi puts it in
     // with JavaScript's String.replace, which writes the template's `$$` as `$`).
     let template = fixture_dir()
         .join("node_modules/@mariozechner/pi-coding-agent/dist/core/export-html/template.js");
-    let script = std::fs::read_to_string(template).unwrap().replace("$$", "$");
+    let script = std::fs::read_to_string(template)
+        .unwrap()
+        .replace("$$", "$");
     assert!(html.contains(script.trim()), "pi's script was changed");
 
     let cloned = client
@@ -1131,12 +1150,25 @@ async fn an_export_and_a_clone_hold_no_secret_the_events_redact() {
         .as_str()
         .unwrap_or_else(|| panic!("{cloned}"));
     let clone_files = session_files(&host.data_dir.path().join("agent-sessions").join(clone_id));
-    assert!(!clone_files.is_empty(), "the clone's agent saved its branch");
+    assert!(
+        !clone_files.is_empty(),
+        "the clone's agent saved its branch"
+    );
     let clone_text = clone_files.concat();
     assert!(clone_text.contains("real-pi-ok") && clone_text.contains("[redacted]"));
-    for secret in [provider_key, anthropic_key, "Xy7kQ2mN9pR4sT6vW8zA1bC3dE5fG7hJ"] {
+    for secret in [
+        provider_key,
+        anthropic_key,
+        "Xy7kQ2mN9pR4sT6vW8zA1bC3dE5fG7hJ",
+    ] {
         assert!(!html.contains(secret), "the export's page carries {secret}");
-        assert!(!data_text.contains(secret), "the export's data carries {secret}");
-        assert!(!clone_text.contains(secret), "the clone's session file carries {secret}");
+        assert!(
+            !data_text.contains(secret),
+            "the export's data carries {secret}"
+        );
+        assert!(
+            !clone_text.contains(secret),
+            "the clone's session file carries {secret}"
+        );
     }
 }

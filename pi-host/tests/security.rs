@@ -1,6 +1,7 @@
 //! Security properties against a real host: the Host and Origin matrix, guessing tokens, the
 //! pairing race, how fast a revoked device loses its sockets, path escapes, secrets kept out
-//! of logs, argv and environments, and the modes of the files that hold secrets.
+//! of logs, argv and environments, the modes of the files that hold secrets, an observer's
+//! reads that start no agent, and a key replaced during a turn kept out of it.
 //!
 //! Set `RACP_FIGURES_DIR` to also write the measured figures as JSON there.
 
@@ -908,9 +909,11 @@ async fn until_agents(client: &mut Client, log: &Path, n: usize, running: u64) {
 async fn an_observers_reads_start_no_agent_and_stop_none() {
     let scratch = tempfile::tempdir().unwrap();
     let (agent, log) = counting_agent(scratch.path());
-    let host =
-        HostProcess::start_with(bin(), &["--agent", agent.to_str().unwrap(), "--max-agents", "1"])
-            .await;
+    let host = HostProcess::start_with(
+        bin(),
+        &["--agent", agent.to_str().unwrap(), "--max-agents", "1"],
+    )
+    .await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let (_, observer_token) = host.pair_device("phone", &["--roles", "observer"]).await;
     let mut operator = Client::connect(&host.url(), &token).await.unwrap();
@@ -930,7 +933,9 @@ async fn an_observers_reads_start_no_agent_and_stop_none() {
             assert_eq!(reply["error"]["details"]["reason"], "agent_not_running");
             assert_eq!(reply["error"]["retriable"], false);
         }
-        let stats = observer.call("session/stats", json!({"sessionId": a})).await;
+        let stats = observer
+            .call("session/stats", json!({"sessionId": a}))
+            .await;
         assert!(stats["result"]["tokens"].is_object(), "{stats}");
     }
     let models = observer.call("model/list", json!({})).await;
@@ -938,12 +943,16 @@ async fn an_observers_reads_start_no_agent_and_stop_none() {
     assert_eq!(models["error"]["details"]["reason"], "agent_not_running");
     assert_eq!(starts(&log), 2, "an observer's call started an agent");
     // b's agent still runs, and answers the observer.
-    let commands = observer.call("session/commands", json!({"sessionId": b})).await;
+    let commands = observer
+        .call("session/commands", json!({"sessionId": b}))
+        .await;
     assert_eq!(
         commands["result"]["commands"][0]["name"], "stand-in-template",
         "{commands}"
     );
-    let export = observer.call("session/export", json!({"sessionId": b})).await;
+    let export = observer
+        .call("session/export", json!({"sessionId": b}))
+        .await;
     assert!(
         export["result"]["html"]
             .as_str()
@@ -953,7 +962,9 @@ async fn an_observers_reads_start_no_agent_and_stop_none() {
     until_agents(&mut operator, &log, 2, 1).await;
 
     // An operator's read starts the agent, as a turn would.
-    let commands = operator.call("session/commands", json!({"sessionId": a})).await;
+    let commands = operator
+        .call("session/commands", json!({"sessionId": a}))
+        .await;
     assert!(commands["result"]["commands"].is_array(), "{commands}");
     until_agents(&mut operator, &log, 3, 1).await;
 }
@@ -991,7 +1002,10 @@ async fn a_key_replaced_during_a_turn_is_still_scrubbed_from_it() {
     let approval_id = events.last().unwrap()["data"]["approvalId"].clone();
     // Replaced while the turn (and its agent, which holds the old key) runs.
     let set = client
-        .call("credential/set", json!({"provider": "desk", "apiKey": new_key}))
+        .call(
+            "credential/set",
+            json!({"provider": "desk", "apiKey": new_key}),
+        )
         .await;
     assert!(set["result"]["credential"].is_object(), "{set}");
     let answered = client

@@ -1890,7 +1890,10 @@ fn chmod(path: &Path, mode: u32) {
 fn assert_unsafe(outcome: &Outcome, path: &Path, problem: &str) {
     let error = outcome.error();
     assert_eq!(error["code"], "HOST_BOOTSTRAP_FAILED", "{outcome:#?}");
-    assert_eq!(error["details"]["reason"], "unsafe_remote_dir", "{outcome:#?}");
+    assert_eq!(
+        error["details"]["reason"], "unsafe_remote_dir",
+        "{outcome:#?}"
+    );
     assert_eq!(error["details"]["problem"], problem, "{outcome:#?}");
     assert_eq!(
         error["details"]["path"],

@@ -369,7 +369,10 @@ mod tests {
         assert_eq!(r.text("zq9-Custom.Key_7f3b"), "[redacted]");
         assert_eq!(r.text("new-value-0000000"), "[redacted]");
         r.set_secrets(Vec::new());
-        assert_eq!(r.text("new-value-0000000 zq9-Custom.Key_7f3b"), "[redacted] [redacted]");
+        assert_eq!(
+            r.text("new-value-0000000 zq9-Custom.Key_7f3b"),
+            "[redacted] [redacted]"
+        );
         // Set again, then replaced again: kept once.
         r.set_secrets(vec!["zq9-Custom.Key_7f3b".into()]);
         r.set_secrets(Vec::new());
@@ -402,22 +405,32 @@ mod tests {
                  type=\"application/json\">{data}</script><script>let a = 1;</script>"
             )
         };
-        let html = page(&engine.encode(data)).replace("let a = 1;", "const A_KEY = 'abc123def456';");
+        let html =
+            page(&engine.encode(data)).replace("let a = 1;", "const A_KEY = 'abc123def456';");
         let out = r.html_export(&html).unwrap();
         let range = racp_proto::pi::export::session_data(&out).unwrap();
         let decoded = String::from_utf8(engine.decode(&out[range]).unwrap()).unwrap();
         let parsed: serde_json::Value = serde_json::from_str(&decoded).unwrap();
         assert_eq!(parsed["entries"][0]["text"], "key [redacted]");
-        assert_eq!(parsed["entries"][1]["output"], "ANTHROPIC_API_KEY=[redacted]");
+        assert_eq!(
+            parsed["entries"][1]["output"],
+            "ANTHROPIC_API_KEY=[redacted]"
+        );
         assert!(decoded.contains("\"n\":1.50"), "{decoded}");
         assert!(out.starts_with("<title>[redacted]</title>"), "{out}");
         // pi's own script keeps its code, however secret-like.
-        assert!(out.ends_with("<script>const A_KEY = 'abc123def456';</script>"), "{out}");
+        assert!(
+            out.ends_with("<script>const A_KEY = 'abc123def456';</script>"),
+            "{out}"
+        );
         // Nothing to redact: the same text; data that does not decode is not handed out.
         let clean = page(&engine.encode("{\"a\":\"hello\"}")).replace("zq9-Custom.Key_7f3b", "x");
         assert!(matches!(r.html_export(&clean), Some(Cow::Borrowed(_))));
         assert!(r.html_export(&page("not base64!")).is_none());
-        assert_eq!(r.html_export("<p>zq9-Custom.Key_7f3b</p>").unwrap(), "<p>[redacted]</p>");
+        assert_eq!(
+            r.html_export("<p>zq9-Custom.Key_7f3b</p>").unwrap(),
+            "<p>[redacted]</p>"
+        );
     }
 
     #[test]

@@ -148,7 +148,11 @@ impl Turns {
             .file_name()
             .ok_or_else(|| crate::internal("pi's session file has no name"))?;
         let copy = dir.join(name);
-        let (from, to, redactor) = (file.to_path_buf(), copy.clone(), host.agent_options().redactor);
+        let (from, to, redactor) = (
+            file.to_path_buf(),
+            copy.clone(),
+            host.agent_options().redactor,
+        );
         tokio::task::spawn_blocking(move || copy_redacted(&from, &to, &redactor))
             .await
             .map_err(crate::internal)?

@@ -189,7 +189,7 @@ fn redacted(redactor: &Redactor, html: String, max: u64) -> Result<String, AppEr
 
 fn undecodable() -> AppError {
     AppError::new(
-            ErrorCode::Internal,
+        ErrorCode::Internal,
         "the agent's export holds session data the host cannot decode, so it cannot be \
          checked for secrets and is not handed out; check the agent's version (pi-host status)",
     )
