@@ -280,13 +280,13 @@ async fn a_workspace_prompt_template_is_listed_and_expands_in_a_turn() {
     )
     .unwrap();
     let (_, token) = host.pair_device("laptop", &[]).await;
-    let (_, observer_token) = host.pair_device("phone", &["--roles", "observer"]).await;
     let mut client = connect(&host, &token).await;
     let session_id = client.open_session(&workspace).await;
 
-    let mut observer = connect(&host, &observer_token).await;
+    // An operator's call: it starts the agent if the warm start has not yet (an observer's
+    // would use only a running one, docs/protocol.md §6.1).
     let listed = call_ok(
-        &mut observer,
+        &mut client,
         "session/commands",
         json!({"sessionId": session_id}),
     )
@@ -301,7 +301,7 @@ async fn a_workspace_prompt_template_is_listed_and_expands_in_a_turn() {
     assert_eq!(greet["location"], "project", "{greet}");
 
     // Nothing said yet: pi has no session file to export.
-    let empty = observer
+    let empty = client
         .call("session/export", json!({"sessionId": session_id}))
         .await;
     assert_eq!(empty["error"]["code"], "CONFLICT", "{empty}");
