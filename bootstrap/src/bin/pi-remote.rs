@@ -289,7 +289,8 @@ struct ConnectCommand {
     /// needed to install or upgrade.
     #[arg(long, env = "PI_REMOTE_RELEASE_DIR")]
     release_dir: Option<std::path::PathBuf>,
-    /// The install root on the remote.
+    /// The install root on the remote: yours, and writable by no one else (else it is refused,
+    /// as ssh refuses such a ~/.ssh).
     #[arg(long, default_value = provision::remote_shell::DEFAULT_REMOTE_DIR)]
     remote_dir: String,
     /// The ssh config file [default: ~/.ssh/config].
