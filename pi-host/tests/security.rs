@@ -922,7 +922,9 @@ async fn an_observers_reads_start_no_agent_and_stop_none() {
     let a = operator.open_session(&host.workspace("a")).await;
     until_agents(&mut operator, &log, 1, 1).await;
     // Answered once the warm start let go of a's agent, which is then idle and can be stopped.
-    let commands = operator.call("session/commands", json!({"sessionId": a})).await;
+    let commands = operator
+        .call("session/commands", json!({"sessionId": a}))
+        .await;
     assert!(commands["result"]["commands"].is_array(), "{commands}");
     let b = operator.open_session(&host.workspace("b")).await;
     until_agents(&mut operator, &log, 2, 1).await;

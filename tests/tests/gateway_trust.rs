@@ -411,7 +411,8 @@ async fn a_call_captured_before_a_restart_is_refused_after_it() {
     // within the 30 s a signature is good for.
     let args: Vec<&str> = host_args.iter().map(String::as_str).collect();
     let host = host.restart(&args).await;
-    until_online(&mut root, &host_id).await;
+    // Its call subscription is in place once it announced itself again.
+    until_logged(|| host.log(), "announced to the gateway", 2).await;
     let inbox = intruder.new_inbox();
     let mut replies = intruder.subscribe(inbox.clone()).await.unwrap();
     intruder
