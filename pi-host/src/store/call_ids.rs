@@ -60,4 +60,26 @@ mod tests {
         // One past it: forgotten, as no call signed then passes the time check any more.
         assert!(store.record_call_id("c1", 1_000, 1_001).unwrap());
     }
+
+    /// What keeping an id costs a routed call (docs/reliability.md §4.17): one transaction,
+    /// on disk before it returns. A figure, not a check: `--run-ignored only --no-capture`.
+    #[test]
+    #[ignore]
+    fn record_call_id_cost() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("pi-host.db")).unwrap();
+        let n = 300u32;
+        let began = std::time::Instant::now();
+        for i in 0..u64::from(n) {
+            assert!(
+                store
+                    .record_call_id(&format!("{i:032x}"), 1_000 + i, 0)
+                    .unwrap()
+            );
+        }
+        println!(
+            "record_call_id: {:?} each, {n} in a row",
+            began.elapsed() / n
+        );
+    }
 }
