@@ -1041,3 +1041,61 @@ async fn an_abort_during_pis_retry_wait_ends_the_turn() {
         .await;
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
 }
+
+/// `turn/abort` while pi waits on an extension's dialog (`tests/pi/confirm-tools.ts` asks
+/// before every tool): pi ends an aborted run, and answers `abort`, only once the dialog
+/// returns, so the host answers it (cancelled) first. The turn ends aborted at once, its
+/// approval settled as cancelled, instead of when the dialog's deadline passes.
+#[tokio::test]
+async fn an_abort_during_a_real_dialog_ends_the_turn_at_once() {
+    let extension = fixture_dir()
+        .join("confirm-tools.ts")
+        .canonicalize()
+        .expect("tests/pi/confirm-tools.ts");
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, Some(&extension)).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+    let started = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Run the check."}),
+        )
+        .await;
+    let turn_id = started["result"]["turnId"].as_str().unwrap().to_string();
+    let asked = events_until(&mut client, |e| e["type"] == "approval.requested").await;
+    let approval_id = asked.last().unwrap()["data"]["approvalId"].clone();
+
+    let began = Instant::now();
+    let aborted = client
+        .call(
+            "turn/abort",
+            json!({"sessionId": session_id, "turnId": turn_id}),
+        )
+        .await;
+    assert!(aborted.get("result").is_some(), "{aborted}");
+    let events = events_until(&mut client, |e| {
+        e["type"] == "turn.finished" && e["turnId"] == turn_id.as_str()
+    })
+    .await;
+    let took = began.elapsed();
+    let end = events.last().unwrap();
+    assert_eq!(end["data"]["outcome"], "aborted", "{end}");
+    assert_eq!(end["data"]["error"]["code"], "TURN_ABORTED", "{end}");
+    let settled = events
+        .iter()
+        .find(|e| e["type"] == "approval.settled")
+        .expect("the approval settled");
+    assert_eq!(settled["data"]["approvalId"], approval_id);
+    assert_eq!(settled["data"]["outcome"], "cancelled", "{settled}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the turn ended {took:?} after the abort"
+    );
+    let got = client
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    assert_eq!(got["result"]["snapshot"]["pendingApprovals"], json!([]));
+    assert_eq!(got["result"]["snapshot"]["state"], "idle", "{got}");
+}
