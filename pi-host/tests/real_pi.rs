@@ -546,7 +546,7 @@ async fn first_reply_figures() {
     // pi alone: spawn it, prompt at once (or 3 s later), then prompt again.
     let port = start_stub(stub.clone()).await;
     let pi_dir = pi_config(port);
-    let preload = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent/preload.ts");
+    let preload = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent/extensions/preload.ts");
     for (name, extension) in [("pi_direct", None), ("pi_direct_preload", Some(&preload))] {
         let words = pi_words(&pi_cli(), extension.map(PathBuf::as_path));
         for wait in [0, 3] {
@@ -696,6 +696,42 @@ async fn first_reply_figures() {
         figures[format!("{name}_host_rss_kib")] = json!(host.rss_kib());
     }
     tests::record_figures("first_reply", &figures);
+}
+
+/// The first reply of a host's first session (docs/benchmarks.md §7; a measurement, never
+/// asserted): a fresh host each time, its session created as soon as the host listens (while
+/// its first agent check still asks pi's `--version`), prompted 3 s later. Run: `cargo nextest
+/// run -p pi-host --test real_pi --run-ignored only --no-capture first_reply_on_a_fresh_host`.
+#[tokio::test]
+#[ignore = "a measurement, run by hand for docs/benchmarks.md"]
+async fn first_reply_on_a_fresh_host_figures() {
+    let stub = Stub::default();
+    let (mut firsts, mut seconds) = (Vec::new(), Vec::new());
+    for round in 0..5 {
+        let (host, _pi_dir) = pi_host(&stub, None).await;
+        let (_, token) = host.pair_device("laptop", &[]).await;
+        let mut client = connect(&host, &token).await;
+        for (i, figures) in [&mut firsts, &mut seconds].into_iter().enumerate() {
+            // The host's second session: its check long done.
+            let session_id = client.open_session(&host.workspace("w")).await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let key = format!("f{round}-{i}");
+            let (first, _) = time_to_first_delta(&mut client, &session_id, &key).await;
+            figures.push(first.as_millis() as u64);
+        }
+    }
+    let median = |figures: &[u64]| {
+        let mut sorted = figures.to_vec();
+        sorted.sort_unstable();
+        sorted[sorted.len() / 2]
+    };
+    tests::record_figures(
+        "first_reply_on_a_fresh_host",
+        &json!({
+            "first_session_ms": firsts, "first_session_median_ms": median(&firsts),
+            "second_session_ms": seconds, "second_session_median_ms": median(&seconds),
+        }),
+    );
 }
 
 /// The conversation as a client that watched live holds it: each `agent.message_end` and
