@@ -4,7 +4,9 @@
 use super::Kind;
 use super::line::Line;
 use crate::methods::model::ModelRef;
-use crate::methods::session::{AgentCommand, ContextUsage, SessionBashResult};
+use crate::methods::session::{
+    AgentCommand, ContextStats, ContextUsage, SessionBashResult, TokenTotals,
+};
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -91,6 +93,40 @@ pub fn context_usage(stats: &Value) -> Option<ContextUsage> {
             .map(|t| t.max(0.0).round() as u64),
         context_window: usage.get("contextWindow")?.as_u64()?,
         percent: usage.get("percent").and_then(Value::as_f64),
+    })
+}
+
+/// `get_session_stats`'s counts of the messages in pi's context (`userMessages`,
+/// `assistantMessages`, `toolCalls`, `toolResults`, `totalMessages`, `tokens`, `cost`); `None`
+/// when the answer has none of them.
+pub fn context_stats(stats: &Value) -> Option<ContextStats> {
+    let count = |value: &Value, key: &str| -> Option<u64> {
+        let n = value.get(key)?.as_f64()?;
+        Some(if n.is_finite() && n > 0.0 {
+            n.round() as u64
+        } else {
+            0
+        })
+    };
+    let tokens = stats.get("tokens")?;
+    let tokens = TokenTotals {
+        input: count(tokens, "input")?,
+        output: count(tokens, "output")?,
+        cache_read: count(tokens, "cacheRead")?,
+        cache_write: count(tokens, "cacheWrite")?,
+        total: count(tokens, "total")?,
+    };
+    Some(ContextStats {
+        user_messages: count(stats, "userMessages")?,
+        assistant_messages: count(stats, "assistantMessages")?,
+        tool_calls: count(stats, "toolCalls")?,
+        tool_results: count(stats, "toolResults")?,
+        total_messages: count(stats, "totalMessages")?,
+        tokens,
+        cost: stats
+            .get("cost")
+            .and_then(Value::as_f64)
+            .filter(|c| c.is_finite())?,
     })
 }
 
@@ -327,6 +363,19 @@ mod tests {
             bash_result(&json!({"output": "", "cancelled": true})).exit_code,
             None
         );
+        let counted = context_stats(&json!({"userMessages": 6, "assistantMessages": 6,
+            "toolCalls": 1, "toolResults": 1, "totalMessages": 14, "cost": 0.5,
+            "tokens": {"input": 60, "output": 20, "cacheRead": 10, "cacheWrite": 0, "total": 90}}))
+        .unwrap();
+        assert_eq!(
+            (
+                counted.user_messages,
+                counted.total_messages,
+                counted.tokens.total
+            ),
+            (6, 14, 90)
+        );
+        assert!(context_stats(&json!({"userMessages": 6})).is_none());
         let usage = context_usage(
             &json!({"contextUsage": {"tokens": null, "contextWindow": 1000, "percent": null}}),
         );
