@@ -1135,3 +1135,51 @@ async fn an_abort_during_a_real_dialog_ends_the_turn_at_once() {
     assert_eq!(got["result"]["snapshot"]["pendingApprovals"], json!([]));
     assert_eq!(got["result"]["snapshot"]["state"], "idle", "{got}");
 }
+
+/// `session/bash`'s `truncated` is true whenever the output was cut (docs/protocol.md §7.27):
+/// an output with no newline well over pi's 50 KB (pi keeps its last 100 KB in chunks and drops
+/// the oldest without a word: here 60 000 bytes, then 50 000 read apart, end as one chunk
+/// within pi's bound, and pi said `truncated: false`), one of 20 MB, and both sides of pi's
+/// bound (51 200 bytes whole, 51 201 cut).
+#[tokio::test]
+async fn a_shell_output_cut_anywhere_says_truncated() {
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+    let cases = [
+        (
+            "head -c 60000 /dev/zero | tr '\\0' a > a.txt; head -c 50000 /dev/zero | tr '\\0' b \
+             > b.txt; cat a.txt; sleep 0.5; cat b.txt",
+            true,
+            'b',
+        ),
+        ("head -c 20000000 /dev/zero | tr '\\0' a", true, 'a'),
+        ("head -c 51200 /dev/zero | tr '\\0' a", false, 'a'),
+        ("head -c 51201 /dev/zero | tr '\\0' a", true, 'a'),
+    ];
+    for (command, cut, last) in cases {
+        let reply = client
+            .call(
+                "session/bash",
+                json!({"sessionId": session_id, "command": command}),
+            )
+            .await;
+        let result = &reply["result"];
+        let output = result["output"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{reply}"));
+        let summary = format!("{command}: {} bytes, {}", output.len(), result["truncated"]);
+        assert_eq!(result["truncated"], cut, "{summary}");
+        assert_eq!(result["exitCode"], 0, "{summary}");
+        assert!(output.ends_with(last), "{summary}");
+        assert!(
+            output.len() <= racp_proto::limits::MAX_SHELL_OUTPUT_BYTES,
+            "{summary}"
+        );
+        if !cut {
+            assert_eq!(output.len(), 51200, "{summary}");
+        }
+    }
+}

@@ -70,7 +70,17 @@ impl Response {
 }
 
 /// `bash`'s data (pi's `BashResult`); its `fullOutputPath`, a file on the host, is not read.
+///
+/// `truncated` is true whenever pi cut the output, whether it says so or not: pi keeps a
+/// rolling buffer of the output's last 100 KB and drops whole chunks from its start without
+/// saying so, so a long output with no newline can end as one chunk under pi's own 50 KB
+/// bound with `truncated: false`. pi names a full output file only for an output past that
+/// bound, so that file means the output was cut (docs/protocol.md §7.27).
 pub fn bash_result(data: &Value) -> SessionBashResult {
+    let saved_whole = data
+        .get("fullOutputPath")
+        .and_then(Value::as_str)
+        .is_some_and(|path| !path.is_empty());
     SessionBashResult {
         output: data
             .get("output")
@@ -79,7 +89,7 @@ pub fn bash_result(data: &Value) -> SessionBashResult {
             .to_string(),
         exit_code: data.get("exitCode").and_then(Value::as_i64),
         cancelled: data.get("cancelled").and_then(Value::as_bool) == Some(true),
-        truncated: data.get("truncated").and_then(Value::as_bool) == Some(true),
+        truncated: data.get("truncated").and_then(Value::as_bool) == Some(true) || saved_whole,
     }
 }
 
@@ -363,6 +373,11 @@ mod tests {
             bash_result(&json!({"output": "", "cancelled": true})).exit_code,
             None
         );
+        // pi's rolling buffer dropped the start without a word: its full output file says so.
+        let cut = bash_result(&json!({"output": "bbb", "exitCode": 0, "truncated": false,
+            "fullOutputPath": "/tmp/pi-bash-2.log"}));
+        assert!(cut.truncated);
+        assert!(!bash_result(&json!({"output": "b", "truncated": false})).truncated);
         let counted = context_stats(&json!({"userMessages": 6, "assistantMessages": 6,
             "toolCalls": 1, "toolResults": 1, "totalMessages": 14, "cost": 0.5,
             "tokens": {"input": 60, "output": 20, "cacheRead": 10, "cacheWrite": 0, "total": 90}}))
