@@ -314,10 +314,19 @@ fn emit(value: &Value) {
         Value::Object(map) if map.contains_key("type") => {
             let mut rest = map.clone();
             let kind = rest.remove("type").unwrap_or(Value::Null);
+            // pi writes a response's `id` first (`{"id":…,"type":"response",…}`).
+            let first = match rest.remove("id") {
+                Some(id) if kind == "response" => format!("\"id\":{id},\"type\":{kind}"),
+                Some(id) => {
+                    rest.insert("id".into(), id);
+                    format!("\"type\":{kind}")
+                }
+                None => format!("\"type\":{kind}"),
+            };
             let body = Value::Object(rest).to_string();
             let line = match body.strip_prefix('{').filter(|b| *b != "}") {
-                Some(fields) => format!("{{\"type\":{kind},{fields}"),
-                None => format!("{{\"type\":{kind}}}"),
+                Some(fields) => format!("{{{first},{fields}"),
+                None => format!("{{{first}}}"),
             };
             write_line(&line);
         }
