@@ -700,24 +700,38 @@ async fn first_reply_figures() {
 
 /// The first reply of a host's first session (docs/benchmarks.md §7; a measurement, never
 /// asserted): a fresh host each time, its session created as soon as the host listens (while
-/// its first agent check still asks pi's `--version`), prompted 3 s later. Run: `cargo nextest
-/// run -p pi-host --test real_pi --run-ignored only --no-capture first_reply_on_a_fresh_host`.
+/// its first agent check still asks pi's `--version`), prompted 3 s later; then the host's
+/// second session, prompted 3 s after its creation. With `FIRST_REPLY_BASELINE` naming another
+/// pi-host binary, its hosts take turns with this build's, so both see the same load. Run:
+/// `cargo nextest run -p pi-host --test real_pi --run-ignored only --no-capture
+/// first_reply_on_a_fresh_host`.
 #[tokio::test]
 #[ignore = "a measurement, run by hand for docs/benchmarks.md"]
 async fn first_reply_on_a_fresh_host_figures() {
     let stub = Stub::default();
-    let (mut firsts, mut seconds) = (Vec::new(), Vec::new());
+    let port = start_stub(stub.clone()).await;
+    let mut builds = vec![("this_build", tests::pi_host_binary())];
+    if let Ok(baseline) = std::env::var("FIRST_REPLY_BASELINE") {
+        builds.push(("baseline", PathBuf::from(baseline)));
+    }
+    let mut figures = json!({});
+    let mut runs: Vec<(Vec<u64>, Vec<u64>)> = vec![Default::default(); builds.len()];
     for round in 0..5 {
-        let (host, _pi_dir) = pi_host(&stub, None).await;
-        let (_, token) = host.pair_device("laptop", &[]).await;
-        let mut client = connect(&host, &token).await;
-        for (i, figures) in [&mut firsts, &mut seconds].into_iter().enumerate() {
-            // The host's second session: its check long done.
-            let session_id = client.open_session(&host.workspace("w")).await;
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            let key = format!("f{round}-{i}");
-            let (first, _) = time_to_first_delta(&mut client, &session_id, &key).await;
-            figures.push(first.as_millis() as u64);
+        for ((_, bin), (firsts, seconds)) in builds.iter().zip(runs.iter_mut()) {
+            let pi_dir = pi_config(port);
+            let agent = shell_words::join(pi_words(&pi_cli(), None));
+            let env = pi_env(pi_dir.path());
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let host = HostProcess::start_with_env(bin, &["--agent", &agent], &env).await;
+            let (_, token) = host.pair_device("laptop", &[]).await;
+            let mut client = connect(&host, &token).await;
+            for (i, figures) in [&mut *firsts, &mut *seconds].into_iter().enumerate() {
+                let session_id = client.open_session(&host.workspace("w")).await;
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                let key = format!("f{round}-{i}");
+                let (first, _) = time_to_first_delta(&mut client, &session_id, &key).await;
+                figures.push(first.as_millis() as u64);
+            }
         }
     }
     let median = |figures: &[u64]| {
@@ -725,13 +739,13 @@ async fn first_reply_on_a_fresh_host_figures() {
         sorted.sort_unstable();
         sorted[sorted.len() / 2]
     };
-    tests::record_figures(
-        "first_reply_on_a_fresh_host",
-        &json!({
-            "first_session_ms": firsts, "first_session_median_ms": median(&firsts),
-            "second_session_ms": seconds, "second_session_median_ms": median(&seconds),
-        }),
-    );
+    for ((name, _), (firsts, seconds)) in builds.iter().zip(&runs) {
+        figures[*name] = json!({
+            "first_session_ms": firsts, "first_session_median_ms": median(firsts),
+            "second_session_ms": seconds, "second_session_median_ms": median(seconds),
+        });
+    }
+    tests::record_figures("first_reply_on_a_fresh_host", &figures);
 }
 
 /// The conversation as a client that watched live holds it: each `agent.message_end` and
