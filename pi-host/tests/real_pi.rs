@@ -508,13 +508,15 @@ async fn a_new_sessions_first_turn_runs_on_the_agent_started_with_it() {
         .data_dir
         .path()
         .join("pi-extensions/pi-host-preload.ts");
-    let cmdline = std::fs::read(format!("/proc/{}/cmdline", warm[0])).unwrap();
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    // From the host's log: pi renames its process ("pi") once loaded, over its command line.
+    let log = host.log();
+    let started = log
+        .lines()
+        .find(|l| l.contains("agent command line") && l.contains(&format!("pid={}", warm[0])))
+        .unwrap_or_else(|| panic!("no command line logged for {}: {log}", warm[0]));
     assert!(
-        args.windows(2)
-            .any(|w| w[0] == b"--extension" && w[1] == preload.as_os_str().as_encoded_bytes()),
-        "{:?}",
-        String::from_utf8_lossy(&cmdline)
+        started.contains(&format!("--extension {}", preload.display())),
+        "{started}"
     );
     let (first, events) = time_to_first_delta(&mut client, &session_id, "k1").await;
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
