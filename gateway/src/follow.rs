@@ -4,8 +4,7 @@
 //! until the feed's window holds what comes next.
 
 use crate::feed::Feed;
-use crate::stream::{Position, Reader, Stream, consume};
-use async_nats::jetstream::consumer;
+use crate::stream::{Messages, Position, Reader, Stream, consume};
 use racp_proto::{AppError, Cursor, Epoch};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,6 +74,11 @@ pub async fn follow(
 ) -> Result<Follow, AppError> {
     // The first consumer is made here, so a subscribe that cannot read the stream fails.
     let messages = consume(stream, &start.subject, start.stream_sequence).await?;
+    tracing::debug!(
+        subscription_id = %start.subscription_id,
+        after = start.after,
+        "a subscription older than its feed's window catches up on a consumer of its own"
+    );
     let delivered = Arc::new(AtomicU64::new(start.after));
     let session_id = start.session_id.clone();
     let epoch = start.epoch;
@@ -99,7 +103,7 @@ pub async fn follow(
 /// comes next.
 async fn pump(
     stream: Stream,
-    messages: consumer::pull::Ordered,
+    messages: Messages,
     start: Start,
     delivered: Arc<AtomicU64>,
     out: mpsc::Sender<Outgoing>,
@@ -120,6 +124,7 @@ async fn pump(
         let last = reader.at.last;
         if start.feed.takes_over_at(last) {
             let subscription_id = start.subscription_id.clone();
+            tracing::debug!(%subscription_id, last, "a caught-up subscription reads on from its feed");
             let _ = out
                 .send(Outgoing::Live {
                     subscription_id,

@@ -111,27 +111,58 @@ pub async fn stream_start(
     Ok(low)
 }
 
+/// How long making a consumer may take before it is given up and made again. NATS places a
+/// one-replica consumer on any peer of the stream it still counts as up, and for a while after
+/// a node dies that can be the dead node, which never answers: waiting out the client's
+/// request timeout there (10 s, every time the dead node is drawn) stalled readers for tens of
+/// seconds after a node loss.
+const CONSUMER_CREATE: Duration = Duration::from_secs(2);
+/// How long the watchdog waits for a consumer's state before counting the consumer lost.
+const CONSUMER_CHECK: Duration = Duration::from_secs(2);
+
+/// An ordered consumer's messages, and the consumer's name the watchdog asks after.
+pub struct Messages {
+    ordered: consumer::pull::Ordered,
+    name: String,
+}
+
 /// An ordered consumer of one session's subject from a stream sequence.
-pub async fn consume(
-    stream: &Stream,
-    subject: &str,
-    from: u64,
-) -> Result<consumer::pull::Ordered, AppError> {
-    let consumer = stream
-        .create_consumer(consumer::pull::OrderedConfig {
-            filter_subject: subject.to_string(),
-            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: from.max(1),
-            },
-            ..Default::default()
-        })
+pub async fn consume(stream: &Stream, subject: &str, from: u64) -> Result<Messages, AppError> {
+    // Named here, so the watchdog can ask after it (the client keeps the name when it makes the
+    // consumer anew itself).
+    let name = consumer_name()?;
+    let made = async {
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                name: Some(name.clone()),
+                filter_subject: subject.to_string(),
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from.max(1),
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| lookup_failed(&e))?;
+        consumer.messages().await.map_err(|e| lookup_failed(&e))
+    };
+    let ordered = tokio::time::timeout(CONSUMER_CREATE, made)
         .await
-        .map_err(|e| lookup_failed(&e))?;
-    consumer.messages().await.map_err(|e| lookup_failed(&e))
+        .map_err(|_| lookup_failed(&"no answer to making a consumer"))??;
+    Ok(Messages { ordered, name })
+}
+
+/// A consumer name no other reader of any replica uses.
+fn consumer_name() -> Result<String, AppError> {
+    use ring::rand::SecureRandom;
+    let mut id = [0u8; 12];
+    ring::rand::SystemRandom::new()
+        .fill(&mut id)
+        .map_err(|_| crate::hosts::internal(&"the system random source failed"))?;
+    Ok(id.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A new consumer from `from`, retried with doubling delays (50 ms to 2 s) until NATS makes it.
-pub async fn consume_again(stream: &Stream, subject: &str, from: u64) -> consumer::pull::Ordered {
+pub async fn consume_again(stream: &Stream, subject: &str, from: u64) -> Messages {
     let mut retry = Duration::from_millis(50);
     loop {
         match consume(stream, subject, from).await {
@@ -152,7 +183,7 @@ pub struct Reader {
     stream: Stream,
     subject: String,
     epoch: Epoch,
-    messages: consumer::pull::Ordered,
+    messages: Messages,
     quiet: Duration,
     pub at: Position,
     /// Whose consumer it is, for the log ("a feed's").
@@ -165,7 +196,7 @@ impl Reader {
         stream: Stream,
         subject: String,
         epoch: Epoch,
-        messages: consumer::pull::Ordered,
+        messages: Messages,
         at: Position,
         whose: &'static str,
     ) -> Self {
@@ -189,13 +220,7 @@ impl Reader {
         budget: usize,
     ) -> Option<(Vec<(u64, bytes::Bytes)>, Option<AppError>)> {
         let at = &mut self.at;
-        let next = next_message(
-            &mut self.messages,
-            &mut self.quiet,
-            &self.stream,
-            &self.subject,
-            at.last,
-        );
+        let next = next_message(&mut self.messages, &mut self.quiet, &self.stream);
         let Some(first) = next.await.filter(|_| !at.failing()) else {
             tracing::debug!(
                 resume_at = at.resume_at,
@@ -206,7 +231,7 @@ impl Reader {
             at.errors = 0;
             return None;
         };
-        let batch = with_arrived(&mut self.messages, first, max_events, budget);
+        let batch = with_arrived(&mut self.messages.ordered, first, max_events, budget);
         let batch = batch.into_iter().map(|read| read.map(Entry::read));
         Some(accept(batch, at, self.epoch, &self.subject))
     }
@@ -214,29 +239,28 @@ impl Reader {
 
 /// Errors in a row after which a consumer is made anew.
 const CONSUMER_ERRORS: u32 = 3;
-/// A subscription quiet this long checks that its consumer still delivers (a direct get to
-/// NATS); each check that finds nothing newer doubles the wait, up to `WATCHDOG_MAX`, so idle
-/// sessions cost NATS little, and a message brings it back to `WATCHDOG`.
+/// A subscription quiet this long asks NATS for its consumer's state; each answer that finds it
+/// up with nothing pending doubles the wait, up to `WATCHDOG_MAX`, so idle sessions cost NATS
+/// little, and a message brings it back to `WATCHDOG`.
 const WATCHDOG: Duration = Duration::from_secs(3);
 const WATCHDOG_MAX: Duration = Duration::from_secs(24);
 
 /// The consumer's next message; `None` when the consumer ended, or is lost: quiet for `quiet`,
-/// yet the stream has an event after `last` (its node died without the consumer noticing).
-/// Each quiet spell with nothing newer doubles `quiet`; a message resets it.
+/// and NATS does not know it, does not answer for it (its node died without the consumer
+/// noticing), or says it holds messages it has not delivered. Each quiet spell with the
+/// consumer up and nothing pending doubles `quiet`; a message resets it.
 async fn next_message(
-    messages: &mut consumer::pull::Ordered,
+    messages: &mut Messages,
     quiet: &mut Duration,
     stream: &Stream,
-    subject: &str,
-    last: u64,
 ) -> Option<Read> {
     loop {
-        match tokio::time::timeout(*quiet, messages.next()).await {
+        match tokio::time::timeout(*quiet, messages.ordered.next()).await {
             Ok(next) => {
                 *quiet = WATCHDOG;
                 return next;
             }
-            Err(_) if !newer_in_stream(stream, subject, last).await => {
+            Err(_) if idle(stream, &messages.name).await => {
                 *quiet = (*quiet * 2).min(WATCHDOG_MAX);
             }
             Err(_) => return None,
@@ -244,11 +268,20 @@ async fn next_message(
     }
 }
 
-/// Whether the stream holds an event of the session after RACP seq `last`.
-async fn newer_in_stream(stream: &Stream, subject: &str, last: u64) -> bool {
-    match stream.direct_get_last_for_subject(subject).await {
-        Ok(message) => position(&message).is_some_and(|(_, seq)| seq > last),
-        Err(_) => false,
+/// Whether NATS says the consumer is up with nothing left to deliver. Not asking the stream
+/// whether it holds newer events: after a node dies, the host's publishes wait for the
+/// stream's new leader, so a dead consumer looked idle and the wait kept doubling.
+async fn idle(stream: &Stream, consumer: &str) -> bool {
+    match tokio::time::timeout(CONSUMER_CHECK, stream.consumer_info(consumer)).await {
+        Ok(Ok(info)) => info.num_pending == 0,
+        Ok(Err(err)) => {
+            tracing::debug!(error = %err, consumer, "a reader's consumer is not known");
+            false
+        }
+        Err(_) => {
+            tracing::debug!(consumer, "no answer for a reader's consumer");
+            false
+        }
     }
 }
 

@@ -82,24 +82,6 @@ impl Capability {
     }
 }
 
-impl Capability {
-    /// The feature a pi command serves, for an agent that refuses the command as unknown (an
-    /// older pi): CAPABILITY_UNAVAILABLE names it.
-    pub fn of_pi_command(command: &str) -> Option<Capability> {
-        Some(match command {
-            "prompt" => Capability::Turns,
-            "follow_up" | "set_steering_mode" | "set_follow_up_mode" => Capability::FollowUps,
-            "compact" => Capability::Compaction,
-            "bash" | "abort_bash" => Capability::Shell,
-            "get_session_stats" => Capability::Stats,
-            "get_commands" => Capability::Commands,
-            "export_html" => Capability::Export,
-            "get_fork_messages" | "fork" | "clone" => Capability::Branches,
-            _ => return None,
-        })
-    }
-}
-
 impl std::fmt::Display for Capability {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

@@ -645,15 +645,68 @@ async fn events_stream(one: &OneHost) -> async_nats::jetstream::stream::Stream {
         .unwrap()
 }
 
+/// The lag bound the sharing test gives its gateway: a feed's window is that plus a frame's
+/// worth of events (1024, racp-server's default), 2024 events.
+const SMALL_LAG: &str = "1000";
+const SMALL_WINDOW: usize = 2024;
+
+/// Reads `client`'s events up to the next `turn.finished` on a task of its own, so no reader
+/// falls behind while another is read.
+fn read_turn(mut client: Client) -> tokio::task::JoinHandle<(Client, Vec<Value>)> {
+    tokio::spawn(async move {
+        let seen = client.events_until(PATIENCE * 2, finished).await;
+        (client, seen)
+    })
+}
+
+/// Asserts `seen` is `hosted`, event for event, naming the first that differs (a whole turn's
+/// events are too many to print).
+fn assert_same(seen: &[Value], hosted: &[Value], who: &str) {
+    let differs = seen.iter().zip(hosted).position(|(a, b)| a != b);
+    let at = differs.unwrap_or(seen.len().min(hosted.len()));
+    assert!(
+        differs.is_none() && seen.len() == hosted.len(),
+        "{who}: {} events where the host sent {}; first difference at {at}: {:?} where the host sent {:?}",
+        seen.len(),
+        hosted.len(),
+        seen.get(at),
+        hosted.get(at)
+    );
+}
+
+/// Whether the gateway logged `message` for subscription `id`.
+fn logged_for(gateway: &tests::gateway::GatewayProcess, message: &str, id: &str) -> bool {
+    let field = format!("subscription_id={id}");
+    gateway
+        .log()
+        .lines()
+        .any(|line| line.contains(message) && line.contains(&field))
+}
+
 #[tokio::test]
 async fn the_subscribers_of_a_session_on_a_replica_share_one_consumer() {
-    let one = one_host(1).await;
-    let url = one.gateway.host_url(&one.host_id);
-    let mut desk = connect(&url, &one.token).await;
-    let (session_id, start) = open_session(&mut desk, &one.host).await;
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet.gateway_with(&["--max-lag-events", SMALL_LAG]).await;
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    let online = until_status(&mut root, &host_id, "online").await;
+    let url = gateway.host_url(&host_id);
+    let mut desk = connect(&url, &token).await;
+    let (session_id, start) = open_session(&mut desk, &host).await;
+    // What every reader is held to: the session's events as the host itself sends them.
+    let (_, local_token) = host.pair_device("local", &[]).await;
+    let mut at_host = connect(&host.url(), &local_token).await;
+    let subscribed = at_host
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": start}),
+        )
+        .await;
+    assert!(subscribed["result"].is_object(), "{subscribed}");
     let mut watchers = Vec::new();
     for _ in 0..5 {
-        let mut watcher = connect(&url, &one.token).await;
+        let mut watcher = connect(&url, &token).await;
         let subscribed = watcher
             .call("session/subscribe", json!({"sessionId": session_id}))
             .await;
@@ -661,21 +714,35 @@ async fn the_subscribers_of_a_session_on_a_replica_share_one_consumer() {
             subscribed["result"]["subscriptionId"].is_string(),
             "{subscribed}"
         );
-        watchers.push(watcher);
+        watchers.push(read_turn(watcher));
     }
-    let live = run_turn(&mut desk, &session_id, "k", "deltas:40").await;
-    for watcher in &mut watchers {
-        let seen = watcher.events_until(PATIENCE, finished).await;
-        assert_eq!(
-            seen, live,
-            "every watcher sees what the desk saw, once and in order"
-        );
+    // More events than a feed's window holds, so a reader from the start must catch up.
+    let live = run_turn(&mut desk, &session_id, "k", "burst:2100").await;
+    let hosted = at_host.events_until(PATIENCE * 2, finished).await;
+    assert!(hosted.len() > SMALL_WINDOW, "{} events", hosted.len());
+    assert_same(&live, &hosted, "the desk");
+    let mut readers = Vec::new();
+    for watcher in watchers {
+        let (watcher, seen) = watcher.await.unwrap();
+        assert_same(&seen, &hosted, "a watcher");
+        readers.push(watcher);
     }
     // Six subscribers at the head, one consumer: the in-process fan-out, as on a host.
+    let one = OneHost {
+        fleet,
+        gateway,
+        host,
+        host_id,
+        token,
+        root,
+        online,
+    };
     let mut stream = events_stream(&one).await;
     let consumers = stream.info().await.unwrap().state.consumer_count;
     assert_eq!(consumers, 1, "one consumer for six subscribers");
-    // A reader from the session's start catches up, then reads on with the others.
+
+    // A reader from the session's start, older than the window: it catches up on a consumer of
+    // its own, then hands over to the feed and reads on with the others.
     let mut late = connect(&url, &one.token).await;
     let subscribed = late
         .call(
@@ -683,20 +750,30 @@ async fn the_subscribers_of_a_session_on_a_replica_share_one_consumer() {
             json!({"sessionId": session_id, "cursor": start}),
         )
         .await;
+    let late_id = subscribed["result"]["subscriptionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{subscribed}"))
+        .to_string();
+    let replayed = late.events_until(PATIENCE * 2, finished).await;
+    assert_same(&replayed, &hosted, "the late reader");
+    let catch_up = "older than its feed's window catches up";
+    let hand_over = "a caught-up subscription reads on from its feed";
+    assert!(logged_for(&one.gateway, catch_up, &late_id), "no catch-up");
     assert!(
-        subscribed["result"]["subscriptionId"].is_string(),
-        "{subscribed}"
+        logged_for(&one.gateway, hand_over, &late_id),
+        "no hand-over"
     );
-    let replayed = late.events_until(PATIENCE, finished).await;
-    assert_eq!(
-        &replayed[replayed.len() - live.len()..],
-        &live[..],
-        "the replay ends as live did"
-    );
+    readers.push(late);
+    let readers: Vec<_> = readers.into_iter().map(read_turn).collect();
     let second = run_turn(&mut desk, &session_id, "k2", "deltas:10").await;
-    assert_eq!(late.events_until(PATIENCE, finished).await, second);
-    for watcher in &mut watchers {
-        assert_eq!(watcher.events_until(PATIENCE, finished).await, second);
+    let hosted = at_host.events_until(PATIENCE, finished).await;
+    assert_same(&second, &hosted, "the desk");
+    for reader in readers {
+        assert_same(
+            &reader.await.unwrap().1,
+            &hosted,
+            "a reader after the hand-over",
+        );
     }
 }
 
@@ -953,20 +1030,33 @@ async fn a_host_and_a_gateway_answer_hostile_input_the_same_way() {
     }
 }
 
+/// What [`read_to_the_end`] saw.
+struct ReadToTheEnd {
+    /// Agent deltas that came.
+    deltas: usize,
+    /// The longest wait for an event after `midway` returned.
+    longest_pause: Duration,
+}
+
 /// Reads a subscription until `turn.finished`, checking every seq follows the one before (no
-/// gap, no repeat); calls `midway` once after `at` events. Returns how many agent deltas came.
+/// gap, no repeat); calls `midway` once after `at` events.
 async fn read_to_the_end(
     sub: &mut racp_proto::client::Subscription,
     at: usize,
     mut midway: impl AsyncFnMut(),
-) -> usize {
+) -> ReadToTheEnd {
     use racp_proto::client::SubscriptionItem;
-    let (mut count, mut deltas, mut last_seq, mut fired) = (0usize, 0usize, 0u64, false);
+    let (mut count, mut deltas, mut last_seq) = (0usize, 0usize, 0u64);
+    let (mut fired, mut longest_pause) = (false, Duration::ZERO);
     loop {
+        let waited = tokio::time::Instant::now();
         let item = tokio::time::timeout(PATIENCE * 2, sub.next())
             .await
             .expect("the stream stalled")
             .expect("the subscription ended");
+        if fired {
+            longest_pause = longest_pause.max(waited.elapsed());
+        }
         let SubscriptionItem::Event(event) = item else {
             panic!("unexpected item {item:?}");
         };
@@ -988,7 +1078,10 @@ async fn read_to_the_end(
         }
         if event.kind == "turn.finished" {
             assert!(fired, "the fault came after the stream ended");
-            return deltas;
+            return ReadToTheEnd {
+                deltas,
+                longest_pause,
+            };
         }
     }
 }
@@ -1045,13 +1138,13 @@ async fn a_desktop_cut_from_one_replica_resumes_on_another_with_nothing_lost_or_
         .await
         .unwrap();
     let mut sub = start_stream(&client, &host, "stream:2000:2000:gw").await;
-    let deltas = read_to_the_end(&mut sub, 300, async || {
+    let read = read_to_the_end(&mut sub, 300, async || {
         first.kill().await;
         proxy.retarget(second.addr);
         proxy.cut();
     })
     .await;
-    assert_eq!(deltas, 2000);
+    assert_eq!(read.deltas, 2000);
 }
 
 #[tokio::test]
@@ -1072,8 +1165,19 @@ async fn a_nats_node_killed_mid_stream_loses_nothing() {
     .unwrap();
     let mut sub = start_stream(&client, &host, "stream:2000:2000:nats").await;
     let nats = &mut fleet.nats;
-    let deltas = read_to_the_end(&mut sub, 300, async || nats.kill(0).await).await;
-    assert_eq!(deltas, 2000);
+    let read = read_to_the_end(&mut sub, 300, async || nats.kill(0).await).await;
+    assert_eq!(read.deltas, 2000);
+    eprintln!(
+        "longest pause after the node was killed: {:?}",
+        read.longest_pause
+    );
+    // Within seconds: it once stalled for tens of seconds, making consumers on the dead node
+    // and watching a dead consumer with an ever longer wait (gateway/src/stream.rs).
+    assert!(
+        read.longest_pause < Duration::from_secs(20),
+        "the replay stalled {:?} after the node was killed",
+        read.longest_pause
+    );
 }
 
 #[tokio::test]
@@ -1590,6 +1694,57 @@ async fn a_revoke_waits_out_a_replica_cut_from_nats_which_then_serves_the_device
         assert!(tokio::time::Instant::now() < deadline, "{devices}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The default revocation lease (`pi-gateway serve --revocation-lease-ms`).
+const LEASE: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn a_killed_replica_holds_up_a_revoke_only_until_its_lease_has_run_out() {
+    let mut fleet = Fleet::new(1, 2, 0, 3600).await;
+    let first = fleet.gateway().await;
+    let mut second = fleet.gateway().await;
+    let (_, owner) = first.pair_device("owner", &[]).await;
+    let (tablet, _) = first.pair_device("owner", &[]).await;
+    let (phone, phone_token) = first.pair_device("owner", &[]).await;
+    let mut admin = connect(&first.url(), &owner).await;
+    let mut on_first = connect(&first.url(), &phone_token).await;
+
+    // Killed, the second replica neither confirms a revoke nor says it has gone: to a revoke it
+    // looks like a replica cut from NATS, which serves devices until its lease runs out. So a
+    // revoke at once waits until then (its last announcement is at most a check, 2 s, old).
+    second.kill().await;
+    let killed = tokio::time::Instant::now();
+    let revoked = admin
+        .call("device/revoke", json!({"deviceId": tablet}))
+        .await;
+    assert!(revoked["result"].is_object(), "{revoked}");
+    let waited = killed.elapsed();
+    assert!(
+        waited >= LEASE / 2,
+        "the revoke answered {waited:?} after a replica was killed, within its lease"
+    );
+
+    // Its lease over, it no longer holds up a revoke: this one answers within a check period
+    // (2 s), where it waited a whole lease (10 s) for a minute after the kill.
+    let asked = tokio::time::Instant::now();
+    let revoked = admin
+        .call("device/revoke", json!({"deviceId": phone}))
+        .await;
+    let took = asked.elapsed();
+    eprintln!("revoke answered {waited:?} after the kill, then in {took:?}");
+    assert!(revoked["result"].is_object(), "{revoked}");
+    assert!(
+        took < LEASE / 2,
+        "a replica killed {:?} ago held up a revoke for {took:?}",
+        asked - killed
+    );
+    // And it holds: the phone's connection on the live replica served nothing more.
+    let (frames, _) = unserved_to_the_close(&mut on_first, 9, "device/list").await;
+    let last = frames.last().expect("a connection error");
+    assert_eq!(last["error"]["code"], "REMOTE_AUTH_FAILED", "{frames:?}");
+    let refused = Client::connect(&first.url(), &phone_token).await.err();
+    assert_eq!(refused.map(|r| r.status), Some(401));
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ use racp_proto::events::{
     SessionRenamedData, TurnFinishedData, TurnQueuedData, TurnStartedData, TurnWithdrawnData,
 };
 use racp_proto::methods::turn::{ApprovalInfo, ApprovalKind};
+use racp_proto::pi::message::{AssistantStop, Entry, Message, Part};
 use racp_proto::pi::{self, Kind, event::ToolRun};
 use serde_json::Value;
 
@@ -186,19 +187,17 @@ impl View {
 
 /// The lines of a history entry (each may hold newlines).
 fn entry_lines(event: &Event) -> Vec<String> {
-    // A `Value` may round an integer beyond 64 bits; only text is read from it here.
-    let Ok(data) = event.data.parse::<Value>() else {
-        return Vec::new();
-    };
-    let mut lines = match Kind::of_event_type(&event.kind) {
-        Some(Kind::MessageEnd) => message_lines(&data["message"]),
-        None if event.kind == EventType::SessionBash.as_str() => message_lines(&data),
-        Some(Kind::CompactionEnd | Kind::AutoCompactionEnd) => {
-            summary_line("compacted", &data["result"]["summary"])
-                .into_iter()
-                .collect()
+    let entry = match Kind::of_event_type(&event.kind) {
+        Some(kind) => Entry::of_agent_event(&kind, event.data.get()),
+        None if event.kind == EventType::SessionBash.as_str() => {
+            Entry::of_message(event.data.get())
         }
-        _ => Vec::new(),
+        None => None,
+    };
+    let mut lines = match entry {
+        Some(Entry::Message(message)) => message_lines(&message),
+        Some(Entry::Compacted { summary }) => vec![summary_line("compacted", &summary)],
+        None => Vec::new(),
     };
     if event.elided.is_some()
         && let Some(last) = lines.last_mut()
@@ -209,41 +208,43 @@ fn entry_lines(event: &Event) -> Vec<String> {
 }
 
 /// A message of pi's, by its role.
-fn message_lines(message: &Value) -> Vec<String> {
-    let content = &message["content"];
-    match message["role"].as_str().unwrap_or_default() {
-        "user" => vec![format!("you: {}", content_text(content).trim())],
-        "assistant" => assistant_lines(message),
-        "toolResult" => {
-            let name = message["toolName"].as_str().unwrap_or("tool");
-            let error = message["isError"].as_bool().unwrap_or(false);
-            vec![tool_result_line(name, &content_text(content), error)]
+fn message_lines(message: &Message) -> Vec<String> {
+    match message {
+        Message::User { content } => vec![format!("you: {}", content_text(content).trim())],
+        Message::Assistant { content, stop } => assistant_lines(content, stop),
+        Message::ToolResult {
+            tool_name,
+            content,
+            is_error,
+        } => {
+            let name = tool_name.as_deref().unwrap_or("tool");
+            vec![tool_result_line(name, &content_text(content), *is_error)]
         }
-        "bashExecution" => {
-            let command = message["command"].as_str().unwrap_or_default();
-            let output = message["output"].as_str().unwrap_or_default();
+        Message::BashExecution { command, output } => {
             vec![tool_result_line(&format!("$ {command}"), output, false)]
         }
-        "compactionSummary" => summary_line("compacted", &message["summary"])
-            .into_iter()
-            .collect(),
-        "branchSummary" => summary_line("branch", &message["summary"])
-            .into_iter()
-            .collect(),
+        Message::CompactionSummary { summary } => vec![summary_line("compacted", summary)],
+        Message::BranchSummary { summary } => vec![summary_line("branch", summary)],
         // An extension's message that asks not to be shown.
-        "custom" if message["display"] == Value::Bool(false) => Vec::new(),
-        "custom" => {
-            let kind = message["customType"].as_str().unwrap_or("custom");
+        Message::Custom { display: false, .. } => Vec::new(),
+        Message::Custom {
+            custom_type,
+            content,
+            ..
+        } => {
+            let kind = custom_type.as_deref().unwrap_or("custom");
             vec![format!("[{kind}] {}", content_text(content).trim())]
         }
-        "" => Vec::new(),
-        role => vec![format!("{role}: {}", content_text(content).trim())],
+        Message::Other { role, .. } if role.is_empty() => Vec::new(),
+        Message::Other { role, content } => {
+            vec![format!("{role}: {}", content_text(content).trim())]
+        }
     }
 }
 
 /// An assistant message: its text, its tool calls (`→ name {args}`), and why it stopped when it
 /// failed or was aborted. Thinking is left out, as in the live view.
-fn assistant_lines(message: &Value) -> Vec<String> {
+fn assistant_lines(content: &[Part], stop: &AssistantStop) -> Vec<String> {
     fn flush(text: &mut String, lines: &mut Vec<String>) {
         if !text.trim().is_empty() {
             lines.push(format!("assistant: {}", text.trim()));
@@ -252,28 +253,26 @@ fn assistant_lines(message: &Value) -> Vec<String> {
     }
     let mut lines = Vec::new();
     let mut text = String::new();
-    for part in message["content"].as_array().into_iter().flatten() {
-        match part["type"].as_str() {
-            Some("text") => text.push_str(part["text"].as_str().unwrap_or_default()),
-            Some("toolCall") => {
+    for part in content {
+        match part {
+            Part::Text(part) => text.push_str(part),
+            Part::ToolCall { name, arguments } => {
                 flush(&mut text, &mut lines);
-                let name = part["name"].as_str().unwrap_or("tool");
-                let args = compact(&part["arguments"], ENTRY_ARGS_CHARS);
+                let name = name.as_deref().unwrap_or("tool");
+                let args = compact(arguments, ENTRY_ARGS_CHARS);
                 lines.push(format!("→ {name} {args}").trim_end().to_string());
             }
-            _ => {}
+            Part::Image | Part::Thinking | Part::Other => {}
         }
     }
     flush(&mut text, &mut lines);
-    match message["stopReason"].as_str() {
-        Some("error") => {
-            let why = message["errorMessage"]
-                .as_str()
-                .unwrap_or("no reason given");
+    match stop {
+        AssistantStop::Failed(why) => {
+            let why = why.as_deref().unwrap_or("no reason given");
             lines.push(format!("assistant: [failed: {}]", truncate(why, 400)));
         }
-        Some("aborted") => lines.push("assistant: [aborted]".into()),
-        _ => {}
+        AssistantStop::Aborted => lines.push("assistant: [aborted]".into()),
+        AssistantStop::Finished => {}
     }
     lines
 }
@@ -289,31 +288,25 @@ fn tool_result_line(name: &str, output: &str, error: bool) -> String {
     format!("← {name}{label}: {excerpt}")
 }
 
-/// `[label: the summary's first line]`, or nothing without a summary.
-fn summary_line(label: &str, summary: &Value) -> Option<String> {
-    let summary = summary.as_str()?.trim();
+/// `[label: the summary's first line]`.
+fn summary_line(label: &str, summary: &str) -> String {
+    let summary = summary.trim();
     let first = summary.lines().next().unwrap_or_default();
     let more = if summary.lines().nth(1).is_some() && !first.is_empty() {
         " …"
     } else {
         ""
     };
-    Some(format!(
-        "[{label}: {}{more}]",
-        truncate(first, ENTRY_SUMMARY_CHARS)
-    ))
+    format!("[{label}: {}{more}]", truncate(first, ENTRY_SUMMARY_CHARS))
 }
 
-/// The text of a message's content: a string, or its text parts (an image as `[image]`).
-fn content_text(content: &Value) -> String {
-    if let Some(text) = content.as_str() {
-        return text.to_string();
-    }
-    let parts = content.as_array().into_iter().flatten();
-    let texts: Vec<&str> = parts
-        .filter_map(|part| match part["type"].as_str() {
-            Some("text") => part["text"].as_str(),
-            Some("image") => Some("[image]"),
+/// The text of a message's content: its text parts, an image as `[image]`.
+fn content_text(content: &[Part]) -> String {
+    let texts: Vec<&str> = content
+        .iter()
+        .filter_map(|part| match part {
+            Part::Text(text) => Some(text.as_str()),
+            Part::Image => Some("[image]"),
             _ => None,
         })
         .collect();

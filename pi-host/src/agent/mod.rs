@@ -268,7 +268,7 @@ impl AgentError {
             AgentError::Timeout { command, after } => AppError::new(ErrorCode::Timeout, message)
                 .with_details(json!({"command": command, "afterMs": after.as_millis() as u64})),
             AgentError::Rejected { command, .. } if self.is_unknown_command() => {
-                let capability = racp_proto::Capability::of_pi_command(command);
+                let capability = pi::command::capability_of(command);
                 let feature =
                     capability.map_or(String::new(), |c| format!(" (the `{c}` capability)"));
                 AppError::new(

@@ -26,6 +26,10 @@ const BATCH_EVENTS: usize = 256;
 const BATCH_BYTES: usize = 1 << 20;
 /// Look at every session this often even without a commit (a missed wake-up costs no more).
 const SWEEP: Duration = Duration::from_secs(5);
+/// How long reading a session's last event in the stream may take before it is asked again: a
+/// read that went to a NATS node as it died is never answered, and waiting out the client's
+/// request timeout (10 s) held every event back that long after a node loss.
+const MARK_READ: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 enum RelayError {
@@ -160,7 +164,12 @@ async fn last_published(
     subject: &str,
     session_id: &str,
 ) -> Result<u64, RelayError> {
-    match stream.direct_get_last_for_subject(subject).await {
+    let read = tokio::time::timeout(MARK_READ, stream.direct_get_last_for_subject(subject));
+    let read = read.await.map_err(|_| RelayError::Mark {
+        session: session_id.to_string(),
+        reason: format!("no answer within {MARK_READ:?}"),
+    })?;
+    match read {
         Ok(message) => Ok(message
             .headers
             .get(SEQ_HEADER)

@@ -1,5 +1,6 @@
 //! The commands pi takes on its stdin, one JSON line each.
 
+use crate::Capability;
 use crate::methods::model::ModelRef;
 use serde::Serialize;
 
@@ -161,6 +162,22 @@ impl<'a> Command<'a> {
         line.push(b'\n');
         Ok(line)
     }
+}
+
+/// The feature a pi command serves, by the command's name, for an agent that refuses it as
+/// unknown (an older pi): CAPABILITY_UNAVAILABLE names it.
+pub fn capability_of(command: &str) -> Option<Capability> {
+    Some(match command {
+        "prompt" => Capability::Turns,
+        "follow_up" | "set_steering_mode" | "set_follow_up_mode" => Capability::FollowUps,
+        "compact" => Capability::Compaction,
+        "bash" | "abort_bash" => Capability::Shell,
+        "get_session_stats" => Capability::Stats,
+        "get_commands" => Capability::Commands,
+        "export_html" => Capability::Export,
+        "get_fork_messages" | "fork" | "clone" => Capability::Branches,
+        _ => return None,
+    })
 }
 
 /// An answer to a dialog: `confirmed` for confirm, `value` for select/input/editor, or

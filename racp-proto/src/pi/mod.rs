@@ -9,6 +9,7 @@
 //!   [`stream`]: the rule that rebuilds pi's state from them (docs/protocol.md §8.1).
 //! - [`stats`]: a session's totals counted from the messages of its history.
 //! - [`event`]: what a client reads of a relayed agent event (a text delta, a tool's run).
+//! - [`message`]: pi's messages and a history entry as typed values (a transcript reads these).
 //!
 //! Its callers (the host's agent bridge, the snapshot, the clients' views) hold typed values
 //! and never a pi string of their own.
@@ -18,6 +19,7 @@ pub mod compact;
 pub mod event;
 mod kind;
 pub mod line;
+pub mod message;
 pub mod reply;
 pub mod run;
 pub mod stats;
