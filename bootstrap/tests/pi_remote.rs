@@ -447,6 +447,40 @@ async fn an_approval_is_answered_from_a_second_process() {
     assert!(attached.finish().success());
 }
 
+/// An abort while the turn's agent waits on a dialog: the agent's run ends only once the dialog
+/// returns (the stand-in holds the abort as pi does), so the host answers the dialog first and
+/// `pi-remote abort` answers at once, not at the client's call timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_during_an_approval_answers_at_once() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let session = remote.new_session(&host, "w").await;
+    let attached = remote.attach(&session);
+    attached.until("client.attached");
+    remote.ok(&["prompt", &session, "approve:confirm"]).await;
+    let requested = attached.until("approval.requested");
+    let began = std::time::Instant::now();
+    let aborted = remote.ok_json(&["abort", &session, "--json"]).await;
+    let took = began.elapsed();
+    assert_eq!(aborted["aborted"], true, "{aborted}");
+    let settled = attached.until("approval.settled");
+    assert_eq!(
+        settled["data"]["approvalId"],
+        requested["data"]["approvalId"]
+    );
+    assert_eq!(settled["data"]["outcome"], "cancelled", "{settled}");
+    let finished = attached.until("turn.finished");
+    assert_eq!(finished["data"]["outcome"], "aborted", "{finished}");
+    // A pi-remote process starts, connects and calls within this even on a loaded machine; the
+    // dialog's own deadline (the host's approval timeout) is minutes.
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "abort took {took:?}"
+    );
+    assert!(attached.finish().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attach_answers_an_approval_from_stdin() {
     let host = host().await;

@@ -281,6 +281,28 @@ export type ConnectionError = {
 };
 
 /**
+ * The messages in the model's context now and their usage, as pi's `get_session_stats`
+ * counts them: after a compaction, its summary and the messages it kept, not the ones it
+ * summarised (those stay in the session's totals).
+ */
+export type ContextStats = {
+  assistantMessages: number;
+  /**
+   * The cost pi computed for the assistant messages in the context, in US dollars.
+   */
+  cost: number;
+  tokens: TokenTotals;
+  toolCalls: number;
+  toolResults: number;
+  /**
+   * Every message in the context: the above, a compaction's summary, shell commands
+   * (`bashExecution`), extensions' messages.
+   */
+  totalMessages: number;
+  userMessages: number;
+};
+
+/**
  * pi's estimate of the context window in use.
  */
 export type ContextUsage = {
@@ -1790,11 +1812,17 @@ export type SessionStatsRequest = {
 };
 
 /**
- * A session's totals (docs/protocol.md §7.28): counted from its history, so they need no
- * agent; `contextUsage` only when the session's agent runs.
+ * A session's totals (docs/protocol.md §7.28): the whole session's, counted from its history,
+ * so they need no agent (a compaction takes messages out of the model's context, not out of
+ * these); `context` and `contextUsage` only when the session's agent runs.
  */
 export type SessionStatsResult = {
   assistantMessages: number;
+  /**
+   * What the model's context holds now, as the running agent counts it (pi's
+   * `get_session_stats`); absent when none runs.
+   */
+  context?: ContextStats | null;
   /**
    * How full the model's context is, from the running agent; absent when none runs.
    */

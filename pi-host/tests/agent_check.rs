@@ -240,3 +240,100 @@ async fn the_real_pi_is_ready_with_its_version_and_node() {
     assert!(major >= 20, "{info}");
     assert!(info.get("problem").is_none(), "{info}");
 }
+
+/// An agent whose `--version` waits until `gate` exists (as if pi took that long to load), then
+/// prints `version`; started in RPC mode, it writes its pid into `started` and is the stand-in.
+fn gated_agent(dir: &Path, version: &str) -> std::path::PathBuf {
+    let agent = dir.join("slow-version-pi");
+    let (gate, started) = (dir.join("gate"), dir.join("started"));
+    let stand_in = tests::stand_in_agent();
+    executable(
+        &agent,
+        &format!(
+            "#!/bin/sh\n\
+             if [ \"$1\" = --version ]; then\n\
+             i=0; while [ ! -e '{gate}' ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\n\
+             echo {version} >&2; exit 0\n\
+             fi\n\
+             echo $$ > '{started}.part' && mv '{started}.part' '{started}'\n\
+             exec '{stand_in}' \"$@\"\n",
+            gate = gate.display(),
+            started = started.display(),
+            stand_in = stand_in.display(),
+        ),
+    );
+    agent
+}
+
+/// Waits (bounded) for the gated agent's RPC start; returns its pid.
+async fn agent_started(dir: &Path) -> i32 {
+    let started = dir.join("started");
+    let began = std::time::Instant::now();
+    loop {
+        if let Ok(pid) = std::fs::read_to_string(&started) {
+            return pid.trim().parse().unwrap();
+        }
+        assert!(
+            !dir.join("gate").exists() && began.elapsed() < tests::PATIENCE,
+            "the agent did not start while its version was being asked"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A check runs beside a start, never in front of it (docs/architecture.md, "The agent check"):
+/// a new session's agent starts while the first check still waits for `--version`, and its turn
+/// runs once the check says the agent is ready.
+#[tokio::test]
+async fn the_agent_starts_while_its_version_is_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = gated_agent(dir.path(), "0.73.1");
+    let host = HostProcess::start_with(bin(), &["--agent", agent.to_str().unwrap()]).await;
+    let mut client = connect(&host).await;
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let id = created["result"]["session"]["sessionId"].clone();
+    agent_started(dir.path()).await;
+    std::fs::write(dir.path().join("gate"), "").unwrap();
+    let reply = client
+        .call(
+            "turn/start",
+            json!({"sessionId": id, "idempotencyKey": "k", "text": "deltas:1"}),
+        )
+        .await;
+    assert!(reply.get("result").is_some(), "{reply}");
+    assert_eq!(host_info_agent(&mut client).await["state"], "ready");
+}
+
+/// The same start, when the check then finds the agent too old: the agent started beside the
+/// check is stopped and the turn gets AGENT_UNAVAILABLE with the fix.
+#[tokio::test]
+async fn an_agent_started_beside_a_check_that_fails_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = gated_agent(dir.path(), "0.50.2");
+    let host = HostProcess::start_with(bin(), &["--agent", agent.to_str().unwrap()]).await;
+    let mut client = connect(&host).await;
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let id = created["result"]["session"]["sessionId"].clone();
+    let pid = agent_started(dir.path()).await;
+    std::fs::write(dir.path().join("gate"), "").unwrap();
+    let reply = client
+        .call(
+            "turn/start",
+            json!({"sessionId": id, "idempotencyKey": "k", "text": "deltas:1"}),
+        )
+        .await;
+    assert_unavailable_with_the_fix(&reply, "is version 0.50.2");
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let began = std::time::Instant::now();
+    while nix::sys::signal::kill(pid, None).is_ok() {
+        assert!(
+            began.elapsed() < tests::PATIENCE,
+            "the unusable agent still runs"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

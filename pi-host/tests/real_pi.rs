@@ -508,13 +508,15 @@ async fn a_new_sessions_first_turn_runs_on_the_agent_started_with_it() {
         .data_dir
         .path()
         .join("pi-extensions/pi-host-preload.ts");
-    let cmdline = std::fs::read(format!("/proc/{}/cmdline", warm[0])).unwrap();
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    // From the host's log: pi renames its process ("pi") once loaded, over its command line.
+    let log = host.log();
+    let started = log
+        .lines()
+        .find(|l| l.contains("agent command line") && l.contains(&format!("pid={}", warm[0])))
+        .unwrap_or_else(|| panic!("no command line logged for {}: {log}", warm[0]));
     assert!(
-        args.windows(2)
-            .any(|w| w[0] == b"--extension" && w[1] == preload.as_os_str().as_encoded_bytes()),
-        "{:?}",
-        String::from_utf8_lossy(&cmdline)
+        started.contains(&format!("--extension {}", preload.display())),
+        "{started}"
     );
     let (first, events) = time_to_first_delta(&mut client, &session_id, "k1").await;
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
@@ -546,7 +548,7 @@ async fn first_reply_figures() {
     // pi alone: spawn it, prompt at once (or 3 s later), then prompt again.
     let port = start_stub(stub.clone()).await;
     let pi_dir = pi_config(port);
-    let preload = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent/preload.ts");
+    let preload = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent/extensions/preload.ts");
     for (name, extension) in [("pi_direct", None), ("pi_direct_preload", Some(&preload))] {
         let words = pi_words(&pi_cli(), extension.map(PathBuf::as_path));
         for wait in [0, 3] {
@@ -696,6 +698,56 @@ async fn first_reply_figures() {
         figures[format!("{name}_host_rss_kib")] = json!(host.rss_kib());
     }
     tests::record_figures("first_reply", &figures);
+}
+
+/// The first reply of a host's first session (docs/benchmarks.md §7; a measurement, never
+/// asserted): a fresh host each time, its session created as soon as the host listens (while
+/// its first agent check still asks pi's `--version`), prompted 3 s later; then the host's
+/// second session, prompted 3 s after its creation. With `FIRST_REPLY_BASELINE` naming another
+/// pi-host binary, its hosts take turns with this build's, so both see the same load. Run:
+/// `cargo nextest run -p pi-host --test real_pi --run-ignored only --no-capture
+/// first_reply_on_a_fresh_host`.
+#[tokio::test]
+#[ignore = "a measurement, run by hand for docs/benchmarks.md"]
+async fn first_reply_on_a_fresh_host_figures() {
+    let stub = Stub::default();
+    let port = start_stub(stub.clone()).await;
+    let mut builds = vec![("this_build", tests::pi_host_binary())];
+    if let Ok(baseline) = std::env::var("FIRST_REPLY_BASELINE") {
+        builds.push(("baseline", PathBuf::from(baseline)));
+    }
+    let mut figures = json!({});
+    let mut runs: Vec<(Vec<u64>, Vec<u64>)> = vec![Default::default(); builds.len()];
+    for round in 0..5 {
+        for ((_, bin), (firsts, seconds)) in builds.iter().zip(runs.iter_mut()) {
+            let pi_dir = pi_config(port);
+            let agent = shell_words::join(pi_words(&pi_cli(), None));
+            let env = pi_env(pi_dir.path());
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let host = HostProcess::start_with_env(bin, &["--agent", &agent], &env).await;
+            let (_, token) = host.pair_device("laptop", &[]).await;
+            let mut client = connect(&host, &token).await;
+            for (i, figures) in [&mut *firsts, &mut *seconds].into_iter().enumerate() {
+                let session_id = client.open_session(&host.workspace("w")).await;
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                let key = format!("f{round}-{i}");
+                let (first, _) = time_to_first_delta(&mut client, &session_id, &key).await;
+                figures.push(first.as_millis() as u64);
+            }
+        }
+    }
+    let median = |figures: &[u64]| {
+        let mut sorted = figures.to_vec();
+        sorted.sort_unstable();
+        sorted[sorted.len() / 2]
+    };
+    for ((name, _), (firsts, seconds)) in builds.iter().zip(&runs) {
+        figures[*name] = json!({
+            "first_session_ms": firsts, "first_session_median_ms": median(firsts),
+            "second_session_ms": seconds, "second_session_median_ms": median(seconds),
+        });
+    }
+    tests::record_figures("first_reply_on_a_fresh_host", &figures);
 }
 
 /// The conversation as a client that watched live holds it: each `agent.message_end` and
@@ -1040,6 +1092,112 @@ async fn an_abort_during_pis_retry_wait_ends_the_turn() {
         })
         .await;
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+}
+
+/// `turn/abort` while pi waits on an extension's dialog (`tests/pi/confirm-tools.ts` asks
+/// before every tool): pi ends an aborted run, and answers `abort`, only once the dialog
+/// returns, so the host answers it (cancelled) first. The turn ends aborted at once, its
+/// approval settled as cancelled, instead of when the dialog's deadline passes.
+#[tokio::test]
+async fn an_abort_during_a_real_dialog_ends_the_turn_at_once() {
+    let extension = fixture_dir()
+        .join("confirm-tools.ts")
+        .canonicalize()
+        .expect("tests/pi/confirm-tools.ts");
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, Some(&extension)).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+    let started = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Run the check."}),
+        )
+        .await;
+    let turn_id = started["result"]["turnId"].as_str().unwrap().to_string();
+    let asked = events_until(&mut client, |e| e["type"] == "approval.requested").await;
+    let approval_id = asked.last().unwrap()["data"]["approvalId"].clone();
+
+    let began = Instant::now();
+    let aborted = client
+        .call(
+            "turn/abort",
+            json!({"sessionId": session_id, "turnId": turn_id}),
+        )
+        .await;
+    assert!(aborted.get("result").is_some(), "{aborted}");
+    let events = events_until(&mut client, |e| {
+        e["type"] == "turn.finished" && e["turnId"] == turn_id.as_str()
+    })
+    .await;
+    let took = began.elapsed();
+    let end = events.last().unwrap();
+    assert_eq!(end["data"]["outcome"], "aborted", "{end}");
+    assert_eq!(end["data"]["error"]["code"], "TURN_ABORTED", "{end}");
+    let settled = events
+        .iter()
+        .find(|e| e["type"] == "approval.settled")
+        .expect("the approval settled");
+    assert_eq!(settled["data"]["approvalId"], approval_id);
+    assert_eq!(settled["data"]["outcome"], "cancelled", "{settled}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the turn ended {took:?} after the abort"
+    );
+    let got = client
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    assert_eq!(got["result"]["snapshot"]["pendingApprovals"], json!([]));
+    assert_eq!(got["result"]["snapshot"]["state"], "idle", "{got}");
+}
+
+/// `session/bash`'s `truncated` is true whenever the output was cut (docs/protocol.md §7.27):
+/// an output with no newline well over pi's 50 KB (pi keeps its last 100 KB in chunks and drops
+/// the oldest without a word: here 60 000 bytes, then 50 000 read apart, end as one chunk
+/// within pi's bound, and pi said `truncated: false`), one of 20 MB, and both sides of pi's
+/// bound (51 200 bytes whole, 51 201 cut).
+#[tokio::test]
+async fn a_shell_output_cut_anywhere_says_truncated() {
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+    let cases = [
+        (
+            "head -c 60000 /dev/zero | tr '\\0' a > a.txt; head -c 50000 /dev/zero | tr '\\0' b \
+             > b.txt; cat a.txt; sleep 0.5; cat b.txt",
+            true,
+            'b',
+        ),
+        ("head -c 20000000 /dev/zero | tr '\\0' a", true, 'a'),
+        ("head -c 51200 /dev/zero | tr '\\0' a", false, 'a'),
+        ("head -c 51201 /dev/zero | tr '\\0' a", true, 'a'),
+    ];
+    for (command, cut, last) in cases {
+        let reply = client
+            .call(
+                "session/bash",
+                json!({"sessionId": session_id, "command": command}),
+            )
+            .await;
+        let result = &reply["result"];
+        let output = result["output"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{reply}"));
+        let summary = format!("{command}: {} bytes, {}", output.len(), result["truncated"]);
+        assert_eq!(result["truncated"], cut, "{summary}");
+        assert_eq!(result["exitCode"], 0, "{summary}");
+        assert!(output.ends_with(last), "{summary}");
+        assert!(
+            output.len() <= racp_proto::limits::MAX_SHELL_OUTPUT_BYTES,
+            "{summary}"
+        );
+        if !cut {
+            assert_eq!(output.len(), 51200, "{summary}");
+        }
+    }
 }
 
 /// Every file of `dir` whose name ends `.jsonl` (pi's session files), read whole.

@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use tests::pi::{PNG, STUB_SUMMARY, Stub, pi_host, write_pi_config};
+use tests::pi::{PNG, STUB_SUMMARY, Stub, pi_cli, pi_env, pi_host, pi_words, write_pi_config};
 use tests::{Client, HostProcess};
 
 /// How long any single wait may take: pi starts in about 2 s, but a loaded 2-core machine is slow.
@@ -553,5 +553,156 @@ async fn a_follow_up_during_a_compaction_runs_after_it() {
     assert!(
         last.contains(STUB_SUMMARY),
         "it ran on the compacted context: {last}"
+    );
+}
+
+/// pi run directly in RPC mode (no pi-host), to compare pi-host's answers with pi's own.
+struct DirectPi {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    next_id: u64,
+}
+
+impl DirectPi {
+    fn start(pi_dir: &std::path::Path, workspace: &std::path::Path) -> DirectPi {
+        let words = pi_words(&pi_cli(), None);
+        let mut child = tokio::process::Command::new(&words[0])
+            .args(&words[1..])
+            .envs(pi_env(pi_dir))
+            .current_dir(workspace)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        use tokio::io::AsyncBufReadExt;
+        let lines = tokio::io::BufReader::new(stdout).lines();
+        DirectPi {
+            child,
+            stdin,
+            lines,
+            next_id: 0,
+        }
+    }
+
+    /// The next line pi writes that satisfies `done`.
+    async fn until(&mut self, done: impl Fn(&Value) -> bool) -> Value {
+        let read = async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                let value: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                if done(&value) {
+                    return value;
+                }
+            }
+            panic!("pi exited: {:?}", self.child.try_wait());
+        };
+        tokio::time::timeout(WAIT, read)
+            .await
+            .expect("pi answered in time")
+    }
+
+    /// Sends a command; returns pi's response to it.
+    async fn call(&mut self, mut command: Value) -> Value {
+        use tokio::io::AsyncWriteExt;
+        self.next_id += 1;
+        let id = format!("direct-{}", self.next_id);
+        command["id"] = json!(id);
+        let line = format!("{command}\n");
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+        self.until(|v| v["type"] == "response" && v["id"] == id.as_str())
+            .await
+    }
+
+    /// A prompt and its run, to `agent_end`; a prompt pi refuses while it winds the last run
+    /// down is sent again.
+    async fn run(&mut self, text: &str) {
+        let began = Instant::now();
+        loop {
+            let reply = self.call(json!({"type": "prompt", "message": text})).await;
+            if reply["success"] == true {
+                break;
+            }
+            assert!(began.elapsed() < WAIT, "pi refused the prompt: {reply}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.until(|v| v["type"] == "agent_end").await;
+    }
+}
+
+/// After a compaction the session's totals (the whole history) and what pi's context holds
+/// differ: `session/stats` gives both, the second exactly as pi's own `get_session_stats`
+/// answers it, checked against a pi run directly through the same conversation.
+#[tokio::test]
+async fn stats_after_a_compaction_give_the_session_and_the_context_as_pi_counts_it() {
+    let stub = Stub::default();
+    let (host, pi_dir) = pi_host(&stub, None).await;
+    write_pi_config(pi_dir.path(), stub.port());
+    let settings_file = pi_dir.path().join("settings.json");
+    let mut settings: Value =
+        serde_json::from_str(&std::fs::read_to_string(&settings_file).unwrap()).unwrap();
+    settings["compaction"]["keepRecentTokens"] = json!(1);
+    std::fs::write(&settings_file, settings.to_string()).unwrap();
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+    let texts = ["Run the check.", "Again.", "Once more."];
+    for (i, text) in texts.iter().enumerate() {
+        run_turn(&mut client, &session_id, &format!("k{i}"), text).await;
+    }
+    let compacted = client
+        .call("session/compact", json!({"sessionId": session_id}))
+        .await;
+    assert!(compacted.get("result").is_some(), "{compacted}");
+    run_turn(&mut client, &session_id, "k9", "And now?").await;
+    let stats = client
+        .call("session/stats", json!({"sessionId": session_id}))
+        .await;
+    let stats = &stats["result"];
+
+    let workspace = tempfile::tempdir().unwrap();
+    let mut pi = DirectPi::start(pi_dir.path(), workspace.path());
+    for text in texts {
+        pi.run(text).await;
+    }
+    let direct_compact = pi.call(json!({"type": "compact"})).await;
+    assert_eq!(direct_compact["success"], true, "{direct_compact}");
+    pi.run("And now?").await;
+    let own = pi.call(json!({"type": "get_session_stats"})).await;
+    let own = &own["data"];
+
+    let context = &stats["context"];
+    for key in [
+        "userMessages",
+        "assistantMessages",
+        "toolCalls",
+        "toolResults",
+        "totalMessages",
+    ] {
+        assert_eq!(context[key], own[key], "{key}: {stats} against pi's {own}");
+    }
+    for key in ["input", "output", "cacheRead", "cacheWrite", "total"] {
+        assert_eq!(context["tokens"][key], own["tokens"][key], "{key}: {stats}");
+    }
+    let cost = |v: &Value| v["cost"].as_f64().unwrap();
+    assert!((cost(context) - cost(own)).abs() < 1e-9, "{stats} {own}");
+    // The whole session: four prompts, each with a tool call, its result and two replies.
+    let whole = [
+        "userMessages",
+        "assistantMessages",
+        "toolCalls",
+        "toolResults",
+    ]
+    .map(|k| stats[k].as_u64().unwrap());
+    assert_eq!(whole, [4, 8, 4, 4], "{stats}");
+    assert!(
+        context["userMessages"].as_u64().unwrap() < 4,
+        "the compaction took messages out of the context: {stats}"
+    );
+    assert!(
+        stats["tokens"]["total"].as_u64() > context["tokens"]["total"].as_u64(),
+        "{stats}"
     );
 }

@@ -318,3 +318,48 @@ async fn a_session_is_renamed_and_keeps_its_title_across_a_restart() {
         "{listed}"
     );
 }
+
+/// A title given at `session/create` has no event of its own: after a kill -9 the host reads it
+/// from the session's row, as it does a renamed title whose `session.renamed` has left the
+/// retained log (here one event is retained).
+#[tokio::test]
+async fn titles_from_create_and_from_a_pruned_rename_survive_kill_9() {
+    let host = HostProcess::start_with(bin(), &["--retain-events", "1"]).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let created = create(&mut client, &host.workspace("a")).await;
+    let named_at_create = created["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(created["title"], "t", "{created}");
+    let other = create(&mut client, &host.workspace("b")).await;
+    let renamed = other["sessionId"].as_str().unwrap().to_string();
+    let reply = client
+        .call(
+            "session/rename",
+            json!({"sessionId": renamed, "title": "login fix"}),
+        )
+        .await;
+    assert_eq!(reply["result"]["session"]["title"], "login fix", "{reply}");
+    // Pushes the rename out of the one event retained.
+    let closed = client
+        .call("session/close", json!({"sessionId": renamed}))
+        .await;
+    assert!(closed.get("result").is_some(), "{closed}");
+    drop(client);
+
+    let host = host.restart(&["--retain-events", "1"]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    for (id, title) in [(&named_at_create, "t"), (&renamed, "login fix")] {
+        let got = client.call("session/get", json!({"sessionId": id})).await;
+        assert_eq!(got["result"]["session"]["title"], title, "{got}");
+    }
+    let listed = client.call("session/list", json!({})).await;
+    let titles: Vec<&Value> = listed["result"]["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["title"])
+        .collect();
+    assert_eq!(titles, [&json!("t"), &json!("login fix")], "{listed}");
+}

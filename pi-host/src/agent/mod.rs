@@ -217,6 +217,15 @@ pub enum AgentError {
     /// The agent answered the command with `success: false`.
     #[error("the agent refused `{command}`: {message}")]
     Rejected { command: String, message: String },
+    /// The agent's answer was longer than the host reads in a line: nothing of it was read.
+    #[error(
+        "the agent's answer to `{command}` was {bytes} bytes, over the {bound} bytes the host reads in a line"
+    )]
+    TooLong {
+        command: String,
+        bytes: usize,
+        bound: usize,
+    },
 }
 
 impl AgentError {
@@ -249,6 +258,13 @@ impl AgentError {
             AgentError::Io(_) | AgentError::Exited => {
                 AppError::new(ErrorCode::AgentSidecarCrashed, message)
             }
+            AgentError::TooLong {
+                command,
+                bytes,
+                bound,
+            } => AppError::new(ErrorCode::PayloadTooLarge, message).with_details(json!({
+                "command": command, "size": bytes, "limit": bound, "reason": "agent_reply_too_long",
+            })),
             AgentError::Timeout { command, after } => AppError::new(ErrorCode::Timeout, message)
                 .with_details(json!({"command": command, "afterMs": after.as_millis() as u64})),
             AgentError::Rejected { command, .. } if self.is_unknown_command() => {
@@ -582,6 +598,14 @@ impl Agent {
         }
         let left = timeout.saturating_sub(started.elapsed());
         match tokio::time::timeout(left, rx).await {
+            Ok(Ok(Reply {
+                too_long: Some(bytes),
+                ..
+            })) => Err(AgentError::TooLong {
+                command: name.to_string(),
+                bytes,
+                bound: self.inner.options.max_line_bytes,
+            }),
             Ok(Ok(reply)) if reply.response.success => Ok(reply),
             Ok(Ok(reply)) => Err(AgentError::Rejected {
                 command: name.to_string(),
@@ -892,8 +916,10 @@ impl StdoutPump {
                     Ok(Some(Line::Text(bytes))) => self.handle(&bytes).await,
                     Ok(Some(Line::TooLong { bytes, head })) => {
                         tracing::warn!(pid = self.pid, bytes, "agent wrote an over-long line; dropped");
-                        let output = self.lines.invalid_of("line longer than the bound", &head, bytes);
-                        self.forward(output).await;
+                        if !self.claim_cut_reply(&head, bytes) {
+                            let output = self.lines.invalid_of("line longer than the bound", &head, bytes);
+                            self.forward(output).await;
+                        }
                     }
                     Ok(None) => break,
                     Err(err) => {
@@ -975,9 +1001,39 @@ impl StdoutPump {
         let reply = Reply {
             response: response.clone(),
             raw: raw.to_owned(),
+            too_long: None,
         };
         let _ = waiter.send(reply);
         true
+    }
+
+    /// A reply too long to read whose head names the id of a caller: the caller fails at once
+    /// ([`AgentError::TooLong`]) instead of waiting out its timeout for an answer that was
+    /// dropped.
+    fn claim_cut_reply(&self, head: &[u8], bytes: usize) -> bool {
+        let head = String::from_utf8_lossy(head);
+        let Some(id) = pi::line::head_names_reply(&head) else {
+            return false;
+        };
+        let waiter = lock(&self.pending)
+            .as_mut()
+            .and_then(|pending| pending.remove(id));
+        let Some((command, waiter)) = waiter else {
+            return false;
+        };
+        let response = pi::Response {
+            id: Some(id.to_string()),
+            command,
+            success: false,
+            error: None,
+            data: Value::Null,
+        };
+        let reply = Reply {
+            response,
+            raw: protocol::raw_null(),
+            too_long: Some(bytes),
+        };
+        waiter.send(reply).is_ok()
     }
 
     async fn handle(&mut self, line: &[u8]) {

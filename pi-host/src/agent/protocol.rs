@@ -119,6 +119,8 @@ pub(super) struct Reply {
     pub response: Response,
     /// The line as pi wrote it, relayed when nobody waits for the reply.
     pub raw: Box<RawValue>,
+    /// The reply's line was this many bytes, over the line bound: nothing of it was read.
+    pub too_long: Option<usize>,
 }
 
 /// What one stdout line means.
@@ -156,7 +158,7 @@ pub(super) fn invalid_output(error: &str, line: Option<&[u8]>, bytes: usize) -> 
     })
 }
 
-fn raw_null() -> Box<RawValue> {
+pub(super) fn raw_null() -> Box<RawValue> {
     RawValue::from_string("null".into()).unwrap_or_else(|_| unreachable_raw())
 }
 
@@ -240,7 +242,11 @@ impl Reader {
             return Ok(match response.id.clone() {
                 Some(id) => Parsed::Reply {
                     id,
-                    reply: Reply { response, raw },
+                    reply: Reply {
+                        response,
+                        raw,
+                        too_long: None,
+                    },
                 },
                 None => Parsed::Output(AgentOutput::Response {
                     response,

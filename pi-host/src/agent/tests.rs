@@ -688,6 +688,55 @@ async fn bad_lines_are_reported_and_skipped() {
     agent.shutdown().await;
 }
 
+/// An answer longer than the line bound is dropped unread; its caller, named by the line's
+/// head (pi writes a response's `id` first), fails at once rather than at its timeout, and the
+/// answer just within the bound is read whole.
+#[tokio::test]
+async fn an_answer_over_the_line_bound_fails_its_caller_at_once() {
+    let bound = 4096;
+    let options = AgentOptions {
+        max_line_bytes: bound,
+        ..AgentOptions::default()
+    };
+    let (_dir, agent, _rx) = start_with(options).await;
+    // The stand-in answers `bash` with `stand-in ran: COMMAND`: the line is the command plus
+    // what surrounds it.
+    let probe = agent
+        .call(&PiCommand::Bash { command: "x" })
+        .await
+        .expect("a short answer");
+    let around = serde_json::to_string(&json!({"id": "pi-host-1", "type": "response",
+        "command": "bash", "success": true, "data": probe}))
+    .unwrap()
+    .len()
+        - 1;
+    let within = "x".repeat(bound - around);
+    let answer = agent
+        .call(&PiCommand::Bash { command: &within })
+        .await
+        .expect("an answer exactly at the bound");
+    assert!(answer["output"].as_str().unwrap().contains(&within));
+    let over = "x".repeat(bound - around + 1);
+    let began = Instant::now();
+    match agent
+        .call_within(&PiCommand::Bash { command: &over }, PATIENCE * 2)
+        .await
+    {
+        Err(AgentError::TooLong {
+            command,
+            bytes,
+            bound: limit,
+        }) => {
+            assert_eq!((command.as_str(), bytes, limit), ("bash", bound + 1, bound));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(began.elapsed() < PATIENCE, "failed at once");
+    // The agent goes on.
+    agent.get_state().await.expect("state after the cut answer");
+    agent.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_slow_reader_loses_nothing() {
     let options = AgentOptions {

@@ -472,7 +472,9 @@ fn restore(
     // Older events may have been pruned: the log starts just before the first kept one.
     let start = tail.first().map_or(head, |e| e.seq - 1);
     let mut log = EventLog::new(Epoch(row.epoch), start, retention);
-    let mut view = View::default();
+    // What the row holds (its title, its settings) before the log says anything: a title given
+    // at `session/create` has no event of its own.
+    let mut view = View::of_new(row);
     for event in tail {
         if let Some(stored) = serde_json::from_str::<Event>(&event.json)
             .ok()

@@ -190,6 +190,9 @@ impl View {
         // follow-ups are withdrawn with events (turns::end_interrupted_turns).
         self.queue.steering.clear();
         self.settings = row.settings.clone();
+        // The title is stored before `session.renamed` is committed, and the event may have left
+        // the retained log; one given at `session/create` has no event at all.
+        self.title = row.title.clone();
         self.pending_approvals.retain(|shown| {
             still_pending
                 .iter()

@@ -103,16 +103,48 @@ impl Approvals {
 
     /// Settles every pending approval of an ended turn as cancelled; returns the events.
     pub fn cancel_turn(&self, host: &impl TurnHost, turn_id: &str) -> Vec<HostEvent> {
-        let mut events = Vec::new();
+        self.cancel_pending(host, turn_id)
+            .iter()
+            .map(|(_, info)| settled_event(info))
+            .collect()
+    }
+
+    /// Settles the pending approvals of a turn being aborted as cancelled, telling the agent
+    /// first: pi's run, and so its answer to `abort`, ends only once the extension's dialog
+    /// returns (docs/protocol.md §7.17). Returns the events.
+    pub async fn cancel_for_abort(&self, host: &impl TurnHost, turn_id: &str) -> Vec<HostEvent> {
+        let cancelled = self.cancel_pending(host, turn_id);
+        for (entry, _) in &cancelled {
+            if let Err(err) = entry
+                .agent
+                .answer_ui(&entry.agent_request_id, UiAnswer::Cancelled)
+                .await
+            {
+                tracing::debug!(error = %err, "the agent did not take a cancelled dialog");
+            }
+        }
+        cancelled
+            .iter()
+            .map(|(_, info)| settled_event(info))
+            .collect()
+    }
+
+    /// Marks the turn's pending approvals cancelled (stored); returns them as settled.
+    fn cancel_pending(
+        &self,
+        host: &impl TurnHost,
+        turn_id: &str,
+    ) -> Vec<(Arc<Entry>, ApprovalInfo)> {
+        let mut cancelled = Vec::new();
         for entry in self.map.iter() {
             let mut info = entry.lock();
             if info.turn_id == turn_id && info.state == ApprovalState::Pending {
                 info.state = ApprovalState::Cancelled;
                 save(host, &info);
-                events.push(settled_event(&info));
+                cancelled.push((entry.value().clone(), info.clone()));
             }
         }
-        events
+        cancelled
     }
 
     /// After a restart: approvals left pending have no agent to answer; settle them cancelled.

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 impl Turns {
-    /// `session/stats`: the totals from the stored history (so an observer never starts an
-    /// agent, and a stopped agent or a closed session still has them), and the context in use
-    /// from the agent when one already runs.
+    /// `session/stats`: the whole session's totals from the stored history (so an observer
+    /// never starts an agent, and a stopped agent or a closed session still has them), and
+    /// what the context holds, as the agent counts it, when one already runs.
     pub async fn stats(
         &self,
         host: &Arc<impl TurnHost>,
@@ -39,7 +39,10 @@ impl Turns {
         .map_err(crate::internal)??;
         if let Some(agent) = self.running_agent(&session).await {
             match agent.call(&Command::GetSessionStats).await {
-                Ok(data) => stats.context_usage = pi::reply::context_usage(&data),
+                Ok(data) => {
+                    stats.context_usage = pi::reply::context_usage(&data);
+                    stats.context = pi::reply::context_stats(&data);
+                }
                 Err(err) => tracing::debug!(error = %err, "no context usage from the agent"),
             }
         }

@@ -3,6 +3,7 @@
 //! and made visible as `session.bash`, since pi emits no event for it.
 
 use super::{Driver, TurnHost, Turns};
+use crate::agent::AgentError;
 use crate::auth::Caller;
 use crate::clock::now_ms;
 use crate::sessions::HostEvent;
@@ -35,9 +36,8 @@ impl Turns {
         let driver = self.driver(&session);
         let _running = ShellRunning::take(&driver)?;
         let agent = self.agent_for(host, &session).await?;
-        let reply = run(&agent, &params.command).await?;
+        let mut result = run(&agent, &params.command).await?;
         driver.state.lock().await.last_used = Some(Instant::now());
-        let mut result = pi::reply::bash_result(&reply);
         if keep_end(&mut result.output, MAX_SHELL_OUTPUT_BYTES) {
             result.truncated = true;
         }
@@ -85,12 +85,12 @@ impl Turns {
 
 /// pi's answer to `bash`; past [`SHELL_DEADLINE`] the command is aborted and its answer
 /// (`cancelled: true`, the output so far) awaited.
-async fn run(agent: &crate::agent::Agent, command: &str) -> Result<serde_json::Value, AppError> {
+async fn run(agent: &crate::agent::Agent, command: &str) -> Result<SessionBashResult, AppError> {
     let bash = Command::Bash { command };
     let call = agent.call_within(&bash, SHELL_DEADLINE + AFTER_ABORT);
     tokio::pin!(call);
     tokio::select! {
-        reply = &mut call => return Ok(reply?),
+        reply = &mut call => return answered(reply),
         () = tokio::time::sleep(SHELL_DEADLINE) => {}
     }
     tracing::warn!(
@@ -100,7 +100,26 @@ async fn run(agent: &crate::agent::Agent, command: &str) -> Result<serde_json::V
     if let Err(err) = agent.call(&Command::AbortBash).await {
         tracing::warn!(error = %err, "cannot abort a shell command");
     }
-    Ok(call.await?)
+    answered(call.await)
+}
+
+/// The command's result from pi's answer; an answer longer than the agent's line bound was
+/// dropped unread, so its output is cut to nothing and says `truncated` (docs/protocol.md
+/// §7.27).
+fn answered(reply: Result<serde_json::Value, AgentError>) -> Result<SessionBashResult, AppError> {
+    match reply {
+        Ok(reply) => Ok(pi::reply::bash_result(&reply)),
+        Err(err @ AgentError::TooLong { .. }) => {
+            tracing::warn!(error = %err, "a shell command's answer was cut whole");
+            Ok(SessionBashResult {
+                output: String::new(),
+                exit_code: None,
+                cancelled: false,
+                truncated: true,
+            })
+        }
+        Err(err) => Err(err.into()),
+    }
 }
 
 /// Keeps the last `bound` bytes of `text` (from a character boundary); true when it cut.

@@ -562,8 +562,9 @@ pub struct SessionBashResult {
     pub truncated: bool,
 }
 
-/// A session's totals (docs/protocol.md §7.28): counted from its history, so they need no
-/// agent; `contextUsage` only when the session's agent runs.
+/// A session's totals (docs/protocol.md §7.28): the whole session's, counted from its history,
+/// so they need no agent (a compaction takes messages out of the model's context, not out of
+/// these); `context` and `contextUsage` only when the session's agent runs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionStatsResult {
@@ -585,6 +586,28 @@ pub struct SessionStatsResult {
     /// How full the model's context is, from the running agent; absent when none runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_usage: Option<ContextUsage>,
+    /// What the model's context holds now, as the running agent counts it (pi's
+    /// `get_session_stats`); absent when none runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextStats>,
+}
+
+/// The messages in the model's context now and their usage, as pi's `get_session_stats`
+/// counts them: after a compaction, its summary and the messages it kept, not the ones it
+/// summarised (those stay in the session's totals).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextStats {
+    pub user_messages: u64,
+    pub assistant_messages: u64,
+    pub tool_calls: u64,
+    pub tool_results: u64,
+    /// Every message in the context: the above, a compaction's summary, shell commands
+    /// (`bashExecution`), extensions' messages.
+    pub total_messages: u64,
+    pub tokens: TokenTotals,
+    /// The cost pi computed for the assistant messages in the context, in US dollars.
+    pub cost: f64,
 }
 
 /// Tokens over a session's assistant messages, as the providers reported them.

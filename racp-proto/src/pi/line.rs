@@ -252,6 +252,19 @@ pub fn head_names_agent_end(head: &str) -> bool {
     head.contains(&format!(r#""type":"{}""#, Kind::AgentEnd.as_str()))
 }
 
+/// The id of the reply whose line is too long to read, when its head names both (pi writes a
+/// response's `id` first: `{"id":"…","type":"response",…`), so that its caller can fail at
+/// once instead of waiting for an answer that was dropped.
+pub fn head_names_reply(head: &str) -> Option<&str> {
+    if !head.contains(&format!(r#""type":"{}""#, Kind::Response.as_str())) {
+        return None;
+    }
+    let start = head.find(r#""id":""#)? + r#""id":""#.len();
+    let len = head[start..].find('"')?;
+    let id = &head[start..start + len];
+    (!id.is_empty() && !id.contains('\\')).then_some(id)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -290,5 +303,19 @@ mod tests {
                 .unwrap();
         assert!(matches!(&odd.message, Nested::Text(text) if text == "x"));
         assert!(matches!(odd.step, Nested::NotObject));
+    }
+
+    #[test]
+    fn the_head_of_a_cut_reply_names_its_id() {
+        let head = r#"{"id":"pi-host-7","type":"response","command":"bash","success":t"#;
+        assert_eq!(head_names_reply(head), Some("pi-host-7"));
+        assert_eq!(
+            head_names_reply(r#"{"id":"pi-host-7","type":"agent_end""#),
+            None
+        );
+        assert_eq!(
+            head_names_reply(r#"{"type":"response","command":"x","id":"pi-ho"#),
+            None
+        );
     }
 }

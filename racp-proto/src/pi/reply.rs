@@ -4,7 +4,9 @@
 use super::Kind;
 use super::line::Line;
 use crate::methods::model::ModelRef;
-use crate::methods::session::{AgentCommand, ContextUsage, SessionBashResult};
+use crate::methods::session::{
+    AgentCommand, ContextStats, ContextUsage, SessionBashResult, TokenTotals,
+};
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -68,7 +70,17 @@ impl Response {
 }
 
 /// `bash`'s data (pi's `BashResult`); its `fullOutputPath`, a file on the host, is not read.
+///
+/// `truncated` is true whenever pi cut the output, whether it says so or not: pi keeps a
+/// rolling buffer of the output's last 100 KB and drops whole chunks from its start without
+/// saying so, so a long output with no newline can end as one chunk under pi's own 50 KB
+/// bound with `truncated: false`. pi names a full output file only for an output past that
+/// bound, so that file means the output was cut (docs/protocol.md §7.27).
 pub fn bash_result(data: &Value) -> SessionBashResult {
+    let saved_whole = data
+        .get("fullOutputPath")
+        .and_then(Value::as_str)
+        .is_some_and(|path| !path.is_empty());
     SessionBashResult {
         output: data
             .get("output")
@@ -77,7 +89,7 @@ pub fn bash_result(data: &Value) -> SessionBashResult {
             .to_string(),
         exit_code: data.get("exitCode").and_then(Value::as_i64),
         cancelled: data.get("cancelled").and_then(Value::as_bool) == Some(true),
-        truncated: data.get("truncated").and_then(Value::as_bool) == Some(true),
+        truncated: data.get("truncated").and_then(Value::as_bool) == Some(true) || saved_whole,
     }
 }
 
@@ -91,6 +103,40 @@ pub fn context_usage(stats: &Value) -> Option<ContextUsage> {
             .map(|t| t.max(0.0).round() as u64),
         context_window: usage.get("contextWindow")?.as_u64()?,
         percent: usage.get("percent").and_then(Value::as_f64),
+    })
+}
+
+/// `get_session_stats`'s counts of the messages in pi's context (`userMessages`,
+/// `assistantMessages`, `toolCalls`, `toolResults`, `totalMessages`, `tokens`, `cost`); `None`
+/// when the answer has none of them.
+pub fn context_stats(stats: &Value) -> Option<ContextStats> {
+    let count = |value: &Value, key: &str| -> Option<u64> {
+        let n = value.get(key)?.as_f64()?;
+        Some(if n.is_finite() && n > 0.0 {
+            n.round() as u64
+        } else {
+            0
+        })
+    };
+    let tokens = stats.get("tokens")?;
+    let tokens = TokenTotals {
+        input: count(tokens, "input")?,
+        output: count(tokens, "output")?,
+        cache_read: count(tokens, "cacheRead")?,
+        cache_write: count(tokens, "cacheWrite")?,
+        total: count(tokens, "total")?,
+    };
+    Some(ContextStats {
+        user_messages: count(stats, "userMessages")?,
+        assistant_messages: count(stats, "assistantMessages")?,
+        tool_calls: count(stats, "toolCalls")?,
+        tool_results: count(stats, "toolResults")?,
+        total_messages: count(stats, "totalMessages")?,
+        tokens,
+        cost: stats
+            .get("cost")
+            .and_then(Value::as_f64)
+            .filter(|c| c.is_finite())?,
     })
 }
 
@@ -327,6 +373,24 @@ mod tests {
             bash_result(&json!({"output": "", "cancelled": true})).exit_code,
             None
         );
+        // pi's rolling buffer dropped the start without a word: its full output file says so.
+        let cut = bash_result(&json!({"output": "bbb", "exitCode": 0, "truncated": false,
+            "fullOutputPath": "/tmp/pi-bash-2.log"}));
+        assert!(cut.truncated);
+        assert!(!bash_result(&json!({"output": "b", "truncated": false})).truncated);
+        let counted = context_stats(&json!({"userMessages": 6, "assistantMessages": 6,
+            "toolCalls": 1, "toolResults": 1, "totalMessages": 14, "cost": 0.5,
+            "tokens": {"input": 60, "output": 20, "cacheRead": 10, "cacheWrite": 0, "total": 90}}))
+        .unwrap();
+        assert_eq!(
+            (
+                counted.user_messages,
+                counted.total_messages,
+                counted.tokens.total
+            ),
+            (6, 14, 90)
+        );
+        assert!(context_stats(&json!({"userMessages": 6})).is_none());
         let usage = context_usage(
             &json!({"contextUsage": {"tokens": null, "contextWindow": 1000, "percent": null}}),
         );

@@ -1,6 +1,7 @@
 //! A session's totals counted from its history (docs/protocol.md §7.28): each message pi ended
 //! (`agent.message_end`, its `message` with `role`, `usage` and `content`) and each shell
-//! command (`session.bash`), as pi's own `get_session_stats` counts its messages.
+//! command (`session.bash`), by the rules pi's `get_session_stats` counts its messages with, but
+//! over the whole session: pi counts only what its context holds, which a compaction shrinks.
 
 use crate::events::EventType;
 use crate::methods::session::SessionStatsResult;

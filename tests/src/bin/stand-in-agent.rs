@@ -17,7 +17,8 @@
 //!   `queue_update` event. Queued messages are delivered when the scripted directives are done: a
 //!   new pi turn with the user message(s) and an assistant reply `steered: <text>`.
 //! - `abort`: ends the current run as aborted, the way pi does, and only then answers (pi answers
-//!   `abort` once the agent is idle). A message being streamed gets `text_end` and `message_end`
+//!   `abort` once the agent is idle). During a dialog (`approve:`) the run ends only once the
+//!   dialog is answered or times out, as in pi, whose extension is still waiting for it. A message being streamed gets `text_end` and `message_end`
 //!   with `stopReason: "aborted"` and `errorMessage: "Request was aborted"`; between messages, a
 //!   new pi turn holds an empty aborted assistant message (the next model call fails at once); an
 //!   open tool ends with `isError: true`. Then `turn_end` and `agent_end`. Queued steering stays
@@ -313,10 +314,19 @@ fn emit(value: &Value) {
         Value::Object(map) if map.contains_key("type") => {
             let mut rest = map.clone();
             let kind = rest.remove("type").unwrap_or(Value::Null);
+            // pi writes a response's `id` first (`{"id":…,"type":"response",…}`).
+            let first = match rest.remove("id") {
+                Some(id) if kind == "response" => format!("\"id\":{id},\"type\":{kind}"),
+                Some(id) => {
+                    rest.insert("id".into(), id);
+                    format!("\"type\":{kind}")
+                }
+                None => format!("\"type\":{kind}"),
+            };
             let body = Value::Object(rest).to_string();
             let line = match body.strip_prefix('{').filter(|b| *b != "}") {
-                Some(fields) => format!("{{\"type\":{kind},{fields}"),
-                None => format!("{{\"type\":{kind}}}"),
+                Some(fields) => format!("{{{first},{fields}"),
+                None => format!("{{{first}}}"),
             };
             write_line(&line);
         }
@@ -511,8 +521,15 @@ impl StandIn {
         emit(&json!({"type": "queue_update", "steering": self.steering, "followUp": []}));
     }
 
-    /// Handles incoming commands while a run goes on, for as long as `wait` says.
+    /// Handles incoming commands while a run goes on, for as long as `wait` says. An abort
+    /// during a dialog waits for the dialog's answer (or its timeout), as in pi: pi's run, and
+    /// so its answer to `abort`, ends only once the extension's dialog returns.
     fn pump(&mut self, wait: Wait<'_>) -> Result<Option<Value>, Aborted> {
+        let mut held_abort = None;
+        let ended = |answer: Option<Value>, held: Option<Option<Value>>| match held {
+            Some(id) => Err(Aborted(id)),
+            None => Ok(answer),
+        };
         loop {
             let input = match wait {
                 Wait::Poll => match self.rx.try_recv() {
@@ -523,11 +540,11 @@ impl StandIn {
                 Wait::Until(deadline) | Wait::Ui(_, Some(deadline)) => {
                     let now = Instant::now();
                     if now >= deadline {
-                        return Ok(None);
+                        return ended(None, held_abort);
                     }
                     match self.rx.recv_timeout(deadline - now) {
                         Ok(input) => input,
-                        Err(RecvTimeoutError::Timeout) => return Ok(None),
+                        Err(RecvTimeoutError::Timeout) => return ended(None, held_abort),
                         Err(RecvTimeoutError::Disconnected) => Input::Eof,
                     }
                 }
@@ -537,16 +554,13 @@ impl StandIn {
                 Input::Eof => std::process::exit(0),
                 Input::Line(line) => line,
             };
-            match self.handle_line(&line) {
-                Action::Abort(id) => return Err(Aborted(id)),
-                Action::Ui(ui_id, answer) => {
-                    if let Wait::Ui(waiting_for, _) = wait
-                        && waiting_for == ui_id
-                    {
-                        return Ok(Some(answer));
-                    }
+            match (self.handle_line(&line), wait) {
+                (Action::Abort(id), Wait::Ui(..)) => held_abort = Some(id),
+                (Action::Abort(id), _) => return Err(Aborted(id)),
+                (Action::Ui(ui_id, answer), Wait::Ui(waiting_for, _)) if waiting_for == ui_id => {
+                    return ended(Some(answer), held_abort);
                 }
-                Action::Prompt(..) | Action::None => {}
+                _ => {}
             }
         }
     }

@@ -76,6 +76,18 @@ pub async fn stats(out: &Out, client: &RacpClient, session_id: String) -> Result
         t.total, t.input, t.output, t.cache_read, t.cache_write
     ));
     out.line(&format!("cost: ${:.4}", stats.cost));
+    if let Some(context) = &stats.context {
+        out.line(&format!(
+            "in the context now: {} messages (you {}, assistant {}, tool results {}), {} tokens, \
+             ${:.4}",
+            context.total_messages,
+            context.user_messages,
+            context.assistant_messages,
+            context.tool_results,
+            context.tokens.total,
+            context.cost
+        ));
+    }
     if let Some(usage) = &stats.context_usage {
         let used = usage.tokens.map_or("?".to_string(), |t| t.to_string());
         let percent = usage

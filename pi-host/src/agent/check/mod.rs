@@ -6,7 +6,8 @@
 //! `host/info` or `pi-host status`: the agent is looked up again (file system lookups only),
 //! and the versions are asked again only when what was found changed (another path, or a file
 //! with another size, time or inode). So an agent installed, upgraded or removed while the host
-//! runs is seen by the next turn without a restart. Agents are started by the absolute path
+//! runs is seen by the next turn without a restart. A version check runs beside an agent's
+//! start, never in front of it ([`AgentCheck::spawn`]). Agents are started by the absolute path
 //! found here, never by a `PATH` lookup of their own.
 
 mod locate;
@@ -103,14 +104,61 @@ impl AgentCheck {
 
     /// Starts an agent for `spec` (whose command begins with the configured one) by the path
     /// the check found; a host without a usable agent gets AGENT_UNAVAILABLE with the fix.
+    ///
+    /// A check runs beside a start, never in front of it: when the files found are the ones
+    /// last checked, that result stands; when the versions must be asked (the first check is
+    /// still running, or a file changed), the agent starts at once by what was found and is
+    /// stopped again if the check then finds it cannot run (docs/architecture.md, "The agent
+    /// check"). pi loads for seconds either way, so the question costs the start nothing.
     pub async fn spawn(
         &self,
         spec: &AgentSpec,
         options: crate::agent::AgentOptions,
     ) -> Result<(Agent, mpsc::Receiver<AgentOutput>), AppError> {
+        let stamp = match self.look() {
+            Ok(stamp) => stamp,
+            Err(checked) => return Err(self.unavailable(&self.record(*checked).status)),
+        };
+        let known = lock(&self.last)
+            .as_ref()
+            .filter(|last| last.stamp == stamp)
+            .cloned();
+        let beside = match (&known, &stamp.0) {
+            (None, Found::Agent(located)) if located.runtime != Runtime::NodeMissing => {
+                launch_spec(located, spec)
+            }
+            _ => None,
+        };
+        let Some(early) = beside else {
+            let checked = match known {
+                Some(checked) => checked,
+                None => self.refresh().await,
+            };
+            let spec = self.resolved(&checked, spec)?;
+            return self.start(&spec, options).await;
+        };
+        let started = Agent::spawn_with(&early, options).await;
         let checked = self.refresh().await;
-        let spec = self.resolved(&checked, spec)?;
-        match Agent::spawn_with(&spec, options).await {
+        if checked.status.state != AgentState::Ready {
+            if let Ok((agent, _)) = &started {
+                tracing::warn!(
+                    pid = agent.pid(),
+                    "stopping an agent the check found unusable"
+                );
+                agent.shutdown().await;
+            }
+            return Err(self.unavailable(&checked.status));
+        }
+        started.map_err(|err| err.to_app_error())
+    }
+
+    /// Starts the agent by a checked `spec`; a failure to spawn looks again at once.
+    async fn start(
+        &self,
+        spec: &AgentSpec,
+        options: crate::agent::AgentOptions,
+    ) -> Result<(Agent, mpsc::Receiver<AgentOutput>), AppError> {
+        match Agent::spawn_with(spec, options).await {
             Err(err @ AgentError::Unavailable { .. }) => {
                 // It was there a moment ago: look again, so the answer says what is wrong now.
                 *lock(&self.last) = None;
@@ -130,25 +178,7 @@ impl AgentCheck {
         let (Some(located), AgentState::Ready) = (&checked.located, checked.status.state) else {
             return Err(self.unavailable(&checked.status));
         };
-        let Ok(mut words) = shell_words::split(&spec.command) else {
-            return Err(self.unavailable(&checked.status));
-        };
-        if words.len() < located.replaces {
-            return Err(self.unavailable(&checked.status));
-        }
-        words.splice(..located.replaces, located.launcher.iter().cloned());
-        let mut spec = AgentSpec {
-            command: shell_words::join(&words),
-            ..spec.clone()
-        };
-        if let Runtime::Node { node, beside: true } = &located.runtime
-            && let Some(dir) = node.parent()
-        {
-            let path = version::path_with_first(dir);
-            spec.env
-                .push(("PATH".to_string(), path.to_string_lossy().into_owned()));
-        }
-        Ok(spec)
+        launch_spec(located, spec).ok_or_else(|| self.unavailable(&checked.status))
     }
 
     /// AGENT_UNAVAILABLE for a status that is not ready: the problem and the fix, both in the
@@ -186,28 +216,9 @@ impl AgentCheck {
 
     async fn refresh(&self) -> Checked {
         let _one = self.running.lock().await;
-        let stamp = match shell_words::split(&self.command) {
-            Ok(words) => Stamp::of(locate::locate(&words, &Env::current(&self.data_dir))),
-            Err(err) => {
-                let checked = Checked {
-                    status: problem(
-                        AgentState::Missing,
-                        format!(
-                            "the agent command `{}` cannot be parsed: {err}",
-                            self.command
-                        ),
-                    ),
-                    stamp: Stamp(
-                        Found::Missing {
-                            program: String::new(),
-                            looked_in: Vec::new(),
-                        },
-                        Vec::new(),
-                    ),
-                    located: None,
-                };
-                return self.record(checked);
-            }
+        let stamp = match self.look() {
+            Ok(stamp) => stamp,
+            Err(checked) => return self.record(*checked),
         };
         if let Some(last) = lock(&self.last).as_ref()
             && last.stamp == stamp
@@ -216,6 +227,34 @@ impl AgentCheck {
         }
         let checked = self.examine(stamp).await;
         self.record(checked)
+    }
+
+    /// Where the agent is now and its files' identities (file lookups only); the result of a
+    /// command line that cannot be parsed.
+    fn look(&self) -> Result<Stamp, Box<Checked>> {
+        match shell_words::split(&self.command) {
+            Ok(words) => Ok(Stamp::of(locate::locate(
+                &words,
+                &Env::current(&self.data_dir),
+            ))),
+            Err(err) => Err(Box::new(Checked {
+                status: problem(
+                    AgentState::Missing,
+                    format!(
+                        "the agent command `{}` cannot be parsed: {err}",
+                        self.command
+                    ),
+                ),
+                stamp: Stamp(
+                    Found::Missing {
+                        program: String::new(),
+                        looked_in: Vec::new(),
+                    },
+                    Vec::new(),
+                ),
+                located: None,
+            })),
+        }
     }
 
     /// Stores a result, logging it when it differs from the last one.
@@ -341,6 +380,28 @@ impl AgentCheck {
             }
         }
     }
+}
+
+/// `spec` with the located agent's launcher in place of the configured program (and the
+/// Node beside it first on `PATH`); `None` when the command does not begin with it.
+fn launch_spec(located: &Located, spec: &AgentSpec) -> Option<AgentSpec> {
+    let mut words = shell_words::split(&spec.command).ok()?;
+    if words.len() < located.replaces {
+        return None;
+    }
+    words.splice(..located.replaces, located.launcher.iter().cloned());
+    let mut spec = AgentSpec {
+        command: shell_words::join(&words),
+        ..spec.clone()
+    };
+    if let Runtime::Node { node, beside: true } = &located.runtime
+        && let Some(dir) = node.parent()
+    {
+        let path = version::path_with_first(dir);
+        spec.env
+            .push(("PATH".to_string(), path.to_string_lossy().into_owned()));
+    }
+    Some(spec)
 }
 
 fn problem(state: AgentState, problem: String) -> AgentStatus {
