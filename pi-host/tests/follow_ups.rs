@@ -476,3 +476,41 @@ async fn a_prompt_waits_while_the_agent_winds_its_last_run_down() {
     let events = s.until(finished(&next)).await;
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
 }
+
+/// The end of the agent under a turn withdraws the queue behind it (`reason: "agent_stopped"`):
+/// an agent that dies mid-turn, and one that `session/close` stops. The withdrawal is committed
+/// with the turn's end, so the snapshot read once `turn.finished` arrived already shows it, and
+/// a closed session's log has it before `session.closed`.
+#[tokio::test]
+async fn the_agent_ending_under_a_turn_withdraws_the_queue_behind_it() {
+    let mut s = setup().await;
+    let dying = s.start("k1", "approve:confirm crash").await;
+    let orphan = s.follow_up("f1", "echo never").await;
+    s.allow_the_approval().await;
+    let events = s.until(finished(&dying)).await;
+    let end = events.last().unwrap();
+    assert_eq!(
+        end["data"]["error"]["code"], "AGENT_SIDECAR_CRASHED",
+        "{end}"
+    );
+    assert_eq!(s.queue().await, Value::Null, "nothing is left queued");
+    let withdrawn = s.until(|e| e["type"] == "turn.withdrawn").await;
+    let withdrawn = withdrawn.last().unwrap();
+    assert_eq!(withdrawn["turnId"], orphan.as_str(), "{withdrawn}");
+    assert_eq!(withdrawn["data"]["reason"], "agent_stopped", "{withdrawn}");
+
+    // Closed with a turn running and a follow-up behind it.
+    let running = s.start("k2", "hang").await;
+    let behind = s.follow_up("f2", "echo never either").await;
+    let closed = s.call("session/close", json!({})).await;
+    assert!(closed.get("result").is_some(), "{closed}");
+    let events = s.until(|e| e["type"] == "session.closed").await;
+    let end = of_type(&events, "turn.finished", &running);
+    assert_eq!(end.len(), 1, "{events:#?}");
+    assert_eq!(end[0]["data"]["outcome"], "aborted", "{events:#?}");
+    let withdrawn = of_type(&events, "turn.withdrawn", &behind);
+    assert_eq!(withdrawn.len(), 1, "{events:#?}");
+    assert_eq!(withdrawn[0]["data"]["reason"], "agent_stopped");
+    let history = s.call("session/history", json!({"limit": 1000})).await;
+    assert!(!history.to_string().contains("never"), "{history}");
+}

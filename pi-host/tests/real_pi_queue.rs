@@ -333,7 +333,14 @@ async fn compaction_shrinks_the_context_and_a_failed_one_says_why() {
         .events_until(WAIT, |e| e["type"] == "agent.compaction_end")
         .await;
     assert!(events.iter().any(|e| e["type"] == "agent.compaction_start"));
-    assert!(events.last().unwrap().get("turnId").is_none());
+    let end = events.last().unwrap();
+    assert!(end.get("turnId").is_none());
+    // The summary is part of the conversation: the history keeps the event as delivered.
+    let history = client
+        .call("session/history", json!({"sessionId": session_id}))
+        .await;
+    let entries = history["result"]["entries"].as_array().unwrap();
+    assert!(entries.contains(end), "{history}");
     // Compacted just now: pi has nothing more to summarise.
     let again = client
         .call("session/compact", json!({"sessionId": session_id}))

@@ -173,10 +173,12 @@ impl Approvals {
             save(host, &info);
             (answer, info.clone())
         };
+        // Recorded before the agent hears it: what the answer lets the agent do (run the tool,
+        // end the turn) comes after `approval.settled` in the log.
+        record(host, &entry.session, settled_event(&settled)).await;
         if let Err(err) = entry.agent.answer_ui(&entry.agent_request_id, answer).await {
             tracing::warn!(error = %err, "the agent did not take an approval answer");
         }
-        record(host, &entry.session, settled_event(&settled)).await;
         Ok(ApprovalRespondResult { approval: settled })
     }
 }
@@ -257,6 +259,7 @@ async fn expire(host: &impl TurnHost, entry: &Entry) {
         save(host, &info);
         info.clone()
     };
+    record(host, &entry.session, settled_event(&settled)).await;
     if let Err(err) = entry
         .agent
         .answer_ui(&entry.agent_request_id, UiAnswer::Cancelled)
@@ -264,7 +267,6 @@ async fn expire(host: &impl TurnHost, entry: &Entry) {
     {
         tracing::debug!(error = %err, "the agent did not take an expiry");
     }
-    record(host, &entry.session, settled_event(&settled)).await;
 }
 
 /// `approval.settled` for the approval as it was settled (`state`, `settled_by`, `value`).
