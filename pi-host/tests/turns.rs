@@ -1265,7 +1265,11 @@ async fn an_answered_approval_stays_answered_past_its_deadline() {
 async fn of_eight_simultaneous_answers_exactly_one_wins_and_names_its_device() {
     const ANSWERS: usize = 8;
     let agent = tests::stand_in_agent();
-    let host = HostProcess::start_with(bin(), &["--agent", agent.to_str().unwrap()]).await;
+    // The winner's `approval.settled` is held a second before its commit: an agent told the
+    // answer before that commit would run the tool meanwhile, and its end would come first.
+    let hold = [("PI_HOST_TEST_SETTLE_DELAY_MS", "1000")];
+    let args = ["--agent", agent.to_str().unwrap()];
+    let host = HostProcess::start_with_env(bin(), &args, &hold).await;
     let (device_id, token) = host.pair_device("laptop", &[]).await;
     let mut watcher = Client::connect(&host.url(), &token).await.unwrap();
     watcher.hello().await;

@@ -649,6 +649,26 @@ impl Client {
         events
     }
 
+    /// The subscribed session's events from here up to its head as `session/get` names it now
+    /// (none when `last_read`, the cursor of the last event read, is the head already). Every one
+    /// is committed, so they come at once: an event a test expects and does not find among them
+    /// is missing, not late, and the test says so without waiting out a deadline.
+    pub async fn events_to_head(
+        &mut self,
+        session_id: &str,
+        last_read: Option<&Value>,
+    ) -> Vec<Value> {
+        let got = self
+            .call("session/get", serde_json::json!({"sessionId": session_id}))
+            .await;
+        let head = got["result"]["cursor"].clone();
+        assert!(head.is_string(), "session/get failed: {got}");
+        if last_read == Some(&head) {
+            return Vec::new();
+        }
+        self.events_until(PATIENCE, |e| e["cursor"] == head).await
+    }
+
     /// Puts a frame back: the next `next_frame` returns it first.
     pub fn unread(&mut self, frame: Value) {
         self.pending.push_front(frame.to_string());

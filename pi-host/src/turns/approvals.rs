@@ -275,6 +275,8 @@ fn settled_event(info: &ApprovalInfo) -> HostEvent {
 }
 
 async fn record(host: &impl TurnHost, session: &Arc<Session>, event: HostEvent) {
+    #[cfg(debug_assertions)]
+    crate::test_hooks::before_settle_is_recorded().await;
     if let Err(err) = host.sessions().commit(session, vec![event]).await {
         tracing::warn!(error = %err, "approval event not recorded");
     }
