@@ -480,17 +480,18 @@ async fn withdrawn_follow_ups_never_reach_the_model() {
         .await;
     assert!(aborted.get("result").is_some(), "{aborted}");
     stub.release();
-    let events = client
-        .events_until(WAIT, |e| {
-            e["type"] == "turn.withdrawn" && e["turnId"] == queued[1].as_str()
-        })
+    // The withdrawal is committed with the turn's end: read to the head after it.
+    let mut events = client.events_until(WAIT, turn_finished(&first_id)).await;
+    let end = events.last().unwrap().clone();
+    let rest = client
+        .events_to_head(&session_id, Some(&end["cursor"]))
         .await;
-    let end = events
-        .iter()
-        .find(|e| turn_finished(&first_id)(e))
-        .expect("the first turn ends");
+    events.extend(rest);
     assert_eq!(end["data"]["outcome"], "aborted", "{end}");
-    let left = events.last().unwrap();
+    let left = events
+        .iter()
+        .find(|e| e["type"] == "turn.withdrawn" && e["turnId"] == queued[1].as_str())
+        .unwrap_or_else(|| panic!("the follow-up left behind is withdrawn: {events:#?}"));
     assert_eq!(left["data"]["reason"], "turn_ended", "{left}");
     assert_eq!(left["data"]["text"], "Left extra.");
 
