@@ -151,6 +151,7 @@ impl HostState {
     /// waited for until they have closed (5 s at most).
     pub async fn begin_drain(&self) {
         self.draining.store(true, Ordering::Release);
+        tracing::info!("drain begun: new connections and calls are refused");
         #[cfg(debug_assertions)]
         crate::test_hooks::before_drain_kill().await;
         // As long as a gateway replica waits for its own.

@@ -16,6 +16,18 @@ pub async fn before_drain_kill() {
     hold("PI_HOST_TEST_DRAIN_DELAY_MS").await;
 }
 
+/// `PI_HOST_TEST_EXIT_DELAY_MS`: between an agent's exit and the pump's reading of it, where
+/// a stop (`session/close`, the drain) that took the agent out ends its turn itself.
+pub async fn before_exit_is_read() {
+    hold("PI_HOST_TEST_EXIT_DELAY_MS").await;
+}
+
+/// `PI_HOST_TEST_SETTLE_DELAY_MS`: between an approval's settling and its `approval.settled`
+/// commit, while an agent told of the answer too early would already act on it.
+pub async fn before_settle_is_recorded() {
+    hold("PI_HOST_TEST_SETTLE_DELAY_MS").await;
+}
+
 async fn hold(variable: &str) {
     let delay = std::env::var(variable)
         .ok()

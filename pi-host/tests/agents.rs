@@ -353,7 +353,14 @@ async fn an_observer_never_starts_an_agent_and_unused_agents_stop_quietly() {
     for _ in 0..3 {
         sessions.push(create_session(&mut client, &host).await);
     }
-    // Started with their sessions, never prompted, stopped when idle.
+    // Started with their sessions (in the background: wait for each start, else one could
+    // come during the rounds below and be taken for the observer's), never prompted, stopped
+    // when idle.
+    let deadline = Instant::now() + PATIENCE;
+    while host.log().matches("agent started").count() < sessions.len() {
+        assert!(Instant::now() < deadline, "the warm starts never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     until_running(&mut client, 0).await;
 
     let mut observer = connect(&host, &observer_token).await;
@@ -377,6 +384,8 @@ async fn an_observer_never_starts_an_agent_and_unused_agents_stop_quietly() {
         assert_eq!(agents(&mut client).await["running"], 0, "round {round}");
     }
     assert!(host.agent_pids().is_empty());
+    let starts = host.log().matches("agent started").count();
+    assert_eq!(starts, sessions.len(), "only the warm starts ran an agent");
 
     // The log of each session, up to a turn of its own, holds no agent_stopped: neither the
     // capacity and idle stops of agents that never ran a turn nor anything the observer did.

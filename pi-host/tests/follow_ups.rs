@@ -25,9 +25,14 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with_env(&[]).await
+}
+
+/// [`setup`] with `env` for the host (the debug build's test hooks).
+async fn setup_with_env(env: &[(&str, &str)]) -> Setup {
     let args = agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let host = HostProcess::start_with(bin(), &args).await;
+    let host = HostProcess::start_with_env(bin(), &args, env).await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let mut client = Client::connect(&host.url(), &token).await.unwrap();
     client.hello().await;
@@ -49,6 +54,14 @@ impl Setup {
 
     async fn until(&mut self, done: impl Fn(&Value) -> bool) -> Vec<Value> {
         self.client.events_until(tests::PATIENCE * 4, done).await
+    }
+
+    /// The events up to the session's head (after `read`, the events last read): all
+    /// committed, so an expected one missing fails at once instead of at a deadline.
+    async fn up_to_head(&mut self, read: &[Value]) -> Vec<Value> {
+        let last = read.last().map(|e| e["cursor"].clone());
+        let id = self.session_id.clone();
+        self.client.events_to_head(&id, last.as_ref()).await
     }
 
     /// Starts a turn; returns its id.
@@ -247,15 +260,14 @@ async fn a_clear_an_abort_or_a_failure_withdraws_follow_ups_and_the_agent_never_
     assert_eq!(unknown["error"]["code"], "TURN_NOT_FOUND", "{unknown}");
     let aborted = s.call("turn/abort", json!({"turnId": c})).await;
     assert!(aborted.get("result").is_some(), "{aborted}");
-    let withdrawn = s
-        .until(|e| e["type"] == "turn.withdrawn" && e["turnId"] == c.as_str())
-        .await;
+    // Both withdrawals were committed before their calls answered.
+    let withdrawn = s.up_to_head(&[]).await;
     let by_clear = of_type(&withdrawn, "turn.withdrawn", &b);
     assert_eq!(by_clear[0]["data"]["reason"], "cleared");
     assert_eq!(by_clear[0]["data"]["text"], "echo b");
     assert!(by_clear[0]["data"]["deviceId"].is_string());
-    let by_abort = withdrawn.last().unwrap();
-    assert_eq!(by_abort["data"]["reason"], "cleared");
+    let by_abort = of_type(&withdrawn, "turn.withdrawn", &c);
+    assert_eq!(by_abort[0]["data"]["reason"], "cleared", "{withdrawn:#?}");
     let queue = s.queue().await;
     let ids: Vec<&str> = queue["followUps"]
         .as_array()
@@ -268,9 +280,9 @@ async fn a_clear_an_abort_or_a_failure_withdraws_follow_ups_and_the_agent_never_
     // Aborting the running turn withdraws what waited behind it: nothing runs unattended.
     let abort = s.call("turn/abort", json!({"turnId": running})).await;
     assert!(abort.get("result").is_some(), "{abort}");
-    let events = s
-        .until(|e| e["type"] == "turn.withdrawn" && e["turnId"] == d.as_str())
-        .await;
+    // The withdrawals are committed with the turn's end.
+    let mut events = s.until(finished(&running)).await;
+    events.extend(s.up_to_head(&events).await);
     assert_eq!(
         of_type(&events, "turn.finished", &running)[0]["data"]["outcome"],
         "aborted"
@@ -286,9 +298,8 @@ async fn a_clear_an_abort_or_a_failure_withdraws_follow_ups_and_the_agent_never_
     let failing = s.start("k2", "approve:confirm fail").await;
     let e = s.follow_up("fe", "echo e").await;
     s.allow_the_approval().await;
-    let events = s
-        .until(|ev| ev["type"] == "turn.withdrawn" && ev["turnId"] == e.as_str())
-        .await;
+    let mut events = s.until(finished(&failing)).await;
+    events.extend(s.up_to_head(&events).await);
     assert_eq!(
         of_type(&events, "turn.finished", &failing)[0]["data"]["outcome"],
         "failed"
@@ -475,4 +486,50 @@ async fn a_prompt_waits_while_the_agent_winds_its_last_run_down() {
     let next = s.start("k6", "echo again").await;
     let events = s.until(finished(&next)).await;
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
+}
+
+/// The end of the agent under a turn withdraws the queue behind it (`reason: "agent_stopped"`),
+/// committed with the turn's end, so the snapshot read once `turn.finished` arrived already
+/// shows it: here an agent that dies mid-turn.
+#[tokio::test]
+async fn an_agent_dying_under_a_turn_withdraws_the_queue_behind_it() {
+    let mut s = setup().await;
+    let dying = s.start("k1", "approve:confirm crash").await;
+    let orphan = s.follow_up("f1", "echo never").await;
+    s.allow_the_approval().await;
+    let events = s.until(finished(&dying)).await;
+    let end = events.last().unwrap();
+    assert_eq!(
+        end["data"]["error"]["code"], "AGENT_SIDECAR_CRASHED",
+        "{end}"
+    );
+    assert_eq!(s.queue().await, Value::Null, "nothing is left queued");
+    let rest = s.up_to_head(&events).await;
+    let withdrawn = of_type(&rest, "turn.withdrawn", &orphan);
+    assert_eq!(withdrawn.len(), 1, "{rest:#?}");
+    assert_eq!(withdrawn[0]["data"]["reason"], "agent_stopped", "{rest:#?}");
+}
+
+/// `session/close` with a turn running and a follow-up queued: the close ends the turn and
+/// withdraws the follow-up (`reason: "agent_stopped"`) before `session.closed`. The pump is held
+/// before it reads the agent's exit (`PI_HOST_TEST_EXIT_DELAY_MS`), so the close, not the
+/// exit, ends the turn, whichever would have come first.
+#[tokio::test]
+async fn a_close_withdraws_the_queue_behind_the_running_turn() {
+    let mut s = setup_with_env(&[("PI_HOST_TEST_EXIT_DELAY_MS", "60000")]).await;
+    let running = s.start("k1", "hang").await;
+    let behind = s.follow_up("f1", "echo never").await;
+    let closed = s.call("session/close", json!({})).await;
+    assert!(closed.get("result").is_some(), "{closed}");
+    let events = s.until(|e| e["type"] == "session.closed").await;
+    let end = of_type(&events, "turn.finished", &running);
+    assert_eq!(end.len(), 1, "{events:#?}");
+    assert_eq!(end[0]["data"]["outcome"], "aborted", "{events:#?}");
+    let closed_it = "the session was closed";
+    assert_eq!(end[0]["data"]["error"]["message"], closed_it, "{events:#?}");
+    let withdrawn = of_type(&events, "turn.withdrawn", &behind);
+    assert_eq!(withdrawn.len(), 1, "{events:#?}");
+    assert_eq!(withdrawn[0]["data"]["reason"], "agent_stopped");
+    let history = s.call("session/history", json!({"limit": 1000})).await;
+    assert!(!history.to_string().contains("never"), "{history}");
 }

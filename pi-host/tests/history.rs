@@ -210,3 +210,50 @@ async fn the_owners_byte_bound_drops_the_oldest_entries() {
     assert_eq!(page["result"]["truncated"], true, "{page}");
     assert!(page["result"].get("earlier").is_none(), "{page}");
 }
+
+/// What a clone's history holds of an entry: its type and data (the clone's own events carry
+/// their own seq, time and no turn).
+fn conversation(entries: &Value) -> Vec<(Value, Value)> {
+    entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["type"].clone(), e["data"].clone()))
+        .collect()
+}
+
+/// A clone's history is its source's, entry for entry (docs/protocol.md §7.32): over more than
+/// one batch of the copy (256 entries), and up to the newest entry, here a shell command, the
+/// source's last event.
+#[tokio::test]
+async fn a_clone_holds_every_history_entry_of_its_source_up_to_the_newest() {
+    const SHELL_COMMANDS: usize = 256;
+    let host = host(&[]).await;
+    let (mut client, id, _) = session_after(&host, &["deltas:1"]).await;
+    for i in 0..SHELL_COMMANDS {
+        let ran = client
+            .call(
+                "session/bash",
+                json!({"sessionId": id, "command": format!("echo {i}")}),
+            )
+            .await;
+        assert!(ran.get("result").is_some(), "{ran}");
+    }
+    let page = json!({"sessionId": id, "limit": 1000, "maxBytes": 16 << 20});
+    let source = history(&mut client, page).await;
+    let source = conversation(&source["result"]["entries"]);
+    assert_eq!(source.len(), 2 + SHELL_COMMANDS);
+    assert_eq!(
+        source.last().unwrap().1["command"],
+        format!("echo {}", SHELL_COMMANDS - 1)
+    );
+
+    let cloned = client.call("session/clone", json!({"sessionId": id})).await;
+    let clone_id = cloned["result"]["session"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{cloned}"))
+        .to_string();
+    let page = json!({"sessionId": clone_id, "limit": 1000, "maxBytes": 16 << 20});
+    let copy = history(&mut client, page).await;
+    assert_eq!(conversation(&copy["result"]["entries"]), source);
+}

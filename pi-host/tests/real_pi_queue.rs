@@ -333,7 +333,14 @@ async fn compaction_shrinks_the_context_and_a_failed_one_says_why() {
         .events_until(WAIT, |e| e["type"] == "agent.compaction_end")
         .await;
     assert!(events.iter().any(|e| e["type"] == "agent.compaction_start"));
-    assert!(events.last().unwrap().get("turnId").is_none());
+    let end = events.last().unwrap();
+    assert!(end.get("turnId").is_none());
+    // The summary is part of the conversation: the history keeps the event as delivered.
+    let history = client
+        .call("session/history", json!({"sessionId": session_id}))
+        .await;
+    let entries = history["result"]["entries"].as_array().unwrap();
+    assert!(entries.contains(end), "{history}");
     // Compacted just now: pi has nothing more to summarise.
     let again = client
         .call("session/compact", json!({"sessionId": session_id}))
@@ -473,17 +480,18 @@ async fn withdrawn_follow_ups_never_reach_the_model() {
         .await;
     assert!(aborted.get("result").is_some(), "{aborted}");
     stub.release();
-    let events = client
-        .events_until(WAIT, |e| {
-            e["type"] == "turn.withdrawn" && e["turnId"] == queued[1].as_str()
-        })
+    // The withdrawal is committed with the turn's end: read to the head after it.
+    let mut events = client.events_until(WAIT, turn_finished(&first_id)).await;
+    let end = events.last().unwrap().clone();
+    let rest = client
+        .events_to_head(&session_id, Some(&end["cursor"]))
         .await;
-    let end = events
-        .iter()
-        .find(|e| turn_finished(&first_id)(e))
-        .expect("the first turn ends");
+    events.extend(rest);
     assert_eq!(end["data"]["outcome"], "aborted", "{end}");
-    let left = events.last().unwrap();
+    let left = events
+        .iter()
+        .find(|e| e["type"] == "turn.withdrawn" && e["turnId"] == queued[1].as_str())
+        .unwrap_or_else(|| panic!("the follow-up left behind is withdrawn: {events:#?}"));
     assert_eq!(left["data"]["reason"], "turn_ended", "{left}");
     assert_eq!(left["data"]["text"], "Left extra.");
 

@@ -233,3 +233,82 @@ async fn no_secret_reaches_an_event_a_reply_the_log_or_a_file() {
         assert!(holding.is_empty(), "{row}: the secret is in {holding:?}");
     }
 }
+
+/// A shell command line is the client's, not the agent's output: a key written in it (`curl -H
+/// 'Authorization: …'`) is redacted in the `session.bash` event an owner and an observer read,
+/// in the history, in the reply (the stand-in echoes the command as its output), the log and
+/// the data directory's files. Only the agent gets the command as written: it has to run it.
+#[tokio::test]
+async fn a_key_in_a_shell_command_is_kept_and_sent_redacted() {
+    let agent = tests::stand_in_agent();
+    let host = HostProcess::start_with(
+        Path::new(env!("CARGO_BIN_EXE_pi-host")),
+        &["--agent", agent.to_str().unwrap()],
+    )
+    .await;
+    let (_, owner_token) = host.pair_device("owner", &[]).await;
+    let (_, observer_token) = host.pair_device("watcher", &["--roles", "observer"]).await;
+    let mut owner = connect(&host, &owner_token).await;
+    let set = owner
+        .call(
+            "credential/set",
+            json!({"provider": "openai", "apiKey": EXACT_KEY}),
+        )
+        .await;
+    result(&set);
+    let session_id = owner.open_session(&host.workspace("w")).await;
+    let mut observer = connect(&host, &observer_token).await;
+    let got = observer
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    let subscribe = json!({"sessionId": session_id, "cursor": result(&got)["cursor"]});
+    result(&observer.call("session/subscribe", subscribe).await);
+
+    let is_bash = |e: &Value| e["type"] == "session.bash";
+    for (row, text, secret) in ROWS {
+        let command = format!("echo {text}");
+        let ran = owner
+            .call(
+                "session/bash",
+                json!({"sessionId": session_id, "command": command}),
+            )
+            .await;
+        let output = result(&ran)["output"].as_str().unwrap();
+        assert!(output.starts_with("stand-in ran: echo "), "{row}: {ran}");
+        let seen_by_owner = owner.events_until(WAIT, is_bash).await;
+        let seen_by_observer = observer.events_until(WAIT, is_bash).await;
+        for event in [
+            seen_by_owner.last().unwrap(),
+            seen_by_observer.last().unwrap(),
+        ] {
+            let shown = event["data"]["command"].as_str().unwrap();
+            assert!(shown.contains("[redacted]"), "{row}: {event}");
+        }
+        for text in [
+            ran.to_string(),
+            json!([seen_by_owner, seen_by_observer]).to_string(),
+        ] {
+            assert!(!text.contains(secret), "{row}: the secret is in {text}");
+        }
+    }
+
+    let history = owner
+        .call(
+            "session/history",
+            json!({"sessionId": session_id, "limit": 1000}),
+        )
+        .await;
+    let entries = result(&history)["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), ROWS.len(), "{history}");
+    let log = host.log();
+    for (row, _, secret) in ROWS {
+        assert!(
+            !history.to_string().contains(secret),
+            "{row}: the secret is in the history"
+        );
+        assert!(!log.contains(secret), "{row}: the secret is in the log");
+        let mut holding = files_holding(host.data_dir.path(), secret);
+        holding.retain(|path| !path.ends_with("credentials.json"));
+        assert!(holding.is_empty(), "{row}: the secret is in {holding:?}");
+    }
+}

@@ -116,10 +116,13 @@ async fn a_shell_command_joins_the_history_the_context_the_stats_and_the_export(
         (ran["cancelled"].clone(), ran["truncated"].clone()),
         (json!(false), json!(false))
     );
-    let events = client
-        .events_until(WAIT, |e| e["type"] == "session.bash")
-        .await;
-    let event = events.last().unwrap();
+    // Committed before the call answered: read to the head, where it must be.
+    let events = client.events_to_head(&session_id, None).await;
+    let event = events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "session.bash")
+        .unwrap_or_else(|| panic!("no session.bash: {events:#?}"));
     assert_eq!(event["data"]["role"], "bashExecution", "{event}");
     assert_eq!(event["data"]["command"], "echo shell-marker-42; exit 3");
     assert_eq!(event["data"]["output"], "shell-marker-42\n");

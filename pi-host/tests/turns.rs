@@ -1259,12 +1259,17 @@ async fn an_answered_approval_stays_answered_past_its_deadline() {
 }
 
 /// Eight connections answer one approval at once with mixed decisions: exactly one answer wins,
-/// its reply names the answering device, the seven others are stale, one settle is published.
+/// its reply names the answering device, the seven others are stale, one settle is published,
+/// before the tool the answer allowed or blocked ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn of_eight_simultaneous_answers_exactly_one_wins_and_names_its_device() {
     const ANSWERS: usize = 8;
     let agent = tests::stand_in_agent();
-    let host = HostProcess::start_with(bin(), &["--agent", agent.to_str().unwrap()]).await;
+    // The winner's `approval.settled` is held a second before its commit: an agent told the
+    // answer before that commit would run the tool meanwhile, and its end would come first.
+    let hold = [("PI_HOST_TEST_SETTLE_DELAY_MS", "1000")];
+    let args = ["--agent", agent.to_str().unwrap()];
+    let host = HostProcess::start_with_env(bin(), &args, &hold).await;
     let (device_id, token) = host.pair_device("laptop", &[]).await;
     let mut watcher = Client::connect(&host.url(), &token).await.unwrap();
     watcher.hello().await;
@@ -1341,9 +1346,15 @@ async fn of_eight_simultaneous_answers_exactly_one_wins_and_names_its_device() {
     let events = watcher
         .events_until(tests::PATIENCE * 4, |e| e["type"] == "turn.finished")
         .await;
-    let settled = events
+    // The settle is committed before the agent hears the answer, so it comes before whatever
+    // the answer let the agent do, and every settle there is arrives before `turn.finished`.
+    let settled: Vec<usize> = (0..events.len())
+        .filter(|i| events[*i]["type"] == "approval.settled")
+        .collect();
+    assert_eq!(settled.len(), 1, "{events:?}");
+    let tool_end = events
         .iter()
-        .filter(|e| e["type"] == "approval.settled")
-        .count();
-    assert_eq!(settled, 1, "{events:?}");
+        .position(|e| e["type"] == "agent.tool_execution_end")
+        .unwrap();
+    assert!(settled[0] < tool_end, "{events:?}");
 }

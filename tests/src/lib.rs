@@ -649,6 +649,26 @@ impl Client {
         events
     }
 
+    /// The subscribed session's events from here up to its head as `session/get` names it now
+    /// (none when `last_read`, the cursor of the last event read, is the head already). Every one
+    /// is committed, so they come at once: an event a test expects and does not find among them
+    /// is missing, not late, and the test says so without waiting out a deadline.
+    pub async fn events_to_head(
+        &mut self,
+        session_id: &str,
+        last_read: Option<&Value>,
+    ) -> Vec<Value> {
+        let got = self
+            .call("session/get", serde_json::json!({"sessionId": session_id}))
+            .await;
+        let head = got["result"]["cursor"].clone();
+        assert!(head.is_string(), "session/get failed: {got}");
+        if last_read == Some(&head) {
+            return Vec::new();
+        }
+        self.events_until(PATIENCE, |e| e["cursor"] == head).await
+    }
+
     /// Puts a frame back: the next `next_frame` returns it first.
     pub fn unread(&mut self, frame: Value) {
         self.pending.push_front(frame.to_string());
@@ -822,16 +842,11 @@ pub fn workspace_binary(package: &str, bin: &str, source: Option<&Path>) -> Path
 }
 
 /// The newest modification time of the sources a workspace package's binaries are built from:
-/// its own `src/` and `Cargo.toml`, and those of the workspace packages it depends on.
+/// its own `src/` and `Cargo.toml`, and those of every workspace package it depends on, read
+/// from the manifests (so a new dependency, racp-server for pi-host say, cannot be missed).
 fn newest_source(package: &str) -> Option<std::time::SystemTime> {
-    let crates: Vec<&str> = match package {
-        "pi-host" => vec!["pi-host", "racp-proto"],
-        "gateway" => vec!["gateway", "pi-host", "racp-proto"],
-        "bootstrap" => vec!["bootstrap", "racp-proto"],
-        "tests" => vec!["tests", "bootstrap", "racp-proto"],
-        other => vec![other],
-    };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+    let crates = workspace_dependencies(root, package);
     let mut newest = None;
     let mut stack: Vec<PathBuf> = crates.iter().map(|c| root.join(c).join("src")).collect();
     let manifests = crates.iter().map(|c| root.join(c).join("Cargo.toml"));
@@ -855,6 +870,46 @@ fn newest_source(package: &str) -> Option<std::time::SystemTime> {
         }
     }
     newest
+}
+
+/// `package` and the workspace packages its `[dependencies]` name, directly or through one
+/// another (not its dev-dependencies: they do not go into its binaries). A workspace package
+/// lives in the directory of its name.
+fn workspace_dependencies(root: &Path, package: &str) -> Vec<String> {
+    let mut found = vec![package.to_string()];
+    let mut next = 0;
+    while let Some(name) = found.get(next).cloned() {
+        next += 1;
+        let manifest = std::fs::read_to_string(root.join(&name).join("Cargo.toml"));
+        for dependency in dependency_names(&manifest.unwrap_or_default()) {
+            let is_member = root.join(&dependency).join("Cargo.toml").is_file();
+            if is_member && !found.contains(&dependency) {
+                found.push(dependency);
+            }
+        }
+    }
+    found
+}
+
+/// The names a manifest's `[dependencies]` table lists (`name = ...`, `name.workspace = true`).
+fn dependency_names(manifest: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut in_dependencies = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_dependencies = line == "[dependencies]";
+            continue;
+        }
+        if !in_dependencies || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.split(['=', '.']).next().map(str::trim)
+            && !name.is_empty()
+        {
+            names.push(name.to_string());
+        }
+    }
+    names
 }
 
 /// A self-signed certificate for `localhost`, written as PEM files for `--tls-cert`/`--tls-key`.
@@ -1285,5 +1340,31 @@ impl tokio::io::AsyncWrite for Recorder {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A binary is rebuilt when any workspace package it links changed: pi-host's and the
+    /// gateway's include racp-server, whose connection core both run.
+    #[test]
+    fn a_binary_is_built_from_every_workspace_package_it_depends_on() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let sorted = |package: &str| {
+            let mut crates = workspace_dependencies(root, package);
+            crates.sort();
+            crates
+        };
+        assert_eq!(sorted("pi-host"), ["pi-host", "racp-proto", "racp-server"]);
+        assert_eq!(sorted("gateway"), ["gateway", "racp-proto", "racp-server"]);
+        assert_eq!(sorted("tests"), ["bootstrap", "racp-proto", "tests"]);
+        assert_eq!(
+            dependency_names(
+                "[package]\nname = \"x\"\n[dependencies]\n# a note\na.workspace = true\nb = { path = \"../b\" }\n[dev-dependencies]\nc = \"1\"\n"
+            ),
+            ["a", "b"]
+        );
     }
 }

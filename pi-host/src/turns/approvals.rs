@@ -205,10 +205,12 @@ impl Approvals {
             save(host, &info);
             (answer, info.clone())
         };
+        // Recorded before the agent hears it: what the answer lets the agent do (run the tool,
+        // end the turn) comes after `approval.settled` in the log.
+        record(host, &entry.session, settled_event(&settled)).await;
         if let Err(err) = entry.agent.answer_ui(&entry.agent_request_id, answer).await {
             tracing::warn!(error = %err, "the agent did not take an approval answer");
         }
-        record(host, &entry.session, settled_event(&settled)).await;
         Ok(ApprovalRespondResult { approval: settled })
     }
 }
@@ -289,6 +291,7 @@ async fn expire(host: &impl TurnHost, entry: &Entry) {
         save(host, &info);
         info.clone()
     };
+    record(host, &entry.session, settled_event(&settled)).await;
     if let Err(err) = entry
         .agent
         .answer_ui(&entry.agent_request_id, UiAnswer::Cancelled)
@@ -296,7 +299,6 @@ async fn expire(host: &impl TurnHost, entry: &Entry) {
     {
         tracing::debug!(error = %err, "the agent did not take an expiry");
     }
-    record(host, &entry.session, settled_event(&settled)).await;
 }
 
 /// `approval.settled` for the approval as it was settled (`state`, `settled_by`, `value`).
@@ -305,6 +307,8 @@ fn settled_event(info: &ApprovalInfo) -> HostEvent {
 }
 
 async fn record(host: &impl TurnHost, session: &Arc<Session>, event: HostEvent) {
+    #[cfg(debug_assertions)]
+    crate::test_hooks::before_settle_is_recorded().await;
     if let Err(err) = host.sessions().commit(session, vec![event]).await {
         tracing::warn!(error = %err, "approval event not recorded");
     }

@@ -784,6 +784,10 @@ async fn pump(
             }
         }
         let exited = matches!(batch.last(), Some(AgentOutput::Exited { .. }));
+        #[cfg(debug_assertions)]
+        if exited {
+            crate::test_hooks::before_exit_is_read().await;
+        }
         let events = driver.translate(&host, &agent, batch).await;
         if !events.is_empty() {
             match host.sessions().append(&session, events) {

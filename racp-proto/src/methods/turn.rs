@@ -365,10 +365,21 @@ mod tests {
         let refused = |params: TurnStartParams| params.validate().unwrap_err();
         let many = refused(with_images(vec![small.clone(); MAX_IMAGES + 1]));
         assert_eq!(many.code(), ErrorCode::LimitExceeded);
+        // Exactly at the bound, decoded: 5 MiB is not a multiple of 3, so its last group holds
+        // two bytes and one `=`.
+        let at_bound = MAX_IMAGE_BYTES as usize;
+        let mut data = "A".repeat(at_bound.div_ceil(3) * 4);
+        data.replace_range(data.len() - 1.., "=");
+        let largest = png(data);
+        assert_eq!(largest.bytes(), MAX_IMAGE_BYTES);
+        assert!(
+            with_images(vec![largest]).validate().is_ok(),
+            "an image of exactly the bound is taken"
+        );
         // One byte over the bound, decoded: 4 characters per 3 bytes.
         let over = MAX_IMAGE_BYTES as usize + 1;
         let large = png("A".repeat(over.div_ceil(3) * 4));
-        assert!(large.bytes() > MAX_IMAGE_BYTES);
+        assert_eq!(large.bytes(), MAX_IMAGE_BYTES + 1);
         let large = refused(with_images(vec![large]));
         assert_eq!(large.code(), ErrorCode::PayloadTooLarge);
         assert!(large.message().contains("scale it down"), "{large:?}");

@@ -139,4 +139,29 @@ mod tests {
         );
         assert_eq!(Kind::of_event_type("turn.finished"), None);
     }
+
+    /// The history keeps each whole message and each compaction's summary (pi's two names for
+    /// its end), and nothing else pi writes (docs/protocol.md §7.24).
+    #[test]
+    fn the_history_keeps_messages_and_compactions_and_nothing_else() {
+        let kept = [
+            Kind::MessageEnd,
+            Kind::CompactionEnd,
+            Kind::AutoCompactionEnd,
+        ];
+        for kind in Kind::KNOWN {
+            assert_eq!(kind.is_history(), kept.contains(kind), "{kind}");
+        }
+        assert!(!Kind::from_wire("session_renamed").is_history());
+        for kind in [
+            "agent.message_end",
+            "agent.compaction_end",
+            "agent.auto_compaction_end",
+        ] {
+            assert!(crate::events::EventType::kept_in_history(kind), "{kind}");
+        }
+        assert!(!crate::events::EventType::kept_in_history(
+            "agent.compaction_start"
+        ));
+    }
 }

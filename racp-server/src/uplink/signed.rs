@@ -244,4 +244,41 @@ mod tests {
         assert!(parse_trusted_key("not a key").is_err());
         assert!(parse_trusted_key(&gateway.seed().unwrap()).is_err());
     }
+
+    /// The skew bound holds both ways: exactly `CALL_MAX_SKEW_MS` before or after the host's
+    /// clock passes, a millisecond more (or a clock 35 s ahead) does not.
+    #[test]
+    fn the_skew_bound_holds_for_calls_signed_in_the_past_and_in_the_future() {
+        let gateway = nkeys::KeyPair::new_user();
+        let verifier = Verifier::new(&[gateway.public_key()]).unwrap();
+        let now = 1_000_000_000;
+        let body = b"{}";
+        let subject = "racp.call.h1";
+        let verify = |at: u64, id: &str| {
+            let headers = signed(&gateway, subject, at, id, body);
+            verifier.verify("h1", subject, Some(&headers), body, now)
+        };
+        for at in [now + CALL_MAX_SKEW_MS, now - CALL_MAX_SKEW_MS] {
+            let id = format!("at {at}");
+            let passed = Verified {
+                call_id: id.clone(),
+                signed_at: at,
+            };
+            assert_eq!(verify(at, &id), Ok(passed));
+        }
+        for (at, id) in [
+            (now + 35_000, "35 s ahead"),
+            (now + CALL_MAX_SKEW_MS + 1, "1 ms too far ahead"),
+            (now - CALL_MAX_SKEW_MS - 1, "1 ms too far behind"),
+        ] {
+            assert_eq!(
+                verify(at, id),
+                Err(Refusal::Stale {
+                    at,
+                    skew_ms: now.abs_diff(at)
+                }),
+                "{id}"
+            );
+        }
+    }
 }
