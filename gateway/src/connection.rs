@@ -1,43 +1,34 @@
 //! The gateway's side of a desktop connection (racp-server's connection core runs it): the
-//! gateway answers the core's and the endpoint's calls of the method table itself (`hello`,
-//! `pair`, `host/list`, devices, pairing, subscriptions from the host's stream) and routes the
-//! host's calls to the connection's host over NATS.
+//! gateway's admit policy, `hello` with the host's capabilities, subscriptions from the host's
+//! stream (where each starts: `start.rs`), the endpoint's calls answered by the gateway
+//! (`endpoint.rs`), and the host's calls routed to the connection's host over NATS.
 
-use crate::devices::{Caller, DeviceRecord};
+use crate::devices::Caller;
+use crate::endpoint;
 use crate::feed::{self, Feed};
 use crate::follow::{self, Follow, Outgoing};
 use crate::hosts;
-use crate::revocation;
+use crate::start;
 use crate::state::{Gateway, shutting_down};
-use crate::stream::{self, Span};
 use axum::extract::ws::WebSocket;
 use racp_proto::events::SubscriptionHead;
 use racp_proto::gateway::{events_stream, events_subject, valid_session_id};
-use racp_proto::methods::handshake::{HelloResult, HostIdentity, Limits};
-use racp_proto::methods::host::{DeviceInfo, DeviceListResult, PairingCreateResult};
-use racp_proto::methods::session::{
-    SessionRef, SessionState, SessionSubscribeParams, SessionSubscribeResult,
-};
+use racp_proto::methods::handshake::{HelloResult, HostIdentity};
+use racp_proto::methods::session::{SessionSubscribeParams, SessionSubscribeResult};
 use racp_proto::{
-    AppError, Call, Capability, Cursor, EndpointCall, Epoch, ErrorCode, Expired, HostCall, Method,
-    PROTOCOL_VERSION, SubscriptionCall,
+    AppError, Call, Capability, Cursor, EndpointCall, ErrorCode, HostCall, Method, SubscriptionCall,
 };
 use racp_server::connection::{self, Answer, Here, Pushes, Refusal, Service, Settings, revoked};
 use racp_server::connections::Slot;
 use racp_server::fanout::{Subscriptions, no_such_subscription};
-use racp_server::hello::Agreed;
-use racp_server::identity::pairing_link;
+use racp_server::hello::{self, Agreed};
 use racp_server::wire::to_raw;
 use serde_json::json;
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 
-/// How long a subscribe behind the host's head waits for the host's relay to put the session's
-/// events in a stream that holds none of them, before it answers CURSOR_EXPIRED.
-const RELAY_WAIT: Duration = Duration::from_secs(3);
 /// Frames subscription tasks may queue for the socket before they wait (and stop pulling from
 /// JetStream): a slow desktop slows only its own consumers.
 const OUTGOING_QUEUE: usize = 32;
@@ -102,15 +93,7 @@ pub async fn run(
         send_stall: s.send_stall,
     };
     let device_id = caller.device_id().map(str::to_string);
-    let host_capabilities = match &host {
-        Some(host_id) => crate::hosts::seen(&gateway.hosts, host_id)
-            .await
-            .ok()
-            .flatten()
-            .map(|seen| seen.record.capabilities)
-            .unwrap_or_default(),
-        None => Vec::new(),
-    };
+    let host_capabilities = host_capabilities(&gateway, host.as_deref()).await;
     let (out, queue) = mpsc::channel::<Outgoing>(OUTGOING_QUEUE);
     let live = Subscriptions::new(s.max_lag_events, s.max_events_per_frame);
     let pushes = GatewayPushes {
@@ -141,6 +124,19 @@ pub async fn run(
         pushes,
     )
     .await;
+}
+
+/// What the last record of the connection's host says it has on (empty: no host, or not known).
+async fn host_capabilities(gateway: &Gateway, host: Option<&str>) -> Vec<String> {
+    let Some(host_id) = host else {
+        return Vec::new();
+    };
+    hosts::seen(&gateway.hosts, host_id)
+        .await
+        .ok()
+        .flatten()
+        .map(|seen| seen.record.capabilities)
+        .unwrap_or_default()
 }
 
 impl Service for GatewayConnection {
@@ -176,42 +172,26 @@ impl Service for GatewayConnection {
     }
 
     fn hello(&mut self, agreed: Agreed) -> HelloResult {
-        let settings = &self.gateway.settings;
+        let s = &self.gateway.settings;
         self.agreed = agreed;
         self.live.set_max_events_per_frame(agreed.events_per_push);
-        let (principal, pairing) = match &self.caller {
-            Caller::Device(device) => (
-                racp_server::hello::device(&device.device_id, &device.roles),
-                false,
-            ),
-            Caller::Pairing { .. } => (racp_server::hello::pairing(), true),
-        };
-        HelloResult {
-            protocol: PROTOCOL_VERSION,
+        let principal = self.caller.principal();
+        let offer = hello::Offer {
             host: HostIdentity {
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 id: self.host.clone().unwrap_or_else(|| "gateway".to_string()),
             },
-            principal,
-            capabilities: if pairing {
-                Vec::new()
-            } else {
-                self.capabilities()
+            principal: &principal,
+            capabilities: self.capabilities(),
+            bounds: hello::Bounds {
+                max_in_flight: s.max_in_flight,
+                max_subscriptions: s.max_subscriptions,
+                requests_per_second: s.requests_per_second,
+                request_burst: s.request_burst,
             },
-            limits: Limits {
-                max_frame_bytes: agreed.max_frame_bytes,
-                max_events_per_push: u32::try_from(agreed.events_per_push).unwrap_or(u32::MAX),
-                max_in_flight: settings.max_in_flight,
-                max_subscriptions: if pairing {
-                    0
-                } else {
-                    settings.max_subscriptions
-                },
-                requests_per_second: settings.requests_per_second,
-                request_burst: settings.request_burst,
-            },
-            heartbeat_ms: u64::try_from(settings.heartbeat.as_millis()).unwrap_or(u64::MAX),
-        }
+            heartbeat: s.heartbeat,
+        };
+        hello::result(agreed, offer)
     }
 
     fn subscription(&mut self, call: SubscriptionCall) -> Here<'_> {
@@ -232,55 +212,8 @@ impl Service for GatewayConnection {
     }
 
     fn endpoint(&mut self, call: EndpointCall) -> Answer {
-        let gateway = self.gateway.clone();
-        let device = self.device();
-        let caller = self.caller.clone();
-        let reached_as = self.reached_as.clone();
-        Box::pin(async move {
-            let now = racp_server::clock::now_ms();
-            match call {
-                EndpointCall::Pair(params) => {
-                    let Caller::Pairing { token_id } = caller else {
-                        return Err(hosts::internal(&"pair without a pairing token"));
-                    };
-                    to_raw(
-                        &gateway
-                            .devices
-                            .pair(&token_id, params.device_name, now)
-                            .await?,
-                    )
-                }
-                EndpointCall::HostList(_) => {
-                    to_raw(&hosts::list(&gateway.js, &gateway.hosts, &device?, now).await?)
-                }
-                EndpointCall::DeviceList(_) => to_raw(&device_list(&gateway, &device?)),
-                EndpointCall::DeviceRevoke(params) => {
-                    revocation::revoke(&gateway, &params.device_id, &device?).await?;
-                    to_raw(&racp_proto::Ack {})
-                }
-                EndpointCall::PairingCreate(params) => {
-                    let ttl = params
-                        .ttl_seconds
-                        .unwrap_or(racp_proto::limits::DEFAULT_PAIRING_TTL_SECONDS);
-                    let expires_at = now + ttl * 1000;
-                    let hosts = device?.grant(params.hosts)?;
-                    let minted = gateway
-                        .devices
-                        .mint_pairing(params.roles.clone(), hosts, expires_at)
-                        .await?;
-                    let settings = &gateway.settings;
-                    let cert = settings.cert_sha256.as_ref();
-                    let url = pairing_link(&reached_as, cert, cert.is_some(), &minted.token);
-                    to_raw(&PairingCreateResult {
-                        url,
-                        token: minted.token,
-                        expires_at,
-                        roles: params.roles,
-                        cert_sha256: settings.cert_sha256.map(|s| s.to_hex()),
-                    })
-                }
-            }
-        })
+        let (gateway, caller) = (self.gateway.clone(), self.caller.clone());
+        endpoint::answer(gateway, caller, self.reached_as.clone(), call)
     }
 
     /// Routed to the connection's host, which a device granted some hosts reaches only if it
@@ -288,9 +221,9 @@ impl Service for GatewayConnection {
     fn host(&mut self, call: HostCall, params: Option<&RawValue>) -> Answer {
         let gateway = self.gateway.clone();
         let target = self.host_for(call.method()).and_then(|host| {
-            let device = self.device()?;
+            let device = self.caller.device()?;
             if !device.may_reach(&host) {
-                return Err(forbidden_host(&host));
+                return Err(hosts::forbidden_host(&host));
             }
             Ok((host, device))
         });
@@ -358,16 +291,6 @@ impl GatewayConnection {
             .collect()
     }
 
-    fn device(&self) -> Result<DeviceRecord, AppError> {
-        match &self.caller {
-            Caller::Device(device) => Ok(device.clone()),
-            Caller::Pairing { .. } => Err(AppError::new(
-                ErrorCode::Unauthorized,
-                "a pairing connection may only call hello and pair",
-            )),
-        }
-    }
-
     /// The connection's host, for a call that needs one.
     fn host_for(&self, method: Method) -> Result<String, AppError> {
         self.host.clone().ok_or_else(|| {
@@ -389,20 +312,16 @@ impl GatewayConnection {
     ) -> Result<SessionSubscribeResult, AppError> {
         let host = self.host_for(Method::SessionSubscribe)?;
         self.room_for_subscription()?;
-        let stream = self
-            .gateway
-            .js
-            .get_stream_no_info(events_stream(&host))
-            .await
-            .map_err(|e| hosts::nats_down(&e))?;
-        if !valid_session_id(&params.session_id) {
-            return Err(AppError::new(ErrorCode::SessionNotFound, "no such session")
-                .with_details(json!({"sessionId": params.session_id})));
-        }
+        let stream = self.events_stream(&host, &params.session_id).await?;
         let subject = events_subject(&host, &params.session_id);
-        let point = self
-            .start_point(&stream, &subject, &host, &params.session_id, params.cursor)
-            .await?;
+        let device = self.caller.device()?;
+        let origin = start::Origin {
+            gateway: &self.gateway,
+            device: &device,
+            host: &host,
+            session_id: &params.session_id,
+        };
+        let point = start::start_point(&origin, &stream, &subject, params.cursor).await?;
         let (epoch, after) = (point.epoch, point.after);
         let subscription_id = self.live.new_id();
         let feed = self.gateway.feeds.join(feed::Start {
@@ -441,6 +360,25 @@ impl GatewayConnection {
         })
     }
 
+    /// The host's events stream, for a session id that can be in it (SESSION_NOT_FOUND else).
+    async fn events_stream(
+        &self,
+        host: &str,
+        session_id: &str,
+    ) -> Result<crate::stream::Stream, AppError> {
+        let stream = self
+            .gateway
+            .js
+            .get_stream_no_info(events_stream(host))
+            .await
+            .map_err(|e| hosts::nats_down(&e))?;
+        if !valid_session_id(session_id) {
+            return Err(AppError::new(ErrorCode::SessionNotFound, "no such session")
+                .with_details(json!({"sessionId": session_id})));
+        }
+        Ok(stream)
+    }
+
     /// LIMIT_EXCEEDED when the connection holds as many subscriptions as it may.
     fn room_for_subscription(&self) -> Result<(), AppError> {
         let max = self.gateway.settings.max_subscriptions;
@@ -453,206 +391,10 @@ impl GatewayConnection {
         }
         Ok(())
     }
-
-    /// Where a subscription starts.
-    async fn start_point(
-        &self,
-        stream: &stream::Stream,
-        subject: &str,
-        host: &str,
-        session_id: &str,
-        cursor: Option<Cursor>,
-    ) -> Result<StartPoint, AppError> {
-        let waiting_since = tokio::time::Instant::now();
-        let mut pause = Duration::from_millis(25);
-        loop {
-            let span = stream::span(stream, subject).await?;
-            let Span::Events {
-                epoch,
-                first,
-                last,
-                closed,
-            } = span
-            else {
-                let head = self.host_head(host, session_id).await?;
-                if let Some(point) = start_before_relay(&head, cursor)? {
-                    return Ok(point);
-                }
-                // Behind the host's head: the events after the cursor are on their way from
-                // the host, or retention removed them all. Only the first is worth waiting for.
-                if waiting_since.elapsed() < RELAY_WAIT {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(400));
-                    continue;
-                }
-                let (epoch, head) = (head.epoch, head.seq);
-                return Err(Expired::OlderThanWindow.error(epoch, head, head));
-            };
-            let (oldest, head) = (first.0.saturating_sub(1), last.0);
-            let window = Window {
-                epoch,
-                oldest,
-                head,
-            };
-            let after = self.start_after(cursor, window, host, session_id).await?;
-            let stream_sequence = stream::stream_start(stream, subject, after, first, last).await?;
-            return Ok(StartPoint {
-                epoch,
-                after,
-                stream_sequence,
-                head,
-                after_head: last.1 + 1,
-                closed,
-            });
-        }
-    }
-
-    /// The seq a subscription from `cursor` starts after, in a stream that holds `window`.
-    async fn start_after(
-        &self,
-        cursor: Option<Cursor>,
-        window: Window,
-        host: &str,
-        session_id: &str,
-    ) -> Result<u64, AppError> {
-        let Window {
-            epoch,
-            oldest,
-            head,
-        } = window;
-        match cursor {
-            None => Ok(head),
-            Some(cursor) if cursor.epoch != epoch => {
-                Err(Expired::OtherEpoch.error(epoch, oldest, head))
-            }
-            Some(cursor) if cursor.seq < oldest => {
-                Err(Expired::OlderThanWindow.error(epoch, oldest, head))
-            }
-            Some(cursor) if cursor.seq > head => {
-                // Ahead of the stream: valid only if the host has it (not yet relayed).
-                let at_host = self.host_head(host, session_id).await?;
-                if at_host.epoch != epoch || cursor.seq > at_host.seq {
-                    return Err(Expired::AheadOfHead.error(epoch, oldest, head));
-                }
-                Ok(cursor.seq)
-            }
-            Some(cursor) => Ok(cursor.seq),
-        }
-    }
-
-    /// The session's head cursor as its host has it (`session/get` routed to the host).
-    async fn host_head(&self, host: &str, session_id: &str) -> Result<HostHead, AppError> {
-        let device = self.device()?;
-        let session = SessionRef {
-            session_id: session_id.to_string(),
-        };
-        let params = to_raw(&session)?;
-        let call = HostCall::SessionGet(session);
-        let routed = hosts::Routed::new(&call, Some(&params));
-        let gateway = &self.gateway;
-        let got = hosts::route(&gateway.client, &gateway.signer, host, &device, routed).await?;
-        #[derive(serde::Deserialize)]
-        struct Got {
-            session: Session,
-            cursor: Cursor,
-        }
-        #[derive(serde::Deserialize)]
-        struct Session {
-            state: SessionState,
-        }
-        serde_json::from_str::<Got>(got.get())
-            .map(|got| HostHead {
-                epoch: got.cursor.epoch,
-                seq: got.cursor.seq,
-                closed: got.session.state == SessionState::Closed,
-            })
-            .map_err(|e| hosts::internal(&e))
-    }
-}
-
-/// The devices `viewer` may see, as this replica's watch of the devices bucket has them.
-fn device_list(gateway: &Gateway, viewer: &DeviceRecord) -> DeviceListResult {
-    DeviceListResult {
-        devices: gateway
-            .devices
-            .list(viewer)
-            .into_iter()
-            .map(|d| DeviceInfo {
-                current: d.device_id == viewer.device_id,
-                device_id: d.device_id,
-                name: d.name,
-                roles: d.roles,
-                created_at: d.created_at,
-                last_seen_at: None,
-            })
-            .collect(),
-    }
 }
 
 /// Events a feed's window holds: a subscriber within the lag bound stays in it, as on a host.
 fn window_events(settings: &crate::state::Settings) -> usize {
     let lag = usize::try_from(settings.max_lag_events).unwrap_or(usize::MAX);
     lag.saturating_add(settings.max_events_per_frame)
-}
-
-pub fn forbidden_host(host: &str) -> AppError {
-    AppError::new(
-        ErrorCode::Forbidden,
-        "this device may not reach that host; an owner can pair it with access to it",
-    )
-    .with_details(json!({"hostId": host, "reason": "host_not_granted"}))
-}
-
-/// Where a subscription starts: the session's epoch, the RACP seq after which it delivers and
-/// the stream sequence it reads from; and where the session's feed would start: the head's
-/// RACP seq, the stream sequence after it, and whether the session is closed there.
-struct StartPoint {
-    epoch: Epoch,
-    after: u64,
-    stream_sequence: u64,
-    head: u64,
-    after_head: u64,
-    closed: bool,
-}
-
-/// The events of one epoch a session's stream holds: the seqs after `oldest` up to `head`.
-#[derive(Clone, Copy)]
-struct Window {
-    epoch: Epoch,
-    oldest: u64,
-    head: u64,
-}
-
-/// A session's head as its host has it.
-struct HostHead {
-    epoch: Epoch,
-    seq: u64,
-    closed: bool,
-}
-
-/// Where a subscription starts when the stream holds none of the session's events: from the
-/// host's head, or from a cursor at it; `None` for a cursor behind it.
-fn start_before_relay(
-    head: &HostHead,
-    cursor: Option<Cursor>,
-) -> Result<Option<StartPoint>, AppError> {
-    let after = match cursor {
-        None => head.seq,
-        Some(cursor) if cursor.epoch != head.epoch => {
-            return Err(Expired::OtherEpoch.error(head.epoch, 0, head.seq));
-        }
-        Some(cursor) if cursor.seq > head.seq => {
-            return Err(Expired::AheadOfHead.error(head.epoch, 0, head.seq));
-        }
-        Some(cursor) if cursor.seq < head.seq => return Ok(None),
-        Some(cursor) => cursor.seq,
-    };
-    Ok(Some(StartPoint {
-        epoch: head.epoch,
-        after,
-        stream_sequence: 1,
-        head: head.seq,
-        after_head: 1,
-        closed: head.closed,
-    }))
 }

@@ -107,6 +107,17 @@ impl Caller {
             Caller::Pairing { .. } => None,
         }
     }
+
+    /// The paired device calling; UNAUTHORIZED for a pairing connection.
+    pub fn device(&self) -> Result<DeviceRecord, AppError> {
+        match self {
+            Caller::Device(device) => Ok(device.clone()),
+            Caller::Pairing { .. } => Err(AppError::new(
+                ErrorCode::Unauthorized,
+                "a pairing connection may only call hello and pair",
+            )),
+        }
+    }
 }
 
 pub struct Minted {

@@ -203,6 +203,15 @@ fn sign(
         .map_err(|e| internal(&e))
 }
 
+/// FORBIDDEN: the device's grant does not name `host`.
+pub fn forbidden_host(host: &str) -> AppError {
+    AppError::new(
+        ErrorCode::Forbidden,
+        "this device may not reach that host; an owner can pair it with access to it",
+    )
+    .with_details(json!({"hostId": host, "reason": "host_not_granted"}))
+}
+
 pub fn host_offline(host_id: &str) -> AppError {
     AppError::new(
         ErrorCode::HostUnavailable,

@@ -4,6 +4,7 @@
 
 mod connection;
 mod devices;
+mod endpoint;
 mod feed;
 mod follow;
 mod hosts;
@@ -12,6 +13,7 @@ mod nats;
 mod revocation;
 mod served;
 mod server;
+mod start;
 mod state;
 mod stream;
 

@@ -97,7 +97,7 @@ async fn admit(
             ));
         };
         if !device.may_reach(host) {
-            return Err(crate::connection::forbidden_host(host));
+            return Err(crate::hosts::forbidden_host(host));
         }
         if !racp_proto::gateway::valid_host_id(host)
             || crate::hosts::seen(&gateway.hosts, host).await?.is_none()

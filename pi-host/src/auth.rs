@@ -1,7 +1,6 @@
 //! Who a call comes from: a paired device, a pairing token, or the host's owner at the admin
 //! socket (`server/upgrade.rs` finds it from a presented token).
 
-use racp_proto::methods::handshake::{PrincipalInfo, PrincipalKind};
 use racp_proto::{Method, Principal, Role};
 
 /// Who a call comes from, as the host knows it: what the protocol's [`Principal`] says
@@ -37,19 +36,6 @@ impl Caller {
             Caller::Device { device_id, .. } => device_id.clone(),
             Caller::Pairing { token_id, .. } => format!("pairing:{token_id}"),
             Caller::Owner => "owner".to_string(),
-        }
-    }
-
-    /// The caller as `hello` names it.
-    pub fn hello_principal(&self) -> PrincipalInfo {
-        match self {
-            Caller::Device { device_id, roles } => racp_server::hello::device(device_id, roles),
-            Caller::Pairing { .. } => racp_server::hello::pairing(),
-            Caller::Owner => PrincipalInfo {
-                kind: PrincipalKind::Device,
-                device_id: None,
-                roles: vec![Role::Owner],
-            },
         }
     }
 

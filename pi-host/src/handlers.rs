@@ -368,16 +368,10 @@ async fn session_close(
     Ok(Ack {})
 }
 
-pub fn limits(state: &HostState, max_frame_bytes: u32, max_events_per_push: usize) -> Limits {
+/// The limits `host/info` reports: the host's own, before any `hello` agreed smaller ones.
+fn limits(state: &HostState) -> Limits {
     let l = &state.config.limits;
-    Limits {
-        max_frame_bytes,
-        max_events_per_push: u32::try_from(max_events_per_push).unwrap_or(u32::MAX),
-        max_in_flight: l.max_in_flight,
-        max_subscriptions: l.max_subscriptions,
-        requests_per_second: l.requests_per_second,
-        request_burst: l.request_burst,
-    }
+    racp_server::hello::limits(l.into(), l.max_frame_bytes, l.max_events_per_frame)
 }
 
 pub fn host_identity(state: &HostState) -> HostIdentity {
@@ -397,11 +391,7 @@ fn host_info(state: &HostState, agent: AgentStatus) -> HostInfoResult {
         arch: std::env::consts::ARCH.to_string(),
         started_at: state.started_at,
         capabilities: capabilities(state),
-        limits: limits(
-            state,
-            state.config.limits.max_frame_bytes,
-            state.config.limits.max_events_per_frame,
-        ),
+        limits: limits(state),
         agents: state.turns.agents_info(state),
         agent,
     }

@@ -1,10 +1,15 @@
-//! What `hello` agrees on, one way for a host and a gateway (docs/protocol.md §5.2): the protocol
-//! version, the connection's frame bound and events per push, and who the caller is.
+//! What `hello` agrees on and answers, one way for a host and a gateway (docs/protocol.md
+//! §5.2): the protocol version, the connection's frame bound and events per push, and the
+//! result, in which a server supplies only what differs ([`Offer`]).
 
+use crate::limits::HostLimits;
 use racp_proto::limits::MIN_MAX_FRAME_BYTES;
-use racp_proto::methods::handshake::{HelloParams, PrincipalInfo, PrincipalKind};
-use racp_proto::{AppError, ErrorCode, PROTOCOL_VERSION, Role};
+use racp_proto::methods::handshake::{
+    HelloParams, HelloResult, HostIdentity, Limits, PrincipalInfo, PrincipalKind,
+};
+use racp_proto::{AppError, ErrorCode, PROTOCOL_VERSION, Principal, Role};
 use serde_json::json;
+use std::time::Duration;
 
 /// The bounds of one connection, agreed at `hello`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,21 +44,90 @@ pub fn agree(
     })
 }
 
-/// `hello`'s principal for a paired device.
-pub fn device(device_id: &str, roles: &[Role]) -> PrincipalInfo {
-    PrincipalInfo {
-        kind: PrincipalKind::Device,
-        device_id: Some(device_id.to_string()),
-        roles: roles.to_vec(),
+/// What a server says at `hello` beyond the bounds agreed with the client: who it is, what it
+/// has on, its per-connection bounds and its heartbeat; and who is calling.
+pub struct Offer<'a> {
+    pub host: HostIdentity,
+    pub principal: &'a Principal,
+    /// Capabilities the server has on (a pairing connection is offered none).
+    pub capabilities: Vec<String>,
+    pub bounds: Bounds,
+    pub heartbeat: Duration,
+}
+
+/// The per-connection bounds a server reports as they are (the frame bound and events per push
+/// are agreed at `hello`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub max_in_flight: u32,
+    pub max_subscriptions: u32,
+    pub requests_per_second: u32,
+    pub request_burst: u32,
+}
+
+impl From<&HostLimits> for Bounds {
+    fn from(l: &HostLimits) -> Self {
+        Bounds {
+            max_in_flight: l.max_in_flight,
+            max_subscriptions: l.max_subscriptions,
+            requests_per_second: l.requests_per_second,
+            request_burst: l.request_burst,
+        }
     }
 }
 
-/// `hello`'s principal for a pairing connection: no device, no roles.
-pub fn pairing() -> PrincipalInfo {
-    PrincipalInfo {
-        kind: PrincipalKind::Pairing,
-        device_id: None,
-        roles: Vec::new(),
+/// The limits `hello` (and a host's `host/info`) report: `bounds` with a frame bound and the
+/// events per push.
+pub fn limits(bounds: Bounds, max_frame_bytes: u32, events_per_push: usize) -> Limits {
+    Limits {
+        max_frame_bytes,
+        max_events_per_push: u32::try_from(events_per_push).unwrap_or(u32::MAX),
+        max_in_flight: bounds.max_in_flight,
+        max_subscriptions: bounds.max_subscriptions,
+        requests_per_second: bounds.requests_per_second,
+        request_burst: bounds.request_burst,
+    }
+}
+
+/// `hello`'s result. A pairing connection can only pair: it is offered no capabilities and no
+/// subscriptions.
+pub fn result(agreed: Agreed, offer: Offer<'_>) -> HelloResult {
+    let pairing = matches!(offer.principal, Principal::Pairing);
+    let mut limits = limits(offer.bounds, agreed.max_frame_bytes, agreed.events_per_push);
+    let mut capabilities = offer.capabilities;
+    if pairing {
+        limits.max_subscriptions = 0;
+        capabilities.clear();
+    }
+    HelloResult {
+        protocol: PROTOCOL_VERSION,
+        host: offer.host,
+        principal: principal(offer.principal),
+        capabilities,
+        limits,
+        heartbeat_ms: u64::try_from(offer.heartbeat.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+/// The caller as `hello` names it: a paired device with its roles, a pairing connection with
+/// none, or the owner (a device without an id that holds the owner role).
+fn principal(principal: &Principal) -> PrincipalInfo {
+    match principal {
+        Principal::Device { device_id, roles } => PrincipalInfo {
+            kind: PrincipalKind::Device,
+            device_id: Some(device_id.clone()),
+            roles: roles.clone(),
+        },
+        Principal::Pairing => PrincipalInfo {
+            kind: PrincipalKind::Pairing,
+            device_id: None,
+            roles: Vec::new(),
+        },
+        Principal::Owner => PrincipalInfo {
+            kind: PrincipalKind::Device,
+            device_id: None,
+            roles: vec![Role::Owner],
+        },
     }
 }
 
@@ -89,5 +163,38 @@ mod tests {
                 .message()
                 .starts_with("this gateway speaks protocol")
         );
+    }
+
+    #[test]
+    fn a_pairing_connection_is_offered_no_capabilities_and_no_subscriptions() {
+        let agreed = Agreed {
+            max_frame_bytes: 200_000,
+            events_per_push: 64,
+        };
+        let offer = |principal| Offer {
+            host: HostIdentity {
+                id: "h".into(),
+                version: "1".into(),
+            },
+            principal,
+            capabilities: vec!["sessions".into()],
+            bounds: Bounds::from(&HostLimits::default()),
+            heartbeat: Duration::from_secs(15),
+        };
+        let device = Principal::Device {
+            device_id: "dev_1".into(),
+            roles: vec![Role::Operator],
+        };
+        let paired = result(agreed, offer(&device));
+        assert_eq!(paired.capabilities, vec!["sessions".to_string()]);
+        assert_eq!(paired.limits.max_subscriptions, 64);
+        assert_eq!(paired.limits.max_frame_bytes, 200_000);
+        assert_eq!(paired.limits.max_events_per_push, 64);
+        assert_eq!(paired.heartbeat_ms, 15_000);
+        assert_eq!(paired.principal.device_id.as_deref(), Some("dev_1"));
+        let pairing = result(agreed, offer(&Principal::Pairing));
+        assert!(pairing.capabilities.is_empty());
+        assert_eq!(pairing.limits.max_subscriptions, 0);
+        assert_eq!(pairing.principal.kind, PrincipalKind::Pairing);
     }
 }

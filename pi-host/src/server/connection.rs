@@ -11,12 +11,10 @@ use axum::extract::ws::WebSocket;
 use racp_proto::events::SubscriptionHead;
 use racp_proto::methods::handshake::HelloResult;
 use racp_proto::methods::session::{SessionSubscribeParams, SessionSubscribeResult};
-use racp_proto::{
-    AppError, Call, EndpointCall, ErrorCode, HostCall, Method, PROTOCOL_VERSION, SubscriptionCall,
-};
+use racp_proto::{AppError, Call, EndpointCall, ErrorCode, HostCall, Method, SubscriptionCall};
 use racp_server::connection::{self, Answer, Here, Refusal, Service, Settings};
 use racp_server::fanout::{Subscriptions, no_such_subscription};
-use racp_server::hello::Agreed;
+use racp_server::hello::{self, Agreed};
 use racp_server::wire::to_raw;
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -97,29 +95,16 @@ impl Service for HostConnection {
     }
 
     fn hello(&mut self, agreed: Agreed) -> HelloResult {
-        let (bound, per_push) = (agreed.max_frame_bytes, agreed.events_per_push);
-        self.subs.set_max_events_per_frame(per_push);
-        let principal = self.caller.hello_principal();
-        // A pairing connection can only pair: it is offered no features and no subscriptions.
-        let pairing = matches!(self.caller, Caller::Pairing { .. });
-        let capabilities = if pairing {
-            Vec::new()
-        } else {
-            handlers::capabilities(&self.state)
-        };
-        let mut limits = handlers::limits(&self.state, bound, per_push);
-        if pairing {
-            limits.max_subscriptions = 0;
-        }
-        HelloResult {
-            protocol: PROTOCOL_VERSION,
+        self.subs.set_max_events_per_frame(agreed.events_per_push);
+        let principal = self.caller.principal();
+        let offer = hello::Offer {
             host: handlers::host_identity(&self.state),
-            principal,
-            capabilities,
-            limits,
-            heartbeat_ms: u64::try_from(self.state.config.heartbeat.as_millis())
-                .unwrap_or(u64::MAX),
-        }
+            principal: &principal,
+            capabilities: handlers::capabilities(&self.state),
+            bounds: hello::Bounds::from(&self.state.config.limits),
+            heartbeat: self.state.config.heartbeat,
+        };
+        hello::result(agreed, offer)
     }
 
     fn subscription(&mut self, call: SubscriptionCall) -> Here<'_> {
