@@ -10,7 +10,6 @@ use crate::hosts;
 use crate::revocation;
 use crate::state::{Gateway, shutting_down};
 use crate::stream::{self, Span};
-use axum::extract::ws::WebSocket;
 use racp_proto::events::SubscriptionHead;
 use racp_proto::gateway::{events_stream, events_subject, valid_session_id};
 use racp_proto::methods::handshake::{HelloResult, HostIdentity, Limits};
@@ -27,6 +26,7 @@ use racp_server::connections::Slot;
 use racp_server::fanout::{Subscriptions, no_such_subscription};
 use racp_server::hello::Agreed;
 use racp_server::identity::pairing_link;
+use racp_server::socket::Socket;
 use racp_server::wire::to_raw;
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -84,7 +84,7 @@ impl Pushes for GatewayPushes {
 }
 
 pub async fn run(
-    socket: WebSocket,
+    socket: Socket,
     gateway: Arc<Gateway>,
     caller: Caller,
     host: Option<String>,
@@ -100,6 +100,7 @@ pub async fn run(
         server_in_flight: None,
         heartbeat: s.heartbeat,
         send_stall: s.send_stall,
+        budget: gateway.budget.clone(),
     };
     let device_id = caller.device_id().map(str::to_string);
     let host_capabilities = match &host {
