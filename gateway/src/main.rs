@@ -144,6 +144,13 @@ struct ServeArgs {
     revocation_lease_ms: u64,
 }
 
+/// jemalloc rather than glibc's malloc: after a burst of large requests glibc kept hundreds of
+/// MiB that no connection held any more; jemalloc, tuned in .cargo/config.toml, hands freed
+/// pages back within about a second from its background thread (docs/benchmarks.md, "Memory
+/// under large requests", where mimalloc was also weighed).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = match racp_server::usage::parse::<Cli>() {
         Ok(cli) => cli,

@@ -246,7 +246,7 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
         }
         HostCall::SessionExport(params) => task(async move {
             // The page read back and its result written: `maxBytes` twice, held until the
-            // result is written (docs/reliability.md §4.10, "Memory").
+            // result is written (docs/reliability.md §4.17).
             let asked = params.max_bytes.unwrap_or(DEFAULT_EXPORT_BYTES) as usize;
             let _held = state.budget.charge(asked * 2)?;
             to_raw(&state.turns.export(&state, params).await?)

@@ -1,4 +1,4 @@
-//! The server-wide budget of bytes held for clients (docs/reliability.md §4.10, "Memory"):
+//! The server-wide budget of bytes held for clients (docs/reliability.md §4.17):
 //! request frames being read (`reframe.rs` charges them as they arrive) and replies being built
 //! or waiting for their socket (a history page, an export, any reply frame). A charge that
 //! does not fit is refused with HOST_OVERLOADED, so what many connections hold at once stays

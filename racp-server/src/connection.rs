@@ -451,7 +451,14 @@ fn charged(
     max_frame_bytes: usize,
     budget: &ByteBudget,
 ) -> Reply {
+    // The result and the frame written from it, until the frame is cut to fit.
+    let size = answer.as_ref().map_or(0, |result| result.get().len());
+    let writing = match budget.charge(size * 2) {
+        Ok(charge) => charge,
+        Err(error) => return (error_reply(id, error), None),
+    };
     let frame = fit_reply(reply(id.clone(), answer), max_frame_bytes);
+    drop(writing);
     match budget.charge(frame.len()) {
         Ok(charge) => (frame, Some(charge)),
         // An error reply is small, like the requests that are not charged either.

@@ -156,11 +156,14 @@ impl<S> Reframe<S> {
         Ok(())
     }
 
+    /// Charges `bytes` more of the message being read; refused, the message is given up (the
+    /// connection ends) and what it held is released.
     fn charge(&mut self, bytes: usize) -> io::Result<()> {
         let charge = self.reading.get_or_insert_with(|| self.budget.empty());
-        charge
-            .grow(bytes)
-            .map_err(|error| io::Error::other(OverBudget(error)))
+        charge.grow(bytes).map_err(|error| {
+            self.reading = None;
+            io::Error::other(OverBudget(error))
+        })
     }
 
     /// The payload handed on is complete: the next fragment of ours, or the next header.
@@ -351,5 +354,81 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Reframe<S> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use futures_util::{SinkExt, StreamExt};
+    use racp_proto::ErrorCode;
+    use tokio_tungstenite::WebSocketStream;
+    use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+    use tokio_tungstenite::tungstenite::{Error, Message};
+
+    type Server = WebSocketStream<Reframe<tokio::io::DuplexStream>>;
+
+    /// A client and a server over a pipe; the server reads through `Reframe` and refuses any
+    /// frame larger than a fragment, so a frame passed on whole fails the test.
+    async fn pair(budget: &ByteBudget) -> (WebSocketStream<tokio::io::DuplexStream>, Server) {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let client = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        let config = WebSocketConfig::default()
+            .max_frame_size(Some(FRAGMENT as usize + MAX_HEADER))
+            .max_message_size(Some(4 << 20));
+        let reframed = Reframe::new(server, budget.clone(), 4 << 20);
+        let server = WebSocketStream::from_raw_socket(reframed, Role::Server, Some(config)).await;
+        (client, server)
+    }
+
+    /// Text of `bytes` bytes whose two-byte characters straddle the fragments' edges.
+    fn text(bytes: usize) -> String {
+        let mut text = "a".repeat(bytes % 2);
+        text.push_str(&"é".repeat(bytes / 2));
+        text
+    }
+
+    #[tokio::test]
+    async fn a_large_frame_arrives_whole_in_fragments_and_its_charge_ends_when_released() {
+        let budget = ByteBudget::new(1 << 20);
+        let (mut client, mut server) = pair(&budget).await;
+        for bytes in [100, FRAGMENT as usize, FRAGMENT as usize + 1, 100_001] {
+            let sent = text(bytes);
+            client.send(Message::text(sent.clone())).await.unwrap();
+            let Some(Ok(Message::Text(got))) = server.next().await else {
+                panic!("no text message of {bytes} bytes");
+            };
+            assert_eq!(got.as_str(), sent);
+            // One small frame is not charged; a larger one is, until the server is done with it.
+            let charged = if bytes <= FRAGMENT as usize { 0 } else { bytes };
+            assert_eq!(budget.held(), charged, "{bytes}");
+            server.get_mut().release_read();
+            assert_eq!(budget.held(), 0);
+        }
+        // Control frames between messages pass as they are.
+        client.send(Message::Ping(vec![1, 2].into())).await.unwrap();
+        assert!(matches!(server.next().await, Some(Ok(Message::Ping(_)))));
+    }
+
+    #[tokio::test]
+    async fn a_message_that_fills_the_budget_is_read_and_one_byte_more_is_refused() {
+        let limit = 64 << 10;
+        let budget = ByteBudget::new(limit);
+        let (mut client, mut server) = pair(&budget).await;
+        client.send(Message::text(text(limit))).await.unwrap();
+        assert!(matches!(server.next().await, Some(Ok(Message::Text(_)))));
+        server.get_mut().release_read();
+        client.send(Message::text(text(limit + 1))).await.unwrap();
+        let Some(Err(Error::Io(err))) = server.next().await else {
+            panic!("the message over the budget was read");
+        };
+        let over = err.get_ref().and_then(|e| e.downcast_ref::<OverBudget>());
+        assert_eq!(over.map(|o| o.0.code()), Some(ErrorCode::HostOverloaded));
+        assert_eq!(
+            budget.held(),
+            0,
+            "what the refused message held is released"
+        );
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! The upgrade is this crate's, not axum's, so that the socket tungstenite reads from is
 //! `reframe.rs`'s, which keeps a connection's read buffer small whatever the client sends and
-//! charges large requests to the server's byte budget (docs/reliability.md §4.10, "Memory").
+//! charges large requests to the server's byte budget (docs/reliability.md §4.17).
 
 use crate::budget::ByteBudget;
 use crate::reframe::{OverBudget, Reframe};

@@ -12,9 +12,10 @@ use racp_proto::{AppError, Cursor, Expired};
 use racp_server::budget::Charge;
 use racp_server::elide::elide;
 
-/// What an entry on a page costs the host's byte budget per byte of its JSON: the entry read
-/// into the page, then the page written as the result.
-const HELD_PER_BYTE: usize = 2;
+/// What a page costs the host's byte budget per byte of its bound: its entries, the result
+/// written from them, and that result's copy as it is shrunk to size (measured:
+/// docs/benchmarks.md, "Memory under large requests").
+const HELD_PER_BYTE: usize = 3;
 
 /// How much one page holds.
 #[derive(Debug, Clone, Copy)]
@@ -61,10 +62,11 @@ impl Session {
     }
 }
 
-/// The page of `session`'s history that ends at `up_to` (a position of its log). Each entry is
-/// charged to `held` as it joins the page (docs/reliability.md §4.10, "Memory"): pages that
-/// many calls build at once are refused with HOST_OVERLOADED past the host's bound instead of
-/// adding up.
+/// The page of `session`'s history that ends at `up_to` (a position of its log). Its bound is
+/// charged to `held` before the first row is read (docs/reliability.md §4.17): pages
+/// that many calls build at once are refused with HOST_OVERLOADED past the host's bound
+/// instead of adding up, and those admitted finish (charged as they grew, concurrent pages
+/// could all run out halfway).
 pub fn page(
     store: &Store,
     session_id: &str,
@@ -72,9 +74,9 @@ pub fn page(
     bounds: PageBounds,
     held: &mut Charge,
 ) -> Result<HistoryPage, AppError> {
+    held.grow(bounds.max_bytes.saturating_mul(HELD_PER_BYTE))?;
     let mut entries: Vec<Event> = Vec::new();
     let mut bytes = 0;
-    let mut refused = None;
     // An entry larger than the whole page comes alone (cut to the page).
     let mut alone = false;
     let back = store
@@ -85,10 +87,6 @@ pub fn page(
             alone = row.json.len() > bounds.max_bytes;
             let json = fitted(&row, up_to, bounds.entry_bytes.min(bounds.max_bytes));
             if !entries.is_empty() && bytes + json.len() > bounds.max_bytes {
-                return false;
-            }
-            if let Err(error) = held.grow(json.len() * HELD_PER_BYTE) {
-                refused = Some(error);
                 return false;
             }
             match serde_json::from_str::<Event>(&json) {
@@ -102,9 +100,6 @@ pub fn page(
             true
         })
         .map_err(crate::internal)?;
-    if let Some(error) = refused {
-        return Err(error);
-    }
     entries.reverse();
     let earlier = match entries.first() {
         Some(oldest) if back.more => Some(Cursor::new(up_to.epoch, oldest.seq - 1)),
