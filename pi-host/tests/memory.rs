@@ -29,7 +29,7 @@ async fn frames_on_many_connections(
     frame_bytes: usize,
 ) -> (Vec<Client>, Vec<String>) {
     // One payload for every connection: a request whose size is all its text.
-    let mut payload = format!(r#"{{"id":1,"method":"session/list","params":{{"pad":""#);
+    let mut payload = r#"{"id":1,"method":"session/list","params":{"pad":""#.to_string();
     payload.push_str(&"x".repeat(frame_bytes - payload.len() - 3));
     payload.push_str(r#""}}"#);
     assert_eq!(payload.len(), frame_bytes);
