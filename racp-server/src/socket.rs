@@ -220,7 +220,7 @@ pub async fn close_with(socket: &mut Socket, error: AppError) {
     };
     let reason = error.code().as_str();
     let frame = crate::wire::encode(&ConnectionError { error });
-    let _ = socket.send(Message::Text(Utf8Bytes::from(frame))).await;
+    let _ = send_all(socket, vec![frame]).await;
     let _ = socket
         .send(Message::Close(Some(CloseFrame {
             code: code.into(),
