@@ -179,3 +179,65 @@ async fn many_large_history_pages_at_once_leave_the_host_near_its_baseline() {
     );
     assert!(after <= baseline + AFTER_BOUND_KIB, "{figures}");
 }
+
+/// A request of `bytes` bytes whose size is all its text.
+fn padded_request(method: &str, bytes: usize) -> String {
+    let mut text = format!(r#"{{"id":7,"method":"{method}","params":{{"pad":""#);
+    text.push_str(&"x".repeat(bytes - text.len() - 3));
+    text.push_str(r#""}}"#);
+    text
+}
+
+/// Whether the log has a line ending a connection with `code`.
+fn ended_with(log: &str, code: &str) -> bool {
+    log.lines()
+        .any(|l| l.contains("ending a connection") && l.contains(&format!("code={code}")))
+}
+
+#[tokio::test]
+async fn the_byte_budget_takes_exactly_its_bound_and_refuses_one_byte_more() {
+    let held = 1 << 20;
+    let agent = tests::stand_in_agent();
+    let args = ["--plain", "--agent", agent.to_str().unwrap()];
+    let max_held = held.to_string();
+    let host = HostProcess::start_with(
+        bin(),
+        &[&args[..], &["--max-held-bytes", &max_held]].concat(),
+    )
+    .await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let created = client
+        .call("session/create", json!({"workspace": host.workspace("w")}))
+        .await;
+    let id = created["result"]["session"]["sessionId"].clone();
+    assert!(id.is_string(), "{created}");
+
+    // A history page is charged three times its bound before a row is read.
+    let page = |max_bytes: usize| json!({"sessionId": id, "maxBytes": max_bytes});
+    let fits = client.call("session/history", page(held / 3)).await;
+    assert!(fits.get("result").is_some(), "{fits}");
+    let over = client.call("session/history", page(held / 3 + 1)).await;
+    assert_eq!(over["error"]["code"], "HOST_OVERLOADED", "{over}");
+    assert_eq!(over["error"]["details"]["reason"], "memory", "{over}");
+    assert!(over["error"]["retryAfterMs"].as_u64() > Some(0), "{over}");
+
+    // A request frame is charged as it arrives: exactly the budget is read (and answered), one
+    // byte more ends the connection with HOST_OVERLOADED before the frame is held whole.
+    client
+        .send_raw_text(padded_request("session/list", held).as_bytes())
+        .await;
+    let answered = client.next_frame().await.expect("an answer to the frame");
+    assert!(answered.get("error").is_some(), "{answered}");
+    assert!(!ended_with(&host.log(), "HOST_OVERLOADED"));
+    client
+        .send_raw_text(padded_request("session/list", held + 1).as_bytes())
+        .await;
+    let logged = "a connection ended with HOST_OVERLOADED";
+    let deadline = Instant::now() + PATIENCE;
+    while !ended_with(&host.log(), "HOST_OVERLOADED") {
+        assert!(Instant::now() < deadline, "{logged}: {}", host.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

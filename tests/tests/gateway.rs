@@ -1903,3 +1903,36 @@ async fn two_hundred_connections_sending_frames_near_the_cap_leave_the_gateway_n
     assert!(peak <= baseline + (128 << 10), "{figures}");
     assert!(after <= bound, "{figures}");
 }
+
+/// The gateway's byte budget, as a host's: a request frame of exactly `--max-held-bytes` is
+/// read and answered; one byte more ends the connection with HOST_OVERLOADED.
+#[tokio::test]
+async fn the_gateways_byte_budget_takes_exactly_its_bound_and_refuses_one_byte_more() {
+    let held = 1usize << 20;
+    let mut fleet = Fleet::new(1, 1, 0, 3600).await;
+    let gateway = fleet
+        .gateway_with(&["--max-held-bytes", &held.to_string()])
+        .await;
+    let (_, token) = gateway.pair_device("observer", &[]).await;
+    let mut client = connect(&gateway.url(), &token).await;
+    let request = |bytes: usize| {
+        let mut text = r#"{"id":7,"method":"host/list","params":{"pad":""#.to_string();
+        text.push_str(&"x".repeat(bytes - text.len() - 3));
+        text.push_str(r#""}}"#);
+        text
+    };
+    let ended = |log: String| {
+        log.lines()
+            .any(|l| l.contains("ending a connection") && l.contains("code=HOST_OVERLOADED"))
+    };
+    client.send_raw_text(request(held).as_bytes()).await;
+    let answered = client.next_frame().await.expect("an answer to the frame");
+    assert!(answered.get("error").is_some(), "{answered}");
+    assert!(!ended(gateway.log()));
+    client.send_raw_text(request(held + 1).as_bytes()).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !ended(gateway.log()) {
+        assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
