@@ -26,6 +26,8 @@ use tokio_tungstenite::tungstenite::protocol::frame::{CloseFrame, Frame, Utf8Byt
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Bytes, Message};
 
+pub use tokio_tungstenite::tungstenite::Error as WsError;
+
 /// An upgraded RACP-WS connection.
 pub type Socket = WebSocketStream<Reframe<TokioIo<hyper::upgrade::Upgraded>>>;
 
@@ -207,8 +209,6 @@ async fn feed(socket: &mut Socket, frame: String) -> Result<(), WsError> {
     }
     Ok(())
 }
-
-pub use tokio_tungstenite::tungstenite::Error as WsError;
 
 /// Sends a connection error, then closes with its close code (1001 when draining) and the
 /// code's name as the reason.
