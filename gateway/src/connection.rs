@@ -10,7 +10,6 @@ use crate::follow::{self, Follow, Outgoing};
 use crate::hosts;
 use crate::start;
 use crate::state::{Gateway, shutting_down};
-use axum::extract::ws::WebSocket;
 use racp_proto::events::SubscriptionHead;
 use racp_proto::gateway::{events_stream, events_subject, valid_session_id};
 use racp_proto::methods::handshake::{HelloResult, HostIdentity};
@@ -22,6 +21,7 @@ use racp_server::connection::{self, Answer, Here, Pushes, Refusal, Service, Sett
 use racp_server::connections::Slot;
 use racp_server::fanout::{Subscriptions, no_such_subscription};
 use racp_server::hello::{self, Agreed};
+use racp_server::socket::Socket;
 use racp_server::wire::to_raw;
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -75,7 +75,7 @@ impl Pushes for GatewayPushes {
 }
 
 pub async fn run(
-    socket: WebSocket,
+    socket: Socket,
     gateway: Arc<Gateway>,
     caller: Caller,
     host: Option<String>,
@@ -91,6 +91,7 @@ pub async fn run(
         server_in_flight: None,
         heartbeat: s.heartbeat,
         send_stall: s.send_stall,
+        budget: gateway.budget.clone(),
     };
     let device_id = caller.device_id().map(str::to_string);
     let host_capabilities = host_capabilities(&gateway, host.as_deref()).await;

@@ -136,11 +136,22 @@ struct ServeArgs {
     /// [default: 20000]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     max_lag_events: Option<u64>,
+    /// Bytes held for clients at once, over all connections (requests being read, replies
+    /// waiting for their socket); past it, HOST_OVERLOADED [default: 67108864]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1 << 20..=1 << 40))]
+    max_held_bytes: Option<u64>,
     /// How long a replica serves devices after it last confirmed it knows every revoke, and
     /// so the longest a revoke waits for a replica that does not confirm (milliseconds)
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
     revocation_lease_ms: u64,
 }
+
+/// jemalloc rather than glibc's malloc: after a burst of large requests glibc kept hundreds of
+/// MiB that no connection held any more; jemalloc, tuned in .cargo/config.toml, hands freed
+/// pages back within about a second from its background thread (docs/benchmarks.md, "Memory
+/// under large requests", where mimalloc was also weighed).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
     let cli = match racp_server::usage::parse::<Cli>() {
@@ -511,6 +522,9 @@ fn settings(
         allowed_hosts: allowed_hosts(args),
         cert_sha256,
         revocation_lease: Duration::from_millis(args.revocation_lease_ms),
+        max_held_bytes: args
+            .max_held_bytes
+            .map_or(limits.max_held_bytes, |bytes| bytes as usize),
     }
 }
 

@@ -4,13 +4,13 @@
 use crate::devices::Caller;
 use crate::state::Gateway;
 use axum::Router;
-use axum::extract::ws::{WebSocketUpgrade, rejection::WebSocketUpgradeRejection};
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
 use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode};
 use racp_server::connections::Slot;
+use racp_server::socket::{Upgrade, UpgradeRejection};
 use racp_server::upgrade::{check_host_header, presented_token, refusal};
 use serde_json::json;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 async fn gateway_endpoint(
     State(gateway): State<Arc<Gateway>>,
     headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ws: Result<Upgrade, UpgradeRejection>,
 ) -> Response {
     upgrade(gateway, headers, ws, None).await
 }
@@ -37,7 +37,7 @@ async fn host_endpoint(
     State(gateway): State<Arc<Gateway>>,
     Path(host_id): Path<String>,
     headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ws: Result<Upgrade, UpgradeRejection>,
 ) -> Response {
     upgrade(gateway, headers, ws, Some(host_id)).await
 }
@@ -45,7 +45,7 @@ async fn host_endpoint(
 async fn upgrade(
     gateway: Arc<Gateway>,
     headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ws: Result<Upgrade, UpgradeRejection>,
     host: Option<String>,
 ) -> Response {
     let (caller, slot) = match admit(&gateway, &headers, host.as_deref()).await {
@@ -70,7 +70,8 @@ async fn upgrade(
         .get(axum::http::header::HOST)
         .and_then(|h| h.to_str().ok())
         .map_or_else(|| gateway.settings.listen.to_string(), str::to_string);
-    racp_server::socket::configure(ws, gateway.settings.max_frame_bytes).on_upgrade(move |socket| {
+    let (max_frame_bytes, budget) = (gateway.settings.max_frame_bytes, gateway.budget.clone());
+    ws.on_upgrade(max_frame_bytes, budget, move |socket| {
         crate::connection::run(socket, gateway, caller, host, slot, reached_as)
     })
 }

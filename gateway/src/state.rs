@@ -32,6 +32,8 @@ pub struct Settings {
     pub cert_sha256: Option<CertSha256>,
     /// How long this replica serves devices after it last confirmed it knows every revoke.
     pub revocation_lease: Duration,
+    /// The bound on bytes held for clients (racp-server's budget.rs).
+    pub max_held_bytes: usize,
 }
 
 pub struct Gateway {
@@ -44,6 +46,8 @@ pub struct Gateway {
     pub devices: Devices,
     pub lease: Lease,
     pub rate: racp_server::ratelimit::RateLimiter,
+    /// What every connection's requests and replies are charged to.
+    pub budget: racp_server::budget::ByteBudget,
     /// Open connections and the per-device gates that make a revoke final, as on a host.
     pub connections: Connections,
     /// The sessions this replica follows, each with one JetStream consumer.
@@ -60,6 +64,7 @@ impl Gateway {
     ) -> Result<Arc<Self>, AppError> {
         let lease = Lease::new(buckets.replicas, settings.revocation_lease)?;
         Ok(Arc::new(Gateway {
+            budget: racp_server::budget::ByteBudget::new(settings.max_held_bytes),
             rate: racp_server::ratelimit::RateLimiter::new(
                 settings.requests_per_second,
                 settings.request_burst,

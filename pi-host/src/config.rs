@@ -208,6 +208,10 @@ pub struct Settings {
     /// Calls a device may make in a burst above the sustained rate [default: 200]
     #[arg(long)]
     pub request_burst: Option<u32>,
+    /// Bytes held for clients at once, over all connections (requests being read, replies
+    /// being built or waiting for their socket); past it, HOST_OVERLOADED [default: 67108864]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1 << 20..=1 << 40))]
+    pub max_held_bytes: Option<u64>,
     /// Longest an approval waits for an answer, in ms [default: 600000]
     #[arg(long)]
     pub approval_timeout_ms: Option<u64>,
@@ -267,6 +271,7 @@ impl Settings {
             send_stall_ms: self.send_stall_ms.or(file.send_stall_ms),
             requests_per_second: self.requests_per_second.or(file.requests_per_second),
             request_burst: self.request_burst.or(file.request_burst),
+            max_held_bytes: self.max_held_bytes.or(file.max_held_bytes),
             approval_timeout_ms: self.approval_timeout_ms.or(file.approval_timeout_ms),
             tls_cert: self.tls_cert.or(file.tls_cert),
             tls_key: self.tls_key.or(file.tls_key),
@@ -379,6 +384,9 @@ fn set_bounds(config: &mut ServeConfig, s: &Settings) {
     }
     if let Some(v) = s.request_burst {
         config.limits.request_burst = v;
+    }
+    if let Some(v) = s.max_held_bytes {
+        config.limits.max_held_bytes = v as usize;
     }
     if let Some(v) = s.approval_timeout_ms {
         config.approval_timeout = ms(v);

@@ -11,7 +11,8 @@ use crate::store::{DeviceRow, PairingOutcome};
 use crate::wire::to_raw;
 use racp_proto::events::SessionClosedData;
 use racp_proto::limits::{
-    DEFAULT_PAIRING_TTL_SECONDS, MAX_PAIRING_TTL_SECONDS, MIN_PAIRING_TTL_SECONDS,
+    DEFAULT_EXPORT_BYTES, DEFAULT_PAIRING_TTL_SECONDS, MAX_PAIRING_TTL_SECONDS,
+    MIN_PAIRING_TTL_SECONDS,
 };
 use racp_proto::methods::handshake::{HostIdentity, Limits, PairParams, PairResult};
 use racp_proto::methods::host::{
@@ -171,10 +172,12 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
         }
         HostCall::SessionList(_) => blocking(state, |s| Ok(session_list(s))),
         HostCall::SessionGet(params) => {
-            blocking(state, move |s| session_get(s, &params.session_id))
+            blocking_raw(state, move |s| session_get(s, &params.session_id))
         }
         HostCall::SessionStream(params) => blocking(state, move |s| session_stream(s, params)),
-        HostCall::SessionHistory(params) => blocking(state, move |s| session_history(s, params)),
+        HostCall::SessionHistory(params) => {
+            blocking_raw(state, move |s| session_history(s, params))
+        }
         HostCall::SessionClose(params) => {
             reply(async move { session_close(&state, &caller, &params.session_id).await })
         }
@@ -241,9 +244,13 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
         HostCall::SessionCommands(params) => {
             reply(async move { state.turns.commands(&state, &caller, params).await })
         }
-        HostCall::SessionExport(params) => {
-            reply(async move { state.turns.export(&state, &caller, params).await })
-        }
+        HostCall::SessionExport(params) => task(async move {
+            // The page read back and its result written: `maxBytes` twice, held until the
+            // result is written (docs/reliability.md §4.18).
+            let asked = params.max_bytes.unwrap_or(DEFAULT_EXPORT_BYTES) as usize;
+            let _held = state.budget.charge(asked * 2)?;
+            to_raw(&state.turns.export(&state, &caller, params).await?)
+        }),
     }
 }
 
@@ -265,6 +272,15 @@ fn blocking<T: Serialize + Send + 'static>(
     handler: impl FnOnce(&HostState) -> Result<T, AppError> + Send + 'static,
 ) -> Answer {
     task(async move { to_raw(&on_blocking_pool(&state, handler).await?) })
+}
+
+/// The same for a handler that writes its result itself (one that charges what it builds to
+/// the host's byte budget until the result is written: `session/history`, `session/get`).
+fn blocking_raw(
+    state: Arc<HostState>,
+    handler: impl FnOnce(&HostState) -> Result<Box<RawValue>, AppError> + Send + 'static,
+) -> Answer {
+    task(async move { on_blocking_pool(&state, handler).await })
 }
 
 async fn on_blocking_pool<T: Send + 'static>(
@@ -293,10 +309,13 @@ fn session_list(state: &HostState) -> SessionListResult {
 
 /// The snapshot, with the most recent history up to its cursor: events after the cursor reach
 /// a subscriber from it, so no entry is missed or seen twice (docs/protocol.md §8.4).
-fn session_get(state: &HostState, session_id: &str) -> Result<SessionGetResult, AppError> {
+fn session_get(state: &HostState, session_id: &str) -> Result<Box<RawValue>, AppError> {
     let (session, mut snapshot, cursor) = state.sessions.find(session_id)?.snapshot();
-    snapshot.history = history::page(&state.store, session_id, cursor, PageBounds::SNAPSHOT)?;
-    Ok(SessionGetResult {
+    // Held until the result is written, after the page is dropped.
+    let mut held = state.budget.empty();
+    let bounds = PageBounds::SNAPSHOT;
+    snapshot.history = history::page(&state.store, session_id, cursor, bounds, &mut held)?;
+    to_raw(&SessionGetResult {
         session,
         snapshot,
         cursor,
@@ -308,14 +327,16 @@ fn session_get(state: &HostState, session_id: &str) -> Result<SessionGetResult, 
 fn session_history(
     state: &HostState,
     params: SessionHistoryParams,
-) -> Result<SessionHistoryResult, AppError> {
+) -> Result<Box<RawValue>, AppError> {
     let cursor = state
         .sessions
         .find(&params.session_id)?
         .history_position(params.up_to)?;
     let bounds = PageBounds::of(&params);
-    let page = history::page(&state.store, &params.session_id, cursor, bounds)?;
-    Ok(SessionHistoryResult::new(cursor, page))
+    // Held until the result is written, after the page is dropped.
+    let mut held = state.budget.empty();
+    let page = history::page(&state.store, &params.session_id, cursor, bounds, &mut held)?;
+    to_raw(&SessionHistoryResult::new(cursor, page))
 }
 
 /// What is streaming in a session at `params.cursor`: the message and the tools' output so far.

@@ -104,6 +104,13 @@ fn parse_duration(text: &str) -> Result<u64, String> {
     Ok(n.saturating_mul(scale))
 }
 
+/// jemalloc rather than glibc's malloc: after a burst of large requests glibc kept hundreds of
+/// MiB that no connection held any more; jemalloc, tuned in .cargo/config.toml, hands freed
+/// pages back within about a second from its background thread (docs/benchmarks.md, "Memory
+/// under large requests", where mimalloc was also weighed).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = match pi_host::usage::parse::<Cli>() {
         Ok(cli) => cli,

@@ -19,6 +19,9 @@ pub struct HostState {
     pub sessions: crate::sessions::Sessions,
     pub turns: crate::turns::Turns,
     pub rate: crate::ratelimit::RateLimiter,
+    /// Bytes held for clients across every connection: requests being read, replies being
+    /// built (history pages, exports) or waiting for their socket (HOST_OVERLOADED beyond it).
+    pub budget: racp_server::budget::ByteBudget,
     /// Calls in flight across every connection (HOST_OVERLOADED beyond it).
     pub in_flight: Arc<tokio::sync::Semaphore>,
     draining: AtomicBool,
@@ -102,6 +105,7 @@ impl HostState {
                 limits.requests_per_second,
                 limits.request_burst,
             ),
+            budget: racp_server::budget::ByteBudget::new(limits.max_held_bytes),
             in_flight: Arc::new(tokio::sync::Semaphore::new(
                 limits.max_in_flight_host as usize,
             )),

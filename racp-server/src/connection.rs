@@ -4,12 +4,13 @@
 //! stall, the kill, and the connection error it ends with. What differs between the two (who
 //! answers a call, where a subscription's events come from) is the server's [`Service`].
 
+use crate::budget::{ByteBudget, Charge};
 use crate::connections::{CallPass, Connections, DeviceGate, Registration, Slot};
 use crate::elide::fit_reply;
 use crate::hello::Agreed;
-use crate::socket::{FINAL_FRAME_GRACE, close_with, error_reply, send_all};
+use crate::socket::{FINAL_FRAME_GRACE, Socket, close_with, error_reply, send_all};
 use crate::wire::encode;
-use axum::extract::ws::{Message, WebSocket};
+use futures_util::StreamExt;
 use racp_proto::codec::{Rejected, decode_request};
 use racp_proto::events::SubscriptionHead;
 use racp_proto::frame::{ErrorReply, RequestId};
@@ -25,6 +26,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
+use tokio_tungstenite::tungstenite::Message;
 
 /// Replies produced by request tasks, waiting for the socket.
 const REPLY_QUEUE: usize = 256;
@@ -50,6 +52,9 @@ pub struct Settings {
     pub heartbeat: Duration,
     /// A socket write blocked this long means the client stopped reading: CLIENT_TOO_SLOW.
     pub send_stall: Duration,
+    /// The server's bound on bytes held for clients: requests being read, replies waiting for
+    /// their socket (budget.rs).
+    pub budget: ByteBudget,
 }
 
 /// Why a call was not admitted.
@@ -133,7 +138,7 @@ pub trait Service: Send + 'static {
 /// Serves one upgraded socket until the client leaves or the connection ends with an error;
 /// `connections` is the server's table, in which `slot` was taken at the upgrade.
 pub async fn run<S: Service>(
-    mut socket: WebSocket,
+    mut socket: Socket,
     connections: &Connections,
     slot: Slot,
     device_id: Option<String>,
@@ -225,24 +230,29 @@ impl<S: Service> Connection<S> {
     /// leaves (`None`) or the connection must end with an error.
     async fn serve(
         &mut self,
-        socket: &mut WebSocket,
+        socket: &mut Socket,
         kill_rx: &mut watch::Receiver<Option<AppError>>,
         mut pushes: S::Pushes,
     ) -> Option<AppError> {
-        let (reply_tx, mut reply_rx) = mpsc::channel::<String>(REPLY_QUEUE);
+        let (reply_tx, mut reply_rx) = mpsc::channel::<Reply>(REPLY_QUEUE);
         let stall = self.settings.send_stall;
         let mut heartbeat = tokio::time::interval(self.settings.heartbeat);
         heartbeat.tick().await;
         loop {
             let (outgoing, ending) = tokio::select! {
-                incoming = socket.recv() => match incoming {
+                incoming = socket.next() => match incoming {
                     // The client said goodbye or vanished: no connection error.
                     Some(Ok(Message::Close(_))) => {
                         crate::answer_close(socket).await;
                         return None;
                     }
                     None => return None,
-                    Some(Ok(message)) => self.on_message(message, &reply_tx).await,
+                    Some(Ok(message)) => {
+                        let answered = self.on_message(message, &reply_tx).await;
+                        // The request is handled: what reading it held goes back to the budget.
+                        socket.get_mut().release_read();
+                        answered
+                    }
                     Some(Err(err)) => {
                         tracing::debug!(error = %err, "connection read failed");
                         return crate::socket::read_failure(
@@ -252,7 +262,8 @@ impl<S: Service> Connection<S> {
                         );
                     }
                 },
-                Some(reply) = reply_rx.recv() => (vec![fit_reply(reply, self.max_frame_bytes)], None),
+                // The reply's charge ends once the socket has taken the frame.
+                Some((reply, _charge)) = reply_rx.recv() => (vec![reply], None),
                 Some(signal) = pushes.next() => self.service.pushes(signal, self.max_frame_bytes),
                 _ = heartbeat.tick(), if self.said_hello => {
                     let heads = self.service.heads();
@@ -296,7 +307,7 @@ impl<S: Service> Connection<S> {
     async fn on_message(
         &mut self,
         message: Message,
-        replies: &mpsc::Sender<String>,
+        replies: &mpsc::Sender<Reply>,
     ) -> (Vec<String>, Option<AppError>) {
         match message {
             Message::Text(text) => {
@@ -315,14 +326,16 @@ impl<S: Service> Connection<S> {
                 .with_details(json!({"reason": "binary_frame"}));
                 (vec![encode(&ErrorReply { id: None, error })], None)
             }
-            // Close is handled by the loop.
-            Message::Ping(_) | Message::Pong(_) | Message::Close(_) => (Vec::new(), None),
+            // Close is handled by the loop; tungstenite never reads a raw frame out.
+            Message::Ping(_) | Message::Pong(_) | Message::Close(_) | Message::Frame(_) => {
+                (Vec::new(), None)
+            }
         }
     }
 
     /// Handles one text frame; returns a reply to send now, if any. Calls answered on a task
     /// of their own reply through `replies`.
-    async fn handle_text(&mut self, text: &str, replies: &mpsc::Sender<String>) -> Option<String> {
+    async fn handle_text(&mut self, text: &str, replies: &mpsc::Sender<Reply>) -> Option<String> {
         let request = match decode_request(text, self.max_frame_bytes) {
             Ok(request) => request,
             Err(Rejected { id, error }) => return Some(encode(&ErrorReply { id, error })),
@@ -401,7 +414,7 @@ impl<S: Service> Connection<S> {
         id: RequestId,
         answer: Answer,
         pass: Option<CallPass>,
-        replies: &mpsc::Sender<String>,
+        replies: &mpsc::Sender<Reply>,
     ) -> Option<String> {
         let server = self.settings.server_in_flight.as_ref();
         let on_connection = self.in_flight.clone().try_acquire_owned();
@@ -414,14 +427,45 @@ impl<S: Service> Connection<S> {
             return Some(error_reply(id, overloaded(details)));
         };
         let replies = replies.clone();
+        let (budget, max_frame_bytes) = (self.settings.budget.clone(), self.max_frame_bytes);
         tokio::spawn(async move {
-            let reply = reply(id, answer.await);
+            let reply = charged(id, answer.await, max_frame_bytes, &budget);
             drop((on_connection, on_server));
             let _ = replies.send(reply).await;
             // Held until the reply is queued: a revoke waits for it (connections.rs).
             drop(pass);
         });
         None
+    }
+}
+
+/// A reply frame waiting for the socket, and what it holds of the server's budget.
+type Reply = (String, Option<Charge>);
+
+/// The reply frame to request `id`, fitted to the connection's bound and charged to the budget
+/// until it is sent: many replies queued at once are refused with HOST_OVERLOADED rather than
+/// held past the server's bound.
+fn charged(
+    id: RequestId,
+    answer: Result<Box<RawValue>, AppError>,
+    max_frame_bytes: usize,
+    budget: &ByteBudget,
+) -> Reply {
+    // The result and the frame written from it, until the frame is cut to fit.
+    let size = answer.as_ref().map_or(0, |result| result.get().len());
+    let writing = match budget.charge(size * 2) {
+        Ok(charge) => charge,
+        Err(error) => return (error_reply(id, error), None),
+    };
+    let frame = fit_reply(reply(id.clone(), answer), max_frame_bytes);
+    drop(writing);
+    match budget.charge(frame.len()) {
+        Ok(charge) => (frame, Some(charge)),
+        // An error reply is small, like the requests that are not charged either.
+        Err(error) => {
+            drop(frame);
+            (error_reply(id, error), None)
+        }
     }
 }
 

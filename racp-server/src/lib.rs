@@ -2,6 +2,7 @@
 //! (docs/architecture.md, "racp-server"): nothing here knows sessions, agents or a store.
 
 pub mod admission;
+pub mod budget;
 pub mod clock;
 pub mod connection;
 pub mod connections;
@@ -16,6 +17,7 @@ pub mod log;
 pub mod private_file;
 pub mod push;
 pub mod ratelimit;
+pub mod reframe;
 pub mod socket;
 pub mod tls;
 pub mod token;
@@ -30,7 +32,7 @@ const CLOSE_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(2
 /// Answers a client's close frame, as RFC 6455 §5.5.1 requires: tungstenite queues the answer
 /// when it reads the client's close, and it leaves only with a flush. Without it every client
 /// that closes with 1000 (a browser's `pair()`) would see 1006.
-pub async fn answer_close(socket: &mut axum::extract::ws::WebSocket) {
+pub async fn answer_close(socket: &mut socket::Socket) {
     use futures_util::SinkExt;
     let _ = tokio::time::timeout(CLOSE_ANSWER_GRACE, socket.flush()).await;
 }

@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+/// The default of `max_held_bytes`: four pages of the default frame bound's hard cap, or two
+/// of the largest history pages being built (docs/benchmarks.md, "Memory under large requests").
+pub const DEFAULT_MAX_HELD_BYTES: usize = 64 << 20;
+
 /// Bounds a server enforces (docs/protocol.md §5.2, §6).
 #[derive(Debug, Clone)]
 pub struct HostLimits {
@@ -21,6 +25,9 @@ pub struct HostLimits {
     pub send_stall: Duration,
     /// Most events in one `session/events` frame.
     pub max_events_per_frame: usize,
+    /// Bytes held for clients at once, over all connections: requests being read, replies
+    /// being built or waiting for their socket (budget.rs); past it, HOST_OVERLOADED.
+    pub max_held_bytes: usize,
 }
 
 impl Default for HostLimits {
@@ -37,6 +44,7 @@ impl Default for HostLimits {
             max_lag_events: 20_000,
             send_stall: Duration::from_secs(10),
             max_events_per_frame: 1024,
+            max_held_bytes: DEFAULT_MAX_HELD_BYTES,
         }
     }
 }

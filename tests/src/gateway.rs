@@ -110,6 +110,11 @@ impl GatewayProcess {
         }
     }
 
+    /// The gateway's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("pi-gateway running")
+    }
+
     /// The gateway's own endpoint (pairing, devices, `host/list`).
     pub fn url(&self) -> String {
         format!("wss://{}/racp", self.addr)

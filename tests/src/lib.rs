@@ -475,6 +475,33 @@ pub struct Upgrade<'a> {
     pub url_suffix: &'a str,
 }
 
+/// A process's resident memory (`VmRSS`) and its peak (`VmHWM`) in KiB, from
+/// `/proc/PID/status`.
+pub fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Waits up to `patience` for `pid`'s RSS to fall to `bound_kib` or below; returns the last
+/// RSS read (above the bound when it did not fall in time).
+pub async fn rss_falls_to(pid: u32, bound_kib: u64, patience: Duration) -> u64 {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let (rss, _) = memory_kib(pid);
+        if rss <= bound_kib || tokio::time::Instant::now() >= deadline {
+            return rss;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A raw RACP-WS client for tests.
 pub struct Client {
     ws: WebSocketStream<Box<dyn Io>>,
@@ -672,6 +699,20 @@ impl Client {
     /// Puts a frame back: the next `next_frame` returns it first.
     pub fn unread(&mut self, frame: Value) {
         self.pending.push_front(frame.to_string());
+    }
+
+    /// Writes one text frame of `payload` straight to the socket, masked with a zero key so the
+    /// payload goes as it is: the same large payload sent on many connections costs the test
+    /// no copy per connection (tungstenite's write buffer would keep one each).
+    pub async fn send_raw_text(&mut self, payload: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        let mut header = vec![0x81, 0x80 | 127];
+        header.extend_from_slice(&(payload.len() as u64).to_be_bytes());
+        header.extend_from_slice(&[0; 4]);
+        let stream = self.ws.get_mut();
+        stream.write_all(&header).await.expect("send frame header");
+        stream.write_all(payload).await.expect("send frame payload");
+        stream.flush().await.expect("flush frame");
     }
 
     /// Sends a frame; an error means the server already closed or reset the connection.

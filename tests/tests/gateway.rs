@@ -2020,3 +2020,74 @@ async fn a_local_sessions_features_are_routed_to_the_host() {
     assert_eq!(fork["error"]["code"], "CAPABILITY_UNAVAILABLE", "{fork}");
     assert_eq!(fork["error"]["details"]["capability"], "branches");
 }
+
+/// The gateway's memory under large requests, as a host's (pi-host/tests/memory.rs;
+/// docs/reliability.md §4.18): 200 connections of one observer each send one frame
+/// just under the hard cap; the gateway stays within +128 MiB of its RSS before them while they
+/// are held, and within +32 MiB of it within 10 s of their closing.
+#[tokio::test]
+async fn two_hundred_connections_sending_frames_near_the_cap_leave_the_gateway_near_its_baseline() {
+    let mut fleet = Fleet::new(1, 1, 0, 3600).await;
+    let gateway = fleet.gateway().await;
+    let (_, token) = gateway.pair_device("observer", &[]).await;
+    let pid = gateway.pid();
+    let (baseline, _) = tests::memory_kib(pid);
+    let frame_bytes = (4 << 20) - 64;
+    let mut payload = r#"{"id":1,"method":"host/list","params":{"pad":""#.to_string();
+    payload.push_str(&"x".repeat(frame_bytes - payload.len() - 3));
+    payload.push_str(r#""}}"#);
+    let mut clients = Vec::new();
+    for _ in 0..200 {
+        let mut client = connect(&gateway.url(), &token).await;
+        client.send_raw_text(payload.as_bytes()).await;
+        let reply = client.next_frame().await.expect("an answer to the frame");
+        assert_eq!(reply["error"]["code"], "PAYLOAD_TOO_LARGE", "{reply}");
+        clients.push(client);
+    }
+    let (held, peak) = tests::memory_kib(pid);
+    drop(clients);
+    let bound = baseline + (32 << 10);
+    let after = tests::rss_falls_to(pid, bound, Duration::from_secs(10)).await;
+    let figures = json!({
+        "baselineKib": baseline,
+        "heldAboveKib": held.saturating_sub(baseline),
+        "peakAboveKib": peak.saturating_sub(baseline),
+        "afterCloseAboveKib": after.saturating_sub(baseline),
+    });
+    tests::record_figures("memory_gateway_frames_near_the_cap", &figures);
+    assert!(peak <= baseline + (128 << 10), "{figures}");
+    assert!(after <= bound, "{figures}");
+}
+
+/// The gateway's byte budget, as a host's: a request frame of exactly `--max-held-bytes` is
+/// read and answered; one byte more ends the connection with HOST_OVERLOADED.
+#[tokio::test]
+async fn the_gateways_byte_budget_takes_exactly_its_bound_and_refuses_one_byte_more() {
+    let held = 1usize << 20;
+    let mut fleet = Fleet::new(1, 1, 0, 3600).await;
+    let gateway = fleet
+        .gateway_with(&["--max-held-bytes", &held.to_string()])
+        .await;
+    let (_, token) = gateway.pair_device("observer", &[]).await;
+    let mut client = connect(&gateway.url(), &token).await;
+    let request = |bytes: usize| {
+        let mut text = r#"{"id":7,"method":"host/list","params":{"pad":""#.to_string();
+        text.push_str(&"x".repeat(bytes - text.len() - 3));
+        text.push_str(r#""}}"#);
+        text
+    };
+    let ended = |log: String| {
+        log.lines()
+            .any(|l| l.contains("ending a connection") && l.contains("code=HOST_OVERLOADED"))
+    };
+    client.send_raw_text(request(held).as_bytes()).await;
+    let answered = client.next_frame().await.expect("an answer to the frame");
+    assert!(answered.get("error").is_some(), "{answered}");
+    assert!(!ended(gateway.log()));
+    client.send_raw_text(request(held + 1).as_bytes()).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !ended(gateway.log()) {
+        assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

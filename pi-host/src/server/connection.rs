@@ -7,7 +7,6 @@ use crate::connections::Slot;
 use crate::handlers;
 use crate::sessions::Session;
 use crate::state::HostState;
-use axum::extract::ws::WebSocket;
 use racp_proto::events::SubscriptionHead;
 use racp_proto::methods::handshake::HelloResult;
 use racp_proto::methods::session::{SessionSubscribeParams, SessionSubscribeResult};
@@ -15,13 +14,14 @@ use racp_proto::{AppError, Call, EndpointCall, ErrorCode, HostCall, Method, Subs
 use racp_server::connection::{self, Answer, Here, Refusal, Service, Settings};
 use racp_server::fanout::{Subscriptions, no_such_subscription};
 use racp_server::hello::{self, Agreed};
+use racp_server::socket::Socket;
 use racp_server::wire::to_raw;
 use serde_json::json;
 use serde_json::value::RawValue;
 use std::sync::Arc;
 use tokio::sync::Notify;
 
-pub async fn run(socket: WebSocket, state: Arc<HostState>, caller: Caller, slot: Slot) {
+pub async fn run(socket: Socket, state: Arc<HostState>, caller: Caller, slot: Slot) {
     let limits = &state.config.limits;
     let settings = Settings {
         server: "host",
@@ -31,6 +31,7 @@ pub async fn run(socket: WebSocket, state: Arc<HostState>, caller: Caller, slot:
         server_in_flight: Some((state.in_flight.clone(), limits.max_in_flight_host)),
         heartbeat: state.config.heartbeat,
         send_stall: limits.send_stall,
+        budget: state.budget.clone(),
     };
     let device_id = caller.device_id().map(str::to_string);
     let host = HostConnection {

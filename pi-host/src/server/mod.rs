@@ -8,11 +8,11 @@ pub use racp_server::{answer_close, elide, identity, listener, tls};
 use crate::state::HostState;
 use axum::Router;
 use axum::extract::State;
-use axum::extract::ws::{WebSocketUpgrade, rejection::WebSocketUpgradeRejection};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::get;
 use racp_proto::{AppError, ENDPOINT_PATH, ErrorCode};
+use racp_server::socket::{Upgrade, UpgradeRejection};
 use std::sync::Arc;
 
 pub fn router(state: Arc<HostState>) -> Router {
@@ -24,7 +24,7 @@ pub fn router(state: Arc<HostState>) -> Router {
 async fn upgrade_handler(
     State(state): State<Arc<HostState>>,
     headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ws: Result<Upgrade, UpgradeRejection>,
 ) -> Response {
     let (caller, slot) = match upgrade::admit(&state, &headers) {
         Ok(admitted) => admitted,
@@ -46,6 +46,8 @@ async fn upgrade_handler(
     crate::test_hooks::after_admission().await;
     // Only authenticated devices get here: the socket reads messages up to four times the
     // host's frame bound (racp_server::socket::hard_cap).
-    racp_server::socket::configure(ws, state.config.limits.max_frame_bytes)
-        .on_upgrade(move |socket| connection::run(socket, state, caller, slot))
+    let (max_frame_bytes, budget) = (state.config.limits.max_frame_bytes, state.budget.clone());
+    ws.on_upgrade(max_frame_bytes, budget, move |socket| {
+        connection::run(socket, state, caller, slot)
+    })
 }

@@ -9,7 +9,13 @@ use racp_proto::events::Event;
 use racp_proto::limits::{DEFAULT_HISTORY_LIMIT, DEFAULT_HISTORY_PAGE_BYTES};
 use racp_proto::methods::session::{HistoryPage, SessionHistoryParams};
 use racp_proto::{AppError, Cursor, Expired};
+use racp_server::budget::Charge;
 use racp_server::elide::elide;
+
+/// What a page costs the host's byte budget per byte of its bound: its entries, the result
+/// written from them, and that result's copy as it is shrunk to size (measured:
+/// docs/benchmarks.md, "Memory under large requests").
+const HELD_PER_BYTE: usize = 3;
 
 /// How much one page holds.
 #[derive(Debug, Clone, Copy)]
@@ -56,13 +62,19 @@ impl Session {
     }
 }
 
-/// The page of `session`'s history that ends at `up_to` (a position of its log).
+/// The page of `session`'s history that ends at `up_to` (a position of its log). Its bound is
+/// charged to `held` before the first row is read (docs/reliability.md §4.18): pages
+/// that many calls build at once are refused with HOST_OVERLOADED past the host's bound
+/// instead of adding up, and those admitted finish (charged as they grew, concurrent pages
+/// could all run out halfway).
 pub fn page(
     store: &Store,
     session_id: &str,
     up_to: Cursor,
     bounds: PageBounds,
+    held: &mut Charge,
 ) -> Result<HistoryPage, AppError> {
+    held.grow(bounds.max_bytes.saturating_mul(HELD_PER_BYTE))?;
     let mut entries: Vec<Event> = Vec::new();
     let mut bytes = 0;
     // An entry larger than the whole page comes alone (cut to the page).
