@@ -350,21 +350,22 @@ impl AgentCheck {
         }
     }
 
-    /// The agent's own version (`--version`), and what is wrong with it (too old, does not run).
+    /// The agent's own version (from pi's `package.json`, else `--version`), and what is wrong
+    /// with it (too old, does not run).
     async fn examine_agent(
         &self,
         located: &Located,
         path_first: Option<&Path>,
         problems: &mut Vec<String>,
     ) -> Option<String> {
-        match version::ask(
-            &located.launcher,
-            path_first,
-            &self.data_dir,
-            VERSION_TIMEOUT,
-        )
-        .await
-        {
+        let asked = match version::of_pi_package(&located.path) {
+            Some(found) => Ok(found),
+            None => {
+                let launcher = &located.launcher;
+                version::ask(launcher, path_first, &self.data_dir, VERSION_TIMEOUT).await
+            }
+        };
+        match asked {
             Ok(found) if found < MIN_AGENT_VERSION => {
                 problems.push(format!(
                     "the agent {} is version {found}; pi-host needs pi {MIN_AGENT_VERSION} \

@@ -1,5 +1,5 @@
-//! Versions: reading `X.Y.Z` out of what a program prints, and running `PROGRAM --version`
-//! under a deadline with bounded output.
+//! Versions: reading `X.Y.Z` out of what a program prints, running `PROGRAM --version` under
+//! a deadline with bounded output, and reading an installed pi's from its `package.json`.
 
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
@@ -37,6 +37,36 @@ impl std::fmt::Display for Version {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}.{}", self.0, self.1, self.2)
     }
+}
+
+/// The npm package pi is published as: its `package.json` names the version pi prints.
+const PI_PACKAGE: &str = "@mariozechner/pi-coding-agent";
+
+/// How many directories above the agent's script its `package.json` may be (`dist/cli.js`).
+const PACKAGE_DEPTH: usize = 3;
+
+/// pi's version read from the `package.json` of the npm package its script (symlinks
+/// followed) belongs to; `None` when the agent is not an installed pi package, and then the
+/// check asks `--version`. Reading a file rather than running `pi --version` keeps the check
+/// from loading pi a second time beside the agent it starts (seconds of CPU on a loaded
+/// machine, docs/architecture.md, "The agent check"); what pi prints is read from that file.
+pub fn of_pi_package(agent: &Path) -> Option<Version> {
+    #[derive(serde::Deserialize)]
+    struct Package {
+        name: String,
+        version: String,
+    }
+    let script = std::fs::canonicalize(agent).ok()?;
+    script
+        .ancestors()
+        .skip(1)
+        .take(PACKAGE_DEPTH)
+        .find_map(|dir| {
+            let text = std::fs::read(dir.join("package.json")).ok()?;
+            let package: Package = serde_json::from_slice(&text).ok()?;
+            (package.name == PI_PACKAGE).then_some(package.version)
+        })
+        .and_then(|version| Version::parse(&version))
 }
 
 /// What one program printed for `--version`.
@@ -153,5 +183,31 @@ mod tests {
         assert_eq!(Version::parse(""), None);
         assert!(Version(20, 6, 0) > Version(20, 5, 99));
         assert!(Version(0, 73, 0) < Version(0, 100, 0));
+    }
+
+    #[test]
+    fn pis_version_is_read_from_the_package_its_script_belongs_to() {
+        #![allow(clippy::unwrap_used)]
+        let dir = tempfile::tempdir().unwrap();
+        let package = dir
+            .path()
+            .join("lib/node_modules/@mariozechner/pi-coding-agent");
+        std::fs::create_dir_all(package.join("dist")).unwrap();
+        let script = package.join("dist/cli.js");
+        std::fs::write(&script, "#!/usr/bin/env node\n").unwrap();
+        let manifest = |name: &str| format!(r#"{{"name": "{name}", "version": "0.73.1"}}"#);
+        std::fs::write(package.join("package.json"), manifest(PI_PACKAGE)).unwrap();
+        // npm's bin link: the package is found through it.
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        std::os::unix::fs::symlink(&script, bin.join("pi")).unwrap();
+        assert_eq!(of_pi_package(&bin.join("pi")), Some(Version(0, 73, 1)));
+        assert_eq!(of_pi_package(&script), Some(Version(0, 73, 1)));
+        // Another package's manifest, or none, says nothing: `--version` is asked then.
+        std::fs::write(package.join("package.json"), manifest("other")).unwrap();
+        assert_eq!(of_pi_package(&script), None);
+        std::fs::remove_file(package.join("package.json")).unwrap();
+        assert_eq!(of_pi_package(&script), None);
+        assert_eq!(of_pi_package(&dir.path().join("missing")), None);
     }
 }
