@@ -4,10 +4,10 @@
 
 use crate::auth::Caller;
 use crate::handlers;
-use crate::server::listener::DropOldest;
 use crate::state::HostState;
 use racp_proto::methods::host::{DeviceRevokeParams, PairingCreateParams};
 use racp_proto::{AppError, Empty, EndpointCall, ErrorCode, HostCall, Role};
+use racp_server::listener::DropOldest;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};

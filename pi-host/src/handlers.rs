@@ -2,13 +2,11 @@
 //! and [`route`], the one table that says where each method is answered.
 
 use crate::auth::Caller;
-use crate::clock::now_ms;
 use crate::fence::Fence;
 use crate::sessions::HostEvent;
 use crate::sessions::history::{self, PageBounds};
 use crate::state::HostState;
 use crate::store::{DeviceRow, PairingOutcome};
-use crate::wire::to_raw;
 use racp_proto::events::SessionClosedData;
 use racp_proto::limits::{
     DEFAULT_EXPORT_BYTES, DEFAULT_PAIRING_TTL_SECONDS, MAX_PAIRING_TTL_SECONDS,
@@ -25,7 +23,9 @@ use racp_proto::methods::session::{
     SessionStreamResult,
 };
 use racp_proto::{Ack, AppError, Call, Capability, EndpointCall, ErrorCode, HostCall, Role};
+use racp_server::clock::now_ms;
 use racp_server::connection::Answer;
+use racp_server::wire::to_raw;
 use serde::Serialize;
 use serde_json::json;
 use serde_json::value::RawValue;

@@ -21,9 +21,6 @@ mod test_hooks;
 pub mod turns;
 pub mod uplink;
 
-// The server side a gateway runs too (racp-server), reached under the host's own paths.
-pub use racp_server::{clock, connections, private_file, ratelimit, usage, wire};
-
 /// The host's INTERNAL: the cause logged under the trace id the reply carries.
 pub fn internal(err: impl std::fmt::Display) -> racp_proto::AppError {
     racp_server::failure::internal("host", err)

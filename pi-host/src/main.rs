@@ -6,6 +6,8 @@ use clap::{Parser, Subcommand};
 use config::ServeConfig;
 use racp_proto::validate::printable;
 use racp_proto::{AppError, Role};
+use racp_server::uplink::key;
+use racp_server::{clock, identity, listener, tls};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -112,7 +114,7 @@ fn parse_duration(text: &str) -> Result<u64, String> {
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    let cli = match pi_host::usage::parse::<Cli>() {
+    let cli = match racp_server::usage::parse::<Cli>() {
         Ok(cli) => cli,
         Err(exit) => return exit,
     };
@@ -271,7 +273,7 @@ fn agent_line(agent: &serde_json::Value) -> String {
 fn gateway_key(data_dir: &std::path::Path, json: bool) -> ExitCode {
     let identity = state::open_identity(data_dir).map_err(|e| e.to_string());
     let key = identity.and_then(|(_, _, host_id)| {
-        uplink::key::load_or_create(data_dir)
+        key::load_or_create(data_dir)
             .map(|key| (host_id, key.public))
             .map_err(|e| e.to_string())
     });
@@ -424,7 +426,7 @@ async fn serve(
     // The real port (when asked for port 0) is what pairing URLs and `status` must show.
     config.listen = local;
     // Before anything else opens descriptors: the limit is raised and split (racp-server/src/listener.rs).
-    let budget = server::listener::plan(&mut config.limits);
+    let budget = listener::plan(&mut config.limits);
     let state = state::HostState::open_with(config, redactor).map_err(|e| e.to_string())?;
     start_local_services(&state).await?;
     let announced = uplink::spawn(&state)?;
@@ -454,7 +456,7 @@ async fn serve(
         tracing::info!("draining");
         drain_state.begin_drain().await;
     };
-    server::listener::serve(listener, tls, router, &budget, drained).await;
+    listener::serve(listener, tls, router, &budget, drained).await;
     stop(&state, state_file.as_deref()).await;
     Ok(())
 }
@@ -518,16 +520,16 @@ fn tls_config(
     }
     let (cert, key, sha256, own) = match &config.tls {
         Some((cert, key)) => {
-            let sha256 = server::identity::fingerprint(cert).map_err(|e| e.to_string())?;
+            let sha256 = identity::fingerprint(cert).map_err(|e| e.to_string())?;
             (cert.clone(), key.clone(), sha256, false)
         }
         None => {
-            let identity = server::identity::load_or_create(&config.data_dir)
+            let identity = identity::load_or_create(&config.data_dir)
                 .map_err(|e| format!("cannot load the host's TLS identity: {e}"))?;
             (identity.cert, identity.key, identity.sha256, true)
         }
     };
-    let served = server::tls::server_config(&cert, &key).map_err(|e| {
+    let served = tls::server_config(&cert, &key).map_err(|e| {
         if own {
             // Never replaced silently: a new identity breaks every device's pin.
             format!(
@@ -590,7 +592,7 @@ fn write_state_file(
         state["certSha256"] = sha256.to_hex().into();
     }
     // 0600 whatever the umask: it names the certificate the bootstrapper pins.
-    pi_host::private_file::replace_private(path, format!("{state}\n").as_bytes())
+    racp_server::private_file::replace_private(path, format!("{state}\n").as_bytes())
 }
 
 /// Removes the state file only if it is still this process's (a newer host may have replaced it).

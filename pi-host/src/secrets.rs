@@ -63,7 +63,7 @@ impl Secrets {
         } else {
             let mut bytes = vec![0u8; 32];
             rng.fill(&mut bytes).map_err(|_| SecretError::Random)?;
-            crate::private_file::write_private(path, &bytes).map_err(key_error)?;
+            racp_server::private_file::write_private(path, &bytes).map_err(key_error)?;
             bytes
         };
         Ok(Secrets {

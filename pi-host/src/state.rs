@@ -1,12 +1,12 @@
 //! State shared by every connection of one host process.
 
-use crate::clock::now_ms;
 use crate::config::ServeConfig;
-use crate::connections::Connections;
 use crate::redact::Redactor;
 use crate::secrets::Secrets;
 use crate::store::Store;
 use racp_proto::{AppError, ErrorCode};
+use racp_server::clock::now_ms;
+use racp_server::connections::Connections;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -18,7 +18,7 @@ pub struct HostState {
     pub started_at: u64,
     pub sessions: crate::sessions::Sessions,
     pub turns: crate::turns::Turns,
-    pub rate: crate::ratelimit::RateLimiter,
+    pub rate: racp_server::ratelimit::RateLimiter,
     /// Bytes held for clients across every connection: requests being read, replies being
     /// built (history pages, exports) or waiting for their socket (HOST_OVERLOADED beyond it).
     pub budget: racp_server::budget::ByteBudget,
@@ -58,9 +58,11 @@ pub enum StartError {
 
 /// The data directory's secrets, store and host id (made at first use).
 pub fn open_identity(data_dir: &std::path::Path) -> Result<(Secrets, Store, String), StartError> {
-    crate::private_file::create_private_dir(data_dir).map_err(|source| StartError::DataDir {
-        path: data_dir.display().to_string(),
-        source,
+    racp_server::private_file::create_private_dir(data_dir).map_err(|source| {
+        StartError::DataDir {
+            path: data_dir.display().to_string(),
+            source,
+        }
     })?;
     let secrets = Secrets::load_or_create(&data_dir.join("host.key"))?;
     let store = Store::open(&data_dir.join("pi-host.db"))?;
@@ -101,7 +103,7 @@ impl HostState {
             started_at: now_ms(),
             sessions,
             turns: crate::turns::Turns::default(),
-            rate: crate::ratelimit::RateLimiter::new(
+            rate: racp_server::ratelimit::RateLimiter::new(
                 limits.requests_per_second,
                 limits.request_burst,
             ),

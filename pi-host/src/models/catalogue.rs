@@ -76,7 +76,7 @@ async fn ask_agent(host: &impl ModelHost) -> Result<ModelListResult, AppError> {
     let scratch = data_dir
         .join("agent-sessions")
         .join(format!(".catalogue-{}", std::process::id()));
-    crate::private_file::create_private_dir(&scratch).map_err(crate::internal)?;
+    racp_server::private_file::create_private_dir(&scratch).map_err(crate::internal)?;
     let spec = AgentSpec {
         command: host.agent_command(false),
         workspace: data_dir.clone(),

@@ -160,7 +160,7 @@ fn save<T: Serialize>(
         source,
     };
     let bytes = serde_json::to_vec_pretty(&body).map_err(|e| write_error(e.into()))?;
-    crate::private_file::replace_private(path, &bytes).map_err(write_error)
+    racp_server::private_file::replace_private(path, &bytes).map_err(write_error)
 }
 
 /// What a serde error is, in a word, without the values it may quote.

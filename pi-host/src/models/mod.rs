@@ -13,13 +13,13 @@ pub use credentials::Credentials;
 pub use file::FileError;
 pub use providers::Providers;
 
-use crate::clock::now_ms;
 use racp_proto::limits::MAX_PROVIDERS;
 use racp_proto::methods::model::{
     CredentialListResult, CredentialSetParams, CredentialSetResult, Deleted, ModelListResult,
     ModelRef, ProviderSetParams,
 };
 use racp_proto::{Ack, AppError, ErrorCode};
+use racp_server::clock::now_ms;
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,7 +3,6 @@
 //! the sessions' logs.
 
 use crate::auth::Caller;
-use crate::connections::Slot;
 use crate::handlers;
 use crate::sessions::Session;
 use crate::state::HostState;
@@ -12,6 +11,7 @@ use racp_proto::methods::handshake::HelloResult;
 use racp_proto::methods::session::{SessionSubscribeParams, SessionSubscribeResult};
 use racp_proto::{AppError, Call, EndpointCall, ErrorCode, HostCall, Method, SubscriptionCall};
 use racp_server::connection::{self, Answer, Here, Refusal, Service, Settings};
+use racp_server::connections::Slot;
 use racp_server::fanout::{Subscriptions, no_such_subscription};
 use racp_server::hello::{self, Agreed};
 use racp_server::socket::Socket;
@@ -76,7 +76,9 @@ impl Service for HostConnection {
         };
         let state = self.state.clone();
         let touched = tokio::task::spawn_blocking(move || {
-            state.store.touch_device(&device_id, crate::clock::now_ms())
+            state
+                .store
+                .touch_device(&device_id, racp_server::clock::now_ms())
         })
         .await;
         if let Ok(Err(err)) = touched {

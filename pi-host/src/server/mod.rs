@@ -3,8 +3,6 @@
 mod connection;
 pub mod upgrade;
 
-pub use racp_server::{answer_close, elide, identity, listener, tls};
-
 use crate::state::HostState;
 use axum::Router;
 use axum::extract::State;

@@ -2,12 +2,12 @@
 //! (`racp_server::upgrade`), the device's token, and a place under the connection cap.
 
 use crate::auth::Caller;
-use crate::clock::now_ms;
-use crate::connections::Slot;
 use crate::secrets::{self, DEVICE_PREFIX, PAIRING_PREFIX};
 use crate::state::HostState;
 use axum::http::HeaderMap;
 use racp_proto::{AppError, ErrorCode};
+use racp_server::clock::now_ms;
+use racp_server::connections::Slot;
 
 pub use racp_server::upgrade::*;
 

@@ -15,7 +15,6 @@ mod writer;
 
 pub use event::HostEvent;
 
-use crate::clock::now_ms;
 use crate::store::{SessionRow, Store, StoreError};
 use dashmap::DashMap;
 use log::{EventLog, LoggedEvent, Retention};
@@ -23,6 +22,7 @@ use racp_proto::events::{Event, EventType};
 use racp_proto::methods::session::{SessionInfo, SessionSettings, SessionState, Snapshot};
 use racp_proto::pi::stream::StreamState;
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
+use racp_server::clock::now_ms;
 use racp_server::fanout::{SharedLog, Slice};
 use serde::Serialize;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -456,7 +456,7 @@ fn encode(
 
 /// An event that cannot be encoded: nothing of its batch is stored.
 fn unencodable(event: &HostEvent, err: impl std::fmt::Display) -> AppError {
-    crate::wire::unencodable(&format!("a {} event", event.kind()), err)
+    racp_server::wire::unencodable(&format!("a {} event", event.kind()), err)
 }
 
 /// A session as it was before a restart: its retained log, and the snapshot state rebuilt by

@@ -86,7 +86,7 @@ fn commit_until_done(
     }
     let mut delay = Duration::from_millis(10);
     loop {
-        match store::commit_events(conn, &batch, history, crate::clock::now_ms()) {
+        match store::commit_events(conn, &batch, history, racp_server::clock::now_ms()) {
             Ok(()) => return,
             Err(err) => {
                 tracing::error!(error = %err, "cannot commit events; retrying");

@@ -112,7 +112,7 @@ impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         // Create the file 0600 first: SQLite gives its -wal and -shm files the same mode.
         if !path.exists() {
-            crate::private_file::write_private(path, b"")?;
+            racp_server::private_file::write_private(path, b"")?;
         }
         let mut conn = connect(path)?;
         conn.execute_batch(SCHEMA)?;

@@ -6,7 +6,6 @@
 use super::TurnHost;
 use crate::agent::{Agent, UiAnswer, UiMethod};
 use crate::auth::Caller;
-use crate::clock::now_ms;
 use crate::sessions::{HostEvent, Session};
 use dashmap::DashMap;
 use racp_proto::events::{ApprovalRequestedData, ApprovalSettledData};
@@ -15,6 +14,7 @@ use racp_proto::methods::turn::{
     Decision, Verdict,
 };
 use racp_proto::{AppError, ErrorCode};
+use racp_server::clock::now_ms;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -13,7 +13,6 @@
 use super::{Driver, Raised, TurnHost, Turns, closed};
 use crate::agent::Agent;
 use crate::auth::Caller;
-use crate::clock::now_ms;
 use crate::redact::Redactor;
 use crate::sessions::{HostEvent, Session};
 use racp_proto::events::{Event, SessionClosedData, SessionForkedData};
@@ -23,6 +22,7 @@ use racp_proto::methods::session::{
 use racp_proto::pi::reply::{self, Branched, ForkMessage};
 use racp_proto::pi::{Command, Kind};
 use racp_proto::{AppError, Cursor, ErrorCode};
+use racp_server::clock::now_ms;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -143,7 +143,7 @@ impl Turns {
         // An agent started before the copy (a subscriber's warm start) would not resume it.
         self.stop_session(host, target).await;
         let dir = agent_dir(host, &target.id);
-        crate::private_file::create_private_dir(&dir).map_err(crate::internal)?;
+        racp_server::private_file::create_private_dir(&dir).map_err(crate::internal)?;
         let name = file
             .file_name()
             .ok_or_else(|| crate::internal("pi's session file has no name"))?;

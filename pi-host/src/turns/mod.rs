@@ -19,7 +19,6 @@ pub use approvals::Approvals;
 use crate::agent::failure::{self, RetryTrail, RunSignal, Verdict};
 use crate::agent::{Agent, AgentError, AgentEvent, AgentOutput, AgentSpec, RunEnd, UiAnswer};
 use crate::auth::Caller;
-use crate::clock::now_ms;
 use crate::models::ModelHost;
 use crate::sessions::{HostEvent, Session};
 use crate::store::TurnRow;
@@ -34,6 +33,7 @@ use racp_proto::methods::session::{
 use racp_proto::methods::turn::{TurnRef, TurnStartParams, TurnStartResult, TurnSteerParams};
 use racp_proto::pi::{self, Kind};
 use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
+use racp_server::clock::now_ms;
 use serde_json::json;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -845,7 +845,7 @@ impl Driver {
         // Each session keeps the agent's own session files in its own directory; an agent
         // started again for a session that already ran resumes from them.
         let session_dir = branch::agent_dir(host, &self.session.id);
-        if let Err(err) = crate::private_file::create_private_dir(&session_dir) {
+        if let Err(err) = racp_server::private_file::create_private_dir(&session_dir) {
             tracing::warn!(error = %err, "cannot create the agent's session directory");
         }
         // A session made by a fork starts with pi's session file already there (branch.rs).

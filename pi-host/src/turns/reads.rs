@@ -82,7 +82,7 @@ impl Turns {
             .reading_agent(host, caller, &session, "session/export")
             .await?;
         let dir = host.config().data_dir.join("exports");
-        crate::private_file::create_private_dir(&dir).map_err(crate::internal)?;
+        racp_server::private_file::create_private_dir(&dir).map_err(crate::internal)?;
         let name = host.secrets().new_id("export_").map_err(crate::internal)?;
         let file = Removed(dir.join(format!("{name}.html")));
         write_export(&agent, &session, &file.0).await?;

@@ -5,13 +5,13 @@
 use super::{Driver, TurnHost, Turns};
 use crate::agent::AgentError;
 use crate::auth::Caller;
-use crate::clock::now_ms;
 use crate::sessions::HostEvent;
 use racp_proto::events::{BashRole, SessionBashData};
 use racp_proto::limits::{MAX_SHELL_OUTPUT_BYTES, SHELL_DEADLINE_SECONDS};
 use racp_proto::methods::session::{SessionBashParams, SessionBashResult, SessionRef};
 use racp_proto::pi::{self, Command};
 use racp_proto::{Ack, AppError, ErrorCode};
+use racp_server::clock::now_ms;
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -6,7 +6,6 @@
 //! else may publish on the subject; the grant must name this host. Its id is kept in the store
 //! for the signature's time window before it runs, so a replay is refused after a restart too.
 
-use super::signed::{Refusal, Verified, Verifier};
 use crate::auth::Caller;
 use crate::handlers;
 use crate::state::HostState;
@@ -14,6 +13,7 @@ use async_nats::Subscriber;
 use futures_util::StreamExt;
 use racp_proto::gateway::{CALL_MAX_SKEW_MS, RoutedCall, RoutedReply, call_subject};
 use racp_proto::{AppError, ErrorCode, Method, Placed};
+use racp_server::uplink::signed::{Refusal, Verified, Verifier};
 use serde_json::json;
 use serde_json::value::RawValue;
 use std::sync::Arc;
@@ -57,7 +57,7 @@ pub async fn run(
             &message.subject,
             message.headers.as_ref(),
             &message.payload,
-            crate::clock::now_ms(),
+            racp_server::clock::now_ms(),
         );
         let verified = match checked {
             Ok(verified) => verified,
@@ -84,7 +84,7 @@ pub async fn run(
                     error: Some(error),
                 },
             };
-            let body = crate::wire::encode(&reply);
+            let body = racp_server::wire::encode(&reply);
             if let Err(err) = client.publish(reply_to, body.into()).await {
                 tracing::warn!(error = %err, "cannot answer a gateway call");
             }
@@ -101,7 +101,7 @@ fn refused(refusal: &Refusal) {
 /// refused after a restart too. `Err(None)`: a replay (nothing answers); `Err(Some)`: the id
 /// could not be kept, so the call does not run.
 async fn first_time(state: &Arc<HostState>, verified: Verified) -> Result<(), Option<AppError>> {
-    let horizon = crate::clock::now_ms().saturating_sub(CALL_MAX_SKEW_MS);
+    let horizon = racp_server::clock::now_ms().saturating_sub(CALL_MAX_SKEW_MS);
     let keeper = state.clone();
     let id = verified.call_id.clone();
     let recorded = tokio::task::spawn_blocking(move || {

@@ -3,9 +3,9 @@
 //! `OFFLINE_AFTER_MS` by the NATS server's clock (no clock of the host's is trusted for that).
 
 use super::Retry;
-use crate::clock::now_ms;
 use crate::state::HostState;
 use racp_proto::gateway::{HEARTBEAT_MS, HostRecord, heartbeat_subject};
+use racp_server::clock::now_ms;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ pub async fn run(
             online: !state.is_draining(),
             capabilities: crate::handlers::capabilities(&state),
         };
-        let body = crate::wire::encode(&record);
+        let body = racp_server::wire::encode(&record);
         let written = match jetstream.publish(subject.clone(), body.into()).await {
             Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
             Err(err) => Err(err.to_string()),

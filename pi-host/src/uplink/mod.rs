@@ -2,12 +2,12 @@
 //! dials out to NATS with its own nkey and, while the link is up,
 //! - writes its heartbeat record to the hosts bucket (`heartbeat.rs`),
 //! - answers the RACP calls the gateway routes to it (`calls.rs`), when a trusted gateway
-//!   signed them (`signed.rs`),
+//!   signed them (racp-server's `uplink/signed.rs`),
 //! - publishes every committed event to its JetStream stream (`relay.rs`).
 //!
 //! The host's own log stays the source of truth, and local clients are served whether or not
 //! NATS is reachable: the client library reconnects on its own, and each task retries. The link
-//! is TLS unless `--gateway` says `nats://` (`link.rs`).
+//! is TLS unless `--gateway` says `nats://` (racp-server's `uplink/link.rs`).
 //!
 //! The host announces itself before it reports ready: `serve` waits (at most
 //! [`ANNOUNCE_PATIENCE`]) until its call subscription is in place on the server and its first
@@ -17,10 +17,9 @@ mod calls;
 mod heartbeat;
 mod relay;
 
-pub use racp_server::uplink::{key, link, signed};
-
 use crate::state::HostState;
 use racp_proto::gateway::host_inbox_prefix;
+use racp_server::uplink::{key, link, signed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;

@@ -27,7 +27,7 @@ const DIR: &str = "pi-extensions";
 /// data directory is the host's own.
 pub fn install(data_dir: &Path, with_preload: bool) -> std::io::Result<Vec<PathBuf>> {
     let dir = data_dir.join(DIR);
-    crate::private_file::create_private_dir(&dir)?;
+    racp_server::private_file::create_private_dir(&dir)?;
     let mut paths = Vec::new();
     if with_preload {
         paths.push(write(&dir, "pi-host-preload.ts", PRELOAD)?);
@@ -42,7 +42,7 @@ fn write(dir: &Path, name: &str, source: &str) -> std::io::Result<PathBuf> {
         return Ok(path);
     }
     // A new file renamed into place: an agent starting meanwhile reads the old or the new one.
-    crate::private_file::replace_private(&path, source.as_bytes())?;
+    racp_server::private_file::replace_private(&path, source.as_bytes())?;
     Ok(path)
 }
 
