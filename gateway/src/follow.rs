@@ -174,7 +174,7 @@ fn events_frame(
         }
         if json.len() > budget {
             let from = Cursor::new(start.epoch, seq - 1);
-            frame.push_str(&racp_server::elide::elide(
+            frame.push_str(&racp_proto::elide::elide(
                 &json,
                 budget,
                 start.max_frame_bytes,

@@ -8,7 +8,7 @@
 //! - [`error`]: the registry of codes and the `AppError` object.
 //! - [`frame`] and [`codec`]: frame shapes, size-checked decoding, params with JSON paths.
 //! - [`methods`]: the method table (params, results, access, resend safety).
-//! - [`events`]: session events and pushes.
+//! - [`events`]: session events and pushes; [`elide`]: an event or reply cut to a frame bound.
 //! - [`pi`]: pi's RPC mode as data, the one reader of pi's format: its event types, a line read
 //!   in one pass, commands and replies, compaction of its stream updates and the rebuild of
 //!   what they stream.
@@ -22,6 +22,7 @@ pub mod client;
 pub mod codec;
 pub mod codegen;
 pub mod cursor;
+pub mod elide;
 pub mod error;
 pub mod events;
 pub mod fingerprint;

@@ -6,12 +6,12 @@
 
 use crate::budget::{ByteBudget, Charge};
 use crate::connections::{CallPass, Connections, DeviceGate, Registration, Slot};
-use crate::elide::fit_reply;
 use crate::hello::Agreed;
 use crate::socket::{FINAL_FRAME_GRACE, Socket, close_with, error_reply, send_all};
 use crate::wire::encode;
 use futures_util::StreamExt;
 use racp_proto::codec::{Rejected, decode_request};
+use racp_proto::elide::fit_reply;
 use racp_proto::events::SubscriptionHead;
 use racp_proto::frame::{ErrorReply, RequestId};
 use racp_proto::limits::PRE_HELLO_MAX_FRAME_BYTES;

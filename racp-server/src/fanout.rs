@@ -148,7 +148,7 @@ impl<L: SharedLog> Subscription<L> {
             if event.json.len() > budget {
                 // Only ever alone in its batch: cut to fit, with a marker (size policy).
                 let from = Cursor::new(self.session.epoch(), event.seq - 1);
-                frame.push_str(&crate::elide::elide(
+                frame.push_str(&racp_proto::elide::elide(
                     &event.json,
                     budget,
                     max_frame_bytes,

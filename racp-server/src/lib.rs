@@ -6,7 +6,6 @@ pub mod budget;
 pub mod clock;
 pub mod connection;
 pub mod connections;
-pub mod elide;
 pub mod failure;
 pub mod fanout;
 pub mod hello;

@@ -5,12 +5,12 @@
 
 use super::Session;
 use crate::store::{EventRow, Store};
+use racp_proto::elide::elide;
 use racp_proto::events::Event;
 use racp_proto::limits::{DEFAULT_HISTORY_LIMIT, DEFAULT_HISTORY_PAGE_BYTES};
 use racp_proto::methods::session::{HistoryPage, SessionHistoryParams};
 use racp_proto::{AppError, Cursor, Expired};
 use racp_server::budget::Charge;
-use racp_server::elide::elide;
 
 /// What a page costs the host's byte budget per byte of its bound: its entries, the result
 /// written from them, and that result's copy as it is shrunk to size (measured:

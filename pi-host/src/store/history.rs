@@ -215,7 +215,7 @@ fn cut_oldest(
             continue;
         }
         let from = Cursor::new(event.cursor.epoch, event.seq.saturating_sub(1));
-        let cut = racp_server::elide::elide(&json, CUT_TO, CUT_TO, from);
+        let cut = racp_proto::elide::elide(&json, CUT_TO, CUT_TO, from);
         total = total.saturating_sub(json.len() as u64) + cut.len() as u64;
         update.execute((session_id, seq, &cut))?;
     }

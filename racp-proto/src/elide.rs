@@ -10,9 +10,9 @@
 //! would round integers beyond 64 bits and respell other numbers (docs/protocol.md §1,
 //! "Numbers"; §8.6).
 
-use racp_proto::events::{Elided, ElidedValue};
-use racp_proto::frame::{ErrorReply, RequestId};
-use racp_proto::{AppError, Cursor, ErrorCode};
+use crate::events::{Elided, ElidedValue};
+use crate::frame::{ErrorReply, RequestId};
+use crate::{AppError, Cursor, ErrorCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
@@ -190,7 +190,11 @@ fn too_large(id: Option<RequestId>, size: usize, bound: usize) -> String {
         ),
     )
     .with_details(json!({"size": size, "limit": bound, "reason": "reply_too_large"}));
-    crate::wire::encode(&ErrorReply { id, error })
+    // An error reply of a code, a message and numbers always encodes; the fallback keeps the
+    // signature total.
+    serde_json::to_string(&ErrorReply { id, error }).unwrap_or_else(|_| {
+        r#"{"id":null,"error":{"code":"PAYLOAD_TOO_LARGE","message":"the reply does not fit the frame bound","retriable":false}}"#.to_string()
+    })
 }
 
 /// An event reduced to its position: `seq`, `cursor`, no `data`, and the marker.
@@ -562,8 +566,8 @@ fn escaped_len(ch: char) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use racp_proto::Epoch;
-    use racp_proto::events::{Event, EventData};
+    use crate::Epoch;
+    use crate::events::{Event, EventData};
 
     /// An event as the host stores it (fields in the struct's order, `data` last).
     fn event(data: Value) -> String {
