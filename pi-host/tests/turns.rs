@@ -659,6 +659,41 @@ async fn a_slow_subscriber_is_cut_off_and_a_healthy_one_keeps_up() {
     assert!(got.get("result").is_some());
 }
 
+/// A client cut off while a large event was going out to it in fragments still reads a
+/// well-formed stream and its CLIENT_TOO_SLOW: the host finishes the message it began before
+/// the final error (racp-server's `socket.rs`, RFC 6455 §5.4). Every event here is many
+/// fragments long, so the stall lands inside one.
+#[tokio::test]
+async fn a_client_cut_inside_a_fragmented_event_still_reads_its_error() {
+    let mut s = setup(&[
+        "--plain",
+        "--send-stall-ms",
+        "300",
+        "--max-lag-events",
+        "2000",
+    ])
+    .await;
+    let mut slow = connect(&s).await;
+    subscribe(&mut slow, &s.session_id, Some(&s.start)).await;
+    let events = vec!["big:200000"; 60].join(" ");
+    start_turn(&mut s.client, &s.session_id, "k", &events).await;
+    s.host
+        .until_logged(
+            "code=CLIENT_TOO_SLOW",
+            tests::PATIENCE,
+            "the slow client was not cut off",
+        )
+        .await;
+    let (frames, close) = slow.until_close().await;
+    let error = frames
+        .iter()
+        .rev()
+        .find(|f| f.get("error").is_some())
+        .unwrap_or_else(|| panic!("no connection error in {} frames", frames.len()));
+    assert_eq!(error["error"]["code"], "CLIENT_TOO_SLOW");
+    assert_eq!(u16::from(close.expect("close frame").code), 4015);
+}
+
 #[tokio::test]
 async fn kill_9_mid_stream_loses_nothing_a_client_saw() {
     let mut s = setup(&[]).await;

@@ -44,6 +44,15 @@ pub struct Reframe<S> {
     reading: Option<Charge>,
     /// What the last complete message holds, until the connection has handled it.
     read: Option<Charge>,
+    /// The rest of a message the server began sending in fragments (`socket::feed`).
+    pub(crate) sending: Option<Sending>,
+}
+
+/// A message being sent in fragments: its bytes and how far they went out.
+#[derive(Clone)]
+pub(crate) struct Sending {
+    pub(crate) bytes: tokio_tungstenite::tungstenite::Bytes,
+    pub(crate) at: usize,
 }
 
 enum State {
@@ -98,6 +107,7 @@ impl<S> Reframe<S> {
             state: State::header(),
             reading: None,
             read: None,
+            sending: None,
         }
     }
 

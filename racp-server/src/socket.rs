@@ -7,7 +7,7 @@
 //! charges large requests to the server's byte budget (docs/reliability.md §4.18).
 
 use crate::budget::ByteBudget;
-use crate::reframe::{OverBudget, Reframe};
+use crate::reframe::{OverBudget, Reframe, Sending};
 use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -195,17 +195,29 @@ pub async fn send_all(socket: &mut Socket, frames: Vec<String>) -> Result<(), Ws
 /// Queues one text frame, as fragments of [`SEND_FRAGMENT`] when longer (RFC 6455 §5.4: every
 /// client reads a fragmented message as the one message).
 async fn feed(socket: &mut Socket, frame: String) -> Result<(), WsError> {
+    finish_message(socket).await?;
     if frame.len() <= SEND_FRAGMENT {
         return socket.feed(Message::Text(Utf8Bytes::from(frame))).await;
     }
-    let bytes = Bytes::from(frame);
-    let mut at = 0;
-    while at < bytes.len() {
+    socket.get_mut().sending = Some(Sending {
+        bytes: Bytes::from(frame),
+        at: 0,
+    });
+    finish_message(socket).await
+}
+
+/// Sends the rest of a message begun in fragments. A send abandoned part-way (a client that
+/// stopped reading, cut at the send stall) leaves one, and nothing else may go out before it
+/// ends (RFC 6455 §5.4): the connection's final error follows it rather than breaking it.
+async fn finish_message(socket: &mut Socket) -> Result<(), WsError> {
+    while let Some(Sending { bytes, at }) = socket.get_ref().sending.clone() {
         let end = (at + SEND_FRAGMENT).min(bytes.len());
         let opcode = OpCode::Data(if at == 0 { Data::Text } else { Data::Continue });
         let fragment = Frame::message(bytes.slice(at..end), opcode, end == bytes.len());
+        // `feed` takes the whole fragment or none of it, so `at` is exact when a stall drops
+        // this future.
         socket.feed(Message::Frame(fragment)).await?;
-        at = end;
+        socket.get_mut().sending = (end < bytes.len()).then_some(Sending { bytes, at: end });
     }
     Ok(())
 }

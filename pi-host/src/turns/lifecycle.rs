@@ -46,7 +46,22 @@ impl Turns {
             };
             // pi answers its first command once loaded (with the preload extension, once it has
             // also loaded what the first prompt needs): ask now, not at the first prompt.
-            let _ = tokio::time::timeout(WARM_TIMEOUT, agent.get_state()).await;
+            if !matches!(
+                tokio::time::timeout(WARM_TIMEOUT, agent.get_state()).await,
+                Ok(Ok(_))
+            ) {
+                return;
+            }
+            // The models a turn checks its model against, asked now too: one round trip less
+            // before the first prompt (docs/benchmarks.md §7). A failure is left to the turn.
+            let Ok(available) = agent.available_models().await else {
+                return;
+            };
+            let mut state = driver.state.lock().await;
+            let same_agent = state.agent.as_ref().map(|a| a.pid()) == Some(agent.pid());
+            if same_agent && state.available.is_none() {
+                state.available = Some(Ok(available));
+            }
         });
     }
 
