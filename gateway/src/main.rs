@@ -1,6 +1,14 @@
 //! `pi-gateway`: RACP-WS for many hosts. Hosts dial out to NATS (`pi-host serve --gateway`);
 //! desktops pair with the gateway and reach each host at `/racp/hosts/<hostId>`. Replicas share
 //! nothing but NATS (docs/architecture.md, "Gateway"; docs/protocol.md §15).
+//!
+//! Layout: `server.rs` (the endpoints and upgrade) hands each socket to `connection.rs` (the
+//! gateway's `Service` for racp-server's core), which answers the endpoint's calls in
+//! `endpoint.rs`, routes a host's calls through `hosts.rs`, and follows a session's events by
+//! `start.rs` (where a subscription starts), `feed.rs` (one consumer per session, shared) and
+//! `follow.rs` (a reader older than the feed's window) over `stream.rs` (JetStream). Devices,
+//! pairing and revocation live in NATS buckets (`devices.rs`, `revocation.rs`, `lease.rs`);
+//! `nats.rs` is the link, `state.rs` what a replica holds.
 
 mod connection;
 mod devices;

@@ -1,5 +1,5 @@
-//! Method handlers: one function per method, each returning the method's result or an error,
-//! and [`route`], the one table that says where each method is answered.
+//! Method handlers: [`endpoint`] and [`host`], one exhaustive match each over the method
+//! table's places, say where each method is answered; short methods are answered here.
 
 use crate::auth::Caller;
 use crate::fence::Fence;

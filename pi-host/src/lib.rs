@@ -1,6 +1,19 @@
 //! The RACP-WS host as a library: `src/main.rs` is its command line. The server side it shares
-//! with `pi-gateway` (accept loop, upgrade checks, identity, frame fitting, the connection
-//! registry, the signed link) is the `racp-server` crate.
+//! with `pi-gateway` (accept loop, upgrade checks, identity, the connection core and registry,
+//! the signed link) is the `racp-server` crate.
+//!
+//! Layout, from the socket to the disk:
+//! - [`server`]: the `/racp` endpoint, the host's upgrade and its `Service` for racp-server's
+//!   connection core; [`auth`], [`secrets`]: who is calling; [`admin`]: the owner's socket.
+//! - [`handlers`]: one exhaustive match per place of the method table, each arm a call into
+//!   the module that serves it.
+//! - [`sessions`]: a session's log, snapshot view, history pages and group commit;
+//!   [`store`]: SQLite (devices, sessions, events, history, approvals, call ids).
+//! - [`turns`]: the agent driver per session (turns, queue, approvals, lifecycle, shell,
+//!   branches, reads); [`agent`]: pi's process, its check, extensions and failures;
+//!   [`models`]: keys, providers and the model catalogue; [`redact`]: what never leaves.
+//! - [`fence`], [`browse`]: files behind the roots; [`uplink`]: the link to a gateway;
+//!   [`config`], [`state`]: what the host runs with and holds.
 
 pub mod admin;
 pub mod agent;

@@ -1,5 +1,18 @@
 //! The server side of RACP-WS that a host (`pi-host`) and a gateway (`pi-gateway`) both run
 //! (docs/architecture.md, "racp-server"): nothing here knows sessions, agents or a store.
+//!
+//! Layout, in the order a connection meets it:
+//! - [`listener`]: the accept loop and the descriptor budget; [`tls`], [`identity`]: the
+//!   host's certificate; [`upgrade`]: Host, Origin and the bearer token's place on an upgrade.
+//! - [`socket`]: the WebSocket upgrade and settings; [`reframe`]: the bytes under tungstenite
+//!   (large frames in fragments); [`budget`]: the bytes held for all clients.
+//! - [`connection`]: the one connection core a server's `Service` plugs into: [`hello`],
+//!   [`admission`] (access, [`ratelimit`], drain), in-flight bounds, replies, [`push`]es.
+//! - [`fanout`]: subscribers pulling from a shared log; [`connections`]: the registry and the
+//!   device gate a revoke closes.
+//! - [`uplink`]: the signed link to NATS a host and a gateway share; [`wire`], [`failure`],
+//!   [`log`], [`clock`], [`private_file`], [`token`], [`usage`], [`limits`]: what they are built
+//!   from.
 
 pub mod admission;
 pub mod budget;
