@@ -62,7 +62,7 @@ async fn session_create(
     let created = on_blocking_pool(state, move |s| record_session(s, params)).await?;
     // Start the agent now: it loads while the user types (docs/architecture.md).
     if let Some(session) = state.sessions.get(&created.session.session_id) {
-        state.turns.warm(state, &session);
+        state.drivers.warm(state, &session);
     }
     Ok(created)
 }
@@ -182,25 +182,25 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
             reply(async move { session_close(&state, &caller, &params.session_id).await })
         }
         HostCall::TurnStart(params) => {
-            reply(async move { state.turns.start(&state, &caller, params).await })
+            reply(async move { state.drivers.start(&state, &caller, params).await })
         }
         HostCall::TurnSteer(params) => {
-            reply(async move { state.turns.steer(&state, params).await })
+            reply(async move { state.drivers.steer(&state, params).await })
         }
         HostCall::TurnFollowUp(params) => {
-            reply(async move { state.turns.follow_up(&state, &caller, params).await })
+            reply(async move { state.drivers.follow_up(&state, &caller, params).await })
         }
         HostCall::SessionClearQueue(params) => {
-            reply(async move { state.turns.clear_queue(&state, &caller, params).await })
+            reply(async move { state.drivers.clear_queue(&state, &caller, params).await })
         }
         HostCall::SessionCompact(params) => {
-            reply(async move { state.turns.compact(&state, params).await })
+            reply(async move { state.drivers.compact(&state, params).await })
         }
         HostCall::TurnAbort(params) => {
-            reply(async move { state.turns.abort(&state, &caller, params).await })
+            reply(async move { state.drivers.abort(&state, &caller, params).await })
         }
         HostCall::ApprovalRespond(params) => reply(async move {
-            let approvals = &state.turns.approvals;
+            let approvals = &state.drivers.approvals;
             approvals.respond(&state, &caller, params).await
         }),
         HostCall::ModelList(_) => task(async move {
@@ -208,16 +208,16 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
             to_raw(&*list)
         }),
         HostCall::SessionFork(params) => {
-            reply(async move { state.turns.fork(&state, &caller, params).await })
+            reply(async move { state.drivers.fork(&state, &caller, params).await })
         }
         HostCall::SessionClone(params) => {
-            reply(async move { state.turns.clone_session(&state, &caller, params).await })
+            reply(async move { state.drivers.clone_session(&state, &caller, params).await })
         }
         HostCall::SessionConfigure(params) => {
-            reply(async move { state.turns.configure(&state, &caller, params).await })
+            reply(async move { state.drivers.configure(&state, &caller, params).await })
         }
         HostCall::SessionRename(params) => {
-            reply(async move { state.turns.rename(&state, &caller, params).await })
+            reply(async move { state.drivers.rename(&state, &caller, params).await })
         }
         HostCall::CredentialSet(params) => {
             blocking(state, move |s| crate::models::credential_set(s, params))
@@ -233,23 +233,23 @@ pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
             crate::models::provider_delete(s, &params.provider)
         }),
         HostCall::SessionBash(params) => {
-            reply(async move { state.turns.bash(&state, &caller, params).await })
+            reply(async move { state.drivers.bash(&state, &caller, params).await })
         }
         HostCall::SessionBashAbort(params) => {
-            reply(async move { state.turns.bash_abort(&state, params).await })
+            reply(async move { state.drivers.bash_abort(&state, params).await })
         }
         HostCall::SessionStats(params) => {
-            reply(async move { state.turns.stats(&state, params).await })
+            reply(async move { state.drivers.stats(&state, params).await })
         }
         HostCall::SessionCommands(params) => {
-            reply(async move { state.turns.commands(&state, &caller, params).await })
+            reply(async move { state.drivers.commands(&state, &caller, params).await })
         }
         HostCall::SessionExport(params) => task(async move {
             // The page read back and its result written: `maxBytes` twice, held until the
             // result is written (docs/reliability.md §4.18).
             let asked = params.max_bytes.unwrap_or(DEFAULT_EXPORT_BYTES) as usize;
             let _held = state.budget.charge(asked * 2)?;
-            to_raw(&state.turns.export(&state, &caller, params).await?)
+            to_raw(&state.drivers.export(&state, &caller, params).await?)
         }),
     }
 }
@@ -366,7 +366,7 @@ async fn session_close(
     if session.is_closing() {
         return Ok(Ack {});
     }
-    state.turns.stop_session(state, &session).await;
+    state.drivers.stop_session(state, &session).await;
     let closed = HostEvent::of_session(SessionClosedData {
         device_id: caller.device_id().map(str::to_string),
     });
@@ -413,7 +413,7 @@ fn host_info(state: &HostState, agent: AgentStatus) -> HostInfoResult {
         started_at: state.started_at,
         capabilities: capabilities(state),
         limits: limits(state),
-        agents: state.turns.agents_info(state),
+        agents: state.drivers.agents_info(state),
         agent,
     }
 }

@@ -20,6 +20,7 @@ pub mod agent;
 pub mod auth;
 pub mod browse;
 pub mod config;
+pub mod driver;
 pub mod fence;
 pub mod handlers;
 pub mod models;
@@ -31,7 +32,6 @@ pub mod state;
 pub mod store;
 #[cfg(debug_assertions)]
 mod test_hooks;
-pub mod turns;
 pub mod uplink;
 
 /// The host's INTERNAL: the cause logged under the trace id the reply carries.

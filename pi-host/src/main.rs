@@ -464,7 +464,7 @@ async fn serve(
 /// After every connection has closed: ends the agents, commits what is queued, and removes the
 /// admin socket and the state file.
 async fn stop(state: &std::sync::Arc<state::HostState>, state_file: Option<&std::path::Path>) {
-    state.turns.stop_all(state).await;
+    state.drivers.stop_all(state).await;
     state.sessions.flush_and_stop();
     let _ = std::fs::remove_file(admin::socket_path(&state.config.data_dir));
     if let Some(path) = state_file {
@@ -497,8 +497,8 @@ async fn start_local_services(state: &std::sync::Arc<state::HostState>) -> Resul
     // The agent is checked meanwhile; its first check is what host/info and turns wait for.
     let checking = state.clone();
     tokio::spawn(async move { checking.agent.status().await });
-    turns::end_interrupted_turns(state).await;
-    tokio::spawn(turns::stop_idle_agents(state.clone()));
+    driver::end_interrupted_turns(state).await;
+    tokio::spawn(driver::stop_idle_agents(state.clone()));
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
     tokio::spawn(admin::serve(admin, state.clone()));

@@ -17,7 +17,7 @@ pub struct HostState {
     pub host_id: String,
     pub started_at: u64,
     pub sessions: crate::sessions::Sessions,
-    pub turns: crate::turns::Turns,
+    pub drivers: crate::driver::Drivers,
     pub rate: racp_server::ratelimit::RateLimiter,
     /// Bytes held for clients across every connection: requests being read, replies being
     /// built (history pages, exports) or waiting for their socket (HOST_OVERLOADED beyond it).
@@ -102,7 +102,7 @@ impl HostState {
             host_id,
             started_at: now_ms(),
             sessions,
-            turns: crate::turns::Turns::default(),
+            drivers: crate::driver::Drivers::default(),
             rate: racp_server::ratelimit::RateLimiter::new(
                 limits.requests_per_second,
                 limits.request_burst,
@@ -192,7 +192,7 @@ impl crate::models::ModelHost for HostState {
     }
 }
 
-impl crate::turns::TurnHost for HostState {
+impl crate::driver::DriverHost for HostState {
     fn sessions(&self) -> &crate::sessions::Sessions {
         &self.sessions
     }
@@ -202,8 +202,8 @@ impl crate::turns::TurnHost for HostState {
     fn secrets(&self) -> &Secrets {
         &self.secrets
     }
-    fn turns(&self) -> &crate::turns::Turns {
-        &self.turns
+    fn drivers(&self) -> &crate::driver::Drivers {
+        &self.drivers
     }
     fn is_draining(&self) -> bool {
         HostState::is_draining(self)

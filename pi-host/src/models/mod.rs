@@ -2,7 +2,7 @@
 //! (`credentials.rs`), model servers (`providers.rs`), and the catalogue of models the agent
 //! can run (`catalogue.rs`). Changes apply to the next agent started: each change bumps a
 //! generation, an idle agent started before it is replaced when it is next used, and a running
-//! turn keeps its agent until it ends (`turns::Driver::ensure_agent`).
+//! turn keeps its agent until it ends (`driver::Driver::ensure_agent`).
 
 mod catalogue;
 mod credentials;

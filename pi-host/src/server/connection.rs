@@ -170,7 +170,7 @@ impl HostConnection {
         // Someone who may prompt is watching: have the agent ready for their prompt. An
         // observer only reads the log and the snapshot, so it never starts one.
         if self.caller.may_start_agents() && !session.is_closing() {
-            self.state.turns.warm(&self.state, &session);
+            self.state.drivers.warm(&self.state, &session);
         }
         Ok(SessionSubscribeResult {
             subscription_id,

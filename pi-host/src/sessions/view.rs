@@ -183,11 +183,11 @@ impl View {
     /// closed only once its `session.closed` is committed: a committed close is never undone,
     /// and a closed row always has its event (so no event can follow `session.closed`).
     /// `still_pending` are the approvals the store holds pending (the host cancels each of them
-    /// before it serves: turns::end_interrupted_turns).
+    /// before it serves: driver::end_interrupted_turns).
     pub fn reconcile(&mut self, row: &SessionRow, still_pending: &[ApprovalInfo]) {
         self.closed |= row.closed;
         // No agent runs after a restart: whatever pi held queued went with it. The host's
-        // follow-ups are withdrawn with events (turns::end_interrupted_turns).
+        // follow-ups are withdrawn with events (driver::end_interrupted_turns).
         self.queue.steering.clear();
         self.settings = row.settings.clone();
         // The title is stored before `session.renamed` is committed, and the event may have left

@@ -4,7 +4,7 @@
 //! another session's agent to make room (§6.1). The export is redacted as everything else the
 //! host hands out (§8.8), inside pi's embedded session data too.
 
-use super::{TurnHost, Turns, closed};
+use super::{DriverHost, Drivers, closed};
 use crate::agent::{Agent, AgentError};
 use crate::auth::Caller;
 use crate::redact::Redactor;
@@ -21,13 +21,13 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-impl Turns {
+impl Drivers {
     /// `session/stats`: the whole session's totals from the stored history (so an observer
     /// never starts an agent, and a stopped agent or a closed session still has them), and
     /// what the context holds, as the agent counts it, when one already runs.
     pub async fn stats(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         params: SessionRef,
     ) -> Result<SessionStatsResult, AppError> {
         let session = host.sessions().find(&params.session_id)?;
@@ -54,7 +54,7 @@ impl Turns {
     /// settings).
     pub async fn commands(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: SessionRef,
     ) -> Result<SessionCommandsResult, AppError> {
@@ -72,7 +72,7 @@ impl Turns {
     /// directory; it is read back within `maxBytes`, deleted, and redacted.
     pub async fn export(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: SessionExportParams,
     ) -> Result<SessionExportResult, AppError> {
@@ -102,10 +102,10 @@ impl Turns {
     }
 
     /// The agent a read of the session's agent uses. A caller who may start turns gets the
-    /// running one or one started now ([`Turns::agent_for`]); an observer only one that runs.
+    /// running one or one started now ([`Drivers::agent_for`]); an observer only one that runs.
     async fn reading_agent(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         session: &Arc<Session>,
         method: &str,

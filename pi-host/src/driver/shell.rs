@@ -2,7 +2,7 @@
 //! session's agent (pi's `bash`), its output kept in the conversation as pi keeps it locally,
 //! and made visible as `session.bash`, since pi emits no event for it.
 
-use super::{Driver, TurnHost, Turns};
+use super::{Driver, DriverHost, Drivers};
 use crate::agent::AgentError;
 use crate::auth::Caller;
 use crate::sessions::HostEvent;
@@ -23,12 +23,12 @@ pub const SHELL_DEADLINE: Duration = Duration::from_secs(SHELL_DEADLINE_SECONDS)
 /// How long pi may take to answer once the command was aborted.
 const AFTER_ABORT: Duration = Duration::from_secs(30);
 
-impl Turns {
+impl Drivers {
     /// `session/bash`: one shell command at a time per session (pi aborts only its latest);
     /// allowed during a turn, as pi allows it (pi then adds it to the context after the run).
     pub async fn bash(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: SessionBashParams,
     ) -> Result<SessionBashResult, AppError> {
@@ -67,7 +67,7 @@ impl Turns {
     /// success that changes nothing.
     pub async fn bash_abort(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         params: SessionRef,
     ) -> Result<Ack, AppError> {
         let session = host.sessions().find(&params.session_id)?;

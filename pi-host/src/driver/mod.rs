@@ -1,4 +1,5 @@
-//! Turns and approvals: driving each session's agent and turning what it says into events.
+//! The agent driver: one [`Driver`] per session drives its agent, runs its turns, queue and
+//! approvals, and turns what the agent says into events.
 //!
 //! One [`Driver`] per session owns the agent process (started with the first turn, restarted by
 //! the next turn after a crash) and the turn that runs on it. A pump task reads the agent's
@@ -155,16 +156,16 @@ impl Drop for Raised {
 
 /// What turns need of the host (state.rs implements it), so that the host can own its turns
 /// without the turns knowing the host's state.
-pub trait TurnHost: ModelHost {
+pub trait DriverHost: ModelHost {
     fn sessions(&self) -> &crate::sessions::Sessions;
     fn store(&self) -> &crate::store::Store;
     fn secrets(&self) -> &crate::secrets::Secrets;
-    fn turns(&self) -> &Turns;
+    fn drivers(&self) -> &Drivers;
     fn is_draining(&self) -> bool;
 }
 
 /// A shared host is a host.
-impl<T: TurnHost> TurnHost for Arc<T> {
+impl<T: DriverHost> DriverHost for Arc<T> {
     fn sessions(&self) -> &crate::sessions::Sessions {
         (**self).sessions()
     }
@@ -174,8 +175,8 @@ impl<T: TurnHost> TurnHost for Arc<T> {
     fn secrets(&self) -> &crate::secrets::Secrets {
         (**self).secrets()
     }
-    fn turns(&self) -> &Turns {
-        (**self).turns()
+    fn drivers(&self) -> &Drivers {
+        (**self).drivers()
     }
     fn is_draining(&self) -> bool {
         (**self).is_draining()
@@ -184,14 +185,14 @@ impl<T: TurnHost> TurnHost for Arc<T> {
 
 /// Every session's driver, created on first use.
 #[derive(Default)]
-pub struct Turns {
+pub struct Drivers {
     drivers: dashmap::DashMap<String, Arc<Driver>>,
     pub approvals: Approvals,
     /// Held from the agent count to the spawn, so two starts cannot both take the last slot.
     spawn_gate: Mutex<()>,
 }
 
-impl Turns {
+impl Drivers {
     fn driver(&self, session: &Arc<Session>) -> Arc<Driver> {
         self.drivers
             .entry(session.id.clone())
@@ -212,7 +213,7 @@ impl Turns {
     /// `turn/start`: idempotent by key; AGENT_BUSY while another turn runs.
     pub async fn start(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: TurnStartParams,
     ) -> Result<TurnStartResult, AppError> {
@@ -255,7 +256,7 @@ impl Turns {
     /// without holding the driver's lock: pi's answers come through the pump, which needs it.
     pub async fn agent_for(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         session: &Arc<Session>,
     ) -> Result<Agent, AppError> {
         if session.is_closing() {
@@ -270,7 +271,7 @@ impl Turns {
     /// settings changed since it started, else one started now (room made for it).
     async fn current_agent(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         driver: &Arc<Driver>,
         state: &mut DriverState,
     ) -> Result<Agent, AppError> {
@@ -288,7 +289,7 @@ impl Turns {
 
     pub async fn steer(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         params: TurnSteerParams,
     ) -> Result<Ack, AppError> {
         let session = host.sessions().find(&params.session_id)?;
@@ -305,7 +306,7 @@ impl Turns {
     /// from its next model request); the session's later agents start with it.
     pub async fn configure(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: SessionConfigureParams,
     ) -> Result<SessionCreateResult, AppError> {
@@ -361,7 +362,7 @@ impl Turns {
     /// the host's.
     pub async fn rename(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: SessionRenameParams,
     ) -> Result<SessionCreateResult, AppError> {
@@ -406,7 +407,7 @@ impl Turns {
     /// follow-up's turn withdraws it (`session/clear_queue`).
     pub async fn abort(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: TurnRef,
     ) -> Result<Ack, AppError> {
@@ -450,7 +451,7 @@ impl Turns {
     }
 
     /// Stops the session's agent (its whole process tree), ending a running turn as aborted.
-    pub async fn stop_session(&self, host: &Arc<impl TurnHost>, session: &Arc<Session>) {
+    pub async fn stop_session(&self, host: &Arc<impl DriverHost>, session: &Arc<Session>) {
         let Some(driver) = self.drivers.get(&session.id).map(|d| d.clone()) else {
             return;
         };
@@ -483,7 +484,7 @@ impl Turns {
     }
 
     /// Stops every agent (host drain).
-    pub async fn stop_all(&self, host: &Arc<impl TurnHost>) {
+    pub async fn stop_all(&self, host: &Arc<impl DriverHost>) {
         let drivers: Vec<Arc<Driver>> = self.drivers.iter().map(|d| d.clone()).collect();
         for driver in drivers {
             self.stop_session(host, &driver.session).await;
@@ -494,7 +495,7 @@ impl Turns {
 /// After a restart no agent runs: a turn that was running when the host stopped was cut off by
 /// the host, not by its agent, so it ends as aborted with HOST_UNAVAILABLE (docs/protocol.md
 /// §8.7), never as a sidecar crash.
-pub async fn end_interrupted_turns(host: &impl TurnHost) {
+pub async fn end_interrupted_turns(host: &impl DriverHost) {
     for session in host.sessions().list() {
         let mut events = Approvals::cancel_stored(host, &session.id);
         events.extend(queue::withdrawn_by_restart(&session.queued_follow_ups()));
@@ -529,7 +530,7 @@ fn closed(session: &Session) -> AppError {
 /// The agent of the running turn `turn_id`: TURN_NOT_FOUND for an unknown turn, CONFLICT for
 /// one that already finished or is a follow-up still queued.
 fn running_agent(
-    host: &impl TurnHost,
+    host: &impl DriverHost,
     session: &Session,
     state: &DriverState,
     turn_id: &str,
@@ -555,7 +556,7 @@ fn running_agent(
 }
 
 /// TURN_NOT_FOUND unless the session ever had the turn `turn_id`.
-fn known_turn(host: &impl TurnHost, session: &Session, turn_id: &str) -> Result<(), AppError> {
+fn known_turn(host: &impl DriverHost, session: &Session, turn_id: &str) -> Result<(), AppError> {
     let known = host
         .store()
         .turn_exists(&session.id, turn_id)
@@ -572,12 +573,12 @@ fn known_turn(host: &impl TurnHost, session: &Session, turn_id: &str) -> Result<
 /// The events that end a turn: its pending approvals settled as cancelled, then
 /// `turn.finished`.
 fn end_of_turn(
-    host: &impl TurnHost,
+    host: &impl DriverHost,
     turn_id: &str,
     outcome: TurnOutcome,
     error: Option<AppError>,
 ) -> Vec<HostEvent> {
-    let mut events = host.turns().approvals.cancel_turn(host, turn_id);
+    let mut events = host.drivers().approvals.cancel_turn(host, turn_id);
     if let Some(error) = &error {
         // The traceId in the event finds this line (protocol.md §8.7).
         tracing::warn!(
@@ -600,7 +601,7 @@ fn end_of_turn(
 /// The earlier turn of a resent `turn/start` (same idempotency key); IDEMPOTENCY_CONFLICT when
 /// the key started a turn with other input.
 fn earlier_turn(
-    host: &impl TurnHost,
+    host: &impl DriverHost,
     session: &Session,
     params: &TurnStartParams,
 ) -> Result<Option<TurnStartResult>, AppError> {
@@ -625,7 +626,7 @@ fn earlier_turn(
 
 /// Stores a new turn under its idempotency key and commits `turn.started`; returns its id.
 async fn record_turn(
-    host: &impl TurnHost,
+    host: &impl DriverHost,
     session: &Arc<Session>,
     caller: &Caller,
     params: &TurnStartParams,
@@ -645,7 +646,7 @@ async fn record_turn(
 
 /// Stores a new turn (started or queued) under its idempotency key; returns its id.
 fn store_turn(
-    host: &impl TurnHost,
+    host: &impl DriverHost,
     session: &Session,
     params: &TurnStartParams,
 ) -> Result<String, AppError> {
@@ -687,7 +688,7 @@ fn settled(active: &mut ActiveTurn, pending: &UnsettledFailure) -> (TurnOutcome,
 /// The events that end the running turn when its agent process exits. A run that already
 /// failed explains the turn better than the exit does.
 fn ended_by_exit(
-    host: &impl TurnHost,
+    host: &impl DriverHost,
     mut active: ActiveTurn,
     status: Option<i32>,
     signal: Option<i32>,
@@ -747,7 +748,7 @@ fn died_during_turn(
 /// Up to `PUMP_DEPTH` batches are committing while the next is read and translated, so the
 /// agent's output is not held up by each fsync; the depth bounds what waits in memory.
 async fn pump(
-    host: Arc<impl TurnHost>,
+    host: Arc<impl DriverHost>,
     driver: Arc<Driver>,
     agent: Agent,
     mut output: mpsc::Receiver<AgentOutput>,
@@ -836,7 +837,7 @@ impl Driver {
     /// Starts the session's agent if none runs; the pump for its output starts with it.
     async fn ensure_agent(
         self: &Arc<Self>,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         state: &mut DriverState,
     ) -> Result<Agent, AppError> {
         if let Some(agent) = &state.agent {
@@ -883,7 +884,7 @@ impl Driver {
     /// Replaces an idle agent started before the host's settings last changed (a key or a
     /// provider): it would run on the old ones. A running turn keeps its agent; the next turn
     /// after it gets a new one.
-    fn retire_stale(&self, host: &impl TurnHost, state: &mut DriverState) {
+    fn retire_stale(&self, host: &impl DriverHost, state: &mut DriverState) {
         if state.active.is_some() || state.generation == host.models().generation() {
             return;
         }
@@ -900,7 +901,7 @@ impl Driver {
     /// catalogue says; no request reaches a provider.
     async fn ready(
         &self,
-        host: &impl TurnHost,
+        host: &impl DriverHost,
         agent: &Agent,
         state: &mut DriverState,
     ) -> Result<(), AppError> {
@@ -940,7 +941,7 @@ impl Driver {
     /// ends it.
     fn on_exit(
         &self,
-        host: &impl TurnHost,
+        host: &impl DriverHost,
         state: &mut DriverState,
         agent: &Agent,
         (status, signal, stderr_tail): (Option<i32>, Option<i32>, String),
@@ -978,7 +979,7 @@ impl Driver {
     }
 
     /// Ends the running turn with its pending failure: pi did not retry it.
-    async fn settle_pending(&self, host: &impl TurnHost) -> Vec<HostEvent> {
+    async fn settle_pending(&self, host: &impl DriverHost) -> Vec<HostEvent> {
         let mut state = self.state.lock().await;
         let Some(active) = state.active.as_mut() else {
             return Vec::new();
@@ -998,7 +999,7 @@ impl Driver {
     /// Ends `turn_id`, if it is still the running turn, when pi did not take its prompt. An
     /// agent that died under the prompt settles it as aborted, like a crash mid-run
     /// (protocol.md §8.7).
-    async fn prompt_refused(&self, host: &impl TurnHost, turn_id: &str, err: &AgentError) {
+    async fn prompt_refused(&self, host: &impl DriverHost, turn_id: &str, err: &AgentError) {
         let error = err.to_app_error();
         let outcome = if error.code() == ErrorCode::AgentSidecarCrashed {
             TurnOutcome::Aborted
@@ -1012,7 +1013,7 @@ impl Driver {
     /// behind it is withdrawn.
     async fn end_unprompted(
         &self,
-        host: &impl TurnHost,
+        host: &impl DriverHost,
         turn_id: &str,
         outcome: TurnOutcome,
         error: AppError,
@@ -1033,14 +1034,14 @@ impl Driver {
     /// event); one outside any turn has nobody to answer it and is cancelled at once.
     async fn open_dialog(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         agent: &Agent,
         turn_id: Option<String>,
         request: approvals::Request,
     ) -> Option<HostEvent> {
         match turn_id {
             Some(turn_id) => {
-                let approvals = &host.turns().approvals;
+                let approvals = &host.drivers().approvals;
                 Some(approvals.open(host, &self.session, agent, &turn_id, request))
             }
             None => {
@@ -1055,7 +1056,7 @@ impl Driver {
     /// with turn starts and aborts).
     async fn translate(
         self: &Arc<Self>,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         agent: &Agent,
         batch: Vec<AgentOutput>,
     ) -> Vec<HostEvent> {
@@ -1112,7 +1113,7 @@ impl Driver {
 /// An agent event is relayed; one that ends the run also ends the running turn, unless the run
 /// failed in a way pi may retry: then pi's next event decides (docs/protocol.md §8.7).
 fn on_agent_event(
-    host: &impl TurnHost,
+    host: &impl DriverHost,
     session: &Session,
     state: &mut MutexGuard<'_, DriverState>,
     event: AgentEvent,

@@ -8,7 +8,8 @@
 //! with its text, so a client can put it back where it was typed.
 
 use super::{
-    ActiveTurn, DriverState, Raised, TurnHost, Turns, closed, earlier_turn, known_turn, store_turn,
+    ActiveTurn, DriverHost, DriverState, Drivers, Raised, closed, earlier_turn, known_turn,
+    store_turn,
 };
 use crate::agent::{Agent, AgentError};
 use crate::auth::Caller;
@@ -104,11 +105,11 @@ pub(super) struct NextPrompt {
     pub images: Vec<ImageAttachment>,
 }
 
-impl Turns {
+impl Drivers {
     /// `turn/follow_up`: held while a turn runs, a turn of its own at once otherwise.
     pub async fn follow_up(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         start: TurnFollowUpParams,
     ) -> Result<TurnFollowUpResult, AppError> {
@@ -162,7 +163,7 @@ impl Turns {
     /// the session never had. One that already left the queue is not withdrawn again.
     pub async fn clear_queue(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: SessionClearQueueParams,
     ) -> Result<SessionClearQueueResult, AppError> {
@@ -200,7 +201,7 @@ impl Turns {
     /// abort it first) and while another compaction goes on; a turn waits for it to end.
     pub async fn compact(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         params: SessionCompactParams,
     ) -> Result<SessionCompactResult, AppError> {
         let session = host.sessions().find(&params.session_id)?;
@@ -420,7 +421,7 @@ impl super::Driver {
     /// that comes while it waits, since no run of pi's would end it.
     pub(super) async fn send_prompt(
         &self,
-        host: &impl TurnHost,
+        host: &impl DriverHost,
         agent: &Agent,
         turn_id: &str,
         (text, images): (&str, &[ImageAttachment]),
@@ -471,7 +472,7 @@ impl super::Driver {
 
     /// Starts the follow-ups queued while no turn ran (during a compaction the agent did not
     /// know), as a completed turn would.
-    async fn start_queued(self: &Arc<Self>, host: &Arc<impl TurnHost>) {
+    async fn start_queued(self: &Arc<Self>, host: &Arc<impl DriverHost>) {
         let mut state = self.state.lock().await;
         if state.active.is_some() || state.follow_ups.is_empty() {
             return;
@@ -494,7 +495,7 @@ impl super::Driver {
     /// Sends the prompt of the follow-up whose turn `after_turn` started.
     pub(super) fn send_next(
         self: &Arc<Self>,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         agent: &Agent,
         next: NextPrompt,
     ) {

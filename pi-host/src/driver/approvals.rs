@@ -3,7 +3,7 @@
 //! settled approval or an ended turn gets APPROVAL_STALE. At the deadline the host settles the
 //! approval as expired, tells the agent, and emits `approval.settled`.
 
-use super::TurnHost;
+use super::DriverHost;
 use crate::agent::{Agent, UiAnswer, UiMethod};
 use crate::auth::Caller;
 use crate::sessions::{HostEvent, Session};
@@ -54,7 +54,7 @@ impl Approvals {
     /// `approval.requested` event to append.
     pub fn open(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         session: &Arc<Session>,
         agent: &Agent,
         turn_id: &str,
@@ -102,7 +102,7 @@ impl Approvals {
     }
 
     /// Settles every pending approval of an ended turn as cancelled; returns the events.
-    pub fn cancel_turn(&self, host: &impl TurnHost, turn_id: &str) -> Vec<HostEvent> {
+    pub fn cancel_turn(&self, host: &impl DriverHost, turn_id: &str) -> Vec<HostEvent> {
         self.cancel_pending(host, turn_id)
             .iter()
             .map(|(_, info)| settled_event(info))
@@ -112,7 +112,7 @@ impl Approvals {
     /// Settles the pending approvals of a turn being aborted as cancelled, telling the agent
     /// first: pi's run, and so its answer to `abort`, ends only once the extension's dialog
     /// returns (docs/protocol.md §7.17). Returns the events.
-    pub async fn cancel_for_abort(&self, host: &impl TurnHost, turn_id: &str) -> Vec<HostEvent> {
+    pub async fn cancel_for_abort(&self, host: &impl DriverHost, turn_id: &str) -> Vec<HostEvent> {
         let cancelled = self.cancel_pending(host, turn_id);
         for (entry, _) in &cancelled {
             if let Err(err) = entry
@@ -132,7 +132,7 @@ impl Approvals {
     /// Marks the turn's pending approvals cancelled (stored); returns them as settled.
     fn cancel_pending(
         &self,
-        host: &impl TurnHost,
+        host: &impl DriverHost,
         turn_id: &str,
     ) -> Vec<(Arc<Entry>, ApprovalInfo)> {
         let mut cancelled = Vec::new();
@@ -148,7 +148,7 @@ impl Approvals {
     }
 
     /// After a restart: approvals left pending have no agent to answer; settle them cancelled.
-    pub fn cancel_stored(host: &impl TurnHost, session_id: &str) -> Vec<HostEvent> {
+    pub fn cancel_stored(host: &impl DriverHost, session_id: &str) -> Vec<HostEvent> {
         let pending = match host.store().pending_approvals(session_id) {
             Ok(pending) => pending,
             Err(err) => {
@@ -168,7 +168,7 @@ impl Approvals {
 
     pub async fn respond(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: ApprovalRespondParams,
     ) -> Result<ApprovalRespondResult, AppError> {
@@ -259,7 +259,7 @@ fn decide(
     }
 }
 
-fn save(host: &impl TurnHost, info: &ApprovalInfo) {
+fn save(host: &impl DriverHost, info: &ApprovalInfo) {
     if let Err(err) = host.store().save_approval(info) {
         tracing::warn!(error = %err, "cannot store an approval");
     }
@@ -281,7 +281,7 @@ fn stale_error(info: &ApprovalInfo) -> AppError {
 }
 
 /// Settles a still-pending approval as expired: tells the agent and emits the event.
-async fn expire(host: &impl TurnHost, entry: &Entry) {
+async fn expire(host: &impl DriverHost, entry: &Entry) {
     let settled = {
         let mut info = entry.lock();
         if info.state != ApprovalState::Pending {
@@ -306,7 +306,7 @@ fn settled_event(info: &ApprovalInfo) -> HostEvent {
     HostEvent::of_turn(&info.turn_id, ApprovalSettledData::from(info))
 }
 
-async fn record(host: &impl TurnHost, session: &Arc<Session>, event: HostEvent) {
+async fn record(host: &impl DriverHost, session: &Arc<Session>, event: HostEvent) {
     #[cfg(debug_assertions)]
     crate::test_hooks::before_settle_is_recorded().await;
     if let Err(err) = host.sessions().commit(session, vec![event]).await {

@@ -3,8 +3,8 @@
 //! `agent_idle` with no turn, no pending approval and no subscriber, and started again (resuming
 //! its own session) by the next turn or subscriber; never more than `max_agents` at once.
 
-use super::TurnHost;
-use super::{Driver, Turns};
+use super::DriverHost;
+use super::{Driver, Drivers};
 use crate::sessions::{HostEvent, Session};
 use racp_proto::events::{AgentStopReason, AgentStoppedData};
 use racp_proto::methods::host::AgentsInfo;
@@ -20,11 +20,11 @@ const WARM_TIMEOUT: Duration = Duration::from_secs(60);
 /// When every agent is busy: try again after about one turn.
 const RETRY_AFTER_MS: u64 = 5_000;
 
-impl Turns {
+impl Drivers {
     /// Starts the session's agent in the background when none runs and there is room, so a
     /// prompt that comes later finds it loaded. A turn that starts meanwhile waits on the
     /// driver's lock and then uses this agent. Failures are left to the turn to report.
-    pub fn warm(&self, host: &Arc<impl TurnHost>, session: &Arc<Session>) {
+    pub fn warm(&self, host: &Arc<impl DriverHost>, session: &Arc<Session>) {
         let driver = self.driver(session);
         let host = host.clone();
         tokio::spawn(async move {
@@ -33,7 +33,7 @@ impl Turns {
                 if state.agent.is_some() || driver.session.is_closing() {
                     return;
                 }
-                let Ok(_slot) = host.turns().make_room(&host, &driver).await else {
+                let Ok(_slot) = host.drivers().make_room(&host, &driver).await else {
                     return;
                 };
                 match driver.ensure_agent(&host, &mut state).await {
@@ -70,7 +70,7 @@ impl Turns {
     /// slot until the caller has spawned.
     pub(super) async fn make_room(
         &self,
-        host: &impl TurnHost,
+        host: &impl DriverHost,
         for_driver: &Arc<Driver>,
     ) -> Result<MutexGuard<'_, ()>, AppError> {
         let slot = self.spawn_gate.lock().await;
@@ -110,7 +110,7 @@ impl Turns {
     }
 
     /// The agents running now and their memory, for `host/info` and `pi-host status`.
-    pub fn agents_info(&self, host: &impl TurnHost) -> AgentsInfo {
+    pub fn agents_info(&self, host: &impl DriverHost) -> AgentsInfo {
         let pids: Vec<u32> = self
             .drivers
             .iter()
@@ -140,7 +140,7 @@ impl Driver {
 
     /// Stops the agent if it has been idle for at least `min_idle`, and records why. Never waits
     /// for the state's lock: whoever holds it is using the agent.
-    async fn stop_idle(&self, host: &impl TurnHost, reason: AgentStopReason, min_idle: Duration) {
+    async fn stop_idle(&self, host: &impl DriverHost, reason: AgentStopReason, min_idle: Duration) {
         let (agent, idle_for, ran_turn) = {
             let Ok(mut state) = self.state.try_lock() else {
                 return;
@@ -175,7 +175,7 @@ impl Driver {
 
 /// Stops agents idle for `agent_idle`, until the host drains. A session with a subscriber is
 /// in use: its idle time starts when the last one leaves.
-pub async fn stop_idle_agents(host: Arc<impl TurnHost>) {
+pub async fn stop_idle_agents(host: Arc<impl DriverHost>) {
     let idle = host.config().agent_idle;
     let mut tick =
         tokio::time::interval((idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(5)));
@@ -186,7 +186,7 @@ pub async fn stop_idle_agents(host: Arc<impl TurnHost>) {
             return;
         }
         let running: Vec<Arc<Driver>> = host
-            .turns()
+            .drivers()
             .drivers
             .iter()
             .filter(|d| d.agent_pid.load(Ordering::Relaxed) != 0)

@@ -10,7 +10,7 @@
 //! `session.forked` and the source's history entries before the fork point, as its own events,
 //! so its history alone is the whole conversation.
 
-use super::{Driver, Raised, TurnHost, Turns, closed};
+use super::{Driver, DriverHost, Drivers, Raised, closed};
 use crate::agent::Agent;
 use crate::auth::Caller;
 use crate::redact::Redactor;
@@ -32,7 +32,7 @@ use std::sync::atomic::Ordering;
 const COPY_BATCH: usize = 256;
 
 /// Where a session's agent keeps pi's session files.
-pub(super) fn agent_dir(host: &impl TurnHost, session_id: &str) -> PathBuf {
+pub(super) fn agent_dir(host: &impl DriverHost, session_id: &str) -> PathBuf {
     host.config()
         .data_dir
         .join("agent-sessions")
@@ -58,12 +58,12 @@ struct ForkPoint {
     later: usize,
 }
 
-impl Turns {
+impl Drivers {
     /// `session/fork`: a new session with the source's conversation before the user message at
     /// `params.from`, and that message's text.
     pub async fn fork(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: SessionForkParams,
     ) -> Result<SessionForkResult, AppError> {
@@ -104,7 +104,7 @@ impl Turns {
     /// `session/clone`: a new session with the source's whole conversation.
     pub async fn clone_session(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         caller: &Caller,
         params: SessionCloneParams,
     ) -> Result<SessionCreateResult, AppError> {
@@ -135,7 +135,7 @@ impl Turns {
     /// copy is removed once pi switched to its branch.
     async fn branch_agent(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         target: &Arc<Session>,
         file: &Path,
         command: &Command<'_>,
@@ -182,7 +182,7 @@ impl Turns {
     /// returns `err`.
     async fn abandon(
         &self,
-        host: &Arc<impl TurnHost>,
+        host: &Arc<impl DriverHost>,
         target: &Arc<Session>,
         err: AppError,
     ) -> AppError {
@@ -240,7 +240,11 @@ async fn idle_source(driver: &Driver, source: &Session) -> Result<(), AppError> 
 
 /// The history entry at `from`, which must be a user message with text, and how many user
 /// messages with text came after it.
-fn fork_point(host: &impl TurnHost, source: &Session, from: Cursor) -> Result<ForkPoint, AppError> {
+fn fork_point(
+    host: &impl DriverHost,
+    source: &Session,
+    from: Cursor,
+) -> Result<ForkPoint, AppError> {
     let head = source.history_position(None)?;
     source.history_position(Some(from))?;
     let mut later = 0;
@@ -317,7 +321,7 @@ async fn session_file(agent: &Agent) -> Result<Option<PathBuf>, AppError> {
 /// Creates the new session (the source's workspace and settings) and commits its first
 /// events: `session.forked`, then the source's history entries before `before_seq`.
 async fn new_branch(
-    host: &Arc<impl TurnHost>,
+    host: &Arc<impl DriverHost>,
     caller: &Caller,
     source: &Session,
     title: Option<String>,
