@@ -18,11 +18,10 @@
 pub mod admin;
 pub mod agent;
 pub mod auth;
-pub mod browse;
 pub mod config;
 pub mod driver;
 pub mod fence;
-pub mod handlers;
+pub mod methods;
 pub mod models;
 pub mod redact;
 pub mod secrets;

@@ -10,7 +10,6 @@ mod approvals;
 mod branch;
 mod lifecycle;
 mod queue;
-mod reads;
 mod shell;
 
 pub use lifecycle::stop_idle_agents;
@@ -23,14 +22,8 @@ use crate::auth::Caller;
 use crate::models::ModelHost;
 use crate::sessions::{HostEvent, Session};
 use crate::store::TurnRow;
-use racp_proto::events::{
-    SessionConfiguredData, SessionRenamedData, TurnFinishedData, TurnOutcome, TurnStartedData,
-    WithdrawReason,
-};
+use racp_proto::events::{TurnFinishedData, TurnOutcome, TurnStartedData, WithdrawReason};
 use racp_proto::methods::model::ModelRef;
-use racp_proto::methods::session::{
-    SessionConfigureParams, SessionCreateResult, SessionRenameParams,
-};
 use racp_proto::methods::turn::{TurnRef, TurnStartParams, TurnStartResult, TurnSteerParams};
 use racp_proto::pi::{self, Kind};
 use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
@@ -112,8 +105,9 @@ pub struct Driver {
     /// The running agent's pid (0 when none), readable without the state's lock: counting and
     /// reporting agents must not wait on a turn.
     agent_pid: AtomicU32,
-    /// Held by `session/configure` from reading the settings to storing them.
-    configuring: Mutex<()>,
+    /// Held by `session/configure` and `session/rename` from reading the settings to storing
+    /// them, so that two changes store and log in the same order.
+    pub(crate) configuring: Mutex<()>,
     /// A `session/compact` is going on: no turn starts meanwhile (queue.rs).
     compacting: AtomicBool,
     /// A shell command runs (`shell.rs`): the agent is in use.
@@ -193,7 +187,8 @@ pub struct Drivers {
 }
 
 impl Drivers {
-    fn driver(&self, session: &Arc<Session>) -> Arc<Driver> {
+    /// The session's driver, created on first use.
+    pub(crate) fn driver(&self, session: &Arc<Session>) -> Arc<Driver> {
         self.drivers
             .entry(session.id.clone())
             .or_insert_with(|| {
@@ -302,107 +297,6 @@ impl Drivers {
         Ok(Ack {})
     }
 
-    /// `session/configure`: the agent running now takes the change at once (a running turn
-    /// from its next model request); the session's later agents start with it.
-    pub async fn configure(
-        &self,
-        host: &Arc<impl DriverHost>,
-        caller: &Caller,
-        params: SessionConfigureParams,
-    ) -> Result<SessionCreateResult, AppError> {
-        let session = host.sessions().find(&params.session_id)?;
-        if session.is_closing() {
-            return Err(closed(&session));
-        }
-        if let Some(model) = &params.model {
-            crate::models::check(host, model).await?;
-        }
-        let change = params.settings();
-        let driver = self.driver(&session);
-        // Held across the change so that a turn or another change cannot come between.
-        let _changing = driver.configuring.lock().await;
-        let settings = session.settings().with(&change);
-        if settings == session.settings() {
-            return Ok(SessionCreateResult {
-                session: session.info(),
-            });
-        }
-        let agent = driver.state.lock().await.agent.clone();
-        if let Some(agent) = agent {
-            // Not under the driver's lock: pi's answers come through the pump, which needs it.
-            agent
-                .configure(&change)
-                .await
-                .map_err(|err| match (&err, &change.model) {
-                    (AgentError::Rejected { .. }, Some(model)) => {
-                        crate::models::not_configured(model)
-                    }
-                    _ => err.to_app_error(),
-                })?;
-        }
-        let stored = host.clone();
-        let (id, to_store) = (session.id.clone(), settings.clone());
-        tokio::task::spawn_blocking(move || stored.store().set_session_settings(&id, &to_store))
-            .await
-            .map_err(crate::internal)?
-            .map_err(crate::internal)?;
-        let event = HostEvent::of_session(SessionConfiguredData {
-            settings,
-            device_id: caller.device_id().map(str::to_string),
-        });
-        host.sessions().commit(&session, vec![event]).await?;
-        tracing::info!(session_id = %session.id, "session configured");
-        Ok(SessionCreateResult {
-            session: session.info(),
-        })
-    }
-
-    /// `session/rename`: the title is stored, then `session.renamed` is committed; the running
-    /// agent's own session takes the name too (pi's `set_session_name`), at best: the title is
-    /// the host's.
-    pub async fn rename(
-        &self,
-        host: &Arc<impl DriverHost>,
-        caller: &Caller,
-        params: SessionRenameParams,
-    ) -> Result<SessionCreateResult, AppError> {
-        let session = host.sessions().find(&params.session_id)?;
-        if session.is_closing() {
-            return Err(closed(&session));
-        }
-        let driver = self.driver(&session);
-        // Held across the change so that two renames store and log in the same order.
-        let _changing = driver.configuring.lock().await;
-        if session.info().title.as_deref() == Some(params.title.as_str()) {
-            return Ok(SessionCreateResult {
-                session: session.info(),
-            });
-        }
-        let stored = host.clone();
-        let (id, title) = (session.id.clone(), params.title.clone());
-        tokio::task::spawn_blocking(move || stored.store().set_session_title(&id, &title))
-            .await
-            .map_err(crate::internal)?
-            .map_err(crate::internal)?;
-        let event = HostEvent::of_session(SessionRenamedData {
-            title: params.title.clone(),
-            device_id: caller.device_id().map(str::to_string),
-        });
-        host.sessions().commit(&session, vec![event]).await?;
-        let agent = driver.state.lock().await.agent.clone();
-        if let Some(agent) = agent {
-            let name = pi::Command::SetSessionName {
-                name: &params.title,
-            };
-            if let Err(err) = agent.call(&name).await {
-                tracing::warn!(session_id = %session.id, error = %err, "the agent did not take the session's name");
-            }
-        }
-        Ok(SessionCreateResult {
-            session: session.info(),
-        })
-    }
-
     /// `turn/abort`: aborting a finished turn succeeds and changes nothing; aborting a queued
     /// follow-up's turn withdraws it (`session/clear_queue`).
     pub async fn abort(
@@ -448,6 +342,12 @@ impl Drivers {
         }
         agent.abort().await.map_err(|e| e.to_app_error())?;
         Ok(Ack {})
+    }
+
+    /// The session's agent if one runs now; never starts one.
+    pub(crate) async fn running_agent(&self, session: &Arc<Session>) -> Option<Agent> {
+        let driver = self.drivers.get(&session.id).map(|d| d.clone())?;
+        driver.agent().await
     }
 
     /// Stops the session's agent (its whole process tree), ending a running turn as aborted.
@@ -522,7 +422,7 @@ pub async fn end_interrupted_turns(host: &impl DriverHost) {
     }
 }
 
-fn closed(session: &Session) -> AppError {
+pub(crate) fn closed(session: &Session) -> AppError {
     AppError::new(ErrorCode::Conflict, "the session is closed")
         .with_details(json!({"sessionId": session.id}))
 }
@@ -834,6 +734,11 @@ impl Committing {
 }
 
 impl Driver {
+    /// The running agent, if any.
+    pub(crate) async fn agent(&self) -> Option<Agent> {
+        self.state.lock().await.agent.clone()
+    }
+
     /// Starts the session's agent if none runs; the pump for its output starts with it.
     async fn ensure_agent(
         self: &Arc<Self>,

@@ -1,6 +1,10 @@
-//! `fs/list` and `fs/stat`: browsing inside the permitted roots, for the desktop's folder picker.
+//! `fs/list` and `fs/stat`: browsing inside the permitted roots, for the desktop's folder
+//! picker; both need the `fs` capability, which the host's owner may switch off.
 
 use crate::fence::Fence;
+use crate::state::HostState;
+use racp_proto::Capability;
+use racp_proto::methods::fs::PathParams;
 use racp_proto::methods::fs::{EntryKind, FsEntry, FsListResult, FsStatResult};
 use racp_proto::{AppError, ErrorCode};
 use serde_json::json;
@@ -67,7 +71,19 @@ fn describe(path: &Path, fence: &Fence) -> Option<(EntryKind, Option<u64>, Optio
     Some((kind, size, modified_ms(&meta)))
 }
 
-pub fn list(path: &str, fence: &Fence) -> Result<FsListResult, AppError> {
+/// `fs/list`: a directory's entries, sorted by name, at most [`MAX_ENTRIES`].
+pub fn list(state: &HostState, params: PathParams) -> Result<FsListResult, AppError> {
+    super::host::require(state, Capability::Fs, "fs/list")?;
+    list_in(&params.path, &Fence::of(&state.config))
+}
+
+/// `fs/stat`: one path described.
+pub fn stat(state: &HostState, params: PathParams) -> Result<FsStatResult, AppError> {
+    super::host::require(state, Capability::Fs, "fs/stat")?;
+    stat_in(&params.path, &Fence::of(&state.config))
+}
+
+fn list_in(path: &str, fence: &Fence) -> Result<FsListResult, AppError> {
     let dir = fence.confine(path, "path")?;
     if !dir.is_dir() {
         return Err(racp_proto::validate::invalid("path", "must be a directory"));
@@ -103,7 +119,7 @@ pub fn list(path: &str, fence: &Fence) -> Result<FsListResult, AppError> {
     })
 }
 
-pub fn stat(path: &str, fence: &Fence) -> Result<FsStatResult, AppError> {
+fn stat_in(path: &str, fence: &Fence) -> Result<FsStatResult, AppError> {
     let target = fence.confine(path, "path")?;
     let meta = std::fs::metadata(&target).map_err(|e| io_error(&target, &e))?;
     let kind = kind_of(&meta);
