@@ -1,5 +1,5 @@
 //! The host's methods, one file per group of racp-proto's method table (`racp-proto/src/methods`):
-//! [`handshake`], [`host`], [`fs`], [`session`], [`turn`], [`model`]. [`endpoint`] and [`host`]
+//! [`handshake`], [`host`], [`fs`], [`session`], [`turn`], [`model`]. [`answer_endpoint`] and [`answer_host`]
 //! are one exhaustive match each over the table's places, every arm naming the file and function
 //! that answers it; the table's `run` column says how the answer runs (docs/architecture.md,
 //! "Entry points").
@@ -43,7 +43,7 @@ pub fn admit(
 
 /// The calls a host answers as the server the client reached (a gateway answers them for its
 /// devices itself).
-pub fn endpoint(state: Arc<HostState>, caller: Caller, call: EndpointCall) -> Answer {
+pub fn answer_endpoint(state: Arc<HostState>, caller: Caller, call: EndpointCall) -> Answer {
     let method = call.method();
     let handler = match call {
         EndpointCall::Pair(p) => blocking(move |s| handshake::pair(s, &caller, p)),
@@ -57,7 +57,7 @@ pub fn endpoint(state: Arc<HostState>, caller: Caller, call: EndpointCall) -> An
 
 /// The host's own calls, from a device's connection or routed by a gateway. Longer than 60
 /// lines by design: one line per row of the method table's host place.
-pub fn host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
+pub fn answer_host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Answer {
     let method = call.method();
     let s = state.clone();
     let handler = match call {

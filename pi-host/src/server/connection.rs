@@ -153,11 +153,11 @@ impl Service for HostConnection {
     }
 
     fn endpoint(&mut self, call: EndpointCall) -> Answer {
-        methods::endpoint(self.state.clone(), self.caller.clone(), call)
+        methods::answer_endpoint(self.state.clone(), self.caller.clone(), call)
     }
 
     fn host(&mut self, call: HostCall, _params: Option<&RawValue>) -> Answer {
-        methods::host(self.state.clone(), self.caller.clone(), call)
+        methods::answer_host(self.state.clone(), self.caller.clone(), call)
     }
 
     fn heads(&self) -> Vec<SubscriptionHead> {
