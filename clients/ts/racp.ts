@@ -263,7 +263,7 @@ export type BashRole = "bashExecution";
 /**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionClearQueueRequest | SessionCompactRequest | SessionConfigureRequest | SessionForkRequest | SessionCloneRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
+export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | FsReadRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionClearQueueRequest | SessionCompactRequest | SessionConfigureRequest | SessionForkRequest | SessionCloneRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
 
 /**
  * Who is calling.
@@ -533,7 +533,7 @@ export type EntryKind = "file" | "dir" | "symlink" | "other";
 /**
  * A registered error code. Only these can appear on the wire.
  */
-export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND" | "PROVIDER_SECRET_MISSING" | "HELLO_REQUIRED";
+export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND" | "PROVIDER_SECRET_MISSING" | "HELLO_REQUIRED" | "READ_PATH_IS_DIRECTORY";
 
 /**
  * A failed reply. `id` is `null` when the request could not be read far enough to find it.
@@ -624,6 +624,79 @@ export type FsListResult = {
    * True when the listing was cut at the host's entry bound.
    */
   truncated?: boolean;
+};
+
+/**
+ * `fs/read`'s params: a page of a file from `offset`, at most `length` bytes.
+ */
+export type FsReadParams = {
+  /**
+   * `base64` to have a binary page's bytes too (a text page is UTF-8 unless this asks
+   * otherwise); absent: text as UTF-8, a binary page flagged without its bytes.
+   */
+  encoding?: ReadEncoding | null;
+  /**
+   * Most bytes to read: 1 to 524 288 (262 144 when absent).
+   */
+  length?: number | null;
+  /**
+   * The first byte to read (0 when absent).
+   */
+  offset?: number | null;
+  path: string;
+};
+
+/**
+ * `fs/read`: Reads a page of a file inside the host's permitted roots: text, or binary flagged (its bytes in base64 when asked), with the file's size, time and SHA-256.
+ */
+export type FsReadRequest = {
+  id: RequestId;
+  method: "fs/read";
+  params: FsReadParams;
+};
+
+/**
+ * A page of a file, and what a client needs to cache it.
+ */
+export type FsReadResult = {
+  /**
+   * True when the page is not UTF-8 text (it holds a NUL byte or invalid UTF-8).
+   */
+  binary: boolean;
+  data?: string | null;
+  /**
+   * How `data` is written; absent with `data` for a binary page not asked as `base64`.
+   */
+  encoding?: ReadEncoding | null;
+  /**
+   * True when the page reaches the end of the file; else read on from `offset + length`.
+   */
+  eof: boolean;
+  /**
+   * The page's length in bytes (a text page ends on a whole character, so it may be a few
+   * bytes shorter than asked).
+   */
+  length: number;
+  /**
+   * Last modification (ms since the Unix epoch).
+   */
+  modifiedAt?: number | null;
+  /**
+   * Where the page starts.
+   */
+  offset: number;
+  /**
+   * The canonical path that was read.
+   */
+  path: string;
+  /**
+   * SHA-256 of the whole file, as 64 lowercase hex digits: unchanged means unchanged.
+   */
+  sha256: string;
+  /**
+   * The whole file's size in bytes.
+   */
+  size: number;
 };
 
 /**
@@ -1202,6 +1275,11 @@ export type QueuedFollowUp = {
   text: string;
   turnId: string;
 };
+
+/**
+ * How a page of a file is written in `fs/read`'s `data`.
+ */
+export type ReadEncoding = "utf8" | "base64";
 
 /**
  * What a client should do next when it meets a code.
@@ -2226,6 +2304,7 @@ export interface RacpMethods {
   "host/info": { params: Empty; result: HostInfoResult };
   "fs/list": { params: PathParams; result: FsListResult };
   "fs/stat": { params: PathParams; result: FsStatResult };
+  "fs/read": { params: FsReadParams; result: FsReadResult };
   "session/create": { params: SessionCreateParams; result: SessionCreateResult };
   "session/list": { params: Empty; result: SessionListResult };
   "session/get": { params: SessionRef; result: SessionGetResult };
@@ -2294,6 +2373,7 @@ export const METHODS = {
   "host/info": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
   "fs/list": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
   "fs/stat": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "fs/read": { access: "operator", mutates: false, safeToResend: true, deadlineMs: null },
   "session/create": { access: "operator", mutates: true, safeToResend: false, deadlineMs: null },
   "session/list": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
   "session/get": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
@@ -2379,4 +2459,5 @@ export const ERROR_CODES = {
   PROVIDER_MODEL_NOT_FOUND: { retriable: "no", recovery: "stop_and_report", closeCode: 4050, httpStatus: 404, reserved: true },
   PROVIDER_SECRET_MISSING: { retriable: "no", recovery: "stop_and_report", closeCode: 4051, httpStatus: 424 },
   HELLO_REQUIRED: { retriable: "no", recovery: "fix_arguments", closeCode: 4052, httpStatus: 400 },
+  READ_PATH_IS_DIRECTORY: { retriable: "no", recovery: "fix_arguments", closeCode: 4059, httpStatus: 400 },
 } as const satisfies Record<ErrorCode, unknown>;

@@ -58,6 +58,7 @@ const PUBLISHED: &[(&str, u16)] = &[
     ("PROVIDER_MODEL_NOT_FOUND", 4050),
     ("PROVIDER_SECRET_MISSING", 4051),
     ("HELLO_REQUIRED", 4052),
+    ("READ_PATH_IS_DIRECTORY", 4059),
 ];
 
 #[test]

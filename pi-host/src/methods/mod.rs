@@ -64,6 +64,7 @@ pub fn answer_host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Ans
         HostCall::HostInfo(p) => task(host::info(s, p)),
         HostCall::FsList(p) => blocking(move |s| fs::list(s, p)),
         HostCall::FsStat(p) => blocking(move |s| fs::stat(s, p)),
+        HostCall::FsRead(p) => blocking_raw(move |s| fs::read(s, p)),
         HostCall::SessionCreate(p) => task(session::create(s, p)),
         HostCall::SessionList(p) => blocking(move |s| session::list(s, p)),
         HostCall::SessionGet(p) => blocking_raw(move |s| session::get(s, p)),

@@ -283,6 +283,8 @@ error_registry! {
     ProviderSecretMissing = "PROVIDER_SECRET_MISSING" { retriable: No, recovery: StopAndReport, close: 4051, http: 424, }
     /// A call came before `hello` on its connection: send `hello` first (the credential is fine; pairing again would not help).
     HelloRequired = "HELLO_REQUIRED" { retriable: No, recovery: FixArguments, close: 4052, http: 400, }
+    /// `fs/read` was given a directory: list it with `fs/list` instead.
+    ReadPathIsDirectory = "READ_PATH_IS_DIRECTORY" { retriable: No, recovery: FixArguments, close: 4059, http: 400, }
 }
 
 impl ErrorCode {

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use fs::{FsListResult, FsStatResult, PathParams};
+use fs::{FsListResult, FsReadParams, FsReadResult, FsStatResult, PathParams};
 use handshake::{HelloParams, HelloResult, PairParams, PairResult};
 use host::{
     DeviceListResult, DeviceRevokeParams, HostInfoResult, HostListResult, PairingCreateParams,
@@ -318,6 +318,8 @@ method_table! {
         FsList = "fs/list" (PathParams => FsListResult) { access: OBSERVER, mutates: false, safe_to_resend: true, run: Blocking }
         /// Describes one path inside the host's permitted roots.
         FsStat = "fs/stat" (PathParams => FsStatResult) { access: OBSERVER, mutates: false, safe_to_resend: true, run: Blocking }
+        /// Reads a page of a file inside the host's permitted roots: text, or binary flagged (its bytes in base64 when asked), with the file's size, time and SHA-256.
+        FsRead = "fs/read" (FsReadParams => FsReadResult) { access: OPERATOR, mutates: false, safe_to_resend: true, run: Blocking }
         /// Creates a session in a workspace directory.
         SessionCreate = "session/create" (SessionCreateParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: false, run: Task }
         /// Lists sessions.
