@@ -891,6 +891,11 @@ export type HostInfoResult = {
    */
   os: string;
   /**
+   * The kernel sandbox the agents run in, or why they run without one (docs/reliability.md
+   * §4.19). Absent from a host older than the sandbox.
+   */
+  sandbox?: SandboxInfo | null;
+  /**
    * When this host process started (ms since the Unix epoch).
    */
   startedAt: number;
@@ -1304,6 +1309,29 @@ export type ResultReply = {
  * `observer` can.
  */
 export type Role = "observer" | "operator" | "owner";
+
+/**
+ * The agents' sandbox as the host applies it.
+ */
+export type SandboxInfo = {
+  /**
+   * The kernel's Landlock ABI version, with `kind: landlock`.
+   */
+  abi?: number | null;
+  /**
+   * `landlock` while the agents run in one; `none` otherwise.
+   */
+  kind: string;
+  /**
+   * The owner's mode: `workspace-write`, `read-only` or `off`.
+   */
+  mode: string;
+  /**
+   * Why there is none although the mode asks for one (an old kernel, Landlock not
+   * enabled), or that the owner switched it off.
+   */
+  unavailable?: string | null;
+};
 
 /**
  * `session/bash_abort`: Aborts the session's running shell command; with none running it succeeds and changes nothing.

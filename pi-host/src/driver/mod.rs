@@ -425,6 +425,12 @@ pub async fn end_interrupted_turns(host: &impl DriverHost) {
     }
 }
 
+/// Where a session's agent writes its HTML export (`session/export`): a directory of its own,
+/// the only one of the data directory's exports its sandbox lets it write.
+pub(crate) fn export_dir(host: &impl DriverHost, session_id: &str) -> std::path::PathBuf {
+    host.config().data_dir.join("exports").join(session_id)
+}
+
 pub(crate) fn closed(session: &Session) -> AppError {
     AppError::new(ErrorCode::Conflict, "the session is closed")
         .with_details(json!({"sessionId": session.id}))
@@ -491,20 +497,37 @@ impl Driver {
         // Each session keeps the agent's own session files in its own directory; an agent
         // started again for a session that already ran resumes from them.
         let session_dir = branch::agent_dir(host, &self.session.id);
-        if let Err(err) = racp_server::private_file::create_private_dir(&session_dir) {
-            tracing::warn!(error = %err, "cannot create the agent's session directory");
+        let export_dir = export_dir(host, &self.session.id);
+        // Its own temp directory (TMPDIR), emptied at each start: what one session's tools
+        // leave there no other session's agent can read.
+        let temp_dir = host
+            .config()
+            .data_dir
+            .join("agent-tmp")
+            .join(&self.session.id);
+        let _ = std::fs::remove_dir_all(&temp_dir);
+        for dir in [&session_dir, &export_dir, &temp_dir] {
+            if let Err(err) = racp_server::private_file::create_private_dir(dir) {
+                tracing::warn!(error = %err, "cannot create the agent's own directory");
+            }
         }
         // A session made by a fork starts with pi's session file already there (branch.rs).
         let resume = state.spawned_before
             || self.session.has_turns()
             || branch::holds_session_file(&session_dir);
+        let workspace: std::path::PathBuf = self.session.workspace.clone().into();
+        let own = [session_dir.clone(), export_dir, temp_dir.clone()];
         let spec = AgentSpec {
             command: host.agent_command(resume),
-            workspace: self.session.workspace.clone().into(),
-            env: vec![(
-                "PI_CODING_AGENT_SESSION_DIR".to_string(),
-                session_dir.display().to_string(),
-            )],
+            launch: Some(host.agent_launch(&workspace, &own)),
+            workspace,
+            env: vec![
+                (
+                    "PI_CODING_AGENT_SESSION_DIR".to_string(),
+                    session_dir.display().to_string(),
+                ),
+                ("TMPDIR".to_string(), temp_dir.display().to_string()),
+            ],
         };
         let generation = host.models().generation();
         let (agent, output) = host.agent().spawn(&spec, host.agent_options()).await?;

@@ -21,6 +21,7 @@ pub fn capabilities(state: &HostState) -> Vec<String> {
     Capability::HOST
         .iter()
         .filter(|c| **c != Capability::Fs || state.config.fs_enabled)
+        .filter(|c| **c != Capability::Sandbox || state.sandbox.enforced())
         .map(|c| c.to_string())
         .collect()
 }
@@ -51,6 +52,7 @@ pub async fn info(state: Arc<HostState>, _: Empty) -> Result<HostInfoResult, App
         limits: limits(&state),
         agents: state.drivers.agents_info(&state),
         agent,
+        sandbox: Some(state.sandbox.info()),
     })
 }
 

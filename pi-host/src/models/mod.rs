@@ -10,9 +10,9 @@ mod file;
 mod providers;
 
 pub use catalogue::Catalogue;
-pub use credentials::Credentials;
+pub use credentials::{Credentials, FILE as CREDENTIALS_FILE};
 pub use file::FileError;
-pub use providers::Providers;
+pub use providers::{FILE as PROVIDERS_FILE, Providers};
 
 use racp_proto::methods::model::{ModelListResult, ModelRef};
 use racp_proto::{AppError, ErrorCode};
@@ -28,6 +28,13 @@ pub trait ModelHost: Send + Sync + 'static {
     fn agent(&self) -> &crate::agent::check::AgentCheck;
     fn agent_command(&self, resume: bool) -> String;
     fn agent_options(&self) -> crate::agent::AgentOptions;
+    /// How an agent in `workspace` is launched: its sandbox (with `own`, its state's
+    /// directories, writable) and the settings handed to it.
+    fn agent_launch(
+        &self,
+        workspace: &std::path::Path,
+        own: &[std::path::PathBuf],
+    ) -> crate::agent::sandbox::Launch;
 }
 
 /// A shared host is a host.
@@ -46,6 +53,13 @@ impl<T: ModelHost> ModelHost for Arc<T> {
     }
     fn agent_options(&self) -> crate::agent::AgentOptions {
         (**self).agent_options()
+    }
+    fn agent_launch(
+        &self,
+        workspace: &std::path::Path,
+        own: &[std::path::PathBuf],
+    ) -> crate::agent::sandbox::Launch {
+        (**self).agent_launch(workspace, own)
     }
 }
 

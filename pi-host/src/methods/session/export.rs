@@ -31,7 +31,7 @@ pub async fn export(
     let _held = host.budget.charge(max as usize * 2)?;
     let session = host.sessions.find(&params.session_id)?;
     let agent = super::reading_agent(&host, &caller, &session, "session/export").await?;
-    let dir = host.config.data_dir.join("exports");
+    let dir = crate::driver::export_dir(&*host, &session.id);
     racp_server::private_file::create_private_dir(&dir).map_err(crate::internal)?;
     let name = host.secrets.new_id("export_").map_err(crate::internal)?;
     let file = Removed(dir.join(format!("{name}.html")));
