@@ -91,6 +91,11 @@ fn record_session(
         settings: SessionSettings {
             model: params.model,
             thinking_level: params.thinking_level,
+            permission_mode: Some(
+                params
+                    .permission_mode
+                    .unwrap_or(state.config.permission_mode),
+            ),
             ..SessionSettings::default()
         },
     };

@@ -12,6 +12,7 @@
 //! - [`turns`]: the agent driver per session (turns, queue, approvals, lifecycle, shell,
 //!   branches, reads); [`agent`]: pi's process, its check, extensions and failures;
 //!   [`models`]: keys, providers and the model catalogue; [`redact`]: what never leaves.
+//! - [`policy`]: what the agent may do before each tool call (modes, denylist, grants).
 //! - [`fence`], [`browse`]: files behind the roots; [`uplink`]: the link to a gateway;
 //!   [`config`], [`state`]: what the host runs with and holds.
 
@@ -24,6 +25,7 @@ pub mod driver;
 pub mod fence;
 pub mod handlers;
 pub mod models;
+pub mod policy;
 pub mod redact;
 pub mod secrets;
 pub mod server;

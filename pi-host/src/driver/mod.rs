@@ -9,6 +9,7 @@
 mod approvals;
 mod branch;
 mod lifecycle;
+mod permissions;
 mod queue;
 mod reads;
 mod shell;
@@ -322,7 +323,7 @@ impl Drivers {
         // Held across the change so that a turn or another change cannot come between.
         let _changing = driver.configuring.lock().await;
         let settings = session.settings().with(&change);
-        if settings == session.settings() {
+        if settings == session.settings() && !params.clear_grants {
             return Ok(SessionCreateResult {
                 session: session.info(),
             });
@@ -346,9 +347,15 @@ impl Drivers {
             .await
             .map_err(crate::internal)?
             .map_err(crate::internal)?;
+        if params.clear_grants {
+            host.store()
+                .clear_grants(&session.id)
+                .map_err(crate::internal)?;
+        }
         let event = HostEvent::of_session(SessionConfiguredData {
             settings,
             device_id: caller.device_id().map(str::to_string),
+            grants_cleared: params.clear_grants,
         });
         host.sessions().commit(&session, vec![event]).await?;
         tracing::info!(session_id = %session.id, "session configured");
@@ -1072,6 +1079,11 @@ impl Driver {
                     if let Some(next) = next {
                         self.send_next(host, agent, next);
                     }
+                }
+                AgentOutput::UiRequest(dialog) if permissions::is_request(&dialog) => {
+                    let turn_id = turn_id();
+                    let decided = self.on_policy_request(host, agent, turn_id, dialog).await;
+                    events.extend(decided);
                 }
                 AgentOutput::UiRequest(dialog) => {
                     let turn_id = turn_id();

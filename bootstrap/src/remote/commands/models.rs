@@ -32,6 +32,12 @@ pub fn parse_thinking(text: &str) -> Result<ThinkingLevel, String> {
         .map_err(|_| format!("{text:?} is not one of off, minimal, low, medium, high, xhigh"))
 }
 
+/// A permission mode: `ask`, `accept-edits`, `auto` or `plan` (docs/protocol.md, "Permissions").
+pub fn parse_permission_mode(text: &str) -> Result<racp_proto::permission::PermissionMode, String> {
+    racp_proto::permission::PermissionMode::from_name(text)
+        .ok_or_else(|| format!("{text:?} is not one of ask, accept-edits, auto, plan"))
+}
+
 /// A queue mode: `all` or `one-at-a-time`.
 pub fn parse_queue_mode(text: &str) -> Result<QueueMode, String> {
     serde_json::from_value(json!(text)).map_err(|_| format!("{text:?} is not all or one-at-a-time"))
