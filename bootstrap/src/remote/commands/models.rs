@@ -177,9 +177,10 @@ pub async fn configure(
         .map_or("default", |on| if on { "on" } else { "off" });
     let steering = settings.steering_mode.map_or("default", |m| m.as_str());
     let follow_up = settings.follow_up_mode.map_or("default", |m| m.as_str());
+    let mode = settings.permission_mode.map_or("default", |m| m.as_str());
     out.line(&format!(
         "{}\t{}\tmodel={}\tthinking={thinking}\tauto-compaction={compaction}\t\
-         steering={steering}\tfollow-up={follow_up}",
+         steering={steering}\tfollow-up={follow_up}\tmode={mode}",
         printable(&result.session.session_id, false),
         enum_name(&result.session.state),
         printable(&model, false),
