@@ -450,9 +450,10 @@ pub struct ApprovalRequestedData {
     pub options: Option<Vec<String>>,
     /// Absolute deadline (ms since the Unix epoch).
     pub deadline: u64,
-    /// What a `permission` approval asks about.
+    /// What a `permission` approval asks about (boxed: every host event's body is as large
+    /// as the largest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub permission: Option<crate::permission::PermissionQuestion>,
+    pub permission: Option<Box<crate::permission::PermissionQuestion>>,
 }
 
 impl ApprovalRequestedData {
@@ -470,7 +471,7 @@ impl ApprovalRequestedData {
             state: ApprovalState::Pending,
             settled_by: None,
             value: None,
-            permission: self.permission,
+            permission: self.permission.map(|p| *p),
         }
     }
 }
@@ -485,7 +486,7 @@ impl From<&ApprovalInfo> for ApprovalRequestedData {
             message: info.message.clone(),
             options: info.options.clone(),
             deadline: info.deadline,
-            permission: info.permission.clone(),
+            permission: info.permission.clone().map(Box::new),
         }
     }
 }

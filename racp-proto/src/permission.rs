@@ -184,7 +184,8 @@ pub struct PermissionDecidedData {
     pub code: Option<ErrorCode>,
     /// Why, in words (the model receives it with the code).
     pub reason: String,
-    pub summary: ToolSummary,
+    /// Boxed, as `grant`: every host event's body is as large as the largest.
+    pub summary: Box<ToolSummary>,
     /// The session's mode when it was decided.
     pub mode: PermissionMode,
     /// The approval a person answered, when one asked.
@@ -195,7 +196,7 @@ pub struct PermissionDecidedData {
     pub device_id: Option<String>,
     /// The grant the answer "always" gave.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub grant: Option<PermissionGrant>,
+    pub grant: Option<Box<PermissionGrant>>,
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ impl View {
                     &approval.title,
                     approval.message.as_deref(),
                     approval.options.as_deref(),
-                    approval.permission.as_ref(),
+                    approval.permission.as_deref(),
                 )),
                 Err(_) => String::new(),
             },

@@ -89,11 +89,11 @@ impl Outcome {
             by: self.by,
             code: self.code,
             reason: self.reason.clone(),
-            summary: pending.summary.clone(),
+            summary: Box::new(pending.summary.clone()),
             mode: pending.mode,
             approval_id,
             device_id,
-            grant: self.grant.clone(),
+            grant: self.grant.clone().map(Box::new),
         };
         match turn_id {
             Some(turn_id) => HostEvent::of_turn(turn_id, data),

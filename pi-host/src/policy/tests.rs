@@ -191,7 +191,12 @@ fn a_path_outside_the_workspace_asks_in_every_mode_until_its_directory_is_grante
         panic!("no grant offered");
     };
     assert_eq!(grant.value, w.home.display().to_string());
-    let granted = run(&w, PermissionMode::Auto, &[grant.clone()], &outside);
+    let granted = run(
+        &w,
+        PermissionMode::Auto,
+        std::slice::from_ref(&grant),
+        &outside,
+    );
     assert_eq!(
         granted,
         Judgement::Allow {
@@ -203,7 +208,7 @@ fn a_path_outside_the_workspace_asks_in_every_mode_until_its_directory_is_grante
     assert!(asks(&run(
         &w,
         PermissionMode::Auto,
-        &[grant.clone()],
+        std::slice::from_ref(&grant),
         &write
     )));
     let elsewhere = call("read", Some("/etc/hostname"), None, &w.ws);

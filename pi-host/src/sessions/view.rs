@@ -149,7 +149,7 @@ impl View {
                 if let Some(grant) = data.grant
                     && !self.grants.contains(&grant)
                 {
-                    self.grants.push(grant);
+                    self.grants.push(*grant);
                 }
             }
             HostEventData::SessionRenamed(data) => self.title = Some(data.title),
