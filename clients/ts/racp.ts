@@ -218,8 +218,7 @@ export type ApprovalRequestedData = {
   message?: string | null;
   options?: string[] | null;
   /**
-   * What a `permission` approval asks about (boxed: every host event's body is as large
-   * as the largest).
+   * What a `permission` approval asks about.
    */
   permission?: PermissionQuestion | null;
   title: string;
@@ -1120,9 +1119,6 @@ export type PermissionDecidedData = {
    * Why, in words (the model receives it with the code).
    */
   reason: string;
-  /**
-   * Boxed, as `grant`: every host event's body is as large as the largest.
-   */
   summary: ToolSummary;
   tool: string;
   toolCallId: string;

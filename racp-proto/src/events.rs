@@ -450,8 +450,8 @@ pub struct ApprovalRequestedData {
     pub options: Option<Vec<String>>,
     /// Absolute deadline (ms since the Unix epoch).
     pub deadline: u64,
-    /// What a `permission` approval asks about (boxed: every host event's body is as large
-    /// as the largest).
+    /// What a `permission` approval asks about.
+    // Boxed: every host event's body is as large as the largest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permission: Option<Box<crate::permission::PermissionQuestion>>,
 }

@@ -184,7 +184,7 @@ pub struct PermissionDecidedData {
     pub code: Option<ErrorCode>,
     /// Why, in words (the model receives it with the code).
     pub reason: String,
-    /// Boxed, as `grant`: every host event's body is as large as the largest.
+    // Boxed, as `grant`: every host event's body is as large as the largest.
     pub summary: Box<ToolSummary>,
     /// The session's mode when it was decided.
     pub mode: PermissionMode,
