@@ -465,6 +465,28 @@ mod tests {
     }
 
     #[test]
+    fn the_permission_mode_is_checked_and_the_denylist_only_grows() {
+        use racp_proto::permission::PermissionMode;
+        let data = PathBuf::from("/nonexistent");
+        let default = load(None, Settings::default(), data.clone()).unwrap();
+        assert_eq!(default.permission_mode, PermissionMode::Ask);
+        let mode = |m: &str| Settings {
+            permission_mode: Some(m.into()),
+            ..Settings::default()
+        };
+        let auto = load(None, mode("auto"), data.clone()).unwrap();
+        assert_eq!(auto.permission_mode, PermissionMode::Auto);
+        let bad = load(None, mode("bypass"), data.clone()).unwrap_err();
+        assert!(bad.contains("--permission-mode bypass"), "{bad}");
+        let file: Settings = toml::from_str("deny_paths = [\"~/vault\"]\n").unwrap();
+        let flags = Settings {
+            deny_paths: vec!["*.kdbx".into()],
+            ..Settings::default()
+        };
+        assert_eq!(flags.over(file).deny_paths, ["~/vault", "*.kdbx"]);
+    }
+
+    #[test]
     fn a_gateway_needs_the_keys_it_trusts_calls_from() {
         let data = PathBuf::from("/nonexistent");
         let with = |trust: Vec<String>| Settings {
