@@ -301,6 +301,32 @@ mod tests {
     }
 
     #[test]
+    fn a_permission_takes_allow_always_deny_and_a_note_with_deny_only() {
+        let permission = WaitingApproval {
+            id: "apr_1".into(),
+            kind: ApprovalKind::Permission,
+            options: vec!["allow".into(), "always".into(), "deny".into()],
+            answered: false,
+        };
+        let decide = |line: &str| permission.decision(line);
+        assert_eq!(decide("allow"), Ok(Decision::Verdict(Verdict::Allow)));
+        assert_eq!(decide("y"), Ok(Decision::Verdict(Verdict::Allow)));
+        assert_eq!(decide("Deny"), Ok(Decision::Verdict(Verdict::Deny)));
+        assert_eq!(answer(decide("always")), "always");
+        assert_eq!(
+            decide("deny: use the other file"),
+            Ok(Decision::Answer(Answer {
+                value: "deny".into(),
+                note: Some("use the other file".into()),
+            }))
+        );
+        for bad in ["allow: please", "maybe", "2", ""] {
+            let refused = decide(bad).unwrap_err();
+            assert!(refused.contains("allow, always, deny"), "{refused}");
+        }
+    }
+
+    #[test]
     fn a_confirm_takes_y_or_n() {
         let confirm = WaitingApproval {
             kind: ApprovalKind::Confirm,

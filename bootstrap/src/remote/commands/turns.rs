@@ -235,7 +235,11 @@ fn answer_elsewhere(id: &str, kind: ApprovalKind) -> String {
             format!("pi-remote approve {id} [--value always]")
         }
     };
-    format!("answer with: {approve}   or   pi-remote deny {id}")
+    let deny = match kind {
+        ApprovalKind::Permission => format!("pi-remote deny {id} [--note WHY]"),
+        _ => format!("pi-remote deny {id}"),
+    };
+    format!("answer with: {approve}   or   {deny}")
 }
 
 fn outcome_name(outcome: TurnOutcome) -> &'static str {
