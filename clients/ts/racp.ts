@@ -120,6 +120,10 @@ export type AgentsInfo = {
  * A text answer to a select, input or editor approval.
  */
 export type Answer = {
+  /**
+   * With a permission's `deny`: a note the model receives with the refusal.
+   */
+  note?: string | null;
   value: string;
 };
 
@@ -178,6 +182,10 @@ export type ApprovalInfo = {
    * The choices of a `select`.
    */
   options?: string[] | null;
+  /**
+   * What a `permission` approval asks about.
+   */
+  permission?: PermissionQuestion | null;
   sessionId: string;
   /**
    * The device whose answer settled it.
@@ -187,7 +195,7 @@ export type ApprovalInfo = {
   title: string;
   turnId: string;
   /**
-   * The answer of a select, input or editor approval.
+   * The answer of a select, input or editor approval; a permission's choice.
    */
   value?: string | null;
 };
@@ -195,7 +203,7 @@ export type ApprovalInfo = {
 /**
  * The kind of question an approval asks (the agent's confirm, select, input or editor request).
  */
-export type ApprovalKind = "confirm" | "select" | "input" | "editor";
+export type ApprovalKind = "confirm" | "select" | "input" | "editor" | "permission";
 
 /**
  * `approval.requested`: the agent asked a question; answer with `approval/respond`.
@@ -209,6 +217,10 @@ export type ApprovalRequestedData = {
   kind: ApprovalKind;
   message?: string | null;
   options?: string[] | null;
+  /**
+   * What a `permission` approval asks about.
+   */
+  permission?: PermissionQuestion | null;
   title: string;
   turnId: string;
 };
@@ -413,6 +425,11 @@ export type CustomModel = {
 };
 
 /**
+ * Who or what decided a tool call.
+ */
+export type DecidedBy = "mode" | "grant" | "person" | "deadline" | "denylist" | "cancelled";
+
+/**
  * `"allow"`, `"deny"`, or `{"value": "..."}`.
  */
 export type Decision = Verdict | Answer;
@@ -533,7 +550,7 @@ export type EntryKind = "file" | "dir" | "symlink" | "other";
 /**
  * A registered error code. Only these can appear on the wire.
  */
-export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND" | "PROVIDER_SECRET_MISSING" | "HELLO_REQUIRED" | "READ_PATH_IS_DIRECTORY";
+export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND" | "PROVIDER_SECRET_MISSING" | "HELLO_REQUIRED" | "TOOL_DENIED" | "WORKSPACE_PATH_DENIED" | "PATH_OUTSIDE_WORKSPACE" | "WRITE_DISABLED_IN_PLAN" | "EDIT_DISABLED_IN_PLAN" | "TOOL_DISABLED_IN_PLAN" | "READ_PATH_IS_DIRECTORY";
 
 /**
  * A failed reply. `id` is `null` when the request could not be read far enough to find it.
@@ -720,6 +737,11 @@ export type FsStatResult = {
   path: string;
   size?: number | null;
 };
+
+/**
+ * What a session grant allows.
+ */
+export type GrantScope = "command-prefix" | "directory" | "tool";
 
 /**
  * `heartbeat`: liveness, with each subscription's cursor.
@@ -1141,6 +1163,104 @@ export type PathParams = {
 };
 
 /**
+ * An answer a `permission` approval takes.
+ */
+export type PermissionChoice = "allow" | "always" | "deny";
+
+/**
+ * `permission.decided`: the policy's decision on one tool call, before it runs.
+ */
+export type PermissionDecidedData = {
+  allowed: boolean;
+  /**
+   * The approval a person answered, when one asked.
+   */
+  approvalId?: string | null;
+  by: DecidedBy;
+  /**
+   * The refusal's code (absent when allowed), as the model receives it in the tool result.
+   */
+  code?: ErrorCode | null;
+  /**
+   * The device whose answer decided it.
+   */
+  deviceId?: string | null;
+  /**
+   * The grant the answer "always" gave.
+   */
+  grant?: PermissionGrant | null;
+  /**
+   * The session's mode when it was decided.
+   */
+  mode: PermissionMode;
+  /**
+   * Why, in words (the model receives it with the code).
+   */
+  reason: string;
+  summary: ToolSummary;
+  tool: string;
+  toolCallId: string;
+};
+
+/**
+ * A grant given with "always" (allow for this session): it lasts until the session ends or
+ * `session/configure` clears it, across host restarts. It never lifts the denylist.
+ */
+export type PermissionGrant = {
+  scope: GrantScope;
+  /**
+   * The tool it allows.
+   */
+  tool: string;
+  /**
+   * The command's leading words, the directory, or the tool's name.
+   */
+  value: string;
+};
+
+/**
+ * What a session's agent may do without asking.
+ */
+export type PermissionMode = "ask" | "accept-edits" | "auto" | "plan";
+
+/**
+ * The question of a `permission` approval, typed so that a client renders it without parsing
+ * text.
+ */
+export type PermissionQuestion = {
+  /**
+   * The answers it takes.
+   */
+  choices: PermissionChoice[];
+  /**
+   * The code the model receives when the answer is no (or none comes before the deadline).
+   */
+  code: ErrorCode;
+  /**
+   * What "always" would grant for the rest of the session; absent when it cannot be offered.
+   */
+  grant?: PermissionGrant | null;
+  /**
+   * The rule that asked.
+   */
+  rule: PermissionRule;
+  summary: ToolSummary;
+  /**
+   * The tool the agent wants to run (`bash`, `write`, `edit`, `read`, or an extension's).
+   */
+  tool: string;
+  /**
+   * pi's id of the tool call.
+   */
+  toolCallId: string;
+};
+
+/**
+ * Why the policy asked rather than decided.
+ */
+export type PermissionRule = "mode" | "outside-workspace" | "unknown-tool";
+
+/**
  * Who the host thinks is calling.
  */
 export type PrincipalInfo = {
@@ -1552,10 +1672,18 @@ export type SessionCompactResult = {
 export type SessionConfigureParams = {
   autoCompaction?: boolean | null;
   /**
+   * Withdraws every grant given with "always" in this session.
+   */
+  clearGrants?: boolean;
+  /**
    * pi's `set_follow_up_mode`.
    */
   followUpMode?: QueueMode | null;
   model?: ModelRef | null;
+  /**
+   * The permission mode (docs/protocol.md, "Permissions"), from the agent's next tool call.
+   */
+  permissionMode?: PermissionMode | null;
   sessionId: string;
   /**
    * pi's `set_steering_mode`.
@@ -1582,6 +1710,10 @@ export type SessionConfiguredData = {
    * The device that changed them.
    */
   deviceId?: string | null;
+  /**
+   * The session's permission grants were withdrawn (`clearGrants`).
+   */
+  grantsCleared?: boolean;
   settings: SessionSettings;
 };
 
@@ -1591,6 +1723,11 @@ export type SessionCreateParams = {
    * MODEL_NOT_CONFIGURED, one whose provider has no credential PROVIDER_SECRET_MISSING.
    */
   model?: ModelRef | null;
+  /**
+   * What the agent may do without asking (docs/protocol.md, "Permissions"); absent: the
+   * host's default.
+   */
+  permissionMode?: PermissionMode | null;
   thinkingLevel?: ThinkingLevel | null;
   /**
    * A title shown in session lists; no control characters.
@@ -1817,6 +1954,11 @@ export type SessionInfo = {
    */
   followUpMode?: QueueMode | null;
   model?: ModelRef | null;
+  /**
+   * What the agent may do without asking (docs/protocol.md, "Permissions"); absent: the
+   * host's default (`--permission-mode`, `ask` unless configured).
+   */
+  permissionMode?: PermissionMode | null;
   sessionId: string;
   state: SessionState;
   /**
@@ -1896,6 +2038,11 @@ export type SessionSettings = {
    */
   followUpMode?: QueueMode | null;
   model?: ModelRef | null;
+  /**
+   * What the agent may do without asking (docs/protocol.md, "Permissions"); absent: the
+   * host's default (`--permission-mode`, `ask` unless configured).
+   */
+  permissionMode?: PermissionMode | null;
   /**
    * How the agent delivers steering messages queued while it works.
    */
@@ -2040,6 +2187,11 @@ export type SessionUnsubscribeRequest = {
  */
 export type Snapshot = {
   /**
+   * The grants given with "always" in this session (docs/protocol.md, "Permissions"), oldest
+   * first. Absent when none.
+   */
+  grants?: PermissionGrant[];
+  /**
    * The conversation's most recent entries up to the snapshot's cursor (bounded in bytes;
    * an entry over 16 KiB cut as in docs/protocol.md §8.6), and where to page back from with
    * `session/history` (docs/protocol.md §7.24, §8.4).
@@ -2125,6 +2277,29 @@ export type TokenTotals = {
    * The four added up.
    */
   total: number;
+};
+
+/**
+ * What a tool call would do, as a person reads it: the command, the path, the size of the
+ * change. Each field is absent when the tool has none.
+ */
+export type ToolSummary = {
+  /**
+   * The bytes a write would write.
+   */
+  bytes?: number | null;
+  /**
+   * A shell command, as the model wrote it.
+   */
+  command?: string | null;
+  /**
+   * The replacements an edit would make.
+   */
+  edits?: number | null;
+  /**
+   * The path the call names, resolved (`~`, `..`, symlinks, the tool's working directory).
+   */
+  path?: string | null;
 };
 
 /**
@@ -2386,6 +2561,7 @@ export interface RacpEventData {
   "session.renamed": SessionRenamedData;
   "session.bash": SessionBashData;
   "session.forked": SessionForkedData;
+  "permission.decided": PermissionDecidedData;
 }
 
 /** Who may call each method, whether it changes state, and whether it may be resent after a lost reply, and how long the host may take beyond a usual call (its own deadline, or null). */
@@ -2487,5 +2663,11 @@ export const ERROR_CODES = {
   PROVIDER_MODEL_NOT_FOUND: { retriable: "no", recovery: "stop_and_report", closeCode: 4050, httpStatus: 404, reserved: true },
   PROVIDER_SECRET_MISSING: { retriable: "no", recovery: "stop_and_report", closeCode: 4051, httpStatus: 424 },
   HELLO_REQUIRED: { retriable: "no", recovery: "fix_arguments", closeCode: 4052, httpStatus: 400 },
+  TOOL_DENIED: { retriable: "no", recovery: "check_state", closeCode: 4053, httpStatus: 403 },
+  WORKSPACE_PATH_DENIED: { retriable: "no", recovery: "stop_and_report", closeCode: 4054, httpStatus: 403 },
+  PATH_OUTSIDE_WORKSPACE: { retriable: "no", recovery: "check_state", closeCode: 4055, httpStatus: 403 },
+  WRITE_DISABLED_IN_PLAN: { retriable: "no", recovery: "check_state", closeCode: 4056, httpStatus: 403 },
+  EDIT_DISABLED_IN_PLAN: { retriable: "no", recovery: "check_state", closeCode: 4057, httpStatus: 403 },
+  TOOL_DISABLED_IN_PLAN: { retriable: "no", recovery: "check_state", closeCode: 4058, httpStatus: 403 },
   READ_PATH_IS_DIRECTORY: { retriable: "no", recovery: "fix_arguments", closeCode: 4059, httpStatus: 400 },
 } as const satisfies Record<ErrorCode, unknown>;

@@ -56,6 +56,13 @@ pub struct ServeConfig {
     pub fs_enabled: bool,
     /// Longest an approval waits for an answer (the agent's own timeout applies when shorter).
     pub approval_timeout: Duration,
+    /// A new session's permission mode when `session/create` names none (docs/protocol.md,
+    /// "Permissions").
+    pub permission_mode: racp_proto::permission::PermissionMode,
+    /// Paths the agent's tools may never touch, added to the built-in denylist
+    /// (`policy/denylist.rs`): `/abs/path` or `~/path` (that file or directory), `*.ext`, or a
+    /// file name.
+    pub deny_paths: Vec<String>,
     pub retention: crate::sessions::log::Retention,
     /// What each session keeps of its history past the replay window (docs/protocol.md §7.24).
     pub history: crate::store::HistoryPolicy,
@@ -121,6 +128,8 @@ impl ServeConfig {
             gateway_ca: None,
             gateway_trust: Vec::new(),
             approval_timeout: Duration::from_secs(10 * 60),
+            permission_mode: racp_proto::permission::PermissionMode::Ask,
+            deny_paths: Vec::new(),
             retention: crate::sessions::log::Retention::default(),
             history: crate::store::HistoryPolicy::default(),
             sandbox: SandboxConfig::default(),
@@ -230,6 +239,14 @@ pub struct Settings {
     /// Longest an approval waits for an answer, in ms [default: 600000]
     #[arg(long)]
     pub approval_timeout_ms: Option<u64>,
+    /// A new session's permission mode: ask, accept-edits, auto or plan [default: ask]
+    #[arg(long)]
+    pub permission_mode: Option<String>,
+    /// A path the agent's tools may never touch, added to the built-in denylist (repeatable):
+    /// /abs/path or ~/path (a file or a directory), *.ext, or a file name
+    #[arg(long = "deny-path")]
+    #[serde(default)]
+    pub deny_paths: Vec<String>,
     /// PEM certificate chain for TLS (wss://); needs --tls-key.
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -306,6 +323,9 @@ impl Settings {
             request_burst: self.request_burst.or(file.request_burst),
             max_held_bytes: self.max_held_bytes.or(file.max_held_bytes),
             approval_timeout_ms: self.approval_timeout_ms.or(file.approval_timeout_ms),
+            permission_mode: self.permission_mode.or(file.permission_mode),
+            // The file's and the flags' entries both hold: the denylist only grows.
+            deny_paths: [file.deny_paths, self.deny_paths].concat(),
             tls_cert: self.tls_cert.or(file.tls_cert),
             tls_key: self.tls_key.or(file.tls_key),
             insecure_bind: self.insecure_bind || file.insecure_bind,
@@ -372,6 +392,13 @@ pub fn load(
         writable: s.sandbox_write,
         readable: s.sandbox_read,
     };
+    if let Some(mode) = &s.permission_mode {
+        config.permission_mode = racp_proto::permission::PermissionMode::from_name(mode)
+            .ok_or_else(|| {
+                format!("--permission-mode {mode}: expected ask, accept-edits, auto or plan")
+            })?;
+    }
+    config.deny_paths = s.deny_paths.clone();
     Ok(config)
 }
 
@@ -478,6 +505,28 @@ mod tests {
             toml::from_str::<Settings>("colour = 1").is_err(),
             "unknown keys are refused"
         );
+    }
+
+    #[test]
+    fn the_permission_mode_is_checked_and_the_denylist_only_grows() {
+        use racp_proto::permission::PermissionMode;
+        let data = PathBuf::from("/nonexistent");
+        let default = load(None, Settings::default(), data.clone()).unwrap();
+        assert_eq!(default.permission_mode, PermissionMode::Ask);
+        let mode = |m: &str| Settings {
+            permission_mode: Some(m.into()),
+            ..Settings::default()
+        };
+        let auto = load(None, mode("auto"), data.clone()).unwrap();
+        assert_eq!(auto.permission_mode, PermissionMode::Auto);
+        let bad = load(None, mode("bypass"), data.clone()).unwrap_err();
+        assert!(bad.contains("--permission-mode bypass"), "{bad}");
+        let file: Settings = toml::from_str("deny_paths = [\"~/vault\"]\n").unwrap();
+        let flags = Settings {
+            deny_paths: vec!["*.kdbx".into()],
+            ..Settings::default()
+        };
+        assert_eq!(flags.over(file).deny_paths, ["~/vault", "*.kdbx"]);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! - [`driver`]: the agent driver per session (turns, queue, approvals, lifecycle, shell,
 //!   branches); [`agent`]: pi's process, its check, extensions and failures;
 //!   [`models`]: keys, providers and the model catalogue; [`redact`]: what never leaves.
+//! - [`policy`]: what the agent may do before each tool call (modes, denylist, grants).
 //! - [`fence`]: files behind the roots; [`uplink`]: the link to a gateway;
 //!   [`config`], [`state`]: what the host runs with and holds.
 
@@ -24,6 +25,7 @@ pub mod driver;
 pub mod fence;
 pub mod methods;
 pub mod models;
+pub mod policy;
 pub mod redact;
 pub mod secrets;
 pub mod server;

@@ -145,6 +145,12 @@ fn settings_path(host: &HostProcess) -> std::path::PathBuf {
         .join("pi-extensions/pi-host-settings.ts")
 }
 
+fn permissions_path(host: &HostProcess) -> std::path::PathBuf {
+    host.data_dir
+        .path()
+        .join("pi-extensions/pi-host-permissions.ts")
+}
+
 /// The arguments the session's agent was started with (the stand-in's `whoami`).
 async fn agent_args(client: &mut Client, host: &HostProcess, token: &str) -> Value {
     let (session_id, cursor) = create_session(client, host).await;
@@ -168,13 +174,16 @@ async fn agents_start_with_the_preload_extension_unless_it_is_turned_off() {
     let mut client = connect(&host, &token).await;
     let preload = preload_path(&host);
     let settings = settings_path(&host);
+    let permissions = permissions_path(&host);
     assert_eq!(
         agent_args(&mut client, &host, &token).await,
         json!([
             "--extension",
             preload.to_str().unwrap(),
             "--extension",
-            settings.to_str().unwrap()
+            settings.to_str().unwrap(),
+            "--extension",
+            permissions.to_str().unwrap()
         ])
     );
     assert_eq!(
@@ -198,10 +207,16 @@ async fn agents_start_with_the_preload_extension_unless_it_is_turned_off() {
     .await;
     let (_, token) = host.pair_device("laptop", &[]).await;
     let mut client = connect(&host, &token).await;
-    // The settings extension stays: it carries what a desktop set (keys, model servers).
+    // The settings and permissions extensions stay: they carry what a desktop set (keys,
+    // model servers) and the permission policy.
     assert_eq!(
         agent_args(&mut client, &host, &token).await,
-        json!(["--extension", settings_path(&host).to_str().unwrap()])
+        json!([
+            "--extension",
+            settings_path(&host).to_str().unwrap(),
+            "--extension",
+            permissions_path(&host).to_str().unwrap()
+        ])
     );
     assert!(!preload_path(&host).exists());
 }
@@ -251,6 +266,8 @@ async fn an_idle_agent_stops_and_the_next_turn_resumes_it() {
             preload.to_str().unwrap(),
             "--extension",
             settings.to_str().unwrap(),
+            "--extension",
+            permissions_path(&host).to_str().unwrap(),
             "--continue"
         ]),
         "resumed: {args}"

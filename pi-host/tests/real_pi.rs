@@ -724,7 +724,8 @@ async fn first_reply_on_a_fresh_host_figures() {
             let agent = shell_words::join(pi_words(&pi_cli(), None));
             let env = pi_env(pi_dir.path());
             let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            let host = HostProcess::start_with_env(bin, &["--agent", &agent], &env).await;
+            let args = ["--agent", &agent, "--permission-mode", "auto"];
+            let host = HostProcess::start_with_env(bin, &args, &env).await;
             let (_, token) = host.pair_device("laptop", &[]).await;
             let mut client = connect(&host, &token).await;
             for (i, figures) in [&mut *firsts, &mut *seconds].into_iter().enumerate() {
@@ -881,7 +882,7 @@ async fn a_late_observer_rebuilds_the_conversation_after_the_window_a_kill_and_a
     // kill -9: the history is durable with its events.
     drop((live, observer));
     let agent = shell_words::join(pi_words(&pi_cli(), None));
-    let mut args = vec!["--agent", agent.as_str()];
+    let mut args = vec!["--agent", agent.as_str(), "--permission-mode", "auto"];
     args.extend_from_slice(&extra);
     let host = host.restart(&args).await;
     let mut observer = connect(&host, &observer_token).await;

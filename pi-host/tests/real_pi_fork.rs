@@ -255,7 +255,9 @@ async fn forks_and_clones_are_sessions_of_their_own_that_continue_their_branch()
         "only B's branch is left to resume: {files:?}"
     );
     drop(client);
-    let host = host.restart(&["--agent", &agent]).await;
+    let host = host
+        .restart(&["--agent", &agent, "--permission-mode", "auto"])
+        .await;
     let mut client = connect(&host, &token).await;
     let got = client.call("session/get", json!({"sessionId": b})).await;
     subscribe(&mut client, &b, &got["result"]["cursor"]).await;

@@ -28,8 +28,9 @@ async fn host(stub: &Stub) -> (HostProcess, tempfile::TempDir) {
     let agent = shell_words::join(words);
     let env = pi_env(pi_dir.path());
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let host =
-        HostProcess::start_with_env(&tests::pi_host_binary(), &["--agent", &agent], &env).await;
+    // The stub's bash call runs unasked (tests/permissions.rs tests the policy).
+    let args = ["--agent", &agent, "--permission-mode", "auto"];
+    let host = HostProcess::start_with_env(&tests::pi_host_binary(), &args, &env).await;
     (host, pi_dir)
 }
 

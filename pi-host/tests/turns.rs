@@ -993,10 +993,19 @@ async fn a_restarted_agent_resumes_its_own_session_files() {
     let extensions = s.host.data_dir.path().join("pi-extensions");
     let preload = extensions.join("pi-host-preload.ts");
     let settings = extensions.join("pi-host-settings.ts");
+    let permissions = extensions.join("pi-host-permissions.ts");
     let (preload, settings) = (preload.to_str().unwrap(), settings.to_str().unwrap());
+    let permissions = permissions.to_str().unwrap();
     assert_eq!(
         first["args"],
-        json!(["--extension", preload, "--extension", settings]),
+        json!([
+            "--extension",
+            preload,
+            "--extension",
+            settings,
+            "--extension",
+            permissions
+        ]),
         "the first start resumes nothing"
     );
     let session_dir = first["sessionDir"].as_str().unwrap().to_string();
@@ -1022,6 +1031,8 @@ async fn a_restarted_agent_resumes_its_own_session_files() {
             preload,
             "--extension",
             settings,
+            "--extension",
+            permissions,
             "--continue"
         ])
     );

@@ -312,6 +312,7 @@ event_table! {
     SessionRenamed = "session.renamed" (SessionRenamedData)
     SessionBash = "session.bash" (SessionBashData)
     SessionForked = "session.forked" (SessionForkedData)
+    PermissionDecided = "permission.decided" (crate::permission::PermissionDecidedData)
 }
 
 impl EventType {
@@ -449,6 +450,10 @@ pub struct ApprovalRequestedData {
     pub options: Option<Vec<String>>,
     /// Absolute deadline (ms since the Unix epoch).
     pub deadline: u64,
+    /// What a `permission` approval asks about.
+    // Boxed: every host event's body is as large as the largest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permission: Option<Box<crate::permission::PermissionQuestion>>,
 }
 
 impl ApprovalRequestedData {
@@ -466,6 +471,7 @@ impl ApprovalRequestedData {
             state: ApprovalState::Pending,
             settled_by: None,
             value: None,
+            permission: self.permission.map(|p| *p),
         }
     }
 }
@@ -480,6 +486,7 @@ impl From<&ApprovalInfo> for ApprovalRequestedData {
             message: info.message.clone(),
             options: info.options.clone(),
             deadline: info.deadline,
+            permission: info.permission.clone().map(Box::new),
         }
     }
 }
@@ -538,6 +545,9 @@ pub struct SessionConfiguredData {
     /// The device that changed them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// The session's permission grants were withdrawn (`clearGrants`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub grants_cleared: bool,
 }
 
 /// `session.renamed`: the session's title changed (`session/rename`).

@@ -8,6 +8,7 @@
 //! - [`error`]: the registry of codes and the `AppError` object.
 //! - [`frame`] and [`codec`]: frame shapes, size-checked decoding, params with JSON paths.
 //! - [`methods`]: the method table (params, results, access, resend safety).
+//! - [`permission`]: the permission policy as clients read it (modes, questions, grants).
 //! - [`events`]: session events and pushes; [`elide`]: an event or reply cut to a frame bound.
 //! - [`pi`]: pi's RPC mode as data, the one reader of pi's format: its event types, a line read
 //!   in one pass, commands and replies, compaction of its stream updates and the rebuild of
@@ -31,6 +32,7 @@ pub mod gateway;
 pub mod human;
 pub mod limits;
 pub mod methods;
+pub mod permission;
 pub mod pi;
 pub mod role;
 pub mod validate;

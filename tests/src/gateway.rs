@@ -373,9 +373,14 @@ impl Fleet {
     /// its CA), and the gateways it trusts.
     pub fn host_args(&self) -> Vec<String> {
         let agent = crate::stand_in_agent();
+        self.host_args_for(agent.to_str().expect("utf-8 path"))
+    }
+
+    /// [`Fleet::host_args`] with `agent` as the agent's command.
+    pub fn host_args_for(&self, agent: &str) -> Vec<String> {
         vec![
             "--agent".into(),
-            agent.to_str().expect("utf-8 path").into(),
+            agent.into(),
             "--gateway".into(),
             self.nats.urls(),
             "--gateway-ca".into(),
@@ -393,6 +398,27 @@ impl Fleet {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let host = HostProcess::start_in(&crate::pi_host_binary(), dir, &args).await;
         (host, host_id)
+    }
+
+    /// Starts the next enrolled host with the real pi talking to `stub` (`tests::pi`),
+    /// dialing out to NATS, with `extra` serve arguments; also returns pi's config directory,
+    /// to keep until the host stops.
+    pub async fn pi_host(
+        &mut self,
+        stub: &crate::pi::Stub,
+        extra: &[&str],
+    ) -> (HostProcess, String, tempfile::TempDir) {
+        let (dir, host_id) = self.hosts.remove(0);
+        let port = crate::pi::start_stub(stub.clone()).await;
+        let pi_dir = crate::pi::pi_config(port);
+        let agent = shell_words::join(crate::pi::pi_words(&crate::pi::pi_cli(), None));
+        let mut args = self.host_args_for(&agent);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let env = crate::pi::pi_env(pi_dir.path());
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let host = HostProcess::start_in_with_env(&crate::pi_host_binary(), dir, &args, &env).await;
+        (host, host_id, pi_dir)
     }
 }
 

@@ -199,9 +199,23 @@ impl HostProcess {
     /// Like [`HostProcess::start_with`], on a data directory made beforehand (a host enrolled
     /// with a gateway has its key there already).
     pub async fn start_in(bin: &Path, data_dir: tempfile::TempDir, extra: &[&str]) -> HostProcess {
+        HostProcess::start_in_with_env(bin, data_dir, extra, &[]).await
+    }
+
+    /// [`HostProcess::start_in`] with extra environment variables (as `start_with_env`).
+    pub async fn start_in_with_env(
+        bin: &Path,
+        data_dir: tempfile::TempDir,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> HostProcess {
         let root = tempfile::tempdir().expect("temp dir");
         let log_dir = tempfile::tempdir().expect("temp dir");
-        HostProcess::spawn(bin, data_dir, root, log_dir, extra, Vec::new()).await
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        HostProcess::spawn(bin, data_dir, root, log_dir, extra, env).await
     }
 
     /// Starts a host again on the same data directory and root (after a kill).

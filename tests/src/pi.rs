@@ -64,6 +64,10 @@ pub struct Stub {
     /// While set, each request is recorded and then held until the test releases a permit
     /// ([`Stub::hold`], [`Stub::release`]): a run stays going for as long as the test needs.
     gate: Arc<Mutex<Option<Arc<tokio::sync::Semaphore>>>>,
+    /// Tool calls to ask for, one per reply, before the default behaviour ([`Stub::script`]).
+    script: Arc<Mutex<std::collections::VecDeque<(String, Value)>>>,
+    /// How many scripted calls were asked for: each gets its own id, `call_script_N`.
+    scripted: Arc<Mutex<usize>>,
 }
 
 /// A 1×1 PNG in base64: an image for a prompt.
@@ -92,6 +96,26 @@ impl Stub {
             // Closed by `release`: every waiter goes on.
             let _ = gate.acquire().await;
         }
+    }
+
+    /// Queues tool calls: each next reply asks for the next one (`name`, its arguments), with
+    /// id `call_script_N` (N from 1); once they are spent, a reply after a tool result answers
+    /// "done" as usual.
+    pub fn script(&self, calls: &[(&str, Value)]) {
+        let mut script = self.script.lock().unwrap();
+        script.extend(
+            calls
+                .iter()
+                .map(|(name, args)| (name.to_string(), args.clone())),
+        );
+    }
+
+    /// The next scripted tool call and its id, if any is left.
+    fn next_scripted(&self) -> Option<(String, String, Value)> {
+        let (name, args) = self.script.lock().unwrap().pop_front()?;
+        let mut n = self.scripted.lock().unwrap();
+        *n += 1;
+        Some((format!("call_script_{n}"), name, args))
     }
 
     /// The port [`start_stub`] serves it on.
@@ -260,7 +284,16 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
     stub.requests.lock().unwrap().push(request);
     stub.pass_the_gate().await;
     let mut sse = String::new();
-    if let Some(chunks) = long_reply(&body) {
+    if let Some((id, name, args)) = stub.next_scripted() {
+        sse += &chunk(
+            json!({"role": "assistant", "content": "Calling a tool."}),
+            None,
+        );
+        let call = json!({"index": 0, "id": id, "type": "function",
+            "function": {"name": name, "arguments": args.to_string()}});
+        sse += &chunk(json!({"tool_calls": [call]}), None);
+        sse += &chunk(json!({}), Some("tool_calls"));
+    } else if let Some(chunks) = long_reply(&body) {
         // `LONG-REPLY:N` in the prompt: N text chunks of 10 characters.
         sse += &chunk(json!({"role": "assistant", "content": ""}), None);
         for i in 0..chunks {
@@ -449,8 +482,8 @@ pub async fn pi_host_saving(stub: &Stub) -> (HostProcess, tempfile::TempDir, Str
     let agent = shell_words::join(pi_words_saving(&pi_cli()));
     let env = pi_env(pi_dir.path());
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let host =
-        HostProcess::start_with_env(&crate::pi_host_binary(), &["--agent", &agent], &env).await;
+    let args = ["--agent", &agent, "--permission-mode", "auto"];
+    let host = HostProcess::start_with_env(&crate::pi_host_binary(), &args, &env).await;
     (host, pi_dir, agent)
 }
 
@@ -470,13 +503,30 @@ pub async fn pi_host_with(
     extension: Option<&Path>,
     extra: &[&str],
 ) -> (HostProcess, tempfile::TempDir) {
+    pi_host_env(stub, extension, extra, &[]).await
+}
+
+/// [`pi_host_with`] with extra environment variables for the host (a `HOME`, say). Unless
+/// `extra` names a `--permission-mode`, the host runs its sessions in `auto`, so that a test
+/// of something else meets no permission approval for the stub's `bash` call in the
+/// workspace (tests/permissions.rs tests the policy).
+pub async fn pi_host_env(
+    stub: &Stub,
+    extension: Option<&Path>,
+    extra: &[&str],
+    extra_env: &[(&str, &str)],
+) -> (HostProcess, tempfile::TempDir) {
     let port = start_stub(stub.clone()).await;
     let pi_dir = pi_config(port);
     let agent = shell_words::join(pi_words(&pi_cli(), extension));
     let mut args = vec!["--agent", agent.as_str()];
+    if !extra.contains(&"--permission-mode") {
+        args.extend(["--permission-mode", "auto"]);
+    }
     args.extend_from_slice(extra);
     let env = pi_env(pi_dir.path());
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.extend_from_slice(extra_env);
     let host = HostProcess::start_with_env(&crate::pi_host_binary(), &args, &env).await;
     (host, pi_dir)
 }

@@ -329,6 +329,86 @@ async fn a_session_is_driven_end_to_end_through_the_gateway() {
 
 /// Subscribes with `params`, then returns the next `subscription/ended` push within `PATIENCE`,
 /// frames before it (heartbeats) skipped.
+/// The permission policy through a gateway as on a host (docs/protocol.md §10.1): the mode set
+/// at `session/create`, a `permission` approval with its typed question, answered "always"
+/// through the gateway, the refusal the model receives, and the grant in the snapshot.
+#[tokio::test]
+async fn a_permission_question_is_asked_and_answered_through_the_gateway() {
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet.gateway().await;
+    let stub = tests::pi::Stub::default();
+    let (host, host_id, _pi_dir) = fleet.pi_host(&stub, &["--permission-mode", "ask"]).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    until_status(&mut root, &host_id, "online").await;
+    let mut desk = connect(&gateway.host_url(&host_id), &token).await;
+    let workspace = host.workspace("w");
+    let created = desk
+        .call(
+            "session/create",
+            json!({"workspace": workspace, "permissionMode": "plan"}),
+        )
+        .await;
+    let session = &created["result"]["session"];
+    assert_eq!(session["permissionMode"], "plan", "{created}");
+    let session_id = session["sessionId"].as_str().unwrap().to_string();
+    desk.call(
+        "session/subscribe",
+        json!({"sessionId": session_id, "cursor": session["cursor"]}),
+    )
+    .await;
+    stub.script(&[
+        ("write", json!({"path": "a.txt", "content": "x"})),
+        ("bash", json!({"command": "touch ok.txt"})),
+    ]);
+    let started = desk
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "Go."}),
+        )
+        .await;
+    assert!(started["result"]["turnId"].is_string(), "{started}");
+    let seen = desk
+        .events_until(PATIENCE, |e| e["type"] == "approval.requested")
+        .await;
+    let asked = seen.last().unwrap();
+    assert_eq!(asked["data"]["kind"], "permission", "{asked}");
+    assert_eq!(
+        asked["data"]["permission"]["summary"]["command"],
+        "touch ok.txt"
+    );
+    let refused: Vec<_> = seen
+        .iter()
+        .filter(|e| e["type"] == "permission.decided")
+        .collect();
+    assert_eq!(
+        refused[0]["data"]["code"], "WRITE_DISABLED_IN_PLAN",
+        "{seen:#?}"
+    );
+    let answer = desk
+        .call(
+            "approval/respond",
+            json!({"approvalId": asked["data"]["approvalId"], "decision": {"value": "always"}}),
+        )
+        .await;
+    assert_eq!(answer["result"]["approval"]["state"], "allowed", "{answer}");
+    let rest = desk.events_until(PATIENCE, finished).await;
+    assert_eq!(rest.last().unwrap()["data"]["outcome"], "completed");
+    assert!(std::path::Path::new(&workspace).join("ok.txt").exists());
+    assert!(!std::path::Path::new(&workspace).join("a.txt").exists());
+    let last = stub.requests.lock().unwrap().last().cloned().unwrap();
+    let bodies = last.to_string();
+    assert!(bodies.contains("WRITE_DISABLED_IN_PLAN"), "{bodies}");
+    let got = desk
+        .call("session/get", json!({"sessionId": session_id}))
+        .await;
+    assert_eq!(
+        got["result"]["snapshot"]["grants"],
+        json!([{"tool": "bash", "scope": "command-prefix", "value": "touch"}]),
+        "{got}"
+    );
+}
+
 async fn subscribed_then_ended(client: &mut Client, params: Value) -> Value {
     subscribed_until_ended(client, params).await.1
 }

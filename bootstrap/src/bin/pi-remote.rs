@@ -6,7 +6,9 @@
 
 use bootstrap::provision::{self, BootstrapOptions};
 use bootstrap::remote::commands::connect::{self, ConnectArgs, Display};
-use bootstrap::remote::commands::models::{parse_model, parse_queue_mode, parse_thinking};
+use bootstrap::remote::commands::models::{
+    parse_model, parse_permission_mode, parse_queue_mode, parse_thinking,
+};
 use bootstrap::remote::commands::{
     Reach, attach, devices, files, history, hosts, models, open_profile, pair, sessions, shell,
     status, turns,
@@ -21,6 +23,7 @@ use clap::{Parser, Subcommand};
 use racp_proto::client::RacpClient;
 use racp_proto::methods::model::{ModelRef, QueueMode, ThinkingLevel};
 use racp_proto::methods::session::{SessionConfigureParams, SessionCreateParams};
+use racp_proto::permission::PermissionMode;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,6 +119,10 @@ enum Command {
         /// The thinking level: off, minimal, low, medium, high, xhigh.
         #[arg(long, value_parser = parse_thinking)]
         thinking: Option<ThinkingLevel>,
+        /// What the agent may do without asking: ask, accept-edits, auto or plan [default: the
+        /// host's, ask unless configured].
+        #[arg(long, value_parser = parse_permission_mode)]
+        mode: Option<PermissionMode>,
     },
     /// Change a session's model, thinking level, auto-compaction or queue modes.
     Configure {
@@ -135,6 +142,12 @@ enum Command {
         /// How the agent delivers queued follow-ups: all, or one-at-a-time.
         #[arg(long, value_parser = parse_queue_mode)]
         follow_up_mode: Option<QueueMode>,
+        /// What the agent may do without asking: ask, accept-edits, auto or plan.
+        #[arg(long, value_parser = parse_permission_mode)]
+        mode: Option<PermissionMode>,
+        /// Withdraw every permission grant given with "always" in the session.
+        #[arg(long)]
+        clear_grants: bool,
     },
     /// Compact a session's conversation: the agent replaces its older messages with a summary.
     Compact {
@@ -218,8 +231,12 @@ enum Command {
         #[arg(long)]
         value: Option<String>,
     },
-    /// Deny a pending approval.
-    Deny { approval: String },
+    /// Deny a pending approval; a permission's --note is what the model reads of why.
+    Deny {
+        approval: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
     /// Follow a session live and answer its approvals from stdin (y/n or a value); its most
     /// recent messages are shown first.
     Attach { session: String },
@@ -466,12 +483,14 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
             title,
             model,
             thinking,
+            mode,
         } => {
             let params = SessionCreateParams {
                 workspace,
                 title,
                 model,
                 thinking_level: thinking,
+                permission_mode: mode,
             };
             sessions::create(out, &client, params).await
         }
@@ -482,6 +501,8 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
             auto_compaction,
             steering_mode,
             follow_up_mode,
+            mode,
+            clear_grants,
         } => {
             let params = SessionConfigureParams {
                 session_id: session,
@@ -490,6 +511,8 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
                 auto_compaction,
                 steering_mode,
                 follow_up_mode,
+                permission_mode: mode,
+                clear_grants,
             };
             models::configure(out, &client, params).await
         }
@@ -528,7 +551,7 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
         } => sessions::fork(out, &client, session, from, title).await,
         Command::Clone { session, title } => sessions::clone(out, &client, session, title).await,
         Command::Approve { approval, value } => turns::approve(out, &client, approval, value).await,
-        Command::Deny { approval } => turns::deny(out, &client, approval).await,
+        Command::Deny { approval, note } => turns::deny(out, &client, approval, note).await,
         Command::Attach { session } => attach::attach(out, client, session).await,
         Command::History { session, limit } => history::history(out, &client, session, limit).await,
         Command::Shell { session, command } => shell::shell(out, &client, session, command).await,

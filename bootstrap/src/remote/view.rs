@@ -10,6 +10,7 @@ use racp_proto::events::{
     SessionRenamedData, TurnFinishedData, TurnQueuedData, TurnStartedData, TurnWithdrawnData,
 };
 use racp_proto::methods::turn::{ApprovalInfo, ApprovalKind};
+use racp_proto::permission::{PermissionDecidedData, PermissionQuestion};
 use racp_proto::pi::message::{AssistantStop, Entry, Message, Part};
 use racp_proto::pi::{self, Kind, event::ToolRun};
 use serde_json::Value;
@@ -55,6 +56,7 @@ impl View {
                     &approval.title,
                     approval.message.as_deref(),
                     approval.options.as_deref(),
+                    approval.permission.as_deref(),
                 )),
                 Err(_) => String::new(),
             },
@@ -72,6 +74,10 @@ impl View {
                     self.line(&format!("== forked from {}", forked.from_session_id))
                 }
                 Ok(cloned) => self.line(&format!("== cloned from {}", cloned.from_session_id)),
+                Err(_) => String::new(),
+            },
+            EventType::PermissionDecided => match event.data.parse::<PermissionDecidedData>() {
+                Ok(decided) => self.line(&describe_decided(&decided)),
                 Err(_) => String::new(),
             },
             EventType::AgentStopped | EventType::SessionConfigured => String::new(),
@@ -338,6 +344,7 @@ pub fn describe_approval(
     title: &str,
     message: Option<&str>,
     options: Option<&[String]>,
+    permission: Option<&PermissionQuestion>,
 ) -> String {
     let mut out = format!(
         "[approval {id}] {}: {}",
@@ -355,7 +362,18 @@ pub fn describe_approval(
             .collect();
         out.push_str(&format!(" [options: {}]", numbered.join(", ")));
     }
+    if let Some(grant) = permission.and_then(|p| p.grant.as_ref()) {
+        let scope = wire_name(&grant.scope);
+        out.push_str(&format!(
+            " [always = {} {scope} {}]",
+            grant.tool,
+            truncate(&grant.value, 200)
+        ));
+    }
     out.push_str(match kind {
+        ApprovalKind::Permission => {
+            " (answer allow, always or deny; deny: NOTE tells the model why)"
+        }
         ApprovalKind::Confirm => " (answer y/n)",
         ApprovalKind::Select => " (answer with a number or an option)",
         ApprovalKind::Input | ApprovalKind::Editor => " (answer with a line of text)",
@@ -371,6 +389,7 @@ pub fn describe_pending(approval: &ApprovalInfo) -> String {
         &approval.title,
         approval.message.as_deref(),
         approval.options.as_deref(),
+        approval.permission.as_ref(),
     )
 }
 
@@ -380,6 +399,27 @@ pub fn kind_name(kind: ApprovalKind) -> &'static str {
         ApprovalKind::Select => "select",
         ApprovalKind::Input => "input",
         ApprovalKind::Editor => "editor",
+        ApprovalKind::Permission => "permission",
+    }
+}
+
+/// A tool call's permission decision, as one line.
+fn describe_decided(decided: &PermissionDecidedData) -> String {
+    let what = decided
+        .summary
+        .command
+        .as_deref()
+        .or(decided.summary.path.as_deref())
+        .map(|w| format!(" {}", truncate(w, 200)))
+        .unwrap_or_default();
+    let by = wire_name(&decided.by);
+    match decided.code {
+        None => format!("[permission] {}{what}: allowed ({by})", decided.tool),
+        Some(code) => format!(
+            "[permission] {}{what}: {code} ({by}): {}",
+            decided.tool,
+            truncate(&decided.reason, 300)
+        ),
     }
 }
 

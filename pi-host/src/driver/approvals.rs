@@ -4,6 +4,7 @@
 //! approval as expired, tells the agent, and emits `approval.settled`.
 
 use super::DriverHost;
+use super::permissions::{self, Outcome};
 use crate::agent::{Agent, UiAnswer, UiMethod};
 use crate::auth::Caller;
 use crate::sessions::{HostEvent, Session};
@@ -27,6 +28,8 @@ struct Entry {
     agent: Agent,
     agent_request_id: String,
     session: Arc<Session>,
+    /// A `permission` approval's call, as the policy saw it (permissions.rs).
+    permission: Option<permissions::Pending>,
 }
 
 impl Entry {
@@ -49,6 +52,16 @@ fn kind_of(method: UiMethod) -> ApprovalKind {
     }
 }
 
+/// An approval about to open: what it asks, whom the answer goes to, and its deadline.
+struct Opening<'a, H> {
+    host: &'a Arc<H>,
+    session: &'a Arc<Session>,
+    agent: &'a Agent,
+    agent_request_id: String,
+    timeout: Duration,
+    permission: Option<permissions::Pending>,
+}
+
 impl Approvals {
     /// Registers a dialog as a pending approval, arms its deadline, and returns the
     /// `approval.requested` event to append.
@@ -60,40 +73,87 @@ impl Approvals {
         turn_id: &str,
         request: Request,
     ) -> HostEvent {
-        let approval_id = host
-            .secrets()
-            .new_id("apr_")
-            .unwrap_or_else(|_| format!("apr_{}", request.id));
         let timeout = request
             .timeout_ms
             .map(Duration::from_millis)
             .unwrap_or(host.config().approval_timeout)
             .min(host.config().approval_timeout);
-        let deadline = now_ms() + u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let info = ApprovalInfo {
-            approval_id: approval_id.clone(),
+            approval_id: new_id(&**host, &request.id),
             session_id: session.id.clone(),
             turn_id: turn_id.to_string(),
             kind: kind_of(request.method),
             title: request.title,
             message: request.message,
             options: request.options,
-            deadline,
+            deadline: deadline_in(timeout),
             state: ApprovalState::Pending,
             settled_by: None,
             value: None,
+            permission: None,
         };
+        let opening = Opening {
+            host,
+            session,
+            agent,
+            agent_request_id: request.id,
+            timeout,
+            permission: None,
+        };
+        self.register(opening, info)
+    }
+
+    /// Opens a `permission` approval for a tool call the policy asks about (permissions.rs),
+    /// with the host's deadline.
+    pub(super) fn open_permission(
+        &self,
+        host: &Arc<impl DriverHost>,
+        session: &Arc<Session>,
+        agent: &Agent,
+        (turn_id, agent_request_id): (&str, String),
+        question: racp_proto::permission::PermissionQuestion,
+        pending: permissions::Pending,
+    ) -> HostEvent {
+        let timeout = host.config().approval_timeout;
+        let (title, message) = permissions::words(&question);
+        let info = ApprovalInfo {
+            approval_id: new_id(&**host, &agent_request_id),
+            session_id: session.id.clone(),
+            turn_id: turn_id.to_string(),
+            kind: ApprovalKind::Permission,
+            title,
+            message,
+            options: Some(question.choices.iter().map(|c| c.as_str().into()).collect()),
+            deadline: deadline_in(timeout),
+            state: ApprovalState::Pending,
+            settled_by: None,
+            value: None,
+            permission: Some(question),
+        };
+        let opening = Opening {
+            host,
+            session,
+            agent,
+            agent_request_id,
+            timeout,
+            permission: Some(pending),
+        };
+        self.register(opening, info)
+    }
+
+    fn register<H: DriverHost>(&self, opening: Opening<'_, H>, info: ApprovalInfo) -> HostEvent {
         let entry = Arc::new(Entry {
             info: Mutex::new(info.clone()),
-            agent: agent.clone(),
-            agent_request_id: request.id,
-            session: session.clone(),
+            agent: opening.agent.clone(),
+            agent_request_id: opening.agent_request_id,
+            session: opening.session.clone(),
+            permission: opening.permission,
         });
-        if let Err(err) = host.store().save_approval(&info) {
+        if let Err(err) = opening.host.store().save_approval(&info) {
             tracing::warn!(error = %err, "cannot store an approval");
         }
-        self.map.insert(approval_id, entry.clone());
-        let host = host.clone();
+        self.map.insert(info.approval_id.clone(), entry.clone());
+        let (host, timeout) = (opening.host.clone(), opening.timeout);
         tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
             expire(&host, &entry).await;
@@ -105,7 +165,7 @@ impl Approvals {
     pub fn cancel_turn(&self, host: &impl DriverHost, turn_id: &str) -> Vec<HostEvent> {
         self.cancel_pending(host, turn_id)
             .iter()
-            .map(|(_, info)| settled_event(info))
+            .flat_map(|(entry, info)| cancelled_events(entry, info))
             .collect()
     }
 
@@ -125,7 +185,7 @@ impl Approvals {
         }
         cancelled
             .iter()
-            .map(|(_, info)| settled_event(info))
+            .flat_map(|(entry, info)| cancelled_events(entry, info))
             .collect()
     }
 
@@ -198,16 +258,27 @@ impl Approvals {
                 ApprovalState::Expired => return Err(expired_error(&info)),
                 _ => return Err(stale_error(&info)),
             }
-            let (state, value, answer) = decide(&info, &params.decision)?;
+            let (state, value, answer, outcome) = if info.kind == ApprovalKind::Permission {
+                let (state, value, outcome) = permissions::decide(&info, &params.decision)?;
+                (state, value, outcome.answer(), Some(outcome))
+            } else {
+                let (state, value, answer) = decide(&info, &params.decision)?;
+                (state, value, answer, None)
+            };
             info.state = state;
             info.value = value;
             info.settled_by = device_id;
             save(host, &info);
-            (answer, info.clone())
+            (answer, (info.clone(), outcome))
         };
+        let (settled, outcome) = settled;
+        let mut events = vec![settled_event(&settled)];
+        if let Some(outcome) = &outcome {
+            events.extend(decided_event(host, &entry, &settled, outcome));
+        }
         // Recorded before the agent hears it: what the answer lets the agent do (run the tool,
         // end the turn) comes after `approval.settled` in the log.
-        record(host, &entry.session, settled_event(&settled)).await;
+        record(host, &entry.session, events).await;
         if let Err(err) = entry.agent.answer_ui(&entry.agent_request_id, answer).await {
             tracing::warn!(error = %err, "the agent did not take an approval answer");
         }
@@ -280,7 +351,8 @@ fn stale_error(info: &ApprovalInfo) -> AppError {
     )
 }
 
-/// Settles a still-pending approval as expired: tells the agent and emits the event.
+/// Settles a still-pending approval as expired: tells the agent and emits the event (a
+/// `permission` approval's expiry is a refusal).
 async fn expire(host: &impl DriverHost, entry: &Entry) {
     let settled = {
         let mut info = entry.lock();
@@ -291,12 +363,15 @@ async fn expire(host: &impl DriverHost, entry: &Entry) {
         save(host, &info);
         info.clone()
     };
-    record(host, &entry.session, settled_event(&settled)).await;
-    if let Err(err) = entry
-        .agent
-        .answer_ui(&entry.agent_request_id, UiAnswer::Cancelled)
-        .await
-    {
+    let mut events = vec![settled_event(&settled)];
+    let mut answer = UiAnswer::Cancelled;
+    if let Some(question) = &settled.permission {
+        let outcome = permissions::expired(question);
+        answer = outcome.answer();
+        events.extend(decided_event(host, entry, &settled, &outcome));
+    }
+    record(host, &entry.session, events).await;
+    if let Err(err) = entry.agent.answer_ui(&entry.agent_request_id, answer).await {
         tracing::debug!(error = %err, "the agent did not take an expiry");
     }
 }
@@ -306,10 +381,54 @@ fn settled_event(info: &ApprovalInfo) -> HostEvent {
     HostEvent::of_turn(&info.turn_id, ApprovalSettledData::from(info))
 }
 
-async fn record(host: &impl DriverHost, session: &Arc<Session>, event: HostEvent) {
+async fn record(host: &impl DriverHost, session: &Arc<Session>, events: Vec<HostEvent>) {
     #[cfg(debug_assertions)]
     crate::test_hooks::before_settle_is_recorded().await;
-    if let Err(err) = host.sessions().commit(session, vec![event]).await {
+    if let Err(err) = host.sessions().commit(session, events).await {
         tracing::warn!(error = %err, "approval event not recorded");
     }
+}
+
+/// `approval.settled` for a cancelled approval, and a permission's refusal with it.
+fn cancelled_events(entry: &Entry, info: &ApprovalInfo) -> Vec<HostEvent> {
+    let mut events = vec![settled_event(info)];
+    if let (Some(question), Some(pending)) = (&info.permission, &entry.permission) {
+        let outcome = permissions::cancelled(question);
+        let tool = (question.tool.as_str(), question.tool_call_id.as_str());
+        events.push(outcome.event(
+            Some(&info.turn_id),
+            tool,
+            pending,
+            Some((&info.approval_id, None)),
+        ));
+    }
+    events
+}
+
+/// `permission.decided` for a settled `permission` approval; a grant it gave is stored first.
+fn decided_event(
+    host: &impl DriverHost,
+    entry: &Entry,
+    settled: &ApprovalInfo,
+    outcome: &Outcome,
+) -> Option<HostEvent> {
+    let (question, pending) = (settled.permission.as_ref()?, entry.permission.as_ref()?);
+    if let Some(grant) = &outcome.grant
+        && let Err(err) = host.store().add_grant(&settled.session_id, grant, now_ms())
+    {
+        tracing::warn!(error = %err, "cannot store a permission grant");
+    }
+    let tool = (question.tool.as_str(), question.tool_call_id.as_str());
+    let approval = Some((settled.approval_id.as_str(), settled.settled_by.clone()));
+    Some(outcome.event(Some(&settled.turn_id), tool, pending, approval))
+}
+
+fn new_id(host: &impl DriverHost, fallback: &str) -> String {
+    host.secrets()
+        .new_id("apr_")
+        .unwrap_or_else(|_| format!("apr_{fallback}"))
+}
+
+fn deadline_in(timeout: Duration) -> u64 {
+    now_ms().saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX))
 }

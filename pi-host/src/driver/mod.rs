@@ -9,6 +9,7 @@
 mod approvals;
 mod branch;
 mod lifecycle;
+mod permissions;
 mod pump;
 mod queue;
 mod shell;
@@ -740,6 +741,11 @@ impl Driver {
                     if let Some(next) = next {
                         self.send_next(host, agent, next);
                     }
+                }
+                AgentOutput::UiRequest(dialog) if permissions::is_request(&dialog) => {
+                    let turn_id = turn_id();
+                    let decided = self.on_policy_request(host, agent, turn_id, dialog).await;
+                    events.extend(decided);
                 }
                 AgentOutput::UiRequest(dialog) => {
                     let turn_id = turn_id();

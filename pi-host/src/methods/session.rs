@@ -71,6 +71,11 @@ fn record_session(
         settings: SessionSettings {
             model: params.model,
             thinking_level: params.thinking_level,
+            permission_mode: Some(
+                params
+                    .permission_mode
+                    .unwrap_or(state.config.permission_mode),
+            ),
             ..SessionSettings::default()
         },
     };
@@ -191,7 +196,7 @@ pub async fn configure(
     // Held across the change so that a turn or another change cannot come between.
     let _changing = driver.configuring.lock().await;
     let settings = session.settings().with(&change);
-    if settings == session.settings() {
+    if settings == session.settings() && !params.clear_grants {
         return Ok(SessionCreateResult {
             session: session.info(),
         });
@@ -213,9 +218,15 @@ pub async fn configure(
         .await
         .map_err(crate::internal)?
         .map_err(crate::internal)?;
+    if params.clear_grants {
+        host.store
+            .clear_grants(&session.id)
+            .map_err(crate::internal)?;
+    }
     let event = HostEvent::of_session(SessionConfiguredData {
         settings,
         device_id: caller.device_id().map(str::to_string),
+        grants_cleared: params.clear_grants,
     });
     host.sessions.commit(&session, vec![event]).await?;
     tracing::info!(session_id = %session.id, "session configured");

@@ -131,6 +131,7 @@ impl Session {
             state: state_of(&inner),
             turns: inner.view.turns.clone(),
             pending_approvals: inner.view.pending_approvals.clone(),
+            grants: inner.view.grants.clone(),
             queue: inner.view.queue.clone(),
             streaming_message,
             tool_outputs,
@@ -497,7 +498,11 @@ fn restore(
             tracing::warn!(session_id = %row.session_id, error = %err, "cannot read the approvals left pending");
             Vec::new()
         });
-    view.reconcile(row, &still_pending);
+    let grants = store.grants(&row.session_id).unwrap_or_else(|err| {
+        tracing::warn!(session_id = %row.session_id, error = %err, "cannot read the session's grants");
+        Vec::new()
+    });
+    view.reconcile(row, &still_pending, grants);
     if view.closed && !row.closed {
         // The host stopped between committing `session.closed` and marking the row.
         store.mark_session_closed(&row.session_id, now)?;

@@ -8,6 +8,7 @@ use racp_proto::ErrorCode;
 use racp_proto::events::HostEventData;
 use racp_proto::methods::session::{Queue, QueuedFollowUp, SessionSettings};
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
+use racp_proto::permission::PermissionGrant;
 use racp_proto::pi::Kind;
 use racp_proto::pi::stream::StreamState;
 
@@ -22,6 +23,9 @@ pub(super) struct View {
     pub turns: Vec<TurnInfo>,
     pub active_turn: Option<String>,
     pub pending_approvals: Vec<ApprovalInfo>,
+    /// The permission grants given with "always" (`permission.decided` adds one,
+    /// `session.configured` with `grantsCleared` withdraws them; the store wins at a restart).
+    pub grants: Vec<PermissionGrant>,
     /// True once `session.closed` is published.
     pub closed: bool,
     /// What a client set it to run with (stored in its row; `session.configured` changes it).
@@ -135,7 +139,19 @@ impl View {
                 self.closed = true;
                 self.queue = Queue::default();
             }
-            HostEventData::SessionConfigured(data) => self.settings = data.settings,
+            HostEventData::SessionConfigured(data) => {
+                self.settings = data.settings;
+                if data.grants_cleared {
+                    self.grants.clear();
+                }
+            }
+            HostEventData::PermissionDecided(data) => {
+                if let Some(grant) = data.grant
+                    && !self.grants.contains(&grant)
+                {
+                    self.grants.push(*grant);
+                }
+            }
             HostEventData::SessionRenamed(data) => self.title = Some(data.title),
             HostEventData::AgentStopped(_) => self.queue.steering.clear(),
             // A shell command's message is in the history, not in the snapshot's state.
@@ -184,8 +200,15 @@ impl View {
     /// and a closed row always has its event (so no event can follow `session.closed`).
     /// `still_pending` are the approvals the store holds pending (the host cancels each of them
     /// before it serves: driver::end_interrupted_turns).
-    pub fn reconcile(&mut self, row: &SessionRow, still_pending: &[ApprovalInfo]) {
+    pub fn reconcile(
+        &mut self,
+        row: &SessionRow,
+        still_pending: &[ApprovalInfo],
+        grants: Vec<PermissionGrant>,
+    ) {
         self.closed |= row.closed;
+        // Grants are stored before their event is committed, and may outlive the log.
+        self.grants = grants;
         // No agent runs after a restart: whatever pi held queued went with it. The host's
         // follow-ups are withdrawn with events (driver::end_interrupted_turns).
         self.queue.steering.clear();
@@ -222,6 +245,7 @@ mod tests {
             message: None,
             options: None,
             deadline: 99,
+            permission: None,
         }
     }
 
@@ -259,6 +283,7 @@ mod tests {
                     ..SessionSettings::default()
                 },
                 device_id: None,
+                grants_cleared: false,
             }),
             HostEvent::of_turn(
                 "turn_1",
@@ -444,7 +469,7 @@ mod tests {
             closed: false,
             settings: SessionSettings::default(),
         };
-        view.reconcile(&row, &[]);
+        view.reconcile(&row, &[], Vec::new());
         assert!(view.queue.steering.is_empty());
         assert_eq!(
             ids(&view),
@@ -470,7 +495,7 @@ mod tests {
         };
         // The store holds apr_2 answered and apr_3 pending (its request pruned from the log).
         let still_pending = [approval("apr_3").into_pending("ses_1".into())];
-        view.reconcile(&row, &still_pending);
+        view.reconcile(&row, &still_pending, Vec::new());
         assert!(
             view.closed,
             "a committed session.closed is not undone by its row"

@@ -7,6 +7,7 @@ mod approvals;
 mod call_ids;
 mod chunk;
 mod devices;
+mod grants;
 mod history;
 mod sessions;
 
@@ -86,6 +87,16 @@ CREATE TABLE IF NOT EXISTS approvals (
 CREATE TABLE IF NOT EXISTS call_ids (
     call_id   TEXT PRIMARY KEY,
     signed_at INTEGER NOT NULL
+);
+-- Permission grants given with "always", per session (store::grants; docs/protocol.md,
+-- "Permissions").
+CREATE TABLE IF NOT EXISTS grants (
+    session_id TEXT NOT NULL,
+    tool       TEXT NOT NULL,
+    scope      TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    granted_at INTEGER NOT NULL,
+    PRIMARY KEY (session_id, tool, scope, value)
 );
 CREATE TABLE IF NOT EXISTS turns (
     session_id      TEXT NOT NULL,

@@ -283,6 +283,18 @@ error_registry! {
     ProviderSecretMissing = "PROVIDER_SECRET_MISSING" { retriable: No, recovery: StopAndReport, close: 4051, http: 424, }
     /// A call came before `hello` on its connection: send `hello` first (the credential is fine; pairing again would not help).
     HelloRequired = "HELLO_REQUIRED" { retriable: No, recovery: FixArguments, close: 4052, http: 400, }
+    /// A tool call was refused: a person denied it (or its approval's deadline passed), or the session's permission mode forbids it (docs/protocol.md, "Permissions"). The model receives the code in the tool's result; `session/configure` changes the mode.
+    ToolDenied = "TOOL_DENIED" { retriable: No, recovery: CheckState, close: 4053, http: 403, }
+    /// A tool call named a path on the always-on denylist (private keys, `.env` files, credential bundles, `.git/objects` and `.git/hooks` for writes, the host's own data and config): refused in every mode, whatever was granted (docs/protocol.md, "Permissions").
+    WorkspacePathDenied = "WORKSPACE_PATH_DENIED" { retriable: No, recovery: StopAndReport, close: 4054, http: 403, }
+    /// A tool call named a path outside the session's workspace and no person allowed it (docs/protocol.md, "Permissions"): such a call asks in every mode; allow it once or for the session.
+    PathOutsideWorkspace = "PATH_OUTSIDE_WORKSPACE" { retriable: No, recovery: CheckState, close: 4055, http: 403, }
+    /// The session is in plan mode, where the write tool is hard-denied: change the mode with `session/configure` to let it write.
+    WriteDisabledInPlan = "WRITE_DISABLED_IN_PLAN" { retriable: No, recovery: CheckState, close: 4056, http: 403, }
+    /// The session is in plan mode, where the edit tool is hard-denied: change the mode with `session/configure` to let it edit.
+    EditDisabledInPlan = "EDIT_DISABLED_IN_PLAN" { retriable: No, recovery: CheckState, close: 4057, http: 403, }
+    /// The session is in plan mode, where a tool the policy does not know (an extension's) is hard-denied.
+    ToolDisabledInPlan = "TOOL_DISABLED_IN_PLAN" { retriable: No, recovery: CheckState, close: 4058, http: 403, }
     /// `fs/read` was given a directory: list it with `fs/list` instead.
     ReadPathIsDirectory = "READ_PATH_IS_DIRECTORY" { retriable: No, recovery: FixArguments, close: 4059, http: 400, }
 }

@@ -387,6 +387,10 @@ pub struct SessionSettings {
     /// How the agent delivers follow-ups queued while it works.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follow_up_mode: Option<QueueMode>,
+    /// What the agent may do without asking (docs/protocol.md, "Permissions"); absent: the
+    /// host's default (`--permission-mode`, `ask` unless configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permission_mode: Option<crate::permission::PermissionMode>,
 }
 
 impl SessionSettings {
@@ -398,6 +402,7 @@ impl SessionSettings {
             auto_compaction: change.auto_compaction.or(self.auto_compaction),
             steering_mode: change.steering_mode.or(self.steering_mode),
             follow_up_mode: change.follow_up_mode.or(self.follow_up_mode),
+            permission_mode: change.permission_mode.or(self.permission_mode),
         }
     }
 

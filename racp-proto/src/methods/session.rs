@@ -11,6 +11,7 @@ use crate::limits::{
     MAX_PATH_CHARS, MAX_SHELL_COMMAND_CHARS, MAX_TEXT_CHARS, MIN_EXPORT_BYTES,
     MIN_HISTORY_PAGE_BYTES,
 };
+use crate::permission::{PermissionGrant, PermissionMode};
 use crate::validate::{NAME_PATTERN, Validate, length, name, range};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -66,6 +67,10 @@ pub struct SessionCreateParams {
     pub model: Option<ModelRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking_level: Option<ThinkingLevel>,
+    /// What the agent may do without asking (docs/protocol.md, "Permissions"); absent: the
+    /// host's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permission_mode: Option<PermissionMode>,
 }
 
 impl Validate for SessionCreateParams {
@@ -102,6 +107,12 @@ pub struct SessionConfigureParams {
     /// pi's `set_follow_up_mode`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follow_up_mode: Option<QueueMode>,
+    /// The permission mode (docs/protocol.md, "Permissions"), from the agent's next tool call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permission_mode: Option<PermissionMode>,
+    /// Withdraws every grant given with "always" in this session.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub clear_grants: bool,
 }
 
 impl SessionConfigureParams {
@@ -112,6 +123,7 @@ impl SessionConfigureParams {
             auto_compaction: self.auto_compaction,
             steering_mode: self.steering_mode,
             follow_up_mode: self.follow_up_mode,
+            permission_mode: self.permission_mode,
         }
     }
 }
@@ -179,6 +191,10 @@ pub struct Snapshot {
     pub turns: Vec<TurnInfo>,
     /// Approvals waiting for an answer.
     pub pending_approvals: Vec<ApprovalInfo>,
+    /// The grants given with "always" in this session (docs/protocol.md, "Permissions"), oldest
+    /// first. Absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<PermissionGrant>,
     /// What waits while a turn works: the agent's steering messages and the host's follow-ups
     /// (docs/protocol.md §7.25). Absent when both are empty.
     #[serde(default, skip_serializing_if = "Queue::is_empty")]

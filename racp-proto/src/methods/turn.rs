@@ -222,6 +222,10 @@ pub enum ApprovalKind {
     Input,
     /// Free text, multi-line: answer `{"value": text}`.
     Editor,
+    /// The permission policy asks before a tool call (docs/protocol.md, "Permissions"): the
+    /// approval's `permission` says what; answer `"allow"` (once), `{"value": "always"}` (for
+    /// the session, as its `grant` says), `"deny"` or `{"value": "deny", "note": "..."}`.
+    Permission,
 }
 
 /// Where an approval is in its life.
@@ -258,9 +262,12 @@ pub struct ApprovalInfo {
     /// The device whose answer settled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_by: Option<String>,
-    /// The answer of a select, input or editor approval.
+    /// The answer of a select, input or editor approval; a permission's choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// What a `permission` approval asks about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permission: Option<crate::permission::PermissionQuestion>,
 }
 
 /// A yes-or-no answer.
@@ -277,6 +284,10 @@ pub enum Verdict {
 pub struct Answer {
     #[schemars(length(max = MAX_ANSWER_CHARS))]
     pub value: String,
+    /// With a permission's `deny`: a note the model receives with the refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_ANSWER_CHARS))]
+    pub note: Option<String>,
 }
 
 /// `"allow"`, `"deny"`, or `{"value": "..."}`.
@@ -321,6 +332,9 @@ impl Validate for ApprovalRespondParams {
         length("approvalId", &self.approval_id, 1, MAX_ID_CHARS)?;
         if let Decision::Answer(answer) = &self.decision {
             length("decision.value", &answer.value, 0, MAX_ANSWER_CHARS)?;
+            if let Some(note) = &answer.note {
+                length("decision.note", note, 0, MAX_ANSWER_CHARS)?;
+            }
         }
         Ok(())
     }

@@ -205,6 +205,8 @@ pub struct Dialog {
     pub message: Option<String>,
     pub options: Option<Vec<String>>,
     pub timeout_ms: Option<u64>,
+    /// An `editor` dialog's prefilled text (pi-host's policy request carries its call here).
+    pub prefill: Option<String>,
 }
 
 /// An `extension_ui_request`: a dialog waiting for its answer, or a fire-and-forget notice.
@@ -249,6 +251,7 @@ impl UiRequest {
             message: line.message_text(),
             options: line.fields.get("options").and_then(|o| dialog_options(o)),
             timeout_ms,
+            prefill: line.field("prefill"),
         }))
     }
 

@@ -55,11 +55,15 @@ impl WaitingApproval {
             },
             ApprovalKind::Select => {
                 if self.options.iter().any(|o| o == line) {
-                    return Ok(Decision::Answer(Answer { value: line.into() }));
+                    return Ok(Decision::Answer(Answer {
+                        value: line.into(),
+                        note: None,
+                    }));
                 }
                 match line.parse::<usize>() {
                     Ok(n) if n >= 1 && n <= self.options.len() => Ok(Decision::Answer(Answer {
                         value: self.options[n - 1].clone(),
+                        note: None,
                     })),
                     _ => Err(format!(
                         "approval {}: answer with a number from 1 to {} or one of: {}",
@@ -69,9 +73,11 @@ impl WaitingApproval {
                     )),
                 }
             }
-            ApprovalKind::Input | ApprovalKind::Editor => {
-                Ok(Decision::Answer(Answer { value: line.into() }))
-            }
+            ApprovalKind::Input | ApprovalKind::Editor => Ok(Decision::Answer(Answer {
+                value: line.into(),
+                note: None,
+            })),
+            ApprovalKind::Permission => permission_decision(&self.id, line),
         }
     }
 
@@ -87,7 +93,36 @@ impl WaitingApproval {
             ApprovalKind::Input | ApprovalKind::Editor => {
                 format!("approval {}: type the answer and Enter", self.id)
             }
+            ApprovalKind::Permission => format!(
+                "approval {}: type allow (once), always (for the session) or deny (deny: NOTE \
+                 tells the model why) and Enter",
+                self.id
+            ),
         }
+    }
+}
+
+/// A typed answer to a `permission` approval: allow (y), always (a), deny (n), or
+/// `deny: NOTE`.
+fn permission_decision(id: &str, line: &str) -> Result<Decision, String> {
+    let (word, note) = match line.split_once(':') {
+        Some((word, note)) => (word.trim(), Some(note.trim().to_string())),
+        None => (line.trim(), None),
+    };
+    match (word.to_ascii_lowercase().as_str(), note) {
+        ("y" | "yes" | "allow", None) => Ok(Decision::Verdict(Verdict::Allow)),
+        ("a" | "always", None) => Ok(Decision::Answer(Answer {
+            value: "always".into(),
+            note: None,
+        })),
+        ("n" | "no" | "deny", None) => Ok(Decision::Verdict(Verdict::Deny)),
+        ("n" | "no" | "deny", Some(note)) => Ok(Decision::Answer(Answer {
+            value: "deny".into(),
+            note: Some(note),
+        })),
+        _ => Err(format!(
+            "approval {id}: answer allow, always, deny, or deny: NOTE"
+        )),
     }
 }
 
@@ -250,7 +285,7 @@ mod tests {
 
     fn answer(decision: Result<Decision, String>) -> String {
         match decision {
-            Ok(Decision::Answer(Answer { value })) => value,
+            Ok(Decision::Answer(Answer { value, .. })) => value,
             other => panic!("not an answer: {other:?}"),
         }
     }
@@ -262,6 +297,32 @@ mod tests {
         for bad in ["0", "3", "block"] {
             let refused = select().decision(bad).unwrap_err();
             assert!(refused.contains("1 to 2"), "{refused}");
+        }
+    }
+
+    #[test]
+    fn a_permission_takes_allow_always_deny_and_a_note_with_deny_only() {
+        let permission = WaitingApproval {
+            id: "apr_1".into(),
+            kind: ApprovalKind::Permission,
+            options: vec!["allow".into(), "always".into(), "deny".into()],
+            answered: false,
+        };
+        let decide = |line: &str| permission.decision(line);
+        assert_eq!(decide("allow"), Ok(Decision::Verdict(Verdict::Allow)));
+        assert_eq!(decide("y"), Ok(Decision::Verdict(Verdict::Allow)));
+        assert_eq!(decide("Deny"), Ok(Decision::Verdict(Verdict::Deny)));
+        assert_eq!(answer(decide("always")), "always");
+        assert_eq!(
+            decide("deny: use the other file"),
+            Ok(Decision::Answer(Answer {
+                value: "deny".into(),
+                note: Some("use the other file".into()),
+            }))
+        );
+        for bad in ["allow: please", "maybe", "2", ""] {
+            let refused = decide(bad).unwrap_err();
+            assert!(refused.contains("allow, always, deny"), "{refused}");
         }
     }
 

@@ -32,6 +32,12 @@ pub fn parse_thinking(text: &str) -> Result<ThinkingLevel, String> {
         .map_err(|_| format!("{text:?} is not one of off, minimal, low, medium, high, xhigh"))
 }
 
+/// A permission mode: `ask`, `accept-edits`, `auto` or `plan` (docs/protocol.md, "Permissions").
+pub fn parse_permission_mode(text: &str) -> Result<racp_proto::permission::PermissionMode, String> {
+    racp_proto::permission::PermissionMode::from_name(text)
+        .ok_or_else(|| format!("{text:?} is not one of ask, accept-edits, auto, plan"))
+}
+
 /// A queue mode: `all` or `one-at-a-time`.
 pub fn parse_queue_mode(text: &str) -> Result<QueueMode, String> {
     serde_json::from_value(json!(text)).map_err(|_| format!("{text:?} is not all or one-at-a-time"))
@@ -171,9 +177,10 @@ pub async fn configure(
         .map_or("default", |on| if on { "on" } else { "off" });
     let steering = settings.steering_mode.map_or("default", |m| m.as_str());
     let follow_up = settings.follow_up_mode.map_or("default", |m| m.as_str());
+    let mode = settings.permission_mode.map_or("default", |m| m.as_str());
     out.line(&format!(
         "{}\t{}\tmodel={}\tthinking={thinking}\tauto-compaction={compaction}\t\
-         steering={steering}\tfollow-up={follow_up}",
+         steering={steering}\tfollow-up={follow_up}\tmode={mode}",
         printable(&result.session.session_id, false),
         enum_name(&result.session.state),
         printable(&model, false),

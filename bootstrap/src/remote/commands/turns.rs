@@ -231,8 +231,15 @@ fn answer_elsewhere(id: &str, kind: ApprovalKind) -> String {
         ApprovalKind::Input | ApprovalKind::Editor => {
             format!("pi-remote approve {id} --value TEXT")
         }
+        ApprovalKind::Permission => {
+            format!("pi-remote approve {id} [--value always]")
+        }
     };
-    format!("answer with: {approve}   or   pi-remote deny {id}")
+    let deny = match kind {
+        ApprovalKind::Permission => format!("pi-remote deny {id} [--note WHY]"),
+        _ => format!("pi-remote deny {id}"),
+    };
+    format!("answer with: {approve}   or   {deny}")
 }
 
 fn outcome_name(outcome: TurnOutcome) -> &'static str {
@@ -424,15 +431,28 @@ pub async fn approve(
     value: Option<String>,
 ) -> Result<(), Failure> {
     let decision = match value {
-        Some(value) => Decision::Answer(Answer { value }),
+        Some(value) => Decision::Answer(Answer { value, note: None }),
         None => Decision::Verdict(Verdict::Allow),
     };
     respond(out, client, approval_id, decision).await
 }
 
 /// `deny`.
-pub async fn deny(out: &Out, client: &RacpClient, approval_id: String) -> Result<(), Failure> {
-    respond(out, client, approval_id, Decision::Verdict(Verdict::Deny)).await
+pub async fn deny(
+    out: &Out,
+    client: &RacpClient,
+    approval_id: String,
+    note: Option<String>,
+) -> Result<(), Failure> {
+    let decision = match note {
+        // A permission approval's refusal with a note for the model.
+        Some(note) => Decision::Answer(Answer {
+            value: "deny".into(),
+            note: Some(note),
+        }),
+        None => Decision::Verdict(Verdict::Deny),
+    };
+    respond(out, client, approval_id, decision).await
 }
 
 async fn respond(

@@ -10,6 +10,9 @@
 //!   answers from. pi has no RPC command to hand it a key, and an environment variable would lose
 //!   to the user's own auth.json (desktop-set keys must win) and reach every program the agent
 //!   runs.
+//! - `permissions.ts` (docs/protocol.md, "Permissions"): before each tool call, asks the host's
+//!   policy (`policy/`) whether it may run, and blocks it with the host's reason when not.
+//!   Always loaded, last, so that no other extension of pi-host's runs a tool unasked.
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +20,8 @@ use std::path::{Path, PathBuf};
 pub const PRELOAD: &str = include_str!("preload.ts");
 /// The settings extension's source.
 pub const SETTINGS: &str = include_str!("settings.ts");
+/// The permissions extension's source.
+pub const PERMISSIONS: &str = include_str!("permissions.ts");
 
 /// The folder under the data directory the extensions are written to. `settings.ts` finds the
 /// host's settings files one level up from it.
@@ -38,6 +43,7 @@ pub fn install(data_dir: &Path, with_preload: bool) -> std::io::Result<Vec<PathB
         paths.push(write(&dir, "pi-host-preload.ts", PRELOAD)?);
     }
     paths.push(write(&dir, "pi-host-settings.ts", SETTINGS)?);
+    paths.push(write(&dir, "pi-host-permissions.ts", PERMISSIONS)?);
     Ok(paths)
 }
 
@@ -75,6 +81,7 @@ mod tests {
         let paths = install(dir.path(), true).unwrap();
         assert_eq!(std::fs::read_to_string(&paths[0]).unwrap(), PRELOAD);
         assert_eq!(std::fs::read_to_string(&paths[1]).unwrap(), SETTINGS);
+        assert_eq!(std::fs::read_to_string(&paths[2]).unwrap(), PERMISSIONS);
         std::fs::write(&paths[0], "an older version").unwrap();
         assert_eq!(install(dir.path(), true).unwrap(), paths);
         assert_eq!(std::fs::read_to_string(&paths[0]).unwrap(), PRELOAD);
@@ -82,7 +89,7 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names.len(), 2, "nothing else left behind: {names:?}");
+        assert_eq!(names.len(), 3, "nothing else left behind: {names:?}");
         assert_eq!(install(dir.path(), false).unwrap(), paths[1..]);
     }
 
