@@ -198,7 +198,8 @@ async fn a_shell_command_joins_the_history_the_context_the_stats_and_the_export(
     for text in ["Run the check.", "the check passed.", "shell-marker-42"] {
         assert!(conversation.contains(text), "{text} not in the export");
     }
-    let exports = host.data_dir.path().join("exports");
+    // Each session's agent writes its export in a folder of its own, emptied after.
+    let exports = host.data_dir.path().join("exports").join(&session_id);
     let left = std::fs::read_dir(&exports).map_or(0, |d| d.count());
     assert_eq!(left, 0, "the export file is deleted");
     let small = observer

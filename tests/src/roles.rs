@@ -15,6 +15,7 @@ pub const LOWEST_ROLE: &[(&str, Option<Role>)] = &[
     ("pairing/create", Some(Role::Owner)),
     ("fs/list", Some(Role::Observer)),
     ("fs/stat", Some(Role::Observer)),
+    ("fs/read", Some(Role::Operator)),
     ("session/create", Some(Role::Operator)),
     ("session/list", Some(Role::Observer)),
     ("session/get", Some(Role::Observer)),

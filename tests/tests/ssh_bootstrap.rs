@@ -1598,8 +1598,8 @@ impl World {
             .unwrap()
     }
 
-    /// With `pi-remote connect` running: a new session and `prompt --wait` in it; the prompt's
-    /// stdout. The stub model answers `LONG-REPLY:3` with three words.
+    /// With `pi-remote connect` running: a new session and `prompt --wait` in it, its agent in
+    /// the host's sandbox; the prompt's stdout. The stub model answers `LONG-REPLY:3` with three words.
     async fn a_turn_through_pi_remote(&self, release: &Path) -> String {
         let mut child = self
             .command(release, &[])
@@ -1621,8 +1621,16 @@ impl World {
         let prompt = self
             .pi_remote(&["prompt", &session, "LONG-REPLY:3", "--wait"])
             .await;
+        // The agent ran in the kernel sandbox, as on any host with Landlock.
+        let status = self.pi_remote(&["status", "--json"]).await;
+        let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        assert_eq!(status["host"]["sandbox"]["kind"], "landlock", "{status}");
         let _ = child.kill().await;
-        assert!(prompt.status.success(), "{prompt:?}");
+        let log = std::fs::read_to_string(self.root().join("host.log")).unwrap_or_default();
+        assert!(
+            prompt.status.success(),
+            "{prompt:?}\nthe remote host's log:\n{log}"
+        );
         String::from_utf8(prompt.stdout).unwrap()
     }
 }

@@ -882,6 +882,16 @@ impl Tail {
     }
 }
 
+/// The last `n` lines of `text`.
+fn last_lines(text: &str, n: usize) -> &str {
+    let cut = text
+        .trim_end()
+        .rmatch_indices('\n')
+        .nth(n.saturating_sub(1))
+        .map_or(0, |(at, _)| at + 1);
+    text[cut..].trim_end()
+}
+
 async fn read_stderr(mut stderr: ChildStderr, tail: Arc<std::sync::Mutex<Tail>>) {
     let mut buf = vec![0u8; 4096];
     loop {
@@ -957,6 +967,10 @@ impl StdoutPump {
         }
         let stderr_tail = lock(&self.tail).text();
         let stderr_tail = self.redactor.text(&stderr_tail).into_owned();
+        if info.code != Some(0) && !stderr_tail.is_empty() {
+            // What the agent said last, for the owner reading the log (redacted above).
+            tracing::warn!(pid = self.pid, stderr = %last_lines(&stderr_tail, 5), "the agent's last words");
+        }
         let _ = self
             .out
             .send(AgentOutput::Exited {

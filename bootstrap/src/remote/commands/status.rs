@@ -90,6 +90,7 @@ fn status_json(
             "os": info.os,
             "arch": info.arch,
             "startedAt": info.started_at,
+            "sandbox": info.sandbox,
         })),
     })
 }
@@ -144,5 +145,17 @@ fn status_lines(
             None => "not reached".into(),
         },
     ));
+    if let Some(sandbox) = info.and_then(|info| info.sandbox.as_ref()) {
+        lines.push(("sandbox", sandbox_text(sandbox)));
+    }
     lines
+}
+
+/// `landlock (ABI 7), workspace-write`, or `none: REASON`: where the host's agents run.
+fn sandbox_text(sandbox: &racp_proto::methods::host::SandboxInfo) -> String {
+    match (sandbox.abi, &sandbox.unavailable) {
+        (Some(abi), _) => format!("{} (ABI {abi}), {}", sandbox.kind, sandbox.mode),
+        (None, Some(reason)) => format!("none: {reason}"),
+        (None, None) => "none".into(),
+    }
 }

@@ -48,6 +48,10 @@ pub const CACHES_IN_HOME: &[&str] = &[
     ".bun/install/cache",
 ];
 
+/// The folder of the data directory the SSH bootstrapper installs agents into (pi and its
+/// Node, `bootstrap/src/provision/agent.rs`): the agent runs from it, so it stays readable.
+const INSTALLED_AGENTS: &str = "agent";
+
 /// Writable for every agent: temp directories and the devices (`/dev/null`, a pty).
 const TEMP: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/dev"];
 
@@ -155,7 +159,10 @@ fn reach(config: &ServeConfig, mode: Mode, workspace: &Path, own: &[PathBuf]) ->
         writable.extend(in_home(CACHES_IN_HOME));
         writable.extend(config.sandbox.writable.iter().cloned());
     }
-    let mut readable = vec![crate::agent::extensions::dir(&config.data_dir)];
+    let mut readable = vec![
+        crate::agent::extensions::dir(&config.data_dir),
+        config.data_dir.join(INSTALLED_AGENTS),
+    ];
     readable.extend(config.sandbox.readable.iter().cloned());
     Reach {
         hidden,
