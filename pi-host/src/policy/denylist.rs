@@ -54,6 +54,13 @@ const NAMES: &[(&str, &str)] = &[
     (".pypirc", "registry tokens"),
 ];
 
+/// Where pi finds code and settings it runs at its start: writes there are refused.
+const PI_CODE: &[&[&str]] = &[
+    &[".pi", "extensions"],
+    &[".pi", "settings.json"],
+    &[".pi", "agent"],
+];
+
 /// Extensions refused anywhere: private keys and certificate bundles.
 const EXTENSIONS: &[&str] = &["pem", "key", "p12"];
 
@@ -90,6 +97,14 @@ impl Denylist {
             Rule::WritesUnder(&[".git", "hooks"]),
             "the repository's hooks",
         );
+        // Like a hook, code pi runs later unasked: the extensions and settings it loads at its
+        // next start (a project's `.pi/`, the user's `~/.pi/agent/`).
+        for names in PI_CODE {
+            add(
+                Rule::WritesUnder(names),
+                "what pi loads and runs at its start",
+            );
+        }
         for path in host_paths {
             add(Rule::Under(path.clone()), "pi-host's own files");
         }
@@ -289,6 +304,27 @@ mod tests {
         assert!(l.hit(object, false).is_none());
         assert!(l.hit(Path::new("/w/.git/config"), true).is_none());
         assert!(l.hit(Path::new("/w/git/objects/x"), true).is_none());
+    }
+
+    #[test]
+    fn what_pi_loads_at_its_start_is_refused_to_writes_only() {
+        let l = list();
+        for code in [
+            "/w/.pi/extensions/evil.ts",
+            "/w/.pi/settings.json",
+            "/home/u/.pi/agent/extensions/x/index.ts",
+            "/home/u/.pi/agent/models.json",
+        ] {
+            assert!(l.hit(Path::new(code), true).is_some(), "{code}");
+            assert!(l.hit(Path::new(code), false).is_none(), "{code}");
+        }
+        for other in [
+            "/w/.pi/notes.md",
+            "/w/pi/extensions/a.ts",
+            "/w/.pi/prompts/a.md",
+        ] {
+            assert!(l.hit(Path::new(other), true).is_none(), "{other}");
+        }
     }
 
     #[test]
