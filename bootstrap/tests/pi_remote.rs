@@ -1191,3 +1191,37 @@ async fn prompt_wait_at_a_terminal_reads_the_answer() {
     drop(stdin);
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cat_writes_a_file_as_it_is_across_pages() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let root = host.root.path();
+    // Binary, and longer than two of fs/read's largest pages.
+    let bytes: Vec<u8> = (0..1_200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(root.join("blob.bin"), &bytes).unwrap();
+    std::fs::write(root.join("notes.md"), "héllo\n").unwrap();
+
+    let blob = remote
+        .run(&["cat", root.join("blob.bin").to_str().unwrap()])
+        .await;
+    assert!(blob.status.success(), "{}", text(&blob.stderr));
+    assert!(
+        blob.stdout == bytes,
+        "{} bytes came back",
+        blob.stdout.len()
+    );
+    let notes = remote
+        .ok(&["cat", root.join("notes.md").to_str().unwrap()])
+        .await;
+    assert_eq!(notes, "héllo\n");
+
+    let dir = remote.run(&["cat", root.to_str().unwrap()]).await;
+    assert_eq!(dir.status.code(), Some(2), "{}", text(&dir.stderr));
+    assert!(
+        text(&dir.stderr).contains("READ_PATH_IS_DIRECTORY"),
+        "{}",
+        text(&dir.stderr)
+    );
+}

@@ -275,7 +275,7 @@ export type BashRole = "bashExecution";
 /**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionClearQueueRequest | SessionCompactRequest | SessionConfigureRequest | SessionForkRequest | SessionCloneRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
+export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | FsReadRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionClearQueueRequest | SessionCompactRequest | SessionConfigureRequest | SessionForkRequest | SessionCloneRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
 
 /**
  * Who is calling.
@@ -550,7 +550,7 @@ export type EntryKind = "file" | "dir" | "symlink" | "other";
 /**
  * A registered error code. Only these can appear on the wire.
  */
-export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND" | "PROVIDER_SECRET_MISSING" | "HELLO_REQUIRED" | "TOOL_DENIED" | "WORKSPACE_PATH_DENIED" | "PATH_OUTSIDE_WORKSPACE" | "WRITE_DISABLED_IN_PLAN" | "EDIT_DISABLED_IN_PLAN" | "TOOL_DISABLED_IN_PLAN";
+export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND" | "PROVIDER_SECRET_MISSING" | "HELLO_REQUIRED" | "TOOL_DENIED" | "WORKSPACE_PATH_DENIED" | "PATH_OUTSIDE_WORKSPACE" | "WRITE_DISABLED_IN_PLAN" | "EDIT_DISABLED_IN_PLAN" | "TOOL_DISABLED_IN_PLAN" | "READ_PATH_IS_DIRECTORY";
 
 /**
  * A failed reply. `id` is `null` when the request could not be read far enough to find it.
@@ -641,6 +641,79 @@ export type FsListResult = {
    * True when the listing was cut at the host's entry bound.
    */
   truncated?: boolean;
+};
+
+/**
+ * `fs/read`'s params: a page of a file from `offset`, at most `length` bytes.
+ */
+export type FsReadParams = {
+  /**
+   * `base64` to have a binary page's bytes too (a text page is UTF-8 unless this asks
+   * otherwise); absent: text as UTF-8, a binary page flagged without its bytes.
+   */
+  encoding?: ReadEncoding | null;
+  /**
+   * Most bytes to read: 1 to 524 288 (262 144 when absent).
+   */
+  length?: number | null;
+  /**
+   * The first byte to read (0 when absent).
+   */
+  offset?: number | null;
+  path: string;
+};
+
+/**
+ * `fs/read`: Reads a page of a file inside the host's permitted roots: text, or binary flagged (its bytes in base64 when asked), with the file's size, time and SHA-256.
+ */
+export type FsReadRequest = {
+  id: RequestId;
+  method: "fs/read";
+  params: FsReadParams;
+};
+
+/**
+ * A page of a file, and what a client needs to cache it.
+ */
+export type FsReadResult = {
+  /**
+   * True when the page is not UTF-8 text (it holds a NUL byte or invalid UTF-8).
+   */
+  binary: boolean;
+  data?: string | null;
+  /**
+   * How `data` is written; absent with `data` for a binary page not asked as `base64`.
+   */
+  encoding?: ReadEncoding | null;
+  /**
+   * True when the page reaches the end of the file; else read on from `offset + length`.
+   */
+  eof: boolean;
+  /**
+   * The page's length in bytes (a text page ends on a whole character, so it may be a few
+   * bytes shorter than asked).
+   */
+  length: number;
+  /**
+   * Last modification (ms since the Unix epoch).
+   */
+  modifiedAt?: number | null;
+  /**
+   * Where the page starts.
+   */
+  offset: number;
+  /**
+   * The canonical path that was read.
+   */
+  path: string;
+  /**
+   * SHA-256 of the whole file, as 64 lowercase hex digits: unchanged means unchanged.
+   */
+  sha256: string;
+  /**
+   * The whole file's size in bytes.
+   */
+  size: number;
 };
 
 /**
@@ -839,6 +912,11 @@ export type HostInfoResult = {
    * Operating system, e.g. `linux`.
    */
   os: string;
+  /**
+   * The kernel sandbox the agents run in, or why they run without one (docs/reliability.md
+   * §4.19). Absent from a host older than the sandbox.
+   */
+  sandbox?: SandboxInfo | null;
   /**
    * When this host process started (ms since the Unix epoch).
    */
@@ -1324,6 +1402,11 @@ export type QueuedFollowUp = {
 };
 
 /**
+ * How a page of a file is written in `fs/read`'s `data`.
+ */
+export type ReadEncoding = "utf8" | "base64";
+
+/**
  * What a client should do next when it meets a code.
  */
 export type Recovery = "retry" | "retry_after" | "reconnect_and_resume" | "resnapshot" | "fix_arguments" | "reauthorize" | "check_state" | "upgrade" | "stop_and_report";
@@ -1346,6 +1429,29 @@ export type ResultReply = {
  * `observer` can.
  */
 export type Role = "observer" | "operator" | "owner";
+
+/**
+ * The agents' sandbox as the host applies it.
+ */
+export type SandboxInfo = {
+  /**
+   * The kernel's Landlock ABI version, with `kind: landlock`.
+   */
+  abi?: number | null;
+  /**
+   * `landlock` while the agents run in one; `none` otherwise.
+   */
+  kind: string;
+  /**
+   * The owner's mode: `workspace-write`, `read-only` or `off`.
+   */
+  mode: string;
+  /**
+   * Why there is none although the mode asks for one (an old kernel, Landlock not
+   * enabled), or that the owner switched it off.
+   */
+  unavailable?: string | null;
+};
 
 /**
  * `session/bash_abort`: Aborts the session's running shell command; with none running it succeeds and changes nothing.
@@ -2401,6 +2507,7 @@ export interface RacpMethods {
   "host/info": { params: Empty; result: HostInfoResult };
   "fs/list": { params: PathParams; result: FsListResult };
   "fs/stat": { params: PathParams; result: FsStatResult };
+  "fs/read": { params: FsReadParams; result: FsReadResult };
   "session/create": { params: SessionCreateParams; result: SessionCreateResult };
   "session/list": { params: Empty; result: SessionListResult };
   "session/get": { params: SessionRef; result: SessionGetResult };
@@ -2457,47 +2564,48 @@ export interface RacpEventData {
   "permission.decided": PermissionDecidedData;
 }
 
-/** Who may call each method, whether it changes state, and whether it may be resent after a lost reply. */
+/** Who may call each method, whether it changes state, and whether it may be resent after a lost reply, and how long the host may take beyond a usual call (its own deadline, or null). */
 export const METHODS = {
-  "hello": { access: "any", mutates: false, safeToResend: true },
-  "session/subscribe": { access: "observer", mutates: false, safeToResend: true },
-  "session/unsubscribe": { access: "observer", mutates: false, safeToResend: true },
-  "pair": { access: "pairing", mutates: true, safeToResend: false },
-  "host/list": { access: "observer", mutates: false, safeToResend: true },
-  "device/list": { access: "owner", mutates: false, safeToResend: true },
-  "device/revoke": { access: "owner", mutates: true, safeToResend: true },
-  "pairing/create": { access: "owner", mutates: true, safeToResend: false },
-  "host/info": { access: "observer", mutates: false, safeToResend: true },
-  "fs/list": { access: "observer", mutates: false, safeToResend: true },
-  "fs/stat": { access: "observer", mutates: false, safeToResend: true },
-  "session/create": { access: "operator", mutates: true, safeToResend: false },
-  "session/list": { access: "observer", mutates: false, safeToResend: true },
-  "session/get": { access: "observer", mutates: false, safeToResend: true },
-  "session/stream": { access: "observer", mutates: false, safeToResend: true },
-  "session/history": { access: "observer", mutates: false, safeToResend: true },
-  "session/rename": { access: "operator", mutates: true, safeToResend: true },
-  "session/close": { access: "operator", mutates: true, safeToResend: true },
-  "turn/start": { access: "operator", mutates: true, safeToResend: true },
-  "turn/steer": { access: "operator", mutates: true, safeToResend: false },
-  "turn/abort": { access: "operator", mutates: true, safeToResend: true },
-  "approval/respond": { access: "operator", mutates: true, safeToResend: true },
-  "model/list": { access: "observer", mutates: false, safeToResend: true },
-  "turn/follow_up": { access: "operator", mutates: true, safeToResend: true },
-  "session/clear_queue": { access: "operator", mutates: true, safeToResend: true },
-  "session/compact": { access: "operator", mutates: true, safeToResend: false },
-  "session/configure": { access: "operator", mutates: true, safeToResend: true },
-  "session/fork": { access: "operator", mutates: true, safeToResend: false },
-  "session/clone": { access: "operator", mutates: true, safeToResend: false },
-  "credential/set": { access: "owner", mutates: true, safeToResend: true },
-  "credential/delete": { access: "owner", mutates: true, safeToResend: true },
-  "credential/list": { access: "owner", mutates: false, safeToResend: true },
-  "provider/set": { access: "owner", mutates: true, safeToResend: true },
-  "provider/delete": { access: "owner", mutates: true, safeToResend: true },
-  "session/bash": { access: "operator", mutates: true, safeToResend: false },
-  "session/bash_abort": { access: "operator", mutates: true, safeToResend: true },
-  "session/stats": { access: "observer", mutates: false, safeToResend: true },
-  "session/commands": { access: "observer", mutates: false, safeToResend: true },
-  "session/export": { access: "observer", mutates: false, safeToResend: true },
+  "hello": { access: "any", mutates: false, safeToResend: true, deadlineMs: null },
+  "session/subscribe": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "session/unsubscribe": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "pair": { access: "pairing", mutates: true, safeToResend: false, deadlineMs: null },
+  "host/list": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "device/list": { access: "owner", mutates: false, safeToResend: true, deadlineMs: null },
+  "device/revoke": { access: "owner", mutates: true, safeToResend: true, deadlineMs: null },
+  "pairing/create": { access: "owner", mutates: true, safeToResend: false, deadlineMs: null },
+  "host/info": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "fs/list": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "fs/stat": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "fs/read": { access: "operator", mutates: false, safeToResend: true, deadlineMs: null },
+  "session/create": { access: "operator", mutates: true, safeToResend: false, deadlineMs: null },
+  "session/list": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "session/get": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "session/stream": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "session/history": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "session/rename": { access: "operator", mutates: true, safeToResend: true, deadlineMs: null },
+  "session/close": { access: "operator", mutates: true, safeToResend: true, deadlineMs: null },
+  "turn/start": { access: "operator", mutates: true, safeToResend: true, deadlineMs: null },
+  "turn/steer": { access: "operator", mutates: true, safeToResend: false, deadlineMs: null },
+  "turn/abort": { access: "operator", mutates: true, safeToResend: true, deadlineMs: null },
+  "approval/respond": { access: "operator", mutates: true, safeToResend: true, deadlineMs: null },
+  "model/list": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "turn/follow_up": { access: "operator", mutates: true, safeToResend: true, deadlineMs: null },
+  "session/clear_queue": { access: "operator", mutates: true, safeToResend: true, deadlineMs: null },
+  "session/compact": { access: "operator", mutates: true, safeToResend: false, deadlineMs: null },
+  "session/configure": { access: "operator", mutates: true, safeToResend: true, deadlineMs: null },
+  "session/fork": { access: "operator", mutates: true, safeToResend: false, deadlineMs: null },
+  "session/clone": { access: "operator", mutates: true, safeToResend: false, deadlineMs: null },
+  "credential/set": { access: "owner", mutates: true, safeToResend: true, deadlineMs: null },
+  "credential/delete": { access: "owner", mutates: true, safeToResend: true, deadlineMs: null },
+  "credential/list": { access: "owner", mutates: false, safeToResend: true, deadlineMs: null },
+  "provider/set": { access: "owner", mutates: true, safeToResend: true, deadlineMs: null },
+  "provider/delete": { access: "owner", mutates: true, safeToResend: true, deadlineMs: null },
+  "session/bash": { access: "operator", mutates: true, safeToResend: false, deadlineMs: 600000 },
+  "session/bash_abort": { access: "operator", mutates: true, safeToResend: true, deadlineMs: null },
+  "session/stats": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "session/commands": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "session/export": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
 } as const;
 
 /** The error-code registry. */
@@ -2561,4 +2669,5 @@ export const ERROR_CODES = {
   WRITE_DISABLED_IN_PLAN: { retriable: "no", recovery: "check_state", closeCode: 4056, httpStatus: 403 },
   EDIT_DISABLED_IN_PLAN: { retriable: "no", recovery: "check_state", closeCode: 4057, httpStatus: 403 },
   TOOL_DISABLED_IN_PLAN: { retriable: "no", recovery: "check_state", closeCode: 4058, httpStatus: 403 },
+  READ_PATH_IS_DIRECTORY: { retriable: "no", recovery: "fix_arguments", closeCode: 4059, httpStatus: 400 },
 } as const satisfies Record<ErrorCode, unknown>;

@@ -18,16 +18,12 @@ use std::time::Duration;
 /// an agent (`turn/start` waiting for a starting agent) stay well within it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A shell command (`session/bash`) is answered when it ends, which the host bounds by its own
-/// deadline: its routed call waits that long (NATS's own request timeout too); every other
-/// call keeps the NATS client's request timeout and [`CALL_TIMEOUT`].
+/// A call the method table gives a deadline of the host's own (a shell command, answered when
+/// it ends) waits that long more (NATS's own request timeout too); every other call keeps the
+/// NATS client's request timeout and [`CALL_TIMEOUT`].
 fn call_timeout(method: Method) -> Option<Duration> {
-    match method {
-        Method::SessionBash => {
-            Some(Duration::from_secs(racp_proto::limits::SHELL_DEADLINE_SECONDS) + CALL_TIMEOUT)
-        }
-        _ => None,
-    }
+    let deadline = method.spec().deadline_ms?;
+    Some(Duration::from_millis(deadline) + CALL_TIMEOUT)
 }
 
 /// One host's record with the server's time of writing it.

@@ -3,7 +3,7 @@
 //! line, one JSON reply line: `{"ok": result}` or `{"error": AppError}`.
 
 use crate::auth::Caller;
-use crate::handlers;
+use crate::methods;
 use crate::state::HostState;
 use racp_proto::methods::host::{DeviceRevokeParams, PairingCreateParams};
 use racp_proto::{AppError, Empty, EndpointCall, ErrorCode, HostCall, Role};
@@ -115,17 +115,17 @@ async fn handle(stream: UnixStream, state: Arc<HostState>) {
 }
 
 /// Each command is a RACP call answered by the handler a device's call reaches
-/// (`handlers::endpoint`, `handlers::host`), as the host's owner; `status` adds what only the
+/// (`methods::answer_endpoint`, `methods::answer_host`), as the host's owner; `status` adds what only the
 /// running process knows. Typed calls, so a command without its method does not compile.
 async fn answer(state: Arc<HostState>, request: AdminRequest) -> Result<Value, AppError> {
-    let endpoint = |call| handlers::endpoint(state.clone(), Caller::Owner, call);
+    let endpoint = |call| methods::answer_endpoint(state.clone(), Caller::Owner, call);
     let answered = match request {
         AdminRequest::Pair { roles, ttl_seconds } => {
             let roles = match roles {
                 Some(roles) => roles,
                 None => {
                     let host = state.clone();
-                    tokio::task::spawn_blocking(move || handlers::default_pairing_roles(&host))
+                    tokio::task::spawn_blocking(move || methods::host::default_pairing_roles(&host))
                         .await
                         .unwrap_or_else(|e| Err(state.internal(e)))?
                 }
@@ -143,7 +143,7 @@ async fn answer(state: Arc<HostState>, request: AdminRequest) -> Result<Value, A
         }
         AdminRequest::Status => {
             let info = HostCall::HostInfo(Empty {});
-            let info = handlers::host(state.clone(), Caller::Owner, info).await?;
+            let info = methods::answer_host(state.clone(), Caller::Owner, info).await?;
             let mut status = value_of(&state, &info)?;
             if let Some(fields) = status.as_object_mut() {
                 fields.extend(process_facts(&state));

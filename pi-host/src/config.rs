@@ -73,6 +73,20 @@ pub struct ServeConfig {
     pub gateway_ca: Option<PathBuf>,
     /// Public nkeys of the gateways whose routed calls this host runs (`pi-gateway key`).
     pub gateway_trust: Vec<String>,
+    /// The kernel sandbox agents run in (docs/reliability.md §4.19).
+    pub sandbox: SandboxConfig,
+}
+
+/// The owner's settings of the agents' sandbox: its mode and what each list adds.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxConfig {
+    pub mode: crate::agent::sandbox::Mode,
+    /// Hidden besides the host's own files and the credential stores.
+    pub hidden: Vec<PathBuf>,
+    /// Writable besides the workspace, temp, the agent's state and the caches.
+    pub writable: Vec<PathBuf>,
+    /// Readable even where hidden (a `~/.npmrc` the user wants npm to read, say).
+    pub readable: Vec<PathBuf>,
 }
 
 pub use racp_server::limits::HostLimits;
@@ -118,6 +132,7 @@ impl ServeConfig {
             deny_paths: Vec::new(),
             retention: crate::sessions::log::Retention::default(),
             history: crate::store::HistoryPolicy::default(),
+            sandbox: SandboxConfig::default(),
         }
     }
 }
@@ -252,6 +267,24 @@ pub struct Settings {
     #[arg(long)]
     #[serde(default)]
     pub disable_fs: bool,
+    /// The agents' kernel sandbox: workspace-write (writes in the workspace, temp, the agent's
+    /// state and caches; the host's files and credential stores unreadable), read-only, or off
+    /// [default: workspace-write]
+    #[arg(long, value_enum)]
+    pub sandbox: Option<crate::agent::sandbox::Mode>,
+    /// A path agents may not read, besides the host's own files and the credential stores
+    /// (repeatable).
+    #[arg(long = "sandbox-hide")]
+    #[serde(default)]
+    pub sandbox_hide: Vec<PathBuf>,
+    /// A path agents may write, besides the workspace, temp and the caches (repeatable).
+    #[arg(long = "sandbox-write")]
+    #[serde(default)]
+    pub sandbox_write: Vec<PathBuf>,
+    /// A path agents may read even where it is hidden, e.g. ~/.npmrc (repeatable).
+    #[arg(long = "sandbox-read")]
+    #[serde(default)]
+    pub sandbox_read: Vec<PathBuf>,
     /// Start agents without pi-host's preload extension (`--extension PATH`, added to the agent
     /// command), e.g. for an agent command that is not pi.
     #[arg(long)]
@@ -299,6 +332,10 @@ impl Settings {
             plain: self.plain || file.plain,
             disable_fs: self.disable_fs || file.disable_fs,
             disable_agent_preload: self.disable_agent_preload || file.disable_agent_preload,
+            sandbox: self.sandbox.or(file.sandbox),
+            sandbox_hide: list(self.sandbox_hide, file.sandbox_hide),
+            sandbox_write: list(self.sandbox_write, file.sandbox_write),
+            sandbox_read: list(self.sandbox_read, file.sandbox_read),
         }
     }
 }
@@ -349,6 +386,12 @@ pub fn load(
     config.insecure_bind = s.insecure_bind;
     config.fs_enabled = !s.disable_fs;
     config.agent_preload = !s.disable_agent_preload;
+    config.sandbox = SandboxConfig {
+        mode: s.sandbox.unwrap_or_default(),
+        hidden: s.sandbox_hide,
+        writable: s.sandbox_write,
+        readable: s.sandbox_read,
+    };
     if let Some(mode) = &s.permission_mode {
         config.permission_mode = racp_proto::permission::PermissionMode::from_name(mode)
             .ok_or_else(|| {

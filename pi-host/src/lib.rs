@@ -5,25 +5,25 @@
 //! Layout, from the socket to the disk:
 //! - [`server`]: the `/racp` endpoint, the host's upgrade and its `Service` for racp-server's
 //!   connection core; [`auth`], [`secrets`]: who is calling; [`admin`]: the owner's socket.
-//! - [`handlers`]: one exhaustive match per place of the method table, each arm a call into
-//!   the module that serves it.
+//! - [`methods`]: one file per group of the method table (`handshake`, `host`, `fs`,
+//!   `session`, `turn`, `model`), and in `methods/mod.rs` one exhaustive match per place, each
+//!   arm naming the file and function that answers it.
 //! - [`sessions`]: a session's log, snapshot view, history pages and group commit;
 //!   [`store`]: SQLite (devices, sessions, events, history, approvals, call ids).
-//! - [`turns`]: the agent driver per session (turns, queue, approvals, lifecycle, shell,
-//!   branches, reads); [`agent`]: pi's process, its check, extensions and failures;
+//! - [`driver`]: the agent driver per session (turns, queue, approvals, lifecycle, shell,
+//!   branches); [`agent`]: pi's process, its check, extensions and failures;
 //!   [`models`]: keys, providers and the model catalogue; [`redact`]: what never leaves.
 //! - [`policy`]: what the agent may do before each tool call (modes, denylist, grants).
-//! - [`fence`], [`browse`]: files behind the roots; [`uplink`]: the link to a gateway;
+//! - [`fence`]: files behind the roots; [`uplink`]: the link to a gateway;
 //!   [`config`], [`state`]: what the host runs with and holds.
 
 pub mod admin;
 pub mod agent;
 pub mod auth;
-pub mod browse;
 pub mod config;
 pub mod driver;
 pub mod fence;
-pub mod handlers;
+pub mod methods;
 pub mod models;
 pub mod policy;
 pub mod redact;

@@ -76,6 +76,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Start an agent in its sandbox (the host runs this; docs/reliability.md §4.19).
+    #[command(hide = true)]
+    SandboxExec(pi_host::agent::sandbox::ExecArgs),
     /// Print the version.
     Version {
         #[arg(long)]
@@ -118,6 +121,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(exit) => return exit,
     };
+    // The agent's launcher execs the agent: no log, no runtime.
+    let command = match cli.command {
+        Command::SandboxExec(args) => return pi_host::agent::sandbox::run(args),
+        command => command,
+    };
     // The log and the agents' output share one redaction: it learns the provider keys when the
     // host's state opens (pi_host::redact).
     let redactor = pi_host::redact::Redactor::default();
@@ -147,7 +155,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(cli.command, data_dir, redactor))
+    runtime.block_on(run(command, data_dir, redactor))
 }
 
 async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Redactor) -> ExitCode {
@@ -207,6 +215,8 @@ async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Red
             admin_command(&data_dir, &admin::AdminRequest::Status, json, status_text).await
         }
         Command::Version { json } => version(json),
+        // Run before the runtime starts (`main`).
+        Command::SandboxExec(args) => pi_host::agent::sandbox::run(args),
     }
 }
 
@@ -218,8 +228,9 @@ fn status_text(v: &serde_json::Value) -> String {
     };
     let agents = &v["agents"];
     let agent = agent_line(&v["agent"]);
+    let sandbox = sandbox_line(&v["sandbox"]);
     format!(
-        "pi-host {} listening on {} ({} connections{})\n{cert}{agent}agents: {} running (at most {}), {} MiB resident\n",
+        "pi-host {} listening on {} ({} connections{})\n{cert}{agent}{sandbox}agents: {} running (at most {}), {} MiB resident\n",
         v["host"]["version"].as_str().unwrap_or_default(),
         v["url"].as_str().unwrap_or_default(),
         v["connections"],
@@ -249,6 +260,19 @@ fn version(json: bool) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `status`'s line about the agents' sandbox: `sandbox: landlock (ABI 7), workspace-write`, or
+/// `sandbox: none: REASON`.
+fn sandbox_line(sandbox: &serde_json::Value) -> String {
+    let text = |key: &str| sandbox[key].as_str().unwrap_or_default().to_string();
+    match sandbox["abi"].as_u64() {
+        Some(abi) => format!("sandbox: {} (ABI {abi}), {}\n", text("kind"), text("mode")),
+        None => format!(
+            "sandbox: none: {}\n",
+            printable(&text("unavailable"), false)
+        ),
+    }
 }
 
 /// `status`'s line about the agent: `agent: ready, 0.73.1 at PATH (node 20.20.2)`, or its state

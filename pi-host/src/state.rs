@@ -37,6 +37,8 @@ pub struct HostState {
     pub redactor: Redactor,
     /// The agent program: where it is, its version, whether it can run (`agent::check`).
     pub agent: crate::agent::check::AgentCheck,
+    /// The kernel sandbox agents start in, and whether the kernel can apply it.
+    pub sandbox: crate::agent::sandbox::HostSandbox,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +97,9 @@ impl HostState {
             &config.data_dir,
             config.config_file.as_deref(),
         );
+        let sandbox = crate::agent::sandbox::HostSandbox::start(config.sandbox.mode);
         Ok(Arc::new(HostState {
+            sandbox,
             config,
             store,
             secrets,
@@ -189,6 +193,13 @@ impl crate::models::ModelHost for HostState {
     }
     fn agent_options(&self) -> crate::agent::AgentOptions {
         HostState::agent_options(self)
+    }
+    fn agent_launch(
+        &self,
+        workspace: &std::path::Path,
+        own: &[std::path::PathBuf],
+    ) -> crate::agent::sandbox::Launch {
+        self.sandbox.launch(&self.config, workspace, own)
     }
 }
 

@@ -1,4 +1,5 @@
-//! `fs/list` and `fs/stat` stay inside the permitted roots, symlinks and `..` included.
+//! `fs/list`, `fs/stat` and `fs/read` stay inside the permitted roots, symlinks and `..`
+//! included; `fs/read` pages text and flags binary.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -155,7 +156,7 @@ async fn the_data_directory_is_out_of_reach_whatever_the_roots() {
         data.join("no-such-file"),
         data.join("../").join(data.file_name().unwrap()),
     ] {
-        for method in ["fs/list", "fs/stat"] {
+        for method in ["fs/list", "fs/stat", "fs/read"] {
             let reply = client.call(method, json!({"path": path})).await;
             assert_eq!(
                 code(reply),
@@ -226,4 +227,192 @@ async fn paths_outside_the_roots_do_not_reveal_whether_they_exist() {
         .call("fs/stat", json!({"path": root.join("no-such-file")}))
         .await;
     assert_eq!(missing["error"]["code"], "REMOTE_PATH_NOT_FOUND");
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn operator(host: &HostProcess) -> Client {
+    let (_, token) = host.pair_device("laptop", &["--roles", "operator"]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    client
+}
+
+#[tokio::test]
+async fn a_file_is_read_in_pages_that_end_on_whole_characters() {
+    let host = HostProcess::start(bin()).await;
+    let mut client = operator(&host).await;
+    let path = host.root.path().join("notes.md");
+    // "abc" then "é" (two bytes): a page of 4 bytes would cut the character.
+    std::fs::write(&path, "abcé").unwrap();
+    let read = |offset: u64, length: u64| json!({"path": path, "offset": offset, "length": length});
+
+    let whole = client.call("fs/read", json!({"path": path})).await["result"].clone();
+    assert_eq!(whole["data"], "abcé");
+    assert_eq!(whole["encoding"], "utf8");
+    assert_eq!(
+        (whole["size"].clone(), whole["length"].clone()),
+        (json!(5), json!(5))
+    );
+    assert_eq!(whole["eof"], true);
+    assert_eq!(whole["binary"], false);
+    assert_eq!(whole["sha256"], sha256_hex("abcé".as_bytes()));
+    assert!(whole["modifiedAt"].as_u64().unwrap() > 0);
+
+    let cut = client.call("fs/read", read(0, 4)).await["result"].clone();
+    assert_eq!(
+        (cut["data"].clone(), cut["length"].clone()),
+        (json!("abc"), json!(3))
+    );
+    assert_eq!(cut["eof"], false, "{cut}");
+    assert_eq!(
+        cut["sha256"], whole["sha256"],
+        "the hash is the whole file's"
+    );
+    let rest = client.call("fs/read", read(3, 4)).await["result"].clone();
+    assert_eq!(
+        (rest["data"].clone(), rest["eof"].clone()),
+        (json!("é"), json!(true))
+    );
+    // Exactly up to the character's end: all of it, nothing cut.
+    let exact = client.call("fs/read", read(0, 5)).await["result"].clone();
+    assert_eq!(
+        (exact["data"].clone(), exact["length"].clone()),
+        (json!("abcé"), json!(5))
+    );
+    // Shorter than the character itself: not text on its own.
+    let half = client.call("fs/read", read(3, 1)).await["result"].clone();
+    assert_eq!(
+        (half["binary"].clone(), half["length"].clone()),
+        (json!(true), json!(1))
+    );
+    assert!(half.get("data").is_none(), "{half}");
+    let past = client.call("fs/read", read(99, 4)).await["result"].clone();
+    assert_eq!(
+        (past["length"].clone(), past["eof"].clone()),
+        (json!(0), json!(true))
+    );
+    assert_eq!(past["data"], "");
+
+    // A longer file in the largest pages, put back together.
+    let big: String = (0..200_000)
+        .map(|i| format!("line {i} — ünïcode\n"))
+        .collect();
+    let big_path = host.root.path().join("big.txt");
+    std::fs::write(&big_path, &big).unwrap();
+    let (mut offset, mut joined, mut pages) = (0u64, String::new(), 0);
+    loop {
+        let page = json!({"path": big_path, "offset": offset, "length": 524_288});
+        let page = client.call("fs/read", page).await["result"].clone();
+        assert_eq!(page["sha256"], sha256_hex(big.as_bytes()));
+        joined.push_str(page["data"].as_str().unwrap());
+        offset += page["length"].as_u64().unwrap();
+        pages += 1;
+        if page["eof"] == true {
+            break;
+        }
+    }
+    assert_eq!(joined, big);
+    assert!(pages > 1, "{} bytes in {pages} page(s)", big.len());
+}
+
+#[tokio::test]
+async fn binary_is_flagged_and_sent_only_when_asked() {
+    let host = HostProcess::start(bin()).await;
+    let mut client = operator(&host).await;
+    let root = host.root.path();
+    let bytes = [0x89u8, b'P', b'N', b'G', 0, 1, 2, 0xff];
+    std::fs::write(root.join("image.png"), bytes).unwrap();
+    std::fs::write(root.join("latin1.txt"), [b'c', b'a', b'f', 0xe9]).unwrap();
+
+    let flagged = client
+        .call("fs/read", json!({"path": root.join("image.png")}))
+        .await["result"]
+        .clone();
+    assert_eq!(flagged["binary"], true);
+    assert!(
+        flagged.get("data").is_none() && flagged.get("encoding").is_none(),
+        "{flagged}"
+    );
+    let asked = json!({"path": root.join("image.png"), "encoding": "base64"});
+    let asked = client.call("fs/read", asked).await["result"].clone();
+    assert_eq!(asked["encoding"], "base64");
+    use base64::Engine;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(asked["data"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(decoded, bytes);
+    // Invalid UTF-8 without a NUL byte is binary too.
+    let latin = client
+        .call("fs/read", json!({"path": root.join("latin1.txt")}))
+        .await["result"]
+        .clone();
+    assert_eq!(latin["binary"], true, "{latin}");
+}
+
+#[tokio::test]
+async fn reads_refuse_what_is_not_a_file_inside_the_roots() {
+    let host = HostProcess::start(bin()).await;
+    let mut client = operator(&host).await;
+    let root = host.root.path();
+    let code = |reply: serde_json::Value| reply["error"]["code"].as_str().unwrap_or("").to_string();
+    let read = |path: &Path| json!({"path": path});
+
+    let dir = client.call("fs/read", read(root)).await;
+    assert_eq!(code(dir.clone()), "READ_PATH_IS_DIRECTORY");
+    assert!(
+        dir["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("fs/list"),
+        "{dir}"
+    );
+    let missing = client.call("fs/read", read(&root.join("missing"))).await;
+    assert_eq!(code(missing), "REMOTE_PATH_NOT_FOUND");
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "x").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), root.join("leak")).unwrap();
+    assert_eq!(
+        code(client.call("fs/read", read(&root.join("leak"))).await),
+        "REMOTE_PATH_FORBIDDEN"
+    );
+    let dotdot = root
+        .join("..")
+        .join(outside.path().file_name().unwrap())
+        .join("secret");
+    assert_eq!(
+        code(client.call("fs/read", read(&dotdot)).await),
+        "REMOTE_PATH_FORBIDDEN"
+    );
+    // A FIFO would block a reader forever: refused at once.
+    let fifo = root.join("pipe");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    assert_eq!(
+        code(client.call("fs/read", read(&fifo)).await),
+        "INVALID_PARAMS"
+    );
+
+    // The page bound, both sides of it.
+    std::fs::write(root.join("a.txt"), "a").unwrap();
+    let with_length = |length: u64| json!({"path": root.join("a.txt"), "length": length});
+    assert_eq!(
+        code(client.call("fs/read", with_length(0)).await),
+        "INVALID_PARAMS"
+    );
+    assert_eq!(
+        code(client.call("fs/read", with_length(524_289)).await),
+        "INVALID_PARAMS"
+    );
+    let largest = client.call("fs/read", with_length(524_288)).await;
+    assert_eq!(largest["result"]["data"], "a", "{largest}");
+
+    // An observer browses names, never contents.
+    let (_, token) = host.pair_device("phone", &["--roles", "observer"]).await;
+    let mut observer = Client::connect(&host.url(), &token).await.unwrap();
+    observer.hello().await;
+    let refused = observer.call("fs/read", read(&root.join("a.txt"))).await;
+    assert_eq!(code(refused), "FORBIDDEN");
 }

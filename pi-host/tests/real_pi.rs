@@ -1186,7 +1186,7 @@ async fn a_shell_output_cut_anywhere_says_truncated() {
         let result = &reply["result"];
         let output = result["output"]
             .as_str()
-            .unwrap_or_else(|| panic!("{reply}"));
+            .unwrap_or_else(|| panic!("{reply}\n{}", host.log()));
         let summary = format!("{command}: {} bytes, {}", output.len(), result["truncated"]);
         assert_eq!(result["truncated"], cut, "{summary}");
         assert_eq!(result["exitCode"], 0, "{summary}");

@@ -34,10 +34,13 @@ pub enum Capability {
     Branches,
     /// `host/list` and `/racp/hosts/{hostId}`: a gateway's.
     Hosts,
+    /// The host's agents run in a kernel sandbox (`host/info`'s `sandbox` says which).
+    Sandbox,
 }
 
 impl Capability {
-    /// What a host can have on; `fs` only while file browsing is allowed.
+    /// What a host can have on; `fs` only while file browsing is allowed, `sandbox` only
+    /// while its agents run in one.
     pub const HOST: &'static [Capability] = &[
         Capability::Pairing,
         Capability::Devices,
@@ -56,6 +59,7 @@ impl Capability {
         Capability::Commands,
         Capability::Export,
         Capability::Branches,
+        Capability::Sandbox,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,6 +82,7 @@ impl Capability {
             Capability::Export => "export",
             Capability::Branches => "branches",
             Capability::Hosts => "hosts",
+            Capability::Sandbox => "sandbox",
         }
     }
 }

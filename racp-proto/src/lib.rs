@@ -42,7 +42,7 @@ pub use cursor::{Cursor, Epoch, Expired};
 pub use error::{AppError, ErrorCode, ErrorSource, Recovery, Retriable};
 pub use methods::{
     Ack, Call, CoreCall, Empty, EndpointCall, HostCall, Method, MethodSpec, Place, Placed,
-    RacpMethod, SubscriptionCall, calls,
+    RacpMethod, Run, SubscriptionCall, calls,
 };
 pub use role::{Access, Principal, Role};
 

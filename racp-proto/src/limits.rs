@@ -13,6 +13,11 @@ pub const MAX_ID_CHARS: u64 = 128;
 pub const MAX_NAME_CHARS: u64 = 200;
 /// Longest path in `fs/*` and `session/create` (chars).
 pub const MAX_PATH_CHARS: u64 = 4096;
+/// Bytes of a file one `fs/read` returns when it names no `length`.
+pub const DEFAULT_READ_BYTES: u64 = 256 << 10;
+/// Most bytes of a file one `fs/read` returns: a page, base64-encoded, still fits the default
+/// 1 MiB frame; a longer file is read in pages (`offset`).
+pub const MAX_READ_BYTES: u64 = 512 << 10;
 /// Longest prompt or steer text (chars); the frame bound usually bites first.
 pub const MAX_TEXT_CHARS: u64 = 1 << 20;
 /// Longest approval answer `value` (chars).

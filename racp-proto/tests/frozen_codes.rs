@@ -64,6 +64,7 @@ const PUBLISHED: &[(&str, u16)] = &[
     ("WRITE_DISABLED_IN_PLAN", 4056),
     ("EDIT_DISABLED_IN_PLAN", 4057),
     ("TOOL_DISABLED_IN_PLAN", 4058),
+    ("READ_PATH_IS_DIRECTORY", 4059),
 ];
 
 #[test]

@@ -7,8 +7,8 @@ use serde_json::value::RawValue;
 
 /// The checks between a decoded envelope and its handling, in order: the caller's access, its
 /// rate bucket (`rate`: `None` for a call that pays none, such as one a gateway already
-/// charged; `hello` never pays), the drain (`draining`: the error to refuse with), then the
-/// params read as the method's type.
+/// charged; a method the table says pays none, `hello`, never does), the drain (`draining`: the
+/// error to refuse with), then the params read as the method's type.
 pub fn admit(
     principal: &Principal,
     method: Method,
@@ -18,7 +18,7 @@ pub fn admit(
 ) -> Result<Call, AppError> {
     method.spec().access.check(method.as_str(), principal)?;
     if let Some((limiter, key)) = rate
-        && method != Method::Hello
+        && method.spec().pays_rate
     {
         limiter.check(key)?;
     }

@@ -176,6 +176,49 @@ pub async fn run<S: Service>(
     connections.unregister(connection_id);
 }
 
+/// A call a gateway routed to this server (docs/architecture.md, "Entry points"): through the
+/// same door as a call on a connection, once: the service's admit (access, rate, drain, the
+/// params read once as the method's type), the host's place only (a gateway answers every
+/// other place itself), the server's in-flight bound, then the service's answer.
+pub async fn answer_routed<S: Service>(
+    mut service: S,
+    method: Method,
+    params: &RawValue,
+    server_in_flight: Option<&(Arc<Semaphore>, u32)>,
+) -> Result<Box<RawValue>, AppError> {
+    let call = match service.admit(method, Some(params)) {
+        Ok(call) => call,
+        Err(Refusal::Call(error) | Refusal::Connection(error)) => return Err(error),
+    };
+    let Placed::Host(call) = call.place() else {
+        return Err(AppError::new(
+            ErrorCode::MethodNotFound,
+            format!(
+                "{} is answered by the gateway, not routed to a host",
+                method.as_str()
+            ),
+        )
+        .with_details(json!({"method": method.as_str()})));
+    };
+    let _permit = server_permit(server_in_flight)
+        .map_err(|max| overloaded(json!({"maxInFlightHost": max})))?;
+    service.host(call, Some(params)).await
+}
+
+/// A place under the server's in-flight bound (none when it has none), or the bound's size.
+fn server_permit(
+    bound: Option<&(Arc<Semaphore>, u32)>,
+) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, u32> {
+    let Some((semaphore, max)) = bound else {
+        return Ok(None);
+    };
+    semaphore
+        .clone()
+        .try_acquire_owned()
+        .map(Some)
+        .map_err(|_| *max)
+}
+
 /// HOST_OVERLOADED for a call beyond the in-flight bounds `details` names.
 pub fn overloaded(details: serde_json::Value) -> AppError {
     AppError::new(ErrorCode::HostOverloaded, "too many calls in flight")
@@ -359,8 +402,8 @@ impl<S: Service> Connection<S> {
     }
 
     /// Hello first, then the service's checks, then the device's gate (connections.rs): a
-    /// pass for the call, or the revocation that ends this connection. A revoke holds no pass:
-    /// a device revoking itself would wait for its own call.
+    /// pass for the call (unless the method table says it holds none), or the revocation that
+    /// ends this connection.
     fn admit(
         &mut self,
         method: Method,
@@ -381,7 +424,7 @@ impl<S: Service> Connection<S> {
             }
         };
         let pass = match &self.gate {
-            Some(gate) if method != Method::DeviceRevoke => {
+            Some(gate) if method.spec().holds_pass => {
                 let pass = gate.enter().ok_or_else(revoked);
                 Some(pass.inspect_err(|error| self.fatal = Some(error.clone()))?)
             }
@@ -418,8 +461,8 @@ impl<S: Service> Connection<S> {
     ) -> Option<String> {
         let server = self.settings.server_in_flight.as_ref();
         let on_connection = self.in_flight.clone().try_acquire_owned();
-        let on_server = server.map(|(bound, _)| bound.clone().try_acquire_owned());
-        let (Ok(on_connection), Ok(on_server)) = (on_connection, on_server.transpose()) else {
+        let on_server = server_permit(server);
+        let (Ok(on_connection), Ok(on_server)) = (on_connection, on_server) else {
             let mut details = json!({"maxInFlight": self.settings.max_in_flight});
             if let Some((_, max)) = server {
                 details["maxInFlightHost"] = json!(max);

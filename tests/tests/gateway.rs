@@ -2032,7 +2032,7 @@ async fn a_hosts_endpoint_names_the_hosts_own_capabilities() {
 
 /// Every method a local pi session's features need reaches the host through the gateway
 /// (docs/protocol.md §6.4): an image with a prompt, a new title, the slash commands, the
-/// export, a fork; and an agent that lacks a command (the stand-in has no `compact`) answers
+/// export, a fork, a file read; and an agent that lacks a command (the stand-in has no `compact`) answers
 /// CAPABILITY_UNAVAILABLE naming the feature, routed as it came.
 #[tokio::test]
 async fn a_local_sessions_features_are_routed_to_the_host() {
@@ -2099,6 +2099,16 @@ async fn a_local_sessions_features_are_routed_to_the_host() {
         .await;
     assert_eq!(fork["error"]["code"], "CAPABILITY_UNAVAILABLE", "{fork}");
     assert_eq!(fork["error"]["details"]["capability"], "branches");
+
+    // A file of the workspace, read through the gateway as on the host.
+    let workspace = host.workspace("read");
+    std::fs::write(format!("{workspace}/notes.md"), "routed text").unwrap();
+    let read = desk
+        .call("fs/read", json!({"path": format!("{workspace}/notes.md")}))
+        .await;
+    assert_eq!(read["result"]["data"], "routed text", "{read}");
+    let dir = desk.call("fs/read", json!({"path": workspace})).await;
+    assert_eq!(dir["error"]["code"], "READ_PATH_IS_DIRECTORY", "{dir}");
 }
 
 /// The gateway's memory under large requests, as a host's (pi-host/tests/memory.rs;

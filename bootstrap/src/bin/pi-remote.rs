@@ -10,8 +10,8 @@ use bootstrap::remote::commands::models::{
     parse_model, parse_permission_mode, parse_queue_mode, parse_thinking,
 };
 use bootstrap::remote::commands::{
-    Reach, attach, devices, history, hosts, models, open_profile, pair, sessions, shell, status,
-    turns,
+    Reach, attach, devices, files, history, hosts, models, open_profile, pair, sessions, shell,
+    status, turns,
 };
 use bootstrap::remote::out::Out;
 use bootstrap::remote::pairing::PairingHints;
@@ -259,6 +259,9 @@ enum Command {
     Commands { session: String },
     /// Write a session's HTML export to stdout (`pi-remote export SESSION > session.html`).
     Export { session: String },
+    /// Write a file on the host to stdout as it is, text or binary (`pi-remote cat PATH`): an
+    /// absolute path inside the host's permitted roots (operator).
+    Cat { path: String },
     /// List paired devices (owner only).
     Devices,
     /// Revoke a device (owner only).
@@ -555,6 +558,7 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
         Command::Stats { session } => shell::stats(out, &client, session).await,
         Command::Commands { session } => shell::commands(out, &client, session).await,
         Command::Export { session } => shell::export(out, &client, session).await,
+        Command::Cat { path } => files::cat(out, &client, path).await,
         Command::Devices => devices::list(out, &client).await,
         Command::Revoke { device } => devices::revoke(out, &client, device).await,
     }

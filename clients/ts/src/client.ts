@@ -19,6 +19,7 @@ import type {
   Snapshot,
   SubscriptionEndedParams,
 } from "../racp.js";
+import { METHODS } from "../racp.js";
 import { Backoff } from "./backoff.js";
 import { Link, type CallOptions, type LinkEnd } from "./connection.js";
 import { RacpError, hostDisconnected, isFatal } from "./errors.js";
@@ -175,7 +176,7 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
       return Promise.reject(hostDisconnected("not connected", method));
     }
     return link.request(method, params ?? {}, {
-      timeoutMs: options?.timeoutMs ?? this.options.callTimeoutMs,
+      timeoutMs: options?.timeoutMs ?? this.options.callTimeoutMs + (METHODS[method].deadlineMs ?? 0),
       ...(options?.signal ? { signal: options.signal } : {}),
     }) as Promise<Result<M>>;
   }

@@ -27,6 +27,7 @@ pub mod check;
 pub mod extensions;
 pub mod failure;
 mod protocol;
+pub mod sandbox;
 #[cfg(test)]
 mod tests;
 
@@ -89,6 +90,9 @@ pub struct AgentSpec {
     pub workspace: PathBuf,
     /// Variables added to the host's environment.
     pub env: Vec<(String, String)>,
+    /// How it is launched through `pi-host sandbox-exec` (`sandbox/exec.rs`): in the kernel
+    /// sandbox, with the desktop's settings handed on a descriptor; `None`: run directly.
+    pub launch: Option<sandbox::Launch>,
 }
 
 /// Bounds and timeouts of one agent; [`Default`] gives the constants of this module.
@@ -757,9 +761,15 @@ fn start_child(
     program: &str,
     args: &[String],
 ) -> Result<(Child, Pipes), AgentError> {
-    let mut command = Command::new(program);
+    // Through the launcher when there is a sandbox or settings to hand: it execs the agent
+    // in the same process, so the pid, the group and the pipes are the agent's.
+    let (run, words) = match &spec.launch {
+        Some(launch) => launch.wrap(program, args),
+        None => (program.into(), args.to_vec()),
+    };
+    let mut command = Command::new(&run);
     command
-        .args(args)
+        .args(&words)
         .current_dir(&spec.workspace)
         .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::piped())

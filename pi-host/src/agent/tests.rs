@@ -21,6 +21,7 @@ fn spec_in(dir: &Path, command: String) -> AgentSpec {
         command,
         workspace: dir.to_path_buf(),
         env: vec![("STAND_IN_MARKER".into(), "1".into())],
+        launch: None,
     }
 }
 

@@ -10,38 +10,34 @@ mod approvals;
 mod branch;
 mod lifecycle;
 mod permissions;
+mod pump;
 mod queue;
-mod reads;
 mod shell;
+mod turn_end;
+
+use pump::{on_agent_event, pump};
+use turn_end::{earlier_turn, end_of_turn, ended_by_exit, record_turn, settled};
 
 pub use lifecycle::stop_idle_agents;
 
 pub use approvals::Approvals;
 
-use crate::agent::failure::{self, RetryTrail, RunSignal, Verdict};
-use crate::agent::{Agent, AgentError, AgentEvent, AgentOutput, AgentSpec, RunEnd, UiAnswer};
+use crate::agent::failure::{self, RetryTrail};
+use crate::agent::{Agent, AgentError, AgentOutput, AgentSpec, RunEnd, UiAnswer};
 use crate::auth::Caller;
 use crate::models::ModelHost;
 use crate::sessions::{HostEvent, Session};
-use crate::store::TurnRow;
-use racp_proto::events::{
-    SessionConfiguredData, SessionRenamedData, TurnFinishedData, TurnOutcome, TurnStartedData,
-    WithdrawReason,
-};
+use racp_proto::events::{TurnFinishedData, TurnOutcome, WithdrawReason};
 use racp_proto::methods::model::ModelRef;
-use racp_proto::methods::session::{
-    SessionConfigureParams, SessionCreateResult, SessionRenameParams,
-};
 use racp_proto::methods::turn::{TurnRef, TurnStartParams, TurnStartResult, TurnSteerParams};
 use racp_proto::pi::{self, Kind};
-use racp_proto::{Ack, AppError, ErrorCode, ErrorSource};
-use racp_server::clock::now_ms;
+use racp_proto::{Ack, AppError, ErrorCode};
 use serde_json::json;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::{Mutex, MutexGuard, mpsc, oneshot};
+use tokio::sync::Mutex;
 
 /// Most agent outputs appended as one group.
 const PUMP_BATCH: usize = 1024;
@@ -113,8 +109,9 @@ pub struct Driver {
     /// The running agent's pid (0 when none), readable without the state's lock: counting and
     /// reporting agents must not wait on a turn.
     agent_pid: AtomicU32,
-    /// Held by `session/configure` from reading the settings to storing them.
-    configuring: Mutex<()>,
+    /// Held by `session/configure` and `session/rename` from reading the settings to storing
+    /// them, so that two changes store and log in the same order.
+    pub(crate) configuring: Mutex<()>,
     /// A `session/compact` is going on: no turn starts meanwhile (queue.rs).
     compacting: AtomicBool,
     /// A shell command runs (`shell.rs`): the agent is in use.
@@ -194,7 +191,8 @@ pub struct Drivers {
 }
 
 impl Drivers {
-    fn driver(&self, session: &Arc<Session>) -> Arc<Driver> {
+    /// The session's driver, created on first use.
+    pub(crate) fn driver(&self, session: &Arc<Session>) -> Arc<Driver> {
         self.drivers
             .entry(session.id.clone())
             .or_insert_with(|| {
@@ -303,113 +301,6 @@ impl Drivers {
         Ok(Ack {})
     }
 
-    /// `session/configure`: the agent running now takes the change at once (a running turn
-    /// from its next model request); the session's later agents start with it.
-    pub async fn configure(
-        &self,
-        host: &Arc<impl DriverHost>,
-        caller: &Caller,
-        params: SessionConfigureParams,
-    ) -> Result<SessionCreateResult, AppError> {
-        let session = host.sessions().find(&params.session_id)?;
-        if session.is_closing() {
-            return Err(closed(&session));
-        }
-        if let Some(model) = &params.model {
-            crate::models::check(host, model).await?;
-        }
-        let change = params.settings();
-        let driver = self.driver(&session);
-        // Held across the change so that a turn or another change cannot come between.
-        let _changing = driver.configuring.lock().await;
-        let settings = session.settings().with(&change);
-        if settings == session.settings() && !params.clear_grants {
-            return Ok(SessionCreateResult {
-                session: session.info(),
-            });
-        }
-        let agent = driver.state.lock().await.agent.clone();
-        if let Some(agent) = agent {
-            // Not under the driver's lock: pi's answers come through the pump, which needs it.
-            agent
-                .configure(&change)
-                .await
-                .map_err(|err| match (&err, &change.model) {
-                    (AgentError::Rejected { .. }, Some(model)) => {
-                        crate::models::not_configured(model)
-                    }
-                    _ => err.to_app_error(),
-                })?;
-        }
-        let stored = host.clone();
-        let (id, to_store) = (session.id.clone(), settings.clone());
-        tokio::task::spawn_blocking(move || stored.store().set_session_settings(&id, &to_store))
-            .await
-            .map_err(crate::internal)?
-            .map_err(crate::internal)?;
-        if params.clear_grants {
-            host.store()
-                .clear_grants(&session.id)
-                .map_err(crate::internal)?;
-        }
-        let event = HostEvent::of_session(SessionConfiguredData {
-            settings,
-            device_id: caller.device_id().map(str::to_string),
-            grants_cleared: params.clear_grants,
-        });
-        host.sessions().commit(&session, vec![event]).await?;
-        tracing::info!(session_id = %session.id, "session configured");
-        Ok(SessionCreateResult {
-            session: session.info(),
-        })
-    }
-
-    /// `session/rename`: the title is stored, then `session.renamed` is committed; the running
-    /// agent's own session takes the name too (pi's `set_session_name`), at best: the title is
-    /// the host's.
-    pub async fn rename(
-        &self,
-        host: &Arc<impl DriverHost>,
-        caller: &Caller,
-        params: SessionRenameParams,
-    ) -> Result<SessionCreateResult, AppError> {
-        let session = host.sessions().find(&params.session_id)?;
-        if session.is_closing() {
-            return Err(closed(&session));
-        }
-        let driver = self.driver(&session);
-        // Held across the change so that two renames store and log in the same order.
-        let _changing = driver.configuring.lock().await;
-        if session.info().title.as_deref() == Some(params.title.as_str()) {
-            return Ok(SessionCreateResult {
-                session: session.info(),
-            });
-        }
-        let stored = host.clone();
-        let (id, title) = (session.id.clone(), params.title.clone());
-        tokio::task::spawn_blocking(move || stored.store().set_session_title(&id, &title))
-            .await
-            .map_err(crate::internal)?
-            .map_err(crate::internal)?;
-        let event = HostEvent::of_session(SessionRenamedData {
-            title: params.title.clone(),
-            device_id: caller.device_id().map(str::to_string),
-        });
-        host.sessions().commit(&session, vec![event]).await?;
-        let agent = driver.state.lock().await.agent.clone();
-        if let Some(agent) = agent {
-            let name = pi::Command::SetSessionName {
-                name: &params.title,
-            };
-            if let Err(err) = agent.call(&name).await {
-                tracing::warn!(session_id = %session.id, error = %err, "the agent did not take the session's name");
-            }
-        }
-        Ok(SessionCreateResult {
-            session: session.info(),
-        })
-    }
-
     /// `turn/abort`: aborting a finished turn succeeds and changes nothing; aborting a queued
     /// follow-up's turn withdraws it (`session/clear_queue`).
     pub async fn abort(
@@ -455,6 +346,12 @@ impl Drivers {
         }
         agent.abort().await.map_err(|e| e.to_app_error())?;
         Ok(Ack {})
+    }
+
+    /// The session's agent if one runs now; never starts one.
+    pub(crate) async fn running_agent(&self, session: &Arc<Session>) -> Option<Agent> {
+        let driver = self.drivers.get(&session.id).map(|d| d.clone())?;
+        driver.agent().await
     }
 
     /// Stops the session's agent (its whole process tree), ending a running turn as aborted.
@@ -529,7 +426,13 @@ pub async fn end_interrupted_turns(host: &impl DriverHost) {
     }
 }
 
-fn closed(session: &Session) -> AppError {
+/// Where a session's agent writes its HTML export (`session/export`): a directory of its own,
+/// the only one of the data directory's exports its sandbox lets it write.
+pub(crate) fn export_dir(host: &impl DriverHost, session_id: &str) -> std::path::PathBuf {
+    host.config().data_dir.join("exports").join(session_id)
+}
+
+pub(crate) fn closed(session: &Session) -> AppError {
     AppError::new(ErrorCode::Conflict, "the session is closed")
         .with_details(json!({"sessionId": session.id}))
 }
@@ -577,270 +480,12 @@ fn known_turn(host: &impl DriverHost, session: &Session, turn_id: &str) -> Resul
     )
 }
 
-/// The events that end a turn: its pending approvals settled as cancelled, then
-/// `turn.finished`.
-fn end_of_turn(
-    host: &impl DriverHost,
-    turn_id: &str,
-    outcome: TurnOutcome,
-    error: Option<AppError>,
-) -> Vec<HostEvent> {
-    let mut events = host.drivers().approvals.cancel_turn(host, turn_id);
-    if let Some(error) = &error {
-        // The traceId in the event finds this line (protocol.md §8.7).
-        tracing::warn!(
-            turn_id,
-            ?outcome,
-            code = %error.code(),
-            trace_id = error.trace_id().unwrap_or(""),
-            message = error.message(),
-            details = %error.details().cloned().unwrap_or_default(),
-            "turn did not complete"
-        );
-    }
-    events.push(HostEvent::of_turn(
-        turn_id,
-        TurnFinishedData { outcome, error },
-    ));
-    events
-}
-
-/// The earlier turn of a resent `turn/start` (same idempotency key); IDEMPOTENCY_CONFLICT when
-/// the key started a turn with other input.
-fn earlier_turn(
-    host: &impl DriverHost,
-    session: &Session,
-    params: &TurnStartParams,
-) -> Result<Option<TurnStartResult>, AppError> {
-    let Some(turn) = host
-        .store()
-        .turn_by_key(&session.id, &params.idempotency_key)
-        .map_err(crate::internal)?
-    else {
-        return Ok(None);
-    };
-    if turn.text != params.text {
-        return Err(AppError::new(
-            ErrorCode::IdempotencyConflict,
-            "this idempotency key already started a turn with other input",
-        )
-        .with_details(json!({"idempotencyKey": params.idempotency_key, "turnId": turn.turn_id})));
-    }
-    Ok(Some(TurnStartResult {
-        turn_id: turn.turn_id,
-    }))
-}
-
-/// Stores a new turn under its idempotency key and commits `turn.started`; returns its id.
-async fn record_turn(
-    host: &impl DriverHost,
-    session: &Arc<Session>,
-    caller: &Caller,
-    params: &TurnStartParams,
-) -> Result<String, AppError> {
-    let turn_id = store_turn(host, session, params)?;
-    let started = HostEvent::of_turn(
-        &turn_id,
-        TurnStartedData {
-            text: params.text.clone(),
-            images: params.images.iter().map(|image| image.info()).collect(),
-            device_id: caller.device_id().map(str::to_string),
-        },
-    );
-    host.sessions().commit(session, vec![started]).await?;
-    Ok(turn_id)
-}
-
-/// Stores a new turn (started or queued) under its idempotency key; returns its id.
-fn store_turn(
-    host: &impl DriverHost,
-    session: &Session,
-    params: &TurnStartParams,
-) -> Result<String, AppError> {
-    let turn_id = host.secrets().new_id("turn_").map_err(crate::internal)?;
-    let row = TurnRow {
-        turn_id: turn_id.clone(),
-        idempotency_key: params.idempotency_key.clone(),
-        text: params.text.clone(),
-        started_at: now_ms(),
-    };
-    host.store()
-        .insert_turn(&session.id, &row)
-        .map_err(crate::internal)?;
-    Ok(turn_id)
-}
-
-/// A turn's outcome and error from the classifier's verdict; `None` while pi may still retry.
-fn outcome_of(verdict: Verdict, abort_requested: bool) -> Option<(TurnOutcome, Option<AppError>)> {
-    if abort_requested {
-        let error = AppError::new(ErrorCode::TurnAborted, "the turn was aborted");
-        return Some((TurnOutcome::Aborted, Some(error)));
-    }
-    match verdict {
-        Verdict::Completed => Some((TurnOutcome::Completed, None)),
-        Verdict::Aborted(error) => Some((TurnOutcome::Aborted, Some(error))),
-        Verdict::Failed(error) => Some((TurnOutcome::Failed, Some(error))),
-        Verdict::FailedUnlessRetried(_) => None,
-    }
-}
-
-/// The end of a turn whose failed run pi did not retry (or gave up on).
-fn settled(active: &mut ActiveTurn, pending: &UnsettledFailure) -> (TurnOutcome, Option<AppError>) {
-    // Nothing more will come of this run: its verdict is final.
-    active.retries.gave_up = true;
-    let verdict = failure::verdict(&pending.end, &active.retries, &trace_id());
-    outcome_of(verdict, active.abort_requested).unwrap_or((TurnOutcome::Failed, None))
-}
-
-/// The events that end the running turn when its agent process exits. A run that already
-/// failed explains the turn better than the exit does.
-fn ended_by_exit(
-    host: &impl DriverHost,
-    mut active: ActiveTurn,
-    status: Option<i32>,
-    signal: Option<i32>,
-    stderr_tail: String,
-) -> Vec<HostEvent> {
-    let (outcome, error) = match active.pending.take() {
-        Some(pending) if !active.abort_requested => settled(&mut active, &pending),
-        _ => {
-            let (outcome, error) =
-                died_during_turn(active.abort_requested, status, signal, stderr_tail);
-            (outcome, Some(error))
-        }
-    };
-    end_of_turn(host, &active.turn_id, outcome, error)
-}
-
-/// The error a turn ends with when its agent process dies under it: AGENT_SIDECAR_OOM when V8
-/// reported its heap limit (the same input fails the same way), else AGENT_SIDECAR_CRASHED, and
-/// the turn settles as aborted (docs/protocol.md §8.7).
-fn died_during_turn(
-    abort_requested: bool,
-    status: Option<i32>,
-    signal: Option<i32>,
-    stderr_tail: String,
-) -> (TurnOutcome, AppError) {
-    if abort_requested {
-        let error = AppError::new(ErrorCode::TurnAborted, "the turn was aborted");
-        return (TurnOutcome::Aborted, error);
-    }
-    let details = json!({
-        "exitCode": status,
-        "signal": signal,
-        "stderrTail": stderr_tail,
-    });
-    if failure::is_heap_exhausted(&stderr_tail) {
-        let error = AppError::new(
-            ErrorCode::AgentSidecarOom,
-            "the agent process ran out of JavaScript heap during the turn",
-        )
-        .with_source(ErrorSource::Agent)
-        .with_details(details)
-        .with_trace_id(trace_id());
-        return (TurnOutcome::Failed, error);
-    }
-    let error = AppError::new(
-        ErrorCode::AgentSidecarCrashed,
-        "the agent process died during the turn; the next turn restarts it",
-    )
-    .with_source(ErrorSource::Agent)
-    .with_details(details)
-    .with_trace_id(trace_id());
-    (TurnOutcome::Aborted, error)
-}
-
-/// Reads the agent's output until it exits, appending each batch as one committed group.
-///
-/// Up to `PUMP_DEPTH` batches are committing while the next is read and translated, so the
-/// agent's output is not held up by each fsync; the depth bounds what waits in memory.
-async fn pump(
-    host: Arc<impl DriverHost>,
-    driver: Arc<Driver>,
-    agent: Agent,
-    mut output: mpsc::Receiver<AgentOutput>,
-) {
-    let session = driver.session.clone();
-    let mut committing = Committing::default();
-    loop {
-        let next = if driver.awaits_retry().await {
-            match tokio::time::timeout(RETRY_SETTLE, output.recv()).await {
-                Ok(next) => next,
-                Err(_) => {
-                    // pi said nothing after a failed run it could retry: it did not retry.
-                    committing.wait_all(&session).await;
-                    let events = driver.settle_pending(&host).await;
-                    if !events.is_empty()
-                        && let Err(err) = host.sessions().commit(&session, events).await
-                    {
-                        tracing::warn!(error = %err, session_id = %session.id, "turn end not recorded");
-                    }
-                    continue;
-                }
-            }
-        } else {
-            output.recv().await
-        };
-        let Some(first) = next else {
-            break;
-        };
-        let mut batch = vec![first];
-        while batch.len() < PUMP_BATCH {
-            match output.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
-        let exited = matches!(batch.last(), Some(AgentOutput::Exited { .. }));
-        #[cfg(debug_assertions)]
-        if exited {
-            crate::test_hooks::before_exit_is_read().await;
-        }
-        let events = driver.translate(&host, &agent, batch).await;
-        if !events.is_empty() {
-            match host.sessions().append(&session, events) {
-                Ok(committed) => committing.push(committed, &session).await,
-                Err(err) => {
-                    tracing::warn!(error = %err, session_id = %session.id, "agent output not recorded");
-                }
-            }
-        }
-        if exited {
-            break;
-        }
-    }
-    committing.wait_all(&session).await;
-}
-
-/// Batches of the pump that are queued for commit, oldest first.
-#[derive(Default)]
-struct Committing(VecDeque<oneshot::Receiver<racp_proto::Cursor>>);
-
-impl Committing {
-    /// Adds a batch, first waiting for the oldest when `PUMP_DEPTH` are in flight.
-    async fn push(&mut self, committed: oneshot::Receiver<racp_proto::Cursor>, session: &Session) {
-        if self.0.len() >= PUMP_DEPTH
-            && let Some(oldest) = self.0.pop_front()
-        {
-            Self::wait(oldest, session).await;
-        }
-        self.0.push_back(committed);
-    }
-
-    async fn wait_all(&mut self, session: &Session) {
-        while let Some(oldest) = self.0.pop_front() {
-            Self::wait(oldest, session).await;
-        }
-    }
-
-    async fn wait(committed: oneshot::Receiver<racp_proto::Cursor>, session: &Session) {
-        if committed.await.is_err() {
-            tracing::warn!(session_id = %session.id, "agent output not recorded: the host is shutting down");
-        }
-    }
-}
-
 impl Driver {
+    /// The running agent, if any.
+    pub(crate) async fn agent(&self) -> Option<Agent> {
+        self.state.lock().await.agent.clone()
+    }
+
     /// Starts the session's agent if none runs; the pump for its output starts with it.
     async fn ensure_agent(
         self: &Arc<Self>,
@@ -853,20 +498,37 @@ impl Driver {
         // Each session keeps the agent's own session files in its own directory; an agent
         // started again for a session that already ran resumes from them.
         let session_dir = branch::agent_dir(host, &self.session.id);
-        if let Err(err) = racp_server::private_file::create_private_dir(&session_dir) {
-            tracing::warn!(error = %err, "cannot create the agent's session directory");
+        let export_dir = export_dir(host, &self.session.id);
+        // Its own temp directory (TMPDIR), emptied at each start: what one session's tools
+        // leave there no other session's agent can read.
+        let temp_dir = host
+            .config()
+            .data_dir
+            .join("agent-tmp")
+            .join(&self.session.id);
+        let _ = std::fs::remove_dir_all(&temp_dir);
+        for dir in [&session_dir, &export_dir, &temp_dir] {
+            if let Err(err) = racp_server::private_file::create_private_dir(dir) {
+                tracing::warn!(error = %err, "cannot create the agent's own directory");
+            }
         }
         // A session made by a fork starts with pi's session file already there (branch.rs).
         let resume = state.spawned_before
             || self.session.has_turns()
             || branch::holds_session_file(&session_dir);
+        let workspace: std::path::PathBuf = self.session.workspace.clone().into();
+        let own = [session_dir.clone(), export_dir, temp_dir.clone()];
         let spec = AgentSpec {
             command: host.agent_command(resume),
-            workspace: self.session.workspace.clone().into(),
-            env: vec![(
-                "PI_CODING_AGENT_SESSION_DIR".to_string(),
-                session_dir.display().to_string(),
-            )],
+            launch: Some(host.agent_launch(&workspace, &own)),
+            workspace,
+            env: vec![
+                (
+                    "PI_CODING_AGENT_SESSION_DIR".to_string(),
+                    session_dir.display().to_string(),
+                ),
+                ("TMPDIR".to_string(), temp_dir.display().to_string()),
+            ],
         };
         let generation = host.models().generation();
         let (agent, output) = host.agent().spawn(&spec, host.agent_options()).await?;
@@ -1119,109 +781,6 @@ impl Driver {
             }
         }
         events
-    }
-}
-
-/// An agent event is relayed; one that ends the run also ends the running turn, unless the run
-/// failed in a way pi may retry: then pi's next event decides (docs/protocol.md §8.7).
-fn on_agent_event(
-    host: &impl DriverHost,
-    session: &Session,
-    state: &mut MutexGuard<'_, DriverState>,
-    event: AgentEvent,
-    events: &mut Vec<HostEvent>,
-) -> Option<queue::NextPrompt> {
-    let mut finished = None;
-    if let Some(active) = state.active.as_mut() {
-        finished = follow_retry(active, event.signal.as_ref());
-        if let Some((outcome, error)) = finished.take() {
-            let turn_id = active.turn_id.clone();
-            state.active = None;
-            let end = end_of_turn(host, &turn_id, outcome, error);
-            if event.signal.is_some() {
-                // pi's own verdict (`auto_retry_end`, `compaction_end`) belongs to the turn it
-                // ends, and comes before `turn.finished`.
-                events.push(HostEvent::relayed(event.kind, Some(turn_id), event.payload));
-                events.extend(end);
-            } else {
-                // pi moved on without retrying: the turn ended before this event.
-                events.extend(end);
-                events.push(HostEvent::relayed(event.kind, None, event.payload));
-            }
-            return queue::after_turn(session, state, outcome, events);
-        }
-    }
-    let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
-    // A compaction outside any turn (`session/compact`) ended: what was queued meanwhile runs,
-    // its start logged after pi's `compaction_end` (queue.rs).
-    let compacted = turn_id.is_none() && event.kind == Kind::CompactionEnd;
-    events.push(HostEvent::relayed(event.kind, turn_id, event.payload));
-    if compacted {
-        return queue::after_turn(session, state, TurnOutcome::Completed, events);
-    }
-    if let Some(end) = event.run_end
-        && let Some(active) = state.active.as_mut()
-    {
-        let verdict = failure::verdict(&end, &active.retries, &trace_id());
-        match outcome_of(verdict, active.abort_requested) {
-            Some(end) => finished = Some(end),
-            None => active.pending = Some(UnsettledFailure { end, held: false }),
-        }
-    }
-    if let Some((outcome, error)) = finished
-        && let Some(active) = state.active.take()
-    {
-        events.extend(end_of_turn(host, &active.turn_id, outcome, error));
-        return queue::after_turn(session, state, outcome, events);
-    }
-    None
-}
-
-/// Follows pi's retry and overflow-recovery events; returns the turn's end when one settles a
-/// pending failure for good.
-fn follow_retry(
-    active: &mut ActiveTurn,
-    signal: Option<&RunSignal>,
-) -> Option<(TurnOutcome, Option<AppError>)> {
-    match signal {
-        Some(RunSignal::RetryStart { attempt }) => {
-            active.retries.attempts = active.retries.attempts.max(*attempt);
-            active.retrying = active.pending.take().or(active.retrying.take());
-            None
-        }
-        Some(RunSignal::RetryEnd { success: true, .. }) => {
-            active.retries = RetryTrail::default();
-            active.retrying = None;
-            None
-        }
-        Some(RunSignal::RetryEnd {
-            success: false,
-            attempt,
-        }) => {
-            active.retries.attempts = active.retries.attempts.max(*attempt);
-            // After a last failed run pi gives up; during its wait, the wait was cancelled.
-            let pending = active.pending.take().or(active.retrying.take())?;
-            Some(settled(active, &pending))
-        }
-        Some(RunSignal::CompactionStart { overflow }) => {
-            if let Some(pending) = active.pending.as_mut() {
-                pending.held = *overflow;
-            }
-            None
-        }
-        Some(RunSignal::CompactionEnd { will_retry: true }) => {
-            active.pending = None;
-            None
-        }
-        Some(RunSignal::CompactionEnd { will_retry: false }) => {
-            let pending = active.pending.take()?;
-            Some(settled(active, &pending))
-        }
-        // Any other event after a failed run: pi moved on without retrying.
-        None => {
-            let pending = active.pending.take()?;
-            Some(settled(active, &pending))
-        }
     }
 }
 

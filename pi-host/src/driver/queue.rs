@@ -7,10 +7,8 @@
 //! next prompt (`turn.started`); a clear, an abort or a failure withdraws it (`turn.withdrawn`)
 //! with its text, so a client can put it back where it was typed.
 
-use super::{
-    ActiveTurn, DriverHost, DriverState, Drivers, Raised, closed, earlier_turn, known_turn,
-    store_turn,
-};
+use super::turn_end::{earlier_turn, store_turn};
+use super::{ActiveTurn, DriverHost, DriverState, Drivers, Raised, closed, known_turn};
 use crate::agent::{Agent, AgentError};
 use crate::auth::Caller;
 use crate::sessions::HostEvent;

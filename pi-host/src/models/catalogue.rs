@@ -79,13 +79,15 @@ async fn ask_agent(host: &impl ModelHost) -> Result<ModelListResult, AppError> {
     racp_server::private_file::create_private_dir(&scratch).map_err(crate::internal)?;
     let spec = AgentSpec {
         command: host.agent_command(false),
-        workspace: data_dir.clone(),
+        workspace: scratch.clone(),
+        launch: Some(host.agent_launch(&scratch, std::slice::from_ref(&scratch))),
         env: vec![
             ("PI_HOST_CATALOGUE".into(), "1".into()),
             (
                 "PI_CODING_AGENT_SESSION_DIR".into(),
                 scratch.display().to_string(),
             ),
+            ("TMPDIR".into(), scratch.display().to_string()),
         ],
     };
     let (agent, output) = host.agent().spawn(&spec, host.agent_options()).await?;

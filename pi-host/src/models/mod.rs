@@ -9,17 +9,13 @@ mod credentials;
 mod file;
 mod providers;
 
-pub use credentials::Credentials;
+pub use catalogue::Catalogue;
+pub use credentials::{Credentials, FILE as CREDENTIALS_FILE};
 pub use file::FileError;
-pub use providers::Providers;
+pub use providers::{FILE as PROVIDERS_FILE, Providers};
 
-use racp_proto::limits::MAX_PROVIDERS;
-use racp_proto::methods::model::{
-    CredentialListResult, CredentialSetParams, CredentialSetResult, Deleted, ModelListResult,
-    ModelRef, ProviderSetParams,
-};
-use racp_proto::{Ack, AppError, ErrorCode};
-use racp_server::clock::now_ms;
+use racp_proto::methods::model::{ModelListResult, ModelRef};
+use racp_proto::{AppError, ErrorCode};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +28,13 @@ pub trait ModelHost: Send + Sync + 'static {
     fn agent(&self) -> &crate::agent::check::AgentCheck;
     fn agent_command(&self, resume: bool) -> String;
     fn agent_options(&self) -> crate::agent::AgentOptions;
+    /// How an agent in `workspace` is launched: its sandbox (with `own`, its state's
+    /// directories, writable) and the settings handed to it.
+    fn agent_launch(
+        &self,
+        workspace: &std::path::Path,
+        own: &[std::path::PathBuf],
+    ) -> crate::agent::sandbox::Launch;
 }
 
 /// A shared host is a host.
@@ -51,12 +54,19 @@ impl<T: ModelHost> ModelHost for Arc<T> {
     fn agent_options(&self) -> crate::agent::AgentOptions {
         (**self).agent_options()
     }
+    fn agent_launch(
+        &self,
+        workspace: &std::path::Path,
+        own: &[std::path::PathBuf],
+    ) -> crate::agent::sandbox::Launch {
+        (**self).agent_launch(workspace, own)
+    }
 }
 
 pub struct Models {
     pub credentials: Credentials,
     pub providers: Providers,
-    catalogue: catalogue::Catalogue,
+    pub catalogue: Catalogue,
     generation: AtomicU64,
 }
 
@@ -69,7 +79,7 @@ impl Models {
         Ok(Models {
             credentials: Credentials::open(data_dir, redactor)?,
             providers: Providers::open(data_dir)?,
-            catalogue: catalogue::Catalogue::default(),
+            catalogue: Catalogue::default(),
             generation: AtomicU64::new(0),
         })
     }
@@ -85,30 +95,9 @@ impl Models {
         self.providers.requires_key(provider) && !self.credentials.has(provider)
     }
 
-    fn changed(&self) {
+    pub fn changed(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
-}
-
-/// `model/list`. A caller who may not start agents (an observer) gets the catalogue the host
-/// last made, whatever its age, and never has an agent started for it (docs/protocol.md §6.1).
-pub async fn list(
-    host: &impl ModelHost,
-    may_start_agents: bool,
-) -> Result<Arc<ModelListResult>, AppError> {
-    if may_start_agents {
-        return host.models().catalogue.get(host, false).await;
-    }
-    host.models().catalogue.last().await.ok_or_else(|| {
-        AppError::new(
-            ErrorCode::Conflict,
-            "the host has not listed its models yet, and an observer starts no agent to list \
-             them: call it again once an operator has used the host, or from a device with the \
-             operator role",
-        )
-        .with_retriable(false)
-        .with_details(json!({"reason": "agent_not_running"}))
-    })
 }
 
 /// Refuses a model the agent does not know (MODEL_NOT_CONFIGURED) or whose provider has no
@@ -167,79 +156,4 @@ pub fn secret_missing(provider: &str) -> AppError {
         ),
     )
     .with_details(json!({ "provider": provider }))
-}
-
-fn too_many(what: &str) -> AppError {
-    AppError::new(
-        ErrorCode::LimitExceeded,
-        format!("a host keeps at most {MAX_PROVIDERS} {what}; delete one first"),
-    )
-    .with_details(json!({ "limit": MAX_PROVIDERS }))
-}
-
-/// `credential/set`.
-pub fn credential_set(
-    host: &impl ModelHost,
-    params: CredentialSetParams,
-) -> Result<CredentialSetResult, AppError> {
-    let models = &host.models();
-    if !models.credentials.has(&params.provider) && models.credentials.count() >= MAX_PROVIDERS {
-        return Err(too_many("credentials"));
-    }
-    let credential = models
-        .credentials
-        .set(&params.provider, &params.api_key, now_ms())
-        .map_err(crate::internal)?;
-    models.changed();
-    tracing::info!(provider = %params.provider, fingerprint = %credential.fingerprint, "provider credential set");
-    Ok(CredentialSetResult { credential })
-}
-
-/// `credential/delete`.
-pub fn credential_delete(host: &impl ModelHost, provider: &str) -> Result<Deleted, AppError> {
-    let deleted = host
-        .models()
-        .credentials
-        .delete(provider)
-        .map_err(crate::internal)?;
-    if deleted {
-        host.models().changed();
-        tracing::info!(%provider, "provider credential deleted");
-    }
-    Ok(Deleted { deleted })
-}
-
-/// `credential/list`.
-pub fn credential_list(host: &impl ModelHost) -> CredentialListResult {
-    CredentialListResult {
-        credentials: host.models().credentials.list(),
-    }
-}
-
-/// `provider/set`.
-pub fn provider_set(host: &impl ModelHost, params: ProviderSetParams) -> Result<Ack, AppError> {
-    let providers = &host.models().providers;
-    if !providers.contains(&params.provider) && providers.count() >= MAX_PROVIDERS {
-        return Err(too_many("providers"));
-    }
-    let name = params.provider.clone();
-    if providers.set(params).map_err(crate::internal)? {
-        host.models().changed();
-        tracing::info!(provider = %name, "custom provider set");
-    }
-    Ok(Ack {})
-}
-
-/// `provider/delete`.
-pub fn provider_delete(host: &impl ModelHost, provider: &str) -> Result<Deleted, AppError> {
-    let deleted = host
-        .models()
-        .providers
-        .delete(provider)
-        .map_err(crate::internal)?;
-    if deleted {
-        host.models().changed();
-        tracing::info!(%provider, "custom provider deleted");
-    }
-    Ok(Deleted { deleted })
 }

@@ -6,11 +6,14 @@
 use super::file::{FileError, Keyed};
 use racp_proto::methods::model::ProviderSetParams;
 
+/// The file in the data directory.
+pub const FILE: &str = "providers.json";
+
 pub struct Providers(Keyed<ProviderSetParams>);
 
 impl Providers {
     pub fn open(data_dir: &std::path::Path) -> Result<Providers, FileError> {
-        Keyed::open(data_dir, "providers.json", "providers").map(Providers)
+        Keyed::open(data_dir, FILE, "providers").map(Providers)
     }
 
     /// Adds or replaces a provider; false when it was there already, the same.

@@ -3,7 +3,7 @@
 //! the sessions' logs.
 
 use crate::auth::Caller;
-use crate::handlers;
+use crate::methods;
 use crate::sessions::Session;
 use crate::state::HostState;
 use racp_proto::events::SubscriptionHead;
@@ -34,12 +34,8 @@ pub async fn run(socket: Socket, state: Arc<HostState>, caller: Caller, slot: Sl
         budget: state.budget.clone(),
     };
     let device_id = caller.device_id().map(str::to_string);
-    let host = HostConnection {
-        subs: Subscriptions::new(limits.max_lag_events, limits.max_events_per_frame),
-        rate_key: caller.rate_key(),
-        state: state.clone(),
-        caller,
-    };
+    let rate_key = Some(caller.rate_key());
+    let host = HostConnection::new(state.clone(), caller, rate_key);
     let wake = host.subs.notify.clone();
     connection::run(
         socket,
@@ -53,12 +49,42 @@ pub async fn run(socket: Socket, state: Arc<HostState>, caller: Caller, slot: Sl
     .await;
 }
 
+/// A call a gateway routed to this host, with the gateway's device as the caller: through
+/// the same door as a call on a connection (racp-server's `answer_routed`), paying no rate
+/// (the gateway charged the device's bucket) and within the host's in-flight bound.
+pub async fn answer_routed(
+    state: &Arc<HostState>,
+    caller: Caller,
+    method: Method,
+    params: &RawValue,
+) -> Result<Box<RawValue>, AppError> {
+    let bound = (
+        state.in_flight.clone(),
+        state.config.limits.max_in_flight_host,
+    );
+    let service = HostConnection::new(state.clone(), caller, None);
+    connection::answer_routed(service, method, params, Some(&bound)).await
+}
+
 struct HostConnection {
     state: Arc<HostState>,
     caller: Caller,
     subs: Subscriptions<Session>,
-    /// The rate budget this connection draws on: its device's, or its pairing token's.
-    rate_key: String,
+    /// The rate budget this connection draws on: its device's, or its pairing token's; none
+    /// for a routed call.
+    rate_key: Option<String>,
+}
+
+impl HostConnection {
+    fn new(state: Arc<HostState>, caller: Caller, rate_key: Option<String>) -> Self {
+        let limits = &state.config.limits;
+        HostConnection {
+            subs: Subscriptions::new(limits.max_lag_events, limits.max_events_per_frame),
+            rate_key,
+            state,
+            caller,
+        }
+    }
 }
 
 impl Service for HostConnection {
@@ -87,8 +113,8 @@ impl Service for HostConnection {
     }
 
     fn admit(&mut self, method: Method, params: Option<&RawValue>) -> Result<Call, Refusal> {
-        let rate_key = Some(self.rate_key.as_str());
-        Ok(handlers::admit(
+        let rate_key = self.rate_key.as_deref();
+        Ok(methods::admit(
             &self.state,
             &self.caller,
             method,
@@ -101,9 +127,9 @@ impl Service for HostConnection {
         self.subs.set_max_events_per_frame(agreed.events_per_push);
         let principal = self.caller.principal();
         let offer = hello::Offer {
-            host: handlers::host_identity(&self.state),
+            host: methods::host::host_identity(&self.state),
             principal: &principal,
-            capabilities: handlers::capabilities(&self.state),
+            capabilities: methods::host::capabilities(&self.state),
             bounds: hello::Bounds::from(&self.state.config.limits),
             heartbeat: self.state.config.heartbeat,
         };
@@ -127,11 +153,11 @@ impl Service for HostConnection {
     }
 
     fn endpoint(&mut self, call: EndpointCall) -> Answer {
-        handlers::endpoint(self.state.clone(), self.caller.clone(), call)
+        methods::answer_endpoint(self.state.clone(), self.caller.clone(), call)
     }
 
     fn host(&mut self, call: HostCall, _params: Option<&RawValue>) -> Answer {
-        handlers::host(self.state.clone(), self.caller.clone(), call)
+        methods::answer_host(self.state.clone(), self.caller.clone(), call)
     }
 
     fn heads(&self) -> Vec<SubscriptionHead> {

@@ -1,6 +1,8 @@
 //! The HTTP server: the `/racp` endpoint, and serving until a shutdown signal.
 
 mod connection;
+
+pub use connection::answer_routed;
 pub mod upgrade;
 
 use crate::state::HostState;

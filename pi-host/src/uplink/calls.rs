@@ -1,18 +1,18 @@
 //! RACP calls routed from the gateway: the host's calls of the method table (the gateway
-//! serves every other place itself), with the same admit policy as a call on a WebSocket
-//! (`handlers::admit`: access, drain, params; the gateway charged the device's rate bucket),
-//! the host's in-flight bound and `handlers::host`, with the gateway's device as the caller. A message is a call only when a trusted gateway signed it
-//! (`signed.rs`), so the device, roles and grant in the envelope are a gateway's word, whoever
-//! else may publish on the subject; the grant must name this host. Its id is kept in the store
+//! serves every other place itself), entering through the same door as a call on a WebSocket
+//! (`server::answer_routed`: access, drain, params, the host's in-flight bound; the gateway
+//! charged the device's rate bucket), with the gateway's device as the caller. A message is a
+//! call only when a trusted gateway signed it (`signed.rs`), so the device, roles and grant in
+//! the envelope are a gateway's word, whoever else may publish on the subject; the grant must
+//! name this host. Its id is kept in the store
 //! for the signature's time window before it runs, so a replay is refused after a restart too.
 
 use crate::auth::Caller;
-use crate::handlers;
 use crate::state::HostState;
 use async_nats::Subscriber;
 use futures_util::StreamExt;
 use racp_proto::gateway::{CALL_MAX_SKEW_MS, RoutedCall, RoutedReply, call_subject};
-use racp_proto::{AppError, ErrorCode, Method, Placed};
+use racp_proto::{AppError, ErrorCode, Method};
 use racp_server::uplink::signed::{Refusal, Verified, Verifier};
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -145,24 +145,5 @@ async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>,
         device_id: call.device_id,
         roles: call.roles,
     };
-    // One rate bucket per device per call: the gateway's, which this call already paid.
-    let decoded = handlers::admit(state, &caller, method, Some(&call.params), None)?;
-    let Placed::Host(call) = decoded.place() else {
-        // hello, subscriptions, pairing and devices belong to the desktop's endpoint: the gateway.
-        return Err(AppError::new(
-            ErrorCode::MethodNotFound,
-            format!(
-                "{} is answered by the gateway, not routed to a host",
-                method.as_str()
-            ),
-        )
-        .with_details(json!({"method": method.as_str()})));
-    };
-    let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
-        let bound = state.config.limits.max_in_flight_host;
-        return Err(racp_server::connection::overloaded(
-            json!({"maxInFlightHost": bound}),
-        ));
-    };
-    handlers::host(state.clone(), caller, call).await
+    crate::server::answer_routed(state, caller, method, &call.params).await
 }

@@ -35,7 +35,7 @@ pub async fn run(
             sessions: u32::try_from(state.sessions.list().len()).unwrap_or(u32::MAX),
             at: now_ms(),
             online: !state.is_draining(),
-            capabilities: crate::handlers::capabilities(&state),
+            capabilities: crate::methods::host::capabilities(&state),
         };
         let body = racp_server::wire::encode(&record);
         let written = match jetstream.publish(subject.clone(), body.into()).await {

@@ -20,7 +20,7 @@ use crate::events::Event;
 use crate::fingerprint::CertSha256;
 use crate::methods::session::{SessionGetResult, SessionSubscribeParams};
 use crate::pi::stream::StreamState;
-use crate::{AppError, Cursor, ErrorCode, ErrorSource, RacpMethod};
+use crate::{AppError, Cursor, ErrorCode, ErrorSource, Method, RacpMethod};
 use serde_json::Value;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -210,13 +210,20 @@ impl RacpClient {
         }
     }
 
-    /// Calls a method with typed params and result.
+    /// Calls a method with typed params and result, waiting the client's call timeout plus
+    /// the method's own deadline from the method table (`session/bash` is answered when its
+    /// command ends).
     pub async fn call<M: RacpMethod>(&self, params: M::Params) -> Result<M::Result, AppError> {
-        self.call_within::<M>(params, self.call_timeout).await
+        self.call_within::<M>(params, self.timeout_of(M::METHOD))
+            .await
     }
 
-    /// [`RacpClient::call`] waiting `timeout` for the reply instead of the client's call
-    /// timeout, for a call the host answers only when its work ends (`session/bash`).
+    fn timeout_of(&self, method: Method) -> Duration {
+        let deadline = method.spec().deadline_ms.unwrap_or(0);
+        self.call_timeout + Duration::from_millis(deadline)
+    }
+
+    /// [`RacpClient::call`] waiting `timeout` for the reply instead.
     pub async fn call_within<M: RacpMethod>(
         &self,
         params: M::Params,

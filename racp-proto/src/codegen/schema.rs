@@ -68,6 +68,7 @@ fn method_schemas(
                 "access": spec.access.as_str(),
                 "mutates": spec.mutates,
                 "safeToResend": spec.safe_to_resend,
+                "deadlineMs": spec.deadline_ms,
                 "params": params,
                 "result": result,
             }),

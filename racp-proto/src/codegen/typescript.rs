@@ -100,17 +100,19 @@ fn write_event_data(out: &mut String, schema: &Value) {
 /// `METHODS`: who may call each method and how it may be resent.
 fn write_method_specs(out: &mut String) {
     out.push_str(
-        "/** Who may call each method, whether it changes state, and whether it may be resent after a lost reply. */\nexport const METHODS = {\n",
+        "/** Who may call each method, whether it changes state, and whether it may be resent after a lost reply, and how long the host may take beyond a usual call (its own deadline, or null). */\nexport const METHODS = {\n",
     );
     for method in Method::ALL {
         let spec = method.spec();
         let _ = writeln!(
             out,
-            "  \"{}\": {{ access: \"{}\", mutates: {}, safeToResend: {} }},",
+            "  \"{}\": {{ access: \"{}\", mutates: {}, safeToResend: {}, deadlineMs: {} }},",
             spec.name,
             spec.access.as_str(),
             spec.mutates,
-            spec.safe_to_resend
+            spec.safe_to_resend,
+            spec.deadline_ms
+                .map_or("null".to_string(), |ms| ms.to_string())
         );
     }
     out.push_str("} as const;\n\n");

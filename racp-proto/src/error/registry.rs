@@ -295,6 +295,8 @@ error_registry! {
     EditDisabledInPlan = "EDIT_DISABLED_IN_PLAN" { retriable: No, recovery: CheckState, close: 4057, http: 403, }
     /// The session is in plan mode, where a tool the policy does not know (an extension's) is hard-denied.
     ToolDisabledInPlan = "TOOL_DISABLED_IN_PLAN" { retriable: No, recovery: CheckState, close: 4058, http: 403, }
+    /// `fs/read` was given a directory: list it with `fs/list` instead.
+    ReadPathIsDirectory = "READ_PATH_IS_DIRECTORY" { retriable: No, recovery: FixArguments, close: 4059, http: 400, }
 }
 
 impl ErrorCode {

@@ -27,6 +27,27 @@ pub struct HostInfoResult {
     pub agents: AgentsInfo,
     /// The agent program the host runs for its sessions, as last checked.
     pub agent: AgentStatus,
+    /// The kernel sandbox the agents run in, or why they run without one (docs/reliability.md
+    /// §4.19). Absent from a host older than the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxInfo>,
+}
+
+/// The agents' sandbox as the host applies it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxInfo {
+    /// `landlock` while the agents run in one; `none` otherwise.
+    pub kind: String,
+    /// The owner's mode: `workspace-write`, `read-only` or `off`.
+    pub mode: String,
+    /// The kernel's Landlock ABI version, with `kind: landlock`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abi: Option<u32>,
+    /// Why there is none although the mode asks for one (an old kernel, Landlock not
+    /// enabled), or that the owner switched it off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
 }
 
 /// Whether the host can run its agent (docs/protocol.md §7.1, "The agent").

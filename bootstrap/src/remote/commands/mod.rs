@@ -5,6 +5,7 @@ mod approvals;
 pub mod attach;
 pub mod connect;
 pub mod devices;
+pub mod files;
 pub mod history;
 pub mod hosts;
 pub mod models;

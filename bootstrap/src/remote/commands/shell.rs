@@ -7,11 +7,9 @@ use crate::remote::Failure;
 use crate::remote::out::Out;
 use racp_proto::calls;
 use racp_proto::client::RacpClient;
-use racp_proto::limits::SHELL_DEADLINE_SECONDS;
 use racp_proto::methods::session::{SessionBashParams, SessionExportParams, SessionRef};
 use racp_proto::validate::printable;
 use std::io::Write;
-use std::time::Duration;
 
 /// Runs a shell command in the session's workspace and prints its output; the host answers
 /// when it ends (or aborts it at its deadline), so the call waits as long. Not resent: a
@@ -26,10 +24,7 @@ pub async fn shell(
         session_id,
         command,
     };
-    let wait = Duration::from_secs(SHELL_DEADLINE_SECONDS + 60);
-    let result = client
-        .call_within::<calls::SessionBash>(params, wait)
-        .await?;
+    let result = client.call::<calls::SessionBash>(params).await?;
     if out.json {
         out.json_value(&result);
         return Ok(());

@@ -27,11 +27,16 @@ pub const PERMISSIONS: &str = include_str!("permissions.ts");
 /// host's settings files one level up from it.
 const DIR: &str = "pi-extensions";
 
+/// The folder the extensions are in: the one part of the data directory an agent may read.
+pub fn dir(data_dir: &Path) -> PathBuf {
+    data_dir.join(DIR)
+}
+
 /// Writes the extensions under the data directory (unless they are there already) and returns
 /// their paths, the preload's first when `with_preload`. pi reads extensions from files, and the
 /// data directory is the host's own.
 pub fn install(data_dir: &Path, with_preload: bool) -> std::io::Result<Vec<PathBuf>> {
-    let dir = data_dir.join(DIR);
+    let dir = dir(data_dir);
     racp_server::private_file::create_private_dir(&dir)?;
     let mut paths = Vec::new();
     if with_preload {

@@ -1,6 +1,8 @@
 // pi-host's settings extension (docs/protocol.md §7.19-§7.22): what a desktop set for this
-// host's agents, applied when pi starts. It reads two files of the host's data directory, next
-// to this extension's own folder, once, at the agent's start:
+// host's agents, applied when pi starts. pi-host's launcher hands it the contents of two files
+// of the host's data directory (which the agent's sandbox hides) on the descriptor named by
+// PI_HOST_SETTINGS_FD, read once, at the agent's start, and closed so that nothing the agent
+// runs inherits it:
 // - credentials.json: provider API keys set with `credential/set`. Each becomes pi's runtime
 //   API key for its provider, which pi prefers over the remote user's auth.json and
 //   environment (desktop-set wins; the user's own keep working where none is set). The keys
@@ -12,7 +14,7 @@
 // `notify` (pi's own channel from an extension to its RPC client). Failures are swallowed:
 // pi treats a throwing handler as an error the user sees, and a missing file means none set.
 import type { ExtensionAPI } from "@mariozechner/pi-coding-agent";
-import { readFileSync } from "node:fs";
+import { closeSync, readFileSync } from "node:fs";
 
 type Credential = { apiKey: string };
 type CustomModel = {
@@ -28,13 +30,25 @@ type Provider = { baseUrl: string; api: string; requiresKey?: boolean; models: C
 // Sent as the key to a server that needs none; pi wants one for every provider with models.
 const NO_KEY = "pi-host-no-key";
 
-function read<T>(name: string, kind: string): Record<string, T> {
+// `{"credentials": <credentials.json>, "providers": <providers.json>}`, each null when unset.
+function handed(): any {
+	const fd = Number(process.env.PI_HOST_SETTINGS_FD);
+	if (!Number.isInteger(fd) || fd < 3) return {};
 	try {
-		const file = JSON.parse(readFileSync(new URL(`../${name}`, import.meta.url), "utf8"));
-		return file?.version === 1 && typeof file[kind] === "object" ? file[kind] : {};
+		return JSON.parse(readFileSync(fd, "utf8")) ?? {};
 	} catch {
 		return {};
+	} finally {
+		try {
+			closeSync(fd);
+		} catch {
+			// Already closed.
+		}
 	}
+}
+
+function read<T>(file: any, kind: string): Record<string, T> {
+	return file?.version === 1 && typeof file[kind] === "object" ? file[kind] : {};
 }
 
 function register(pi: ExtensionAPI, providers: Record<string, Provider>): void {
@@ -101,8 +115,9 @@ function catalogue(
 }
 
 export default function (pi: ExtensionAPI) {
-	const credentials = read<Credential>("credentials.json", "credentials");
-	const providers = read<Provider>("providers.json", "providers");
+	const settings = handed();
+	const credentials = read<Credential>(settings.credentials, "credentials");
+	const providers = read<Provider>(settings.providers, "providers");
 	register(pi, providers);
 	pi.on("session_start", (_event, ctx) => {
 		try {
