@@ -43,6 +43,8 @@ const HOME_FILES: &[(&str, &str)] = &[
     (".docker/config.json", "registry credentials"),
     (".kube/config", "cluster credentials"),
     (".config/gcloud", "cloud credentials"),
+    // pi's own provider keys.
+    (".pi/agent/auth.json", "the agent's provider keys"),
 ];
 
 /// File names refused anywhere: environment files and package-registry tokens.
@@ -50,6 +52,13 @@ const NAMES: &[(&str, &str)] = &[
     (".env", "an environment file"),
     (".npmrc", "registry tokens"),
     (".pypirc", "registry tokens"),
+];
+
+/// Where pi finds code and settings it runs at its start: writes there are refused.
+const PI_CODE: &[&[&str]] = &[
+    &[".pi", "extensions"],
+    &[".pi", "settings.json"],
+    &[".pi", "agent"],
 ];
 
 /// Extensions refused anywhere: private keys and certificate bundles.
@@ -88,6 +97,14 @@ impl Denylist {
             Rule::WritesUnder(&[".git", "hooks"]),
             "the repository's hooks",
         );
+        // Like a hook, code pi runs later unasked: the extensions and settings it loads at its
+        // next start (a project's `.pi/`, the user's `~/.pi/agent/`).
+        for names in PI_CODE {
+            add(
+                Rule::WritesUnder(names),
+                "what pi loads and runs at its start",
+            );
+        }
         for path in host_paths {
             add(Rule::Under(path.clone()), "pi-host's own files");
         }
@@ -99,6 +116,19 @@ impl Denylist {
         let mut list = Denylist { entries };
         list.add_real_paths();
         list
+    }
+
+    /// pi's provider keys (`auth.json`) in an agent config directory other than
+    /// `~/.pi/agent` (`PI_CODING_AGENT_DIR`).
+    pub fn add_agent_dir(&mut self, dir: &Path) {
+        let file = dir.join("auth.json");
+        let real = std::fs::canonicalize(&file).ok().filter(|r| *r != file);
+        for path in std::iter::once(file).chain(real) {
+            self.entries.push(Entry {
+                rule: Rule::Under(path),
+                what: "the agent's provider keys",
+            });
+        }
     }
 
     /// Each absolute entry also under its real path: a home or data directory reached through
@@ -246,6 +276,7 @@ mod tests {
             "/home/u/.kube/config",
             "/home/u/.config/gcloud",
             "/home/u/.config/gcloud/credentials.db",
+            "/home/u/.pi/agent/auth.json",
             "/home/u/.pi-host/host.db",
             "/home/u/secrets/a",
         ] {
@@ -255,6 +286,7 @@ mod tests {
             "/home/u/.aws/config",
             "/home/u/.docker/other.json",
             "/home/u/.config/gcloudx",
+            "/home/u/.pi/agent/settings.json",
             "/home/u/.pi-hostx",
             "/home/u/secretsx",
         ] {
@@ -272,6 +304,37 @@ mod tests {
         assert!(l.hit(object, false).is_none());
         assert!(l.hit(Path::new("/w/.git/config"), true).is_none());
         assert!(l.hit(Path::new("/w/git/objects/x"), true).is_none());
+    }
+
+    #[test]
+    fn what_pi_loads_at_its_start_is_refused_to_writes_only() {
+        let l = list();
+        for code in [
+            "/w/.pi/extensions/evil.ts",
+            "/w/.pi/settings.json",
+            "/home/u/.pi/agent/extensions/x/index.ts",
+            "/home/u/.pi/agent/models.json",
+        ] {
+            assert!(l.hit(Path::new(code), true).is_some(), "{code}");
+            assert!(l.hit(Path::new(code), false).is_none(), "{code}");
+        }
+        for other in [
+            "/w/.pi/notes.md",
+            "/w/pi/extensions/a.ts",
+            "/w/.pi/prompts/a.md",
+        ] {
+            assert!(l.hit(Path::new(other), true).is_none(), "{other}");
+        }
+    }
+
+    #[test]
+    fn the_agents_keys_where_its_config_directory_was_moved() {
+        let mut l = list();
+        let keys = Path::new("/srv/pi/auth.json");
+        assert!(l.hit(keys, false).is_none());
+        l.add_agent_dir(Path::new("/srv/pi"));
+        assert!(l.hit(keys, false).is_some());
+        assert!(l.hit(Path::new("/srv/pi/models.json"), false).is_none());
     }
 
     #[test]
