@@ -18,6 +18,18 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
+/// Whether process `pid` runs with no new privileges, as everything in an agent's sandbox does
+/// (the launcher sets it before the ruleset, and nothing can unset it). A kernel whose Landlock
+/// cannot fence pathname UNIX sockets (before ABI 9) lets a sandboxed process connect to this
+/// socket, which mints owner tokens: it is refused here instead.
+fn sandboxed(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .any(|line| line.starts_with("NoNewPrivs:") && line.trim_end().ends_with('1'))
+    })
+}
+
 pub fn socket_path(data_dir: &Path) -> PathBuf {
     data_dir.join("admin.sock")
 }
@@ -86,6 +98,11 @@ pub async fn serve(listener: UnixListener, state: Arc<HostState>) {
 }
 
 async fn handle(stream: UnixStream, state: Arc<HostState>) {
+    let from_an_agent = stream
+        .peer_cred()
+        .ok()
+        .and_then(|cred| cred.pid())
+        .is_some_and(sandboxed);
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     // One request per connection, bounded so a stray client cannot make the host buffer much.
@@ -99,6 +116,14 @@ async fn handle(stream: UnixStream, state: Arc<HostState>) {
         }
     }
     let reply = match serde_json::from_str::<AdminRequest>(&line) {
+        Ok(_) if from_an_agent => {
+            tracing::warn!("refused an admin request from a process in an agent's sandbox");
+            Err(AppError::new(
+                ErrorCode::Forbidden,
+                "the admin socket does not serve processes in an agent's sandbox: run pi-host's \
+                 commands from your own shell",
+            ))
+        }
         Ok(request) => answer(state, request).await,
         Err(err) => Err(AppError::new(
             ErrorCode::InvalidArgument,

@@ -102,6 +102,8 @@ struct Prefix {
     keep: usize,
     min: usize,
     key_like: bool,
+    /// The body may hold dots: pi-host's own tokens (`<prefix><id>.<secret>`).
+    dotted: bool,
 }
 
 const PREFIXES: &[Prefix] = &[
@@ -110,102 +112,135 @@ const PREFIXES: &[Prefix] = &[
         keep: 3,
         min: 8,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"sk-proj-",
         keep: 3,
         min: 8,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"sk-svcacct-",
         keep: 3,
         min: 8,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"sk-admin-",
         keep: 3,
         min: 8,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"sk-",
         keep: 3,
         min: 16,
         key_like: true,
+        dotted: false,
     },
     Prefix {
         text: b"sk_",
         keep: 3,
         min: 16,
         key_like: true,
+        dotted: false,
     },
     Prefix {
         text: b"AIza",
         keep: 4,
         min: 20,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"pplx-",
         keep: 5,
         min: 20,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"github_pat_",
         keep: 11,
         min: 20,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"ghp_",
         keep: 4,
         min: 20,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"gho_",
         keep: 4,
         min: 20,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"ghs_",
         keep: 4,
         min: 20,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"ghu_",
         keep: 4,
         min: 20,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"ghr_",
         keep: 4,
         min: 20,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"gsk_",
         keep: 4,
         min: 20,
         key_like: false,
+        dotted: false,
     },
     Prefix {
         text: b"xai-",
         keep: 4,
         min: 20,
         key_like: false,
+        dotted: false,
+    },
+    // pi-host's own pairing and device tokens (racp-server's token.rs): a pairing link the
+    // agent prints (`pi-host pair`) must not hand its token to the model or a client.
+    Prefix {
+        text: b"ppt_",
+        keep: 4,
+        min: 8,
+        key_like: false,
+        dotted: true,
+    },
+    Prefix {
+        text: b"pdt_",
+        keep: 4,
+        min: 8,
+        key_like: false,
+        dotted: true,
     },
     Prefix {
         text: b"hf_",
         keep: 3,
         min: 30,
         key_like: false,
+        dotted: false,
     },
 ];
 
@@ -219,7 +254,11 @@ fn prefixed_key(bytes: &[u8], at: usize) -> Option<(usize, usize)> {
         return Some((at + 4, at + id));
     }
     let prefix = PREFIXES.iter().find(|p| rest.starts_with(p.text))?;
-    let body = run(&rest[prefix.text.len()..], is_key_byte);
+    let body = if prefix.dotted {
+        run(&rest[prefix.text.len()..], |b| is_key_byte(b) || b == b'.')
+    } else {
+        run(&rest[prefix.text.len()..], is_key_byte)
+    };
     let body_text = &rest[prefix.text.len()..prefix.text.len() + body];
     if body < prefix.min || (prefix.key_like && !key_like(body_text)) {
         return None;
@@ -569,6 +608,9 @@ mod tests {
         ("xai-abcdefghijklmnopqrstuvwxyz0123456789", "xai-[redacted]"),
         ("id AKIAIOSFODNN7EXAMPLE used", "id AKIA[redacted] used"),
         ("ASIAY34FZKBOKMUTVV7A", "ASIA[redacted]"),
+        // pi-host's own tokens, whose secret follows a dot: a pairing link, a device token.
+        ("racps://127.0.0.1:7878/pair?cert=sha256:ab#ppt_SBL3KbOrgHc3.ndXdNu84TxCiuEr3vZN_rg", "racps://127.0.0.1:7878/pair?cert=sha256:ab#ppt_[redacted]"),
+        ("token pdt_Q1w2E3r4.abcdefghijklmnopqrstuv ok", "token pdt_[redacted] ok"),
         // Authorization schemes.
         ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig", "Authorization: Bearer [redacted]"),
         ("sent bearer abcdef0123456789 then", "sent bearer [redacted] then"),
@@ -616,6 +658,8 @@ mod tests {
     #[rustfmt::skip]
     const PREFIX_ROWS: &[(&str, &str)] = &[
         ("k sk-ant-abcdefgh", "k sk-[redacted]"),
+        ("k ppt_abcd.efgh", "k ppt_[redacted]"),
+        ("k pdt_abcd.efgh", "k pdt_[redacted]"),
         ("k sk-proj-abcdefgh", "k sk-[redacted]"),
         ("k sk-svcacct-abcdefgh", "k sk-[redacted]"),
         ("k sk-admin-abcdefgh", "k sk-[redacted]"),
@@ -748,6 +792,7 @@ mod tests {
         "interface Options { apiKey: string; token?: string }",
         "api_key = os.environ[\"OPENAI_API_KEY\"]",
         "password = input()",
+        "ppt_short",
         "sk-[redacted] and Bearer [redacted] and https://[redacted]@host",
         r#"{"api_key":"[redacted]"}"#,
     ];

@@ -17,13 +17,16 @@ pub use rules::{Plan, Reach};
 
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use serde::Deserialize;
 use std::path::Path;
 
-/// The rights asked of the kernel; an older kernel grants what it knows (its ABI is reported).
-const TARGET: ABI = ABI::V5;
+/// The rights asked of the kernel; an older kernel enforces what its ABI knows (reported in
+/// `host/info`): from ABI 6 the agent cannot signal processes outside its sandbox (the host
+/// among them) nor reach abstract UNIX sockets made outside it; from ABI 9 it cannot connect to
+/// a pathname UNIX socket it may not read (the host's admin socket among them).
+const TARGET: ABI = ABI::V9;
 
 /// How the host sandboxes its agents (`--sandbox`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
@@ -110,13 +113,15 @@ impl Prepared {
     /// made) is left out: that refuses more, never less.
     pub fn new(plan: &Plan) -> Result<Prepared, PrepareError> {
         let fail = |e: &dyn std::fmt::Display| PrepareError(e.to_string());
-        let read = AccessFs::from_read(TARGET);
+        let read = AccessFs::from_read(TARGET) | AccessFs::ResolveUnix;
         let write = AccessFs::from_all(TARGET);
         // Best effort: an older kernel enforces the rights its ABI knows. One that enforces
         // none fails `restrict`, so the agent does not start unconfined.
         let mut ruleset = Ruleset::default()
             .set_compatibility(CompatLevel::BestEffort)
             .handle_access(write)
+            .map_err(|e| fail(&e))?
+            .scope(Scope::from_all(TARGET))
             .map_err(|e| fail(&e))?
             .create()
             .map_err(|e| fail(&e))?;

@@ -1,0 +1,306 @@
+//! The agent's kernel sandbox (docs/reliability.md §4.19) with the REAL pi, offline: what an
+//! operator's shell command (`session/bash`, which pi's own shell runs) and a model's `bash`
+//! tool call can reach, for the agent, a child and a grandchild: the host's data directory
+//! (the desktop's provider keys, the device store), the user's keys and credential files, and
+//! writes outside the workspace are refused; work in the workspace goes on. A host restarted
+//! after kill -9 sandboxes its new agent too, and a host whose kernel has no Landlock says so.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::json;
+use std::time::Duration;
+use tests::pi::{Stub, pi_host_env};
+use tests::{Client, HostProcess};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// What the user's planted credential files hold.
+const KEY: &str = "SANDBOXED-SECRET-0xBEEF";
+/// The provider key a desktop set (`credential/set`), kept in the data directory.
+const PROVIDER_KEY: &str = "sk-sandbox-0123456789abcdefghijklmnop";
+
+struct World {
+    host: HostProcess,
+    _pi_dir: tempfile::TempDir,
+    home: tempfile::TempDir,
+    stub: Stub,
+    token: String,
+}
+
+/// A host with the real pi in permission mode `auto` (the policy asks nothing, so what runs is
+/// the sandbox's to refuse), `HOME` in a temp dir holding the user's credential files, and a
+/// provider key set by the owner.
+async fn world(extra: &[&str], extra_env: &[(&str, &str)]) -> World {
+    let home = outside_temp();
+    for (file, text) in [
+        (".ssh/id_ed25519", KEY),
+        (".aws/credentials", KEY),
+        (".netrc", KEY),
+    ] {
+        let path = home.path().join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let stub = Stub::default();
+    let home_env = home.path().to_str().unwrap().to_string();
+    let mut env = vec![("HOME", home_env.as_str())];
+    env.extend_from_slice(extra_env);
+    let mut args = vec!["--permission-mode", "auto"];
+    args.extend_from_slice(extra);
+    let (host, pi_dir) = pi_host_env(&stub, None, &args, &env).await;
+    let (_, token) = host.pair_device("owner", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let set = client
+        .call(
+            "credential/set",
+            json!({"provider": "openai", "apiKey": PROVIDER_KEY}),
+        )
+        .await;
+    assert!(set.get("result").is_some(), "{set}");
+    World {
+        host,
+        _pi_dir: pi_dir,
+        home,
+        stub,
+        token,
+    }
+}
+
+async fn connect(host: &HostProcess, token: &str) -> Client {
+    let mut client = Client::connect(&host.url(), token).await.unwrap();
+    client.hello().await;
+    client
+}
+
+/// Runs `command` with `session/bash`; its output and exit code.
+async fn bash(client: &mut Client, session: &str, command: &str) -> (String, i64) {
+    let reply = client
+        .call(
+            "session/bash",
+            json!({"sessionId": session, "command": command}),
+        )
+        .await;
+    let result = &reply["result"];
+    let output = result["output"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{command}: {reply}"))
+        .to_string();
+    (output, result["exitCode"].as_i64().unwrap_or(-1))
+}
+
+/// Asserts `command` failed as the kernel refused it, and showed nothing of a secret.
+async fn refused(client: &mut Client, session: &str, command: &str) {
+    let (output, code) = bash(client, session, command).await;
+    assert_ne!(code, 0, "{command} ran: {output}");
+    assert!(
+        output.contains("Permission denied") || output.contains("PermissionError"),
+        "{command} failed otherwise: {output}"
+    );
+    for secret in [KEY, PROVIDER_KEY] {
+        assert!(
+            !output.contains(secret),
+            "{command} showed a secret: {output}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_shell_reaches_neither_the_hosts_files_nor_the_users_keys_and_works_in_its_workspace() {
+    let w = world(&[], &[]).await;
+    let mut client = connect(&w.host, &w.token).await;
+    let info = client.call("host/info", json!({})).await["result"].clone();
+    assert_eq!(info["sandbox"]["kind"], "landlock", "{info}");
+    assert_eq!(info["sandbox"]["mode"], "workspace-write");
+    assert!(info["sandbox"]["abi"].as_u64().unwrap() >= 1, "{info}");
+    assert!(
+        info["capabilities"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("sandbox"))
+    );
+    let session = client.open_session(&w.host.workspace("w")).await;
+    let data = w.host.data_dir.path().canonicalize().unwrap();
+    let data = data.display();
+    // Another project of the user's, beside the workspace (not under /tmp, which every agent
+    // may write, as its temp).
+    let other = w.home.path().join("projects/other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("README"), "another project").unwrap();
+    let other = other.display();
+
+    // The seven holes: the data directory's keys and device store, the user's credential
+    // files, a grandchild's read, and writes into home and another project.
+    for command in [
+        format!("cat {data}/credentials.json"),
+        format!("base64 {data}/credentials.json"),
+        format!("head -c 64 {data}/pi-host.db"),
+        "cat ~/.ssh/id_ed25519".to_string(),
+        "cat ~/.aws/credentials".to_string(),
+        "cat ~/.netrc".to_string(),
+        format!("sh -c 'sh -c \"cat {data}/credentials.json\"'"),
+        "echo planted > ~/planted".to_string(),
+        format!("echo planted > {other}/planted"),
+    ] {
+        refused(&mut client, &session, &command).await;
+    }
+    if which("python3") {
+        let read = format!("python3 -c 'print(open(\"{data}/credentials.json\").read())'");
+        refused(&mut client, &session, &read).await;
+    }
+    assert!(!w.home.path().join("planted").exists());
+    assert!(!w.home.path().join("projects/other/planted").exists());
+
+    // The host's admin socket mints owner tokens: a sandboxed process gets none, whether the
+    // kernel refuses the connection (Landlock ABI 9) or the host refuses the peer.
+    let pair = format!(
+        "{} --data-dir {data} pair --json --roles owner",
+        tests::pi_host_binary().display()
+    );
+    let (output, code) = bash(&mut client, &session, &pair).await;
+    assert_ne!(code, 0, "{output}");
+    assert!(
+        !output.contains("expiresAt"),
+        "a token was minted: {output}"
+    );
+    assert!(
+        output.contains("sandbox") || output.contains("Permission denied"),
+        "{output}"
+    );
+
+    // The control: work in the workspace, temp files, reading other projects.
+    let (output, code) = bash(
+        &mut client,
+        &session,
+        "echo made > inside.txt && mkdir -p sub && echo deep > sub/f && cat inside.txt sub/f \
+         && t=$(mktemp) && echo temp > $t && cat $t && cat ~/projects/other/README",
+    )
+    .await;
+    assert_eq!(
+        (output.as_str(), code),
+        ("made\ndeep\ntemp\nanother project", 0)
+    );
+    let workspace = w.host.root.path().join("w");
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("sub/f")).unwrap(),
+        "deep\n"
+    );
+}
+
+#[tokio::test]
+async fn a_models_tool_call_and_its_children_meet_the_same_refusals() {
+    let w = world(&[], &[]).await;
+    let mut client = connect(&w.host, &w.token).await;
+    let session = client.open_session(&w.host.workspace("w")).await;
+    let data = w.host.data_dir.path().canonicalize().unwrap();
+    // Spelled so the policy's scan of a command does not see the paths: the kernel refuses.
+    let key = "d=.ssh; cat ~/$d/id_ed25519";
+    let store = format!(
+        "sh -c 'cat \"$(printf %s {})\"/credentials.json'",
+        data.display()
+    );
+    w.stub.script(&[
+        ("bash", json!({"command": key})),
+        ("bash", json!({"command": store})),
+        ("bash", json!({"command": "echo from-the-model > made.txt"})),
+    ]);
+    let started = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session, "idempotencyKey": "k1", "text": "go"}),
+        )
+        .await;
+    assert!(started.get("result").is_some(), "{started}");
+    client
+        .events_until(WAIT, |e| e["type"] == "turn.finished")
+        .await;
+    let requests = w.stub.requests.lock().unwrap().clone();
+    let results: Vec<String> = requests
+        .iter()
+        .filter_map(|r| r["messages"].as_array()?.last().cloned())
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].to_string())
+        .collect();
+    assert_eq!(results.len(), 3, "{results:#?}");
+    for result in &results[..2] {
+        assert!(result.contains("Permission denied"), "{result}");
+        assert!(
+            !result.contains(KEY) && !result.contains(PROVIDER_KEY),
+            "{result}"
+        );
+    }
+    let made = w.host.root.path().join("w/made.txt");
+    assert_eq!(std::fs::read_to_string(made).unwrap(), "from-the-model\n");
+}
+
+#[tokio::test]
+async fn a_restart_after_kill_9_sandboxes_the_new_agent_too() {
+    let w = world(&[], &[]).await;
+    let mut client = connect(&w.host, &w.token).await;
+    let session = client.open_session(&w.host.workspace("w")).await;
+    refused(&mut client, &session, "cat ~/.ssh/id_ed25519").await;
+    drop(client);
+    let World {
+        mut host,
+        _pi_dir,
+        home,
+        token,
+        ..
+    } = w;
+    host.kill().await;
+    let agent = shell_words::join(tests::pi::pi_words(&tests::pi::pi_cli(), None));
+    let host = host
+        .restart(&["--agent", &agent, "--permission-mode", "auto"])
+        .await;
+    let mut client = connect(&host, &token).await;
+    refused(&mut client, &session, "cat ~/.ssh/id_ed25519").await;
+    refused(&mut client, &session, "echo x > ~/planted").await;
+    assert!(!home.path().join("planted").exists());
+}
+
+/// On a kernel without Landlock (switched off for the test) the host starts, says so once, and
+/// reports `none` with the reason instead of pretending; the owner's `--sandbox off` says so too.
+#[tokio::test]
+async fn without_landlock_the_host_says_unavailable_rather_than_pretend() {
+    let w = world(&[], &[("PI_HOST_TEST_NO_LANDLOCK", "1")]).await;
+    let mut client = connect(&w.host, &w.token).await;
+    let info = client.call("host/info", json!({})).await["result"].clone();
+    assert_eq!(info["sandbox"]["kind"], "none", "{info}");
+    assert!(
+        info["sandbox"]["unavailable"]
+            .as_str()
+            .unwrap()
+            .contains("Landlock"),
+        "{info}"
+    );
+    assert!(
+        !info["capabilities"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("sandbox"))
+    );
+    let log = w.host.log();
+    assert_eq!(log.matches("WITHOUT a sandbox").count(), 1, "{log}");
+    // Nothing pretends: the agent reads what the user can.
+    let session = client.open_session(&w.host.workspace("w")).await;
+    let (output, code) = bash(&mut client, &session, "cat ~/.ssh/id_ed25519").await;
+    assert_eq!((output.trim(), code), (KEY, 0));
+
+    let off = world(&["--sandbox", "off"], &[]).await;
+    let mut client = connect(&off.host, &off.token).await;
+    let info = client.call("host/info", json!({})).await["result"].clone();
+    assert_eq!(info["sandbox"]["mode"], "off", "{info}");
+    assert_eq!(info["sandbox"]["kind"], "none", "{info}");
+}
+
+/// A directory outside the system's temp directories, which every agent may write: the user's
+/// home and projects live elsewhere.
+fn outside_temp() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+fn which(program: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
