@@ -80,7 +80,7 @@ export type AgentStatus = {
 /**
  * Why an idle agent was stopped.
  */
-export type AgentStopReason = "idle" | "capacity";
+export type AgentStopReason = "idle" | "capacity" | "sandbox";
 
 /**
  * `session.agent_stopped`: the host stopped the session's idle agent; the next turn (or

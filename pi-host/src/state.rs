@@ -196,10 +196,9 @@ impl crate::models::ModelHost for HostState {
     }
     fn agent_launch(
         &self,
-        workspace: &std::path::Path,
-        own: &[std::path::PathBuf],
+        place: &crate::agent::sandbox::AgentPlace,
     ) -> crate::agent::sandbox::Launch {
-        self.sandbox.launch(&self.config, workspace, own)
+        self.sandbox.launch(&self.config, place)
     }
 }
 

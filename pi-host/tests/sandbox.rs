@@ -45,7 +45,11 @@ async fn world(extra: &[&str], extra_env: &[(&str, &str)]) -> World {
     let home_env = home.path().to_str().unwrap().to_string();
     let mut env = vec![("HOME", home_env.as_str())];
     env.extend_from_slice(extra_env);
-    let mut args = vec!["--permission-mode", "auto"];
+    // Workspaces in the user's home, not under /tmp, which every agent may write as its temp.
+    let projects = home.path().join("projects");
+    std::fs::create_dir_all(&projects).unwrap();
+    let projects = projects.to_str().unwrap().to_string();
+    let mut args = vec!["--permission-mode", "auto", "--root", projects.as_str()];
     args.extend_from_slice(extra);
     let (host, pi_dir) = pi_host_env(&stub, None, &args, &env).await;
     let (_, token) = host.pair_device("owner", &[]).await;
@@ -64,6 +68,13 @@ async fn world(extra: &[&str], extra_env: &[(&str, &str)]) -> World {
         stub,
         token,
     }
+}
+
+/// A workspace `name` under the user's projects (created).
+fn workspace(w: &World, name: &str) -> String {
+    let path = w.home.path().join("projects").join(name);
+    std::fs::create_dir_all(&path).unwrap();
+    path.to_str().unwrap().to_string()
 }
 
 async fn connect(host: &HostProcess, token: &str) -> Client {
@@ -118,7 +129,7 @@ async fn a_shell_reaches_neither_the_hosts_files_nor_the_users_keys_and_works_in
             .unwrap()
             .contains(&json!("sandbox"))
     );
-    let session = client.open_session(&w.host.workspace("w")).await;
+    let session = client.open_session(&workspace(&w, "w")).await;
     let data = w.host.data_dir.path().canonicalize().unwrap();
     let data = data.display();
     // Another project of the user's, beside the workspace (not under /tmp, which every agent
@@ -179,7 +190,7 @@ async fn a_shell_reaches_neither_the_hosts_files_nor_the_users_keys_and_works_in
         (output.as_str(), code),
         ("made\ndeep\ntemp\nanother project", 0)
     );
-    let workspace = w.host.root.path().join("w");
+    let workspace = w.home.path().join("projects/w");
     assert_eq!(
         std::fs::read_to_string(workspace.join("sub/f")).unwrap(),
         "deep\n"
@@ -190,7 +201,7 @@ async fn a_shell_reaches_neither_the_hosts_files_nor_the_users_keys_and_works_in
 async fn a_models_tool_call_and_its_children_meet_the_same_refusals() {
     let w = world(&[], &[]).await;
     let mut client = connect(&w.host, &w.token).await;
-    let session = client.open_session(&w.host.workspace("w")).await;
+    let session = client.open_session(&workspace(&w, "w")).await;
     let data = w.host.data_dir.path().canonicalize().unwrap();
     // Spelled so the policy's scan of a command does not see the paths: the kernel refuses.
     let key = "d=.ssh; cat ~/$d/id_ed25519";
@@ -228,7 +239,7 @@ async fn a_models_tool_call_and_its_children_meet_the_same_refusals() {
             "{result}"
         );
     }
-    let made = w.host.root.path().join("w/made.txt");
+    let made = w.home.path().join("projects/w/made.txt");
     assert_eq!(std::fs::read_to_string(made).unwrap(), "from-the-model\n");
 }
 
@@ -236,7 +247,7 @@ async fn a_models_tool_call_and_its_children_meet_the_same_refusals() {
 async fn a_restart_after_kill_9_sandboxes_the_new_agent_too() {
     let w = world(&[], &[]).await;
     let mut client = connect(&w.host, &w.token).await;
-    let session = client.open_session(&w.host.workspace("w")).await;
+    let session = client.open_session(&workspace(&w, "w")).await;
     refused(&mut client, &session, "cat ~/.ssh/id_ed25519").await;
     drop(client);
     let World {
@@ -281,7 +292,7 @@ async fn without_landlock_the_host_says_unavailable_rather_than_pretend() {
     let log = w.host.log();
     assert_eq!(log.matches("WITHOUT a sandbox").count(), 1, "{log}");
     // Nothing pretends: the agent reads what the user can.
-    let session = client.open_session(&w.host.workspace("w")).await;
+    let session = client.open_session(&workspace(&w, "w")).await;
     let (output, code) = bash(&mut client, &session, "cat ~/.ssh/id_ed25519").await;
     assert_eq!((output.trim(), code), (KEY, 0));
 
@@ -303,4 +314,87 @@ fn which(program: &str) -> bool {
         .args(["-c", &format!("command -v {program}")])
         .output()
         .is_ok_and(|o| o.status.success())
+}
+
+/// A person's grant to write outside the workspace reaches the kernel's ruleset from the next
+/// turn: the call allowed in the turn that granted it still meets the old ruleset (EACCES, the
+/// tool's ordinary error), then the agent restarts between turns (`session.agent_stopped`,
+/// reason `sandbox`) and the same write succeeds. Plan mode makes the sandbox read-only.
+#[tokio::test]
+async fn a_grant_widens_the_sandbox_from_the_next_turn_and_plan_mode_reads_only() {
+    let w = world(&[], &[]).await;
+    let mut client = connect(&w.host, &w.token).await;
+    let session = client.open_session(&workspace(&w, "w")).await;
+    let other = w.home.path().join("projects/other");
+    std::fs::create_dir_all(&other).unwrap();
+    let target = other.join("notes.md");
+    let write = |text: &str| ("write", json!({"path": target, "content": text}));
+
+    w.stub.script(&[write("first")]);
+    turn(&mut client, &session, "k1").await;
+    let asked = client
+        .events_until(WAIT, |e| e["type"] == "approval.requested")
+        .await;
+    let asked = asked.last().unwrap();
+    let answer =
+        json!({"approvalId": asked["data"]["approvalId"], "decision": {"value": "always"}});
+    let reply = client.call("approval/respond", answer).await;
+    assert_eq!(reply["result"]["approval"]["state"], "allowed", "{reply}");
+    client
+        .events_until(WAIT, |e| e["type"] == "turn.finished")
+        .await;
+    assert!(
+        !target.exists(),
+        "the running agent's ruleset predates the grant"
+    );
+    let last = w.stub.requests.lock().unwrap().last().cloned().unwrap();
+    let result = last["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .to_string();
+    assert!(
+        result.contains("EACCES") || result.contains("permission denied"),
+        "{result}"
+    );
+
+    w.stub.script(&[write("second")]);
+    turn(&mut client, &session, "k2").await;
+    let events = client
+        .events_until(WAIT, |e| e["type"] == "turn.finished")
+        .await;
+    let stopped = events
+        .iter()
+        .find(|e| e["type"] == "session.agent_stopped")
+        .unwrap_or_else(|| panic!("no restart: {events:#?}"));
+    assert_eq!(stopped["data"]["reason"], "sandbox");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "second");
+
+    // Plan mode: the agent (and the user's own shell through it) writes nothing but temp.
+    let configured = client
+        .call(
+            "session/configure",
+            json!({"sessionId": session, "permissionMode": "plan"}),
+        )
+        .await;
+    assert!(configured.get("result").is_some(), "{configured}");
+    refused(&mut client, &session, "echo x > inside.txt").await;
+    let (output, code) = bash(
+        &mut client,
+        &session,
+        "t=$(mktemp) && echo temp > $t && cat $t && cat ~/projects/other/notes.md",
+    )
+    .await;
+    assert_eq!((output.as_str(), code), ("temp\nsecond", 0));
+}
+
+async fn turn(client: &mut Client, session: &str, key: &str) {
+    let started = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session, "idempotencyKey": key, "text": "go"}),
+        )
+        .await;
+    assert!(started.get("result").is_some(), "{started}");
 }

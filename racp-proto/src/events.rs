@@ -615,6 +615,9 @@ pub enum AgentStopReason {
     Idle,
     /// The host runs its most agents at once and another session needed one.
     Capacity,
+    /// Its sandbox no longer matched its session (a grant, or a move into or out of plan
+    /// mode): the next turn starts it again with the new ruleset, on the same conversation.
+    Sandbox,
 }
 
 /// The pushes a host sends.

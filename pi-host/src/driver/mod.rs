@@ -23,17 +23,22 @@ pub use lifecycle::stop_idle_agents;
 pub use approvals::Approvals;
 
 use crate::agent::failure::{self, RetryTrail};
+use crate::agent::sandbox::AgentPlace;
 use crate::agent::{Agent, AgentError, AgentOutput, AgentSpec, RunEnd, UiAnswer};
 use crate::auth::Caller;
 use crate::models::ModelHost;
 use crate::sessions::{HostEvent, Session};
-use racp_proto::events::{TurnFinishedData, TurnOutcome, WithdrawReason};
+use racp_proto::events::{
+    AgentStopReason, AgentStoppedData, TurnFinishedData, TurnOutcome, WithdrawReason,
+};
 use racp_proto::methods::model::ModelRef;
 use racp_proto::methods::turn::{TurnRef, TurnStartParams, TurnStartResult, TurnSteerParams};
+use racp_proto::permission::{GrantScope, PermissionMode};
 use racp_proto::pi::{self, Kind};
 use racp_proto::{Ack, AppError, ErrorCode};
 use serde_json::json;
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -96,6 +101,8 @@ struct DriverState {
     last_used: Option<Instant>,
     /// The settings generation (`models::Models::generation`) the agent started with.
     generation: u64,
+    /// What the agent's sandbox was made from: a new grant or a change of mode retires it.
+    place: AgentPlace,
     /// The models the agent has a credential for, once asked (`ready`); `Err` when the agent
     /// does not answer `get_available_models` (not pi), so there is nothing to check.
     available: Option<Result<Vec<ModelRef>, ()>>,
@@ -275,6 +282,7 @@ impl Drivers {
         state: &mut DriverState,
     ) -> Result<Agent, AppError> {
         driver.retire_stale(host, state);
+        driver.retire_for_sandbox(&**host, state).await;
         let agent = match state.agent.clone() {
             Some(agent) => agent,
             None => {
@@ -517,10 +525,13 @@ impl Driver {
             || self.session.has_turns()
             || branch::holds_session_file(&session_dir);
         let workspace: std::path::PathBuf = self.session.workspace.clone().into();
-        let own = [session_dir.clone(), export_dir, temp_dir.clone()];
+        let place = AgentPlace {
+            own: vec![session_dir.clone(), export_dir, temp_dir.clone()],
+            ..self.place(host, &workspace)
+        };
         let spec = AgentSpec {
             command: host.agent_command(resume),
-            launch: Some(host.agent_launch(&workspace, &own)),
+            launch: Some(host.agent_launch(&place)),
             workspace,
             env: vec![
                 (
@@ -539,6 +550,7 @@ impl Driver {
         state.ran_turn = false;
         state.last_used = Some(Instant::now());
         state.generation = generation;
+        state.place = place;
         state.available = None;
         let settings = self.session.settings();
         if !settings.is_empty()
@@ -561,6 +573,61 @@ impl Driver {
             tracing::info!(session_id = %self.session.id, "restarting the agent: the host's model settings changed");
             // Not under the driver's lock: the pump drains the agent's last output meanwhile.
             tokio::spawn(async move { stale.shutdown().await });
+        }
+    }
+
+    /// Between turns, an agent whose sandbox no longer matches its session (a grant since it
+    /// started, or a move into or out of plan mode) is stopped, with `session.agent_stopped`
+    /// (reason `sandbox`): the next agent starts with the new ruleset and resumes the same
+    /// conversation (docs/reliability.md §4.19).
+    async fn retire_for_sandbox(&self, host: &impl DriverHost, state: &mut DriverState) {
+        if state.active.is_some() || state.agent.is_none() {
+            return;
+        }
+        let now = self.place(host, Path::new(&self.session.workspace));
+        if now.read_only == state.place.read_only && now.granted == state.place.granted {
+            return;
+        }
+        let idle_ms = state
+            .last_used
+            .map_or(0, |at| at.elapsed().as_millis() as u64);
+        if let Some(stale) = self.take_agent(state) {
+            tracing::info!(session_id = %self.session.id, "restarting the agent: its sandbox changed");
+            tokio::spawn(async move { stale.shutdown().await });
+            let event = HostEvent::of_session(AgentStoppedData {
+                reason: AgentStopReason::Sandbox,
+                idle_ms,
+            });
+            if let Err(err) = host.sessions().commit(&self.session, vec![event]).await {
+                tracing::warn!(error = %err, "cannot record the agent's restart");
+            }
+        }
+    }
+
+    /// Where the session's agent runs, as its sandbox sees it: plan mode reads only, and the
+    /// directories a person granted writes in.
+    fn place(&self, host: &impl DriverHost, workspace: &Path) -> AgentPlace {
+        let read_only = self
+            .session
+            .settings()
+            .permission_mode
+            .unwrap_or(host.config().permission_mode)
+            == PermissionMode::Plan;
+        let granted = host
+            .store()
+            .grants(&self.session.id)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|g| {
+                g.scope == GrantScope::Directory && matches!(g.tool.as_str(), "write" | "edit")
+            })
+            .map(|g| PathBuf::from(g.value))
+            .collect();
+        AgentPlace {
+            workspace: workspace.to_path_buf(),
+            own: Vec::new(),
+            read_only,
+            granted,
         }
     }
 

@@ -80,7 +80,12 @@ async fn ask_agent(host: &impl ModelHost) -> Result<ModelListResult, AppError> {
     let spec = AgentSpec {
         command: host.agent_command(false),
         workspace: scratch.clone(),
-        launch: Some(host.agent_launch(&scratch, std::slice::from_ref(&scratch))),
+        launch: Some(host.agent_launch(&crate::agent::sandbox::AgentPlace {
+            workspace: scratch.clone(),
+            own: vec![scratch.clone()],
+            read_only: true,
+            granted: Vec::new(),
+        })),
         env: vec![
             ("PI_HOST_CATALOGUE".into(), "1".into()),
             (

@@ -28,12 +28,10 @@ pub trait ModelHost: Send + Sync + 'static {
     fn agent(&self) -> &crate::agent::check::AgentCheck;
     fn agent_command(&self, resume: bool) -> String;
     fn agent_options(&self) -> crate::agent::AgentOptions;
-    /// How an agent in `workspace` is launched: its sandbox (with `own`, its state's
-    /// directories, writable) and the settings handed to it.
+    /// How an agent at `place` is launched: its sandbox and the settings handed to it.
     fn agent_launch(
         &self,
-        workspace: &std::path::Path,
-        own: &[std::path::PathBuf],
+        place: &crate::agent::sandbox::AgentPlace,
     ) -> crate::agent::sandbox::Launch;
 }
 
@@ -56,10 +54,9 @@ impl<T: ModelHost> ModelHost for Arc<T> {
     }
     fn agent_launch(
         &self,
-        workspace: &std::path::Path,
-        own: &[std::path::PathBuf],
+        place: &crate::agent::sandbox::AgentPlace,
     ) -> crate::agent::sandbox::Launch {
-        (**self).agent_launch(workspace, own)
+        (**self).agent_launch(place)
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::{Launch, Mode, Reach, Support};
 use crate::config::ServeConfig;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Under the home directory, hidden whatever is granted: keys, tokens and credential stores.
 pub const HIDDEN_IN_HOME: &[&str] = &[
@@ -54,6 +54,19 @@ const INSTALLED_AGENTS: &str = "agent";
 
 /// Writable for every agent: temp directories and the devices (`/dev/null`, a pty).
 const TEMP: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/dev"];
+
+/// What one agent's sandbox depends on besides the host's settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentPlace {
+    pub workspace: PathBuf,
+    /// Its own state's directories (session files, export, temp): writable even inside the
+    /// hidden data directory.
+    pub own: Vec<PathBuf>,
+    /// Its session is in plan mode: nothing is written but temp and its own state.
+    pub read_only: bool,
+    /// Directories a person let the session write in (the permission policy's grants).
+    pub granted: Vec<PathBuf>,
+}
 
 /// The sandbox a host runs its agents in: its mode, and what the kernel offers.
 #[derive(Debug, Clone)]
@@ -122,12 +135,13 @@ impl HostSandbox {
         self.mode != Mode::Off && matches!(self.support, Support::Landlock { .. })
     }
 
-    /// How an agent in `workspace` is launched; `own` are its own state's directories (its
-    /// session files), writable even inside the hidden data directory.
-    pub fn launch(&self, config: &ServeConfig, workspace: &Path, own: &[PathBuf]) -> Launch {
-        let reach = self
-            .enforced()
-            .then(|| reach(config, self.mode, workspace, own));
+    /// How an agent at `place` is launched.
+    pub fn launch(&self, config: &ServeConfig, place: &AgentPlace) -> Launch {
+        let mode = match self.mode {
+            Mode::WorkspaceWrite if place.read_only => Mode::ReadOnly,
+            mode => mode,
+        };
+        let reach = self.enforced().then(|| reach(config, mode, place));
         Launch {
             reach,
             settings_dir: Some(config.data_dir.clone()),
@@ -135,7 +149,7 @@ impl HostSandbox {
     }
 }
 
-fn reach(config: &ServeConfig, mode: Mode, workspace: &Path, own: &[PathBuf]) -> Reach {
+fn reach(config: &ServeConfig, mode: Mode, place: &AgentPlace) -> Reach {
     let home = std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from);
@@ -155,9 +169,10 @@ fn reach(config: &ServeConfig, mode: Mode, workspace: &Path, own: &[PathBuf]) ->
         None => home.clone().unwrap_or_default().join(".pi"),
     });
     if mode == Mode::WorkspaceWrite {
-        writable.push(workspace.to_path_buf());
+        writable.push(place.workspace.clone());
         writable.extend(in_home(CACHES_IN_HOME));
         writable.extend(config.sandbox.writable.iter().cloned());
+        writable.extend(place.granted.iter().cloned());
     }
     let mut readable = vec![
         crate::agent::extensions::dir(&config.data_dir),
@@ -168,6 +183,6 @@ fn reach(config: &ServeConfig, mode: Mode, workspace: &Path, own: &[PathBuf]) ->
         hidden,
         writable,
         readable,
-        own: own.to_vec(),
+        own: place.own.clone(),
     }
 }

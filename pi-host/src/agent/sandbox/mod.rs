@@ -12,7 +12,7 @@ mod host;
 mod rules;
 
 pub use exec::{ExecArgs, Launch, run};
-pub use host::{CACHES_IN_HOME, HIDDEN_IN_HOME, HostSandbox};
+pub use host::{AgentPlace, CACHES_IN_HOME, HIDDEN_IN_HOME, HostSandbox};
 pub use rules::{Plan, Reach};
 
 use landlock::{
