@@ -8,6 +8,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use serde_json::json;
+use std::path::Path;
 use std::time::Duration;
 use tests::pi::{Stub, pi_host_env};
 use tests::{Client, HostProcess};
@@ -31,7 +32,11 @@ struct World {
 /// the sandbox's to refuse), `HOME` in a temp dir holding the user's credential files, and a
 /// provider key set by the owner.
 async fn world(extra: &[&str], extra_env: &[(&str, &str)]) -> World {
-    let home = outside_temp();
+    world_in(outside_temp(), extra, extra_env).await
+}
+
+/// [`world`] with `home` as the user's home.
+async fn world_in(home: tempfile::TempDir, extra: &[&str], extra_env: &[(&str, &str)]) -> World {
     for (file, text) in [
         (".ssh/id_ed25519", KEY),
         (".aws/credentials", KEY),
@@ -397,4 +402,72 @@ async fn turn(client: &mut Client, session: &str, key: &str) {
         )
         .await;
     assert!(started.get("result").is_some(), "{started}");
+}
+
+/// Builds in the workspace work in the sandbox: npm installs a package through its cache in
+/// `~/.npm`, and cargo builds a crate with its registry cache and locks in `~/.cargo`; neither
+/// may write anywhere else in home.
+#[tokio::test]
+async fn builds_in_the_workspace_fill_the_listed_caches() {
+    let home = outside_temp();
+    let cargo_home = home.path().join(".cargo");
+    std::fs::create_dir_all(cargo_home.join("registry")).unwrap();
+    for lock in [".package-cache", ".package-cache-mutate"] {
+        std::fs::write(cargo_home.join(lock), "").unwrap();
+    }
+    std::fs::create_dir_all(home.path().join(".npm")).unwrap();
+    // A package to install, packed outside the sandbox.
+    let package = home.path().join("tiny");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::write(
+        package.join("package.json"),
+        r#"{"name":"tiny","version":"1.0.0"}"#,
+    )
+    .unwrap();
+    std::fs::write(package.join("index.js"), "module.exports = 'tiny-ok';").unwrap();
+    let packed = std::process::Command::new("npm")
+        .args(["pack", "--silent"])
+        .current_dir(home.path())
+        .arg(&package)
+        .env("npm_config_cache", home.path().join(".npm"))
+        .output()
+        .unwrap();
+    assert!(packed.status.success(), "{packed:?}");
+    let rustup = std::env::var("RUSTUP_HOME")
+        .unwrap_or_else(|_| format!("{}/.rustup", std::env::var("HOME").unwrap()));
+    let cargo = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v cargo"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let cargo_bin = Path::new(cargo.trim())
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let path = format!("{cargo_bin}:{}", std::env::var("PATH").unwrap());
+    let env = [
+        ("RUSTUP_HOME", rustup.as_str()),
+        ("CARGO_HOME", cargo_home.to_str().unwrap()),
+        ("PATH", path.as_str()),
+    ];
+    let w = world_in(home, &[], &env).await;
+    let mut client = connect(&w.host, &w.token).await;
+    let session = client.open_session(&workspace(&w, "build")).await;
+    let npm = "npm install --offline --no-audit --no-fund --no-update-notifier ~/tiny-1.0.0.tgz >/dev/null \
+               && node -e \"console.log(require('tiny'))\"";
+    let (output, code) = bash(&mut client, &session, npm).await;
+    assert_eq!((output.trim(), code), ("tiny-ok", 0));
+    // A crate of its own (`[workspace]`: the test's home lies inside this repository).
+    let crate_dir = "mkdir -p src && cat > src/main.rs <<'E'\nfn main() { println!(\"built-ok\"); }\nE\n\
+                     cat > Cargo.toml <<'E'\n[package]\nname = \"built\"\nversion = \"0.1.0\"\n\
+                     edition = \"2021\"\n[workspace]\nE\n\
+                     cargo build --quiet --offline && ./target/debug/built";
+    let (output, code) = bash(&mut client, &session, crate_dir).await;
+    assert_eq!((output.trim(), code), ("built-ok", 0), "{output}");
+    // The rest of home stays out of reach.
+    refused(&mut client, &session, "touch ~/.cargo/config.toml").await;
 }

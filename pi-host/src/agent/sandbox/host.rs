@@ -38,6 +38,10 @@ pub const CACHES_IN_HOME: &[&str] = &[
     ".npm",
     ".cargo/registry",
     ".cargo/git",
+    // Cargo's locks and its cache tracker, beside the registry (granted where they exist).
+    ".cargo/.package-cache",
+    ".cargo/.package-cache-mutate",
+    ".cargo/.global-cache",
     ".rustup/downloads",
     ".rustup/tmp",
     "go/pkg/mod",
