@@ -215,7 +215,6 @@ async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Red
             admin_command(&data_dir, &admin::AdminRequest::Status, json, status_text).await
         }
         Command::Version { json } => version(json),
-        // Run before the runtime starts (`main`).
         Command::SandboxExec(args) => pi_host::agent::sandbox::run(args),
     }
 }

@@ -503,44 +503,7 @@ impl Driver {
         if let Some(agent) = &state.agent {
             return Ok(agent.clone());
         }
-        // Each session keeps the agent's own session files in its own directory; an agent
-        // started again for a session that already ran resumes from them.
-        let session_dir = branch::agent_dir(host, &self.session.id);
-        let export_dir = export_dir(host, &self.session.id);
-        // Its own temp directory (TMPDIR), emptied at each start: what one session's tools
-        // leave there no other session's agent can read.
-        let temp_dir = host
-            .config()
-            .data_dir
-            .join("agent-tmp")
-            .join(&self.session.id);
-        let _ = std::fs::remove_dir_all(&temp_dir);
-        for dir in [&session_dir, &export_dir, &temp_dir] {
-            if let Err(err) = racp_server::private_file::create_private_dir(dir) {
-                tracing::warn!(error = %err, "cannot create the agent's own directory");
-            }
-        }
-        // A session made by a fork starts with pi's session file already there (branch.rs).
-        let resume = state.spawned_before
-            || self.session.has_turns()
-            || branch::holds_session_file(&session_dir);
-        let workspace: std::path::PathBuf = self.session.workspace.clone().into();
-        let place = AgentPlace {
-            own: vec![session_dir.clone(), export_dir, temp_dir.clone()],
-            ..self.place(host, &workspace)
-        };
-        let spec = AgentSpec {
-            command: host.agent_command(resume),
-            launch: Some(host.agent_launch(&place)),
-            workspace,
-            env: vec![
-                (
-                    "PI_CODING_AGENT_SESSION_DIR".to_string(),
-                    session_dir.display().to_string(),
-                ),
-                ("TMPDIR".to_string(), temp_dir.display().to_string()),
-            ],
-        };
+        let (spec, place) = self.agent_spec(host, state.spawned_before);
         let generation = host.models().generation();
         let (agent, output) = host.agent().spawn(&spec, host.agent_options()).await?;
         tokio::spawn(pump(host.clone(), self.clone(), agent.clone(), output));
@@ -560,6 +523,44 @@ impl Driver {
             tracing::warn!(session_id = %self.session.id, error = %err, "the agent refused the session's settings");
         }
         Ok(agent)
+    }
+
+    /// How the session's agent is started: its command (resuming its own session files when
+    /// the session ran before), its sandbox, and its own directories (session files, export,
+    /// a temp directory emptied at each start so no other session's agent reads what it left).
+    fn agent_spec(&self, host: &impl DriverHost, spawned_before: bool) -> (AgentSpec, AgentPlace) {
+        let session_dir = branch::agent_dir(host, &self.session.id);
+        let export_dir = export_dir(host, &self.session.id);
+        let temp_dir = host
+            .config()
+            .data_dir
+            .join("agent-tmp")
+            .join(&self.session.id);
+        let _ = std::fs::remove_dir_all(&temp_dir);
+        for dir in [&session_dir, &export_dir, &temp_dir] {
+            if let Err(err) = racp_server::private_file::create_private_dir(dir) {
+                tracing::warn!(error = %err, "cannot create the agent's own directory");
+            }
+        }
+        // A session made by a fork starts with pi's session file already there (branch.rs).
+        let resume =
+            spawned_before || self.session.has_turns() || branch::holds_session_file(&session_dir);
+        let workspace = PathBuf::from(&self.session.workspace);
+        let place = AgentPlace {
+            own: vec![session_dir.clone(), export_dir, temp_dir.clone()],
+            ..self.place(host, &workspace)
+        };
+        let env = |name: &str, path: &Path| (name.to_string(), path.display().to_string());
+        let spec = AgentSpec {
+            command: host.agent_command(resume),
+            launch: Some(host.agent_launch(&place)),
+            workspace,
+            env: vec![
+                env("PI_CODING_AGENT_SESSION_DIR", &session_dir),
+                env("TMPDIR", &temp_dir),
+            ],
+        };
+        (spec, place)
     }
 
     /// Replaces an idle agent started before the host's settings last changed (a key or a
