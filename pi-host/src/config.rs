@@ -87,6 +87,9 @@ pub struct SandboxConfig {
     pub writable: Vec<PathBuf>,
     /// Readable even where hidden (a `~/.npmrc` the user wants npm to read, say).
     pub readable: Vec<PathBuf>,
+    /// Sessions whose workspace lies in one of these run without a sandbox: the owner's
+    /// choice per project, never a device's.
+    pub off_in: Vec<PathBuf>,
 }
 
 pub use racp_server::limits::HostLimits;
@@ -285,6 +288,11 @@ pub struct Settings {
     #[arg(long = "sandbox-read")]
     #[serde(default)]
     pub sandbox_read: Vec<PathBuf>,
+    /// Sessions with a workspace inside this directory run without the sandbox, with the
+    /// user's whole account (repeatable).
+    #[arg(long = "sandbox-off-in")]
+    #[serde(default)]
+    pub sandbox_off_in: Vec<PathBuf>,
     /// Start agents without pi-host's preload extension (`--extension PATH`, added to the agent
     /// command), e.g. for an agent command that is not pi.
     #[arg(long)]
@@ -336,6 +344,7 @@ impl Settings {
             sandbox_hide: list(self.sandbox_hide, file.sandbox_hide),
             sandbox_write: list(self.sandbox_write, file.sandbox_write),
             sandbox_read: list(self.sandbox_read, file.sandbox_read),
+            sandbox_off_in: list(self.sandbox_off_in, file.sandbox_off_in),
         }
     }
 }
@@ -391,6 +400,7 @@ pub fn load(
         hidden: s.sandbox_hide,
         writable: s.sandbox_write,
         readable: s.sandbox_read,
+        off_in: s.sandbox_off_in,
     };
     if let Some(mode) = &s.permission_mode {
         config.permission_mode = racp_proto::permission::PermissionMode::from_name(mode)

@@ -471,3 +471,23 @@ async fn builds_in_the_workspace_fill_the_listed_caches() {
     // The rest of home stays out of reach.
     refused(&mut client, &session, "touch ~/.cargo/config.toml").await;
 }
+
+/// The owner may run one project without the sandbox (`--sandbox-off-in`): its sessions' agents
+/// have the user's whole account, while every other session stays sandboxed. No device can ask
+/// for it.
+#[tokio::test]
+async fn the_owner_runs_a_chosen_project_without_the_sandbox_and_only_that_one() {
+    let home = outside_temp();
+    let trusted = home.path().join("projects/trusted");
+    std::fs::create_dir_all(&trusted).unwrap();
+    let off = format!("--sandbox-off-in={}", trusted.display());
+    let w = world_in(home, &[&off], &[]).await;
+    let mut client = connect(&w.host, &w.token).await;
+    let open = client.open_session(&workspace(&w, "trusted")).await;
+    let (output, code) = bash(&mut client, &open, "cat ~/.ssh/id_ed25519").await;
+    assert_eq!((output.trim(), code), (KEY, 0));
+    let confined = client.open_session(&workspace(&w, "other")).await;
+    refused(&mut client, &confined, "cat ~/.ssh/id_ed25519").await;
+    let info = client.call("host/info", json!({})).await["result"].clone();
+    assert_eq!(info["sandbox"]["kind"], "landlock", "{info}");
+}

@@ -586,7 +586,7 @@ impl Driver {
             return;
         }
         let now = self.place(host, Path::new(&self.session.workspace));
-        if now.read_only == state.place.read_only && now.granted == state.place.granted {
+        if now.same_sandbox(&state.place) {
             return;
         }
         let idle_ms = state
@@ -624,11 +624,17 @@ impl Driver {
             })
             .map(|g| PathBuf::from(g.value))
             .collect();
+        let canonical = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.into());
+        let unconfined = host.config().sandbox.off_in.iter().any(|dir| {
+            let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone());
+            canonical.starts_with(dir)
+        });
         AgentPlace {
             workspace: workspace.to_path_buf(),
             own: Vec::new(),
             read_only,
             granted,
+            unconfined,
         }
     }
 

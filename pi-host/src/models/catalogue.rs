@@ -85,6 +85,7 @@ async fn ask_agent(host: &impl ModelHost) -> Result<ModelListResult, AppError> {
             own: vec![scratch.clone()],
             read_only: true,
             granted: Vec::new(),
+            unconfined: false,
         })),
         env: vec![
             ("PI_HOST_CATALOGUE".into(), "1".into()),

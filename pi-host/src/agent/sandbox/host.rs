@@ -70,6 +70,16 @@ pub struct AgentPlace {
     pub read_only: bool,
     /// Directories a person let the session write in (the permission policy's grants).
     pub granted: Vec<PathBuf>,
+    /// The owner runs this session's workspace without a sandbox (`--sandbox-off-in`).
+    pub unconfined: bool,
+}
+
+impl AgentPlace {
+    /// The same ruleset would be made for both (the agent's own folders aside).
+    pub fn same_sandbox(&self, other: &AgentPlace) -> bool {
+        (self.read_only, &self.granted, self.unconfined)
+            == (other.read_only, &other.granted, other.unconfined)
+    }
 }
 
 /// The sandbox a host runs its agents in: its mode, and what the kernel offers.
@@ -145,7 +155,7 @@ impl HostSandbox {
             Mode::WorkspaceWrite if place.read_only => Mode::ReadOnly,
             mode => mode,
         };
-        let reach = self.enforced().then(|| reach(config, mode, place));
+        let reach = (self.enforced() && !place.unconfined).then(|| reach(config, mode, place));
         Launch {
             reach,
             settings_dir: Some(config.data_dir.clone()),

@@ -38,7 +38,9 @@ pub enum Mode {
     WorkspaceWrite,
     /// Writes only in temp and the agent's own state.
     ReadOnly,
-    /// No sandbox: the agent has the user's whole account.
+    /// No sandbox: the agent has the user's whole account (`full` says the same).
+    #[serde(alias = "full")]
+    #[value(alias = "full")]
     Off,
 }
 
