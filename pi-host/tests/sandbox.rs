@@ -491,3 +491,42 @@ async fn the_owner_runs_a_chosen_project_without_the_sandbox_and_only_that_one()
     let info = client.call("host/info", json!({})).await["result"].clone();
     assert_eq!(info["sandbox"]["kind"], "landlock", "{info}");
 }
+
+/// In a git workspace the agent commits, but its `.git/hooks` and `.git/config` are read-only:
+/// a planted hook (or `core.hooksPath`) would run later as the user, outside any sandbox.
+#[tokio::test]
+async fn git_works_in_the_workspace_but_its_hooks_and_config_stay_read_only() {
+    let w = world(&[], &[]).await;
+    let repo = workspace(&w, "repo");
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&repo)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    };
+    git(&["init", "-q"]);
+    let config = std::fs::read_to_string(format!("{repo}/.git/config")).unwrap();
+    let mut client = connect(&w.host, &w.token).await;
+    let session = client.open_session(&repo).await;
+    let (output, code) = bash(
+        &mut client,
+        &session,
+        "echo one > f && git add f && git -c user.email=a@b -c user.name=n commit -qm one \
+         && git log --oneline | wc -l",
+    )
+    .await;
+    assert_eq!((output.trim(), code), ("1", 0), "{output}");
+    for plant in [
+        "echo 'touch ~/owned' > .git/hooks/pre-commit",
+        "git config core.hooksPath /tmp/hooks",
+        "rm -rf .git/hooks",
+    ] {
+        let (output, code) = bash(&mut client, &session, plant).await;
+        assert_ne!(code, 0, "{plant} ran: {output}");
+    }
+    assert!(!Path::new(&repo).join(".git/hooks/pre-commit").exists());
+    let after = std::fs::read_to_string(format!("{repo}/.git/config")).unwrap();
+    assert_eq!(after, config);
+}

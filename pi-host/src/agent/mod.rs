@@ -768,6 +768,9 @@ fn start_child(
         None => (program.into(), args.to_vec()),
     };
     let mut command = Command::new(&run);
+    if spec.launch.is_some() {
+        command.env(sandbox::LAUNCHER_ENV.0, sandbox::LAUNCHER_ENV.1);
+    }
     command
         .args(&words)
         .current_dir(&spec.workspace)

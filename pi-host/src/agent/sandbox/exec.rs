@@ -42,6 +42,10 @@ pub struct ExecArgs {
     command: Vec<String>,
 }
 
+/// Set on the launcher: jemalloc then starts no background thread in it, so it is
+/// single-threaded, as a new user namespace needs (`git.rs`). Removed again for the agent.
+pub const LAUNCHER_ENV: (&str, &str) = ("MALLOC_CONF", "background_thread:false");
+
 impl Launch {
     /// The launcher's program and arguments for `program args`: this binary's own file (the
     /// running one, even if replaced on disk since).
@@ -88,7 +92,7 @@ fn launch(args: ExecArgs) -> Result<Never, String> {
         .split_first()
         .ok_or("no agent command to run")?;
     let mut command = std::process::Command::new(program);
-    command.args(rest);
+    command.args(rest).env_remove(LAUNCHER_ENV.0);
     // Kept open until the exec, which the agent inherits it across.
     let _handed = match &args.settings_dir {
         Some(dir) => {
@@ -102,6 +106,12 @@ fn launch(args: ExecArgs) -> Result<Never, String> {
         None => None,
     };
     if args.sandbox {
+        // Before the ruleset, which refuses a sandboxed process any change of mounts.
+        if let Ok(workspace) = std::env::current_dir()
+            && let Err(reason) = super::git::guard(&workspace)
+        {
+            eprintln!("pi-host sandbox-exec: .git/hooks and .git/config stay writable: {reason}");
+        }
         let reach = Reach {
             hidden: args.hide,
             writable: args.write,

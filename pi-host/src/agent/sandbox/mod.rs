@@ -8,10 +8,11 @@
 //! into a ruleset.
 
 mod exec;
+mod git;
 mod host;
 mod rules;
 
-pub use exec::{ExecArgs, Launch, run};
+pub use exec::{ExecArgs, LAUNCHER_ENV, Launch, run};
 pub use host::{AgentPlace, CACHES_IN_HOME, HIDDEN_IN_HOME, HostSandbox};
 pub use rules::{Plan, Reach};
 
