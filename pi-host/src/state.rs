@@ -37,6 +37,8 @@ pub struct HostState {
     pub redactor: Redactor,
     /// The agent program: where it is, its version, whether it can run (`agent::check`).
     pub agent: crate::agent::check::AgentCheck,
+    /// The open sessions' workspaces, watched (docs/protocol.md §8.9).
+    pub workspaces: crate::workspace::Workspaces,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +119,7 @@ impl HostState {
             models,
             redactor,
             agent,
+            workspaces: crate::workspace::Workspaces::default(),
         }))
     }
 
@@ -207,5 +210,8 @@ impl crate::driver::DriverHost for HostState {
     }
     fn is_draining(&self) -> bool {
         HostState::is_draining(self)
+    }
+    fn workspaces(&self) -> &crate::workspace::Workspaces {
+        &self.workspaces
     }
 }

@@ -59,6 +59,8 @@ const PUBLISHED: &[(&str, u16)] = &[
     ("PROVIDER_SECRET_MISSING", 4051),
     ("HELLO_REQUIRED", 4052),
     ("READ_PATH_IS_DIRECTORY", 4059),
+    ("WORKSPACE_NOT_A_REPOSITORY", 4060),
+    ("GIT_UNAVAILABLE", 4061),
 ];
 
 #[test]
