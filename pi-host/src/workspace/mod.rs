@@ -16,12 +16,40 @@ use crate::state::HostState;
 use racp_proto::methods::workspace::{ChangeKind, FileChange};
 use racp_proto::pi::Kind;
 use racp_proto::pi::event::FileTool;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Running turns' records, by turn id.
-type Records = Arc<Mutex<HashMap<String, turn::Record>>>;
+type Records = Arc<Mutex<TurnRecords>>;
+
+/// How many ended turns are remembered as ended: a change the watcher reads between a turn's
+/// end and its `turn.finished` being applied must not start a record nobody takes.
+const ENDED_TURNS: usize = 64;
+
+#[derive(Default)]
+struct TurnRecords {
+    open: HashMap<String, turn::Record>,
+    ended: VecDeque<String>,
+}
+
+impl TurnRecords {
+    /// The running turn's record (`None` for a turn that ended).
+    fn of(&mut self, turn_id: &str) -> Option<&mut turn::Record> {
+        if self.ended.iter().any(|t| t == turn_id) {
+            return None;
+        }
+        Some(self.open.entry(turn_id.to_string()).or_default())
+    }
+
+    fn take(&mut self, turn_id: &str) -> Option<turn::Record> {
+        if self.ended.len() >= ENDED_TURNS {
+            self.ended.pop_front();
+        }
+        self.ended.push_back(turn_id.to_string());
+        self.open.remove(turn_id)
+    }
+}
 
 /// The watched workspaces of the host, by canonical path, and what each running turn changed.
 #[derive(Default)]
@@ -60,7 +88,9 @@ impl Shared {
             .collect();
         let mut records = lock(&self.records);
         for turn_id in turns {
-            records.entry(turn_id).or_default().disk(path, kind);
+            if let Some(record) = records.of(&turn_id) {
+                record.disk(path, kind);
+            }
         }
     }
 }
@@ -122,7 +152,7 @@ impl Workspaces {
             return;
         };
         if let Some(turn_id) = session.active_turn() {
-            lock(&self.records).remove(&turn_id);
+            lock(&self.records).take(&turn_id);
         }
         let empty = {
             let mut sessions = lock(&entry.shared.sessions);
@@ -148,16 +178,15 @@ impl Workspaces {
             return;
         };
         let root = PathBuf::from(&session.workspace);
-        lock(&self.records)
-            .entry(turn_id.to_string())
-            .or_default()
-            .tool(&root, tool);
+        if let Some(record) = lock(&self.records).of(turn_id) {
+            record.tool(&root, tool);
+        }
     }
 
     /// The files the turn `turn_id` changed, and the end of its record.
     pub fn take_turn(&self, turn_id: &str) -> Vec<FileChange> {
         lock(&self.records)
-            .remove(turn_id)
+            .take(turn_id)
             .map(turn::Record::files)
             .unwrap_or_default()
     }
@@ -172,4 +201,23 @@ fn protected(host: &HostState) -> Vec<PathBuf> {
         .collect();
     paths.extend(canonical);
     paths
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_after_a_turns_end_starts_no_record() {
+        let mut records = TurnRecords::default();
+        assert!(records.of("turn_1").is_some());
+        assert!(records.take("turn_1").is_some());
+        assert!(records.of("turn_1").is_none(), "ended: no new record");
+        assert!(records.open.is_empty());
+        // The memory of ended turns is bounded.
+        for i in 0..ENDED_TURNS + 1 {
+            records.take(&format!("t{i}"));
+        }
+        assert_eq!(records.ended.len(), ENDED_TURNS);
+    }
 }
