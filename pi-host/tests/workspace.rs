@@ -533,3 +533,34 @@ async fn sessions_of_one_workspace_share_its_watcher_each_in_its_own_log() {
         "the open session still gets changes"
     );
 }
+
+#[tokio::test]
+async fn a_git_that_does_not_answer_is_stopped_at_the_deadline() {
+    // A `git` that never answers: the call ends with TIMEOUT at the host's deadline (15 s).
+    let slow = tempfile::tempdir().unwrap();
+    let git = slow.path().join("git");
+    std::fs::write(&git, "#!/bin/sh\nexec /bin/sleep 120\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&git, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = slow.path().to_str().unwrap();
+    let host = HostProcess::start_with_env(bin(), &[], &[("PATH", path)]).await;
+    let mut client = operator(&host).await;
+    let ws = host.workspace("repo");
+    let session = client.open_session(&ws).await;
+    let began = Instant::now();
+    let reply = client
+        .call("workspace/status", json!({"sessionId": session}))
+        .await;
+    let took = began.elapsed();
+    assert_eq!(reply["error"]["code"], "TIMEOUT", "{reply}");
+    assert!(
+        took >= std::time::Duration::from_secs(15) && took < std::time::Duration::from_secs(25),
+        "{took:?}"
+    );
+    // The git it started was stopped with the call.
+    let sleeping = std::process::Command::new("pgrep")
+        .args(["-f", "-P", &host.pid().to_string(), "sleep 120"])
+        .output()
+        .unwrap();
+    assert!(sleeping.stdout.is_empty(), "git still runs");
+}

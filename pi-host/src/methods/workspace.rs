@@ -336,6 +336,19 @@ mod tests {
     }
 
     #[test]
+    fn a_status_lists_its_bound_of_files_and_says_truncated_past_it() {
+        let untracked = |n: usize| -> Vec<u8> {
+            (0..n)
+                .flat_map(|i| format!("? f{i}\0").into_bytes())
+                .collect()
+        };
+        let at = parse_status(&untracked(MAX_STATUS_FILES));
+        assert_eq!((at.files.len(), at.truncated), (MAX_STATUS_FILES, false));
+        let past = parse_status(&untracked(MAX_STATUS_FILES + 1));
+        assert_eq!((past.files.len(), past.truncated), (MAX_STATUS_FILES, true));
+    }
+
+    #[test]
     fn a_diff_is_cut_on_a_line_end_within_its_bound() {
         let output = |text: &str| git::Output {
             stdout: text.as_bytes().to_vec(),

@@ -169,3 +169,32 @@ pub struct WorkspaceDiffResult {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::Validate;
+
+    fn diff(max_bytes: Option<u64>) -> WorkspaceDiffParams {
+        WorkspaceDiffParams {
+            session_id: "ses_1".into(),
+            turn_id: None,
+            path: None,
+            max_bytes,
+        }
+    }
+
+    #[test]
+    fn max_bytes_takes_its_bound_and_refuses_one_more() {
+        assert!(diff(Some(MAX_DIFF_BYTES)).validate().is_ok());
+        assert!(diff(Some(1)).validate().is_ok());
+        assert!(diff(Some(MAX_DIFF_BYTES + 1)).validate().is_err());
+        assert!(diff(Some(0)).validate().is_err());
+        let both = WorkspaceDiffParams {
+            turn_id: Some("turn_1".into()),
+            path: Some("a".into()),
+            ..diff(None)
+        };
+        assert!(both.validate().is_err(), "turnId or path, not both");
+    }
+}
