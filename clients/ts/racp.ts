@@ -2379,7 +2379,8 @@ export type WorkspaceChangedData = {
   /**
    * Why `rescan`: `overflow` (the kernel dropped events), `too_many_changes` (more paths
    * in the window than one event names), `too_many_directories` (the tree has more
-   * directories than the host watches: changes in the rest are not seen), `watch_failed`.
+   * directories than the host watches: changes in the rest are not seen), `watch_failed`,
+   * `host_restarted` (the host started again: what changed while none watched is unknown).
    */
   reason?: string | null;
   /**

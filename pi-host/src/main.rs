@@ -499,7 +499,7 @@ async fn start_local_services(state: &std::sync::Arc<state::HostState>) -> Resul
     let checking = state.clone();
     tokio::spawn(async move { checking.agent.status().await });
     driver::end_interrupted_turns(state).await;
-    workspace::Workspaces::watch_open(state);
+    workspace::Workspaces::watch_open(state).await;
     tokio::spawn(driver::stop_idle_agents(state.clone()));
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;

@@ -564,3 +564,33 @@ async fn a_git_that_does_not_answer_is_stopped_at_the_deadline() {
         .unwrap();
     assert!(sleeping.stdout.is_empty(), "git still runs");
 }
+
+#[tokio::test]
+async fn after_a_restart_the_workspace_is_watched_again_and_the_gap_is_a_rescan() {
+    let host = HostProcess::start(bin()).await;
+    let (_, token) = host.pair_device("desk", &["--roles", "operator"]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let ws = host.workspace("kept");
+    let session = client.open_session(&ws).await;
+    let before = cursor_of(&mut client, &session).await;
+    drop(client);
+    let host = host.restart(&[]).await;
+    // Written while the host was away: unknown to it, so the restart says rescan.
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session, "cursor": before}),
+        )
+        .await;
+    let events = client
+        .events_until(PATIENCE, |e| is_change(e) && e["data"]["rescan"] == true)
+        .await;
+    assert_eq!(events.last().unwrap()["data"]["reason"], "host_restarted");
+    std::fs::write(format!("{ws}/after.txt"), "x").unwrap();
+    client
+        .events_until(PATIENCE, |e| names(e, "after.txt", "created"))
+        .await;
+}

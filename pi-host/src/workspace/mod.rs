@@ -11,9 +11,9 @@ mod watch;
 
 pub use ignore::Ignore;
 
-use crate::sessions::Session;
+use crate::sessions::{HostEvent, Session};
 use crate::state::HostState;
-use racp_proto::methods::workspace::{ChangeKind, FileChange};
+use racp_proto::methods::workspace::{ChangeKind, FileChange, WorkspaceChangedData};
 use racp_proto::pi::Kind;
 use racp_proto::pi::event::FileTool;
 use std::collections::{HashMap, VecDeque};
@@ -133,15 +133,31 @@ impl Workspaces {
         }
     }
 
-    /// Every open session's workspace, at the host's start (on the blocking pool, not waited
-    /// for: the host serves meanwhile).
-    pub fn watch_open(host: &Arc<HostState>) {
+    /// Every open session's workspace, at the host's start, before it listens; each open
+    /// session is told with a `rescan` (`host_restarted`) that what changed while no host
+    /// watched is not in its log.
+    pub async fn watch_open(host: &Arc<HostState>) {
         let host = host.clone();
-        tokio::task::spawn_blocking(move || {
+        let watching = tokio::task::spawn_blocking(move || {
             for session in host.sessions.list() {
+                if session.is_closing() {
+                    continue;
+                }
                 host.workspaces.watch(&host, &session);
+                let unseen = HostEvent::of_session(WorkspaceChangedData {
+                    changes: Vec::new(),
+                    rescan: true,
+                    reason: Some("host_restarted".into()),
+                    rescan_path: Some(String::new()),
+                });
+                if let Err(err) = host.sessions.append(&session, vec![unseen]) {
+                    tracing::warn!(session_id = %session.id, error = %err, "the restart's rescan not recorded");
+                }
             }
         });
+        if let Err(err) = watching.await {
+            tracing::warn!(error = %err, "the workspaces' watchers did not start");
+        }
     }
 
     /// Stops reporting to `session`; the watcher stops with its last session.

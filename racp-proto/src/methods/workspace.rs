@@ -47,7 +47,8 @@ pub struct WorkspaceChangedData {
     pub rescan: bool,
     /// Why `rescan`: `overflow` (the kernel dropped events), `too_many_changes` (more paths
     /// in the window than one event names), `too_many_directories` (the tree has more
-    /// directories than the host watches: changes in the rest are not seen), `watch_failed`.
+    /// directories than the host watches: changes in the rest are not seen), `watch_failed`,
+    /// `host_restarted` (the host started again: what changed while none watched is unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Under `rescan`: the directory to read again (`""`: the whole workspace).
