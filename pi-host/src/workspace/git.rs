@@ -41,25 +41,7 @@ pub async fn run(
     max: usize,
     deadline: Instant,
 ) -> Result<Output, AppError> {
-    let mut command = tokio::process::Command::new("git");
-    command
-        .args([
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "core.fsmonitor=false",
-        ])
-        .args(["--no-pager", "--no-optional-locks"])
-        .args(args)
-        .current_dir(workspace)
-        .env("GIT_OPTIONAL_LOCKS", "0")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    let mut command = command(workspace, args);
     let mut child = command.spawn().map_err(unavailable)?;
     let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(crate::internal("git's pipes were not opened"));
@@ -98,6 +80,31 @@ pub async fn run(
             ),
         )),
     }
+}
+
+/// `git ARGS` in `workspace` as every call runs it: no hook, fsmonitor, pager, optional lock
+/// or prompt; a `GIT_DIR` of the host's own environment ignored; stopped when dropped.
+fn command(workspace: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new("git");
+    command
+        .args([
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "core.fsmonitor=false",
+        ])
+        .args(["--no-pager", "--no-optional-locks"])
+        .args(args)
+        .current_dir(workspace)
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
 }
 
 /// The workspace's repository top directory, or WORKSPACE_NOT_A_REPOSITORY.
