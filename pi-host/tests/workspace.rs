@@ -594,3 +594,28 @@ async fn after_a_restart_the_workspace_is_watched_again_and_the_gap_is_a_rescan(
         .events_until(PATIENCE, |e| names(e, "after.txt", "created"))
         .await;
 }
+
+#[tokio::test]
+async fn a_repository_before_its_first_commit_diffs_against_nothing() {
+    let host = HostProcess::start(bin()).await;
+    let mut client = operator(&host).await;
+    let ws = host.workspace("fresh");
+    git(&ws, &["init", "-q", "-b", "main"]);
+    std::fs::write(format!("{ws}/staged.txt"), "staged\n").unwrap();
+    git(&ws, &["add", "staged.txt"]);
+    std::fs::write(format!("{ws}/loose.txt"), "loose\n").unwrap();
+    let session = client.open_session(&ws).await;
+    let status = client
+        .call("workspace/status", json!({"sessionId": session}))
+        .await;
+    assert_eq!(status["result"]["branch"], "main", "{status}");
+    assert!(status["result"].get("head").is_none(), "{status}");
+    let diff = client
+        .call("workspace/diff", json!({"sessionId": session}))
+        .await;
+    let text = diff["result"]["diff"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("+staged\n") && text.contains("+loose\n"),
+        "{diff}"
+    );
+}
