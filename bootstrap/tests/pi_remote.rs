@@ -1225,3 +1225,74 @@ async fn cat_writes_a_file_as_it_is_across_pages() {
         text(&dir.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_and_diff_show_what_a_turn_changed() {
+    let host = host().await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let workspace = host.workspace("repo");
+    std::fs::write(format!("{workspace}/old.txt"), "old\n").unwrap();
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "."],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.com",
+            "commit",
+            "-q",
+            "-m",
+            "first",
+        ],
+    ] {
+        let done = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&workspace)
+            .status()
+            .unwrap();
+        assert!(done.success());
+    }
+    let created = remote
+        .ok_json(&["new", "--workspace", &workspace, "--json"])
+        .await;
+    let session = created["sessionId"].as_str().unwrap().to_string();
+    // The turn's end, with its files, as `prompt --wait --json` prints it.
+    let waited = remote
+        .ok(&[
+            "prompt",
+            &session,
+            "write:notes.txt:2 rm:old.txt",
+            "--wait",
+            "--json",
+        ])
+        .await;
+    let finished: Value = waited
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|e| e["type"] == "turn.finished")
+        .unwrap_or_else(|| panic!("{waited}"));
+    let turn = finished["turnId"].as_str().unwrap().to_string();
+    let files = &finished["data"]["files"];
+    assert_eq!(files[0]["path"], "notes.txt", "{files}");
+    assert_eq!(files[0]["added"], 2, "{files}");
+
+    let changes = remote.ok(&["changes", &session]).await;
+    assert!(changes.starts_with("on main\n"), "{changes}");
+    assert!(changes.contains(".D old.txt\n"), "{changes}");
+    assert!(changes.contains("?? notes.txt\n"), "{changes}");
+    let diff = remote.ok(&["diff", &session, "--turn", &turn]).await;
+    assert!(diff.contains("+line 1\n+line 2\n"), "{diff}");
+    assert!(diff.contains("-old\n"), "{diff}");
+    let one = remote.ok(&["diff", &session, "--path", "old.txt"]).await;
+    assert!(one.contains("-old\n") && !one.contains("line 1"), "{one}");
+    let human = remote
+        .ok(&["prompt", &session, "write:more.txt:1", "--wait"])
+        .await;
+    assert!(human.contains("created more.txt +1 -0"), "{human}");
+    let both = remote
+        .run(&["diff", &session, "--turn", &turn, "--path", "x"])
+        .await;
+    assert_eq!(both.status.code(), Some(64), "{}", text(&both.stderr));
+}

@@ -273,9 +273,14 @@ export type ApprovalState = "pending" | "allowed" | "denied" | "answered" | "exp
 export type BashRole = "bashExecution";
 
 /**
+ * What happened to a path.
+ */
+export type ChangeKind = "created" | "modified" | "removed" | "renamed";
+
+/**
  * Any frame a client sends: a request.
  */
-export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | FsReadRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionClearQueueRequest | SessionCompactRequest | SessionConfigureRequest | SessionForkRequest | SessionCloneRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
+export type ClientFrame = HelloRequest | SessionSubscribeRequest | SessionUnsubscribeRequest | PairRequest | HostListRequest | DeviceListRequest | DeviceRevokeRequest | PairingCreateRequest | HostInfoRequest | FsListRequest | FsStatRequest | FsReadRequest | WorkspaceStatusRequest | WorkspaceDiffRequest | SessionCreateRequest | SessionListRequest | SessionGetRequest | SessionStreamRequest | SessionHistoryRequest | SessionRenameRequest | SessionCloseRequest | TurnStartRequest | TurnSteerRequest | TurnAbortRequest | ApprovalRespondRequest | ModelListRequest | TurnFollowUpRequest | SessionClearQueueRequest | SessionCompactRequest | SessionConfigureRequest | SessionForkRequest | SessionCloneRequest | CredentialSetRequest | CredentialDeleteRequest | CredentialListRequest | ProviderSetRequest | ProviderDeleteRequest | SessionBashRequest | SessionBashAbortRequest | SessionStatsRequest | SessionCommandsRequest | SessionExportRequest;
 
 /**
  * Who is calling.
@@ -550,7 +555,7 @@ export type EntryKind = "file" | "dir" | "symlink" | "other";
 /**
  * A registered error code. Only these can appear on the wire.
  */
-export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND" | "PROVIDER_SECRET_MISSING" | "HELLO_REQUIRED" | "TOOL_DENIED" | "WORKSPACE_PATH_DENIED" | "PATH_OUTSIDE_WORKSPACE" | "WRITE_DISABLED_IN_PLAN" | "EDIT_DISABLED_IN_PLAN" | "TOOL_DISABLED_IN_PLAN" | "READ_PATH_IS_DIRECTORY";
+export type ErrorCode = "PROTOCOL_MISMATCH" | "HOST_UNAVAILABLE" | "HOST_OVERLOADED" | "INTERNAL" | "INVALID_ARGUMENT" | "INVALID_PARAMS" | "UNAUTHORIZED" | "NOT_FOUND" | "SESSION_NOT_FOUND" | "CONFLICT" | "UNSUPPORTED" | "FORBIDDEN" | "METHOD_NOT_FOUND" | "IDEMPOTENCY_CONFLICT" | "CURSOR_EXPIRED" | "CLIENT_TOO_SLOW" | "APPROVAL_EXPIRED" | "APPROVAL_STALE" | "PAYLOAD_TOO_LARGE" | "TIMEOUT" | "HOST_SHUTTING_DOWN" | "RATE_LIMITED" | "LIMIT_EXCEEDED" | "AGENT_UNAVAILABLE" | "AGENT_BUSY" | "AGENT_SIDECAR_CRASHED" | "TURN_NOT_FOUND" | "TURN_ABORTED" | "HOST_DISCONNECTED" | "HOST_BOOTSTRAP_FAILED" | "HOST_VERSION_MISMATCH" | "REMOTE_AUTH_FAILED" | "REMOTE_CONNECTION_FAILED" | "REMOTE_FORWARD_FAILED" | "REMOTE_PATH_NOT_FOUND" | "REMOTE_PATH_FORBIDDEN" | "PAIRING_FAILED" | "PAIRING_TOKEN_EXPIRED" | "CAPABILITY_UNAVAILABLE" | "HOST_IDENTITY_MISMATCH" | "MODEL_NOT_CONFIGURED" | "PROVIDER_ERROR" | "PROVIDER_UNAUTHORIZED" | "PROVIDER_RATE_LIMITED" | "CONTEXT_TOO_LARGE" | "STREAM_FAILED" | "NETWORK_ERROR" | "EMPTY_MODEL_RESPONSE" | "AGENT_SIDECAR_OOM" | "PROVIDER_TIMEOUT" | "PROVIDER_MODEL_NOT_FOUND" | "PROVIDER_SECRET_MISSING" | "HELLO_REQUIRED" | "TOOL_DENIED" | "WORKSPACE_PATH_DENIED" | "PATH_OUTSIDE_WORKSPACE" | "WRITE_DISABLED_IN_PLAN" | "EDIT_DISABLED_IN_PLAN" | "TOOL_DISABLED_IN_PLAN" | "READ_PATH_IS_DIRECTORY" | "WORKSPACE_NOT_A_REPOSITORY" | "GIT_UNAVAILABLE";
 
 /**
  * A failed reply. `id` is `null` when the request could not be read far enough to find it.
@@ -601,6 +606,31 @@ export type Event = {
    * (see [`EventType`]).
    */
   type: string;
+};
+
+/**
+ * A file a turn's tools wrote, edited or deleted (in `turn.finished`'s `files`).
+ */
+export type FileChange = {
+  /**
+   * Lines added, when known: exact from the agent's edit tool's diff and for a file a
+   * write created; for a write over an existing file the lines it wrote.
+   */
+  added?: number | null;
+  /**
+   * Which tools changed it: `write`, `edit`, or `disk` when only the workspace's watcher
+   * saw it (a shell command, a tool the host does not read).
+   */
+  by: string[];
+  kind: ChangeKind;
+  /**
+   * Relative to the workspace (`/`-separated); absolute when outside it.
+   */
+  path: string;
+  /**
+   * Lines removed, when known (exact from the edit tool's diff; 0 for a created file).
+   */
+  removed?: number | null;
 };
 
 /**
@@ -1153,6 +1183,22 @@ export type PairingCreateResult = {
    * `racp://HOST:PORT/pair#<token>` for a host serving plain WebSocket.
    */
   url: string;
+};
+
+/**
+ * One path that changed, relative to the workspace (`/`-separated).
+ */
+export type PathChange = {
+  /**
+   * True for a directory.
+   */
+  dir?: boolean;
+  /**
+   * For `renamed`: where it was, when that was inside the watched tree.
+   */
+  from?: string | null;
+  kind: ChangeKind;
+  path: string;
 };
 
 /**
@@ -2223,6 +2269,25 @@ export type Snapshot = {
 };
 
 /**
+ * One file of `workspace/status`.
+ */
+export type StatusFile = {
+  /**
+   * For a rename or copy: where it came from.
+   */
+  from?: string | null;
+  /**
+   * Relative to the repository's top directory.
+   */
+  path: string;
+  /**
+   * git's two-letter status (`porcelain=v2`): the index, then the working tree; `.` for
+   * unchanged, `M`, `A`, `D`, `R`, `C`, `U`; `??` untracked.
+   */
+  status: string;
+};
+
+/**
  * `subscription/ended`: the host ended a subscription.
  */
 export type SubscriptionEndedParams = {
@@ -2319,6 +2384,11 @@ export type TurnFinishedData = {
    * Why it failed or was aborted (e.g. AGENT_SIDECAR_CRASHED, TURN_ABORTED).
    */
   error?: AppError | null;
+  /**
+   * The files the turn's tools wrote, edited or deleted, with line counts where known
+   * (docs/protocol.md §8.9), at most 256; absent when it changed none.
+   */
+  files?: FileChange[];
   outcome: TurnOutcome;
 };
 
@@ -2348,6 +2418,10 @@ export type TurnInfo = {
    * Why it failed or was aborted.
    */
   error?: AppError | null;
+  /**
+   * The files it changed, as its `turn.finished` names them.
+   */
+  files?: FileChange[];
   finishedAt?: number | null;
   startedAt: number;
   state: TurnState;
@@ -2494,6 +2568,118 @@ export type Verdict = "allow" | "deny";
  */
 export type WithdrawReason = "cleared" | "turn_ended" | "agent_stopped" | "host_restarted" | "joined";
 
+/**
+ * `workspace.changed`: paths of the session's workspace changed on disk (by the agent, a
+ * shell, an editor: whoever wrote), gathered over a short window. `rescan: true` says the
+ * list is not the whole story (the kernel's queue overflowed, or a bound was reached): read
+ * the tree again (`fs/list`, `workspace/status`) rather than trust what you hold.
+ */
+export type WorkspaceChangedData = {
+  /**
+   * In the order first seen; at most 256, each path once (its last kind).
+   */
+  changes: PathChange[];
+  /**
+   * Why `rescan`: `overflow` (the kernel dropped events), `too_many_changes` (more paths
+   * in the window than one event names), `too_many_directories` (the tree has more
+   * directories than the host watches: changes in the rest are not seen), `watch_failed`,
+   * `host_restarted` (the host started again: what changed while none watched is unknown).
+   */
+  reason?: string | null;
+  /**
+   * Something changed that `changes` does not name.
+   */
+  rescan?: boolean;
+  /**
+   * Under `rescan`: the directory to read again (`""`: the whole workspace).
+   */
+  rescanPath?: string | null;
+};
+
+/**
+ * `workspace/diff`'s params: the working tree against HEAD, or one path of it, or the files
+ * one turn changed.
+ */
+export type WorkspaceDiffParams = {
+  /**
+   * Most bytes of diff to return: 1 to 524 288 (262 144 when absent).
+   */
+  maxBytes?: number | null;
+  /**
+   * Only this path (relative to the workspace, or absolute inside it).
+   */
+  path?: string | null;
+  sessionId: string;
+  /**
+   * Only the files this turn changed (its `turn.finished` `files`).
+   */
+  turnId?: string | null;
+};
+
+/**
+ * `workspace/diff`: A bounded unified diff of a session's workspace against HEAD: all of it, one path, or the files one turn changed.
+ */
+export type WorkspaceDiffRequest = {
+  id: RequestId;
+  method: "workspace/diff";
+  params: WorkspaceDiffParams;
+};
+
+/**
+ * `workspace/diff`'s result: a unified diff (`git diff HEAD`), cut at `maxBytes`.
+ */
+export type WorkspaceDiffResult = {
+  /**
+   * The diff text (UTF-8; a binary file as git's `Binary files ... differ`).
+   */
+  diff: string;
+  /**
+   * The paths the diff covers when it was asked for a turn (empty otherwise).
+   */
+  paths?: string[];
+  /**
+   * True when the diff was cut at `maxBytes` (on a line end).
+   */
+  truncated?: boolean;
+};
+
+/**
+ * `workspace/status`: The git state of a session's workspace: branch, upstream ahead/behind, changed files.
+ */
+export type WorkspaceStatusRequest = {
+  id: RequestId;
+  method: "workspace/status";
+  params: SessionRef;
+};
+
+/**
+ * `workspace/status`'s result: the workspace's git state.
+ */
+export type WorkspaceStatusResult = {
+  ahead?: number | null;
+  behind?: number | null;
+  /**
+   * The branch checked out; absent when HEAD is detached.
+   */
+  branch?: string | null;
+  /**
+   * Changed, untracked and conflicted files (ignored ones left out), at most 2 000 (`MAX_STATUS_FILES`).
+   */
+  files: StatusFile[];
+  /**
+   * The commit checked out; absent before the first commit.
+   */
+  head?: string | null;
+  /**
+   * True when `files` was cut at its bound.
+   */
+  truncated?: boolean;
+  /**
+   * The branch's upstream, with how far the branch is ahead of and behind it.
+   */
+  upstream?: string | null;
+};
+
 /** Params and result type of every method. */
 export interface RacpMethods {
   "hello": { params: HelloParams; result: HelloResult };
@@ -2508,6 +2694,8 @@ export interface RacpMethods {
   "fs/list": { params: PathParams; result: FsListResult };
   "fs/stat": { params: PathParams; result: FsStatResult };
   "fs/read": { params: FsReadParams; result: FsReadResult };
+  "workspace/status": { params: SessionRef; result: WorkspaceStatusResult };
+  "workspace/diff": { params: WorkspaceDiffParams; result: WorkspaceDiffResult };
   "session/create": { params: SessionCreateParams; result: SessionCreateResult };
   "session/list": { params: Empty; result: SessionListResult };
   "session/get": { params: SessionRef; result: SessionGetResult };
@@ -2562,6 +2750,7 @@ export interface RacpEventData {
   "session.bash": SessionBashData;
   "session.forked": SessionForkedData;
   "permission.decided": PermissionDecidedData;
+  "workspace.changed": WorkspaceChangedData;
 }
 
 /** Who may call each method, whether it changes state, and whether it may be resent after a lost reply, and how long the host may take beyond a usual call (its own deadline, or null). */
@@ -2578,6 +2767,8 @@ export const METHODS = {
   "fs/list": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
   "fs/stat": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
   "fs/read": { access: "operator", mutates: false, safeToResend: true, deadlineMs: null },
+  "workspace/status": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
+  "workspace/diff": { access: "operator", mutates: false, safeToResend: true, deadlineMs: null },
   "session/create": { access: "operator", mutates: true, safeToResend: false, deadlineMs: null },
   "session/list": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
   "session/get": { access: "observer", mutates: false, safeToResend: true, deadlineMs: null },
@@ -2670,4 +2861,6 @@ export const ERROR_CODES = {
   EDIT_DISABLED_IN_PLAN: { retriable: "no", recovery: "check_state", closeCode: 4057, httpStatus: 403 },
   TOOL_DISABLED_IN_PLAN: { retriable: "no", recovery: "check_state", closeCode: 4058, httpStatus: 403 },
   READ_PATH_IS_DIRECTORY: { retriable: "no", recovery: "fix_arguments", closeCode: 4059, httpStatus: 400 },
+  WORKSPACE_NOT_A_REPOSITORY: { retriable: "no", recovery: "stop_and_report", closeCode: 4060, httpStatus: 409 },
+  GIT_UNAVAILABLE: { retriable: "no", recovery: "stop_and_report", closeCode: 4061, httpStatus: 503 },
 } as const satisfies Record<ErrorCode, unknown>;

@@ -73,6 +73,9 @@ pub struct ServeConfig {
     pub gateway_ca: Option<PathBuf>,
     /// Public nkeys of the gateways whose routed calls this host runs (`pi-gateway key`).
     pub gateway_trust: Vec<String>,
+    /// Most directories the watcher of one workspace watches (docs/protocol.md §8.9): past
+    /// it, one `workspace.changed` with `rescan` says the rest is not watched.
+    pub max_watched_dirs: usize,
     /// The kernel sandbox agents run in (docs/reliability.md §4.19).
     pub sandbox: SandboxConfig,
 }
@@ -136,6 +139,7 @@ impl ServeConfig {
             retention: crate::sessions::log::Retention::default(),
             history: crate::store::HistoryPolicy::default(),
             sandbox: SandboxConfig::default(),
+            max_watched_dirs: 4096,
         }
     }
 }
@@ -266,6 +270,10 @@ pub struct Settings {
     #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
     #[serde(default)]
     pub plain: bool,
+    /// Most directories watched in one session's workspace (each an inotify watch of the
+    /// user's); past it, changes in the rest are reported as one rescan [default: 4096]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_watched_dirs: Option<u64>,
     /// Turn off file browsing (fs/list, fs/stat): the `fs` capability disappears from hello.
     #[arg(long)]
     #[serde(default)]
@@ -339,6 +347,7 @@ impl Settings {
             insecure_bind: self.insecure_bind || file.insecure_bind,
             plain: self.plain || file.plain,
             disable_fs: self.disable_fs || file.disable_fs,
+            max_watched_dirs: self.max_watched_dirs.or(file.max_watched_dirs),
             disable_agent_preload: self.disable_agent_preload || file.disable_agent_preload,
             sandbox: self.sandbox.or(file.sandbox),
             sandbox_hide: list(self.sandbox_hide, file.sandbox_hide),
@@ -470,6 +479,9 @@ fn set_bounds(config: &mut ServeConfig, s: &Settings) {
     }
     if let Some(v) = s.approval_timeout_ms {
         config.approval_timeout = ms(v);
+    }
+    if let Some(n) = s.max_watched_dirs {
+        config.max_watched_dirs = n as usize;
     }
 }
 

@@ -35,6 +35,7 @@ pub mod store;
 #[cfg(debug_assertions)]
 mod test_hooks;
 pub mod uplink;
+pub mod workspace;
 
 /// The host's INTERNAL: the cause logged under the trace id the reply carries.
 pub fn internal(err: impl std::fmt::Display) -> racp_proto::AppError {

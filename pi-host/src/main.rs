@@ -515,12 +515,14 @@ async fn take_port(config: &ServeConfig) -> Result<tokio::net::TcpSocket, String
 }
 
 /// What runs beside the listener: the agent's first check, the end of turns a previous run
-/// left open, the stop of idle agents, and the admin socket.
+/// left open, the open sessions' workspace watchers, the stop of idle agents, and the admin
+/// socket.
 async fn start_local_services(state: &std::sync::Arc<state::HostState>) -> Result<(), String> {
     // The agent is checked meanwhile; its first check is what host/info and turns wait for.
     let checking = state.clone();
     tokio::spawn(async move { checking.agent.status().await });
     driver::end_interrupted_turns(state).await;
+    workspace::Workspaces::watch_open(state).await;
     tokio::spawn(driver::stop_idle_agents(state.clone()));
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;

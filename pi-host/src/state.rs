@@ -39,6 +39,8 @@ pub struct HostState {
     pub agent: crate::agent::check::AgentCheck,
     /// The kernel sandbox agents start in, and whether the kernel can apply it.
     pub sandbox: crate::agent::sandbox::HostSandbox,
+    /// The open sessions' workspaces, watched (docs/protocol.md §8.9).
+    pub workspaces: crate::workspace::Workspaces,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +123,7 @@ impl HostState {
             models,
             redactor,
             agent,
+            workspaces: crate::workspace::Workspaces::default(),
         }))
     }
 
@@ -217,5 +220,8 @@ impl crate::driver::DriverHost for HostState {
     }
     fn is_draining(&self) -> bool {
         HostState::is_draining(self)
+    }
+    fn workspaces(&self) -> &crate::workspace::Workspaces {
+        &self.workspaces
     }
 }

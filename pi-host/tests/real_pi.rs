@@ -1331,3 +1331,109 @@ async fn an_export_and_a_clone_hold_no_secret_the_events_redact() {
         );
     }
 }
+
+/// pi's edit tool changes a file of a git workspace (docs/protocol.md §8.9): the change on disk
+/// arrives live as `workspace.changed` and again on resume from an older cursor, the turn's
+/// `turn.finished` names the file with the edit's line counts, `workspace/diff` of the turn
+/// shows the hunk, and `fs/read` the new content.
+#[tokio::test]
+async fn a_real_pi_edit_is_named_with_its_counts_and_its_diff_shows_the_hunk() {
+    let stub = Stub::default();
+    let (host, _pi_dir) = pi_host(&stub, None).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = connect(&host, &token).await;
+    let ws = host.workspace("edited");
+    std::fs::write(format!("{ws}/notes.txt"), "one\ntwo\n").unwrap();
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "."],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.com",
+            "commit",
+            "-q",
+            "-m",
+            "1",
+        ],
+    ] {
+        let git = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&ws)
+            .status()
+            .unwrap();
+        assert!(git.success());
+    }
+    let created = client
+        .call("session/create", json!({"workspace": ws}))
+        .await;
+    let session = created["result"]["session"].clone();
+    let session_id = session["sessionId"].as_str().unwrap().to_string();
+    let start = session["cursor"].clone();
+    let sub = client
+        .call(
+            "session/subscribe",
+            json!({"sessionId": session_id, "cursor": start}),
+        )
+        .await;
+    assert!(sub.get("result").is_some(), "{sub}");
+    let turn = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session_id, "idempotencyKey": "edit-1",
+                   "text": format!("{} please", tests::pi::EDIT_NOTES)}),
+        )
+        .await;
+    let turn_id = turn["result"]["turnId"]
+        .as_str()
+        .expect("turnId")
+        .to_string();
+    let changed = |e: &Value| {
+        e["type"] == "workspace.changed"
+            && e["data"]["changes"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["path"] == "notes.txt"))
+    };
+    let mut seen = events_until(&mut client, |e| e["type"] == "turn.finished").await;
+    if !seen.iter().any(changed) {
+        seen.extend(events_until(&mut client, changed).await);
+    }
+    let finished = seen.iter().find(|e| e["type"] == "turn.finished").unwrap();
+    assert_eq!(finished["data"]["outcome"], "completed", "{finished}");
+    let tool_end = seen
+        .iter()
+        .find(|e| e["type"] == "agent.tool_execution_end")
+        .expect("the edit ran");
+    assert_ne!(tool_end["data"]["isError"], true, "{tool_end}");
+    assert_eq!(
+        finished["data"]["files"],
+        json!([{"path": "notes.txt", "kind": "modified", "added": 2, "removed": 1, "by": ["edit"]}])
+    );
+    let live: Vec<&Value> = seen.iter().filter(|e| changed(e)).collect();
+
+    let diff = client
+        .call(
+            "workspace/diff",
+            json!({"sessionId": session_id, "turnId": turn_id}),
+        )
+        .await;
+    let text = diff["result"]["diff"].as_str().unwrap_or_default();
+    assert!(text.contains("-two\n+TWO\n+three\n"), "{diff}");
+    let read = client
+        .call("fs/read", json!({"path": format!("{ws}/notes.txt")}))
+        .await;
+    assert_eq!(read["result"]["data"], "one\nTWO\nthree\n", "{read}");
+
+    // Away during all of it: the same change on resume from the session's start.
+    let mut away = connect(&host, &token).await;
+    away.call(
+        "session/subscribe",
+        json!({"sessionId": session_id, "cursor": start}),
+    )
+    .await;
+    let last = live.last().unwrap()["cursor"].clone();
+    let replayed = events_until(&mut away, |e| e["cursor"] == last).await;
+    let again: Vec<&Value> = replayed.iter().filter(|e| changed(e)).collect();
+    assert_eq!(again, live);
+}

@@ -754,10 +754,23 @@ async fn sigterm_drains_cleanly_and_loses_nothing() {
     let host = s.host.restart(&[]).await;
     let mut client = Client::connect(&host.url(), &s.token).await.unwrap();
     client.hello().await;
-    let got = client
-        .call("session/get", json!({"sessionId": s.session_id}))
-        .await;
-    assert_eq!(got["result"]["cursor"], seen.last().unwrap()["cursor"]);
+    // Nothing lost: after the last event seen comes only the restart's word that the
+    // workspace was not watched meanwhile (docs/protocol.md §8.9).
+    subscribe(
+        &mut client,
+        &s.session_id,
+        seen.last().map(|e| &e["cursor"]),
+    )
+    .await;
+    let after = client.events_to_head(&s.session_id, None).await;
+    let kinds: Vec<(&Value, &Value)> = after
+        .iter()
+        .map(|e| (&e["type"], &e["data"]["reason"]))
+        .collect();
+    assert_eq!(
+        kinds,
+        [(&json!("workspace.changed"), &json!("host_restarted"))]
+    );
 }
 
 #[tokio::test]

@@ -313,6 +313,7 @@ event_table! {
     SessionBash = "session.bash" (SessionBashData)
     SessionForked = "session.forked" (SessionForkedData)
     PermissionDecided = "permission.decided" (crate::permission::PermissionDecidedData)
+    WorkspaceChanged = "workspace.changed" (crate::methods::workspace::WorkspaceChangedData)
 }
 
 impl EventType {
@@ -387,6 +388,10 @@ pub struct TurnFinishedData {
     /// Why it failed or was aborted (e.g. AGENT_SIDECAR_CRASHED, TURN_ABORTED).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<AppError>,
+    /// The files the turn's tools wrote, edited or deleted, with line counts where known
+    /// (docs/protocol.md §8.9), at most 256; absent when it changed none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<crate::methods::workspace::FileChange>,
 }
 
 /// `turn.queued`: a follow-up waits for the running turn to complete (docs/protocol.md

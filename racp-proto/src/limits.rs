@@ -18,6 +18,17 @@ pub const DEFAULT_READ_BYTES: u64 = 256 << 10;
 /// Most bytes of a file one `fs/read` returns: a page, base64-encoded, still fits the default
 /// 1 MiB frame; a longer file is read in pages (`offset`).
 pub const MAX_READ_BYTES: u64 = 512 << 10;
+/// Bytes of diff one `workspace/diff` returns when it names no `maxBytes`, and its most: a
+/// diff, escaped as JSON, still fits the default 1 MiB frame.
+pub const DEFAULT_DIFF_BYTES: u64 = 256 << 10;
+pub const MAX_DIFF_BYTES: u64 = 512 << 10;
+/// Most paths one `workspace.changed` event names; past it in one window the event says
+/// `rescan` (docs/protocol.md §8.9).
+pub const MAX_CHANGES_PER_EVENT: usize = 256;
+/// Most files a turn's `turn.finished` names in `files`.
+pub const MAX_TURN_FILES: usize = 256;
+/// Most files `workspace/status` lists.
+pub const MAX_STATUS_FILES: usize = 2000;
 /// Longest prompt or steer text (chars); the frame bound usually bites first.
 pub const MAX_TEXT_CHARS: u64 = 1 << 20;
 /// Longest approval answer `value` (chars).

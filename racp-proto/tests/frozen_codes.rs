@@ -65,6 +65,8 @@ const PUBLISHED: &[(&str, u16)] = &[
     ("EDIT_DISABLED_IN_PLAN", 4057),
     ("TOOL_DISABLED_IN_PLAN", 4058),
     ("READ_PATH_IS_DIRECTORY", 4059),
+    ("WORKSPACE_NOT_A_REPOSITORY", 4060),
+    ("GIT_UNAVAILABLE", 4061),
 ];
 
 #[test]

@@ -73,6 +73,10 @@ pub struct Stub {
 /// A 1×1 PNG in base64: an image for a prompt.
 pub const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
 
+/// In a prompt, has the stub ask for pi's `edit` tool on `notes.txt` (`two\n` becomes
+/// `TWO\nthree\n`: 2 lines added, 1 removed) instead of `bash`.
+pub const EDIT_NOTES: &str = "EDIT-NOTES";
+
 /// What the stub answers a compaction's summary request with (pi's summarization prompt).
 pub const STUB_SUMMARY: &str = "STUB-SUMMARY: the user ran the check; it passed.";
 
@@ -300,6 +304,14 @@ async fn completions(State(stub): State<Stub>, headers: HeaderMap, body: String)
             sse += &chunk(json!({"content": format!("word{i:05} ")}), None);
         }
         sse += &chunk(json!({}), Some("stop"));
+    } else if body.contains(EDIT_NOTES) && !has_tool_result {
+        // `EDIT-NOTES` in the prompt: pi's edit tool on `notes.txt`, `two` becoming two lines.
+        sse += &chunk(json!({"role": "assistant", "content": "Editing."}), None);
+        let arguments = json!({"path": "notes.txt", "edits": [{"oldText": "two\n", "newText": "TWO\nthree\n"}]});
+        let call = json!({"index": 0, "id": "call_stub_edit", "type": "function",
+            "function": {"name": "edit", "arguments": arguments.to_string()}});
+        sse += &chunk(json!({"tool_calls": [call]}), None);
+        sse += &chunk(json!({}), Some("tool_calls"));
     } else if has_tool_result {
         sse += &chunk(json!({"role": "assistant", "content": "done"}), None);
         sse += &chunk(json!({"content": ", the check passed."}), None);

@@ -16,6 +16,8 @@ pub const LOWEST_ROLE: &[(&str, Option<Role>)] = &[
     ("fs/list", Some(Role::Observer)),
     ("fs/stat", Some(Role::Observer)),
     ("fs/read", Some(Role::Operator)),
+    ("workspace/status", Some(Role::Observer)),
+    ("workspace/diff", Some(Role::Operator)),
     ("session/create", Some(Role::Operator)),
     ("session/list", Some(Role::Observer)),
     ("session/get", Some(Role::Observer)),

@@ -2032,7 +2032,7 @@ async fn a_hosts_endpoint_names_the_hosts_own_capabilities() {
 
 /// Every method a local pi session's features need reaches the host through the gateway
 /// (docs/protocol.md §6.4): an image with a prompt, a new title, the slash commands, the
-/// export, a fork, a file read; and an agent that lacks a command (the stand-in has no `compact`) answers
+/// export, a fork, a file read, the workspace's changes, status and diff; and an agent that lacks a command (the stand-in has no `compact`) answers
 /// CAPABILITY_UNAVAILABLE naming the feature, routed as it came.
 #[tokio::test]
 async fn a_local_sessions_features_are_routed_to_the_host() {
@@ -2109,6 +2109,53 @@ async fn a_local_sessions_features_are_routed_to_the_host() {
     assert_eq!(read["result"]["data"], "routed text", "{read}");
     let dir = desk.call("fs/read", json!({"path": workspace})).await;
     assert_eq!(dir["error"]["code"], "READ_PATH_IS_DIRECTORY", "{dir}");
+
+    // The workspace's changes, its git status and diff, through the gateway as on the host.
+    std::fs::write(format!("{workspace}/a.txt"), "one\n").unwrap();
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "."],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.com",
+            "commit",
+            "-q",
+            "-m",
+            "1",
+        ],
+    ] {
+        let git = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&workspace)
+            .status()
+            .unwrap();
+        assert!(git.success());
+    }
+    let created = desk
+        .call("session/create", json!({"workspace": workspace}))
+        .await;
+    let repo = created["result"]["session"].clone();
+    let subscribed = desk
+        .call(
+            "session/subscribe",
+            json!({"sessionId": repo["sessionId"], "cursor": repo["cursor"]}),
+        )
+        .await;
+    assert!(subscribed.get("result").is_some(), "{subscribed}");
+    std::fs::write(format!("{workspace}/a.txt"), "two\n").unwrap();
+    desk.events_until(PATIENCE, |e| {
+        e["type"] == "workspace.changed" && e["data"]["changes"][0]["path"] == "a.txt"
+    })
+    .await;
+    let repo_ref = json!({"sessionId": repo["sessionId"]});
+    let status = desk.call("workspace/status", repo_ref.clone()).await;
+    assert_eq!(status["result"]["branch"], "main", "{status}");
+    assert_eq!(status["result"]["files"][0]["path"], "a.txt", "{status}");
+    let diff = desk.call("workspace/diff", repo_ref).await;
+    let text = diff["result"]["diff"].as_str().unwrap_or_default();
+    assert!(text.contains("-one\n+two\n"), "{diff}");
 }
 
 /// The gateway's memory under large requests, as a host's (pi-host/tests/memory.rs;

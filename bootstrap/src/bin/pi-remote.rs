@@ -262,6 +262,20 @@ enum Command {
     /// Write a file on the host to stdout as it is, text or binary (`pi-remote cat PATH`): an
     /// absolute path inside the host's permitted roots (operator).
     Cat { path: String },
+    /// Show a session workspace's unified diff against HEAD, as the host's git writes it
+    /// (operator): all of it, the files one turn changed (`--turn`), or one file (`--path`).
+    Diff {
+        session: String,
+        /// Only the files this turn changed (its id, from `attach` or `history`).
+        #[arg(long, conflicts_with = "path")]
+        turn: Option<String>,
+        /// Only this file (relative to the workspace).
+        #[arg(long)]
+        path: Option<String>,
+    },
+    /// Show a session workspace's git state: its branch, how far it is ahead of and behind
+    /// its upstream, and each changed file with git's two status letters.
+    Changes { session: String },
     /// List paired devices (owner only).
     Devices,
     /// Revoke a device (owner only).
@@ -559,6 +573,12 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
         Command::Commands { session } => shell::commands(out, &client, session).await,
         Command::Export { session } => shell::export(out, &client, session).await,
         Command::Cat { path } => files::cat(out, &client, path).await,
+        Command::Diff {
+            session,
+            turn,
+            path,
+        } => files::diff(out, &client, session, turn, path).await,
+        Command::Changes { session } => files::changes(out, &client, session).await,
         Command::Devices => devices::list(out, &client).await,
         Command::Revoke { device } => devices::revoke(out, &client, device).await,
     }

@@ -17,6 +17,9 @@
 //! pi-remote export SESSION > session.html              # the session as pi's HTML page
 //! pi-remote fork SESSION --from CURSOR [--title T]     # a new session before a message you sent
 //! pi-remote clone SESSION [--title T]                  # a new session with the whole conversation
+//! pi-remote cat PATH                                   # a file on the host, as it is
+//! pi-remote changes SESSION                            # the workspace's branch and changed files
+//! pi-remote diff SESSION [--turn TURN | --path FILE]   # its diff against HEAD
 //! pi-remote approve APPROVAL [--value V] | deny APPROVAL
 //! pi-remote devices | revoke DEVICE                    # owner only
 //! pi-remote hosts [--use HOST_ID]                      # a gateway's hosts | choose the default

@@ -10,6 +10,7 @@ use racp_proto::events::{
     SessionRenamedData, TurnFinishedData, TurnQueuedData, TurnStartedData, TurnWithdrawnData,
 };
 use racp_proto::methods::turn::{ApprovalInfo, ApprovalKind};
+use racp_proto::methods::workspace::{ChangeKind, FileChange, WorkspaceChangedData};
 use racp_proto::permission::{PermissionDecidedData, PermissionQuestion};
 use racp_proto::pi::message::{AssistantStop, Entry, Message, Part};
 use racp_proto::pi::{self, Kind, event::ToolRun};
@@ -27,6 +28,39 @@ const ENTRY_ARGS_CHARS: usize = 200;
 
 /// Longest compaction summary shown (its first line), in characters.
 const ENTRY_SUMMARY_CHARS: usize = 200;
+
+/// A `workspace.changed` as one line: each path with a sign (`+` created, `~` modified, `-`
+/// removed, `>` renamed), or the rescan it asks for.
+pub fn describe_changes(changed: &WorkspaceChangedData) -> String {
+    let mut text = String::from("== files:");
+    for change in changed.changes.iter().take(20) {
+        let sign = match change.kind {
+            ChangeKind::Created => "+",
+            ChangeKind::Modified => "~",
+            ChangeKind::Removed => "-",
+            ChangeKind::Renamed => ">",
+        };
+        text.push_str(&format!(" {sign}{}", change.path));
+    }
+    if changed.changes.len() > 20 {
+        text.push_str(&format!(" (+{} more)", changed.changes.len() - 20));
+    }
+    if changed.rescan {
+        let reason = changed.reason.as_deref().unwrap_or("unknown");
+        text.push_str(&format!(" [rescan: {reason}]"));
+    }
+    text
+}
+
+/// One file a turn changed: its kind, path and line counts (`+3 -1`).
+pub fn describe_file(file: &FileChange) -> String {
+    let counts = match (file.added, file.removed) {
+        (Some(added), Some(removed)) => format!(" +{added} -{removed}"),
+        (Some(added), None) => format!(" +{added}"),
+        _ => String::new(),
+    };
+    format!("{} {}{counts}", wire_name(&file.kind), file.path)
+}
 
 /// Renders events as text; remembers whether the last output ended mid-line.
 #[derive(Debug, Default)]
@@ -81,6 +115,10 @@ impl View {
                 Err(_) => String::new(),
             },
             EventType::AgentStopped | EventType::SessionConfigured => String::new(),
+            EventType::WorkspaceChanged => match event.data.parse::<WorkspaceChangedData>() {
+                Ok(changed) => self.line(&describe_changes(&changed)),
+                Err(_) => String::new(),
+            },
             // A shell command's data is pi's `bashExecution` message: shown as in the history.
             EventType::SessionBash => self.entry(event),
         }
@@ -101,7 +139,11 @@ impl View {
                         .error
                         .map(|e| format!(" ({}: {})", e.code(), e.message()))
                         .unwrap_or_default();
-                    self.line(&format!("== turn {turn} {outcome}{why}"))
+                    let mut text = format!("== turn {turn} {outcome}{why}");
+                    for file in &finished.files {
+                        text.push_str(&format!("\n   {}", describe_file(file)));
+                    }
+                    self.line(&text)
                 }
                 Err(_) => self.line(&format!("== turn {turn} finished")),
             },

@@ -167,6 +167,8 @@ pub trait DriverHost: ModelHost {
     fn secrets(&self) -> &crate::secrets::Secrets;
     fn drivers(&self) -> &Drivers;
     fn is_draining(&self) -> bool;
+    /// The workspaces' watchers and what each running turn changed.
+    fn workspaces(&self) -> &crate::workspace::Workspaces;
 }
 
 /// A shared host is a host.
@@ -185,6 +187,9 @@ impl<T: DriverHost> DriverHost for Arc<T> {
     }
     fn is_draining(&self) -> bool {
         (**self).is_draining()
+    }
+    fn workspaces(&self) -> &crate::workspace::Workspaces {
+        (**self).workspaces()
     }
 }
 
@@ -422,6 +427,7 @@ pub async fn end_interrupted_turns(host: &impl DriverHost) {
                 TurnFinishedData {
                     outcome: TurnOutcome::Aborted,
                     error: Some(error),
+                    files: Vec::new(),
                 },
             ));
         }

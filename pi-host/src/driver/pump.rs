@@ -140,6 +140,10 @@ pub(super) fn on_agent_event(
         }
     }
     let turn_id = state.active.as_ref().map(|a| a.turn_id.clone());
+    if let Some(turn_id) = &turn_id {
+        host.workspaces()
+            .tool_event(session, turn_id, &event.kind, event.payload.get());
+    }
     // A compaction outside any turn (`session/compact`) ended: what was queued meanwhile runs,
     // its start logged after pi's `compaction_end` (queue.rs).
     let compacted = turn_id.is_none() && event.kind == Kind::CompactionEnd;

@@ -36,9 +36,14 @@ pub(super) fn end_of_turn(
             "turn did not complete"
         );
     }
+    let files = host.workspaces().take_turn(turn_id);
     events.push(HostEvent::of_turn(
         turn_id,
-        TurnFinishedData { outcome, error },
+        TurnFinishedData {
+            outcome,
+            error,
+            files,
+        },
     ));
     events
 }

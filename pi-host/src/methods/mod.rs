@@ -1,5 +1,5 @@
 //! The host's methods, one file per group of racp-proto's method table (`racp-proto/src/methods`):
-//! [`handshake`], [`host`], [`fs`], [`session`], [`turn`], [`model`]. [`answer_endpoint`] and [`answer_host`]
+//! [`handshake`], [`host`], [`fs`], [`session`], [`turn`], [`model`], [`workspace`]. [`answer_endpoint`] and [`answer_host`]
 //! are one exhaustive match each over the table's places, every arm naming the file and function
 //! that answers it; the table's `run` column says how the answer runs (docs/architecture.md,
 //! "Entry points").
@@ -10,6 +10,7 @@ pub mod host;
 pub mod model;
 pub mod session;
 pub mod turn;
+pub mod workspace;
 
 use crate::auth::Caller;
 use crate::state::HostState;
@@ -65,6 +66,8 @@ pub fn answer_host(state: Arc<HostState>, caller: Caller, call: HostCall) -> Ans
         HostCall::FsList(p) => blocking(move |s| fs::list(s, p)),
         HostCall::FsStat(p) => blocking(move |s| fs::stat(s, p)),
         HostCall::FsRead(p) => blocking_raw(move |s| fs::read(s, p)),
+        HostCall::WorkspaceStatus(p) => task(workspace::status(s, p)),
+        HostCall::WorkspaceDiff(p) => task(workspace::diff(s, p)),
         HostCall::SessionCreate(p) => task(session::create(s, p)),
         HostCall::SessionList(p) => blocking(move |s| session::list(s, p)),
         HostCall::SessionGet(p) => blocking_raw(move |s| session::get(s, p)),

@@ -42,6 +42,7 @@ pub async fn create(
     let created = super::on_blocking_pool(&state, move |s| record_session(s, params)).await?;
     // Start the agent now: it loads while the user types (docs/architecture.md).
     if let Some(session) = state.sessions.get(&created.session.session_id) {
+        crate::workspace::Workspaces::watch_from(&state, &session.id).await;
         state.drivers.warm(&state, &session);
     }
     Ok(created)
@@ -155,6 +156,7 @@ pub async fn close(
         return Ok(Ack {});
     }
     state.drivers.stop_session(&state, &session).await;
+    state.workspaces.unwatch(&session);
     let closed = HostEvent::of_session(SessionClosedData {
         device_id: caller.device_id().map(str::to_string),
     });
@@ -303,7 +305,9 @@ pub async fn fork(
     caller: Caller,
     params: SessionForkParams,
 ) -> Result<SessionForkResult, AppError> {
-    state.drivers.fork(&state, &caller, params).await
+    let forked = state.drivers.fork(&state, &caller, params).await?;
+    crate::workspace::Workspaces::watch_from(&state, &forked.session.session_id).await;
+    Ok(forked)
 }
 
 /// `session/clone`: pi's clone, delivered as a new session (driver/branch.rs).
@@ -312,7 +316,9 @@ pub async fn clone(
     caller: Caller,
     params: SessionCloneParams,
 ) -> Result<SessionCreateResult, AppError> {
-    state.drivers.clone_session(&state, &caller, params).await
+    let cloned = state.drivers.clone_session(&state, &caller, params).await?;
+    crate::workspace::Workspaces::watch_from(&state, &cloned.session.session_id).await;
+    Ok(cloned)
 }
 
 /// `session/bash`: pi's own shell, run by the session's agent (driver/shell.rs).

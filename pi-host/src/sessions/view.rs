@@ -87,6 +87,7 @@ impl View {
                     started_at: at,
                     finished_at: None,
                     error: None,
+                    files: Vec::new(),
                 });
                 if self.turns.len() > SNAPSHOT_TURNS {
                     let excess = self.turns.len() - SNAPSHOT_TURNS;
@@ -114,6 +115,7 @@ impl View {
                     turn.state = data.outcome.turn_state();
                     turn.error = data.error;
                     turn.finished_at = Some(at);
+                    turn.files = data.files;
                 }
             }
             HostEventData::ApprovalRequested(data) => self
@@ -159,6 +161,9 @@ impl View {
             // Where the session came from; the conversation it starts with follows as history
             // entries, which change no snapshot state.
             HostEventData::SessionForked(_) => {}
+            // What changed on disk is the desktop's to show; a snapshot holds no file tree
+            // (a client reads it with `fs/list` and follows these events from the cursor).
+            HostEventData::WorkspaceChanged(_) => {}
         }
     }
 
@@ -290,6 +295,7 @@ mod tests {
                 TurnFinishedData {
                     outcome: TurnOutcome::Failed,
                     error: None,
+                    files: Vec::new(),
                 },
             ),
             HostEvent::of_turn("turn_2", started("second")),

@@ -297,6 +297,10 @@ error_registry! {
     ToolDisabledInPlan = "TOOL_DISABLED_IN_PLAN" { retriable: No, recovery: CheckState, close: 4058, http: 403, }
     /// `fs/read` was given a directory: list it with `fs/list` instead.
     ReadPathIsDirectory = "READ_PATH_IS_DIRECTORY" { retriable: No, recovery: FixArguments, close: 4059, http: 400, }
+    /// `workspace/status` or `workspace/diff` on a session whose workspace is not inside a git repository: there is nothing to compare with (`git init` it, or read files with `fs/read`).
+    WorkspaceNotARepository = "WORKSPACE_NOT_A_REPOSITORY" { retriable: No, recovery: StopAndReport, close: 4060, http: 409, }
+    /// The host cannot run `git` (not installed, not on the host's PATH, or it failed to start): install git on the remote for `workspace/status` and `workspace/diff`.
+    GitUnavailable = "GIT_UNAVAILABLE" { retriable: No, recovery: StopAndReport, close: 4061, http: 503, }
 }
 
 impl ErrorCode {

@@ -7,6 +7,7 @@ pub mod host;
 pub mod model;
 pub mod session;
 pub mod turn;
+pub mod workspace;
 
 use crate::codec::params::decode_params;
 use crate::error::AppError;
@@ -41,6 +42,7 @@ use turn::{
     ApprovalRespondParams, ApprovalRespondResult, TurnFollowUpParams, TurnFollowUpResult, TurnRef,
     TurnStartParams, TurnStartResult, TurnSteerParams,
 };
+use workspace::{WorkspaceDiffParams, WorkspaceDiffResult, WorkspaceStatusResult};
 
 /// No params, or no result fields: `{}`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -320,6 +322,10 @@ method_table! {
         FsStat = "fs/stat" (PathParams => FsStatResult) { access: OBSERVER, mutates: false, safe_to_resend: true, run: Blocking }
         /// Reads a page of a file inside the host's permitted roots: text, or binary flagged (its bytes in base64 when asked), with the file's size, time and SHA-256.
         FsRead = "fs/read" (FsReadParams => FsReadResult) { access: OPERATOR, mutates: false, safe_to_resend: true, run: Blocking }
+        /// The git state of a session's workspace: branch, upstream ahead/behind, changed files.
+        WorkspaceStatus = "workspace/status" (SessionRef => WorkspaceStatusResult) { access: OBSERVER, mutates: false, safe_to_resend: true, run: Task }
+        /// A bounded unified diff of a session's workspace against HEAD: all of it, one path, or the files one turn changed.
+        WorkspaceDiff = "workspace/diff" (WorkspaceDiffParams => WorkspaceDiffResult) { access: OPERATOR, mutates: false, safe_to_resend: true, run: Task }
         /// Creates a session in a workspace directory.
         SessionCreate = "session/create" (SessionCreateParams => SessionCreateResult) { access: OPERATOR, mutates: true, safe_to_resend: false, run: Task }
         /// Lists sessions.

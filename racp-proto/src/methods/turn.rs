@@ -208,6 +208,9 @@ pub struct TurnInfo {
     /// Why it failed or was aborted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<AppError>,
+    /// The files it changed, as its `turn.finished` names them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<crate::methods::workspace::FileChange>,
 }
 
 /// The kind of question an approval asks (the agent's confirm, select, input or editor request).

@@ -74,6 +74,8 @@
 //! | `output:BYTES` | a `bash` tool (`tool_execution_start`, updates, `tool_execution_end`, its `toolResult` message) that prints BYTES of numbered 64-byte lines, with an update after each 4 KiB as pi's bash tool sends them: `partialResult` is the whole output so far, cut to its last 2000 lines or 50 KiB (pi's limits) with `details.truncation` once cut |
 //! | `big:BYTES` | one assistant message with a single `text_delta` of BYTES `x` characters |
 //! | `numbers[:PAD]` | emits `{"type":"stand_in_numbers","values":[…],"pad":"xx…"}`: the numbers of `tests::EDGE_NUMBERS` written as that exact text (not through a parser), and PAD `x` characters (0 when absent), so a test can have the event cut to a frame bound |
+//! | `write:NAME:LINES` | pi's `write` tool: `tool_execution_start` with `args` `{path: NAME, content}` (LINES lines `line N`), the file written in the working directory, `tool_execution_end` |
+//! | `rm:NAME` | pi's `bash` tool running `rm NAME`: the file removed in the working directory, no file tool named |
 //! | `notify` | a fire-and-forget `extension_ui_request` with `method: "notify"` |
 //! | `garbage` | writes a line that is not JSON |
 //! | `whoami` | emits `{"type": "stand_in_whoami", "args", "sessionDir", "cwd", "model", "thinkingLevel", "autoCompaction"}`: its arguments, `PI_CODING_AGENT_SESSION_DIR`, working directory and model settings |
@@ -668,6 +670,20 @@ impl StandIn {
                     )?;
                 }
                 ("tool", _) => self.tool(run, None)?,
+                ("write", _) if arg.is_some() => {
+                    let spec = arg.unwrap_or_default();
+                    let (path, lines) = spec.split_once(':').unwrap_or((spec, "1"));
+                    let lines = lines.parse::<usize>().unwrap_or(1);
+                    let content: String = (1..=lines).map(|n| format!("line {n}\n")).collect();
+                    let args = json!({"path": path, "content": content});
+                    let _ = std::fs::write(path, &content);
+                    self.file_tool(run, "write", args);
+                }
+                ("rm", _) if arg.is_some() => {
+                    let path = arg.unwrap_or_default();
+                    let _ = std::fs::remove_file(path);
+                    self.file_tool(run, "bash", json!({"command": format!("rm {path}")}));
+                }
                 ("approve", _) => {
                     let spec = arg.unwrap_or("confirm");
                     let (kind, timeout) = match spec.split_once(':') {
@@ -959,6 +975,24 @@ impl StandIn {
         message["content"] = json!([{"type": "text", "text": format!("stream of {n}")}]);
         self.end_message(run, message);
         Ok(())
+    }
+
+    /// A tool call that ran at once (what it does is done by the caller): its assistant
+    /// message, `tool_execution_start`, `tool_execution_end`, its result.
+    fn file_tool(&mut self, run: &mut Run, name: &str, args: Value) {
+        self.new_turn_if_needed(run);
+        self.counter += 1;
+        let call_id = format!("call_{}", self.counter);
+        let call = json!({"type": "toolCall", "id": call_id, "name": name, "arguments": args});
+        let mut message = assistant(json!([call]), "toolUse");
+        message["stopReason"] = json!("toolUse");
+        emit(&json!({"type": "message_start", "message": message}));
+        self.end_message(run, message);
+        emit(&json!({
+            "type": "tool_execution_start", "toolCallId": call_id, "toolName": name, "args": args
+        }));
+        run.open_tool = Some((call_id, name.to_string(), args));
+        self.end_tool(run, "done", false);
     }
 
     /// A tool call, optionally gated by an extension dialog of `kind` with a timeout.
