@@ -409,6 +409,20 @@ async fn reads_refuse_what_is_not_a_file_inside_the_roots() {
     let largest = client.call("fs/read", with_length(524_288)).await;
     assert_eq!(largest["result"]["data"], "a", "{largest}");
 
+    // The permission policy's denylist holds for devices too, through a link as well.
+    std::fs::write(root.join(".env"), "SECRET=1").unwrap();
+    std::fs::write(root.join("server.key"), "-----BEGIN").unwrap();
+    std::os::unix::fs::symlink(root.join(".env"), root.join("settings.txt")).unwrap();
+    for name in [".env", "server.key", "settings.txt"] {
+        let reply = client.call("fs/read", read(&root.join(name))).await;
+        assert_eq!(
+            code(reply.clone()),
+            "WORKSPACE_PATH_DENIED",
+            "{name}: {reply}"
+        );
+        assert!(!reply.to_string().contains("SECRET"), "{reply}");
+    }
+
     // An observer browses names, never contents.
     let (_, token) = host.pair_device("phone", &["--roles", "observer"]).await;
     let mut observer = Client::connect(&host.url(), &token).await.unwrap();

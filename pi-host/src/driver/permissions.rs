@@ -14,7 +14,7 @@ use racp_proto::permission::{
     PermissionQuestion, ToolSummary,
 };
 use racp_proto::{AppError, ErrorCode};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Whether a dialog is the policy's request rather than a question for a person.
@@ -240,17 +240,8 @@ impl Driver {
     }
 
     fn judge(&self, host: &impl DriverHost, call: &ToolCall) -> (Judgement, ToolSummary) {
-        let config = host.config();
         let home = home_dir();
-        let mut denylist = Denylist::new(
-            home.as_deref(),
-            &config.protected_paths(),
-            &config.deny_paths,
-        );
-        // pi's provider keys where the agent's config directory was moved to.
-        if let Some(dir) = std::env::var_os("PI_CODING_AGENT_DIR").filter(|d| !d.is_empty()) {
-            denylist.add_agent_dir(Path::new(&dir));
-        }
+        let denylist = Denylist::for_host(host.config(), home.as_deref());
         let grants = host.store().grants(&self.session.id).unwrap_or_else(|err| {
             tracing::warn!(session_id = %self.session.id, error = %err, "cannot read the session's grants");
             Vec::new()

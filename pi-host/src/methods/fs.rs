@@ -96,6 +96,7 @@ pub fn stat(state: &HostState, params: PathParams) -> Result<FsStatResult, AppEr
 pub fn read(state: &HostState, params: FsReadParams) -> Result<Box<RawValue>, AppError> {
     super::host::require(state, Capability::Fs, "fs/read")?;
     let target = Fence::of(&state.config).confine(&params.path, "path")?;
+    denied(state, &target)?;
     let length = params.length.unwrap_or(DEFAULT_READ_BYTES);
     // The page, its base64 and the JSON written from it.
     let _held = state.budget.charge(length as usize * 4)?;
@@ -119,6 +120,25 @@ pub fn read(state: &HostState, params: FsReadParams) -> Result<Box<RawValue>, Ap
         encoding,
         data: page.into_data(encoding),
     })
+}
+
+/// The permission policy's always-on denylist holds for devices too: no role reads a private
+/// key, an `.env` file or a credential bundle through the host (docs/protocol.md §10.1).
+fn denied(state: &HostState, target: &Path) -> Result<(), AppError> {
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    let home = home.map(|h| std::fs::canonicalize(&h).unwrap_or(h));
+    let denylist = crate::policy::denylist::Denylist::for_host(&state.config, home.as_deref());
+    let Some(what) = denylist.hit(target, false) else {
+        return Ok(());
+    };
+    let display = target.display().to_string();
+    Err(AppError::new(
+        ErrorCode::WorkspacePathDenied,
+        format!(
+            "{display} is on the always-on denylist ({what}): no device reads it through the host"
+        ),
+    )
+    .with_details(json!({"path": display})))
 }
 
 /// Opens a regular file without following a link put in the path's place since it was

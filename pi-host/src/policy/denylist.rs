@@ -160,6 +160,16 @@ impl Denylist {
         self.entries.extend(more);
     }
 
+    /// The host's list: the built-in entries for the user's `home`, the host's own files, the
+    /// config's entries, and pi's provider keys where the agent's config directory was moved.
+    pub fn for_host(config: &crate::config::ServeConfig, home: Option<&Path>) -> Denylist {
+        let mut denylist = Denylist::new(home, &config.protected_paths(), &config.deny_paths);
+        if let Some(dir) = std::env::var_os("PI_CODING_AGENT_DIR").filter(|d| !d.is_empty()) {
+            denylist.add_agent_dir(Path::new(&dir));
+        }
+        denylist
+    }
+
     /// What protects `path` (absolute, normalised), if anything; `write` when the call may
     /// change it.
     pub fn hit(&self, path: &Path, write: bool) -> Option<&'static str> {
