@@ -430,3 +430,45 @@ async fn reads_refuse_what_is_not_a_file_inside_the_roots() {
     let refused = observer.call("fs/read", read(&root.join("a.txt"))).await;
     assert_eq!(code(refused), "FORBIDDEN");
 }
+
+/// A 50 MB file read whole in the largest pages comes back byte for byte, each page naming the
+/// same hash (hashed once, not once a page); a change to the file changes the hash at once.
+#[tokio::test]
+async fn a_fifty_megabyte_file_reads_in_pages_and_a_change_shows_in_its_hash() {
+    let host = HostProcess::start(bin()).await;
+    let mut client = operator(&host).await;
+    let path = host.root.path().join("big.log");
+    let line = "0123456789abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ\n";
+    let text = line.repeat((50 << 20) / line.len());
+    std::fs::write(&path, &text).unwrap();
+    let expected = sha256_hex(text.as_bytes());
+    let (mut offset, mut pages) = (0u64, 0);
+    let mut joined = String::with_capacity(text.len());
+    loop {
+        let page = json!({"path": path, "offset": offset, "length": 524_288});
+        let page = client.call("fs/read", page).await["result"].clone();
+        assert_eq!(page["sha256"], expected, "page {pages}");
+        joined.push_str(page["data"].as_str().unwrap());
+        offset += page["length"].as_u64().unwrap();
+        pages += 1;
+        if page["eof"] == true {
+            break;
+        }
+    }
+    assert_eq!(pages, text.len().div_ceil(524_288));
+    assert!(joined == text, "the pages put together differ");
+
+    // Appended to: the next read names the new content's hash, not the cached one.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"one more line\n"))
+        .unwrap();
+    let last = json!({"path": path, "offset": text.len()});
+    let last = client.call("fs/read", last).await["result"].clone();
+    assert_eq!(last["data"], "one more line\n");
+    assert_ne!(last["sha256"], expected);
+    let mut changed = text.into_bytes();
+    changed.extend_from_slice(b"one more line\n");
+    assert_eq!(last["sha256"], sha256_hex(&changed));
+}

@@ -102,7 +102,7 @@ pub fn read(state: &HostState, params: FsReadParams) -> Result<Box<RawValue>, Ap
     let _held = state.budget.charge(length as usize * 4)?;
     let file = open_file(&target)?;
     let meta = file.metadata().map_err(|e| io_error(&target, &e))?;
-    let sha256 = sha256_of(&file).map_err(|e| io_error(&target, &e))?;
+    let sha256 = hash_of(&file, &meta).map_err(|e| io_error(&target, &e))?;
     let offset = params.offset.unwrap_or(0);
     let bytes = read_at(&file, offset, length).map_err(|e| io_error(&target, &e))?;
     let page = Page::of(bytes, offset, meta.len());
@@ -166,6 +166,40 @@ fn open_file(path: &Path) -> Result<File, AppError> {
         ));
     }
     Ok(file)
+}
+
+/// Files hashed lately, by inode, with what would change if their content did (size, and the
+/// change time, which any write moves): a file read in pages is hashed once, not once a page.
+static HASHES: std::sync::LazyLock<dashmap::DashMap<(u64, u64), (Stamp, String)>> =
+    std::sync::LazyLock::new(dashmap::DashMap::new);
+/// Most files whose hash is kept; past it the cache starts over.
+const MAX_HASHES: usize = 256;
+
+type Stamp = (u64, i64, i64);
+
+fn stamp(meta: &Metadata) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    (meta.size(), meta.ctime(), meta.ctime_nsec())
+}
+
+/// The whole file's SHA-256, from the cache while the file's stamp is unchanged; a file that
+/// changed while it was hashed is not kept.
+fn hash_of(file: &File, meta: &Metadata) -> std::io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let key = (meta.dev(), meta.ino());
+    if let Some(known) = HASHES.get(&key)
+        && known.0 == stamp(meta)
+    {
+        return Ok(known.1.clone());
+    }
+    let sha256 = sha256_of(file)?;
+    if stamp(&file.metadata()?) == stamp(meta) {
+        if HASHES.len() >= MAX_HASHES {
+            HASHES.clear();
+        }
+        HASHES.insert(key, (stamp(meta), sha256.clone()));
+    }
+    Ok(sha256)
 }
 
 /// The whole file's SHA-256, read in blocks, as lowercase hex.
