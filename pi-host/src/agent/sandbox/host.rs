@@ -163,10 +163,37 @@ impl HostSandbox {
     }
 }
 
+/// Where the agent's environment puts home, temp and pi's own configuration.
+struct Env {
+    /// The system's temp directories and the devices ([`TEMP`]).
+    temps: Vec<PathBuf>,
+    home: Option<PathBuf>,
+    tmpdir: Option<PathBuf>,
+    pi_dir: Option<PathBuf>,
+}
+
+impl Env {
+    fn of_host() -> Env {
+        let var = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        Env {
+            temps: TEMP.iter().map(PathBuf::from).collect(),
+            home: var("HOME"),
+            tmpdir: var("TMPDIR"),
+            pi_dir: var("PI_CODING_AGENT_DIR"),
+        }
+    }
+}
+
 fn reach(config: &ServeConfig, mode: Mode, place: &AgentPlace) -> Reach {
-    let home = std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from);
+    reach_in(config, mode, place, &Env::of_host())
+}
+
+fn reach_in(config: &ServeConfig, mode: Mode, place: &AgentPlace, env: &Env) -> Reach {
+    let home = env.home.clone();
     let in_home = |names: &[&str]| -> Vec<PathBuf> {
         home.iter()
             .flat_map(|h| names.iter().map(move |n| h.join(n)))
@@ -175,11 +202,11 @@ fn reach(config: &ServeConfig, mode: Mode, place: &AgentPlace) -> Reach {
     let mut hidden = config.protected_paths();
     hidden.extend(in_home(HIDDEN_IN_HOME));
     hidden.extend(config.sandbox.hidden.iter().cloned());
-    let mut writable: Vec<PathBuf> = TEMP.iter().map(PathBuf::from).collect();
-    writable.extend(std::env::var_os("TMPDIR").map(PathBuf::from));
+    let mut writable = env.temps.clone();
+    writable.extend(env.tmpdir.clone());
     // pi's own configuration and state (settings, its model list, its login).
-    writable.push(match std::env::var_os("PI_CODING_AGENT_DIR") {
-        Some(dir) => PathBuf::from(dir),
+    writable.push(match &env.pi_dir {
+        Some(dir) => dir.clone(),
         None => home.clone().unwrap_or_default().join(".pi"),
     });
     if mode == Mode::WorkspaceWrite {
@@ -198,5 +225,99 @@ fn reach(config: &ServeConfig, mode: Mode, place: &AgentPlace) -> Reach {
         writable,
         readable,
         own: place.own.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::sandbox::Plan;
+    use std::path::Path;
+
+    /// The stores the sandbox must hide, as the threat model names them.
+    const MUST_HIDE: &[&str] = &[
+        ".ssh",
+        ".aws",
+        ".gnupg",
+        ".netrc",
+        ".git-credentials",
+        ".docker",
+        ".kube",
+        ".config/gcloud",
+    ];
+
+    fn home_with_everything() -> tempfile::TempDir {
+        let home = tempfile::tempdir().unwrap();
+        for dir in MUST_HIDE
+            .iter()
+            .chain(CACHES_IN_HOME)
+            .chain(&["projects/w", ".config/git"])
+        {
+            std::fs::create_dir_all(home.path().join(dir)).unwrap();
+        }
+        home
+    }
+
+    fn plan_for(home: &Path, mode: Mode) -> (Plan, ServeConfig) {
+        let data = home.join(".local/share/pi-host");
+        for dir in ["pi-extensions", "agent", "agent-sessions/s1"] {
+            std::fs::create_dir_all(data.join(dir)).unwrap();
+        }
+        let config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), data.clone());
+        let place = AgentPlace {
+            workspace: home.join("projects/w"),
+            own: vec![data.join("agent-sessions/s1")],
+            ..AgentPlace::default()
+        };
+        // No system temp: the test's home lies under /tmp, which every agent may write.
+        let env = Env {
+            temps: Vec::new(),
+            home: Some(home.to_path_buf()),
+            tmpdir: None,
+            pi_dir: None,
+        };
+        (reach_in(&config, mode, &place, &env).plan(), config)
+    }
+
+    fn covers(grants: &[PathBuf], path: &Path) -> bool {
+        grants.iter().any(|g| path.starts_with(g))
+    }
+
+    #[test]
+    fn every_credential_store_and_the_data_directory_stay_hidden_and_the_rest_is_readable() {
+        let home = home_with_everything();
+        let home = home.path().canonicalize().unwrap();
+        let (plan, config) = plan_for(&home, Mode::WorkspaceWrite);
+        for name in MUST_HIDE {
+            assert!(HIDDEN_IN_HOME.contains(name), "{name} is not on the list");
+            let path = home.join(name);
+            assert!(!covers(&plan.read, &path), "{name} readable: {plan:?}");
+            assert!(!covers(&plan.write, &path), "{name} writable");
+        }
+        let data = &config.data_dir;
+        assert!(!covers(&plan.read, &data.join("pi-host.db")), "{plan:?}");
+        assert!(!covers(&plan.read, &data.join("agent-sessions/s2")));
+        assert!(covers(&plan.read, &data.join("pi-extensions/x.ts")));
+        assert!(covers(&plan.read, &data.join("agent/versions/1/bin/pi")));
+        assert!(covers(&plan.write, &data.join("agent-sessions/s1/f.jsonl")));
+        assert!(covers(&plan.read, &home.join(".config/git/config")));
+        assert!(covers(&plan.read, Path::new("/usr/bin/env")));
+    }
+
+    #[test]
+    fn writes_reach_the_workspace_and_caches_in_workspace_write_and_neither_read_only() {
+        let home = home_with_everything();
+        let home = home.path().canonicalize().unwrap();
+        let (plan, _) = plan_for(&home, Mode::WorkspaceWrite);
+        assert!(covers(&plan.write, &home.join("projects/w/src/main.rs")));
+        for cache in CACHES_IN_HOME {
+            assert!(covers(&plan.write, &home.join(cache).join("x")), "{cache}");
+        }
+        assert!(!covers(&plan.write, &home.join(".bashrc")));
+        assert!(!covers(&plan.write, &home.join("projects/other")));
+        let (plan, _) = plan_for(&home, Mode::ReadOnly);
+        assert!(!covers(&plan.write, &home.join("projects/w/src/main.rs")));
+        assert!(!covers(&plan.write, &home.join(".npm/x")));
+        assert!(covers(&plan.read, &home.join("projects/w/src/main.rs")));
     }
 }
