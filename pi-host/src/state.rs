@@ -205,10 +205,16 @@ impl crate::models::ModelHost for HostState {
     }
 }
 
-impl crate::driver::DriverHost for HostState {
+impl crate::workspace::WatchHost for HostState {
     fn sessions(&self) -> &crate::sessions::Sessions {
         &self.sessions
     }
+    fn workspaces(&self) -> &crate::workspace::Workspaces {
+        &self.workspaces
+    }
+}
+
+impl crate::driver::DriverHost for HostState {
     fn store(&self) -> &Store {
         &self.store
     }
@@ -220,8 +226,5 @@ impl crate::driver::DriverHost for HostState {
     }
     fn is_draining(&self) -> bool {
         HostState::is_draining(self)
-    }
-    fn workspaces(&self) -> &crate::workspace::Workspaces {
-        &self.workspaces
     }
 }

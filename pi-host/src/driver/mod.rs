@@ -28,6 +28,7 @@ use crate::agent::{Agent, AgentError, AgentOutput, AgentSpec, RunEnd, UiAnswer};
 use crate::auth::Caller;
 use crate::models::ModelHost;
 use crate::sessions::{HostEvent, Session};
+use crate::workspace::WatchHost;
 use racp_proto::events::{
     AgentStopReason, AgentStoppedData, TurnFinishedData, TurnOutcome, WithdrawReason,
 };
@@ -161,21 +162,15 @@ impl Drop for Raised {
 
 /// What turns need of the host (state.rs implements it), so that the host can own its turns
 /// without the turns knowing the host's state.
-pub trait DriverHost: ModelHost {
-    fn sessions(&self) -> &crate::sessions::Sessions;
+pub trait DriverHost: WatchHost {
     fn store(&self) -> &crate::store::Store;
     fn secrets(&self) -> &crate::secrets::Secrets;
     fn drivers(&self) -> &Drivers;
     fn is_draining(&self) -> bool;
-    /// The workspaces' watchers and what each running turn changed.
-    fn workspaces(&self) -> &crate::workspace::Workspaces;
 }
 
 /// A shared host is a host.
 impl<T: DriverHost> DriverHost for Arc<T> {
-    fn sessions(&self) -> &crate::sessions::Sessions {
-        (**self).sessions()
-    }
     fn store(&self) -> &crate::store::Store {
         (**self).store()
     }
@@ -187,9 +182,6 @@ impl<T: DriverHost> DriverHost for Arc<T> {
     }
     fn is_draining(&self) -> bool {
         (**self).is_draining()
-    }
-    fn workspaces(&self) -> &crate::workspace::Workspaces {
-        (**self).workspaces()
     }
 }
 

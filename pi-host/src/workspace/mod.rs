@@ -11,14 +11,33 @@ mod watch;
 
 pub use ignore::Ignore;
 
+use crate::models::ModelHost;
 use crate::sessions::{HostEvent, Session};
-use crate::state::HostState;
 use racp_proto::methods::workspace::{ChangeKind, FileChange, WorkspaceChangedData};
 use racp_proto::pi::Kind;
 use racp_proto::pi::event::FileTool;
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What the watchers need of the host (state.rs implements it), so that the host owns its
+/// workspaces without the watchers knowing the host's state: its sessions (to record what
+/// changed) and, through [`ModelHost`], its configuration.
+pub trait WatchHost: ModelHost {
+    fn sessions(&self) -> &crate::sessions::Sessions;
+    /// The workspaces' watchers and what each running turn changed.
+    fn workspaces(&self) -> &Workspaces;
+}
+
+/// A shared host is a host.
+impl<T: WatchHost> WatchHost for Arc<T> {
+    fn sessions(&self) -> &crate::sessions::Sessions {
+        (**self).sessions()
+    }
+    fn workspaces(&self) -> &Workspaces {
+        (**self).workspaces()
+    }
+}
 
 /// Running turns' records, by turn id.
 type Records = Arc<Mutex<TurnRecords>>;
@@ -100,7 +119,7 @@ impl Workspaces {
     /// watched): once it returns, a change is seen. Blocking (the first session of a
     /// workspace walks its tree) and in the runtime (the watcher is a task): run it on the
     /// blocking pool ([`Workspaces::watch_from`]).
-    pub fn watch(&self, host: &Arc<HostState>, session: &Arc<Session>) {
+    pub fn watch<H: WatchHost>(&self, host: &Arc<H>, session: &Arc<Session>) {
         if session.is_closing() {
             return;
         }
@@ -122,12 +141,13 @@ impl Workspaces {
     }
 
     /// [`Workspaces::watch`] from a task, on the blocking pool; returns once it watches.
-    pub async fn watch_from(host: &Arc<HostState>, session_id: &str) {
-        let Some(session) = host.sessions.get(session_id) else {
+    pub async fn watch_from<H: WatchHost>(host: &Arc<H>, session_id: &str) {
+        let Some(session) = host.sessions().get(session_id) else {
             return;
         };
         let host = host.clone();
-        let watching = tokio::task::spawn_blocking(move || host.workspaces.watch(&host, &session));
+        let watching =
+            tokio::task::spawn_blocking(move || host.workspaces().watch(&host, &session));
         if let Err(err) = watching.await {
             tracing::warn!(error = %err, "the workspace's watcher did not start");
         }
@@ -136,21 +156,21 @@ impl Workspaces {
     /// Every open session's workspace, at the host's start, before it listens; each open
     /// session is told with a `rescan` (`host_restarted`) that what changed while no host
     /// watched is not in its log.
-    pub async fn watch_open(host: &Arc<HostState>) {
+    pub async fn watch_open<H: WatchHost>(host: &Arc<H>) {
         let host = host.clone();
         let watching = tokio::task::spawn_blocking(move || {
-            for session in host.sessions.list() {
+            for session in host.sessions().list() {
                 if session.is_closing() {
                     continue;
                 }
-                host.workspaces.watch(&host, &session);
+                host.workspaces().watch(&host, &session);
                 let unseen = HostEvent::of_session(WorkspaceChangedData {
                     changes: Vec::new(),
                     rescan: true,
                     reason: Some("host_restarted".into()),
                     rescan_path: Some(String::new()),
                 });
-                if let Err(err) = host.sessions.append(&session, vec![unseen]) {
+                if let Err(err) = host.sessions().append(&session, vec![unseen]) {
                     tracing::warn!(session_id = %session.id, error = %err, "the restart's rescan not recorded");
                 }
             }
@@ -209,8 +229,8 @@ impl Workspaces {
 }
 
 /// The host's own files, canonical where they exist: never watched.
-fn protected(host: &HostState) -> Vec<PathBuf> {
-    let mut paths = host.config.protected_paths();
+fn protected(host: &impl WatchHost) -> Vec<PathBuf> {
+    let mut paths = host.config().protected_paths();
     let canonical: Vec<PathBuf> = paths
         .iter()
         .filter_map(|p| std::fs::canonicalize(p).ok())

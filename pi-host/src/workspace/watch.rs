@@ -4,9 +4,10 @@
 //! workspace (docs/protocol.md §8.9).
 
 use super::Shared;
+use super::WatchHost;
 use super::ignore::Ignore;
+use crate::models::ModelHost;
 use crate::sessions::HostEvent;
-use crate::state::HostState;
 use futures_util::StreamExt;
 use inotify::{EventMask, Inotify, WatchMask, Watches};
 use racp_proto::limits::MAX_CHANGES_PER_EVENT;
@@ -68,8 +69,8 @@ type Reader = inotify::EventStream<Vec<u8>>;
 /// Watches `root`'s tree now (so a change made once this returns is seen), then follows it on
 /// a task until the task is aborted (its last session closed) or inotify fails. Blocking: the
 /// walk reads every directory of the tree, within the bound.
-pub(super) fn start(
-    host: Arc<HostState>,
+pub(super) fn start<H: WatchHost>(
+    host: Arc<H>,
     root: PathBuf,
     shared: Arc<Shared>,
 ) -> tokio::task::JoinHandle<()> {
@@ -93,7 +94,7 @@ pub(super) fn start(
         root,
         watches,
         dirs: HashMap::new(),
-        max_dirs: host.config.max_watched_dirs,
+        max_dirs: host.config().max_watched_dirs,
         full: false,
     };
     tree.add_tree("", &mut window, false);
@@ -104,7 +105,12 @@ pub(super) fn start(
 }
 
 /// Reads the kernel's events, one window at a time.
-async fn follow(host: Arc<HostState>, mut tree: Tree, mut reader: Reader, shared: Arc<Shared>) {
+async fn follow<H: WatchHost>(
+    host: Arc<H>,
+    mut tree: Tree,
+    mut reader: Reader,
+    shared: Arc<Shared>,
+) {
     let mut window = Window::default();
     let mut deadline: Option<Instant> = None;
     loop {
@@ -342,7 +348,7 @@ impl Window {
 }
 
 /// Appends the window's event to every session of the workspace.
-fn flush(host: &HostState, shared: &Shared, window: &mut Window) {
+fn flush(host: &impl WatchHost, shared: &Shared, window: &mut Window) {
     let Some(data) = window.take() else {
         return;
     };
@@ -354,7 +360,7 @@ fn flush(host: &HostState, shared: &Shared, window: &mut Window) {
     for session in shared.sessions() {
         let event = HostEvent::of_session(data.clone());
         // Not waited for: the next window's event comes after it in the same log anyway.
-        if let Err(err) = host.sessions.append(&session, vec![event]) {
+        if let Err(err) = host.sessions().append(&session, vec![event]) {
             tracing::debug!(session_id = %session.id, error = %err, "workspace change not recorded");
         }
     }
