@@ -97,6 +97,12 @@ interface Tracked {
   pauseCheck?: boolean;
 }
 
+/** How long a call waits for its reply: the client's call timeout, plus the method's own
+ * deadline from the method table (`session/bash` is answered when its command ends). */
+export function callTimeoutFor(method: RacpMethodName, callTimeoutMs: number): number {
+  return callTimeoutMs + (METHODS[method].deadlineMs ?? 0);
+}
+
 export class RacpClient extends EventTarget implements SubscriptionControl {
   private current: ClientState = { status: "connecting" };
   private link: Link | undefined;
@@ -176,7 +182,7 @@ export class RacpClient extends EventTarget implements SubscriptionControl {
       return Promise.reject(hostDisconnected("not connected", method));
     }
     return link.request(method, params ?? {}, {
-      timeoutMs: options?.timeoutMs ?? this.options.callTimeoutMs + (METHODS[method].deadlineMs ?? 0),
+      timeoutMs: options?.timeoutMs ?? callTimeoutFor(method, this.options.callTimeoutMs),
       ...(options?.signal ? { signal: options.signal } : {}),
     }) as Promise<Result<M>>;
   }

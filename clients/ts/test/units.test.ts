@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { Backoff, ERROR_CODES, RacpError, checkUrl, isHistoryEntry, messagesOf, parsePairingLink, type Event, type SessionHistoryParams } from "../src/index.js";
 import { pagesBack } from "../src/history.js";
+import { callTimeoutFor } from "../src/client.js";
 import { decodeHostFrame, encodeRequest } from "../src/frames.js";
 
 const PIN = "3f1c9a0e5b7d2468ace013579bdf2468ace013579bdf2468ace013579bdf2468";
@@ -218,4 +219,9 @@ test("history pages start before what the caller holds and stop at a page withou
   assert.deepEqual(await read({ limit: 1, maxBytes: 4096 }), ["e-20", "e-9", "e-6"]);
   assert.deepEqual(calls.map((c) => [c.upTo, c.limit, c.maxBytes]), [[undefined, 1, 4096], ["e-9", 1, 4096], ["e-6", 1, 4096]]);
   assert.deepEqual(await read({ from: pages.get("e-9")! }), ["e-6"]);
+});
+
+test("a call waits the client's timeout plus its method's own deadline, and only that", () => {
+  assert.equal(callTimeoutFor("session/list", 30_000), 30_000);
+  assert.equal(callTimeoutFor("session/bash", 30_000), 30_000 + 600_000);
 });

@@ -219,8 +219,7 @@ impl RacpClient {
     }
 
     fn timeout_of(&self, method: Method) -> Duration {
-        let deadline = method.spec().deadline_ms.unwrap_or(0);
-        self.call_timeout + Duration::from_millis(deadline)
+        call_timeout_for(method, self.call_timeout)
     }
 
     /// [`RacpClient::call`] waiting `timeout` for the reply instead.
@@ -323,5 +322,25 @@ impl RacpClient {
             cursor,
             stream,
         })
+    }
+}
+/// How long a call waits for its reply: the client's call timeout, plus the method's own
+/// deadline from the method table (`session/bash` is answered when its command ends).
+pub fn call_timeout_for(method: Method, call_timeout: Duration) -> Duration {
+    call_timeout + Duration::from_millis(method.spec().deadline_ms.unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_waits_the_client_timeout_plus_its_methods_own_deadline_and_only_that() {
+        let base = Duration::from_secs(30);
+        assert_eq!(call_timeout_for(Method::SessionList, base), base);
+        assert_eq!(
+            call_timeout_for(Method::SessionBash, base),
+            base + Duration::from_secs(crate::limits::SHELL_DEADLINE_SECONDS)
+        );
     }
 }
