@@ -127,16 +127,28 @@ async fn bounded(check: impl Future<Output = Result<(), String>>) -> Result<(), 
         .unwrap_or_else(|_| Err(format!("no answer within {CHECK_DEADLINE:?}")))
 }
 
-/// A write through a connection of its own, as the file system allows it now: a store made
-/// read-only (permissions, a read-only mount, a full disk) fails here.
+/// The store answers a write, and its directory takes a new file written to disk. A write
+/// into SQLite's open log can succeed in the page cache on a file system that no longer takes
+/// writes (a read-only remount, a full disk, its permissions taken away): the file finds that.
 async fn store_writes(state: Arc<HostState>) -> Result<(), String> {
-    let path = state.config.data_dir.join("pi-host.db");
-    let wrote = tokio::task::spawn_blocking(move || crate::store::probe_write(&path)).await;
-    match wrote {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => Err(format!("the store refuses a write: {error}")),
-        Err(error) => Err(format!("the store check did not finish: {error}")),
-    }
+    let wrote = tokio::task::spawn_blocking(move || {
+        state
+            .store
+            .probe_write()
+            .map_err(|e| format!("the store refuses a write: {e}"))?;
+        probe_file(&state.config.data_dir.join(".ready-probe"))
+            .map_err(|e| format!("the data directory refuses a write: {e}"))
+    })
+    .await;
+    wrote.unwrap_or_else(|e| Err(format!("the store check did not finish: {e}")))
+}
+
+fn probe_file(path: &std::path::Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(b"ready\n")?;
+    file.sync_all()?;
+    std::fs::remove_file(path)
 }
 
 async fn agent_ready(state: Arc<HostState>) -> Result<(), String> {

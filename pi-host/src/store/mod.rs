@@ -135,6 +135,15 @@ impl Store {
         })
     }
 
+    /// One small write through the store's connection (the host's `/readyz`, metrics.rs).
+    pub fn probe_write(&self) -> Result<(), StoreError> {
+        self.conn()?.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('ready_probe', ?1)",
+            [racp_server::clock::now_ms().to_string()],
+        )?;
+        Ok(())
+    }
+
     fn conn(&self) -> Result<MutexGuard<'_, Connection>, StoreError> {
         self.conn.lock().map_err(|_| StoreError::Poisoned)
     }
@@ -159,19 +168,6 @@ impl Store {
         )?;
         Ok(value)
     }
-}
-
-/// One write through a connection of its own (the host's `/readyz`, metrics.rs): whether the
-/// store takes a write as the file system allows it now, not as it did when the host's own
-/// connections were opened.
-pub fn probe_write(path: &Path) -> Result<(), StoreError> {
-    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE)?;
-    conn.busy_timeout(std::time::Duration::from_secs(1))?;
-    conn.execute(
-        "INSERT OR REPLACE INTO meta (key, value) VALUES ('ready_probe', ?1)",
-        [racp_server::clock::now_ms().to_string()],
-    )?;
-    Ok(())
 }
 
 /// Writes one batch of events for several sessions in one transaction (group commit): one

@@ -1,0 +1,305 @@
+//! The operator's listener (docs/reliability.md, "Metrics and health"): a real host with the
+//! stand-in agent and `--metrics-listen 127.0.0.1:0`, its address read from the state file;
+//! the counters move with a turn, a CURSOR_EXPIRED, a CLIENT_TOO_SLOW cut and a revoke;
+//! `/readyz` fails while the store refuses writes; a real Prometheus scrapes the host.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use tests::{Client, HostProcess};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_pi-host"))
+}
+
+/// A host serving metrics on a port the OS picked, and where it serves them.
+struct Observed {
+    host: HostProcess,
+    metrics: SocketAddr,
+    _state_dir: tempfile::TempDir,
+}
+
+async fn start_host(extra: &[&str]) -> Observed {
+    let state_dir = tempfile::tempdir().unwrap();
+    let state_file = state_dir.path().join("state.json");
+    let agent = tests::stand_in_agent();
+    let mut args = vec![
+        "--agent",
+        agent.to_str().unwrap(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--state-file",
+        state_file.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let host = HostProcess::start_with(bin(), &args).await;
+    let state: Value = serde_json::from_slice(&std::fs::read(&state_file).unwrap()).unwrap();
+    let metrics = state["metricsListen"].as_str().unwrap().parse().unwrap();
+    Observed {
+        host,
+        metrics,
+        _state_dir: state_dir,
+    }
+}
+
+/// One HTTP GET: the status code and the body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(tests::PATIENCE, stream.read_to_string(&mut response))
+        .await
+        .expect("no answer in time")
+        .unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of one series (its name with labels, as the text format writes it), 0 when absent.
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Scrapes until `series` satisfies `ok`, within the tests' patience.
+async fn until_series(addr: SocketAddr, series: &str, ok: impl Fn(f64) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + tests::PATIENCE;
+    loop {
+        let (status, text) = get(addr, "/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        if ok(value(&text, series)) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} never reached the expected value:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn call(client: &mut Client, method: &str, params: Value) -> Value {
+    client.call(method, params).await
+}
+
+const DEVICES: &str = r#"pi_host_connections{kind="device"}"#;
+
+#[tokio::test]
+async fn counters_move_with_a_turn_an_expired_cursor_a_slow_cut_and_a_revoke() {
+    // Plain, a short stall bound: the slow subscriber below is cut within a second.
+    let o = start_host(&["--plain", "--send-stall-ms", "300"]).await;
+    let (_, token) = o.host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&o.host.url(), &token).await.unwrap();
+    client.hello().await;
+    let text = until_series(o.metrics, DEVICES, |v| v == 1.0).await;
+    // The pairing connection's hello and pair, then the device's hello.
+    let hellos = r#"pi_host_calls_total{method="hello",code="ok"}"#;
+    assert_eq!(value(&text, hellos), 2.0, "{text}");
+    let pairs = r#"pi_host_calls_total{method="pair",code="ok"}"#;
+    assert_eq!(value(&text, pairs), 1.0, "{text}");
+    let before = value(&text, "pi_host_events_appended_total");
+
+    // A turn: calls by method, events committed.
+    let created = call(
+        &mut client,
+        "session/create",
+        json!({"workspace": o.host.workspace("w")}),
+    )
+    .await;
+    let session = created["result"]["session"].clone();
+    let session_id = session["sessionId"].as_str().unwrap().to_string();
+    let start = session["cursor"].clone();
+    call(
+        &mut client,
+        "session/subscribe",
+        json!({"sessionId": session_id, "cursor": start}),
+    )
+    .await;
+    let turn = json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "deltas:3"});
+    assert!(
+        call(&mut client, "turn/start", turn)
+            .await
+            .get("result")
+            .is_some()
+    );
+    let events = client
+        .events_until(tests::PATIENCE, |e| e["type"] == "turn.finished")
+        .await;
+    let text = until_series(o.metrics, "pi_host_events_appended_total", |v| {
+        v >= before + events.len() as f64
+    })
+    .await;
+    let turns = r#"pi_host_calls_total{method="turn/start",code="ok"}"#;
+    assert_eq!(value(&text, turns), 1.0, "{text}");
+
+    // A cursor the host never gave out: CURSOR_EXPIRED, counted by method and code and alone.
+    let (epoch, _) = start.as_str().unwrap().rsplit_once('-').unwrap();
+    let ahead = json!({"sessionId": session_id, "cursor": format!("{epoch}-1000000")});
+    let expired = call(&mut client, "session/subscribe", ahead).await;
+    assert_eq!(expired["error"]["code"], "CURSOR_EXPIRED", "{expired}");
+    let text = until_series(o.metrics, "pi_host_cursor_expired_total", |v| v == 1.0).await;
+    let refused = r#"pi_host_calls_total{method="session/subscribe",code="CURSOR_EXPIRED"}"#;
+    assert_eq!(value(&text, refused), 1.0, "{text}");
+
+    // A subscriber that stops reading while big events come: CLIENT_TOO_SLOW.
+    let mut slow = Client::connect(&o.host.url(), &token).await.unwrap();
+    slow.hello().await;
+    let sub = json!({"sessionId": session_id, "cursor": events.last().unwrap()["cursor"]});
+    assert!(
+        call(&mut slow, "session/subscribe", sub)
+            .await
+            .get("result")
+            .is_some()
+    );
+    let big = "big:60000 ".repeat(40);
+    let turn = json!({"sessionId": session_id, "idempotencyKey": "k2", "text": big});
+    assert!(
+        call(&mut client, "turn/start", turn)
+            .await
+            .get("result")
+            .is_some()
+    );
+    // Both subscribers stopped reading (this test reads neither): both are cut.
+    until_series(o.metrics, "pi_host_client_too_slow_total", |v| v >= 1.0).await;
+    until_series(o.metrics, DEVICES, |v| v == 0.0).await;
+    drop(slow);
+    let mut client = Client::connect(&o.host.url(), &token).await.unwrap();
+    client.hello().await;
+
+    // A revoke: the call counted, the revoked device's connection gone.
+    let (second_id, second_token) = o.host.pair_device("phone", &[]).await;
+    let mut second = Client::connect(&o.host.url(), &second_token).await.unwrap();
+    second.hello().await;
+    until_series(o.metrics, DEVICES, |v| v == 2.0).await;
+    let revoked = call(&mut client, "device/revoke", json!({"deviceId": second_id})).await;
+    assert!(revoked.get("result").is_some(), "{revoked}");
+    let text = until_series(o.metrics, DEVICES, |v| v == 1.0).await;
+    let revokes = r#"pi_host_calls_total{method="device/revoke",code="ok"}"#;
+    assert_eq!(value(&text, revokes), 1.0, "{text}");
+    // Nothing that names a device, a path or a prompt is a label.
+    for secret in [second_id.as_str(), session_id.as_str(), "deltas:3", "big:"] {
+        assert!(!text.contains(secret), "{secret} in the metrics:\n{text}");
+    }
+}
+
+/// Makes the store's directory refuse writes, as root too (the immutable attribute), and
+/// undoes it.
+struct ReadOnly(std::path::PathBuf);
+
+impl ReadOnly {
+    fn make(path: &Path) -> ReadOnly {
+        let done = if nix_is_root() {
+            std::process::Command::new("chattr")
+                .arg("+i")
+                .arg(path)
+                .status()
+                .unwrap()
+                .success()
+        } else {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o500)).is_ok()
+        };
+        assert!(done, "cannot make {} read-only", path.display());
+        ReadOnly(path.to_path_buf())
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        if nix_is_root() {
+            let _ = std::process::Command::new("chattr")
+                .arg("-i")
+                .arg(&self.0)
+                .status();
+        } else {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o700));
+        }
+    }
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1).map(|uid| uid == "0"))
+        .unwrap()
+}
+
+async fn ready(addr: SocketAddr) -> (u16, Value) {
+    let (status, body) = get(addr, "/readyz").await;
+    (status, serde_json::from_str(&body).unwrap())
+}
+
+fn check<'a>(body: &'a Value, name: &str) -> &'a Value {
+    body["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} check in {body}"))
+}
+
+#[tokio::test]
+async fn readyz_fails_while_the_store_refuses_writes_and_recovers() {
+    let o = start_host(&[]).await;
+    assert_eq!(get(o.metrics, "/livez").await.0, 200);
+    // The first agent check runs in the background: ready once it is done.
+    let deadline = tokio::time::Instant::now() + tests::PATIENCE;
+    let body = loop {
+        let (status, body) = ready(o.metrics).await;
+        if status == 200 {
+            break body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never ready: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(check(&body, "store")["ok"], true, "{body}");
+    assert_eq!(check(&body, "agent")["ok"], true, "{body}");
+    assert!(
+        body["checks"].as_array().unwrap().len() == 2,
+        "no nats without a gateway: {body}"
+    );
+
+    let read_only = ReadOnly::make(o.host.data_dir.path());
+    let (status, body) = ready(o.metrics).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(check(&body, "store")["ok"], false, "{body}");
+    assert_eq!(check(&body, "agent")["ok"], true, "{body}");
+    // The host still serves: livez says the process answers.
+    assert_eq!(get(o.metrics, "/livez").await.0, 200);
+    drop(read_only);
+    let (status, body) = ready(o.metrics).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
+async fn a_metrics_address_off_loopback_needs_the_flag() {
+    let data = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(bin())
+        .args(["serve", "--plain", "--listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "0.0.0.0:0", "--data-dir"])
+        .arg(data.path())
+        .output();
+    let out = tokio::time::timeout(tests::PATIENCE, out)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--metrics-allow-remote"), "{stderr}");
+}
