@@ -303,3 +303,92 @@ async fn a_metrics_address_off_loopback_needs_the_flag() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--metrics-allow-remote"), "{stderr}");
 }
+
+/// A Prometheus server (Debian's) scraping `target` every second, on a port of its own.
+struct Prometheus {
+    _child: tokio::process::Child,
+    api: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    async fn start(target: SocketAddr) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        let scrape = format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: pi-host\n    static_configs:\n      - targets: ['{target}']\n"
+        );
+        std::fs::write(&config, scrape).unwrap();
+        // Prometheus takes an address, not a socket: a port the OS had free a moment ago.
+        let api = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let child = tokio::process::Command::new("/usr/bin/prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={api}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("Debian's prometheus at /usr/bin/prometheus (scripts/test installs it)");
+        Prometheus {
+            _child: child,
+            api,
+            _dir: dir,
+        }
+    }
+
+    /// The instant query's result vector once it holds a series `ok` accepts.
+    async fn until(&self, query: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + tests::PATIENCE;
+        loop {
+            let answer = match tokio::net::TcpStream::connect(self.api).await {
+                Ok(_) => {
+                    let (status, body) =
+                        get(self.api, &format!("/api/v1/query?query={query}")).await;
+                    (status == 200).then(|| serde_json::from_str::<Value>(&body).unwrap())
+                }
+                Err(_) => None,
+            };
+            let result = answer.map(|a| a["data"]["result"].clone());
+            if let Some(result) = result.filter(|r| r.as_array().is_some_and(|r| r.iter().any(&ok)))
+            {
+                return result;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "Prometheus never had {query}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_prometheus_server_scrapes_the_host_and_answers_its_series() {
+    let o = start_host(&[]).await;
+    let (_, token) = o.host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&o.host.url(), &token).await.unwrap();
+    client.hello().await;
+    let prometheus = Prometheus::start(o.metrics).await;
+    let devices = prometheus
+        .until("pi_host_connections", |s| {
+            s["metric"]["kind"] == "device" && s["value"][1] == "1"
+        })
+        .await;
+    assert_eq!(devices[0]["metric"]["job"], "pi-host", "{devices}");
+    let calls = prometheus
+        .until("pi_host_calls_total", |s| {
+            s["metric"]["method"] == "pair" && s["metric"]["code"] == "ok"
+        })
+        .await;
+    assert!(!calls.as_array().unwrap().is_empty());
+    prometheus
+        .until("pi_host_sandbox_enforced", |s| s["value"][1].is_string())
+        .await;
+}
