@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 use tests::{Client, HostProcess};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_pi-host"))
@@ -46,30 +45,7 @@ async fn start_host(extra: &[&str]) -> Observed {
     }
 }
 
-/// One HTTP GET: the status code and the body.
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(tests::PATIENCE, stream.read_to_string(&mut response))
-        .await
-        .expect("no answer in time")
-        .unwrap();
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// The value of one series (its name with labels, as the text format writes it), 0 when absent.
-fn value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
-}
+use tests::{http_get as get, series_value as value};
 
 /// Scrapes until `series` satisfies `ok`, within the tests' patience.
 async fn until_series(addr: SocketAddr, series: &str, ok: impl Fn(f64) -> bool) -> String {
