@@ -110,8 +110,14 @@ impl Observed for HostObserved {
                 return vec![("host", Err("stopping".to_string()))];
             };
             let mut checks = vec![
-                ("store", bounded(store_writes(state.clone())).await),
-                ("agent", bounded(agent_ready(state.clone())).await),
+                (
+                    "store",
+                    bounded(CHECK_DEADLINE, store_writes(state.clone())).await,
+                ),
+                (
+                    "agent",
+                    bounded(CHECK_DEADLINE, agent_ready(state.clone())).await,
+                ),
             ];
             if !state.config.gateway.is_empty() {
                 checks.push(("nats", nats_connected(&state)));
@@ -121,10 +127,15 @@ impl Observed for HostObserved {
     }
 }
 
-async fn bounded(check: impl Future<Output = Result<(), String>>) -> Result<(), String> {
-    tokio::time::timeout(CHECK_DEADLINE, check)
+/// A check that does not answer within `deadline` (a store locked, a disk hung) fails:
+/// `/readyz` answers in bounded time whatever holds the host up.
+async fn bounded(
+    deadline: Duration,
+    check: impl Future<Output = Result<(), String>>,
+) -> Result<(), String> {
+    tokio::time::timeout(deadline, check)
         .await
-        .unwrap_or_else(|_| Err(format!("no answer within {CHECK_DEADLINE:?}")))
+        .unwrap_or_else(|_| Err(format!("no answer within {deadline:?}")))
 }
 
 /// The store answers a write, and its directory takes a new file written to disk. A write
@@ -169,5 +180,21 @@ fn nats_connected(state: &HostState) -> Result<(), String> {
         Some(async_nats::connection::State::Connected) => Ok(()),
         Some(other) => Err(format!("the gateway link is {other}")),
         None => Err("the gateway link was never made".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_check_answers_within_its_deadline_or_fails() {
+        let deadline = Duration::from_millis(200);
+        let answered = bounded(deadline, async { Ok(()) }).await;
+        assert_eq!(answered, Ok(()));
+        let failed = bounded(deadline, async { Err("refused".to_string()) }).await;
+        assert_eq!(failed, Err("refused".to_string()));
+        let hung = bounded(deadline, std::future::pending()).await;
+        assert!(hung.is_err_and(|why| why.contains("no answer")));
     }
 }
