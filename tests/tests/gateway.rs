@@ -651,8 +651,11 @@ async fn a_host_credential_cannot_forge_frames_through_its_own_stream() {
 async fn a_subscriber_too_slow_for_the_gateway_is_cut_at_the_lag_bound_as_on_a_host() {
     let mut fleet = Fleet::new(1, 1, 1, 3600).await;
     // Well above one append of the replica's feed (256 events), far below the stream.
-    let gateway = fleet.gateway_with(&["--max-lag-events", "2000"]).await;
-    let (host, host_id) = fleet.host(&[]).await;
+    let metrics = ["--metrics-listen", "127.0.0.1:0"];
+    let gateway = fleet
+        .gateway_with(&["--max-lag-events", "2000", metrics[0], metrics[1]])
+        .await;
+    let (host, host_id) = fleet.host(&metrics).await;
     let (_, token) = gateway.pair_device("owner", &[]).await;
     let mut root = connect(&gateway.url(), &token).await;
     until_status(&mut root, &host_id, "online").await;
@@ -705,6 +708,22 @@ async fn a_subscriber_too_slow_for_the_gateway_is_cut_at_the_lag_bound_as_on_a_h
     );
     // The desk, on the same session and replica, saw every event.
     assert!(live.iter().any(finished));
+    // The cut is counted on the gateway; the routed turn is counted on both.
+    let (_, text) = tests::http_get(gateway.metrics.unwrap(), "/metrics").await;
+    let cut = tests::series_value(&text, "pi_gateway_client_too_slow_total");
+    assert!(cut >= 1.0, "{text}");
+    let turns = r#"calls_total{method="turn/start",code="ok"}"#;
+    assert_eq!(
+        tests::series_value(&text, &format!("pi_gateway_{turns}")),
+        1.0,
+        "{text}"
+    );
+    let (_, text) = tests::http_get(host_metrics_address(&host), "/metrics").await;
+    assert_eq!(
+        tests::series_value(&text, &format!("pi_host_{turns}")),
+        1.0,
+        "{text}"
+    );
 }
 
 /// The host's events stream, reached with the gateway's own (unrestricted) NATS credential.
