@@ -98,11 +98,12 @@ impl CoreMetrics {
 
     /// An error left the core (a reply, a push, or the error a connection ended with).
     pub fn error_sent(&self, code: ErrorCode) {
-        match code {
-            ErrorCode::ClientTooSlow => self.client_too_slow.inc(),
-            ErrorCode::CursorExpired => self.cursor_expired.inc(),
-            _ => 0,
+        let counter = match code {
+            ErrorCode::ClientTooSlow => &self.client_too_slow,
+            ErrorCode::CursorExpired => &self.cursor_expired,
+            _ => return,
         };
+        counter.inc();
     }
 }
 
