@@ -92,6 +92,7 @@ pub async fn run(
         heartbeat: s.heartbeat,
         send_stall: s.send_stall,
         budget: gateway.budget.clone(),
+        metrics: gateway.metrics.clone(),
     };
     let device_id = caller.device_id().map(str::to_string);
     let host_capabilities = host_capabilities(&gateway, host.as_deref()).await;

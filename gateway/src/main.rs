@@ -17,6 +17,7 @@ mod feed;
 mod follow;
 mod hosts;
 mod lease;
+mod metrics;
 mod nats;
 mod revocation;
 mod served;
@@ -119,6 +120,14 @@ struct EnrollArgs {
 struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:7879")]
     listen: SocketAddr,
+    /// Serve `/metrics` (Prometheus), `/livez` and `/readyz` for the operator on this address,
+    /// never the device port (port 0: the OS's pick, printed). Loopback only unless
+    /// --metrics-allow-remote
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Allow --metrics-listen on a non-loopback address (metrics are served without auth)
+    #[arg(long, requires = "metrics_listen")]
+    metrics_allow_remote: bool,
     /// Serve plain ws:// (loopback only; devices cannot check the gateway's identity)
     #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
     plain: bool,
@@ -459,6 +468,10 @@ async fn serve(
     let gateway = state::Gateway::new(settings, client, buckets, signer)
         .map_err(|e| e.message().to_string())?;
     revocation::start(gateway.clone()).await;
+    if let Some(addr) = args.metrics_listen {
+        let local = metrics::start(&gateway, addr, args.metrics_allow_remote).await?;
+        println!("pi-gateway metrics listening on http://{local}");
+    }
     let listener = socket.listen(1024).map_err(|e| e.to_string())?;
     let record = served::Served {
         address: served::address(local, &args.allowed_hosts),

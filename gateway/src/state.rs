@@ -48,6 +48,8 @@ pub struct Gateway {
     pub rate: racp_server::ratelimit::RateLimiter,
     /// What every connection's requests and replies are charged to.
     pub budget: racp_server::budget::ByteBudget,
+    /// The connection core's counters (racp-server's metrics.rs).
+    pub metrics: racp_server::metrics::Metrics,
     /// Open connections and the per-device gates that make a revoke final, as on a host.
     pub connections: Connections,
     /// The sessions this replica follows, each with one JetStream consumer.
@@ -65,6 +67,7 @@ impl Gateway {
         let lease = Lease::new(buckets.replicas, settings.revocation_lease)?;
         Ok(Arc::new(Gateway {
             budget: racp_server::budget::ByteBudget::new(settings.max_held_bytes),
+            metrics: racp_server::metrics::Metrics::default(),
             rate: racp_server::ratelimit::RateLimiter::new(
                 settings.requests_per_second,
                 settings.request_burst,

@@ -24,6 +24,7 @@ pub mod config;
 pub mod driver;
 pub mod fence;
 pub mod methods;
+pub mod metrics;
 pub mod models;
 pub mod policy;
 pub mod redact;

@@ -37,6 +37,14 @@ enum Command {
         /// certificate fingerprint from it.
         #[arg(long)]
         state_file: Option<PathBuf>,
+        /// Serve `/metrics` (Prometheus), `/livez` and `/readyz` for the operator on this
+        /// address, never the device port (port 0: the OS's pick, in the log and the state
+        /// file's `metricsListen`). Loopback only unless --metrics-allow-remote.
+        #[arg(long)]
+        metrics_listen: Option<std::net::SocketAddr>,
+        /// Allow --metrics-listen on a non-loopback address (metrics are served without auth).
+        #[arg(long, requires = "metrics_listen")]
+        metrics_allow_remote: bool,
         #[command(flatten)]
         settings: Box<config::Settings>,
     },
@@ -163,6 +171,8 @@ async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Red
         Command::Serve {
             config: file,
             state_file,
+            metrics_listen,
+            metrics_allow_remote,
             settings,
         } => {
             let config = match config::load(file.as_deref(), *settings, data_dir) {
@@ -172,7 +182,8 @@ async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Red
                     return ExitCode::FAILURE;
                 }
             };
-            match serve(config, state_file, redactor).await {
+            let metrics = metrics_listen.map(|addr| (addr, metrics_allow_remote));
+            match serve(config, state_file, metrics, redactor).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(message) => {
                     eprintln!("pi-host: {message}");
@@ -430,6 +441,7 @@ fn report(error: &AppError, json: bool) -> ExitCode {
 async fn serve(
     mut config: ServeConfig,
     state_file: Option<PathBuf>,
+    metrics: Option<(std::net::SocketAddr, bool)>,
     redactor: pi_host::redact::Redactor,
 ) -> Result<(), String> {
     config.host_files.extend(state_file.iter().cloned());
@@ -452,6 +464,10 @@ async fn serve(
     let budget = listener::plan(&mut config.limits);
     let state = state::HostState::open_with(config, redactor).map_err(|e| e.to_string())?;
     start_local_services(&state).await?;
+    let metrics_local = match metrics {
+        Some((addr, remote)) => Some(pi_host::metrics::start(&state, addr, remote).await?),
+        None => None,
+    };
     let announced = uplink::spawn(&state)?;
     // Ready means reachable through the gateway too, unless NATS cannot be had now.
     if let Err(reason) = announced.wait(uplink::ANNOUNCE_PATIENCE).await {
@@ -465,7 +481,7 @@ async fn serve(
     let shutdown = shutdown_signal()?;
     let url = format!("{scheme}://{local}{}", racp_proto::ENDPOINT_PATH);
     if let Some(path) = &state_file {
-        write_state_file(path, local, &url, &state.config)
+        write_state_file(path, local, metrics_local, &url, &state.config)
             .map_err(|e| format!("cannot write the state file {}: {e}", path.display()))?;
     }
     if let Some(sha256) = &state.config.cert_sha256 {
@@ -601,6 +617,7 @@ async fn listen_error(
 fn write_state_file(
     path: &std::path::Path,
     listen: std::net::SocketAddr,
+    metrics: Option<std::net::SocketAddr>,
     url: &str,
     config: &ServeConfig,
 ) -> std::io::Result<()> {
@@ -612,6 +629,9 @@ fn write_state_file(
         "dataDir": config.data_dir.display().to_string(),
         "startedAt": clock::now_ms(),
     });
+    if let Some(metrics) = metrics {
+        state["metricsListen"] = metrics.to_string().into();
+    }
     // The bootstrapper pins this (it arrives over SSH, a channel it already trusts).
     if let Some(sha256) = &config.cert_sha256 {
         state["certSha256"] = sha256.to_hex().into();

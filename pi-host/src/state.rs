@@ -41,6 +41,8 @@ pub struct HostState {
     pub sandbox: crate::agent::sandbox::HostSandbox,
     /// The open sessions' workspaces, watched (docs/protocol.md §8.9).
     pub workspaces: crate::workspace::Workspaces,
+    /// What the operator's listener exports (metrics.rs).
+    pub metrics: crate::metrics::HostMetrics,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,8 +86,14 @@ impl HostState {
     pub fn open_with(config: ServeConfig, redactor: Redactor) -> Result<Arc<Self>, StartError> {
         let (secrets, store, host_id) = open_identity(&config.data_dir)?;
         let db_path = config.data_dir.join("pi-host.db");
-        let sessions =
-            crate::sessions::Sessions::open(&store, &db_path, config.retention, config.history)?;
+        let metrics = crate::metrics::HostMetrics::default();
+        let sessions = crate::sessions::Sessions::open(
+            &store,
+            &db_path,
+            config.retention,
+            config.history,
+            metrics.events_appended.clone(),
+        )?;
         let limits = config.limits.clone();
         let agent_extensions =
             crate::agent::extensions::install(&config.data_dir, config.agent_preload)
@@ -124,6 +132,7 @@ impl HostState {
             redactor,
             agent,
             workspaces: crate::workspace::Workspaces::default(),
+            metrics,
         }))
     }
 

@@ -7,6 +7,7 @@
 use crate::budget::{ByteBudget, Charge};
 use crate::connections::{CallPass, Connections, DeviceGate, Registration, Slot};
 use crate::hello::Agreed;
+use crate::metrics::{CoreMetrics, Metrics};
 use crate::socket::{FINAL_FRAME_GRACE, Socket, close_with, error_reply, send_all};
 use crate::wire::encode;
 use futures_util::StreamExt;
@@ -55,6 +56,8 @@ pub struct Settings {
     /// The server's bound on bytes held for clients: requests being read, replies waiting for
     /// their socket (budget.rs).
     pub budget: ByteBudget,
+    /// The core's counters (metrics.rs), exported by the server on its operator's listener.
+    pub metrics: Metrics,
 }
 
 /// Why a call was not admitted.
@@ -153,6 +156,8 @@ pub async fn run<S: Service>(
         slot: _slot,
     } = connections.register(slot, device_id.clone());
     tracing::debug!(connection_id, device_id = ?device_id, "connection opened");
+    let metrics = settings.metrics.clone();
+    let _open = metrics.opened(device_id.is_some());
     let mut conn = Connection::new(settings, service, gate);
     let mut ending = conn.ending_at_start(&mut kill_rx);
     if ending.is_none() {
@@ -162,6 +167,7 @@ pub async fn run<S: Service>(
     // Tells a waiting revoke that this connection sends nothing more but its final error.
     drop(kill_rx);
     if let Some(error) = ending {
+        metrics.error_sent(error.code());
         tracing::info!(
             code = %error.code(),
             message = error.message(),
@@ -181,6 +187,18 @@ pub async fn run<S: Service>(
 /// params read once as the method's type), the host's place only (a gateway answers every
 /// other place itself), the server's in-flight bound, then the service's answer.
 pub async fn answer_routed<S: Service>(
+    service: S,
+    method: Method,
+    params: &RawValue,
+    server_in_flight: Option<&(Arc<Semaphore>, u32)>,
+    metrics: &CoreMetrics,
+) -> Result<Box<RawValue>, AppError> {
+    let answer = routed(service, method, params, server_in_flight).await;
+    metrics.answered(Some(method), answer.as_ref().err().map(AppError::code));
+    answer
+}
+
+async fn routed<S: Service>(
     mut service: S,
     method: Method,
     params: &RawValue,
@@ -367,6 +385,7 @@ impl<S: Service> Connection<S> {
                     "binary frames are not accepted; send UTF-8 JSON text frames",
                 )
                 .with_details(json!({"reason": "binary_frame"}));
+                self.settings.metrics.answered(None, Some(error.code()));
                 (vec![encode(&ErrorReply { id: None, error })], None)
             }
             // Close is handled by the loop; tungstenite never reads a raw frame out.
@@ -381,24 +400,34 @@ impl<S: Service> Connection<S> {
     async fn handle_text(&mut self, text: &str, replies: &mpsc::Sender<Reply>) -> Option<String> {
         let request = match decode_request(text, self.max_frame_bytes) {
             Ok(request) => request,
-            Err(Rejected { id, error }) => return Some(encode(&ErrorReply { id, error })),
+            Err(Rejected { id, error }) => {
+                self.settings.metrics.answered(None, Some(error.code()));
+                return Some(encode(&ErrorReply { id, error }));
+            }
         };
-        let id = request.id;
-        let (call, pass) = match self.admit(request.method, request.params) {
+        let (id, method) = (request.id, request.method);
+        let (call, pass) = match self.admit(method, request.params) {
             Ok(admitted) => admitted,
-            Err(error) => return Some(error_reply(id, error)),
+            Err(error) => {
+                self.settings
+                    .metrics
+                    .answered(Some(method), Some(error.code()));
+                return Some(error_reply(id, error));
+            }
         };
         // The pass is held to the end of this function, or moved into the spawned call.
         let answer = match call.place() {
             Placed::Core(CoreCall::Hello(params)) => return Some(self.hello(id, params)),
             Placed::Subscription(call) => {
                 let answer = self.service.subscription(call).await;
+                let code = answer.as_ref().err().map(AppError::code);
+                self.settings.metrics.answered(Some(method), code);
                 return Some(reply(id, answer));
             }
             Placed::Endpoint(call) => self.service.endpoint(call),
             Placed::Host(call) => self.service.host(call, request.params),
         };
-        self.spawn_answer(id, answer, pass, replies)
+        self.spawn_answer((id, method), answer, pass, replies)
     }
 
     /// Hello first, then the service's checks, then the device's gate (connections.rs): a
@@ -447,6 +476,8 @@ impl<S: Service> Connection<S> {
         });
         // No common version: nothing more can be said on this connection.
         let said = said.inspect_err(|error| self.fatal = Some(error.clone()));
+        let code = said.as_ref().err().map(AppError::code);
+        self.settings.metrics.answered(Some(Method::Hello), code);
         reply(id, said.and_then(|result| crate::wire::to_raw(&result)))
     }
 
@@ -454,7 +485,7 @@ impl<S: Service> Connection<S> {
     /// its reply goes through `replies`.
     fn spawn_answer(
         &self,
-        id: RequestId,
+        (id, method): (RequestId, Method),
         answer: Answer,
         pass: Option<CallPass>,
         replies: &mpsc::Sender<Reply>,
@@ -467,12 +498,19 @@ impl<S: Service> Connection<S> {
             if let Some((_, max)) = server {
                 details["maxInFlightHost"] = json!(max);
             }
-            return Some(error_reply(id, overloaded(details)));
+            let error = overloaded(details);
+            self.settings
+                .metrics
+                .answered(Some(method), Some(error.code()));
+            return Some(error_reply(id, error));
         };
         let replies = replies.clone();
         let (budget, max_frame_bytes) = (self.settings.budget.clone(), self.max_frame_bytes);
+        let metrics = self.settings.metrics.clone();
         tokio::spawn(async move {
-            let reply = charged(id, answer.await, max_frame_bytes, &budget);
+            let answer = answer.await;
+            metrics.answered(Some(method), answer.as_ref().err().map(AppError::code));
+            let reply = charged(id, answer, max_frame_bytes, &budget);
             drop((on_connection, on_server));
             let _ = replies.send(reply).await;
             // Held until the reply is queued: a revoke waits for it (connections.rs).

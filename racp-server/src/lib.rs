@@ -10,6 +10,8 @@
 //!   [`admission`] (access, [`ratelimit`], drain), in-flight bounds, replies, [`push`]es.
 //! - [`fanout`]: subscribers pulling from a shared log; [`connections`]: the registry and the
 //!   device gate a revoke closes.
+//! - [`metrics`]: the core's counters and the operator's listener (`/metrics`, `/livez`,
+//!   `/readyz`).
 //! - [`uplink`]: the signed link to NATS a host and a gateway share; [`wire`], [`failure`],
 //!   [`log`], [`clock`], [`private_file`], [`token`], [`usage`], [`limits`]: what they are built
 //!   from.
@@ -26,6 +28,7 @@ pub mod identity;
 pub mod limits;
 pub mod listener;
 pub mod log;
+pub mod metrics;
 pub mod private_file;
 pub mod push;
 pub mod ratelimit;

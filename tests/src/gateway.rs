@@ -21,6 +21,8 @@ pub struct GatewayProcess {
     child: Child,
     pub addr: SocketAddr,
     pub cert_sha256: CertSha256,
+    /// The operator's listener, when started with `--metrics-listen`.
+    pub metrics: Option<SocketAddr>,
     pub data_dir: tempfile::TempDir,
     log_dir: tempfile::TempDir,
     nats: String,
@@ -75,9 +77,12 @@ impl GatewayProcess {
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let log_path = log_dir.path().join("gateway.log");
-        let (addr, cert_sha256) = tokio::time::timeout(PATIENCE * 2, async {
-            let mut cert = None;
+        let (addr, cert_sha256, metrics) = tokio::time::timeout(PATIENCE * 2, async {
+            let (mut cert, mut metrics) = (None, None);
             while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(addr) = line.strip_prefix("pi-gateway metrics listening on http://") {
+                    metrics = Some(addr.trim().parse::<SocketAddr>().expect("metrics address"));
+                }
                 if let Some(hex) = line.strip_prefix("pi-gateway certificate SHA-256 ") {
                     cert = hex.trim().parse::<CertSha256>().ok();
                 }
@@ -86,6 +91,7 @@ impl GatewayProcess {
                     return (
                         addr.expect("listen address"),
                         cert.expect("certificate line"),
+                        metrics,
                     );
                 }
             }
@@ -102,6 +108,7 @@ impl GatewayProcess {
             child,
             addr,
             cert_sha256,
+            metrics,
             data_dir,
             log_dir,
             nats: nats.to_string(),

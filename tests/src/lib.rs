@@ -809,6 +809,37 @@ impl Client {
 
 /// Prints a test's measured figures and, when `RACP_FIGURES_DIR` is set, writes them there as
 /// `<name>.json` (docs/reliability.md reads them from there). Figures are reported, never asserted.
+/// One HTTP/1.1 GET to a server's operator listener (`/metrics`, `/livez`, `/readyz`): the
+/// status code and the body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_string(&mut response))
+        .await
+        .expect("no answer in time")
+        .expect("read");
+    let status = response
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of one series in the Prometheus text format (its name and labels as written),
+/// 0 when absent.
+pub fn series_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().expect("a number"))
+}
+
 pub fn record_figures(name: &str, figures: &serde_json::Value) {
     println!("{name}: {figures}");
     if let Ok(dir) = std::env::var("RACP_FIGURES_DIR") {

@@ -651,8 +651,11 @@ async fn a_host_credential_cannot_forge_frames_through_its_own_stream() {
 async fn a_subscriber_too_slow_for_the_gateway_is_cut_at_the_lag_bound_as_on_a_host() {
     let mut fleet = Fleet::new(1, 1, 1, 3600).await;
     // Well above one append of the replica's feed (256 events), far below the stream.
-    let gateway = fleet.gateway_with(&["--max-lag-events", "2000"]).await;
-    let (host, host_id) = fleet.host(&[]).await;
+    let metrics = ["--metrics-listen", "127.0.0.1:0"];
+    let gateway = fleet
+        .gateway_with(&["--max-lag-events", "2000", metrics[0], metrics[1]])
+        .await;
+    let (host, host_id) = fleet.host(&metrics).await;
     let (_, token) = gateway.pair_device("owner", &[]).await;
     let mut root = connect(&gateway.url(), &token).await;
     until_status(&mut root, &host_id, "online").await;
@@ -705,6 +708,22 @@ async fn a_subscriber_too_slow_for_the_gateway_is_cut_at_the_lag_bound_as_on_a_h
     );
     // The desk, on the same session and replica, saw every event.
     assert!(live.iter().any(finished));
+    // The cut is counted on the gateway; the routed turn is counted on both.
+    let (_, text) = tests::http_get(gateway.metrics.unwrap(), "/metrics").await;
+    let cut = tests::series_value(&text, "pi_gateway_client_too_slow_total");
+    assert!(cut >= 1.0, "{text}");
+    let turns = r#"calls_total{method="turn/start",code="ok"}"#;
+    assert_eq!(
+        tests::series_value(&text, &format!("pi_gateway_{turns}")),
+        1.0,
+        "{text}"
+    );
+    let (_, text) = tests::http_get(host_metrics_address(&host), "/metrics").await;
+    assert_eq!(
+        tests::series_value(&text, &format!("pi_host_{turns}")),
+        1.0,
+        "{text}"
+    );
 }
 
 /// The host's events stream, reached with the gateway's own (unrestricted) NATS credential.
@@ -2226,5 +2245,90 @@ async fn the_gateways_byte_budget_takes_exactly_its_bound_and_refuses_one_byte_m
     while !ended(gateway.log()) {
         assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The operator's listeners (docs/reliability.md, "Metrics and health"): a gateway's counts
+/// its connections and calls, reports NATS, and is not ready without it; a host linked to the
+/// gateway adds a `nats` check to its own `/readyz`.
+#[tokio::test]
+async fn gateway_and_host_report_nats_on_their_metrics_listeners() {
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet
+        .gateway_with(&["--metrics-listen", "127.0.0.1:0"])
+        .await;
+    let (host, host_id) = fleet.host(&["--metrics-listen", "127.0.0.1:0"]).await;
+    let metrics = gateway
+        .metrics
+        .expect("the gateway printed its metrics address");
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    until_status(&mut root, &host_id, "online").await;
+    let (status, text) = tests::http_get(metrics, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        tests::series_value(&text, "pi_gateway_nats_connected"),
+        1.0,
+        "{text}"
+    );
+    let devices = r#"pi_gateway_connections{kind="device"}"#;
+    assert_eq!(tests::series_value(&text, devices), 1.0, "{text}");
+    let lists = r#"pi_gateway_calls_total{method="host/list",code="ok"}"#;
+    assert!(tests::series_value(&text, lists) >= 1.0, "{text}");
+    let (status, body) = tests::http_get(metrics, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#"{"name":"nats","ok":true}"#), "{body}");
+    let host_metrics = host_metrics_address(&host);
+    let host_ready = until_ready(host_metrics, 200).await;
+    assert!(
+        host_ready.contains(r#"{"name":"nats","ok":true}"#),
+        "{host_ready}"
+    );
+
+    fleet.nats.kill(0).await;
+    let body = until_ready(metrics, 503).await;
+    assert!(body.contains(r#""name":"nats","ok":false"#), "{body}");
+    let (_, text) = tests::http_get(metrics, "/metrics").await;
+    assert_eq!(
+        tests::series_value(&text, "pi_gateway_nats_connected"),
+        0.0,
+        "{text}"
+    );
+    let host_ready = until_ready(host_metrics, 503).await;
+    assert!(
+        host_ready.contains(r#""name":"nats","ok":false"#),
+        "{host_ready}"
+    );
+    assert!(
+        host_ready.contains(r#"{"name":"store","ok":true}"#),
+        "{host_ready}"
+    );
+    assert_eq!(tests::http_get(metrics, "/livez").await.0, 200);
+}
+
+/// Where a host serves its metrics, from its log line.
+fn host_metrics_address(host: &tests::HostProcess) -> std::net::SocketAddr {
+    let log = host.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("metrics and health listening"))
+        .expect("the host logged its metrics address");
+    let addr = line.rsplit("local=").next().unwrap();
+    addr.trim().parse().unwrap()
+}
+
+/// `/readyz` once it answers `status`, its body; within the tests' patience.
+async fn until_ready(addr: std::net::SocketAddr, status: u16) -> String {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let (got, body) = tests::http_get(addr, "/readyz").await;
+        if got == status {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz stayed {got}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

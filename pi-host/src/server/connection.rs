@@ -32,6 +32,7 @@ pub async fn run(socket: Socket, state: Arc<HostState>, caller: Caller, slot: Sl
         heartbeat: state.config.heartbeat,
         send_stall: limits.send_stall,
         budget: state.budget.clone(),
+        metrics: state.metrics.core.clone(),
     };
     let device_id = caller.device_id().map(str::to_string);
     let rate_key = Some(caller.rate_key());
@@ -63,7 +64,8 @@ pub async fn answer_routed(
         state.config.limits.max_in_flight_host,
     );
     let service = HostConnection::new(state.clone(), caller, None);
-    connection::answer_routed(service, method, params, Some(&bound)).await
+    let metrics = &state.metrics.core;
+    connection::answer_routed(service, method, params, Some(&bound), metrics).await
 }
 
 struct HostConnection {

@@ -189,6 +189,10 @@ impl Session {
     }
 
     /// True while an approval waits for an answer.
+    pub fn pending_approval_count(&self) -> usize {
+        self.lock().view.pending_approvals.len()
+    }
+
     pub fn has_pending_approvals(&self) -> bool {
         !self.lock().view.pending_approvals.is_empty()
     }
@@ -289,6 +293,7 @@ impl Sessions {
         db_path: &std::path::Path,
         retention: Retention,
         history: crate::store::HistoryPolicy,
+        appended: prometheus_client::metrics::counter::Counter,
     ) -> Result<Sessions, SessionsError> {
         let map = DashMap::new();
         for row in store.sessions()? {
@@ -298,8 +303,8 @@ impl Sessions {
         let (tx, rx) = mpsc::unbounded_channel();
         let conn = crate::store::connect(db_path)?;
         let committed = Arc::new(Notify::new());
-        let thread =
-            writer::spawn(conn, rx, committed.clone(), history).map_err(SessionsError::Writer)?;
+        let thread = writer::spawn(conn, rx, committed.clone(), history, appended)
+            .map_err(SessionsError::Writer)?;
         Ok(Sessions {
             map,
             writer: Mutex::new(Some(tx)),

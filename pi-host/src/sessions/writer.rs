@@ -28,6 +28,7 @@ pub fn spawn(
     mut queue: mpsc::UnboundedReceiver<QueuedBatch>,
     committed: Arc<tokio::sync::Notify>,
     history: HistoryPolicy,
+    appended: prometheus_client::metrics::counter::Counter,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("pi-host-writer".into())
@@ -42,6 +43,7 @@ pub fn spawn(
                 }
                 commit_until_done(&mut conn, &group, &history);
                 for pending in group {
+                    appended.inc_by(pending.events.len() as u64);
                     let cursor = pending.session.publish(pending.events);
                     if let Some(done) = pending.done {
                         let _ = done.send(cursor);

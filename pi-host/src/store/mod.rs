@@ -135,6 +135,15 @@ impl Store {
         })
     }
 
+    /// One small write through the store's connection (the host's `/readyz`, metrics.rs).
+    pub fn probe_write(&self) -> Result<(), StoreError> {
+        self.conn()?.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('ready_probe', ?1)",
+            [racp_server::clock::now_ms().to_string()],
+        )?;
+        Ok(())
+    }
+
     fn conn(&self) -> Result<MutexGuard<'_, Connection>, StoreError> {
         self.conn.lock().map_err(|_| StoreError::Poisoned)
     }

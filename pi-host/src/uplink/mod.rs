@@ -94,6 +94,8 @@ pub fn spawn(state: &Arc<HostState>) -> Result<Announced, String> {
                 return;
             }
         };
+        // `/readyz`'s `nats` check reads the link's state (metrics.rs).
+        let _ = state.metrics.nats.set(client.clone());
         // Calls are taken before the first heartbeat says the host is online.
         let calls = calls::subscribe(&state, &client).await;
         let (first_beat, beaten) = oneshot::channel();

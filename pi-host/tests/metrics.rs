@@ -1,0 +1,370 @@
+//! The operator's listener (docs/reliability.md, "Metrics and health"): a real host with the
+//! stand-in agent and `--metrics-listen 127.0.0.1:0`, its address read from the state file;
+//! the counters move with a turn, a CURSOR_EXPIRED, a CLIENT_TOO_SLOW cut and a revoke;
+//! `/readyz` fails while the store refuses writes; a real Prometheus scrapes the host.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use tests::{Client, HostProcess};
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_pi-host"))
+}
+
+/// A host serving metrics on a port the OS picked, and where it serves them.
+struct Observed {
+    host: HostProcess,
+    metrics: SocketAddr,
+    _state_dir: tempfile::TempDir,
+}
+
+async fn start_host(extra: &[&str]) -> Observed {
+    let state_dir = tempfile::tempdir().unwrap();
+    let state_file = state_dir.path().join("state.json");
+    let agent = tests::stand_in_agent();
+    let mut args = vec![
+        "--agent",
+        agent.to_str().unwrap(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--state-file",
+        state_file.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let host = HostProcess::start_with(bin(), &args).await;
+    let state: Value = serde_json::from_slice(&std::fs::read(&state_file).unwrap()).unwrap();
+    let metrics = state["metricsListen"].as_str().unwrap().parse().unwrap();
+    Observed {
+        host,
+        metrics,
+        _state_dir: state_dir,
+    }
+}
+
+use tests::{http_get as get, series_value as value};
+
+/// Scrapes until `series` satisfies `ok`, within the tests' patience.
+async fn until_series(addr: SocketAddr, series: &str, ok: impl Fn(f64) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + tests::PATIENCE;
+    loop {
+        let (status, text) = get(addr, "/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        if ok(value(&text, series)) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} never reached the expected value:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn call(client: &mut Client, method: &str, params: Value) -> Value {
+    client.call(method, params).await
+}
+
+const DEVICES: &str = r#"pi_host_connections{kind="device"}"#;
+
+#[tokio::test]
+async fn counters_move_with_a_turn_an_expired_cursor_a_slow_cut_and_a_revoke() {
+    // Plain, a short stall bound: the slow subscriber below is cut within a second.
+    let o = start_host(&["--plain", "--send-stall-ms", "300"]).await;
+    let (_, token) = o.host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&o.host.url(), &token).await.unwrap();
+    client.hello().await;
+    let text = until_series(o.metrics, DEVICES, |v| v == 1.0).await;
+    // The pairing connection's hello and pair, then the device's hello.
+    let hellos = r#"pi_host_calls_total{method="hello",code="ok"}"#;
+    assert_eq!(value(&text, hellos), 2.0, "{text}");
+    let pairs = r#"pi_host_calls_total{method="pair",code="ok"}"#;
+    assert_eq!(value(&text, pairs), 1.0, "{text}");
+    let before = value(&text, "pi_host_events_appended_total");
+
+    // A turn: calls by method, events committed.
+    let created = call(
+        &mut client,
+        "session/create",
+        json!({"workspace": o.host.workspace("w")}),
+    )
+    .await;
+    let session = created["result"]["session"].clone();
+    let session_id = session["sessionId"].as_str().unwrap().to_string();
+    let start = session["cursor"].clone();
+    call(
+        &mut client,
+        "session/subscribe",
+        json!({"sessionId": session_id, "cursor": start}),
+    )
+    .await;
+    let turn = json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "deltas:3"});
+    assert!(
+        call(&mut client, "turn/start", turn)
+            .await
+            .get("result")
+            .is_some()
+    );
+    let events = client
+        .events_until(tests::PATIENCE, |e| e["type"] == "turn.finished")
+        .await;
+    let text = until_series(o.metrics, "pi_host_events_appended_total", |v| {
+        v >= before + events.len() as f64
+    })
+    .await;
+    let turns = r#"pi_host_calls_total{method="turn/start",code="ok"}"#;
+    assert_eq!(value(&text, turns), 1.0, "{text}");
+
+    // A cursor the host never gave out: CURSOR_EXPIRED, counted by method and code and alone.
+    let (epoch, _) = start.as_str().unwrap().rsplit_once('-').unwrap();
+    let ahead = json!({"sessionId": session_id, "cursor": format!("{epoch}-1000000")});
+    let expired = call(&mut client, "session/subscribe", ahead).await;
+    assert_eq!(expired["error"]["code"], "CURSOR_EXPIRED", "{expired}");
+    let text = until_series(o.metrics, "pi_host_cursor_expired_total", |v| v == 1.0).await;
+    let refused = r#"pi_host_calls_total{method="session/subscribe",code="CURSOR_EXPIRED"}"#;
+    assert_eq!(value(&text, refused), 1.0, "{text}");
+
+    // A subscriber that stops reading while big events come: CLIENT_TOO_SLOW.
+    let mut slow = Client::connect(&o.host.url(), &token).await.unwrap();
+    slow.hello().await;
+    let sub = json!({"sessionId": session_id, "cursor": events.last().unwrap()["cursor"]});
+    assert!(
+        call(&mut slow, "session/subscribe", sub)
+            .await
+            .get("result")
+            .is_some()
+    );
+    let big = "big:60000 ".repeat(40);
+    let turn = json!({"sessionId": session_id, "idempotencyKey": "k2", "text": big});
+    assert!(
+        call(&mut client, "turn/start", turn)
+            .await
+            .get("result")
+            .is_some()
+    );
+    // Both subscribers stopped reading (this test reads neither): both are cut.
+    until_series(o.metrics, "pi_host_client_too_slow_total", |v| v >= 1.0).await;
+    until_series(o.metrics, DEVICES, |v| v == 0.0).await;
+    drop(slow);
+    let mut client = Client::connect(&o.host.url(), &token).await.unwrap();
+    client.hello().await;
+
+    // A revoke: the call counted, the revoked device's connection gone.
+    let (second_id, second_token) = o.host.pair_device("phone", &[]).await;
+    let mut second = Client::connect(&o.host.url(), &second_token).await.unwrap();
+    second.hello().await;
+    until_series(o.metrics, DEVICES, |v| v == 2.0).await;
+    let revoked = call(&mut client, "device/revoke", json!({"deviceId": second_id})).await;
+    assert!(revoked.get("result").is_some(), "{revoked}");
+    let text = until_series(o.metrics, DEVICES, |v| v == 1.0).await;
+    let revokes = r#"pi_host_calls_total{method="device/revoke",code="ok"}"#;
+    assert_eq!(value(&text, revokes), 1.0, "{text}");
+    // Nothing that names a device, a path or a prompt is a label.
+    for secret in [second_id.as_str(), session_id.as_str(), "deltas:3", "big:"] {
+        assert!(!text.contains(secret), "{secret} in the metrics:\n{text}");
+    }
+}
+
+/// Makes the store's directory refuse writes, as root too (the immutable attribute), and
+/// undoes it.
+struct ReadOnly(std::path::PathBuf);
+
+impl ReadOnly {
+    fn make(path: &Path) -> ReadOnly {
+        let done = if nix_is_root() {
+            std::process::Command::new("chattr")
+                .arg("+i")
+                .arg(path)
+                .status()
+                .unwrap()
+                .success()
+        } else {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o500)).is_ok()
+        };
+        assert!(done, "cannot make {} read-only", path.display());
+        ReadOnly(path.to_path_buf())
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        if nix_is_root() {
+            let _ = std::process::Command::new("chattr")
+                .arg("-i")
+                .arg(&self.0)
+                .status();
+        } else {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o700));
+        }
+    }
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1).map(|uid| uid == "0"))
+        .unwrap()
+}
+
+async fn ready(addr: SocketAddr) -> (u16, Value) {
+    let (status, body) = get(addr, "/readyz").await;
+    (status, serde_json::from_str(&body).unwrap())
+}
+
+fn check<'a>(body: &'a Value, name: &str) -> &'a Value {
+    body["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} check in {body}"))
+}
+
+#[tokio::test]
+async fn readyz_fails_while_the_store_refuses_writes_and_recovers() {
+    let o = start_host(&[]).await;
+    assert_eq!(get(o.metrics, "/livez").await.0, 200);
+    // The first agent check runs in the background: ready once it is done.
+    let deadline = tokio::time::Instant::now() + tests::PATIENCE;
+    let body = loop {
+        let (status, body) = ready(o.metrics).await;
+        if status == 200 {
+            break body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never ready: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(check(&body, "store")["ok"], true, "{body}");
+    assert_eq!(check(&body, "agent")["ok"], true, "{body}");
+    assert!(
+        body["checks"].as_array().unwrap().len() == 2,
+        "no nats without a gateway: {body}"
+    );
+
+    let read_only = ReadOnly::make(o.host.data_dir.path());
+    let (status, body) = ready(o.metrics).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(check(&body, "store")["ok"], false, "{body}");
+    assert_eq!(check(&body, "agent")["ok"], true, "{body}");
+    // The host still serves: livez says the process answers.
+    assert_eq!(get(o.metrics, "/livez").await.0, 200);
+    drop(read_only);
+    let (status, body) = ready(o.metrics).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
+async fn a_metrics_address_off_loopback_needs_the_flag() {
+    let data = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(bin())
+        .args(["serve", "--plain", "--listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "0.0.0.0:0", "--data-dir"])
+        .arg(data.path())
+        .output();
+    let out = tokio::time::timeout(tests::PATIENCE, out)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--metrics-allow-remote"), "{stderr}");
+}
+
+/// A Prometheus server (Debian's) scraping `target` every second, on a port of its own.
+struct Prometheus {
+    _child: tokio::process::Child,
+    api: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    async fn start(target: SocketAddr) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        let scrape = format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: pi-host\n    static_configs:\n      - targets: ['{target}']\n"
+        );
+        std::fs::write(&config, scrape).unwrap();
+        // Prometheus takes an address, not a socket: a port the OS had free a moment ago.
+        let api = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let child = tokio::process::Command::new("/usr/bin/prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={api}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("Debian's prometheus at /usr/bin/prometheus (scripts/test installs it)");
+        Prometheus {
+            _child: child,
+            api,
+            _dir: dir,
+        }
+    }
+
+    /// The instant query's result vector once it holds a series `ok` accepts.
+    async fn until(&self, query: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + tests::PATIENCE;
+        loop {
+            let answer = match tokio::net::TcpStream::connect(self.api).await {
+                Ok(_) => {
+                    let (status, body) =
+                        get(self.api, &format!("/api/v1/query?query={query}")).await;
+                    (status == 200).then(|| serde_json::from_str::<Value>(&body).unwrap())
+                }
+                Err(_) => None,
+            };
+            let result = answer.map(|a| a["data"]["result"].clone());
+            if let Some(result) = result.filter(|r| r.as_array().is_some_and(|r| r.iter().any(&ok)))
+            {
+                return result;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "Prometheus never had {query}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_prometheus_server_scrapes_the_host_and_answers_its_series() {
+    let o = start_host(&[]).await;
+    let (_, token) = o.host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&o.host.url(), &token).await.unwrap();
+    client.hello().await;
+    let prometheus = Prometheus::start(o.metrics).await;
+    let devices = prometheus
+        .until("pi_host_connections", |s| {
+            s["metric"]["kind"] == "device" && s["value"][1] == "1"
+        })
+        .await;
+    assert_eq!(devices[0]["metric"]["job"], "pi-host", "{devices}");
+    let calls = prometheus
+        .until("pi_host_calls_total", |s| {
+            s["metric"]["method"] == "pair" && s["metric"]["code"] == "ok"
+        })
+        .await;
+    assert!(!calls.as_array().unwrap().is_empty());
+    prometheus
+        .until("pi_host_sandbox_enforced", |s| s["value"][1].is_string())
+        .await;
+}

@@ -1,0 +1,246 @@
+//! What an operator sees of a server (docs/reliability.md, "Metrics and health"): the
+//! connection core's counters, which it owns and a host and a gateway export, and the
+//! operator's listener (`--metrics-listen`) serving `/metrics` in the Prometheus text format,
+//! `/livez` and `/readyz` with the server's named checks. It is never the device port.
+//!
+//! Labels are closed sets only: a principal kind, a method name from the method table, a code
+//! from the error registry. Never a path, a token, a device id or a prompt.
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use racp_proto::{ErrorCode, Method};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// The label a call without a decoded method is counted under (a frame that is not a request).
+const NO_METHOD: &str = "none";
+/// The `code` of a call answered with a result.
+const OK: &str = "ok";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    method: &'static str,
+    code: &'static str,
+}
+
+/// The connection core's series, counted by the core itself whatever the server.
+#[derive(Debug, Default)]
+pub struct CoreMetrics {
+    connections: Family<KindLabel, Gauge>,
+    calls: Family<CallLabels, Counter>,
+    client_too_slow: Counter,
+    cursor_expired: Counter,
+}
+
+/// The core's metrics, shared by every connection of a server.
+pub type Metrics = Arc<CoreMetrics>;
+
+impl CoreMetrics {
+    /// Adds the core's series to a server's registry (prefixed by it: `pi_host_`, `pi_gateway_`).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "connections",
+            "Open RACP-WS connections by principal kind (device, pairing)",
+            self.connections.clone(),
+        );
+        registry.register(
+            "calls",
+            "Calls answered, by method and result code (ok or a registered error code)",
+            self.calls.clone(),
+        );
+        registry.register(
+            "client_too_slow",
+            "Connections cut with CLIENT_TOO_SLOW",
+            self.client_too_slow.clone(),
+        );
+        registry.register(
+            "cursor_expired",
+            "Subscriptions refused or ended with CURSOR_EXPIRED",
+            self.cursor_expired.clone(),
+        );
+    }
+
+    /// A connection opened; the guard counts it closed when dropped.
+    pub fn opened(self: &Arc<Self>, device: bool) -> OpenConnection {
+        let kind = if device { "device" } else { "pairing" };
+        self.connections.get_or_create(&KindLabel { kind }).inc();
+        OpenConnection {
+            metrics: self.clone(),
+            kind,
+        }
+    }
+
+    /// One call answered: `method` when the frame was a request, its result's code.
+    pub fn answered(&self, method: Option<Method>, code: Option<ErrorCode>) {
+        let labels = CallLabels {
+            method: method.map_or(NO_METHOD, Method::as_str),
+            code: code.map_or(OK, ErrorCode::as_str),
+        };
+        self.calls.get_or_create(&labels).inc();
+        if let Some(code) = code {
+            self.error_sent(code);
+        }
+    }
+
+    /// An error left the core (a reply, a push, or the error a connection ended with).
+    pub fn error_sent(&self, code: ErrorCode) {
+        let counter = match code {
+            ErrorCode::ClientTooSlow => &self.client_too_slow,
+            ErrorCode::CursorExpired => &self.cursor_expired,
+            _ => return,
+        };
+        counter.inc();
+    }
+}
+
+/// An open connection, counted until dropped.
+pub struct OpenConnection {
+    metrics: Metrics,
+    kind: &'static str,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        let kind = self.kind;
+        self.metrics
+            .connections
+            .get_or_create(&KindLabel { kind })
+            .dec();
+    }
+}
+
+/// One named readiness check's outcome: `Err` says why it fails.
+pub type Check = (&'static str, Result<(), String>);
+
+/// What a server adds to its listener: gauges read at each scrape and its readiness checks.
+pub trait Observed: Send + Sync + 'static {
+    /// Sets the gauges that are read rather than counted (agents running, ...), before a scrape.
+    fn refresh(&self) {}
+
+    /// The named checks `/readyz` runs, each within the server's own bound.
+    fn checks(&self) -> Pin<Box<dyn Future<Output = Vec<Check>> + Send + '_>>;
+}
+
+/// The operator's listener: `/metrics`, `/livez`, `/readyz`.
+pub struct Operator {
+    pub registry: Registry,
+    pub observed: Arc<dyn Observed>,
+}
+
+/// A listen address the operator flag may name: loopback unless `remote` is allowed.
+pub fn check_listen(addr: SocketAddr, remote: bool) -> Result<SocketAddr, String> {
+    if addr.ip().is_loopback() || remote {
+        Ok(addr)
+    } else {
+        Err(format!(
+            "--metrics-listen {addr} is not a loopback address; metrics and health are for the \
+             operator: use 127.0.0.1:PORT, or add --metrics-allow-remote to serve them on {addr}"
+        ))
+    }
+}
+
+/// Serves the operator's endpoints on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, operator: Operator) {
+    let operator = Arc::new(operator);
+    let metrics = operator.clone();
+    let ready = operator.clone();
+    let app = Router::new()
+        .route("/metrics", get(move || async move { scrape(&metrics) }))
+        .route("/livez", get(|| async { "ok\n" }))
+        .route("/readyz", get(move || async move { readyz(&ready).await }));
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::warn!(%error, "the metrics listener stopped");
+    }
+}
+
+fn scrape(operator: &Operator) -> Response {
+    operator.observed.refresh();
+    let mut text = String::new();
+    if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &operator.registry) {
+        tracing::warn!(%error, "metrics could not be encoded");
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    ([(header::CONTENT_TYPE, kind)], text).into_response()
+}
+
+/// 200 when every check passes, 503 when one fails; the body names each check and its result.
+async fn readyz(operator: &Operator) -> Response {
+    let checks = operator.observed.checks().await;
+    let ready = checks.iter().all(|(_, result)| result.is_ok());
+    let body = serde_json::json!({
+        "ready": ready,
+        "checks": checks.iter().map(|(name, result)| match result {
+            Ok(()) => serde_json::json!({"name": name, "ok": true}),
+            Err(why) => serde_json::json!({"name": name, "ok": false, "reason": why}),
+        }).collect::<Vec<_>>(),
+    });
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    (status, json, format!("{body}\n")).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_unless_allowed() {
+        let loopback: SocketAddr = "127.0.0.1:9100".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:9100".parse().unwrap();
+        assert!(check_listen(loopback, false).is_ok());
+        assert!(check_listen(any, false).is_err());
+        assert!(check_listen(any, true).is_ok());
+    }
+
+    #[test]
+    fn calls_and_cuts_are_counted_by_code() {
+        let metrics = Arc::new(CoreMetrics::default());
+        let mut registry = Registry::with_prefix("pi_host");
+        metrics.register(&mut registry);
+        let open = metrics.opened(true);
+        metrics.answered(Some(Method::Hello), None);
+        metrics.answered(
+            Some(Method::SessionSubscribe),
+            Some(ErrorCode::CursorExpired),
+        );
+        metrics.error_sent(ErrorCode::ClientTooSlow);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"pi_host_connections{kind="device"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"pi_host_calls_total{method="hello",code="ok"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("pi_host_cursor_expired_total 1"), "{text}");
+        assert!(text.contains("pi_host_client_too_slow_total 1"), "{text}");
+        drop(open);
+        text.clear();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"pi_host_connections{kind="device"} 0"#),
+            "{text}"
+        );
+    }
+}
