@@ -456,13 +456,7 @@ async fn serve(
     let buckets = nats::buckets(&js, cli.replicas).await;
     let mut limits = racp_server::limits::HostLimits::default();
     let budget = racp_server::listener::plan(&mut limits);
-    let socket = tokio::net::TcpSocket::new_v4()
-        .and_then(|s| {
-            s.set_reuseaddr(true)?;
-            s.bind(listen)?;
-            Ok(s)
-        })
-        .map_err(|e| format!("cannot bind {listen}: {e}"))?;
+    let socket = bind(listen)?;
     let local = socket.local_addr().map_err(|e| e.to_string())?;
     let settings = settings(args, local, &limits, cert_sha256);
     let gateway = state::Gateway::new(settings, client, buckets, signer)
@@ -495,6 +489,17 @@ async fn serve(
     racp_server::listener::serve(listener, tls, router, &budget, shutdown_signal()).await;
     gateway.drain(Duration::from_secs(5)).await;
     Ok(())
+}
+
+/// The device port, bound (and reusable at once after a restart) but not listening yet.
+fn bind(listen: std::net::SocketAddr) -> Result<tokio::net::TcpSocket, String> {
+    tokio::net::TcpSocket::new_v4()
+        .and_then(|s| {
+            s.set_reuseaddr(true)?;
+            s.bind(listen)?;
+            Ok(s)
+        })
+        .map_err(|e| format!("cannot bind {listen}: {e}"))
 }
 
 /// The TLS configuration served and its certificate's fingerprint: none with --plain, else

@@ -373,6 +373,7 @@ pub fn load(
     };
     let mut config = ServeConfig::new(listen, data_dir);
     set_bounds(&mut config, &s);
+    set_agent_policy(&mut config, &s)?;
     config.config_file = file.map(std::path::Path::to_path_buf);
     config
         .host_files
@@ -404,13 +405,12 @@ pub fn load(
     config.insecure_bind = s.insecure_bind;
     config.fs_enabled = !s.disable_fs;
     config.agent_preload = !s.disable_agent_preload;
-    config.sandbox = SandboxConfig {
-        mode: s.sandbox.unwrap_or_default(),
-        hidden: s.sandbox_hide,
-        writable: s.sandbox_write,
-        readable: s.sandbox_read,
-        off_in: s.sandbox_off_in,
-    };
+    Ok(config)
+}
+
+/// What the agents may do: the permission policy's default mode and extra denylist, and the
+/// kernel sandbox's mode and lists.
+fn set_agent_policy(config: &mut ServeConfig, s: &Settings) -> Result<(), String> {
     if let Some(mode) = &s.permission_mode {
         config.permission_mode = racp_proto::permission::PermissionMode::from_name(mode)
             .ok_or_else(|| {
@@ -418,7 +418,14 @@ pub fn load(
             })?;
     }
     config.deny_paths = s.deny_paths.clone();
-    Ok(config)
+    config.sandbox = SandboxConfig {
+        mode: s.sandbox.unwrap_or_default(),
+        hidden: s.sandbox_hide.clone(),
+        writable: s.sandbox_write.clone(),
+        readable: s.sandbox_read.clone(),
+        off_in: s.sandbox_off_in.clone(),
+    };
+    Ok(())
 }
 
 /// The settings of the config file; none without one.

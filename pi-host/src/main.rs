@@ -175,21 +175,18 @@ async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Red
             metrics_allow_remote,
             settings,
         } => {
-            let config = match config::load(file.as_deref(), *settings, data_dir) {
-                Ok(config) => config,
-                Err(message) => {
-                    eprintln!("pi-host: {message}");
-                    return ExitCode::FAILURE;
-                }
-            };
             let metrics = metrics_listen.map(|addr| (addr, metrics_allow_remote));
-            match serve(config, state_file, metrics, redactor).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(message) => {
+            let served = match config::load(file.as_deref(), *settings, data_dir) {
+                Ok(config) => serve(config, state_file, metrics, redactor).await,
+                Err(message) => Err(message),
+            };
+            served.map_or_else(
+                |message| {
                     eprintln!("pi-host: {message}");
                     ExitCode::FAILURE
-                }
-            }
+                },
+                |()| ExitCode::SUCCESS,
+            )
         }
         Command::Pair {
             roles,
@@ -463,11 +460,7 @@ async fn serve(
     // Before anything else opens descriptors: the limit is raised and split (racp-server/src/listener.rs).
     let budget = listener::plan(&mut config.limits);
     let state = state::HostState::open_with(config, redactor).map_err(|e| e.to_string())?;
-    start_local_services(&state).await?;
-    let metrics_local = match metrics {
-        Some((addr, remote)) => Some(pi_host::metrics::start(&state, addr, remote).await?),
-        None => None,
-    };
+    let metrics_local = start_local_services(&state, metrics).await?;
     let announced = uplink::spawn(&state)?;
     // Ready means reachable through the gateway too, unless NATS cannot be had now.
     if let Err(reason) = announced.wait(uplink::ANNOUNCE_PATIENCE).await {
@@ -530,10 +523,13 @@ async fn take_port(config: &ServeConfig) -> Result<tokio::net::TcpSocket, String
     }
 }
 
-/// What runs beside the listener: the agent's first check, the end of turns a previous run
-/// left open, the open sessions' workspace watchers, the stop of idle agents, and the admin
-/// socket.
-async fn start_local_services(state: &std::sync::Arc<state::HostState>) -> Result<(), String> {
+/// What serves beside the device port: the agent's first check, the end of turns a previous run
+/// left, the workspaces' watchers, the idle stop, the admin socket, and the operator's metrics
+/// listener when asked (its bound address).
+async fn start_local_services(
+    state: &std::sync::Arc<state::HostState>,
+    metrics: Option<(std::net::SocketAddr, bool)>,
+) -> Result<Option<std::net::SocketAddr>, String> {
     // The agent is checked meanwhile; its first check is what host/info and turns wait for.
     let checking = state.clone();
     tokio::spawn(async move { checking.agent.status().await });
@@ -543,7 +539,10 @@ async fn start_local_services(state: &std::sync::Arc<state::HostState>) -> Resul
     let admin = admin::bind(&state.config.data_dir)
         .map_err(|e| format!("cannot bind the admin socket: {e}"))?;
     tokio::spawn(admin::serve(admin, state.clone()));
-    Ok(())
+    match metrics {
+        Some((addr, remote)) => Ok(Some(server::operator::start(state, addr, remote).await?)),
+        None => Ok(None),
+    }
 }
 
 /// The TLS configuration to serve: `--tls-cert`/`--tls-key`, else the host's own identity from

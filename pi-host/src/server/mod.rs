@@ -1,6 +1,7 @@
 //! The HTTP server: the `/racp` endpoint, and serving until a shutdown signal.
 
 mod connection;
+pub mod operator;
 
 pub use connection::answer_routed;
 pub mod upgrade;

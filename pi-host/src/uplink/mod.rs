@@ -94,8 +94,7 @@ pub fn spawn(state: &Arc<HostState>) -> Result<Announced, String> {
                 return;
             }
         };
-        // `/readyz`'s `nats` check reads the link's state (metrics.rs).
-        let _ = state.metrics.nats.set(client.clone());
+        let _ = state.metrics.nats.set(client.clone()); // for `/readyz`'s `nats` check
         // Calls are taken before the first heartbeat says the host is online.
         let calls = calls::subscribe(&state, &client).await;
         let (first_beat, beaten) = oneshot::channel();
