@@ -17,11 +17,6 @@ pub async fn start(
     addr: SocketAddr,
     remote: bool,
 ) -> Result<SocketAddr, String> {
-    let addr = racp_server::metrics::check_listen(addr, remote)?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
     let nats_connected = Gauge::default();
     let mut registry = Registry::with_prefix("pi_gateway");
     gateway.metrics.register(&mut registry);
@@ -38,9 +33,7 @@ pub async fn start(
         registry,
         observed: Arc::new(observed),
     };
-    tokio::spawn(racp_server::metrics::serve(listener, operator));
-    tracing::info!(%local, "metrics and health listening");
-    Ok(local)
+    racp_server::metrics::listen(addr, remote, operator).await
 }
 
 struct GatewayObserved {

@@ -153,6 +153,23 @@ pub fn check_listen(addr: SocketAddr, remote: bool) -> Result<SocketAddr, String
     }
 }
 
+/// Binds the operator's listener at `addr` (loopback unless `remote`), serves `operator` on it
+/// on a task of its own, and returns the bound address (port 0 is the OS's choice).
+pub async fn listen(
+    addr: SocketAddr,
+    remote: bool,
+    operator: Operator,
+) -> Result<SocketAddr, String> {
+    let addr = check_listen(addr, remote)?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(serve(listener, operator));
+    tracing::info!(%local, "metrics and health listening");
+    Ok(local)
+}
+
 /// Serves the operator's endpoints on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, operator: Operator) {
     let operator = Arc::new(operator);

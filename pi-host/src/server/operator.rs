@@ -22,18 +22,11 @@ pub async fn start(
     addr: SocketAddr,
     remote: bool,
 ) -> Result<SocketAddr, String> {
-    let addr = racp_server::metrics::check_listen(addr, remote)?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen for metrics on {addr}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
     let operator = Operator {
         registry: state.metrics.registry(),
         observed: Arc::new(HostObserved(Arc::downgrade(state))),
     };
-    tokio::spawn(racp_server::metrics::serve(listener, operator));
-    tracing::info!(%local, "metrics and health listening");
-    Ok(local)
+    racp_server::metrics::listen(addr, remote, operator).await
 }
 
 /// The host as its listener sees it; weak, so the listener does not keep a stopped host.
