@@ -23,6 +23,7 @@ const PROVIDER_KEY: &str = "sk-sandbox-0123456789abcdefghijklmnop";
 struct World {
     host: HostProcess,
     _pi_dir: tempfile::TempDir,
+    _temp: tempfile::TempDir,
     home: tempfile::TempDir,
     stub: Stub,
     token: String,
@@ -48,9 +49,16 @@ async fn world_in(home: tempfile::TempDir, extra: &[&str], extra_env: &[(&str, &
     }
     let stub = Stub::default();
     let home_env = home.path().to_str().unwrap().to_string();
-    let mut env = vec![("HOME", home_env.as_str())];
+    // The agents' system temp is a directory of the test's own (a debug build's
+    // PI_HOST_TEST_TEMP), not /tmp, which may hold this home and its projects.
+    let temp = tempfile::tempdir().unwrap();
+    let temp_env = temp.path().to_str().unwrap().to_string();
+    let mut env = vec![
+        ("HOME", home_env.as_str()),
+        ("PI_HOST_TEST_TEMP", temp_env.as_str()),
+    ];
     env.extend_from_slice(extra_env);
-    // Workspaces in the user's home, not under /tmp, which every agent may write as its temp.
+    // Workspaces in the user's home.
     let projects = home.path().join("projects");
     std::fs::create_dir_all(&projects).unwrap();
     let projects = projects.to_str().unwrap().to_string();
@@ -69,6 +77,7 @@ async fn world_in(home: tempfile::TempDir, extra: &[&str], extra_env: &[(&str, &
     World {
         host,
         _pi_dir: pi_dir,
+        _temp: temp,
         home,
         stub,
         token,
@@ -258,6 +267,7 @@ async fn a_restart_after_kill_9_sandboxes_the_new_agent_too() {
     let World {
         mut host,
         _pi_dir,
+        _temp,
         home,
         token,
         ..
@@ -308,10 +318,9 @@ async fn without_landlock_the_host_says_unavailable_rather_than_pretend() {
     assert_eq!(info["sandbox"]["kind"], "none", "{info}");
 }
 
-/// A directory outside the system's temp directories, which every agent may write: the user's
-/// home and projects live elsewhere.
+/// The user's home for a test: anywhere, since the agents' system temp is the test's own.
 fn outside_temp() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+    tempfile::tempdir().unwrap()
 }
 
 fn which(program: &str) -> bool {
@@ -461,7 +470,7 @@ async fn builds_in_the_workspace_fill_the_listed_caches() {
                && node -e \"console.log(require('tiny'))\"";
     let (output, code) = bash(&mut client, &session, npm).await;
     assert_eq!((output.trim(), code), ("tiny-ok", 0));
-    // A crate of its own (`[workspace]`: the test's home lies inside this repository).
+    // A crate of its own (`[workspace]`: whatever encloses the test's home, cargo looks no higher).
     let crate_dir = "mkdir -p src && cat > src/main.rs <<'E'\nfn main() { println!(\"built-ok\"); }\nE\n\
                      cat > Cargo.toml <<'E'\n[package]\nname = \"built\"\nversion = \"0.1.0\"\n\
                      edition = \"2021\"\n[workspace]\nE\n\

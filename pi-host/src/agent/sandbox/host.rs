@@ -180,12 +180,23 @@ impl Env {
                 .map(PathBuf::from)
         };
         Env {
-            temps: TEMP.iter().map(PathBuf::from).collect(),
+            temps: temps(),
             home: var("HOME"),
             tmpdir: var("TMPDIR"),
             pi_dir: var("PI_CODING_AGENT_DIR"),
         }
     }
+}
+
+/// The system's temp directories, which every agent may write. A test's projects and home may
+/// lie under /tmp (a clone of the repository there, say): debug builds take the temp directory
+/// from `PI_HOST_TEST_TEMP` instead, so what the tests see refused is refused.
+fn temps() -> Vec<PathBuf> {
+    #[cfg(debug_assertions)]
+    if let Some(temp) = std::env::var_os("PI_HOST_TEST_TEMP") {
+        return vec![PathBuf::from(temp), PathBuf::from("/dev")];
+    }
+    TEMP.iter().map(PathBuf::from).collect()
 }
 
 fn reach(config: &ServeConfig, mode: Mode, place: &AgentPlace) -> Reach {
