@@ -1,6 +1,6 @@
 //! The release deploy/release.sh ships for Linux, x86_64 and aarch64: each build must be for its
 //! architecture, run on glibc 2.17 and later (no dynamic symbol of a newer GLIBC version), be
-//! stripped (its debug info beside it), and its tarball must stay within 6 MB, so a cold connect
+//! stripped (its debug info beside it), and its tarball must stay within 6.5 MB, so a cold connect
 //! uploads little (deploy/README.md, "The glibc floor"). The aarch64 host is also run, under
 //! qemu user-mode emulation with Debian's aarch64 glibc: `version`, `serve`, and a paired
 //! `hello` over wss with its certificate pinned (deploy/README.md, "aarch64"); and so is the
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 /// The oldest glibc the release runs on.
 const GLIBC_FLOOR: &str = "2.17";
 /// The largest tarball allowed, in bytes.
-const MAX_TARBALL: u64 = 6_000_000;
+const MAX_TARBALL: u64 = 6_500_000;
 
 /// Where Debian's `libc6-arm64-cross` puts the aarch64 glibc (qemu's `-L`).
 const AARCH64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
@@ -158,14 +158,14 @@ fn release_dir() -> PathBuf {
 
 #[test]
 #[ignore = "needs the zig release: deploy/release.sh --arch x86_64 --out target/release-check (scripts/test runs both)"]
-fn the_shipped_x86_64_release_runs_on_glibc_2_17_is_stripped_and_fits_in_6_mb() {
+fn the_shipped_x86_64_release_runs_on_glibc_2_17_is_stripped_and_fits_in_6_5_mb() {
     let found = check_release(&release_dir(), "x86_64");
     assert!(found.is_empty(), "{found:#?}");
 }
 
 #[test]
 #[ignore = "needs the zig release: deploy/release.sh --arch aarch64 --out target/release-check (scripts/test runs both)"]
-fn the_shipped_aarch64_release_runs_on_glibc_2_17_is_stripped_and_fits_in_6_mb() {
+fn the_shipped_aarch64_release_runs_on_glibc_2_17_is_stripped_and_fits_in_6_5_mb() {
     if !aarch64_built() {
         return;
     }

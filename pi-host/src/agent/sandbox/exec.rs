@@ -127,10 +127,10 @@ fn launch(args: ExecArgs) -> Result<Never, String> {
 }
 
 /// The settings extension's input, `{"credentials": …, "providers": …}` (each file as the host
-/// wrote it, or null), in an anonymous memory file the agent inherits: the keys never touch a
-/// path the agent could read, nor its environment or command line.
+/// wrote it, or null), in an unnamed file of the data directory the agent inherits: the keys
+/// never touch a path the agent could read, nor its environment or command line.
 fn hand_settings(dir: &std::path::Path) -> Result<std::os::fd::OwnedFd, String> {
-    use nix::sys::memfd::{MFdFlags, memfd_create};
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
     use std::io::{Seek, Write};
     let read = |name: &str| -> Result<serde_json::Value, String> {
         match std::fs::read(dir.join(name)) {
@@ -143,11 +143,12 @@ fn hand_settings(dir: &std::path::Path) -> Result<std::os::fd::OwnedFd, String> 
         "credentials": read(crate::models::CREDENTIALS_FILE)?,
         "providers": read(crate::models::PROVIDERS_FILE)?,
     });
-    // Not close-on-exec: the agent inherits it.
-    let fd = memfd_create(c"pi-host-settings", MFdFlags::empty()).map_err(|e| e.to_string())?;
-    let mut file = std::fs::File::from(fd);
+    let mut file =
+        tempfile::tempfile_in(dir).map_err(|e| format!("cannot hand the settings: {e}"))?;
     file.write_all(settings.to_string().as_bytes())
         .and_then(|()| file.rewind())
         .map_err(|e| format!("cannot hand the settings: {e}"))?;
+    // Not close-on-exec: the agent inherits it.
+    fcntl(&file, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| e.to_string())?;
     Ok(file.into())
 }
