@@ -205,15 +205,9 @@ fn process_facts(state: &HostState) -> serde_json::Map<String, Value> {
 /// Client side: sends one request to a running host's admin socket.
 pub async fn call(data_dir: &Path, request: &AdminRequest) -> Result<Value, AppError> {
     let path = socket_path(data_dir);
-    let stream = UnixStream::connect(&path).await.map_err(|err| {
-        AppError::new(
-            ErrorCode::HostUnavailable,
-            format!(
-                "no running pi-host at {}: {err}; start it with `pi-host serve`",
-                path.display()
-            ),
-        )
-    })?;
+    let stream = UnixStream::connect(&path)
+        .await
+        .map_err(|err| AppError::new(ErrorCode::HostUnavailable, not_running(data_dir, &err)))?;
     let (read, mut write) = stream.into_split();
     let mut text = serde_json::to_string(request)
         .map_err(|e| AppError::new(ErrorCode::Internal, e.to_string()))?;
@@ -235,4 +229,41 @@ pub async fn call(data_dir: &Path, request: &AdminRequest) -> Result<Value, AppE
         }));
     }
     Ok(reply.get("ok").cloned().unwrap_or(Value::Null))
+}
+
+/// Why no host answered at `data_dir`'s socket, and what to do that never starts a second host:
+/// a connect-installed host is started by its install.sh (or the next `pi-remote connect`); a
+/// host running with another data directory is named; only a host of nobody's is started by
+/// hand (deploy/README.md, "The host's own CLI").
+pub fn not_running(data_dir: &Path, err: &std::io::Error) -> String {
+    let path = socket_path(data_dir);
+    if let Some(root) = crate::config::install_root_with_data(data_dir) {
+        let root = root.display();
+        return format!(
+            "the pi-host installed at {root} is not running ({}: {err}): `pi-remote connect` \
+             from the desktop starts it, or here `sh {root}/install.sh start --root {root}`",
+            path.display()
+        );
+    }
+    let elsewhere = crate::config::other_data_dirs()
+        .into_iter()
+        .find(|dir| dir != data_dir && is_socket(&socket_path(dir)));
+    match elsewhere {
+        Some(dir) => format!(
+            "no pi-host runs with data directory {} ({err}); one runs with {}: add \
+             `--data-dir {}` or set PI_HOST_DATA_DIR",
+            data_dir.display(),
+            dir.display(),
+            dir.display()
+        ),
+        None => format!(
+            "no running pi-host at {}: {err}; start it with `pi-host serve`",
+            path.display()
+        ),
+    }
+}
+
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }

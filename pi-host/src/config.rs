@@ -144,8 +144,66 @@ impl ServeConfig {
     }
 }
 
-/// `$XDG_DATA_HOME/pi-host`, or `~/.local/share/pi-host`.
+/// The data directory when neither `--data-dir` nor `PI_HOST_DATA_DIR` names one: `R/data` for
+/// a binary run from an install root `R` (deploy/install.sh's layout, which `pi-remote connect`
+/// uses; through a link such as `~/.local/bin/pi-host` too), else `$XDG_DATA_HOME/pi-host`, or
+/// `~/.local/share/pi-host` (deploy/README.md, "The host's own CLI").
 pub fn default_data_dir() -> PathBuf {
+    let installed = std::env::current_exe()
+        .ok()
+        .and_then(|exe| install_root_of(&exe));
+    match installed {
+        Some(root) => root.join("data"),
+        None => standalone_data_dir(),
+    }
+}
+
+/// The install root a binary at `exe` belongs to: `R` for `R/versions/V/bin/pi-host` when `R`
+/// has the `current` link install.sh switches (`exe` as the kernel names it, links resolved).
+pub fn install_root_of(exe: &std::path::Path) -> Option<PathBuf> {
+    let versions = exe.parent()?.parent()?.parent()?;
+    if versions.file_name()? != "versions" {
+        return None;
+    }
+    let root = versions.parent()?;
+    is_install_root(root).then(|| root.to_path_buf())
+}
+
+/// The install root whose data directory `data_dir` is (`R/data` with `R/current`), if any.
+pub fn install_root_with_data(data_dir: &std::path::Path) -> Option<PathBuf> {
+    if data_dir.file_name()? != "data" {
+        return None;
+    }
+    let root = data_dir.parent()?;
+    is_install_root(root).then(|| root.to_path_buf())
+}
+
+/// Whether `root` has the `current` link install.sh switches between installed versions.
+fn is_install_root(root: &std::path::Path) -> bool {
+    root.join("current")
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// Data directories where another host may run, for the advice when none answers in the one
+/// asked about: the install root of this binary, and the root `pi-remote connect` uses unless
+/// told otherwise (`~/.pi-host`).
+pub fn other_data_dirs() -> Vec<PathBuf> {
+    let own = std::env::current_exe()
+        .ok()
+        .and_then(|exe| install_root_of(&exe));
+    let connects = home_dir().map(|home| home.join(".pi-host"));
+    let mut dirs: Vec<PathBuf> = own
+        .into_iter()
+        .chain(connects)
+        .map(|r| r.join("data"))
+        .collect();
+    dirs.dedup();
+    dirs
+}
+
+/// `$XDG_DATA_HOME/pi-host`, or `~/.local/share/pi-host`: a host run from anywhere else.
+fn standalone_data_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir).join("pi-host");
     }

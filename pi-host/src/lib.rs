@@ -27,6 +27,7 @@ pub mod methods;
 pub mod metrics;
 pub mod models;
 pub mod policy;
+pub mod qr;
 pub mod redact;
 pub mod secrets;
 pub mod server;

@@ -18,7 +18,9 @@ use std::process::ExitCode;
     about = "Remote-control host for coding-agent sessions (RACP-WS)"
 )]
 struct Cli {
-    /// Where the host keeps its database, key and admin socket [default: $XDG_DATA_HOME/pi-host]
+    /// Where the host keeps its database, key and admin socket [default: R/data for a binary
+    /// installed under R/versions/ (as `pi-remote connect` installs it), else
+    /// $XDG_DATA_HOME/pi-host]
     #[arg(long, global = true, env = "PI_HOST_DATA_DIR")]
     data_dir: Option<PathBuf>,
     #[command(subcommand)]
@@ -56,9 +58,16 @@ enum Command {
         /// Token lifetime, e.g. 10m, 90s, 1h.
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
         ttl: u64,
-        /// Also draw the pairing URL as a QR code (for a phone's camera; about 40 lines).
+        /// Also draw the pairing link as a QR code (for a phone's camera; 24 lines for an
+        /// address of up to 23 characters). Needs an address a device reaches: --address, or a host
+        /// listening on one.
         #[arg(long)]
         qr: bool,
+        /// The address (NAME:PORT) a device reaches this host at, for the link instead of the
+        /// listen address (a forwarded port, a VPN name); the host must accept that name
+        /// (`--allow-host NAME`).
+        #[arg(long)]
+        address: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -192,14 +201,9 @@ async fn run(command: Command, data_dir: PathBuf, redactor: pi_host::redact::Red
             roles,
             ttl,
             qr,
+            address,
             json,
-        } => {
-            let request = admin::AdminRequest::Pair {
-                roles,
-                ttl_seconds: ttl,
-            };
-            admin_command(&data_dir, &request, json, |v| pairing_text(v, qr)).await
-        }
+        } => pair(&data_dir, roles, ttl, qr, address, json).await,
         Command::Devices { json } => {
             admin_command(
                 &data_dir,
@@ -237,7 +241,7 @@ fn status_text(v: &serde_json::Value) -> String {
     let agent = agent_line(&v["agent"]);
     let sandbox = sandbox_line(&v["sandbox"]);
     format!(
-        "pi-host {} listening on {} ({} connections{})\n{cert}{agent}{sandbox}agents: {} running (at most {}), {} MiB resident\n",
+        "pi-host {} listening on {} ({} connections{})\ndata directory {}\n{cert}{agent}{sandbox}agents: {} running (at most {}), {} MiB resident\n",
         v["host"]["version"].as_str().unwrap_or_default(),
         v["url"].as_str().unwrap_or_default(),
         v["connections"],
@@ -246,6 +250,7 @@ fn status_text(v: &serde_json::Value) -> String {
         } else {
             ""
         },
+        printable(v["dataDir"].as_str().unwrap_or_default(), false),
         agents["running"],
         agents["max"],
         agents["rssBytes"].as_u64().unwrap_or(0) >> 20,
@@ -326,6 +331,83 @@ fn gateway_key(data_dir: &std::path::Path, json: bool) -> ExitCode {
     }
 }
 
+/// `pi-host pair`: a QR code only of a link a device can reach (so, without `--address`, none
+/// is minted for a host that listens on loopback or on every address); `--address` puts that
+/// address in the link.
+async fn pair(
+    data_dir: &std::path::Path,
+    roles: Option<Vec<Role>>,
+    ttl_seconds: u64,
+    qr: bool,
+    address: Option<String>,
+    json: bool,
+) -> ExitCode {
+    if qr && address.is_none() {
+        let status = admin::call(data_dir, &admin::AdminRequest::Status).await;
+        let listen = status.as_ref().ok().and_then(|s| s["listen"].as_str());
+        if let Some(why) = listen.and_then(unreachable_listen) {
+            eprintln!("pi-host: {why}");
+            return ExitCode::from(64);
+        }
+    }
+    let request = admin::AdminRequest::Pair { roles, ttl_seconds };
+    let relinked = |mut v: serde_json::Value| {
+        if let Some(address) = &address {
+            v["url"] = relink(&v, address).into();
+        }
+        v
+    };
+    match admin::call(data_dir, &request).await.map(relinked) {
+        Ok(value) if json => {
+            println!("{value}");
+            ExitCode::SUCCESS
+        }
+        Ok(value) => {
+            print!("{}", pairing_text(&value, qr));
+            ExitCode::SUCCESS
+        }
+        Err(error) => report(&error, json),
+    }
+}
+
+/// Why a link to `listen` would not reach a device, if it would not (a loopback or unspecified
+/// address), and what to do instead.
+fn unreachable_listen(listen: &str) -> Option<String> {
+    let addr: std::net::SocketAddr = listen.parse().ok()?;
+    let port = addr.port();
+    if addr.ip().is_loopback() {
+        return Some(format!(
+            "no QR code: this host listens on {listen}, its own loopback, which a phone or \
+             another machine cannot reach. To pair the desktop, run `pi-remote connect` there \
+             (it reaches the host over SSH); to pair a phone, serve on an address it reaches \
+             (`listen` in the host's config, with --allow-host NAME) and name it: \
+             `pi-host pair --qr --address NAME:{port}`"
+        ));
+    }
+    addr.ip().is_unspecified().then(|| {
+        format!(
+            "no QR code: this host listens on every address ({listen}); name the one a device \
+             reaches: `pi-host pair --qr --address NAME:{port}`"
+        )
+    })
+}
+
+/// The pairing link of a minted token at `address` instead of the listen address.
+fn relink(minted: &serde_json::Value, address: &str) -> String {
+    let cert = minted["certSha256"]
+        .as_str()
+        .and_then(|hex| hex.parse::<racp_proto::fingerprint::CertSha256>().ok());
+    let tls = minted["url"]
+        .as_str()
+        .is_some_and(|url| url.starts_with("racps://"));
+    identity::pairing_link(
+        address,
+        cert.as_ref(),
+        tls,
+        minted["token"].as_str().unwrap_or_default(),
+    )
+}
+
 /// `pi-host pair` for a person: what the token is for, when it expires, and the link; short
 /// enough for an 80x24 terminal unless the QR code is asked for.
 fn pairing_text(v: &serde_json::Value, qr: bool) -> String {
@@ -395,14 +477,16 @@ fn devices_table(v: &serde_json::Value) -> String {
     out
 }
 
-/// The URL as a QR code drawn with Unicode half blocks (two rows of modules per line).
+/// The link as a QR code (pi_host::qr), with a word when it is taller than a terminal.
 fn terminal_qr(url: &str) -> String {
-    match qrcode::QrCode::new(url.as_bytes()) {
-        Ok(code) => code
-            .render::<qrcode::render::unicode::Dense1x2>()
-            .quiet_zone(true)
-            .build(),
-        Err(err) => format!("(no QR code: {err})"),
+    match qr::draw(url) {
+        Ok(drawn) if drawn.lines > qr::TERMINAL_LINES => format!(
+            "{}(the code is {} lines: a taller terminal shows it whole, or a shorter --address \
+             makes it smaller)\n",
+            drawn.text, drawn.lines
+        ),
+        Ok(drawn) => drawn.text,
+        Err(err) => format!("(no QR code: {err})\n"),
     }
 }
 
@@ -453,6 +537,7 @@ async fn serve(
     // The port is taken now (a second host fails here, before touching the admin socket) but
     // accepts only once the admin socket is served: whoever sees the port accept can run
     // `pi-host pair` or `status` at once (docs/reliability.md §2.4).
+    refuse_second_host(&config.data_dir).await?;
     let socket = take_port(&config).await?;
     let local = socket.local_addr().map_err(|e| e.to_string())?;
     // The real port (when asked for port 0) is what pairing URLs and `status` must show.
@@ -598,17 +683,32 @@ async fn listen_error(
         return format!("cannot listen on {listen}: {err}");
     }
     match admin::call(data_dir, &admin::AdminRequest::Status).await {
-        Ok(status) => format!(
-            "a host is already running here (pid {}, listening on {}): `pi-host status` shows it; \
-             stop it first, or start this one with another --data-dir and --listen",
-            status["pid"],
-            status["listen"].as_str().unwrap_or_default()
-        ),
+        Ok(status) => already_running(&status),
         Err(_) => format!(
             "port {} is taken by another process: stop it, or choose another port with --listen",
             listen.port()
         ),
     }
+}
+
+/// One host per data directory: a second one would take over the admin socket and share the
+/// store with the first (a host a supervisor or `pi-remote connect` started is one too).
+async fn refuse_second_host(data_dir: &std::path::Path) -> Result<(), String> {
+    match admin::call(data_dir, &admin::AdminRequest::Status).await {
+        Ok(status) => Err(already_running(&status)),
+        Err(_) => Ok(()),
+    }
+}
+
+fn already_running(status: &serde_json::Value) -> String {
+    format!(
+        "a host is already running with data directory {} (pid {}, listening on {}): \
+         `pi-host status` shows it; stop it first, or start this one with another --data-dir \
+         and --listen",
+        status["dataDir"].as_str().unwrap_or_default(),
+        status["pid"],
+        status["listen"].as_str().unwrap_or_default()
+    )
 }
 
 /// Writes the state file through a temporary name and a rename, so a reader never sees half of

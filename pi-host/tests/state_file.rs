@@ -121,12 +121,26 @@ async fn a_second_serve_names_the_host_already_running_here() {
         .cli(&["serve", "--listen", &listen, "--root", &root])
         .await;
     assert!(!ok);
+    let running = format!(
+        "a host is already running with data directory {} (pid {}, listening on {listen})",
+        host.data_dir.path().display(),
+        host.pid()
+    );
+    assert!(stderr.contains(&running), "{stderr}");
+    // On another port with the same data directory: refused too, before touching the admin
+    // socket or the store, and the first host still answers.
+    let args = ["serve", "--listen", "127.0.0.1:0", "--root", &root];
+    let second = host.cli(&args);
+    let (ok, _, stderr) = tokio::time::timeout(tests::PATIENCE, second)
+        .await
+        .expect("a second serve on the same data directory runs instead of refusing");
+    assert!(!ok);
+    assert!(stderr.contains(&running), "{stderr}");
+    let (ok, status, stderr) = host.cli(&["status", "--json"]).await;
+    assert!(ok, "{stderr}");
     assert!(
-        stderr.contains(&format!(
-            "a host is already running here (pid {}, listening on {listen})",
-            host.pid()
-        )),
-        "{stderr}"
+        status.contains(&format!("\"pid\":{}", host.pid())),
+        "{status}"
     );
     // Another data directory on the same port: only the port is known.
     let other = tempfile::tempdir().unwrap();

@@ -367,8 +367,33 @@ async fn pair_prints_the_token_the_url_and_a_qr_code() {
     );
     assert!(short.contains(" UTC)"), "{short}");
     assert!(!short.contains('█') && !short.contains('▀'), "{short}");
+    // The host listens on loopback: a QR code of that would reach no phone, so none is drawn
+    // and no token minted, and the refusal says what to do.
     let (ok, stdout, stderr) = host.cli(&["pair", "--roles", "observer", "--qr"]).await;
+    assert!(!ok);
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains(&format!("this host listens on {}", host.addr))
+            && stderr.contains("`pi-remote connect`")
+            && stderr.contains(&format!("--address NAME:{}", host.addr.port())),
+        "{stderr}"
+    );
+    // With the address a device reaches it at: the link names it, the code fits 80x24.
+    let address = format!("localhost:{}", host.addr.port());
+    let (ok, stdout, stderr) = host
+        .cli(&["pair", "--roles", "observer", "--qr", "--address", &address])
+        .await;
     assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(&format!("racps://{address}/pair?cert=sha256:")),
+        "{stdout}"
+    );
+    let drawn: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(['█', '▀', '▄']))
+        .collect();
+    assert!(drawn.len() <= 24, "{} lines: {stdout}", drawn.len());
+    assert!(drawn.iter().all(|l| l.chars().count() <= 80), "{stdout}");
     let token = stdout
         .lines()
         .map(str::trim)

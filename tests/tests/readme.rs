@@ -61,7 +61,7 @@ const COVERED: &[(&str, &str)] = &[
         "pi-host/tests/upgrade_and_pairing.rs pair_prints_the_token_the_url_and_a_qr_code; the links this test pairs with are minted with `pi-host pair --json`",
     ),
     (
-        "cargo run --release -p pi-host -- pair --qr",
+        "cargo run --release -p pi-host -- pair --qr --address NAME:7878",
         "pi-host/tests/upgrade_and_pairing.rs pair_prints_the_token_the_url_and_a_qr_code",
     ),
     (

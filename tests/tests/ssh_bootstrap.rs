@@ -1423,12 +1423,17 @@ async fn plain_remote_installs_and_runs(shell: Shell, shell_name: &str) {
         "/tmp is noexec: {seen}"
     );
     let release = world.release("release", None);
+    // The user's own bin directory: connect puts pi-host there.
+    let link = Path::new(home).join(".local/bin/pi-host");
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
 
     let cold = world.connect(&release, &[]).await;
     let ready = cold.assert_ok();
     assert_eq!(ready["hostVersion"], VERSION);
     assert_eq!(ready["transferred"], true);
+    assert_eq!(ready["hostCli"], link.display().to_string());
     assert!(world.root().starts_with(home));
+    the_remote_s_own_cli_finds_the_host(&world).await;
     assert!(world.current().ends_with(&format!("versions/{VERSION}")));
     let state = world.state();
     assert!(pid_alive(&state["pid"]));
@@ -1447,7 +1452,32 @@ async fn plain_remote_installs_and_runs(shell: Shell, shell_name: &str) {
     let ready = warm.assert_ok();
     assert_eq!(ready["transferred"], false);
     assert_eq!(ready["started"], false);
+    assert_eq!(ready["hostCli"], link.display().to_string());
     assert_eq!(world.state()["pid"], state["pid"]);
+}
+
+/// On the remote, `pi-host` as connect left it on the user's PATH: the host connect started,
+/// with no data directory named; a QR code of its loopback port is refused with what to do.
+async fn the_remote_s_own_cli_finds_the_host(world: &World) {
+    let status = remote_output(world, r#""$HOME/.local/bin/pi-host" status --json"#).await;
+    let status: Value = serde_json::from_str(status.trim()).unwrap();
+    assert_eq!(
+        status["dataDir"],
+        world.root().join("data").display().to_string()
+    );
+    assert_eq!(status["pid"], world.state()["pid"]);
+    let output = world
+        .server
+        .openssh(&world.ssh_config, "box")
+        .arg(r#""$HOME/.local/bin/pi-host" pair --qr"#)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("`pi-remote connect`"), "{stderr}");
+    assert!(output.stdout.is_empty());
 }
 
 #[tokio::test]

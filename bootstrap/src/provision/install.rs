@@ -21,6 +21,8 @@ pub(super) struct Outcome {
     pub state: Option<Value>,
     /// `pi-host pair --json`.
     pub minted: Option<Value>,
+    /// The link on the user's PATH made after an install (the probe's `cli`).
+    pub cli: Option<String>,
 }
 
 /// What a connect sends after the plan line, in this order: install.sh and the agent bundle
@@ -179,6 +181,7 @@ impl<'a> Report<'a> {
                     .map(|listen| format!("listening on {listen}"));
             }
             "pair" => self.outcome.minted = serde_json::from_str(value).ok(),
+            "cli" => self.outcome.cli = Some(value.to_string()),
             _ => {}
         }
     }

@@ -451,6 +451,7 @@ async fn install_and_start(
     let (remote_port, cert_sha256) = parse_state(&state)?;
     work.started = true;
     work.minted = outcome.minted;
+    probe.cli = outcome.cli.or(probe.cli);
     let link = Link {
         session: session.clone(),
         remote_port,
@@ -809,6 +810,7 @@ pub async fn connect(
         "agent": info.agent,
         "remotePort": forward.remote_port(),
         "remoteRoot": forward.remote_root(),
+        "hostCli": forward.host_cli(),
         "certSha256": device.cert_sha256,
         "transferred": work.transferred,
         "installed": work.installed,

@@ -339,6 +339,8 @@ pub struct Probe {
     pub agent_installed: Option<String>,
     /// The npm beside the login shell's Node, or on its `PATH` (with the platform only).
     pub npm: Option<String>,
+    /// The link on the user's PATH that runs this root's pi-host (`~/.local/bin/pi-host`).
+    pub cli: Option<String>,
 }
 
 /// A Node on the remote.
@@ -427,6 +429,7 @@ impl Probe {
                 self.agent_config = std::mem::take(&mut self.agent_config).with_line(value)
             }
             "agentv" => self.agent_installed = Some(value.to_string()),
+            "cli" => self.cli = Some(value.to_string()),
             _ => {}
         }
     }
@@ -484,6 +487,14 @@ impl Probe {
 
     pub fn root_word(&self) -> String {
         sh_quote(&self.root)
+    }
+
+    /// How a person on the remote runs its pi-host: the link on their PATH, else the full
+    /// path (either finds the data directory by itself: deploy/README.md, "The host's own CLI").
+    pub fn host_cli(&self) -> String {
+        self.cli
+            .clone()
+            .unwrap_or_else(|| format!("{}/current/bin/pi-host", self.root))
     }
 
     /// `R/current/bin/pi-host --data-dir R/data`.
@@ -702,7 +713,9 @@ mod tests {
         input: &[u8],
         pieces: usize,
     ) -> (String, String, Option<i32>) {
-        run_session_in(shell, root, &[], plan, input, pieces)
+        // A home of nobody's: the probe links pi-host into `~/.local/bin`, never the tester's.
+        let home = [("HOME", root.join("no-home").into_os_string())];
+        run_session_in(shell, root, &home, plan, input, pieces)
     }
 
     /// [`run_session`] with `env` set (`HOME`, `PATH`).
@@ -880,6 +893,64 @@ mod tests {
                 parsed
                     .agent_note()
                     .ends_with(&format!(", pi {}", pi.display()))
+            );
+        }
+    }
+
+    #[test]
+    fn the_probe_puts_pi_host_on_the_path_but_never_over_the_user_s_own() {
+        for shell in shells() {
+            let dir = tempfile::tempdir().unwrap();
+            let home = dir.path().join("home");
+            let root = home.join(".pi-host");
+            let bin = root.join("versions/9.9.9/bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            std::fs::write(bin.join("pi-host"), "#!/bin/sh\n").unwrap();
+            std::os::unix::fs::symlink("versions/9.9.9", root.join("current")).unwrap();
+            let installed = format!("{}/current/bin/pi-host", root.display());
+            let link = home.join(".local/bin/pi-host");
+            let probe_with = |path: Option<&std::ffi::OsStr>| {
+                let mut env = home_env(&home);
+                env.extend(path.map(|p| ("PATH", p.to_os_string())));
+                let (probe, _, status) = run_session_in(&shell, &root, &env, None, &[], 1);
+                assert_eq!(status, Some(0), "{shell:?}: {probe}");
+                Probe::parse(&probe).unwrap()
+            };
+            // No ~/.local/bin and not on PATH: nothing made; the full path is the way.
+            let parsed = probe_with(None);
+            assert_eq!(parsed.cli, None, "{shell:?}");
+            assert_eq!(parsed.host_cli(), installed);
+            assert!(!home.join(".local").exists(), "{shell:?}");
+            // On PATH though missing: made, linked, reported.
+            let path = format!(
+                "{}:{}",
+                link.parent().unwrap().display(),
+                std::env::var("PATH").unwrap()
+            );
+            let parsed = probe_with(Some(path.as_ref()));
+            assert_eq!(parsed.cli.as_deref(), link.to_str(), "{shell:?}");
+            assert_eq!(
+                std::fs::read_link(&link).unwrap().to_str(),
+                Some(installed.as_str())
+            );
+            // Warm, with the link there: reported again.
+            assert_eq!(
+                probe_with(None).host_cli(),
+                link.to_str().unwrap(),
+                "{shell:?}"
+            );
+            // A dangling link is replaced; the user's own pi-host is left alone.
+            std::fs::remove_file(&link).unwrap();
+            std::os::unix::fs::symlink("/nonexistent/pi-host", &link).unwrap();
+            assert_eq!(probe_with(None).cli.as_deref(), link.to_str(), "{shell:?}");
+            std::fs::remove_file(&link).unwrap();
+            std::fs::write(&link, "#!/bin/sh\necho mine\n").unwrap();
+            let parsed = probe_with(None);
+            assert_eq!(parsed.cli, None, "{shell:?}");
+            assert_eq!(parsed.host_cli(), installed);
+            assert_eq!(
+                std::fs::read_to_string(&link).unwrap(),
+                "#!/bin/sh\necho mine\n"
             );
         }
     }

@@ -29,6 +29,16 @@ if [ -L current ] && cd -P ./current 2>/dev/null; then
     echo "current=$PWD"
     cd "$R" || exit 97
 fi
+# `pi-host` on the user's PATH (deploy/README.md, "The host's own CLI"): a link in ~/.local/bin
+# when that directory exists or is on PATH, made only where nothing is (or a dangling link),
+# never over the user's own; `cli=` names it when it leads to this root's host.
+cli() {
+    L=${HOME:-/nonexistent}/.local/bin/pi-host
+    case ":$PATH:" in *":${L%/*}:"*) [ -d "${L%/*}" ] || mkdir -p "${L%/*}" 2>/dev/null ;; esac
+    if [ -d "${L%/*}" ] && [ ! -e "$L" ]; then ln -sf "$R/current/bin/pi-host" "$L" 2>/dev/null; fi
+    if [ "$L" -ef "$R/current/bin/pi-host" ] 2>/dev/null; then echo "cli=$L"; fi
+}
+if [ -n "$c" ]; then cli; fi
 i=
 if [ -f install.sh ]; then i=yes; echo installer=yes; fi
 if [ -x current/bin/pi-host ] && [ -S data/admin.sock ]; then
@@ -186,6 +196,7 @@ if [ "$INSTALL" = 1 ]; then
     echo stage=install
     out=$(sh "$D/install.sh" install --root "$R" --version "$V" --artifact "$D/$ART") || exit $?
     echo "installed=$(printf '%s\n' "$out" | tail -n 1)"
+    cli
 fi
 if [ "$START" = 1 ]; then
     echo stage=start

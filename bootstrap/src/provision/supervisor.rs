@@ -115,6 +115,11 @@ impl Forward {
         self.links.borrow().as_ref().map(|l| l.probe.root.clone())
     }
 
+    /// How a person on the remote runs its pi-host ([`Probe::host_cli`]).
+    pub fn host_cli(&self) -> Option<String> {
+        self.links.borrow().as_ref().map(|l| l.probe.host_cli())
+    }
+
     /// Whether an SSH link is up now.
     pub fn is_linked(&self) -> bool {
         self.links.borrow().is_some()
