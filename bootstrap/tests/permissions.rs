@@ -20,6 +20,19 @@ async fn pi_remote_sets_the_mode_and_answers_permission_questions() {
     let minted = host.pairing_token(&[]).await;
     let url = minted["url"].as_str().unwrap();
     remote.ok(&["pair", url, "--name", "desk"]).await;
+    // The models of the real pi's registry, as aligned columns; a filter and --provider keep
+    // only the stub's.
+    let all = remote.ok(&["models"]).await;
+    assert!(all.starts_with("MODEL ") && !all.contains('\t'), "{all}");
+    assert!(all.lines().count() > 10, "{all}");
+    let stub_only = remote
+        .ok(&["models", "STUB-MOD", "--provider", "stub"])
+        .await;
+    let lines: Vec<&str> = stub_only.lines().collect();
+    assert_eq!(lines.len(), 2, "{stub_only}");
+    assert!(lines[1].starts_with("stub/stub-model "), "{stub_only}");
+    let none = remote.ok(&["models", "no-such-model-anywhere"]).await;
+    assert!(none.is_empty(), "{none}");
 
     let workspace = host.workspace("w");
     let created = remote
@@ -71,7 +84,7 @@ async fn pi_remote_sets_the_mode_and_answers_permission_questions() {
     );
     // Each decision is a line too (attach may end, its stdin spent, before the last one).
     assert!(
-        printed.contains("[permission] bash touch ok.txt: allowed (person)"),
+        printed.contains("[permission] bash touch ok.txt: allowed (person desk)"),
         "{printed}"
     );
     let ws = Path::new(&workspace);

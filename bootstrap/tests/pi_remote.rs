@@ -352,6 +352,46 @@ async fn new_creates_a_session_that_sessions_lists() {
     assert!(text(&output.stderr).contains("REMOTE_PATH_FORBIDDEN"));
 }
 
+/// `~` is the remote user's home: quoted, the host resolves it; unquoted, the shell here made it
+/// this machine's home, and the refusal says to quote it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_takes_tilde_as_the_remote_home_and_hints_when_the_local_shell_expanded_it() {
+    let remote_home = tempfile::tempdir().unwrap();
+    let remote_home = remote_home.path().canonicalize().unwrap();
+    std::fs::create_dir_all(remote_home.join("x")).unwrap();
+    let home = remote_home.to_str().unwrap();
+    let agent = tests::stand_in_agent();
+    let host = HostProcess::start_with_env(
+        &pi_host(),
+        &["--agent", agent.to_str().unwrap(), "--root", home],
+        &[("HOME", home)],
+    )
+    .await;
+    let remote = Remote::new();
+    remote.pair(&host, &[]).await;
+    let created = remote
+        .ok_json(&["new", "--workspace", "~/x", "--json"])
+        .await;
+    assert_eq!(created["workspace"], format!("{home}/x"));
+
+    // What `--workspace ~/x` becomes in this machine's shell: a path under its home.
+    let local_home = tempfile::tempdir().unwrap();
+    let local_home = local_home.path().to_str().unwrap();
+    let expanded = format!("{local_home}/x");
+    let mut command = remote.command(&["new", "--workspace", &expanded]);
+    command.env("HOME", local_home);
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("REMOTE_PATH_FORBIDDEN"), "{stderr}");
+    assert!(
+        stderr.contains("under this machine's home") && stderr.contains("--workspace '~/x'"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompt_wait_prints_the_deltas_and_exits_on_the_outcome() {
     let host = host().await;
@@ -507,6 +547,20 @@ async fn attach_answers_an_approval_from_stdin() {
         .find(|l| l["type"] == "approval.settled")
         .expect("approval.settled printed");
     assert_eq!(settled["data"]["outcome"], "allowed");
+    let device_id = settled["data"]["deviceId"].as_str().unwrap().to_string();
+
+    // For a person, who answered is the device's name, not its id.
+    let attach = {
+        let mut command = remote.command(&["attach", &session]);
+        command.write_stdin("y\n");
+        tokio::task::spawn_blocking(move || command.output().unwrap())
+    };
+    remote.ok(&["prompt", &session, "approve:confirm"]).await;
+    let output = attach.await.unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let printed = text(&output.stdout);
+    assert!(printed.contains("] allowed by test-desktop"), "{printed}");
+    assert!(!printed.contains(&format!("by {device_id}")), "{printed}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -750,6 +804,18 @@ async fn credentials_are_set_from_stdin_listed_by_fingerprint_and_sessions_confi
     let listed = remote.ok(&["credentials", "list"]).await;
     assert!(listed.contains("openai") && listed.contains(set["fingerprint"].as_str().unwrap()));
     assert!(!listed.contains(key), "{listed}");
+    // When, for a person: "1 s ago (HH:MM UTC)", not epoch milliseconds.
+    assert!(
+        listed.contains(" s ago (") || listed.contains("in 0 s ("),
+        "{listed}"
+    );
+    assert!(listed.contains(" UTC)"), "{listed}");
+    assert!(
+        !listed
+            .split_whitespace()
+            .any(|w| w.len() >= 13 && w.chars().all(|c| c.is_ascii_digit())),
+        "{listed}"
+    );
     // Nothing on stdin: refused locally, nothing sent.
     let empty = remote.run(&["credentials", "set", "anthropic"]).await;
     assert_eq!(empty.status.code(), Some(1), "{}", text(&empty.stderr));

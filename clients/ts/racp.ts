@@ -1780,7 +1780,8 @@ export type SessionCreateParams = {
    */
   title?: string | null;
   /**
-   * Absolute path of the workspace directory; it must lie inside the host's permitted roots.
+   * Absolute path of the workspace directory, or `~` / `~/...` for the host user's home
+   * (resolved on the host); it must lie inside the host's permitted roots.
    */
   workspace: string;
 };

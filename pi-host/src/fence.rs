@@ -19,6 +19,18 @@ pub struct Fence {
     protected: Vec<PathBuf>,
 }
 
+/// A workspace as a person writes it for the remote: `~` and `~/…` are the host user's home
+/// (`$HOME` of the host's process), resolved here because the desktop's shell cannot know it
+/// (docs/protocol.md §7.9); anything else is left as given.
+pub fn resolve_home(path: &str) -> std::borrow::Cow<'_, str> {
+    let home = std::env::var("HOME").ok().filter(|h| h.starts_with('/'));
+    match (path, path.strip_prefix("~/"), home) {
+        ("~", _, Some(home)) => home.into(),
+        (_, Some(rest), Some(home)) => format!("{}/{rest}", home.trim_end_matches('/')).into(),
+        _ => path.into(),
+    }
+}
+
 impl Fence {
     pub fn new(roots: &[PathBuf], protected: &[PathBuf]) -> Fence {
         let canonical = |paths: &[PathBuf]| -> Vec<PathBuf> {

@@ -363,3 +363,35 @@ async fn titles_from_create_and_from_a_pruned_rename_survive_kill_9() {
         .collect();
     assert_eq!(titles, [&json!("t"), &json!("login fix")], "{listed}");
 }
+
+#[tokio::test]
+async fn a_workspace_under_tilde_is_the_host_user_s_home() {
+    let home_root = tempfile::tempdir().unwrap();
+    let home = home_root.path().canonicalize().unwrap().join("remote home");
+    std::fs::create_dir_all(home.join("src/app")).unwrap();
+    let home_text = home.to_str().unwrap();
+    let root = home_root.path().to_str().unwrap();
+    let host = HostProcess::start_with_env(bin(), &["--root", root], &[("HOME", home_text)]).await;
+    let mut client = owner(&host).await;
+    let session = create(&mut client, "~/src/app").await;
+    assert_eq!(session["workspace"], format!("{home_text}/src/app"));
+    let session = create(&mut client, "~").await;
+    assert_eq!(session["workspace"], home_text);
+    // Only the host user's own home: `~user` and a relative path stay refused.
+    for workspace in ["~root/x", "src/app", "~src"] {
+        let reply = client
+            .call("session/create", json!({"workspace": workspace}))
+            .await;
+        assert_eq!(
+            reply["error"]["code"], "INVALID_PARAMS",
+            "{workspace}: {reply}"
+        );
+    }
+    // `~/` outside the roots is refused as any path outside them is.
+    let host = HostProcess::start_with_env(bin(), &[], &[("HOME", home_text)]).await;
+    let mut client = owner(&host).await;
+    let reply = client
+        .call("session/create", json!({"workspace": "~/src/app"}))
+        .await;
+    assert_eq!(reply["error"]["code"], "REMOTE_PATH_FORBIDDEN", "{reply}");
+}

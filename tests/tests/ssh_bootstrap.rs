@@ -213,9 +213,23 @@ impl World {
         release: Option<&Path>,
         extra: &[&str],
     ) -> tokio::process::Command {
+        self.connect_command(&["--json"], config, target, release, extra)
+    }
+
+    /// [`World::command_for`] with `global` before `connect` (`--json`, or nothing: what a
+    /// person reads).
+    fn connect_command(
+        &self,
+        global: &[&str],
+        config: &Path,
+        target: &str,
+        release: Option<&Path>,
+        extra: &[&str],
+    ) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(pi_remote());
         command
-            .args(["--json", "connect", target, "-F"])
+            .args(global)
+            .args(["connect", target, "-F"])
             .arg(config);
         if let Some(release) = release {
             command.arg("--release-dir").arg(release);
@@ -1454,6 +1468,16 @@ async fn plain_remote_installs_and_runs(shell: Shell, shell_name: &str) {
     assert_eq!(ready["started"], false);
     assert_eq!(ready["hostCli"], link.display().to_string());
     assert_eq!(world.state()["pid"], state["pid"]);
+
+    // For a person: a warm `--once` holds no forward, so it offers no Ctrl-C to stop one.
+    let mut human =
+        world.connect_command(&[], &world.ssh_config, "box", Some(&release), &["--once"]);
+    let output = human.output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("Connected to pi-host"), "{stderr}");
+    assert!(stderr.contains("--once keeps no forward"), "{stderr}");
+    assert!(!stderr.contains("Ctrl-C"), "{stderr}");
 }
 
 /// On the remote, `pi-host` as connect left it on the user's PATH: the host connect started,

@@ -108,7 +108,8 @@ enum Command {
     Sessions,
     /// Create a session.
     New {
-        /// Absolute path of the workspace on the host (inside its permitted roots).
+        /// The workspace on the host (inside its permitted roots): an absolute path, or
+        /// '~/...' for the remote user's home (quoted, so this machine's shell leaves `~` alone).
         #[arg(long)]
         workspace: String,
         #[arg(long)]
@@ -157,7 +158,13 @@ enum Command {
         instructions: Option<String>,
     },
     /// List the models the host's agent can run and whether each provider has a key.
-    Models,
+    Models {
+        /// Only models whose provider, id or name holds this text (any case).
+        filter: Option<String>,
+        /// Only this provider's models.
+        #[arg(long)]
+        provider: Option<String>,
+    },
     /// Provider API keys the host hands its agent (owner only).
     #[command(subcommand)]
     Credentials(CredentialsCommand),
@@ -530,7 +537,13 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
             };
             models::configure(out, &client, params).await
         }
-        Command::Models => models::list(out, &client).await,
+        Command::Models { filter, provider } => {
+            let filter = models::ModelFilter {
+                text: filter,
+                provider,
+            };
+            models::list(out, &client, &filter).await
+        }
         Command::Credentials(command) => credentials(out, &client, command).await,
         Command::Prompt {
             session,

@@ -90,3 +90,26 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+/// A header and rows as aligned columns, two spaces apart, each line without trailing blanks
+/// (every table pi-remote prints: `hosts`, `models`, `credentials list`).
+pub fn aligned<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> Vec<String> {
+    let header = header.map(String::from);
+    let mut widths = [0usize; N];
+    for row in std::iter::once(&header).chain(rows) {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    std::iter::once(&header)
+        .chain(rows)
+        .map(|row| {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(widths)
+                .map(|(cell, width)| format!("{cell:<width$}"))
+                .collect();
+            cells.join("  ").trim_end().to_string()
+        })
+        .collect()
+}

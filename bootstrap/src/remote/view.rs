@@ -66,9 +66,19 @@ pub fn describe_file(file: &FileChange) -> String {
 #[derive(Debug, Default)]
 pub struct View {
     mid_line: bool,
+    /// Device names by id, to say who answered an approval (else its id).
+    devices: std::collections::HashMap<String, String>,
 }
 
 impl View {
+    /// A view that names devices by the names the host knows (`commands::device_names`).
+    pub fn naming(devices: std::collections::HashMap<String, String>) -> View {
+        View {
+            mid_line: false,
+            devices,
+        }
+    }
+
     /// The text to print for `event` (possibly empty).
     pub fn render(&mut self, event: &Event) -> String {
         if let Some(kind) = Kind::of_event_type(&event.kind) {
@@ -95,7 +105,7 @@ impl View {
                 Err(_) => String::new(),
             },
             EventType::ApprovalSettled => match event.data.parse::<ApprovalSettledData>() {
-                Ok(settled) => self.line(&describe_settled(settled)),
+                Ok(settled) => self.line(&describe_settled(settled, &self.devices)),
                 Err(_) => String::new(),
             },
             EventType::SessionClosed => self.line("== session closed"),
@@ -111,7 +121,7 @@ impl View {
                 Err(_) => String::new(),
             },
             EventType::PermissionDecided => match event.data.parse::<PermissionDecidedData>() {
-                Ok(decided) => self.line(&describe_decided(&decided)),
+                Ok(decided) => self.line(&describe_decided(&decided, &self.devices)),
                 Err(_) => String::new(),
             },
             EventType::AgentStopped | EventType::SessionConfigured => String::new(),
@@ -445,8 +455,11 @@ pub fn kind_name(kind: ApprovalKind) -> &'static str {
     }
 }
 
-/// A tool call's permission decision, as one line.
-fn describe_decided(decided: &PermissionDecidedData) -> String {
+/// A tool call's permission decision, as one line (`person` with the device's name or id).
+fn describe_decided(
+    decided: &PermissionDecidedData,
+    devices: &std::collections::HashMap<String, String>,
+) -> String {
     let what = decided
         .summary
         .command
@@ -454,7 +467,14 @@ fn describe_decided(decided: &PermissionDecidedData) -> String {
         .or(decided.summary.path.as_deref())
         .map(|w| format!(" {}", truncate(w, 200)))
         .unwrap_or_default();
-    let by = wire_name(&decided.by);
+    let by = match &decided.device_id {
+        Some(id) => format!(
+            "{} {}",
+            wire_name(&decided.by),
+            devices.get(id).unwrap_or(id)
+        ),
+        None => wire_name(&decided.by),
+    };
     match decided.code {
         None => format!("[permission] {}{what}: allowed ({by})", decided.tool),
         Some(code) => format!(
@@ -465,12 +485,16 @@ fn describe_decided(decided: &PermissionDecidedData) -> String {
     }
 }
 
-/// A settled approval: its outcome, who settled it and the answer.
-fn describe_settled(settled: ApprovalSettledData) -> String {
+/// A settled approval: its outcome, who settled it (the device's name when known) and the
+/// answer.
+fn describe_settled(
+    settled: ApprovalSettledData,
+    devices: &std::collections::HashMap<String, String>,
+) -> String {
     let outcome = wire_name(&settled.outcome);
     let by = settled
         .device_id
-        .map(|d| format!(" by {d}"))
+        .map(|d| format!(" by {}", devices.get(&d).unwrap_or(&d)))
         .unwrap_or_default();
     let value = settled
         .value

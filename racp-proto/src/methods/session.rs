@@ -54,7 +54,8 @@ pub struct SessionInfo {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SessionCreateParams {
-    /// Absolute path of the workspace directory; it must lie inside the host's permitted roots.
+    /// Absolute path of the workspace directory, or `~` / `~/...` for the host user's home
+    /// (resolved on the host); it must lie inside the host's permitted roots.
     #[schemars(length(min = 1, max = MAX_PATH_CHARS))]
     pub workspace: String,
     /// A title shown in session lists; no control characters.

@@ -189,8 +189,14 @@ fn print_ready(summary: &serde_json::Value) {
         }
         _ => String::new(),
     };
+    // Only a connect that keeps the forward has one for Ctrl-C to stop.
+    let held = if summary["once"] == true {
+        "checked; --once keeps no forward"
+    } else {
+        "Ctrl-C stops the forward"
+    };
     eprintln!(
-        "Connected to pi-host {}{with_agent} at {} (Ctrl-C stops the forward)",
+        "Connected to pi-host {}{with_agent} at {} ({held})",
         printable(summary["hostVersion"].as_str().unwrap_or("?"), false),
         printable(summary["url"].as_str().unwrap_or("?"), false),
     );
@@ -257,6 +263,7 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     profile::save(&dir, &args.profile, &saved).map_err(Failure::Local)?;
     let mut summary = connection.summary.clone();
     summary["profile"] = args.profile.clone().into();
+    summary["once"] = args.once.into();
     reporter.report(Progress::Ready(summary));
     let mut forward = connection.forward;
     if args.once {

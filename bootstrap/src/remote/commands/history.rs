@@ -54,7 +54,8 @@ pub async fn history(
     if read.entries.is_empty() {
         out.line("no messages");
     }
-    print_entries(out, &mut View::default(), &read.entries);
+    let mut view = View::naming(super::device_names(client).await);
+    print_entries(out, &mut view, &read.entries);
     Ok(())
 }
 

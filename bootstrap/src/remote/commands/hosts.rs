@@ -3,7 +3,7 @@
 
 use super::{Reach, call_resending, connect_profile, endpoint, load_profile};
 use crate::remote::Failure;
-use crate::remote::out::{Out, enum_name, now_ms};
+use crate::remote::out::{Out, aligned, enum_name, now_ms};
 use crate::remote::profile;
 use racp_proto::human::moment;
 use racp_proto::methods::host::HostEntry;
@@ -87,25 +87,8 @@ fn table(hosts: &[HostEntry], default: Option<&str>, now: u64) -> Vec<String> {
         "STATUS",
         "LAST HEARD",
         "SESSIONS",
-    ]
-    .map(String::from);
-    let mut widths = [0usize; 6];
-    for row in std::iter::once(&header).chain(&rows) {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    std::iter::once(&header)
-        .chain(&rows)
-        .map(|row| {
-            let cells: Vec<String> = row
-                .iter()
-                .zip(widths)
-                .map(|(cell, width)| format!("{cell:<width$}"))
-                .collect();
-            cells.join("  ").trim_end().to_string()
-        })
-        .collect()
+    ];
+    aligned(header, &rows)
 }
 
 #[cfg(test)]
