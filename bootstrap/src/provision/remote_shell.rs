@@ -2,7 +2,9 @@
 //!
 //! The probe is one command so the warm path costs one round trip: it creates the install root
 //! (private), and prints `key=value` lines: the root's absolute path, the installed version,
-//! whether install.sh is there and, when a host runs, its `pi-host status --json`. Only when
+//! whether install.sh is there, the link that puts pi-host on the user's PATH (`cli=`, made
+//! where nothing is: deploy/README.md, "The host's own CLI") and, when a host runs, its
+//! `pi-host status --json`. Only when
 //! an install may follow (`current` is not the wanted version, or install.sh is missing) does
 //! it also print the platform (OS, architecture, C library and its version) and the SHA-256
 //! tool. The C library comes from `getconf GNU_LIBC_VERSION` (glibc), else `ldd --version`
