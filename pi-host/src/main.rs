@@ -59,7 +59,7 @@ enum Command {
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
         ttl: u64,
         /// Also draw the pairing link as a QR code (for a phone's camera; 24 lines for an
-        /// address of up to 23 characters). Needs an address a device reaches: --address, or a host
+        /// address of up to 24 characters). Needs an address a device reaches: --address, or a host
         /// listening on one.
         #[arg(long)]
         qr: bool,

@@ -2,8 +2,9 @@
 //! (deploy/README.md, "The host's own CLI").
 //!
 //! The smallest error correction (L: the screen is not a dirty label) keeps the code small: a
-//! pairing link of up to 153 bytes, which an address (`NAME:PORT`) of up to 23 characters
-//! makes, is a version 7 code of 45×45 modules. Two rows of modules go on one line (Unicode half blocks),
+//! pairing link of up to 154 bytes, which an address (`NAME:PORT`) of up to 24 characters
+//! makes, is a version 7 code of 45×45 modules, whatever the token's characters (one byte-mode
+//! segment). Two rows of modules go on one line (Unicode half blocks),
 //! with one light row above and below and four light columns either side: 24 lines of 53
 //! columns. Dark modules are the blocks; the terminal's background is the light.
 
@@ -28,8 +29,8 @@ pub struct Drawn {
 
 /// Draws `link` as a QR code; an error when it cannot be encoded (longer than a QR code holds).
 pub fn draw(link: &str) -> Result<Drawn, String> {
-    let code = QrCode::with_error_correction_level(link.as_bytes(), EcLevel::L)
-        .map_err(|e| format!("the link cannot be drawn as a QR code: {e}"))?;
+    let code = byte_mode(link.as_bytes())
+        .ok_or("the link is longer than a QR code holds, so it cannot be drawn")?;
     let modules = code.width();
     let colors = code.to_colors();
     let dark = |x: usize, y: usize| -> bool {
@@ -63,23 +64,53 @@ pub fn draw(link: &str) -> Result<Drawn, String> {
     })
 }
 
+/// The smallest code holding `data` as one byte-mode segment. The crate's own choice of
+/// segments switches to numeric mode for runs of digits, whose headers can cost more than they
+/// save: a link of random hex and base64 then needed a larger version than its length does.
+fn byte_mode(data: &[u8]) -> Option<QrCode> {
+    (1..=40).find_map(|version| {
+        let mut bits = qrcode::bits::Bits::new(qrcode::Version::Normal(version));
+        bits.push_byte_data(data).ok()?;
+        bits.push_terminator(EcLevel::L).ok()?;
+        QrCode::with_bits(bits, EcLevel::L).ok()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A pairing link as `pi-host pair --address` makes it, with a token and a fingerprint as
-    /// random as real ones (a run of one letter would be coded more tightly).
+    /// A pairing link as `pi-host pair --address` makes it, with a token as random as a real
+    /// one.
     fn link(address: &str) -> String {
+        link_with(address, "ppt_q3Zx8LmPa0Tb.Kd9wR2vYh5NcXe1uJf7GsA")
+    }
+
+    fn link_with(address: &str, token: &str) -> String {
         racp_server::identity::pairing_link(
             address,
-            Some(&"ab".repeat(32).parse().unwrap()),
+            Some(&"3f9c0e7a5b12d48e".repeat(4).parse().unwrap()),
             true,
-            "ppt_q3Zx8LmPa0Tb.Kd9wR2vYh5NcXe1uJf7GsA",
+            token,
         )
     }
 
     #[test]
-    fn a_typical_link_fits_an_80_by_24_terminal_up_to_153_bytes() {
+    fn the_size_depends_on_the_link_s_length_not_its_characters() {
+        let address = format!("{}:7878", "h".repeat(19));
+        for token in [
+            "ppt_SpvNljPctr_7.JNhXMHY2-DEDSd2YWXS03g",
+            "ppt_123456789012.1234567890123456789012",
+            "ppt_a1b2c3d4e5f6.9a8b7c6d5e4f3a2b1c0d9e",
+        ] {
+            let link = link_with(&address, token);
+            assert_eq!(link.len(), 154);
+            assert_eq!(draw(&link).unwrap().modules, 45, "{token}");
+        }
+    }
+
+    #[test]
+    fn a_typical_link_fits_an_80_by_24_terminal_up_to_154_bytes() {
         for address in ["192.168.1.20:7878", "devbox.example.net:7878"] {
             let drawn = draw(&link(address)).unwrap();
             assert!(
@@ -87,15 +118,15 @@ mod tests {
                 "{drawn:?}"
             );
         }
-        // The bound: 153 bytes is version 7 (45 modules, 24 lines); one more is version 8.
-        let at_bound = link(&format!("{}:7878", "h".repeat(18)));
-        assert_eq!(at_bound.len(), 153);
+        // The bound: 154 bytes is version 7 (45 modules, 24 lines); one more is version 8.
+        let at_bound = link(&format!("{}:7878", "h".repeat(19)));
+        assert_eq!(at_bound.len(), 154);
         let drawn = draw(&at_bound).unwrap();
         assert_eq!((drawn.modules, drawn.lines, drawn.columns), (45, 24, 53));
         assert_eq!(drawn.text.lines().count(), drawn.lines);
         assert!(drawn.text.lines().all(|l| l.chars().count() <= 80));
-        let over = link(&format!("{}:7878", "h".repeat(19)));
-        assert_eq!(over.len(), 154);
+        let over = link(&format!("{}:7878", "h".repeat(20)));
+        assert_eq!(over.len(), 155);
         let drawn = draw(&over).unwrap();
         assert_eq!(drawn.modules, 49);
         assert!(drawn.lines > TERMINAL_LINES);
@@ -103,7 +134,7 @@ mod tests {
 
     #[test]
     fn the_drawing_is_the_code_s_modules_two_rows_a_line() {
-        let code = QrCode::with_error_correction_level(b"racp", EcLevel::L).unwrap();
+        let code = byte_mode(b"racp").unwrap();
         let drawn = draw("racp").unwrap();
         let lines: Vec<Vec<char>> = drawn.text.lines().map(|l| l.chars().collect()).collect();
         let colors = code.to_colors();
