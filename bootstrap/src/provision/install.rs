@@ -276,14 +276,16 @@ async fn send(
     head.extend_from_slice(&upload.installer);
     remote.send(&head).await?;
     let (mut before, total) = (upload.installer.len() as u64, upload.total());
-    reporter.report(Progress::Transfer {
-        sent: before,
+    reporter.report(Progress::Bytes {
+        stage: Stage::Transfer,
+        done: before,
         total,
     });
     for (path, len) in [&upload.bundle, &upload.artifact].into_iter().flatten() {
         let mut on_progress = |sent: u64| {
-            reporter.report(Progress::Transfer {
-                sent: before + sent,
+            reporter.report(Progress::Bytes {
+                stage: Stage::Transfer,
+                done: before + sent,
                 total,
             })
         };

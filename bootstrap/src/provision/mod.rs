@@ -507,7 +507,9 @@ async fn plan_agent(
     };
     let bundle = match agent::source(probe, &install.version, npm_failed)? {
         agent::Source::Npm => None,
-        agent::Source::Bundle(spec) => Some(bundle::ensure(&install.version, spec).await?),
+        agent::Source::Bundle(spec) => {
+            Some(bundle::ensure(&install.version, spec, reporter).await?)
+        }
     };
     if let Some(made) = &bundle {
         install.source = remote_shell::AgentSource::Bundle {

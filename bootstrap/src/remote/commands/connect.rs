@@ -3,7 +3,8 @@
 //!
 //! Progress goes to stderr as a progress display, or with `--json` to stdout as one JSON line
 //! per event: `{"type":"stage","stage","status":"started"|"done"|"skipped",...}`,
-//! `{"type":"progress","stage":"transfer","bytes","total"}`, `{"type":"ready","url",...}`,
+//! `{"type":"progress","stage":"bundle"|"transfer","bytes","total"}`,
+//! `{"type":"note","stage","text"}`, `{"type":"ready","url",...}`,
 //! `{"type":"reconnecting",...}`, `{"type":"reconnected",...}`, `{"type":"error","error"}`.
 
 use crate::provision::stage::{Progress, Reporter, Stage};
@@ -117,6 +118,15 @@ impl Display {
         }
     }
 
+    /// A line above the spinner, which keeps spinning below it.
+    fn note(&self, text: &str) {
+        let line = format!("    {}", printable(text, false));
+        match self.bar.lock().ok().and_then(|slot| slot.as_ref().map(|(_, bar)| bar.clone())) {
+            Some(bar) if !bar.is_hidden() => bar.println(line),
+            _ => eprintln!("{line}"),
+        }
+    }
+
     /// The spinner becomes a byte bar: `sent` of `total`.
     fn transferred(&self, sent: u64, total: u64) {
         if let Ok(slot) = self.bar.lock()
@@ -146,7 +156,8 @@ impl Reporter for Display {
     fn report(&self, progress: Progress) {
         match progress {
             Progress::Started(stage) => self.spin(stage),
-            Progress::Transfer { sent, total } => self.transferred(sent, total),
+            Progress::Bytes { done, total, .. } => self.transferred(done, total),
+            Progress::Note { text, .. } => self.note(&text),
             Progress::Done { stage, ms, note } => {
                 self.finish();
                 let note = note
