@@ -386,8 +386,8 @@ async fn bundle(out: &Out, arch: &str, with_node: bool) -> Result<(), Failure> {
     } else {
         Box::new(Display::new())
     };
-    let made = provision::bundle::ensure(provision::agent::PI_VERSION, spec, reporter.as_ref())
-        .await?;
+    let made =
+        provision::bundle::ensure(provision::agent::PI_VERSION, spec, reporter.as_ref()).await?;
     if out.json {
         out.json_value(&serde_json::json!({
             "path": made.path,

@@ -245,7 +245,7 @@ pub fn npm_failed(error: &AppError) -> bool {
 }
 
 /// The remote's Node as the messages name it.
-fn found_node(probe: &Probe) -> String {
+pub fn found_node(probe: &Probe) -> String {
     match &probe.node {
         Some(node) if node.is_enough() && probe.npm.is_none() => format!(
             "Node.js {} at {} but no npm",

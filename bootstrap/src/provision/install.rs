@@ -30,6 +30,8 @@ pub(super) struct Upload {
     installer: Vec<u8>,
     bundle: Option<(PathBuf, u64)>,
     artifact: Option<(PathBuf, u64)>,
+    /// What goes up, as the upload's notes name it: pi-host, pi, Node, with their bytes.
+    parts: Vec<(String, u64)>,
 }
 
 impl Upload {
@@ -51,10 +53,15 @@ impl Upload {
             installer_sha256: release.manifest.installer.sha256.clone(),
             installer_len: installer.len() as u64,
         };
+        let name = format!(
+            "pi-host {} for {}-{}",
+            release.manifest.version, artifact.os, artifact.arch
+        );
         let upload = Upload {
             installer,
             bundle: None,
             artifact: Some((path, artifact_len)),
+            parts: vec![(name, artifact_len)],
         };
         Ok((upload, install))
     }
@@ -62,6 +69,32 @@ impl Upload {
     /// Adds the agent bundle, sent between install.sh and the build.
     pub(super) fn add_bundle(&mut self, bundle: &super::bundle::Bundle) {
         self.bundle = Some((bundle.path.clone(), bundle.len));
+        let pi = format!("pi {} (the agent bundle)", super::bundle::PI_VERSION);
+        self.parts.push((pi, bundle.parts.pi_bytes));
+        if let Some(node) = bundle.node {
+            let node = format!("Node {node} (in the agent bundle)");
+            self.parts.push((node, bundle.parts.node_bytes));
+        }
+    }
+
+    /// The upload's notes: one line per part.
+    fn report_parts(&self, reporter: &dyn Reporter) {
+        for (name, bytes) in &self.parts {
+            reporter.report(Progress::Note {
+                stage: Stage::Transfer,
+                text: format!("{name}: {}", super::bundle::mb(*bytes)),
+            });
+        }
+    }
+
+    /// The transfer stage's closing note: the total, and what it was made of.
+    fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|(name, bytes)| format!("{name} {}", super::bundle::mb(*bytes)))
+            .collect();
+        format!("{} bytes ({})", self.total(), parts.join(", "))
     }
 
     fn total(&self) -> u64 {
@@ -186,7 +219,7 @@ impl<'a> Report<'a> {
     /// The command went on to `next`: the running stage is done.
     fn enter(&mut self, next: Stage) {
         let done_note = match (self.stage, self.upload) {
-            (Stage::Transfer, Some(upload)) => Some(format!("{} bytes", upload.total())),
+            (Stage::Transfer, Some(upload)) => Some(upload.summary()),
             _ => self.note.take(),
         };
         if let Some(clock) = self.clock.take() {
@@ -272,6 +305,7 @@ async fn send(
     let Some(upload) = upload else {
         return remote.send(&head).await;
     };
+    upload.report_parts(reporter);
     // One packet for both: install.sh is small, and the remote reads it right after the plan.
     head.extend_from_slice(&upload.installer);
     remote.send(&head).await?;

@@ -543,6 +543,14 @@ impl AgentConfig {
             _ => AgentConfig::Operator(line.to_string()),
         }
     }
+
+    /// The config's `agent` line, whoever wrote it.
+    pub fn line(&self) -> Option<&str> {
+        match self {
+            AgentConfig::None => None,
+            AgentConfig::Ours(line) | AgentConfig::Operator(line) => Some(line),
+        }
+    }
 }
 
 /// An agent install, as the plan line carries it.

@@ -124,7 +124,10 @@ pub fn write(
     let mut file = gzip.finish()?;
     file.flush()?;
     let written = file.count;
-    file.into_inner().into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    file.into_inner()
+        .into_inner()
+        .map_err(|e| e.into_error())?
+        .sync_all()?;
     parts.unpacked_bytes = total;
     if parts.pi_bytes == 0 {
         parts.pi_bytes = written;
@@ -174,17 +177,35 @@ impl<W: Write> Write for Counted<W> {
 pub(super) fn sample_tree(root: &Path) -> PathBuf {
     let files = [
         ("bin/node", "node"),
-        ("lib/node_modules/@mariozechner/pi-coding-agent/README.md", "pi's docs"),
-        ("lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js", "pi"),
-        ("lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js.map", "{}"),
+        (
+            "lib/node_modules/@mariozechner/pi-coding-agent/README.md",
+            "pi's docs",
+        ),
+        (
+            "lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js",
+            "pi",
+        ),
+        (
+            "lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js.map",
+            "{}",
+        ),
         ("lib/node_modules/openai/index.js", "openai"),
         ("lib/node_modules/openai/index.d.ts", "types"),
         ("lib/node_modules/openai/index.js.map", "{}"),
         ("lib/node_modules/openai/README.md", "readme"),
         ("lib/node_modules/openai/LICENSE", "license"),
-        ("lib/node_modules/koffi/build/koffi/linux_x64/koffi.node", "x64"),
-        ("lib/node_modules/koffi/build/koffi/linux_arm64/koffi.node", "arm64"),
-        ("lib/node_modules/koffi/build/koffi/win32_x64/koffi.node", "win"),
+        (
+            "lib/node_modules/koffi/build/koffi/linux_x64/koffi.node",
+            "x64",
+        ),
+        (
+            "lib/node_modules/koffi/build/koffi/linux_arm64/koffi.node",
+            "arm64",
+        ),
+        (
+            "lib/node_modules/koffi/build/koffi/win32_x64/koffi.node",
+            "win",
+        ),
         ("lib/node_modules/koffi/index.js", "koffi"),
     ];
     for (name, text) in files {
@@ -266,7 +287,10 @@ mod tests {
         let parts_b = write(&second, &b, "x64", &mut |_, _| {}).unwrap();
         assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
         assert_eq!(parts_a, parts_b);
-        assert!(parts_a.node_bytes > 0 && parts_a.pi_bytes > 0, "{parts_a:?}");
+        assert!(
+            parts_a.node_bytes > 0 && parts_a.pi_bytes > 0,
+            "{parts_a:?}"
+        );
         assert_eq!(
             parts_a.pi_bytes + parts_a.node_bytes,
             std::fs::metadata(&a).unwrap().len()
@@ -283,7 +307,10 @@ mod tests {
         let root = sample_tree(dir.path());
         let out = dir.path().join("bundle.tar.gz");
         let mut seen = Vec::new();
-        write(&root, &out, "x64", &mut |done, total| seen.push((done, total))).unwrap();
+        write(&root, &out, "x64", &mut |done, total| {
+            seen.push((done, total))
+        })
+        .unwrap();
         assert_eq!(seen.last().map(|(d, t)| d == t), Some(true), "{seen:?}");
         let listing = std::process::Command::new("tar")
             .args(["-tvzf"])
@@ -292,9 +319,15 @@ mod tests {
             .unwrap();
         assert!(listing.status.success());
         let listing = String::from_utf8_lossy(&listing.stdout);
-        assert!(listing.contains("bin/pi -> ../lib/node_modules"), "{listing}");
+        assert!(
+            listing.contains("bin/pi -> ../lib/node_modules"),
+            "{listing}"
+        );
         for line in listing.lines() {
-            assert!(line.contains(" 0/0 ") || line.contains(" root/root "), "{line}");
+            assert!(
+                line.contains(" 0/0 ") || line.contains(" root/root "),
+                "{line}"
+            );
             assert!(line.contains("2006-07-2"), "{line}");
         }
         // No name or time in the gzip header: MTIME (bytes 4..8) is zero, FLG has no FNAME.

@@ -363,7 +363,11 @@ async fn run(program: &str, args: &[&str], dir: &Path) -> Result<(), AppError> {
 }
 
 /// The bundle at `path` with its size and SHA-256, read now.
-async fn hashed(path: PathBuf, parts: archive::Parts, spec: BundleSpec) -> Result<Bundle, AppError> {
+async fn hashed(
+    path: PathBuf,
+    parts: archive::Parts,
+    spec: BundleSpec,
+) -> Result<Bundle, AppError> {
     let read = path.clone();
     let summed = tokio::task::spawn_blocking(move || -> std::io::Result<(u64, String)> {
         use std::io::Read;

@@ -121,7 +121,12 @@ impl Display {
     /// A line above the spinner, which keeps spinning below it.
     fn note(&self, text: &str) {
         let line = format!("    {}", printable(text, false));
-        match self.bar.lock().ok().and_then(|slot| slot.as_ref().map(|(_, bar)| bar.clone())) {
+        match self
+            .bar
+            .lock()
+            .ok()
+            .and_then(|slot| slot.as_ref().map(|(_, bar)| bar.clone()))
+        {
             Some(bar) if !bar.is_hidden() => bar.println(line),
             _ => eprintln!("{line}"),
         }
@@ -171,6 +176,7 @@ impl Reporter for Display {
             Progress::Ready(summary) => {
                 self.finish();
                 print_ready(&summary);
+                print_placed(&summary);
             }
             Progress::Reconnecting {
                 attempt,
@@ -211,6 +217,42 @@ fn print_ready(summary: &serde_json::Value) {
             "  ! the host's agent is {state}: {}",
             printable(agent["problem"].as_str().unwrap_or("?"), false)
         );
+    }
+}
+
+/// What is where on the remote: pi-host, its data and config, the agent and its Node.
+fn print_placed(summary: &serde_json::Value) {
+    let placed = &summary["where"];
+    let text =
+        |value: &serde_json::Value| printable(value.as_str().unwrap_or("?"), false).into_owned();
+    eprintln!(
+        "  pi-host {}: {} (data {}, config {})",
+        text(&summary["hostVersion"]),
+        text(&placed["hostBinary"]),
+        text(&placed["dataDir"]),
+        text(&placed["config"]),
+    );
+    let agent = &summary["agent"];
+    if let Some(path) = agent["path"].as_str() {
+        let node = match (
+            agent["runtime"]["version"].as_str(),
+            agent["runtime"]["path"].as_str(),
+        ) {
+            (Some(version), Some(node)) => format!(
+                " with Node {} at {}",
+                printable(version, false),
+                printable(node, false)
+            ),
+            _ => String::new(),
+        };
+        eprintln!(
+            "  agent: pi {} at {}{node}",
+            text(&agent["version"]),
+            printable(path, false)
+        );
+    }
+    if let Some(line) = placed["configLine"].as_str() {
+        eprintln!("  config line: {}", printable(line, false));
     }
 }
 
