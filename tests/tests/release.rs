@@ -266,7 +266,7 @@ async fn the_aarch64_host_runs_under_qemu_version_serve_and_a_paired_hello() {
     );
 }
 
-/// The agent bundle for an aarch64 remote without a Node pi runs on (provision/bundle.rs), made
+/// The agent bundle for an aarch64 remote without a Node pi runs on (provision/bundle/), made
 /// by `pi-remote bundle` from npm's cache: Node's aarch64 build, pi's tree with the aarch64
 /// native packages and none of this machine's, and that Node runs that pi under qemu.
 #[test]

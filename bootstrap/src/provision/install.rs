@@ -23,8 +23,10 @@ pub(super) struct Outcome {
     pub minted: Option<Value>,
 }
 
-/// What a connect sends after the plan line, in this order: install.sh and the agent bundle
-/// (each of a size the plan gives), then the build (to EOF). Any of them may be left out.
+/// What a connect sends after the plan line, in this order: install.sh (of the size the plan
+/// gives), the build, then the agent bundle; the last one sent is read to EOF, the others to
+/// the sizes the plan gives. The remote unpacks the bundle as it arrives. Any of them may be
+/// left out.
 #[derive(Default)]
 pub(super) struct Upload {
     installer: Vec<u8>,
@@ -52,6 +54,7 @@ impl Upload {
             artifact_sha256: artifact.sha256.clone(),
             installer_sha256: release.manifest.installer.sha256.clone(),
             installer_len: installer.len() as u64,
+            artifact_len,
         };
         let name = format!(
             "pi-host {} for {}-{}",
@@ -66,7 +69,7 @@ impl Upload {
         Ok((upload, install))
     }
 
-    /// Adds the agent bundle, sent between install.sh and the build.
+    /// Adds the agent bundle, sent last.
     pub(super) fn add_bundle(&mut self, bundle: &super::bundle::Bundle) {
         self.bundle = Some((bundle.path.clone(), bundle.len));
         let pi = format!("pi {} (the agent bundle)", super::bundle::PI_VERSION);
@@ -315,7 +318,7 @@ async fn send(
         done: before,
         total,
     });
-    for (path, len) in [&upload.bundle, &upload.artifact].into_iter().flatten() {
+    for (path, len) in [&upload.artifact, &upload.bundle].into_iter().flatten() {
         let mut on_progress = |sent: u64| {
             reporter.report(Progress::Bytes {
                 stage: Stage::Transfer,
@@ -357,7 +360,8 @@ pub(super) fn installable<'r>(
     };
     let Some(release) = release else {
         return Err(unavailable(format!(
-            "pi-host {wanted} is not on the remote and no release directory was given (pass --release-dir; deploy/release.sh makes one)"
+            "pi-host {wanted} is not on the remote and no release of it was found (looked in {}); make a desktop distribution with deploy/dist.sh, or pass --release-dir DIR (deploy/release.sh --out DIR makes one)",
+            release::searched()
         )));
     };
     let artifact = supported(probe, release)?;

@@ -515,7 +515,7 @@ async fn plan_agent(
         }
         agent::AgentWork::Install(install) => install,
     };
-    let bundle = match agent::source(probe, &install.version, npm_failed)? {
+    let bundle = match agent::source(probe, &install.version, npm_failed, bundle::is_cached)? {
         agent::Source::Npm => {
             reporter.report(Progress::Note {
                 stage: Stage::Agent,
@@ -540,8 +540,9 @@ async fn plan_agent(
     Ok((Some(install), bundle))
 }
 
-/// The resolve stage: the SSH destination from the ssh config, the release (if a directory was
-/// given) and the version wanted: the release's, else this build's.
+/// The resolve stage: the SSH destination from the ssh config, the release (the directory
+/// given, else one of this version found beside pi-remote, [`release::search_path`]) and the
+/// version wanted: the release's, else this build's.
 fn resolve_stage(
     options: &BootstrapOptions,
     reporter: &dyn Reporter,
@@ -553,13 +554,17 @@ fn resolve_stage(
         Some(dir) => {
             Some(Release::load(dir).map_err(|e| stage_failed(Stage::Resolve, e, json!({})))?)
         }
-        None => None,
+        None => release::discover(env!("CARGO_PKG_VERSION")),
     };
     let wanted = release.as_ref().map_or_else(
         || env!("CARGO_PKG_VERSION").to_string(),
         |r| r.manifest.version.clone(),
     );
-    clock.done(Some(destination.display()));
+    let from = match &release {
+        Some(release) => format!("; release {} in {}", wanted, release.dir.display()),
+        None => String::new(),
+    };
+    clock.done(Some(format!("{}{from}", destination.display())));
     Ok((destination, release, wanted))
 }
 

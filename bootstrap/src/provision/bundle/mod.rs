@@ -157,6 +157,12 @@ pub async fn ensure(
     Ok(bundle)
 }
 
+/// Whether the bundle for `spec` of the pinned pi is in the cache (with its record).
+pub fn is_cached(spec: BundleSpec) -> bool {
+    let path = cache_dir().join("agent").join(spec.file_name(PI_VERSION));
+    record::read(&path).is_some()
+}
+
 /// What a bundle is, in the words of the bundle stage's last line.
 fn describe(bundle: &Bundle) -> String {
     let node = match bundle.node {
