@@ -1588,6 +1588,13 @@ impl World {
         .unwrap();
     }
 
+    /// `connect --once` keeping agent bundles in `cache` (not the tests' shared one).
+    fn once_with_bundles(&self, release: &Path, cache: &Path) -> tokio::process::Command {
+        let mut command = self.command(release, &["--once"]);
+        command.env("PI_REMOTE_CACHE_DIR", cache);
+        command
+    }
+
     /// The remote user's home (a [`World::plain`] remote).
     fn home(&self) -> PathBuf {
         self.root().parent().unwrap().to_path_buf()
@@ -1665,6 +1672,11 @@ struct AgentWorld {
     stub: tests::pi::Stub,
     release: PathBuf,
     _stand_ins: tempfile::TempDir,
+}
+
+/// A remote with Node and an npm that installs pi offline from this machine's npm cache.
+async fn npm_world() -> AgentWorld {
+    agent_world(&format!("cache={}\noffline=true\n", npm_cache()), &[]).await
 }
 
 async fn agent_world(npmrc: &str, stand_ins: &[(&str, &str)]) -> AgentWorld {
@@ -1753,19 +1765,20 @@ impl World {
 /// as they were.
 #[tokio::test]
 async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
-    let npmrc = format!("cache={}\noffline=true\n", npm_cache());
     let AgentWorld {
         world,
         stub,
         release,
         _stand_ins,
-    } = agent_world(&npmrc, &[]).await;
+    } = npm_world().await;
 
     // No bundle made here before: the remote's npm installs pi.
     let no_bundles = tempfile::tempdir().unwrap();
-    let mut command = world.command(&release, &["--once"]);
-    command.env("PI_REMOTE_CACHE_DIR", no_bundles.path());
-    let cold = run_within(command, NPM_PATIENCE).await;
+    let cold = run_within(
+        world.once_with_bundles(&release, no_bundles.path()),
+        NPM_PATIENCE,
+    )
+    .await;
     let ready = cold.assert_ok().clone();
     assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
     assert_eq!(cold.status("bundle"), None, "{cold:#?}");
@@ -1831,9 +1844,11 @@ async fn a_remote_whose_npm_cannot_reach_a_registry_gets_a_bundle_and_runs_a_tur
     } = agent_world("offline=true\ncache=${HOME}/.npm-empty\n", &[]).await;
     // No bundle made here before, so the remote's npm is tried first.
     let no_bundles = tempfile::tempdir().unwrap();
-    let mut command = world.command(&release, &["--once"]);
-    command.env("PI_REMOTE_CACHE_DIR", no_bundles.path());
-    let cold = run_within(command, NPM_PATIENCE).await;
+    let cold = run_within(
+        world.once_with_bundles(&release, no_bundles.path()),
+        NPM_PATIENCE,
+    )
+    .await;
     let ready = cold.assert_ok().clone();
     // The failed npm attempt and the switch to a bundle are said, not silent.
     let notes = cold.notes("agent");
@@ -1875,9 +1890,11 @@ async fn a_remote_without_a_node_pi_runs_on_gets_node_in_the_bundle_and_runs_a_t
     .await;
     // A bundle made now, so its stage says what it fetches.
     let no_bundles = tempfile::tempdir().unwrap();
-    let mut command = world.command(&release, &["--once"]);
-    command.env("PI_REMOTE_CACHE_DIR", no_bundles.path());
-    let cold = run_within(command, NPM_PATIENCE).await;
+    let cold = run_within(
+        world.once_with_bundles(&release, no_bundles.path()),
+        NPM_PATIENCE,
+    )
+    .await;
     let ready = cold.assert_ok().clone();
     assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
     assert_parts_are_named(&cold, true);
@@ -1910,13 +1927,12 @@ async fn a_remote_without_a_node_pi_runs_on_gets_node_in_the_bundle_and_runs_a_t
 /// reaches the model.
 #[tokio::test]
 async fn a_bundle_made_earlier_goes_up_instead_of_the_remote_s_npm_install() {
-    let npmrc = format!("cache={}\noffline=true\n", npm_cache());
     let AgentWorld {
         world,
         stub,
         release,
         _stand_ins,
-    } = agent_world(&npmrc, &[]).await;
+    } = npm_world().await;
     let cache = tempfile::tempdir().unwrap();
     let made = std::process::Command::new(pi_remote())
         .args(["--json", "bundle", "--arch", std::env::consts::ARCH])
@@ -1925,9 +1941,11 @@ async fn a_bundle_made_earlier_goes_up_instead_of_the_remote_s_npm_install() {
         .output()
         .unwrap();
     assert!(made.status.success(), "{made:?}");
-    let mut command = world.command(&release, &["--once"]);
-    command.env("PI_REMOTE_CACHE_DIR", cache.path());
-    let cold = run_within(command, NPM_PATIENCE).await;
+    let cold = run_within(
+        world.once_with_bundles(&release, cache.path()),
+        NPM_PATIENCE,
+    )
+    .await;
     let ready = cold.assert_ok().clone();
     assert_eq!(cold.status("bundle"), Some("skipped"), "{cold:#?}");
     assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");

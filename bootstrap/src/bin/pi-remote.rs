@@ -320,7 +320,9 @@ struct ConnectCommand {
     /// `[user@]host[:port]`, or a Host alias from the ssh config.
     target: String,
     /// The release directory made by deploy/release.sh (manifest.json, tarballs, install.sh);
-    /// needed to install or upgrade.
+    /// needed to install or upgrade [default: the release of this version beside pi-remote,
+    /// PREFIX/share/pi-remote/release as deploy/dist.sh lays it out, else
+    /// ~/.local/share/pi-remote/release].
     #[arg(long, env = "PI_REMOTE_RELEASE_DIR")]
     release_dir: Option<std::path::PathBuf>,
     /// The install root on the remote: yours, and writable by no one else (else it is refused,
