@@ -62,11 +62,7 @@ fn two_bundles_made_apart_from_the_same_inputs_are_byte_identical() {
         );
     }
     // pi's own docs ship: pi reads them at run time.
-    assert!(
-        names
-            .iter()
-            .any(|n| *n == "lib/node_modules/@mariozechner/pi-coding-agent/README.md")
-    );
+    assert!(names.contains(&"lib/node_modules/@mariozechner/pi-coding-agent/README.md"));
     let koffi: Vec<&&str> = names
         .iter()
         .filter(|n| n.contains("/koffi/build/koffi/") && n.ends_with(".node"))
