@@ -128,6 +128,7 @@ pub mod commands;
 pub mod out;
 pub mod pairing;
 pub mod profile;
+pub mod remotes;
 pub mod view;
 
 use racp_proto::{AppError, ErrorCode};
