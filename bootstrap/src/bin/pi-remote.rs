@@ -10,8 +10,8 @@ use bootstrap::remote::commands::models::{
     parse_model, parse_permission_mode, parse_queue_mode, parse_thinking,
 };
 use bootstrap::remote::commands::{
-    Reach, attach, background, devices, files, history, hosts, lifecycle, models, open_profile,
-    pair, sessions, shell, status, turns,
+    Reach, attach, background, devices, doctor, files, history, hosts, lifecycle, models,
+    open_profile, pair, remote_admin, sessions, shell, status, turns,
 };
 use bootstrap::remote::out::Out;
 use bootstrap::remote::pairing::PairingHints;
@@ -41,6 +41,9 @@ Exit codes:
   5  prompt --wait: the turn ended aborted or failed
   6  connect: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
      HOST_VERSION_MISMATCH; details.reason names the stage)
+  7  doctor: a check found a problem or a warning (each line says what to do)
+  connect --background with one already running for the profile, disconnect with none
+  running: 0 (each says so); uninstall without a terminal and without --yes: 64
   64 bad usage (unknown command or option, missing or malformed argument; a gateway
      profile's session, turn, approval or model command without a host: see `hosts`;
      --host with a profile of a single host)";
@@ -88,6 +91,40 @@ enum Command {
     /// List the profiles: remote, background forward, whether the host answers, its pi-host,
     /// agent and sandbox, and when it was last reached.
     Remotes,
+    /// Print the remote host's log (over SSH; a `connect` profile), or with --local the
+    /// profile's background connect's log.
+    Logs {
+        /// The profile [default: --profile's].
+        #[arg(value_name = "PROFILE", value_parser = parse_profile_name)]
+        name: Option<String>,
+        /// Keep printing what is appended, until Ctrl-C.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// The local background log ($PI_REMOTE_CONFIG_DIR/run/PROFILE.log) instead.
+        #[arg(long)]
+        local: bool,
+        /// How many of the last lines to print first.
+        #[arg(long, short = 'n', default_value_t = 100)]
+        lines: u32,
+    },
+    /// Stop pi-host on a `connect` profile's remote and remove what connect installed (the
+    /// install root's pi-host, data and agent, connect's config lines; your own files stay),
+    /// then the profile. Asks first.
+    Uninstall {
+        #[arg(value_name = "PROFILE", value_parser = parse_profile_name)]
+        name: String,
+        /// Do not ask (needed without a terminal).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Check a `connect` profile's remote step by step (SSH, host key, pi-host and its version,
+    /// TLS pin, clock, disk, forward, agent), one line each with what to do; exit 7 on any
+    /// problem or warning.
+    Doctor {
+        /// The profile [default: --profile's].
+        #[arg(value_name = "PROFILE", value_parser = parse_profile_name)]
+        name: Option<String>,
+    },
     /// Pair this machine with a host and store the device credential in a profile.
     Pair {
         /// racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN (from `pi-host pair` or `pi-gateway
@@ -522,7 +559,10 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
         | Command::Bundle { .. }
         | Command::Disconnect { .. }
         | Command::Use { .. }
-        | Command::Remotes => Ok(()),
+        | Command::Remotes
+        | Command::Logs { .. }
+        | Command::Uninstall { .. }
+        | Command::Doctor { .. } => Ok(()),
         Command::Sessions => sessions::list(out, &client).await,
         Command::New {
             workspace,
@@ -680,6 +720,21 @@ async fn lifecycle_command(
         Command::Remotes => lifecycle::remotes(out, profile).await?,
         Command::Disconnect { name } => {
             background::disconnect(out, name.as_deref().unwrap_or(profile)).await?;
+        }
+        Command::Logs {
+            name,
+            follow,
+            local,
+            lines,
+        } => {
+            let name = name.as_deref().unwrap_or(profile);
+            remote_admin::logs(out, name, follow, local, lines).await?;
+        }
+        Command::Uninstall { name, yes } => remote_admin::uninstall(out, &name, yes).await?,
+        Command::Doctor { name } => {
+            if !doctor::doctor(out, name.as_deref().unwrap_or(profile)).await? {
+                return Err(Failure::Checks("some checks need attention (above)".into()));
+            }
         }
         command => return Ok(Some(command)),
     }

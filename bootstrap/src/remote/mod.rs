@@ -151,6 +151,8 @@ pub enum Exit {
     /// `connect`: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
     /// HOST_VERSION_MISMATCH).
     Bootstrap = 6,
+    /// `doctor`: a check found a problem or a warning (each is printed with what to do).
+    Doctor = 7,
     /// Bad usage: an unknown command or option, a missing or malformed argument (`EX_USAGE`,
     /// the same in pi-host and pi-gateway).
     Usage = racp_proto::EXIT_USAGE as isize,
@@ -177,6 +179,8 @@ pub enum Failure {
     /// The command line cannot work as given (a gateway call without a host, `--host` for a
     /// profile of a single host): exit 64, with what to give instead.
     Usage(String),
+    /// `doctor` found something to mend (the checks are printed): exit 7.
+    Checks(String),
 }
 
 impl From<AppError> for Failure {
@@ -197,15 +201,17 @@ impl Failure {
             Failure::Turn(_) => Exit::TurnNotCompleted,
             Failure::PairAgain(_) => Exit::Auth,
             Failure::Usage(_) => Exit::Usage,
+            Failure::Checks(_) => Exit::Doctor,
         }
     }
 
     /// The line printed on stderr.
     pub fn describe(&self) -> String {
         match self {
-            Failure::Local(message) | Failure::PairAgain(message) | Failure::Usage(message) => {
-                format!("pi-remote: {message}")
-            }
+            Failure::Local(message)
+            | Failure::PairAgain(message)
+            | Failure::Usage(message)
+            | Failure::Checks(message) => format!("pi-remote: {message}"),
             Failure::Turn(outcome) => format!("pi-remote: the turn ended {outcome}"),
             Failure::App(error) => {
                 let hint = match exit_for(error.code()) {
