@@ -747,11 +747,23 @@ async fn connect(command: ConnectCommand, profile: String, json: bool) -> Result
         return background::launch(&Out::new(json), &profile).await;
     }
     let background = command.background || background::is_child();
+    let once = command.once;
     let mut args = connect_args(command, profile.clone(), json);
-    if !background {
+    let dir = profile::config_dir().map_err(Failure::Local)?;
+    if once {
         return connect::run(args).await;
     }
-    let dir = profile::config_dir().map_err(Failure::Local)?;
+    if !background {
+        // One forward per profile, in the foreground or the background.
+        let _held = background::take_lock(&dir, &profile)
+            .map_err(Failure::Local)?
+            .map_err(|pid| {
+                Failure::local(format!(
+                    "a connect of {profile:?} already runs (pid {pid}) and keeps its forward up:                      use the profile as it is, or `pi-remote disconnect {profile}` first"
+                ))
+            })?;
+        return connect::run(args).await;
+    }
     let Some(_held) = background::child_start(&dir, &profile)? else {
         return Ok(());
     };

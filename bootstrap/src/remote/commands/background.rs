@@ -12,7 +12,9 @@
 //! the connected line (or the failure) and returns the terminal. Reconnections and later
 //! failures are in the log.
 //!
-//! `disconnect` sends SIGTERM to the lock's holder and waits (bounded) for the lock to be free.
+//! A foreground `connect` (without `--once`) takes the same lock, so a profile has one forward
+//! either way. `disconnect` sends SIGTERM to the lock's holder and waits (bounded) for the lock
+//! to be free.
 
 use crate::provision::stage::{Progress, Reporter};
 use crate::remote::Failure;
@@ -306,7 +308,7 @@ fn already_running(out: &Out, dir: &Path, name: &str, pid: u32) -> Result<(), Fa
         }));
     } else {
         out.note(&format!(
-            "a background connect of {name:?} already runs (pid {pid}, {url}); `pi-remote disconnect {name}` stops it"
+            "a connect of {name:?} already runs (pid {pid}, {url}); `pi-remote disconnect {name}` stops it"
         ));
     }
     Ok(())

@@ -318,7 +318,7 @@ async fn forward_checks(name: &str, stored: &Profile) -> Vec<Check> {
     let agent = match reached {
         Ok(Ok(info)) => match (info.agent.version, info.agent.problem) {
             (_, Some(problem)) => check("agent", Level::Problem, printable(&problem, false)),
-            (Some(version), None) => check("agent", Level::Ok, format!("{version}")),
+            (Some(version), None) => check("agent", Level::Ok, version),
             (None, None) => check("agent", Level::Ok, "ready (it reports no version)"),
         },
         Ok(Err(failure)) => check(
