@@ -5,11 +5,13 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use serde_json::Value;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 use tests::sshd::{SshServer, SshdOptions};
 use tests::{PATIENCE, pi_host_binary, stand_in_agent, workspace_binary};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 fn pi_remote() -> PathBuf {
     let this_test = std::env::current_exe().unwrap();
@@ -219,6 +221,15 @@ async fn a_background_forward_serves_commands_until_disconnect_and_a_second_one_
     assert_eq!(said.last().unwrap()["type"], "running", "{}", text(&second));
     assert_eq!(said.last().unwrap()["pid"], pid);
 
+    // A foreground connect of the profile would be a second forward: refused, before SSH.
+    let foreground = run(world.pi_remote(&["connect", "box"])).await;
+    assert_eq!(foreground.status.code(), Some(1), "{}", text(&foreground));
+    assert!(
+        String::from_utf8_lossy(&foreground.stderr).contains(&format!("already runs (pid {pid})")),
+        "{}",
+        text(&foreground)
+    );
+
     // remotes: the forward runs, the host answers, seen now; the log has the child's start.
     let remotes = ok_json(&world, &["--json", "remotes"]).await;
     let row = &remotes["remotes"][0];
@@ -275,6 +286,31 @@ async fn logs_doctor_and_uninstall_on_one_remote() {
         text(&logs)
     );
 
+    // -f follows: a line the host's log gets later arrives too.
+    let mut follow = world
+        .pi_remote(&["logs", "-f", "-n", "1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(PATIENCE, lines.next_line())
+        .await
+        .unwrap();
+    assert_eq!(first.unwrap().as_deref(), Some(last.as_str()));
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(world.root.path().join("host.log"))
+        .unwrap();
+    writeln!(log, "a line appended by the test").unwrap();
+    let next = tokio::time::timeout(PATIENCE, lines.next_line())
+        .await
+        .unwrap();
+    assert_eq!(
+        next.unwrap().as_deref(),
+        Some("a line appended by the test")
+    );
+    follow.kill().await.unwrap();
+
     // A good remote: every check ok.
     let good = run(world.pi_remote(&["doctor"])).await;
     assert_eq!(good.status.code(), Some(0), "{}", text(&good));
@@ -311,6 +347,13 @@ async fn logs_doctor_and_uninstall_on_one_remote() {
     // uninstall: asks (refuses without a terminal), then removes what connect installed and
     // keeps the user's files.
     std::fs::write(world.root.path().join("notes.txt"), "mine").unwrap();
+    let config = world.root.path().join("config.toml");
+    let users = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{users}# a line # written by pi-remote connect\n"),
+    )
+    .unwrap();
     let refused = run(world.pi_remote(&["uninstall", "default"])).await;
     assert_eq!(refused.status.code(), Some(64), "{}", text(&refused));
     assert!(world.root.path().join("current").exists());
@@ -327,7 +370,8 @@ async fn logs_doctor_and_uninstall_on_one_remote() {
     // The stopped host took its state file with it.
     assert!(!world.root.path().join("state.json").exists());
     assert!(world.root.path().join("notes.txt").exists());
-    assert!(world.root.path().join("config.toml").exists());
+    // The user's lines stay, connect's go.
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), users);
     assert!(
         said.contains(&format!("kept {}", world.root.path().display())),
         "{said}"
