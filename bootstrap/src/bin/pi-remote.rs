@@ -767,9 +767,8 @@ async fn connect(command: ConnectCommand, profile: String, json: bool) -> Result
     let Some(_held) = background::child_start(&dir, &profile)? else {
         return Ok(());
     };
-    args.reporter = Some(Arc::new(background::ChildReporter::new(remotes::log_file(
-        &dir, &profile,
-    ))));
+    let log = remotes::log_file(&dir, &profile);
+    args.reporter = Some(Arc::new(background::ChildReporter::new(log, &profile)));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Failure::local(format!("cannot handle SIGTERM: {e}")))?;
     tokio::select! {

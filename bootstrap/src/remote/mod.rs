@@ -143,8 +143,10 @@
 //! profile: `flock` on `run/<profile>.lock`, its output in `run/<profile>.log`, 0600), and
 //! returns once that one is ready (the same connected line, or `--json` `ready` event with a
 //! `background: {pid, log}` member) or has failed; no secret is in the child's arguments, and it
-//! needs the host key known and keys usable without a terminal. `disconnect` stops it (SIGTERM,
-//! then up to 10 s for the lock). `remotes` asks each profile's host for `host/info` within 3 s;
+//! needs the host key known and keys usable without a terminal. A foreground `connect` (not
+//! `--once`) takes the same lock, so a profile has one forward either way (a second is refused,
+//! exit 1, naming the pid). `disconnect` stops whichever holds it (SIGTERM, then up to 10 s for
+//! the lock). `remotes` asks each profile's host for `host/info` within 3 s;
 //! `last seen` is when a command last reached the host (`seen/<profile>`). `logs`, `doctor` and
 //! `uninstall` go over SSH again with what `connect` was given (stored in the profile's `ssh`).
 

@@ -95,17 +95,25 @@ pub fn take_lock(dir: &Path, name: &str) -> Result<Result<Held, u32>, String> {
 /// failed, then (stdout moved to the log) into the log.
 pub struct ChildReporter {
     log: PathBuf,
+    profile: String,
 }
 
 impl ChildReporter {
-    pub fn new(log: PathBuf) -> ChildReporter {
-        ChildReporter { log }
+    pub fn new(log: PathBuf, profile: &str) -> ChildReporter {
+        ChildReporter {
+            log,
+            profile: profile.to_string(),
+        }
     }
 }
 
 impl Reporter for ChildReporter {
     fn report(&self, progress: Progress) {
         let last = matches!(progress, Progress::Ready(_) | Progress::Failed(_));
+        if let Progress::Reconnected { .. } = progress {
+            // The host answered again: `remotes` shows it as seen.
+            remotes::touch_seen(&self.profile);
+        }
         let line = progress.to_json();
         {
             let mut out = std::io::stdout().lock();

@@ -36,7 +36,7 @@ struct Row {
     name: String,
     default: bool,
     remote: String,
-    /// The background forward's pid (SSH profiles only).
+    /// The pid of the connect holding the forward (SSH profiles only).
     forward: Option<Option<u32>>,
     info: Result<HostInfoResult, String>,
     last_seen: Option<u64>,
@@ -154,7 +154,8 @@ fn print_table(out: &Out, rows: &[Row]) {
             format!("{}{}", row.name, if row.default { " *" } else { "" }),
             row.remote.clone(),
             match row.forward {
-                Some(Some(pid)) => format!("background (pid {pid})"),
+                // A foreground connect takes the same lock.
+                Some(Some(pid)) => format!("up (pid {pid})"),
                 Some(None) => "down".into(),
                 None => "-".into(),
             },
