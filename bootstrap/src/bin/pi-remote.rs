@@ -759,7 +759,7 @@ async fn connect(command: ConnectCommand, profile: String, json: bool) -> Result
             .map_err(Failure::Local)?
             .map_err(|pid| {
                 Failure::local(format!(
-                    "a connect of {profile:?} already runs (pid {pid}) and keeps its forward up:                      use the profile as it is, or `pi-remote disconnect {profile}` first"
+                    "a connect of {profile:?} already runs (pid {pid}) and keeps its forward up: use the profile as it is, or `pi-remote disconnect {profile}` first"
                 ))
             })?;
         return connect::run(args).await;
