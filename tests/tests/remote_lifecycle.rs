@@ -326,6 +326,22 @@ async fn logs_doctor_and_uninstall_on_one_remote() {
         );
     }
 
+    // A profile that pins another certificate: the pin check names it.
+    let path = world.local_config.path().join("profiles/default.json");
+    let good_profile = std::fs::read_to_string(&path).unwrap();
+    let mut wrong: Value = serde_json::from_str(&good_profile).unwrap();
+    wrong["certSha256"] = "00".repeat(32).into();
+    std::fs::write(&path, wrong.to_string()).unwrap();
+    let pinned = run(world.pi_remote(&["doctor"])).await;
+    assert_eq!(pinned.status.code(), Some(7), "{}", text(&pinned));
+    let said = String::from_utf8_lossy(&pinned.stdout).into_owned();
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("problem") && l.contains("tls pin")),
+        "{said}"
+    );
+    std::fs::write(&path, good_profile).unwrap();
+
     // A broken one: the host stopped (and no forward to restart it).
     run(world.pi_remote(&["disconnect"])).await;
     world.stop_host();

@@ -279,42 +279,54 @@ pub fn disk_level(remote_dir: &str, free: u64) -> Check {
     }
 }
 
-/// The local forward (background connect, port answering) and, through it, the host's agent.
+/// The local forward (a connect holding it, its port accepting) and, through it, the host
+/// (pinned TLS, the device credential) and its agent.
 async fn forward_checks(name: &str, stored: &Profile) -> Vec<Check> {
     let dir = profile::config_dir().ok();
-    let running = dir.as_ref().and_then(|d| background::running(d, name));
+    let holder = dir.as_ref().and_then(|d| background::running(d, name));
     let origin = stored.ssh.as_ref().map_or("", |o| o.target.as_str());
-    let start = format!("`pi-remote --profile {name} connect {origin} --background` keeps it up");
+    let accepts = match port_of(&stored.url) {
+        Some(port) => tokio::time::timeout(
+            HOST_DEADLINE,
+            tokio::net::TcpStream::connect(("127.0.0.1", port)),
+        )
+        .await
+        .is_ok_and(|c| c.is_ok()),
+        None => false,
+    };
+    let forward = match (holder, accepts) {
+        (Some(pid), true) => check(
+            "forward",
+            Level::Ok,
+            format!("connect (pid {pid}) holds {}", stored.url),
+        ),
+        (Some(pid), false) => check(
+            "forward",
+            Level::Problem,
+            format!(
+                "connect (pid {pid}) runs but nothing accepts at {}; `pi-remote logs {name} --local` shows why",
+                stored.url
+            ),
+        ),
+        (None, _) => check(
+            "forward",
+            Level::Problem,
+            format!(
+                "down: no connect of {name:?} runs; `pi-remote --profile {name} connect {origin} --background` keeps it up"
+            ),
+        ),
+    };
+    if !accepts {
+        return vec![
+            forward,
+            check("agent", Level::Warn, "not checked: no forward"),
+        ];
+    }
     let reached = tokio::time::timeout(HOST_DEADLINE, async {
         let client = connect_profile(name, stored, &stored.url).await?;
         Ok::<_, Failure>(call_resending::<calls::HostInfo>(&client, Empty {}).await?)
     })
     .await;
-    let forward = match (&reached, running) {
-        (Ok(Ok(_)), Some(pid)) => check(
-            "forward",
-            Level::Ok,
-            format!("background connect (pid {pid}), {} answers", stored.url),
-        ),
-        (Ok(Ok(_)), None) => check(
-            "forward",
-            Level::Ok,
-            format!("{} answers (a foreground connect holds it)", stored.url),
-        ),
-        (_, Some(pid)) => check(
-            "forward",
-            Level::Problem,
-            format!(
-                "the background connect (pid {pid}) runs but the host does not answer at {}; `pi-remote logs {name} --local` shows why",
-                stored.url
-            ),
-        ),
-        (_, None) => check(
-            "forward",
-            Level::Problem,
-            format!("down: nothing forwards {}; {start}", stored.url),
-        ),
-    };
     let agent = match reached {
         Ok(Ok(info)) => match (info.agent.version, info.agent.problem) {
             (_, Some(problem)) => check("agent", Level::Problem, printable(&problem, false)),
@@ -323,16 +335,25 @@ async fn forward_checks(name: &str, stored: &Profile) -> Vec<Check> {
         },
         Ok(Err(failure)) => check(
             "agent",
-            Level::Warn,
-            format!("not checked: {}", failure.describe()),
+            Level::Problem,
+            format!("the host did not answer: {}", failure.describe()),
         ),
         Err(_) => check(
             "agent",
-            Level::Warn,
-            "not checked: the host did not answer in time",
+            Level::Problem,
+            "the host did not answer within 5 s",
         ),
     };
     vec![forward, agent]
+}
+
+/// The port of a `connect` profile's `wss://127.0.0.1:PORT/racp`.
+fn port_of(url: &str) -> Option<u16> {
+    url.strip_prefix("wss://127.0.0.1:")?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn print(out: &Out, name: &str, checks: &[Check]) {
