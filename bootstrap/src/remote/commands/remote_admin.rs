@@ -204,7 +204,10 @@ if [ ! -d "$R" ]; then echo "absent $R"; exit 0; fi
 R=$(cd "$R" && pwd -P) || exit 1
 if [ -f "$R/install.sh" ]; then sh "$R/install.sh" stop --root "$R" >/dev/null 2>&1 || echo "warning: install.sh stop failed" >&2; fi
 unit="${{XDG_CONFIG_HOME:-${{HOME:-/nonexistent}}/.config}}/systemd/user/pi-host-$(printf '%s' "$R" | cksum | cut -d' ' -f1).service"
-if [ -f "$unit" ]; then rm -f "$unit" && echo "removed $unit"; fi
+if [ -f "$unit" ]; then
+    rm -f "$unit" && echo "removed $unit"
+    systemctl --user daemon-reload >/dev/null 2>&1 || true
+fi
 for item in {items}; do
     if [ -e "$R/$item" ] || [ -L "$R/$item" ]; then rm -rf "$R/$item" && echo "removed $R/$item"; fi
 done
