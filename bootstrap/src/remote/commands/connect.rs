@@ -3,7 +3,8 @@
 //!
 //! Progress goes to stderr as a progress display, or with `--json` to stdout as one JSON line
 //! per event: `{"type":"stage","stage","status":"started"|"done"|"skipped",...}`,
-//! `{"type":"progress","stage":"transfer","bytes","total"}`, `{"type":"ready","url",...}`,
+//! `{"type":"progress","stage":"bundle"|"transfer","bytes","total"}`,
+//! `{"type":"note","stage","text"}`, `{"type":"ready","url",...}`,
 //! `{"type":"reconnecting",...}`, `{"type":"reconnected",...}`, `{"type":"error","error"}`.
 
 use crate::provision::stage::{Progress, Reporter, Stage};
@@ -118,6 +119,20 @@ impl Display {
         }
     }
 
+    /// A line above the spinner, which keeps spinning below it.
+    fn note(&self, text: &str) {
+        let line = format!("    {}", printable(text, false));
+        match self
+            .bar
+            .lock()
+            .ok()
+            .and_then(|slot| slot.as_ref().map(|(_, bar)| bar.clone()))
+        {
+            Some(bar) if !bar.is_hidden() => bar.println(line),
+            _ => eprintln!("{line}"),
+        }
+    }
+
     /// The spinner becomes a byte bar: `sent` of `total`.
     fn transferred(&self, sent: u64, total: u64) {
         if let Ok(slot) = self.bar.lock()
@@ -147,7 +162,8 @@ impl Reporter for Display {
     fn report(&self, progress: Progress) {
         match progress {
             Progress::Started(stage) => self.spin(stage),
-            Progress::Transfer { sent, total } => self.transferred(sent, total),
+            Progress::Bytes { done, total, .. } => self.transferred(done, total),
+            Progress::Note { text, .. } => self.note(&text),
             Progress::Done { stage, ms, note } => {
                 self.finish();
                 let note = note
@@ -161,6 +177,7 @@ impl Reporter for Display {
             Progress::Ready(summary) => {
                 self.finish();
                 print_ready(&summary);
+                print_placed(&summary);
             }
             Progress::Reconnecting {
                 attempt,
@@ -201,6 +218,42 @@ fn print_ready(summary: &serde_json::Value) {
             "  ! the host's agent is {state}: {}",
             printable(agent["problem"].as_str().unwrap_or("?"), false)
         );
+    }
+}
+
+/// What is where on the remote: pi-host, its data and config, the agent and its Node.
+fn print_placed(summary: &serde_json::Value) {
+    let placed = &summary["where"];
+    let text =
+        |value: &serde_json::Value| printable(value.as_str().unwrap_or("?"), false).into_owned();
+    eprintln!(
+        "  pi-host {}: {} (data {}, config {})",
+        text(&summary["hostVersion"]),
+        text(&placed["hostBinary"]),
+        text(&placed["dataDir"]),
+        text(&placed["config"]),
+    );
+    let agent = &summary["agent"];
+    if let Some(path) = agent["path"].as_str() {
+        let node = match (
+            agent["runtime"]["version"].as_str(),
+            agent["runtime"]["path"].as_str(),
+        ) {
+            (Some(version), Some(node)) => format!(
+                " with Node {} at {}",
+                printable(version, false),
+                printable(node, false)
+            ),
+            _ => String::new(),
+        };
+        eprintln!(
+            "  agent: pi {} at {}{node}",
+            text(&agent["version"]),
+            printable(path, false)
+        );
+    }
+    if let Some(line) = placed["configLine"].as_str() {
+        eprintln!("  config line: {}", printable(line, false));
     }
 }
 
