@@ -18,7 +18,8 @@
 //!     nats-server (tests/src/nats.rs, TLS with its own CA), `HOST_ID`/`NKEY` what
 //!     `pi-host gateway-key` printed, `GATEWAY_KEY[,KEY…]` what `pi-gateway key` printed, an
 //!     optional `[--flag file.pem]` the test's file. Servers (`serve`, `connect` without
-//!     `--once`, `attach`) run in the background until they are ready; ports are the OS's
+//!     `--once` or `--background`, `attach`) run in the background until they are ready (a
+//!     `connect --background` returns once its forward is up); ports are the OS's
 //!     (`--listen` to port 0 on loopback). Every other command must exit 0.
 //!   - anything else (another program, a placeholder left unfilled) fails the test.
 //! - A ```js block must be one of [`COVERED_BLOCKS`] (the TypeScript quickstart, which
@@ -206,6 +207,32 @@ struct World {
 struct Background {
     what: String,
     child: Child,
+}
+
+impl Drop for World {
+    /// A `connect --background` the walkthrough started is a daemon: stopped here if a failed
+    /// command left it running.
+    fn drop(&mut self) {
+        let run = self.home().join(".config/pi-remote/run");
+        let Ok(entries) = std::fs::read_dir(run) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(profile) = name.strip_suffix(".lock") {
+                let _ = std::process::Command::new(tests::workspace_binary(
+                    "bootstrap",
+                    "pi-remote",
+                    None,
+                ))
+                .args(["disconnect", profile])
+                .env("HOME", self.home())
+                .env("XDG_CONFIG_HOME", self.home().join(".config"))
+                .env_remove("PI_REMOTE_CONFIG_DIR")
+                .output();
+            }
+        }
+    }
 }
 
 impl World {
@@ -444,7 +471,8 @@ impl World {
         }
         let stays = serves
             || subcommand == "attach"
-            || (subcommand == "connect" && !args.iter().any(|a| a == "--once"));
+            || (subcommand == "connect"
+                && !args.iter().any(|a| a == "--once" || a == "--background"));
         let mut command = self.command(&binary, &args);
         if stays {
             self.start_background(file, at, line, command, &subcommand, &args)

@@ -11,6 +11,7 @@ use crate::provision::stage::{Progress, Reporter, Stage};
 use crate::provision::{self, BootstrapOptions, PairedDevice};
 use crate::remote::Failure;
 use crate::remote::profile::{self, Profile, SshOrigin};
+use crate::remote::remotes;
 use crate::ssh::PassphrasePrompt;
 use crate::ssh::host_key::{HostKeyPolicy, UnknownHost};
 use crate::ssh::prompt;
@@ -265,18 +266,22 @@ pub struct ConnectArgs {
     pub json: bool,
     /// The progress display without `--json` (the SSH questions suspend it).
     pub display: Arc<Display>,
+    /// Where progress goes instead of the display or JSON lines, when set.
+    pub reporter: Option<Arc<dyn Reporter>>,
 }
 
 pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     let dir = profile::config_dir().map_err(Failure::Local)?;
     let target = args.options.target.clone();
     let reused = reuse_credential(&dir, &mut args)?;
-    let reporter: Arc<dyn Reporter> = if args.json {
-        Arc::new(JsonLines)
-    } else {
-        args.display.clone()
+    let reporter: Arc<dyn Reporter> = match args.reporter.take() {
+        // `--background`'s child (background.rs).
+        Some(reporter) => reporter,
+        None if args.json => Arc::new(JsonLines),
+        None => args.display.clone(),
     };
     let remote_dir = args.options.remote_dir.clone();
+    let resolve = args.options.resolve.clone();
     let mut device_name = args.options.device_name.clone();
     let connection = match provision::connect(args.options, reporter.clone()).await {
         Ok(connection) => connection,
@@ -303,11 +308,19 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
             target,
             remote_dir,
             host_id: connection.host_id.clone(),
+            ssh_config: resolve.config_file.map(remotes::absolute),
+            known_hosts: resolve.known_hosts.map(remotes::absolute),
+            identities: resolve
+                .identity_files
+                .into_iter()
+                .map(remotes::absolute)
+                .collect(),
         }),
         gateway: false,
         host: None,
     };
     profile::save(&dir, &args.profile, &saved).map_err(Failure::Local)?;
+    crate::remote::remotes::touch_seen(&args.profile);
     let mut summary = connection.summary.clone();
     summary["profile"] = args.profile.clone().into();
     reporter.report(Progress::Ready(summary));
