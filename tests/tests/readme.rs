@@ -18,7 +18,8 @@
 //!     nats-server (tests/src/nats.rs, TLS with its own CA), `HOST_ID`/`NKEY` what
 //!     `pi-host gateway-key` printed, `GATEWAY_KEY[,KEY…]` what `pi-gateway key` printed, an
 //!     optional `[--flag file.pem]` the test's file. Servers (`serve`, `connect` without
-//!     `--once`, `attach`) run in the background until they are ready; ports are the OS's
+//!     `--once` or `--background`, `attach`) run in the background until they are ready (a
+//!     `connect --background` returns once its forward is up); ports are the OS's
 //!     (`--listen` to port 0 on loopback). Every other command must exit 0.
 //!   - anything else (another program, a placeholder left unfilled) fails the test.
 //! - A ```js block must be one of [`COVERED_BLOCKS`] (the TypeScript quickstart, which
@@ -74,11 +75,19 @@ const COVERED: &[(&str, &str)] = &[
     ),
     (
         "deploy/release.sh --arch x86_64  --out dist",
-        "scripts/test runs it into target/release-check; tests/tests/release.rs checks the x86_64 build",
+        "scripts/test runs it (deploy/dist.sh) into target/dist-check; tests/tests/release.rs checks the x86_64 build",
     ),
     (
         "deploy/release.sh --arch aarch64 --out dist",
-        "scripts/test runs it into target/release-check; tests/tests/release.rs checks the aarch64 build and runs its host under qemu",
+        "scripts/test runs it (deploy/dist.sh) into target/dist-check; tests/tests/release.rs checks the aarch64 build and runs its host under qemu",
+    ),
+    (
+        "deploy/dist.sh --out ~/.local",
+        "scripts/test makes the distribution into target/dist-check and tests/tests/release.rs the_desktop_distribution_installs_its_own_release_with_no_release_dir connects with it; here ~/.local/share/pi-remote/release is release.sh --binary over the test build",
+    ),
+    (
+        "cargo install --locked --path bootstrap",
+        "cargo's own; the pi-remote it installs is the one this test runs (a build of bootstrap), which finds ~/.local/share/pi-remote/release",
     ),
     (
         "cargo run -p racp-proto --bin racp-codegen",
@@ -200,6 +209,32 @@ struct Background {
     child: Child,
 }
 
+impl Drop for World {
+    /// A `connect --background` the walkthrough started is a daemon: stopped here if a failed
+    /// command left it running.
+    fn drop(&mut self) {
+        let run = self.home().join(".config/pi-remote/run");
+        let Ok(entries) = std::fs::read_dir(run) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(profile) = name.strip_suffix(".lock") {
+                let _ = std::process::Command::new(tests::workspace_binary(
+                    "bootstrap",
+                    "pi-remote",
+                    None,
+                ))
+                .args(["disconnect", profile])
+                .env("HOME", self.home())
+                .env("XDG_CONFIG_HOME", self.home().join(".config"))
+                .env_remove("PI_REMOTE_CONFIG_DIR")
+                .output();
+            }
+        }
+    }
+}
+
 impl World {
     async fn new() -> World {
         let home = tempfile::tempdir().unwrap();
@@ -254,7 +289,10 @@ impl World {
             text = text.replace("user@devbox", &format!("{user}@devbox"));
         }
         if text.contains("--release-dir dist") {
-            self.release();
+            self.release(&self.home().join("dist"));
+        } else if text.contains(" connect ") {
+            // Where deploy/dist.sh --out ~/.local puts the release, which connect finds.
+            self.release(&self.home().join(".local/share/pi-remote/release"));
         }
         for name in ["SESSION", "HOST_ID", "NKEY"] {
             if words(&text).any(|w| w == name) {
@@ -336,10 +374,9 @@ impl World {
         self.sshd.as_ref().unwrap().user()
     }
 
-    /// `dist/` in the clean directory: deploy/release.sh over a stripped copy of the test build
-    /// of pi-host (a fifth of the size, so the upload stays quick).
-    fn release(&self) {
-        let dist = self.home().join("dist");
+    /// A release in `dist` (under the clean directory): deploy/release.sh over a stripped copy of
+    /// the test build of pi-host (a fifth of the size, so the upload stays quick).
+    fn release(&self, dist: &Path) {
         if dist.join("manifest.json").exists() {
             return;
         }
@@ -358,7 +395,7 @@ impl World {
             .arg("--binary")
             .arg(&binary)
             .arg("--out")
-            .arg(&dist)
+            .arg(dist)
             .output()
             .unwrap();
         assert!(
@@ -434,7 +471,8 @@ impl World {
         }
         let stays = serves
             || subcommand == "attach"
-            || (subcommand == "connect" && !args.iter().any(|a| a == "--once"));
+            || (subcommand == "connect"
+                && !args.iter().any(|a| a == "--once" || a == "--background"));
         let mut command = self.command(&binary, &args);
         if stays {
             self.start_background(file, at, line, command, &subcommand, &args)

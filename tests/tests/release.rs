@@ -6,10 +6,13 @@
 //! `hello` over wss with its certificate pinned (deploy/README.md, "aarch64"); and so is the
 //! agent bundle an aarch64 remote without Node gets: Node's aarch64 build running pi.
 //!
+//! The desktop distribution deploy/dist.sh makes (pi-remote with those releases beside it) finds
+//! its release by itself: a connect with no `--release-dir` installs it on a remote.
+//!
 //! Checking the real artifacts needs release builds with zig, minutes on CI's two cores: those
-//! tests are ignored in a plain test run, and scripts/test runs them after building the release
-//! (`deploy/release.sh --arch x86_64|aarch64 --out target/release-check`, reusing the build
-//! cache). The checker itself is tested here on made-up input.
+//! tests are ignored in a plain test run, and scripts/test runs them after making the
+//! distribution (`deploy/dist.sh --out target/dist-check`, reusing the build cache). The checker
+//! itself is tested here on made-up input.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -149,22 +152,101 @@ fn check_release(dir: &Path, arch: &str) -> Vec<String> {
     found.into_iter().map(|p| format!("{file}: {p}")).collect()
 }
 
+/// The desktop distribution scripts/test makes (deploy/dist.sh --out target/dist-check).
+fn dist_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dist-check")
+}
+
 fn release_dir() -> PathBuf {
     match std::env::var_os("PI_HOST_RELEASE_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release-check"),
+        None => dist_dir().join("share/pi-remote/release"),
     }
 }
 
+/// pi-remote from the distribution, run from where dist.sh put it and with a home of its own,
+/// connects to a remote with no `--release-dir`: it takes the release beside it, installs and
+/// starts that pi-host, and says where the release came from.
+#[tokio::test]
+#[ignore = "needs the desktop distribution: deploy/dist.sh --out target/dist-check (scripts/test makes it)"]
+async fn the_desktop_distribution_installs_its_own_release_with_no_release_dir() {
+    let pi_remote = dist_dir().join("bin/pi-remote");
+    let version = run(Command::new(&pi_remote).arg("--version"));
+    assert_eq!(
+        version.trim(),
+        format!("pi-remote {}", env!("CARGO_PKG_VERSION"))
+    );
+    let server = tests::sshd::SshServer::start(tests::sshd::SshdOptions::default()).await;
+    let scratch = tempfile::tempdir().unwrap();
+    let known_hosts = scratch.path().join("known_hosts");
+    std::fs::write(&known_hosts, format!("{}\n", server.known_hosts_line())).unwrap();
+    let ssh_config = server.write_ssh_config("box", &known_hosts);
+    let root = scratch.path().join("remote root");
+    std::fs::create_dir(&root).unwrap();
+    // The operator's own agent line: connect leaves the agent alone.
+    std::fs::write(root.join("config.toml"), "agent = \"pi --mode rpc\"\n").unwrap();
+    let home = scratch.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let output = std::process::Command::new(&pi_remote)
+        .args(["--json", "connect", "box", "--once", "-F"])
+        .arg(&ssh_config)
+        .arg("--remote-dir")
+        .arg(&root)
+        .env("HOME", &home)
+        .env("PI_REMOTE_CONFIG_DIR", scratch.path().join("config"))
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("PI_REMOTE_RELEASE_DIR")
+        .env_remove("SSH_AUTH_SOCK")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let _ = Command::new("sh")
+        .arg(root.join("install.sh"))
+        .args(["stop", "--root"])
+        .arg(&root)
+        .output();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let events: Vec<Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let stage = |name: &str| {
+        events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "stage" && e["stage"] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let resolved = stage("resolve")["note"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let beside = release_dir().canonicalize().unwrap();
+    assert!(
+        resolved.ends_with(&format!("in {}", beside.display())),
+        "{resolved}"
+    );
+    assert_eq!(stage("transfer")["status"], "done", "{stdout}");
+    assert_eq!(stage("install")["status"], "done", "{stdout}");
+    let ready = events.iter().find(|e| e["type"] == "ready").unwrap();
+    assert_eq!(ready["hostVersion"], env!("CARGO_PKG_VERSION"));
+}
+
 #[test]
-#[ignore = "needs the zig release: deploy/release.sh --arch x86_64 --out target/release-check (scripts/test runs both)"]
+#[ignore = "needs the zig release: deploy/dist.sh --out target/dist-check (scripts/test makes it)"]
 fn the_shipped_x86_64_release_runs_on_glibc_2_17_is_stripped_and_fits_in_6_5_mb() {
     let found = check_release(&release_dir(), "x86_64");
     assert!(found.is_empty(), "{found:#?}");
 }
 
 #[test]
-#[ignore = "needs the zig release: deploy/release.sh --arch aarch64 --out target/release-check (scripts/test runs both)"]
+#[ignore = "needs the zig release: deploy/dist.sh --out target/dist-check (scripts/test makes it)"]
 fn the_shipped_aarch64_release_runs_on_glibc_2_17_is_stripped_and_fits_in_6_5_mb() {
     if !aarch64_built() {
         return;
@@ -221,7 +303,7 @@ fn qemu_wrapper(dir: &Path, qemu: &Path, binary: &Path) -> PathBuf {
 }
 
 #[tokio::test]
-#[ignore = "needs the zig release: deploy/release.sh --arch aarch64 --out target/release-check, and qemu-user (scripts/test runs both)"]
+#[ignore = "needs the zig release: deploy/dist.sh --out target/dist-check, and qemu-user (scripts/test makes both)"]
 async fn the_aarch64_host_runs_under_qemu_version_serve_and_a_paired_hello() {
     if !aarch64_built() {
         return;
@@ -266,7 +348,7 @@ async fn the_aarch64_host_runs_under_qemu_version_serve_and_a_paired_hello() {
     );
 }
 
-/// The agent bundle for an aarch64 remote without a Node pi runs on (provision/bundle.rs), made
+/// The agent bundle for an aarch64 remote without a Node pi runs on (provision/bundle/), made
 /// by `pi-remote bundle` from npm's cache: Node's aarch64 build, pi's tree with the aarch64
 /// native packages and none of this machine's, and that Node runs that pi under qemu.
 #[test]

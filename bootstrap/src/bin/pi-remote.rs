@@ -10,12 +10,13 @@ use bootstrap::remote::commands::models::{
     parse_model, parse_permission_mode, parse_queue_mode, parse_thinking,
 };
 use bootstrap::remote::commands::{
-    Reach, attach, devices, files, history, hosts, models, open_profile, pair, sessions, shell,
-    status, turns,
+    Reach, attach, background, devices, doctor, files, history, hosts, lifecycle, models,
+    open_profile, pair, remote_admin, sessions, shell, status, turns,
 };
 use bootstrap::remote::out::Out;
 use bootstrap::remote::pairing::PairingHints;
-use bootstrap::remote::profile::{self, DEFAULT_PROFILE};
+use bootstrap::remote::profile;
+use bootstrap::remote::remotes;
 use bootstrap::remote::{Exit, Failure};
 use bootstrap::ssh::ConnectOptions;
 use bootstrap::ssh::config::ResolveOptions;
@@ -40,6 +41,9 @@ Exit codes:
   5  prompt --wait: the turn ended aborted or failed
   6  connect: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
      HOST_VERSION_MISMATCH; details.reason names the stage)
+  7  doctor: a check found a problem or a warning (each line says what to do)
+  connect --background with one already running for the profile, disconnect with none
+  running: 0 (each says so); uninstall without a terminal and without --yes: 64
   64 bad usage (unknown command or option, missing or malformed argument; a gateway
      profile's session, turn, approval or model command without a host: see `hosts`;
      --host with a profile of a single host)";
@@ -52,10 +56,10 @@ Exit codes:
     after_help = EXIT_CODES
 )]
 struct Cli {
-    /// The stored pairing to use (a file under $PI_REMOTE_CONFIG_DIR/profiles/).
-    #[arg(long, global = true, default_value = DEFAULT_PROFILE, env = "PI_REMOTE_PROFILE",
-          value_parser = parse_profile_name)]
-    profile: String,
+    /// The stored pairing to use (a file under $PI_REMOTE_CONFIG_DIR/profiles/) [default: the
+    /// one `pi-remote use` chose, else `default`].
+    #[arg(long, global = true, env = "PI_REMOTE_PROFILE", value_parser = parse_profile_name)]
+    profile: Option<String>,
     /// For a profile paired with a gateway: the host behind it that session, turn, approval and
     /// model commands go to (its id, from `pi-remote hosts`) [default: the profile's, set with
     /// `hosts --use`]. For `pair` with a bare token: the host's HOST:PORT.
@@ -73,6 +77,54 @@ enum Command {
     /// Install or upgrade pi-host on a machine over SSH, start it on loopback, forward a local
     /// port to it, pair, and keep the forward up (reconnecting) until Ctrl-C.
     Connect(Box<ConnectCommand>),
+    /// Stop the profile's background connect (`connect --background`): its forward closes.
+    Disconnect {
+        /// The profile [default: --profile's].
+        #[arg(value_name = "PROFILE", value_parser = parse_profile_name)]
+        name: Option<String>,
+    },
+    /// Make PROFILE the default: commands without --profile (or PI_REMOTE_PROFILE) use it.
+    Use {
+        #[arg(value_name = "PROFILE", value_parser = parse_profile_name)]
+        name: String,
+    },
+    /// List the profiles: remote, background forward, whether the host answers, its pi-host,
+    /// agent and sandbox, and when it was last reached.
+    Remotes,
+    /// Print the remote host's log (over SSH; a `connect` profile), or with --local the
+    /// profile's background connect's log.
+    Logs {
+        /// The profile [default: --profile's].
+        #[arg(value_name = "PROFILE", value_parser = parse_profile_name)]
+        name: Option<String>,
+        /// Keep printing what is appended, until Ctrl-C.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// The local background log ($PI_REMOTE_CONFIG_DIR/run/PROFILE.log) instead.
+        #[arg(long)]
+        local: bool,
+        /// How many of the last lines to print first.
+        #[arg(long, short = 'n', default_value_t = 100)]
+        lines: u32,
+    },
+    /// Stop pi-host on a `connect` profile's remote and remove what connect installed (the
+    /// install root's pi-host, data and agent, connect's config lines; your own files stay),
+    /// then the profile. Asks first.
+    Uninstall {
+        #[arg(value_name = "PROFILE", value_parser = parse_profile_name)]
+        name: String,
+        /// Do not ask (needed without a terminal).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Check a `connect` profile's remote step by step (SSH, host key, pi-host and its version,
+    /// TLS pin, clock, disk, forward, agent), one line each with what to do; exit 7 on any
+    /// problem or warning.
+    Doctor {
+        /// The profile [default: --profile's].
+        #[arg(value_name = "PROFILE", value_parser = parse_profile_name)]
+        name: Option<String>,
+    },
     /// Pair this machine with a host and store the device credential in a profile.
     Pair {
         /// racps://HOST:PORT/pair?cert=sha256:HEX#TOKEN (from `pi-host pair` or `pi-gateway
@@ -327,7 +379,9 @@ struct ConnectCommand {
     /// `[user@]host[:port]`, or a Host alias from the ssh config.
     target: String,
     /// The release directory made by deploy/release.sh (manifest.json, tarballs, install.sh);
-    /// needed to install or upgrade.
+    /// needed to install or upgrade [default: the release of this version beside pi-remote,
+    /// PREFIX/share/pi-remote/release as deploy/dist.sh lays it out, else
+    /// ~/.local/share/pi-remote/release].
     #[arg(long, env = "PI_REMOTE_RELEASE_DIR")]
     release_dir: Option<std::path::PathBuf>,
     /// The install root on the remote: yours, and writable by no one else (else it is refused,
@@ -362,8 +416,14 @@ struct ConnectCommand {
     #[arg(long)]
     name: Option<String>,
     /// Provision, pair and check the host, then exit instead of keeping the forward up.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "background")]
     once: bool,
+    /// Keep the forward up in a background process of its own (one per profile; its log is
+    /// $PI_REMOTE_CONFIG_DIR/run/PROFILE.log) and return once it is ready; `disconnect` stops it.
+    /// The host key must be known (or --accept-new given) and keys usable without a question
+    /// (ssh-agent, SSH_ASKPASS, unencrypted).
+    #[arg(long)]
+    background: bool,
     /// The pi version installed on the remote as the host's agent.
     #[arg(long, default_value = provision::agent::PI_VERSION, value_parser = pi_version)]
     pi_version: String,
@@ -387,14 +447,22 @@ async fn bundle(out: &Out, arch: &str, with_node: bool) -> Result<(), Failure> {
         ))
     })?;
     let spec = provision::bundle::BundleSpec { cpu, with_node };
-    let made = provision::bundle::ensure(provision::agent::PI_VERSION, spec).await?;
+    // The bundle stage's progress on stderr; `--json` prints only the result.
+    let reporter: Box<dyn provision::stage::Reporter> = if out.json {
+        Box::new(provision::stage::Silent)
+    } else {
+        Box::new(Display::new())
+    };
+    let made =
+        provision::bundle::ensure(provision::agent::PI_VERSION, spec, reporter.as_ref()).await?;
     if out.json {
         out.json_value(&serde_json::json!({
             "path": made.path,
             "bytes": made.len,
             "sha256": made.sha256,
             "pi": provision::agent::PI_VERSION,
-            "node": with_node.then_some(provision::bundle::NODE_VERSION),
+            "node": made.node,
+            "parts": made.parts,
         }));
     } else {
         out.line(&format!(
@@ -441,17 +509,25 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli, out: &Out) -> Result<(), Failure> {
-    let command = match cli.command {
+async fn run(mut cli: Cli, out: &Out) -> Result<(), Failure> {
+    let profile = remotes::resolve_profile(cli.profile.take());
+    let command = match lifecycle_command(cli.command, out, &profile).await? {
+        Some(command) => command,
+        None => return Ok(()),
+    };
+    let cli = Parsed {
+        profile,
+        host: cli.host,
+        json: cli.json,
+    };
+    let command = match command {
         Command::Connect(_) if cli.host.is_some() => {
             return Err(Failure::Usage(
                 "--host chooses a host behind a gateway; connect takes its SSH target instead"
                     .into(),
             ));
         }
-        Command::Connect(command) => {
-            return connect::run(connect_args(*command, cli.profile, cli.json)).await;
-        }
+        Command::Connect(command) => return connect(*command, cli.profile, cli.json).await,
         Command::Pair {
             link,
             cert_sha256,
@@ -497,7 +573,13 @@ async fn on_client(out: &Out, client: RacpClient, command: Command) -> Result<()
         | Command::Pair { .. }
         | Command::Status
         | Command::Hosts { .. }
-        | Command::Bundle { .. } => Ok(()),
+        | Command::Bundle { .. }
+        | Command::Disconnect { .. }
+        | Command::Use { .. }
+        | Command::Remotes
+        | Command::Logs { .. }
+        | Command::Uninstall { .. }
+        | Command::Doctor { .. } => Ok(()),
         Command::Sessions => sessions::list(out, &client).await,
         Command::New {
             workspace,
@@ -638,5 +720,85 @@ fn connect_args(command: ConnectCommand, profile: String, json: bool) -> Connect
         once: command.once,
         json,
         display,
+        reporter: None,
+    }
+}
+
+/// The global options, with the profile resolved.
+struct Parsed {
+    profile: String,
+    host: Option<String>,
+    json: bool,
+}
+
+/// The commands about profiles and their forwards rather than a host's API; `Some` hands any
+/// other command back.
+async fn lifecycle_command(
+    command: Command,
+    out: &Out,
+    profile: &str,
+) -> Result<Option<Command>, Failure> {
+    match command {
+        Command::Use { name } => lifecycle::use_profile(out, &name)?,
+        Command::Remotes => lifecycle::remotes(out, profile).await?,
+        Command::Disconnect { name } => {
+            background::disconnect(out, name.as_deref().unwrap_or(profile)).await?;
+        }
+        Command::Logs {
+            name,
+            follow,
+            local,
+            lines,
+        } => {
+            let name = name.as_deref().unwrap_or(profile);
+            remote_admin::logs(out, name, follow, local, lines).await?;
+        }
+        Command::Uninstall { name, yes } => remote_admin::uninstall(out, &name, yes).await?,
+        Command::Doctor { name } => {
+            if !doctor::doctor(out, name.as_deref().unwrap_or(profile)).await? {
+                return Err(Failure::Checks("some checks need attention (above)".into()));
+            }
+        }
+        command => return Ok(Some(command)),
+    }
+    Ok(None)
+}
+
+/// `connect`: in the foreground, or `--background` (the foreground part, or the child).
+async fn connect(command: ConnectCommand, profile: String, json: bool) -> Result<(), Failure> {
+    if command.background && !background::is_child() {
+        return background::launch(&Out::new(json), &profile).await;
+    }
+    let background = command.background || background::is_child();
+    let once = command.once;
+    let mut args = connect_args(command, profile.clone(), json);
+    let dir = profile::config_dir().map_err(Failure::Local)?;
+    if once {
+        return connect::run(args).await;
+    }
+    if !background {
+        // One forward per profile, in the foreground or the background.
+        let _held = background::take_lock(&dir, &profile)
+            .map_err(Failure::Local)?
+            .map_err(|pid| {
+                Failure::local(format!(
+                    "a connect of {profile:?} already runs (pid {pid}) and keeps its forward up: use the profile as it is, or `pi-remote disconnect {profile}` first"
+                ))
+            })?;
+        return connect::run(args).await;
+    }
+    let Some(_held) = background::child_start(&dir, &profile)? else {
+        return Ok(());
+    };
+    let log = remotes::log_file(&dir, &profile);
+    args.reporter = Some(Arc::new(background::ChildReporter::new(log, &profile)));
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Failure::local(format!("cannot handle SIGTERM: {e}")))?;
+    tokio::select! {
+        outcome = connect::run(args) => outcome,
+        _ = terminate.recv() => {
+            eprintln!("--- {} stopped (SIGTERM)", remotes::now_secs());
+            Ok(())
+        }
     }
 }

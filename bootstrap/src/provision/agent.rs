@@ -8,7 +8,7 @@
 //! into place; the config line is written last. A failure leaves the previous agent, its config
 //! line and the running host as they were (docs/architecture.md, "One `pi-remote connect`").
 //!
-//! From a bundle (provision/bundle.rs) when the remote's npm cannot do it: a remote without a
+//! From a bundle (provision/bundle/) when the remote's npm cannot do it: a remote without a
 //! Node pi runs on gets one in the bundle (`bin/node`), one without npm, or whose npm cannot
 //! reach a registry, gets pi's tree made on the desktop; unpacked into the same staging
 //! directory, checked and renamed the same way.
@@ -115,19 +115,34 @@ pub enum Source {
     Bundle(BundleSpec),
 }
 
-/// The remote's npm when it has a Node pi runs on and an npm beside it; else a bundle (with
-/// Node when the remote has none pi runs on); refused, before anything is uploaded, when no
-/// bundle can serve it. A probe that did not look (the host was current) leaves it to the
-/// remote, which says what it misses.
+/// The remote's npm when it has a Node pi runs on and an npm beside it, unless this machine
+/// has a bundle for it made already (`cached`): a bundle goes up and unpacks in seconds, npm
+/// takes ten or more (docs/benchmarks.md §5). Else a bundle (with Node when the remote has
+/// none pi runs on); refused, before anything is uploaded, when no bundle can serve it. A
+/// probe that did not look (the host was current) leaves it to the remote, which says what it
+/// misses.
 /// `npm_failed`: the remote's npm was tried and could not install pi.
-pub fn source(probe: &Probe, version: &str, npm_failed: bool) -> Result<Source, AppError> {
+pub fn source(
+    probe: &Probe,
+    version: &str,
+    npm_failed: bool,
+    cached: impl Fn(BundleSpec) -> bool,
+) -> Result<Source, AppError> {
     let node_ok = probe.node.as_ref().is_some_and(RemoteNode::is_enough);
-    if !npm_failed
-        && (probe.os.is_empty()
-            || probe.agent_installed.as_deref() == Some(version)
-            || (node_ok && probe.npm.is_some()))
-    {
+    let keeps_its_own = probe.os.is_empty() || probe.agent_installed.as_deref() == Some(version);
+    if !npm_failed && keeps_its_own {
         return Ok(Source::Npm);
+    }
+    if !npm_failed && node_ok && probe.npm.is_some() {
+        let linux = super::release::normalize_os(&probe.os) == "linux";
+        let made = bundle::npm_cpu(&probe.arch)
+            .filter(|_| linux && version == PI_VERSION)
+            .map(|cpu| BundleSpec {
+                cpu,
+                with_node: false,
+            })
+            .filter(|spec| cached(*spec));
+        return Ok(made.map_or(Source::Npm, Source::Bundle));
     }
     let refusal = NoSource::new(probe);
     if version != PI_VERSION {
@@ -245,7 +260,7 @@ pub fn npm_failed(error: &AppError) -> bool {
 }
 
 /// The remote's Node as the messages name it.
-fn found_node(probe: &Probe) -> String {
+pub fn found_node(probe: &Probe) -> String {
     match &probe.node {
         Some(node) if node.is_enough() && probe.npm.is_none() => format!(
             "Node.js {} at {} but no npm",
@@ -375,7 +390,12 @@ mod tests {
         let node = "nodebin=/usr/bin/node\nnode=v20.20.2\n";
         let npm = "npmbin=/usr/bin/npm\n";
         let decide_for = |extra: &str, npm_failed: bool| {
-            source(&probe(&format!("{linux}{extra}")), PI_VERSION, npm_failed)
+            source(
+                &probe(&format!("{linux}{extra}")),
+                PI_VERSION,
+                npm_failed,
+                |_| false,
+            )
         };
         let bundle = |with_node| {
             Source::Bundle(BundleSpec {
@@ -392,6 +412,28 @@ mod tests {
             bundle(false)
         );
         assert_eq!(decide_for(node, false).unwrap(), bundle(false));
+        // A bundle made here already beats the remote's npm; only the one without Node, and
+        // only for the pinned version.
+        let with_npm = probe(&format!("{linux}{node}{npm}"));
+        let cached_here = |spec: BundleSpec| {
+            spec == BundleSpec {
+                cpu: "x64",
+                with_node: false,
+            }
+        };
+        assert_eq!(
+            source(&with_npm, PI_VERSION, false, cached_here).unwrap(),
+            bundle(false)
+        );
+        assert_eq!(
+            source(&with_npm, "0.74.0", false, cached_here).unwrap(),
+            Source::Npm
+        );
+        let kept = probe(&format!("{linux}{node}{npm}agentv={PI_VERSION}\n"));
+        assert_eq!(
+            source(&kept, PI_VERSION, false, cached_here).unwrap(),
+            Source::Npm
+        );
         assert_eq!(decide_for("", false).unwrap(), bundle(true));
         assert_eq!(
             decide_for("nodebin=/usr/bin/node\nnode=v18.19.0\n", false).unwrap(),
@@ -403,7 +445,7 @@ mod tests {
             Source::Npm
         );
         let refused = |text: &str| {
-            let error = source(&probe(text), PI_VERSION, false).unwrap_err();
+            let error = source(&probe(text), PI_VERSION, false, |_| true).unwrap_err();
             assert_eq!(error.code(), racp_proto::ErrorCode::HostBootstrapFailed);
             assert!(
                 error.message().contains("nothing was uploaded"),
@@ -430,7 +472,7 @@ mod tests {
             "no_node_build"
         );
         // Another version than the pinned one comes only from npm.
-        let other = source(&probe(linux), "0.74.0", false).unwrap_err();
+        let other = source(&probe(linux), "0.74.0", false, |_| true).unwrap_err();
         assert_eq!(other.details().unwrap()["reason"], "agent");
     }
 

@@ -25,13 +25,17 @@ pub(super) struct Outcome {
     pub cli: Option<String>,
 }
 
-/// What a connect sends after the plan line, in this order: install.sh and the agent bundle
-/// (each of a size the plan gives), then the build (to EOF). Any of them may be left out.
+/// What a connect sends after the plan line, in this order: install.sh (of the size the plan
+/// gives), the build, then the agent bundle; the last one sent is read to EOF, the others to
+/// the sizes the plan gives. The remote unpacks the bundle as it arrives. Any of them may be
+/// left out.
 #[derive(Default)]
 pub(super) struct Upload {
     installer: Vec<u8>,
     bundle: Option<(PathBuf, u64)>,
     artifact: Option<(PathBuf, u64)>,
+    /// What goes up, as the upload's notes name it: pi-host, pi, Node, with their bytes.
+    parts: Vec<(String, u64)>,
 }
 
 impl Upload {
@@ -52,18 +56,50 @@ impl Upload {
             artifact_sha256: artifact.sha256.clone(),
             installer_sha256: release.manifest.installer.sha256.clone(),
             installer_len: installer.len() as u64,
+            artifact_len,
         };
+        let name = format!(
+            "pi-host {} for {}-{}",
+            release.manifest.version, artifact.os, artifact.arch
+        );
         let upload = Upload {
             installer,
             bundle: None,
             artifact: Some((path, artifact_len)),
+            parts: vec![(name, artifact_len)],
         };
         Ok((upload, install))
     }
 
-    /// Adds the agent bundle, sent between install.sh and the build.
+    /// Adds the agent bundle, sent last.
     pub(super) fn add_bundle(&mut self, bundle: &super::bundle::Bundle) {
         self.bundle = Some((bundle.path.clone(), bundle.len));
+        let pi = format!("pi {} (the agent bundle)", super::bundle::PI_VERSION);
+        self.parts.push((pi, bundle.parts.pi_bytes));
+        if let Some(node) = bundle.node {
+            let node = format!("Node {node} (in the agent bundle)");
+            self.parts.push((node, bundle.parts.node_bytes));
+        }
+    }
+
+    /// The upload's notes: one line per part.
+    fn report_parts(&self, reporter: &dyn Reporter) {
+        for (name, bytes) in &self.parts {
+            reporter.report(Progress::Note {
+                stage: Stage::Transfer,
+                text: format!("{name}: {}", super::bundle::mb(*bytes)),
+            });
+        }
+    }
+
+    /// The transfer stage's closing note: the total, and what it was made of.
+    fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|(name, bytes)| format!("{name} {}", super::bundle::mb(*bytes)))
+            .collect();
+        format!("{} bytes ({})", self.total(), parts.join(", "))
     }
 
     fn total(&self) -> u64 {
@@ -189,7 +225,7 @@ impl<'a> Report<'a> {
     /// The command went on to `next`: the running stage is done.
     fn enter(&mut self, next: Stage) {
         let done_note = match (self.stage, self.upload) {
-            (Stage::Transfer, Some(upload)) => Some(format!("{} bytes", upload.total())),
+            (Stage::Transfer, Some(upload)) => Some(upload.summary()),
             _ => self.note.take(),
         };
         if let Some(clock) = self.clock.take() {
@@ -275,18 +311,21 @@ async fn send(
     let Some(upload) = upload else {
         return remote.send(&head).await;
     };
+    upload.report_parts(reporter);
     // One packet for both: install.sh is small, and the remote reads it right after the plan.
     head.extend_from_slice(&upload.installer);
     remote.send(&head).await?;
     let (mut before, total) = (upload.installer.len() as u64, upload.total());
-    reporter.report(Progress::Transfer {
-        sent: before,
+    reporter.report(Progress::Bytes {
+        stage: Stage::Transfer,
+        done: before,
         total,
     });
-    for (path, len) in [&upload.bundle, &upload.artifact].into_iter().flatten() {
+    for (path, len) in [&upload.artifact, &upload.bundle].into_iter().flatten() {
         let mut on_progress = |sent: u64| {
-            reporter.report(Progress::Transfer {
-                sent: before + sent,
+            reporter.report(Progress::Bytes {
+                stage: Stage::Transfer,
+                done: before + sent,
                 total,
             })
         };
@@ -324,7 +363,8 @@ pub(super) fn installable<'r>(
     };
     let Some(release) = release else {
         return Err(unavailable(format!(
-            "pi-host {wanted} is not on the remote and no release directory was given (pass --release-dir; deploy/release.sh makes one)"
+            "pi-host {wanted} is not on the remote and no release of it was found (looked in {}); make a desktop distribution with deploy/dist.sh, or pass --release-dir DIR (deploy/release.sh --out DIR makes one)",
+            release::searched()
         )));
     };
     let artifact = supported(probe, release)?;

@@ -277,6 +277,8 @@ struct Work {
     agent: bool,
     /// A pairing token minted in the same remote command (`pi-host pair --json`).
     minted: Option<Value>,
+    /// The config.toml line this connect wrote for the agent.
+    config_line: Option<String>,
 }
 
 /// resolve → … → start: an SSH session and the port of a host of the wanted version. One
@@ -309,6 +311,13 @@ async fn establish(
                 error = error.message(),
                 "the remote's npm failed; sending a bundle"
             );
+            reporter.report(Progress::Note {
+                stage: Stage::Agent,
+                text: format!(
+                    "the remote's npm could not install pi ({}); falling back to a bundle made on this machine",
+                    error.message()
+                ),
+            });
             on_session(true).await
         }
         other => other,
@@ -424,6 +433,7 @@ async fn install_and_start(
         transferred: upload.is_some(),
         installed: install.is_some(),
         agent: plan.agent.is_some(),
+        config_line: plan.agent.as_ref().map(|a| a.config_line.clone()),
         ..Work::default()
     };
     plan.install = install;
@@ -506,9 +516,21 @@ async fn plan_agent(
         }
         agent::AgentWork::Install(install) => install,
     };
-    let bundle = match agent::source(probe, &install.version, npm_failed)? {
-        agent::Source::Npm => None,
-        agent::Source::Bundle(spec) => Some(bundle::ensure(&install.version, spec).await?),
+    let bundle = match agent::source(probe, &install.version, npm_failed, bundle::is_cached)? {
+        agent::Source::Npm => {
+            reporter.report(Progress::Note {
+                stage: Stage::Agent,
+                text: format!(
+                    "the remote's npm installs pi {} with {} (from its cache, else the registry)",
+                    install.version,
+                    agent::found_node(probe)
+                ),
+            });
+            None
+        }
+        agent::Source::Bundle(spec) => {
+            Some(bundle::ensure(&install.version, spec, reporter).await?)
+        }
     };
     if let Some(made) = &bundle {
         install.source = remote_shell::AgentSource::Bundle {
@@ -519,8 +541,9 @@ async fn plan_agent(
     Ok((Some(install), bundle))
 }
 
-/// The resolve stage: the SSH destination from the ssh config, the release (if a directory was
-/// given) and the version wanted: the release's, else this build's.
+/// The resolve stage: the SSH destination from the ssh config, the release (the directory
+/// given, else one of this version found beside pi-remote, [`release::search_path`]) and the
+/// version wanted: the release's, else this build's.
 fn resolve_stage(
     options: &BootstrapOptions,
     reporter: &dyn Reporter,
@@ -532,13 +555,17 @@ fn resolve_stage(
         Some(dir) => {
             Some(Release::load(dir).map_err(|e| stage_failed(Stage::Resolve, e, json!({})))?)
         }
-        None => None,
+        None => release::discover(env!("CARGO_PKG_VERSION")),
     };
     let wanted = release.as_ref().map_or_else(
         || env!("CARGO_PKG_VERSION").to_string(),
         |r| r.manifest.version.clone(),
     );
-    clock.done(Some(destination.display()));
+    let from = match &release {
+        Some(release) => format!("; release {} in {}", wanted, release.dir.display()),
+        None => String::new(),
+    };
+    clock.done(Some(format!("{}{from}", destination.display())));
     Ok((destination, release, wanted))
 }
 
@@ -788,6 +815,7 @@ pub async fn connect(
     let mint = options.paired_device.is_none();
     let (link, mut work, wanted) = establish(&options, reporter.as_ref(), mint).await?;
     let pin = link.cert_sha256;
+    let placed = Placed::of(&link, work.config_line.take());
 
     let clock = StageClock::start(reporter.as_ref(), Stage::Forward);
     let forward = supervisor::Forward::open(&options, link, reporter.clone()).await?;
@@ -817,6 +845,7 @@ pub async fn connect(
         "started": work.started,
         "agentInstalled": work.agent,
         "paired": paired,
+        "where": placed,
         "ms": started.elapsed().as_millis() as u64,
     });
     Ok(Connection {
@@ -827,6 +856,31 @@ pub async fn connect(
         summary,
         forward,
     })
+}
+
+/// Where things are on the remote, for the connect's closing summary.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Placed {
+    root: String,
+    host_binary: String,
+    data_dir: String,
+    config: String,
+    /// The config's `agent` line: the one this connect wrote, else the one it found.
+    config_line: Option<String>,
+}
+
+impl Placed {
+    fn of(link: &Link, written: Option<String>) -> Placed {
+        let root = link.probe.root.clone();
+        Placed {
+            host_binary: format!("{root}/current/bin/pi-host"),
+            data_dir: format!("{root}/data"),
+            config: format!("{root}/config.toml"),
+            config_line: written.or_else(|| link.probe.agent_config.line().map(str::to_string)),
+            root,
+        }
+    }
 }
 
 /// The host through the forward, for the pair and handshake stages.

@@ -97,6 +97,46 @@ impl Release {
     }
 }
 
+/// Where `connect` looks for a release when `--release-dir` is not given, in order: beside the
+/// running pi-remote as deploy/dist.sh lays a desktop distribution out
+/// (`PREFIX/bin/pi-remote` and `PREFIX/share/pi-remote/release`), then the user's data
+/// directory (`$XDG_DATA_HOME/pi-remote/release`, else `~/.local/share/pi-remote/release`).
+pub fn search_path() -> Vec<PathBuf> {
+    let mut places = Vec::new();
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(prefix) = exe.parent().and_then(Path::parent)
+    {
+        places.push(prefix.join("share/pi-remote/release"));
+    }
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let data = var("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| var("HOME").map(|home| PathBuf::from(home).join(".local/share")));
+    if let Some(data) = data {
+        places.push(data.join("pi-remote/release"));
+    }
+    places
+}
+
+/// The first release on [`search_path`] of `version` (this pi-remote's: a release of another
+/// version found lying about would up- or downgrade a remote unasked).
+pub fn discover(version: &str) -> Option<Release> {
+    search_path()
+        .iter()
+        .filter(|dir| dir.join("manifest.json").is_file())
+        .filter_map(|dir| Release::load(dir).ok())
+        .find(|release| release.manifest.version == version)
+}
+
+/// The search path in words, for the message of a connect that found no release.
+pub fn searched() -> String {
+    let places: Vec<String> = search_path()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    places.join(", ")
+}
+
 pub fn normalize_os(os: &str) -> String {
     os.trim().to_ascii_lowercase()
 }

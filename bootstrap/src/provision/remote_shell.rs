@@ -80,6 +80,8 @@ pub struct Install {
     /// install.sh's SHA-256 (from the manifest) and its size: it comes first on stdin.
     pub installer_sha256: String,
     pub installer_len: u64,
+    /// The build's size: the remote reads exactly that much when the agent bundle follows it.
+    pub artifact_len: u64,
 }
 
 /// What the bootstrapper asks of [`session_script`] after the probe.
@@ -102,14 +104,15 @@ impl Plan {
     /// when the manifest was loaded), so it splits on spaces as written.
     pub fn line(&self) -> String {
         let flag = |b: bool| if b { "1" } else { "0" };
-        let (artifact, sha, installer_sha, installer_len) = match &self.install {
+        let (artifact, sha, installer_sha, installer_len, artifact_len) = match &self.install {
             Some(i) => (
                 i.artifact.as_str(),
                 i.artifact_sha256.to_ascii_lowercase(),
                 i.installer_sha256.to_ascii_lowercase(),
                 i.installer_len,
+                i.artifact_len,
             ),
-            None => ("-", "-".into(), "-".into(), 0),
+            None => ("-", "-".into(), "-".into(), 0, 0),
         };
         let (agent, agent_version, agent_line) = match &self.agent {
             Some(a) => (
@@ -119,15 +122,14 @@ impl Plan {
             ),
             None => ("-", "-", "-".into()),
         };
-        let (source, bundle_len, bundle_sha) = match self.agent.as_ref().map(|a| &a.source) {
-            Some(AgentSource::Bundle { len, sha256 }) => {
-                ("bundle", *len, sha256.to_ascii_lowercase())
-            }
-            Some(AgentSource::Npm) => ("npm", 0, "-".into()),
-            None => ("-", 0, "-".into()),
+        // The bundle goes last and is read to EOF: its size is not needed there.
+        let (source, bundle_sha) = match self.agent.as_ref().map(|a| &a.source) {
+            Some(AgentSource::Bundle { sha256, .. }) => ("bundle", sha256.to_ascii_lowercase()),
+            Some(AgentSource::Npm) => ("npm", "-".into()),
+            None => ("-", "-".into()),
         };
         format!(
-            "go {} {} {} {} {} {artifact} {sha} {installer_sha} {installer_len} {agent} {agent_version} {agent_line} {source} {bundle_len} {bundle_sha}\n",
+            "go {} {} {} {} {} {artifact} {sha} {installer_sha} {installer_len} {agent} {agent_version} {agent_line} {source} {bundle_sha} {artifact_len}\n",
             flag(self.stop),
             flag(self.install.is_some()),
             flag(self.start),
@@ -556,6 +558,14 @@ impl AgentConfig {
             _ => AgentConfig::Operator(line.to_string()),
         }
     }
+
+    /// The config's `agent` line, whoever wrote it.
+    pub fn line(&self) -> Option<&str> {
+        match self {
+            AgentConfig::None => None,
+            AgentConfig::Ours(line) | AgentConfig::Operator(line) => Some(line),
+        }
+    }
 }
 
 /// An agent install, as the plan line carries it.
@@ -789,6 +799,7 @@ mod tests {
                 artifact_sha256: sha256_hex(artifact),
                 installer_sha256,
                 installer_len: installer.len() as u64,
+                artifact_len: artifact.len() as u64,
             }),
             version: "9.9.9".into(),
             ..Plan::default()
@@ -1038,7 +1049,11 @@ mod tests {
         let out = std::process::Command::new("tar")
             .args(["-czf", "-", "-C"])
             .arg(dir.path())
-            .arg("bin")
+            .args(
+                ["bin", "lib"]
+                    .iter()
+                    .filter(|d| dir.path().join(d).exists()),
+            )
             .output()
             .unwrap();
         assert!(out.status.success());
@@ -1053,6 +1068,12 @@ mod tests {
             let root = dir.path().join("pi host");
             std::fs::create_dir(&root).unwrap();
             let pi = ("bin/pi", "#!/bin/sh\necho 0.73.1 >&2\n", 0o755);
+            // pi's version is read from its package.json, as npm lays it out (tab-indented).
+            let package = (
+                "lib/node_modules/@mariozechner/pi-coding-agent/package.json",
+                "{\n\t\"name\": \"@mariozechner/pi-coding-agent\",\n\t\"version\": \"0.73.1\",\n\t\"engines\": {\"node\": \">=20.6.0\"}\n}\n",
+                0o644,
+            );
             let with_bundle = |version: &str, bundle: &[u8], sha256: String| {
                 let mut plan = agent_plan(&root, version);
                 if let Some(agent) = plan.agent.as_mut() {
@@ -1066,11 +1087,21 @@ mod tests {
             let installed = root.join("data/agent/versions/0.73.1/bin");
 
             // Damaged on the way: nothing is unpacked.
-            let bundle = tar_gz(&[pi]);
+            let bundle = tar_gz(&[pi, package]);
             let (_, rest, status) = with_bundle("0.73.1", &bundle, sha256_hex(b"other"));
             assert_eq!(status, Some(92), "{shell:?}: {rest}");
             assert!(!installed.exists());
             assert!(!root.join("config.toml").exists());
+            let staged =
+                || std::fs::read_dir(root.join("data/agent/versions")).map_or(0, |d| d.count());
+            assert_eq!(staged(), 0, "what was unpacked on the way is removed");
+
+            // Bytes that are not a gzipped tar, sent whole: refused after the check.
+            let garbage = b"not a bundle".to_vec();
+            let (_, rest, status) = with_bundle("0.73.1", &garbage, sha256_hex(&garbage));
+            assert_eq!(status, Some(86), "{shell:?}: {rest}");
+            assert!(!installed.exists());
+            assert_eq!(staged(), 0);
 
             // Without Node: the remote's is linked beside pi.
             let (_, rest, status) = with_bundle("0.73.1", &bundle, sha256_hex(&bundle));
@@ -1092,7 +1123,11 @@ mod tests {
 
             // With Node: its own stays, and a pi that says another version is not taken.
             std::fs::remove_dir_all(root.join("data/agent")).unwrap();
-            let bundle = tar_gz(&[pi, ("bin/node", "#!/bin/sh\necho v20.20.2\n", 0o755)]);
+            let bundle = tar_gz(&[
+                pi,
+                package,
+                ("bin/node", "#!/bin/sh\necho v20.20.2\n", 0o755),
+            ]);
             let (_, rest, status) = with_bundle("0.73.1", &bundle, sha256_hex(&bundle));
             assert_eq!(status, Some(0), "{shell:?}: {rest}");
             assert!(
@@ -1104,6 +1139,13 @@ mod tests {
             assert_eq!(status, Some(84), "{shell:?}: {rest}");
             assert!(!root.join("data/agent/versions/0.74.0").exists());
             assert!(installed.join("pi").exists(), "the agent before stays");
+
+            // A Node that does not run here: refused, nothing installed.
+            let broken = tar_gz(&[pi, package, ("bin/node", "#!/bin/sh\nexit 127\n", 0o755)]);
+            std::fs::remove_dir_all(root.join("data/agent/versions/0.73.1")).unwrap();
+            let (_, rest, status) = with_bundle("0.73.1", &broken, sha256_hex(&broken));
+            assert_eq!(status, Some(84), "{shell:?}: {rest}");
+            assert!(!installed.exists());
         }
     }
 

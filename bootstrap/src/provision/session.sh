@@ -92,7 +92,7 @@ set -- $plan
 set +f
 [ "${1:-}" = go ] || exit 0
 STOP=$2 INSTALL=$3 START=$4 MINT=$5 V=$6 ART=$7 ASHA=$8 ISHA=$9 ILEN=${10}
-AP=${11:--} AV=${12:--} AC=${13:--} AS=${14:-npm} BLEN=${15:-0} BSHA=${16:--}
+AP=${11:--} AV=${12:--} AC=${13:--} AS=${14:-npm} BSHA=${15:--} ALEN=${16:-0}
 
 # Copies exactly $2 bytes of stdin to $1. The build follows on stdin, so nothing may read past
 # them: dd reads at most bs bytes, and a pipe may hand over fewer, hence the loop (`read` and
@@ -117,12 +117,25 @@ if [ "$INSTALL" = 1 ] || [ "$AS" = bundle ]; then
     mkdir -p "$D" || exit 90
     trap 'rm -rf "$D"' EXIT
     echo stage=transfer
-    # install.sh, the agent bundle, then the build, hashed as it lands (no second pass over it).
+    # install.sh, the build, then the agent bundle; the last one to EOF.
     if [ "$INSTALL" = 1 ]; then take "$D/install.sh" "$ILEN" || exit 91; fi
-    if [ "$AS" = bundle ]; then take "$D/agent.tar.gz" "$BLEN" || exit 91; fi
-    if [ "$INSTALL" = 1 ]; then
+    if [ "$INSTALL" = 1 ] && [ "$AS" = bundle ]; then
+        take "$D/$ART" "$ALEN" || exit 91
+        got=$($SHA <"$D/$ART") || exit 93
+        asum=${got%% *}
+    elif [ "$INSTALL" = 1 ]; then
+        # Hashed as it lands (no second pass over it).
         got=$( (tee "$D/$ART" || echo tee-failed) | $SHA) || exit 91
         asum=${got%% *}
+    fi
+    if [ "$AS" = bundle ]; then
+        # The bundle unpacks as it arrives, into a directory nothing runs from until the
+        # bundle's SHA-256 matched (below); a failed unpack still reads the rest, so the sum
+        # says whether the bytes were the ones sent.
+        U=$R/data/agent/versions/.$AV.tmp.$N
+        mkdir -p "$U" || exit 80
+        trap 'rm -rf "$D" "$U"' EXIT
+        tee "$D/agent.tar.gz" | { (cd "$U" && gzip -dc | tar -xf -) || { : >"$D/unpack-failed"; cat >/dev/null; }; }
     fi
     echo stage=verify
     if [ "$INSTALL" = 1 ]; then
@@ -149,21 +162,27 @@ if [ "$AP" != - ]; then
     P=$G/versions/$AV
     mkdir -p "$G/versions" || exit 80
     # Staging left by a connect that died (a live one's is younger than that).
-    find "$G/versions" -mindepth 1 -maxdepth 1 -name '.*.tmp.*' -mmin +60 -exec rm -rf {} + 2>/dev/null
-    # A copy that runs is kept (a config rewritten, a host restarted); else the bundle is
-    # unpacked, or npm installs one.
+    find "$G/versions" -mindepth 1 -maxdepth 1 -name '.*.tmp.*' ! -name ".$AV.tmp.$N" -mmin +60 -exec rm -rf {} + 2>/dev/null
+    # A copy that runs is kept (a config rewritten, a host restarted); else the unpacked
+    # bundle goes in, or npm installs one.
     if ! v=$(PATH="$P/bin:$PATH" "$P/bin/pi" --version 2>&1) || [ "${v##*"$AV"*}" = "$v" ]; then
-        T=$G/versions/.$AV.tmp.$N
-        trap 'rm -rf "$T" ${D:+"$D"}' EXIT
         if [ "$AS" = bundle ]; then
-            mkdir -p "$T" && (cd "$T" && gzip -dc "$D/agent.tar.gz" | tar -xf -) ||
+            T=$U
+            [ ! -e "$D/unpack-failed" ] ||
                 { echo "the agent bundle could not be unpacked in $G (is the disk full? gzip and tar are needed)" >&2; exit 86; }
             # A bundle without Node runs with the remote's own.
             if [ ! -e "$T/bin/node" ]; then
                 n=$(command -v node 2>/dev/null) || { echo "the remote has no node on its PATH" >&2; exit 81; }
                 ln -s "$n" "$T/bin/node" || exit 83
             fi
+            # The bundle's bytes are the ones made from the pinned tree (its SHA-256 matched):
+            # what can still fail here is Node on this machine, and pi's version is in its
+            # package.json, so pi is not loaded just to print it (a second or more).
+            "$T/bin/node" --version >/dev/null 2>&1 || { echo "Node in the agent bundle does not run here ($T/bin/node --version failed)" >&2; exit 84; }
+            v=$(sed -n 's/^[[:space:]]*"version":[[:space:]]*"\([^"]*\)".*/\1/p' "$T/lib/node_modules/$AP/package.json" 2>/dev/null)
         else
+            T=$G/versions/.$AV.tmp.$N
+            trap 'rm -rf "$T" ${D:+"$D"}' EXIT
             n=$(command -v node 2>/dev/null) || { echo "the remote has no node on its PATH" >&2; exit 81; }
             m=${n%/*}/npm
             [ -x "$m" ] || m=$(command -v npm 2>/dev/null) || { echo "the remote has no npm beside $n or on its PATH" >&2; exit 81; }
@@ -172,8 +191,8 @@ if [ "$AP" != - ]; then
                 { printf '%s\n' "$out" | tail -n 8 >&2; echo "npm install $AP@$AV failed (npm's output above): the remote's npm must reach a registry, or name your own agent in $R/config.toml" >&2; exit 82; }
             # The Node npm ran with goes beside pi: the host runs pi with it, whatever its PATH.
             ln -s "$n" "$T/bin/node" || exit 83
+            v=$(PATH="$T/bin:$PATH" "$T/bin/pi" --version 2>&1) || { printf '%s\n' "$v" | tail -n 5 >&2; echo "the installed pi does not run" >&2; exit 84; }
         fi
-        v=$(PATH="$T/bin:$PATH" "$T/bin/pi" --version 2>&1) || { printf '%s\n' "$v" | tail -n 5 >&2; echo "the installed pi does not run" >&2; exit 84; }
         [ "${v##*"$AV"*}" != "$v" ] || { echo "the installed pi says it is $v, not $AV" >&2; exit 84; }
         if [ -e "$P" ]; then mv "$P" "$G/versions/.$AV.tmp.old.$N" || exit 83; fi
         mv "$T" "$P" || exit 83

@@ -11,6 +11,7 @@ pub enum Stage {
     HostKey,
     Authenticate,
     Probe,
+    Bundle,
     Transfer,
     Verify,
     Agent,
@@ -22,12 +23,13 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 13] = [
+    pub const ALL: [Stage; 14] = [
         Stage::Resolve,
         Stage::Connect,
         Stage::HostKey,
         Stage::Authenticate,
         Stage::Probe,
+        Stage::Bundle,
         Stage::Transfer,
         Stage::Verify,
         Stage::Agent,
@@ -45,6 +47,7 @@ impl Stage {
             Stage::HostKey => "host_key",
             Stage::Authenticate => "authenticate",
             Stage::Probe => "probe",
+            Stage::Bundle => "bundle",
             Stage::Transfer => "transfer",
             Stage::Verify => "verify",
             Stage::Agent => "agent",
@@ -64,7 +67,8 @@ impl Stage {
             Stage::HostKey => "checking the host key",
             Stage::Authenticate => "authenticating",
             Stage::Probe => "looking at the remote",
-            Stage::Transfer => "uploading pi-host",
+            Stage::Bundle => "making the agent bundle (pi and its dependencies, Node when needed)",
+            Stage::Transfer => "uploading",
             Stage::Verify => "verifying the upload (SHA-256)",
             Stage::Agent => "installing the agent (pi)",
             Stage::Install => "installing",
@@ -89,9 +93,16 @@ pub enum Progress {
         stage: Stage,
         why: String,
     },
-    Transfer {
-        sent: u64,
+    /// Bytes of a stage's work done (the upload's bytes sent, the bundle's bytes written).
+    Bytes {
+        stage: Stage,
+        done: u64,
         total: u64,
+    },
+    /// A line worth reading about the running stage: what it fetches, sends or falls back to.
+    Note {
+        stage: Stage,
+        text: String,
     },
     Ready(Value),
     /// The SSH link dropped; the forward stays open while it reconnects.
@@ -120,8 +131,11 @@ impl Progress {
             Progress::Skipped { stage, why } => {
                 json!({"type": "stage", "stage": stage.as_str(), "status": "skipped", "why": why})
             }
-            Progress::Transfer { sent, total } => {
-                json!({"type": "progress", "stage": "transfer", "bytes": sent, "total": total})
+            Progress::Bytes { stage, done, total } => {
+                json!({"type": "progress", "stage": stage.as_str(), "bytes": done, "total": total})
+            }
+            Progress::Note { stage, text } => {
+                json!({"type": "note", "stage": stage.as_str(), "text": text})
             }
             Progress::Ready(ready) => {
                 let mut line = json!({"type": "ready"});

@@ -24,12 +24,20 @@
 //! pi-remote devices | revoke DEVICE                    # owner only
 //! pi-remote hosts [--use HOST_ID]                      # a gateway's hosts | choose the default
 //! pi-remote --host HOST_ID sessions                    # a command for one host behind a gateway
+//! pi-remote use PROFILE                                # the default profile
+//! pi-remote remotes                                    # every profile: forward, host, versions, last seen
+//! pi-remote connect TARGET --background | disconnect   # a forward held in the background | stop it
+//! pi-remote logs [PROFILE] [-f] [--local]              # the remote host's log | the background one
+//! pi-remote doctor [PROFILE]                           # the remote checked step by step
+//! pi-remote uninstall PROFILE [--yes]                  # remove what connect installed, then the profile
 //! ```
 //!
 //! The commands are in [`commands`], one module per group; [`out`] is where their output goes;
 //! `src/bin/pi-remote.rs` parses the command line and dispatches.
 //!
-//! Every command takes `--profile NAME` (default `default`) and `--json` (machine-readable
+//! Every command takes `--profile NAME` (else `PI_REMOTE_PROFILE`, else the profile `pi-remote
+//! use` chose, stored in `$PI_REMOTE_CONFIG_DIR/default-profile`, else `default`: see
+//! [`remotes`]) and `--json` (machine-readable
 //! output: one JSON document, or one JSON line per event for `attach` and `prompt --wait`).
 //! Notes and errors go to stderr, data to stdout.
 //!
@@ -119,15 +127,34 @@
 //! the host cannot be reached; 4 the credential was refused, the profile has no certificate
 //! fingerprint (stored by an older version), or the endpoint is not the paired host
 //! (HOST_IDENTITY_MISMATCH): pair again, in the last case only if you trust the change; 5 a turn
-//! that `prompt --wait` followed ended other than `completed`; 6 `connect` failed; 64 bad usage
+//! that `prompt --wait` followed ended other than `completed`; 6 `connect` failed; 7 `doctor`
+//! found a problem or a warning; 64 bad usage
 //! (an unknown command or option, a missing or malformed argument, an invalid profile name, a
-//! gateway profile's host command without a host, `--host` with a single host's profile):
-//! `EX_USAGE`, the same in pi-host and pi-gateway (`racp_proto::EXIT_USAGE`).
+//! gateway profile's host command without a host, `--host` with a single host's profile,
+//! `uninstall` without a terminal and without `--yes`, `logs`/`doctor`/`uninstall` for a
+//! profile not made by `connect`): `EX_USAGE`, the same in pi-host and pi-gateway
+//! (`racp_proto::EXIT_USAGE`). `use` with a profile that is not stored is 1 (the message names
+//! the stored ones); `connect --background` when one already runs for the profile, and
+//! `disconnect` when none does, are 0 (each says so); `logs` and `uninstall` exit 3 when SSH
+//! cannot reach the remote and 4 when it refuses the keys or the host key.
+//!
+//! Living with a remote (commands/background.rs, lifecycle.rs, remote_admin.rs, doctor.rs):
+//! `connect --background` holds the forward in a detached pi-remote of its own (one per
+//! profile: `flock` on `run/<profile>.lock`, its output in `run/<profile>.log`, 0600), and
+//! returns once that one is ready (the same connected line, or `--json` `ready` event with a
+//! `background: {pid, log}` member) or has failed; no secret is in the child's arguments, and it
+//! needs the host key known and keys usable without a terminal. A foreground `connect` (not
+//! `--once`) takes the same lock, so a profile has one forward either way (a second is refused,
+//! exit 1, naming the pid). `disconnect` stops whichever holds it (SIGTERM, then up to 10 s for
+//! the lock). `remotes` asks each profile's host for `host/info` within 3 s;
+//! `last seen` is when a command last reached the host (`seen/<profile>`). `logs`, `doctor` and
+//! `uninstall` go over SSH again with what `connect` was given (stored in the profile's `ssh`).
 
 pub mod commands;
 pub mod out;
 pub mod pairing;
 pub mod profile;
+pub mod remotes;
 pub mod view;
 
 use racp_proto::{AppError, ErrorCode};
@@ -150,6 +177,8 @@ pub enum Exit {
     /// `connect`: provisioning over SSH failed (HOST_BOOTSTRAP_FAILED, REMOTE_FORWARD_FAILED,
     /// HOST_VERSION_MISMATCH).
     Bootstrap = 6,
+    /// `doctor`: a check found a problem or a warning (each is printed with what to do).
+    Doctor = 7,
     /// Bad usage: an unknown command or option, a missing or malformed argument (`EX_USAGE`,
     /// the same in pi-host and pi-gateway).
     Usage = racp_proto::EXIT_USAGE as isize,
@@ -176,6 +205,8 @@ pub enum Failure {
     /// The command line cannot work as given (a gateway call without a host, `--host` for a
     /// profile of a single host): exit 64, with what to give instead.
     Usage(String),
+    /// `doctor` found something to mend (the checks are printed): exit 7.
+    Checks(String),
 }
 
 impl From<AppError> for Failure {
@@ -196,15 +227,17 @@ impl Failure {
             Failure::Turn(_) => Exit::TurnNotCompleted,
             Failure::PairAgain(_) => Exit::Auth,
             Failure::Usage(_) => Exit::Usage,
+            Failure::Checks(_) => Exit::Doctor,
         }
     }
 
     /// The line printed on stderr.
     pub fn describe(&self) -> String {
         match self {
-            Failure::Local(message) | Failure::PairAgain(message) | Failure::Usage(message) => {
-                format!("pi-remote: {message}")
-            }
+            Failure::Local(message)
+            | Failure::PairAgain(message)
+            | Failure::Usage(message)
+            | Failure::Checks(message) => format!("pi-remote: {message}"),
             Failure::Turn(outcome) => format!("pi-remote: the turn ended {outcome}"),
             Failure::App(error) => {
                 let hint = match exit_for(error.code()) {

@@ -64,9 +64,10 @@ impl Out {
         }
         let error = match failure {
             Failure::App(error) => serde_json::to_value(error).unwrap_or(Value::Null),
-            Failure::Local(message) | Failure::PairAgain(message) | Failure::Usage(message) => {
-                json!({"message": message})
-            }
+            Failure::Local(message)
+            | Failure::PairAgain(message)
+            | Failure::Usage(message)
+            | Failure::Checks(message) => json!({"message": message}),
             Failure::Turn(outcome) => json!({"message": format!("the turn ended {outcome}")}),
         };
         eprintln!(

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// The profile used when `--profile` is not given.
+/// The profile used when neither `--profile`, `PI_REMOTE_PROFILE` nor `pi-remote use` names
+/// one (see [`crate::remote::remotes::resolve_profile`]).
 pub const DEFAULT_PROFILE: &str = "default";
 
 /// A stored device credential.
@@ -57,6 +58,16 @@ pub struct SshOrigin {
     pub target: String,
     pub remote_dir: String,
     pub host_id: String,
+    /// The ssh config file `connect` was given (`-F`), for the commands that go over SSH again
+    /// (`logs`, `uninstall`, `doctor`, `connect --background`). Absent: the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_config: Option<PathBuf>,
+    /// The known_hosts file `connect` was given (`--known-hosts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known_hosts: Option<PathBuf>,
+    /// The keys `connect` was given (`-i`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<PathBuf>,
 }
 
 // Hand-written so the token never reaches a log or a panic message.

@@ -601,6 +601,13 @@ impl RemoteCommand {
         Ok(())
     }
 
+    /// Drops the stdout [`RemoteCommand::next_line`] has handed out, so a command that prints
+    /// without end (`tail -F`) is not cut at the output bound.
+    pub fn forget_read(&mut self) {
+        self.output.stdout.drain(..self.read);
+        self.read = 0;
+    }
+
     /// Closes stdin (if still open) and waits for the command to end: everything it printed and
     /// its exit status.
     pub async fn finish(mut self) -> Result<ExecOutput, SshError> {

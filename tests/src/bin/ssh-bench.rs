@@ -42,10 +42,10 @@ struct Args {
     /// warm runs then go to the last of these hosts.
     #[arg(long, default_value_t = 1)]
     agent_runs: usize,
-    /// Runs of each cold install with an agent bundle: a remote whose npm reaches no registry
-    /// (the bundle with pi, run with the remote's Node), and one with no Node pi runs on (the
-    /// bundle with Node). The first of each makes the bundle on this machine; later ones take it
-    /// from the cache.
+    /// Runs of each cold install with an agent bundle, timed to the first model reply: a remote
+    /// whose npm reaches no registry (the bundle with pi, run with the remote's Node), and a
+    /// bare one with no Node pi runs on (the bundle with Node). The first of each makes the
+    /// bundle on this machine; later ones take it from the cache.
     #[arg(long, default_value_t = 2)]
     bundle_runs: usize,
     /// MiB sent through each forward per direction and run.
@@ -138,9 +138,6 @@ async fn run(args: Args) -> Result<()> {
         release,
         scratch,
     };
-    // Bundles made by this run only, so the first of each kind is made, not found.
-    let bundle_cache = setup.scratch.path().join("pi-remote-cache");
-
     eprintln!("ssh-bench: `ssh box true` x{}", args.runs);
     let mut ssh_true = Vec::new();
     for _ in 0..args.runs {
@@ -203,56 +200,7 @@ async fn run(args: Args) -> Result<()> {
             stop_host(old_root.path());
         }
     }
-    let mut cold_bundle = json!({});
-    for (kind, session_env) in bundle_remotes(setup.scratch.path())? {
-        eprintln!(
-            "ssh-bench: cold connect with a bundle ({kind}) x{}",
-            args.bundle_runs
-        );
-        let server = SshServer::start(SshdOptions {
-            extra_config: vec![session_env],
-            ..SshdOptions::default()
-        })
-        .await;
-        let known_hosts = setup.scratch.path().join(format!("known_hosts.{kind}"));
-        std::fs::write(&known_hosts, format!("{}\n", server.known_hosts_line()))
-            .map_err(|e| e.to_string())?;
-        let ssh_config = server.write_ssh_config("box", &known_hosts);
-        let mut made = Vec::new();
-        let mut cached = Vec::new();
-        let mut stages = Vec::new();
-        for run in 0..args.bundle_runs {
-            let root = tempfile::tempdir().map_err(|e| e.to_string())?;
-            let config_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-            let (elapsed, events) = connect_with(
-                &args,
-                &ssh_config,
-                &setup.release,
-                root.path(),
-                config_dir.path(),
-                Some(&bundle_cache),
-            )
-            .await?;
-            stop_host(root.path());
-            if !events
-                .iter()
-                .any(|e| e["stage"] == "agent" && e["status"] == "done")
-            {
-                return Err(format!("a cold connect ({kind}) installed no agent"));
-            }
-            if run == 0 {
-                made.push(elapsed)
-            } else {
-                cached.push(elapsed)
-            }
-            stages.push(stage_times(&events));
-        }
-        cold_bundle[kind] = json!({
-            "madeMs": summary(&made),
-            "cachedMs": summary(&cached),
-            "stagesMs": median_stages(&stages),
-        });
-    }
+    let cold_bundle = first_replies(&args, &setup).await?;
     let (root, config_dir) = warm_root.ok_or("no cold run")?;
 
     eprintln!("ssh-bench: warm connect x{}", args.runs);
@@ -432,25 +380,19 @@ async fn pi_remote_connect(
     root: &Path,
     config_dir: &Path,
 ) -> Result<(f64, Vec<Value>)> {
-    connect_with(args, &setup.config, &setup.release, root, config_dir, None).await
+    connect_with(args, &setup.config, &setup.release, root, config_dir).await
 }
 
-/// `pi-remote --json connect box --once` through ssh config `ssh_config`; `bundle_cache`: where
-/// it keeps agent bundles.
+/// `pi-remote --json connect box --once` through ssh config `ssh_config`.
 async fn connect_with(
     args: &Args,
     ssh_config: &Path,
     release: &Path,
     root: &Path,
     config_dir: &Path,
-    bundle_cache: Option<&Path>,
 ) -> Result<(f64, Vec<Value>)> {
     let started = Instant::now();
-    let mut command = tokio::process::Command::new(&args.pi_remote);
-    if let Some(cache) = bundle_cache {
-        command.env("PI_REMOTE_CACHE_DIR", cache);
-    }
-    let output = command
+    let output = tokio::process::Command::new(&args.pi_remote)
         .args(["--json", "connect", "box", "--once", "-F"])
         .arg(ssh_config)
         .arg("--release-dir")
@@ -478,9 +420,166 @@ async fn connect_with(
     Ok((elapsed, events))
 }
 
-/// The remotes of the bundle runs, as the `SetEnv` line of their sessions: one whose npm is
-/// offline with an empty cache (it fails, and connect sends pi alone), and one whose `node` is
-/// 18 (too old for pi: the bundle carries Node).
+/// The bundle runs, timed to the first model reply: for each remote kind, a first connect that
+/// makes the bundle on this machine (nothing cached), then ones that take it from the cache;
+/// each connect goes on to `new` and `prompt --wait` against a stub model on loopback (the
+/// remote's pi is configured for it), so a figure is from nothing to a reply.
+async fn first_replies(args: &Args, setup: &Setup) -> Result<Value> {
+    let mut results = json!({});
+    // Bundles made by this run only, so the first of each kind is made, not found.
+    let bundle_cache = setup.scratch.path().join("pi-remote-cache");
+    for (kind, session_env) in bundle_remotes(setup.scratch.path())? {
+        eprintln!(
+            "ssh-bench: to the first reply with a bundle ({kind}) x{}",
+            args.bundle_runs
+        );
+        let home = setup.scratch.path().join(format!("home-{kind}"));
+        std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
+        let stub = tests::pi::Stub::default();
+        let port = tests::pi::start_stub(stub.clone()).await;
+        tests::pi::write_pi_config(&home.join(".pi/agent"), port);
+        let server = SshServer::start(SshdOptions {
+            extra_config: vec![format!(
+                "{session_env} PI_OFFLINE=1 PI_SKIP_VERSION_CHECK=1 PI_TELEMETRY=0"
+            )],
+            account: Some(tests::sshd::RemoteAccount {
+                shell: PathBuf::from("/bin/sh"),
+                home: home.clone(),
+            }),
+            ..SshdOptions::default()
+        })
+        .await;
+        let known_hosts = setup.scratch.path().join(format!("known_hosts.{kind}"));
+        std::fs::write(&known_hosts, format!("{}\n", server.known_hosts_line()))
+            .map_err(|e| e.to_string())?;
+        let remote = Remote {
+            ssh_config: server.write_ssh_config("box", &known_hosts),
+            home,
+            bundle_cache: bundle_cache.clone(),
+        };
+        let (mut made, mut cached) = (Vec::new(), Vec::new());
+        let (mut made_stages, mut cached_stages) = (Vec::new(), Vec::new());
+        for run in 0..args.bundle_runs {
+            let timed = remote.first_reply(args, &setup.release, run).await?;
+            let mut stages = stage_times(&timed.events);
+            // From the start: connect's ready line; after it: `new` and the prompt's reply.
+            stages["connected"] = json!(timed.ready_ms);
+            stages["newAndReply"] = json!(timed.reply_ms - timed.ready_ms);
+            if run == 0 {
+                made.push(timed.reply_ms);
+                made_stages.push(stages);
+            } else {
+                cached.push(timed.reply_ms);
+                cached_stages.push(stages);
+            }
+        }
+        results[kind] = json!({
+            "madeMs": summary(&made),
+            "cachedMs": summary(&cached),
+            "madeStagesMs": median_stages(&made_stages),
+            "cachedStagesMs": median_stages(&cached_stages),
+        });
+    }
+    Ok(results)
+}
+
+/// A remote of the first-reply runs: its ssh config, its user's home (pi's config in it points
+/// at the stub model) and this machine's bundle cache.
+struct Remote {
+    ssh_config: PathBuf,
+    home: PathBuf,
+    bundle_cache: PathBuf,
+}
+
+/// One run to the first reply: when connect said ready, when the reply came (from the start),
+/// and connect's events.
+struct FirstReply {
+    ready_ms: f64,
+    reply_ms: f64,
+    events: Vec<Value>,
+}
+
+impl Remote {
+    /// `pi-remote connect` into a fresh install root, then `new` and `prompt --wait` through
+    /// its forward; the host is stopped afterwards.
+    async fn first_reply(&self, args: &Args, release: &Path, run: usize) -> Result<FirstReply> {
+        use tokio::io::AsyncBufReadExt;
+        let root = self.home.join(format!(".pi-host-{run}"));
+        let config_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        let mut connect = tokio::process::Command::new(&args.pi_remote)
+            .args(["--json", "connect", "box", "-F"])
+            .arg(&self.ssh_config)
+            .arg("--release-dir")
+            .arg(release)
+            .arg("--remote-dir")
+            .arg(&root)
+            .env("PI_REMOTE_CACHE_DIR", &self.bundle_cache)
+            .env("PI_REMOTE_CONFIG_DIR", config_dir.path())
+            .env_remove("SSH_AUTH_SOCK")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let stdout = connect.stdout.take().ok_or("no stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let mut events = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let Ok(event) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            let kind = event["type"].clone();
+            events.push(event);
+            if kind == "ready" {
+                break;
+            }
+            if kind == "error" {
+                return Err(format!("connect failed: {line}"));
+            }
+        }
+        let ready_ms = ms(started);
+        if !events.iter().any(|e| e["type"] == "ready") {
+            return Err(format!("connect ended before it was ready: {events:?}"));
+        }
+        let workspace = self.home.join("project");
+        std::fs::create_dir_all(&workspace).map_err(|e| e.to_string())?;
+        let pi_remote = |words: &[&str]| {
+            std::process::Command::new(&args.pi_remote)
+                .args(words)
+                .env("PI_REMOTE_CONFIG_DIR", config_dir.path())
+                .stdin(Stdio::null())
+                .output()
+        };
+        let workspace = workspace.display().to_string();
+        let created = pi_remote(&["new", "--workspace", &workspace]).map_err(|e| e.to_string())?;
+        let session = String::from_utf8_lossy(&created.stdout).trim().to_string();
+        if !created.status.success() || session.is_empty() {
+            return Err(format!("new: {}", String::from_utf8_lossy(&created.stderr)));
+        }
+        let reply =
+            pi_remote(&["prompt", &session, "hello", "--wait"]).map_err(|e| e.to_string())?;
+        let reply_ms = ms(started);
+        let _ = connect.kill().await;
+        stop_host(&root);
+        if !reply.status.success() {
+            return Err(format!(
+                "prompt: {}",
+                String::from_utf8_lossy(&reply.stderr)
+            ));
+        }
+        Ok(FirstReply {
+            ready_ms,
+            reply_ms,
+            events,
+        })
+    }
+}
+
+/// The remotes of the bundle runs, as the `SetEnv` words of their sessions: one whose npm is
+/// offline with an empty cache (the first connect tries it, it fails, and connect makes and
+/// sends pi alone; later ones send the bundle made then, as to any remote with a Node pi runs
+/// on), and one whose `node` is 18 (too old for pi: the bundle carries Node).
 fn bundle_remotes(scratch: &Path) -> Result<Vec<(&'static str, String)>> {
     let empty = scratch.join("empty-npm-cache");
     let stand_ins = scratch.join("stand-ins");
@@ -673,12 +772,18 @@ fn print_table(results: &Value) {
     let cold_npm = f(&results["coldAgentNpmMs"]["median"]);
     println!("| cold `connect --once` with pi from npm (median ms) | {cold_npm:.0} | — | — |");
     for (kind, label) in [
-        ("noRegistry", "a bundle of pi (npm reaches no registry)"),
-        ("withNode", "a bundle of pi and Node (no Node pi runs on)"),
+        (
+            "noRegistry",
+            "the remote's Node and a bundle of pi (its npm reaches no registry)",
+        ),
+        (
+            "withNode",
+            "a bundle of pi and Node (a bare remote: no Node pi runs on)",
+        ),
     ] {
         let runs = &results["coldAgentBundle"][kind];
         println!(
-            "| cold `connect --once` with {label}: made / cached (median ms) | {:.0} / {:.0} | — | — |",
+            "| to the first reply with {label}: bundle made / cached (median ms) | {:.0} / {:.0} | — | — |",
             f(&runs["madeMs"]["median"]),
             f(&runs["cachedMs"]["median"])
         );

@@ -3,13 +3,15 @@
 //!
 //! Progress goes to stderr as a progress display, or with `--json` to stdout as one JSON line
 //! per event: `{"type":"stage","stage","status":"started"|"done"|"skipped",...}`,
-//! `{"type":"progress","stage":"transfer","bytes","total"}`, `{"type":"ready","url",...}`,
+//! `{"type":"progress","stage":"bundle"|"transfer","bytes","total"}`,
+//! `{"type":"note","stage","text"}`, `{"type":"ready","url",...}`,
 //! `{"type":"reconnecting",...}`, `{"type":"reconnected",...}`, `{"type":"error","error"}`.
 
 use crate::provision::stage::{Progress, Reporter, Stage};
 use crate::provision::{self, BootstrapOptions, PairedDevice};
 use crate::remote::Failure;
 use crate::remote::profile::{self, Profile, SshOrigin};
+use crate::remote::remotes;
 use crate::ssh::PassphrasePrompt;
 use crate::ssh::host_key::{HostKeyPolicy, UnknownHost};
 use crate::ssh::prompt;
@@ -117,6 +119,20 @@ impl Display {
         }
     }
 
+    /// A line above the spinner, which keeps spinning below it.
+    fn note(&self, text: &str) {
+        let line = format!("    {}", printable(text, false));
+        match self
+            .bar
+            .lock()
+            .ok()
+            .and_then(|slot| slot.as_ref().map(|(_, bar)| bar.clone()))
+        {
+            Some(bar) if !bar.is_hidden() => bar.println(line),
+            _ => eprintln!("{line}"),
+        }
+    }
+
     /// The spinner becomes a byte bar: `sent` of `total`.
     fn transferred(&self, sent: u64, total: u64) {
         if let Ok(slot) = self.bar.lock()
@@ -146,7 +162,8 @@ impl Reporter for Display {
     fn report(&self, progress: Progress) {
         match progress {
             Progress::Started(stage) => self.spin(stage),
-            Progress::Transfer { sent, total } => self.transferred(sent, total),
+            Progress::Bytes { done, total, .. } => self.transferred(done, total),
+            Progress::Note { text, .. } => self.note(&text),
             Progress::Done { stage, ms, note } => {
                 self.finish();
                 let note = note
@@ -160,6 +177,7 @@ impl Reporter for Display {
             Progress::Ready(summary) => {
                 self.finish();
                 print_ready(&summary);
+                print_placed(&summary);
             }
             Progress::Reconnecting {
                 attempt,
@@ -209,6 +227,42 @@ fn print_ready(summary: &serde_json::Value) {
     }
 }
 
+/// What is where on the remote: pi-host, its data and config, the agent and its Node.
+fn print_placed(summary: &serde_json::Value) {
+    let placed = &summary["where"];
+    let text =
+        |value: &serde_json::Value| printable(value.as_str().unwrap_or("?"), false).into_owned();
+    eprintln!(
+        "  pi-host {}: {} (data {}, config {})",
+        text(&summary["hostVersion"]),
+        text(&placed["hostBinary"]),
+        text(&placed["dataDir"]),
+        text(&placed["config"]),
+    );
+    let agent = &summary["agent"];
+    if let Some(path) = agent["path"].as_str() {
+        let node = match (
+            agent["runtime"]["version"].as_str(),
+            agent["runtime"]["path"].as_str(),
+        ) {
+            (Some(version), Some(node)) => format!(
+                " with Node {} at {}",
+                printable(version, false),
+                printable(node, false)
+            ),
+            _ => String::new(),
+        };
+        eprintln!(
+            "  agent: pi {} at {}{node}",
+            text(&agent["version"]),
+            printable(path, false)
+        );
+    }
+    if let Some(line) = placed["configLine"].as_str() {
+        eprintln!("  config line: {}", printable(line, false));
+    }
+}
+
 /// What the command line gives `connect`.
 pub struct ConnectArgs {
     pub options: BootstrapOptions,
@@ -218,18 +272,22 @@ pub struct ConnectArgs {
     pub json: bool,
     /// The progress display without `--json` (the SSH questions suspend it).
     pub display: Arc<Display>,
+    /// Where progress goes instead of the display or JSON lines, when set.
+    pub reporter: Option<Arc<dyn Reporter>>,
 }
 
 pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     let dir = profile::config_dir().map_err(Failure::Local)?;
     let target = args.options.target.clone();
     let reused = reuse_credential(&dir, &mut args)?;
-    let reporter: Arc<dyn Reporter> = if args.json {
-        Arc::new(JsonLines)
-    } else {
-        args.display.clone()
+    let reporter: Arc<dyn Reporter> = match args.reporter.take() {
+        // `--background`'s child (background.rs).
+        Some(reporter) => reporter,
+        None if args.json => Arc::new(JsonLines),
+        None => args.display.clone(),
     };
     let remote_dir = args.options.remote_dir.clone();
+    let resolve = args.options.resolve.clone();
     let mut device_name = args.options.device_name.clone();
     let connection = match provision::connect(args.options, reporter.clone()).await {
         Ok(connection) => connection,
@@ -256,11 +314,19 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
             target,
             remote_dir,
             host_id: connection.host_id.clone(),
+            ssh_config: resolve.config_file.map(remotes::absolute),
+            known_hosts: resolve.known_hosts.map(remotes::absolute),
+            identities: resolve
+                .identity_files
+                .into_iter()
+                .map(remotes::absolute)
+                .collect(),
         }),
         gateway: false,
         host: None,
     };
     profile::save(&dir, &args.profile, &saved).map_err(Failure::Local)?;
+    crate::remote::remotes::touch_seen(&args.profile);
     let mut summary = connection.summary.clone();
     summary["profile"] = args.profile.clone().into();
     summary["once"] = args.once.into();

