@@ -14,6 +14,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use racp_proto::{ErrorCode, Method};
 use std::future::Future;
@@ -37,13 +38,48 @@ struct CallLabels {
     code: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabel {
+    method: &'static str,
+}
+
+/// A histogram family whose every histogram has the same buckets.
+pub type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Buckets for a latency in seconds: 0.5 ms to 32 s, each four times the one before.
+pub fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 4.0, 9))
+}
+
 /// The connection core's series, counted by the core itself whatever the server.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CoreMetrics {
     connections: Family<KindLabel, Gauge>,
     calls: Family<CallLabels, Counter>,
+    request_seconds: Histograms<MethodLabel>,
     client_too_slow: Counter,
     cursor_expired: Counter,
+    events_delivered: Counter,
+    subscriptions: Family<RoleLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabel {
+    role: &'static str,
+}
+
+impl Default for CoreMetrics {
+    fn default() -> Self {
+        CoreMetrics {
+            connections: Family::default(),
+            calls: Family::default(),
+            request_seconds: Family::new_with_constructor(latency_histogram),
+            client_too_slow: Counter::default(),
+            cursor_expired: Counter::default(),
+            events_delivered: Counter::default(),
+            subscriptions: Family::default(),
+        }
+    }
 }
 
 /// The core's metrics, shared by every connection of a server.
@@ -61,6 +97,21 @@ impl CoreMetrics {
             "calls",
             "Calls answered, by method and result code (ok or a registered error code)",
             self.calls.clone(),
+        );
+        registry.register(
+            "request_seconds",
+            "Time from a call's frame read to its answer, by method",
+            self.request_seconds.clone(),
+        );
+        registry.register(
+            "events_delivered",
+            "Events sent to subscribers (one per event per subscription)",
+            self.events_delivered.clone(),
+        );
+        registry.register(
+            "subscriptions",
+            "Open subscriptions by the subscriber's strongest role",
+            self.subscriptions.clone(),
         );
         registry.register(
             "client_too_slow",
@@ -94,6 +145,28 @@ impl CoreMetrics {
         if let Some(code) = code {
             self.error_sent(code);
         }
+    }
+
+    /// How long a call with a method took to answer.
+    pub fn took(&self, method: Method, elapsed: std::time::Duration) {
+        let label = MethodLabel {
+            method: method.as_str(),
+        };
+        let histogram = self.request_seconds.get_or_create(&label);
+        histogram.observe(elapsed.as_secs_f64());
+    }
+
+    /// `count` events went out to one subscription (fanout.rs, a gateway's catch-up).
+    pub fn delivered(&self, count: usize) {
+        self.events_delivered
+            .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
+    }
+
+    /// Subscriptions opened (`change` > 0) or ended under `role`.
+    pub fn subscriptions_changed(&self, role: &'static str, change: i64) {
+        self.subscriptions
+            .get_or_create(&RoleLabel { role })
+            .inc_by(change);
     }
 
     /// An error left the core (a reply, a push, or the error a connection ended with).

@@ -2332,3 +2332,52 @@ async fn until_ready(addr: std::net::SocketAddr, status: u16) -> String {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Waits until `log()` holds `text`, within the test's patience.
+async fn until_in_log(log: impl Fn() -> String, text: &str, who: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !log().contains(text) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{text} never in the {who}'s log:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A call's trace id (protocol.md §3.3): a client's `traceId`, or the one the gateway makes,
+/// names the call's lines in the gateway's log and in the host's (carried in the routed call's
+/// header), and comes back in the error's `traceId`; a malformed one is refused at the gateway.
+#[tokio::test]
+async fn a_routed_call_is_followed_by_its_trace_id_through_gateway_and_host_logs() {
+    if !tests::nats::available() {
+        panic!("nats-server is not installed: scripts/test installs it");
+    }
+    let one = one_host(1).await;
+    let mut desk = connect(&one.gateway.host_url(&one.host_id), &one.token).await;
+    let unknown = json!({"sessionId": "ses_none"});
+    // The client's own id, W3C traceparent-shaped.
+    let chosen = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let frame = json!({"id": 901, "method": "session/get", "params": unknown, "traceId": chosen});
+    desk.send_text(frame.to_string()).await;
+    let reply = reply_to(&mut desk, 901, PATIENCE).await.expect("a reply");
+    assert_eq!(reply["error"]["traceId"], chosen, "{reply}");
+    until_in_log(|| one.gateway.log(), chosen, "gateway").await;
+    until_in_log(|| one.host.log(), chosen, "host").await;
+    // None chosen: the gateway makes one, and the host logs the same.
+    let reply = desk.call("session/get", unknown.clone()).await;
+    let made = reply["error"]["traceId"]
+        .as_str()
+        .expect("a traceId")
+        .to_string();
+    assert_eq!(made.len(), 32, "{reply}");
+    until_in_log(|| one.gateway.log(), &made, "gateway").await;
+    until_in_log(|| one.host.log(), &made, "host").await;
+    // A malformed one is refused with its place named, and nothing is routed.
+    let bad = json!({"id": 902, "method": "session/get", "params": unknown, "traceId": "a b"});
+    desk.send_text(bad.to_string()).await;
+    let reply = reply_to(&mut desk, 902, PATIENCE).await.expect("a reply");
+    assert_eq!(reply["error"]["code"], "INVALID_ARGUMENT", "{reply}");
+    assert_eq!(reply["error"]["details"]["path"], "traceId", "{reply}");
+}
