@@ -2381,3 +2381,54 @@ async fn a_routed_call_is_followed_by_its_trace_id_through_gateway_and_host_logs
     assert_eq!(reply["error"]["code"], "INVALID_ARGUMENT", "{reply}");
     assert_eq!(reply["error"]["details"]["path"], "traceId", "{reply}");
 }
+
+/// The JSON line of `log` whose call span names `trace_id`, once one is written.
+async fn json_line_of(log: impl Fn() -> String, trace_id: &str, who: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let found = log().lines().find_map(|line| {
+            let line: Value = serde_json::from_str(line).ok()?;
+            (line["span"]["trace_id"] == trace_id).then_some(line)
+        });
+        if let Some(line) = found {
+            return line;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no JSON line of {trace_id} in the {who}'s log:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `--log-format json` (reliability.md §9): every line of both logs is one JSON object, and a
+/// routed call's lines carry its span with the trace id as a field, on the gateway and the host.
+#[tokio::test]
+async fn json_logs_carry_a_calls_trace_id_on_gateway_and_host() {
+    if !tests::nats::available() {
+        panic!("nats-server is not installed: scripts/test installs it");
+    }
+    let json = ["--log-format", "json"];
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet.gateway_with(&json).await;
+    let (host, host_id) = fleet.host(&json).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    until_status(&mut root, &host_id, "online").await;
+    let mut desk = connect(&gateway.host_url(&host_id), &token).await;
+    let frame = json!({"id": 7, "method": "session/list", "params": {}, "traceId": "json-trace-1"});
+    desk.send_text(frame.to_string()).await;
+    let reply = reply_to(&mut desk, 7, PATIENCE).await.expect("a reply");
+    assert!(reply["result"]["sessions"].is_array(), "{reply}");
+    for (log, who) in [(gateway.log(), "gateway"), (host.log(), "host")] {
+        for line in log.lines().filter(|l| !l.trim().is_empty()) {
+            let parsed: Result<Value, _> = serde_json::from_str(line);
+            assert!(parsed.is_ok(), "a {who} log line is not JSON: {line}");
+        }
+    }
+    let line = json_line_of(|| gateway.log(), "json-trace-1", "gateway").await;
+    assert_eq!(line["span"]["method"], "session/list", "{line}");
+    let line = json_line_of(|| host.log(), "json-trace-1", "host").await;
+    assert_eq!(line["span"]["name"], "call", "{line}");
+}
