@@ -201,8 +201,11 @@ pub type Check = (&'static str, Result<(), String>);
 
 /// What a server adds to its listener: gauges read at each scrape and its readiness checks.
 pub trait Observed: Send + Sync + 'static {
-    /// Sets the gauges that are read rather than counted (agents running, ...), before a scrape.
-    fn refresh(&self) {}
+    /// Sets the gauges that are read rather than counted (agents running, ...), before a scrape;
+    /// within the server's own bound (a scrape waits for it).
+    fn refresh(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async {})
+    }
 
     /// The named checks `/readyz` runs, each within the server's own bound.
     fn checks(&self) -> Pin<Box<dyn Future<Output = Vec<Check>> + Send + '_>>;
@@ -249,7 +252,10 @@ pub async fn serve(listener: tokio::net::TcpListener, operator: Operator) {
     let metrics = operator.clone();
     let ready = operator.clone();
     let app = Router::new()
-        .route("/metrics", get(move || async move { scrape(&metrics) }))
+        .route(
+            "/metrics",
+            get(move || async move { scrape(&metrics).await }),
+        )
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(move || async move { readyz(&ready).await }));
     if let Err(error) = axum::serve(listener, app).await {
@@ -257,8 +263,8 @@ pub async fn serve(listener: tokio::net::TcpListener, operator: Operator) {
     }
 }
 
-fn scrape(operator: &Operator) -> Response {
-    operator.observed.refresh();
+async fn scrape(operator: &Operator) -> Response {
+    operator.observed.refresh().await;
     let mut text = String::new();
     if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &operator.registry) {
         tracing::warn!(%error, "metrics could not be encoded");
