@@ -44,15 +44,32 @@ impl Default for Commits {
 impl Commits {
     /// An `approval.settled` was committed with `outcome`.
     pub fn settled(&self, outcome: ApprovalState) {
-        let outcome = match outcome {
-            ApprovalState::Pending => "pending",
-            ApprovalState::Allowed => "allowed",
-            ApprovalState::Denied => "denied",
-            ApprovalState::Answered => "answered",
-            ApprovalState::Expired => "expired",
-            ApprovalState::Cancelled => "cancelled",
-        };
-        self.settled.get_or_create(&OutcomeLabel { outcome }).inc();
+        self.settled
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome_label(outcome),
+            })
+            .inc();
+    }
+}
+
+/// Every outcome's series starts at 0 (what a dashboard finds before the first settles).
+fn outcomes_at_zero(settled: &Family<OutcomeLabel, Counter>) {
+    use ApprovalState::{Allowed, Answered, Cancelled, Denied, Expired};
+    for outcome in [Allowed, Denied, Answered, Expired, Cancelled] {
+        let _ = settled.get_or_create(&OutcomeLabel {
+            outcome: outcome_label(outcome),
+        });
+    }
+}
+
+fn outcome_label(outcome: ApprovalState) -> &'static str {
+    match outcome {
+        ApprovalState::Pending => "pending",
+        ApprovalState::Allowed => "allowed",
+        ApprovalState::Denied => "denied",
+        ApprovalState::Answered => "answered",
+        ApprovalState::Expired => "expired",
+        ApprovalState::Cancelled => "cancelled",
     }
 }
 
@@ -120,6 +137,7 @@ impl HostMetrics {
             "Time of one group commit of events to the store (transaction and fsync)",
             c.seconds.clone(),
         );
+        outcomes_at_zero(&c.settled);
         registry.register(
             "approvals_settled",
             "Approvals settled, by outcome",

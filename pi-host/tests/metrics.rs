@@ -490,3 +490,75 @@ async fn a_prometheus_server_scrapes_a_host_and_a_gateway_and_answers_their_seri
         })
         .await;
 }
+
+/// Every series name deploy/grafana-dashboard.json queries (`pi_host_…`, `pi_gateway_…`).
+fn dashboard_series() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana-dashboard.json");
+    let dashboard: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let mut names = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            for (at, _) in expr.match_indices("pi_") {
+                let name: String = expr[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if name.starts_with("pi_host_") || name.starts_with("pi_gateway_") {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    assert!(!names.is_empty(), "the dashboard queries no series");
+    names
+}
+
+/// Whether a scrape exports `name`: its family's TYPE line, under the name a sample has less
+/// its suffix (`_total`, `_bucket`, `_sum`, `_count`).
+fn exported(text: &str, name: &str) -> bool {
+    let family = ["_total", "_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name);
+    text.lines()
+        .any(|line| line.starts_with(&format!("# TYPE {family} ")))
+}
+
+/// deploy/: the dashboard asks only for series a real host and gateway export, and
+/// prometheus.yml is a valid configuration (promtool, where Debian's prometheus installed it).
+#[tokio::test]
+async fn the_dashboard_queries_series_a_host_and_a_gateway_export() {
+    let a = attached().await;
+    let gateway_metrics = a.gateway.metrics.expect("the gateway's metrics address");
+    // The series read at a scrape are there from the start; the per-call ones after a call.
+    let (_, token) = a.host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&a.host.url(), &token).await.unwrap();
+    client.hello().await;
+    let listed = call(&mut client, "session/list", json!({})).await;
+    assert!(listed.get("result").is_some(), "{listed}");
+    let (_, host_text) = get(a.host_metrics, "/metrics").await;
+    let (_, gateway_text) = get(gateway_metrics, "/metrics").await;
+    for name in dashboard_series() {
+        let text = if name.starts_with("pi_host_") {
+            &host_text
+        } else {
+            &gateway_text
+        };
+        assert!(exported(text, &name), "{name} is not exported:\n{text}");
+    }
+    let promtool = Path::new("/usr/bin/promtool");
+    if promtool.exists() {
+        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus.yml");
+        let checked = std::process::Command::new(promtool)
+            .args(["check", "config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(
+            checked.status.success(),
+            "{}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+    }
+}

@@ -87,7 +87,15 @@ pub type Metrics = Arc<CoreMetrics>;
 
 impl CoreMetrics {
     /// Adds the core's series to a server's registry (prefixed by it: `pi_host_`, `pi_gateway_`).
+    /// The series of a closed label set start at 0, so a dashboard finds each before it moves.
     pub fn register(&self, registry: &mut Registry) {
+        for kind in ["device", "pairing"] {
+            let _ = self.connections.get_or_create(&KindLabel { kind });
+        }
+        let roles = racp_proto::Role::ALL.iter().map(|role| role.as_str());
+        for role in roles.chain(["none"]) {
+            let _ = self.subscriptions.get_or_create(&RoleLabel { role });
+        }
         registry.register(
             "connections",
             "Open RACP-WS connections by principal kind (device, pairing)",
