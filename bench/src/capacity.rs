@@ -101,38 +101,50 @@ async fn measure(tools: &Tools, host: &PiHost, options: &Options, n: usize) -> R
         if warm.received != expected {
             bail!("warm-up: {} of {expected} deliveries", warm.received);
         }
-        let events = ((options.rate as f64) * options.secs) as u64;
-        let cpu = CpuMeter::start(host.pid)?;
-        let t0 = now_us();
-        stream_all(&mut sessions, events, options.rate, 2).await?;
-        let wait = Duration::from_secs_f64(options.secs + 60.0);
-        let r = pool.await_tag(2, events, wait).await?;
-        let cpu_us = cpu.elapsed_us()?;
-        let wall_us = r.last_us.saturating_sub(t0).max(1);
-        let rss = rss_kib(host.pid)?;
-        let agents_rss: u64 = host
-            .agent_pids()
-            .iter()
-            .filter_map(|p| rss_kib(*p).ok())
-            .sum();
-        idle_all(&mut sessions).await?;
-        let expected = events * (n * options.subscribers) as u64;
-        Ok(json!({
-            "sessions": n,
-            "events_per_s": n as u64 * options.rate,
-            "expected": expected,
-            "received": r.received,
-            "closed": r.closed,
-            "host_cpu_pct": cpu_us as f64 * 100.0 / wall_us as f64,
-            "host_rss_mib": rss as f64 / 1024.0,
-            "agents_rss_mib": agents_rss as f64 / 1024.0,
-            "latency": latency(&r.hist),
-            "load": crate::procstat::loadavg(),
-        }))
+        let mut run = stream_measured(host, &mut sessions, &mut pool, options).await?;
+        run["sessions"] = json!(n);
+        Ok(run)
     }
     .await;
     pool.stop().await;
     outcome
+}
+
+/// The measured stream: every agent `options.secs` at `options.rate`, the host's CPU over it.
+async fn stream_measured(
+    host: &PiHost,
+    sessions: &mut [(Control, String)],
+    pool: &mut Pool,
+    options: &Options,
+) -> Result<Value> {
+    let n = sessions.len();
+    let events = ((options.rate as f64) * options.secs) as u64;
+    let cpu = CpuMeter::start(host.pid)?;
+    let t0 = now_us();
+    stream_all(sessions, events, options.rate, 2).await?;
+    let wait = Duration::from_secs_f64(options.secs + 60.0);
+    let r = pool.await_tag(2, events, wait).await?;
+    let cpu_us = cpu.elapsed_us()?;
+    let wall_us = r.last_us.saturating_sub(t0).max(1);
+    let rss = rss_kib(host.pid)?;
+    let agents_rss: u64 = host
+        .agent_pids()
+        .iter()
+        .filter_map(|p| rss_kib(*p).ok())
+        .sum();
+    idle_all(sessions).await?;
+    let expected = events * (n * options.subscribers) as u64;
+    Ok(json!({
+        "events_per_s": n as u64 * options.rate,
+        "expected": expected,
+        "received": r.received,
+        "closed": r.closed,
+        "host_cpu_pct": cpu_us as f64 * 100.0 / wall_us as f64,
+        "host_rss_mib": rss as f64 / 1024.0,
+        "agents_rss_mib": agents_rss as f64 / 1024.0,
+        "latency": latency(&r.hist),
+        "load": crate::procstat::loadavg(),
+    }))
 }
 
 fn latency(hist: &Histogram) -> Value {
