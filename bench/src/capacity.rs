@@ -54,14 +54,8 @@ pub async fn capacity(
 
 async fn one(tools: &Tools, disk_dir: &Path, options: &Options, n: usize) -> Result<Value> {
     let agents = (n + 8).to_string();
-    let extra = [
-        "--max-agents",
-        &agents,
-        "--requests-per-second",
-        "100000",
-        "--request-burst",
-        "100000",
-    ];
+    // PiHost::start lifts the rate limit already.
+    let extra = ["--max-agents", &agents];
     let host = PiHost::start(tools, disk_dir, &extra).await?;
     let outcome = measure(tools, &host, options, n).await;
     host.stop().await;
