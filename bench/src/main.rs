@@ -8,6 +8,7 @@
 //! - `pi-bench worker`: a load-generating client process (started by `run`).
 
 mod bytes;
+mod capacity;
 mod gateway;
 mod hist;
 mod host;
@@ -52,7 +53,8 @@ struct RunArgs {
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
     /// Scenarios to run (comma-separated): fanout, resume, memory, durability, bytes, and
-    /// gateway (only when named: it needs nats-server and pi-gateway, and takes minutes).
+    /// gateway (only when named: it needs nats-server and pi-gateway, and takes minutes), and
+    /// capacity (only when named: N sessions streaming at model speed on one host).
     #[arg(
         long,
         value_delimiter = ',',
@@ -107,6 +109,18 @@ struct RunArgs {
     /// After the largest host count, ramp the per-host rate through the gateway alone.
     #[arg(long)]
     gateway_ceiling: bool,
+    /// Session counts for the capacity scenario (one host each).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,25,50,100")]
+    capacity_sessions: Vec<usize>,
+    /// Subscribers per session in the capacity scenario.
+    #[arg(long, default_value_t = 2)]
+    capacity_subscribers: usize,
+    /// Deltas per second each agent streams in the capacity scenario (model speed).
+    #[arg(long, default_value_t = 30)]
+    capacity_rate: u64,
+    /// Seconds of the capacity scenario's measured stream.
+    #[arg(long, default_value_t = 10.0)]
+    capacity_secs: f64,
     /// pi-gateway binary [default: next to pi-bench]
     #[arg(long)]
     pi_gateway: Option<PathBuf>,
@@ -312,7 +326,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut results = json!({
         "meta": meta(&args, &pi_host),
         "fanout": [], "resume": [], "memory": [], "durability": null, "bytes": null,
-        "gateway": null,
+        "gateway": null, "capacity": null,
     });
     let wants = |s: &str| args.only.iter().any(|o| o == s);
     let log = |what: String| {
@@ -398,6 +412,19 @@ async fn run(args: RunArgs) -> Result<()> {
         }
         .await;
         results["gateway"] = or_error(outcome, "gateway");
+        save(&out, &results)?;
+    }
+    if wants("capacity") {
+        log("capacity".into());
+        let options = capacity::Options {
+            sessions: args.capacity_sessions.clone(),
+            subscribers: args.capacity_subscribers,
+            rate: args.capacity_rate,
+            secs: args.capacity_secs,
+            processes: args.processes,
+        };
+        let outcome = capacity::capacity(&ctx.tools, &ctx.disk_dir, &options, ctx.deadline).await;
+        results["capacity"] = or_error(outcome, "capacity");
         save(&out, &results)?;
     }
     let _ = std::fs::remove_dir_all(&tmpfs);

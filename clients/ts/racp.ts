@@ -240,6 +240,10 @@ export type ApprovalRespondRequest = {
   id: RequestId;
   method: "approval/respond";
   params: ApprovalRespondParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 export type ApprovalRespondResult = {
@@ -341,6 +345,10 @@ export type CredentialDeleteRequest = {
   id: RequestId;
   method: "credential/delete";
   params: ProviderRef;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -366,6 +374,10 @@ export type CredentialListRequest = {
   id: RequestId;
   method: "credential/list";
   params?: Empty | null;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 export type CredentialListResult = {
@@ -391,6 +403,10 @@ export type CredentialSetRequest = {
   id: RequestId;
   method: "credential/set";
   params: CredentialSetParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 export type CredentialSetResult = {
@@ -474,6 +490,10 @@ export type DeviceListRequest = {
   id: RequestId;
   method: "device/list";
   params?: Empty | null;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 export type DeviceListResult = {
@@ -494,6 +514,10 @@ export type DeviceRevokeRequest = {
   id: RequestId;
   method: "device/revoke";
   params: DeviceRevokeParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -656,6 +680,10 @@ export type FsListRequest = {
   id: RequestId;
   method: "fs/list";
   params: PathParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -700,6 +728,10 @@ export type FsReadRequest = {
   id: RequestId;
   method: "fs/read";
   params: FsReadParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -753,6 +785,10 @@ export type FsStatRequest = {
   id: RequestId;
   method: "fs/stat";
   params: PathParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -821,6 +857,10 @@ export type HelloRequest = {
   id: RequestId;
   method: "hello";
   params: HelloParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -913,6 +953,10 @@ export type HostInfoRequest = {
   id: RequestId;
   method: "host/info";
   params?: Empty | null;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -960,6 +1004,10 @@ export type HostListRequest = {
   id: RequestId;
   method: "host/list";
   params?: Empty | null;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1072,6 +1120,10 @@ export type ModelListRequest = {
   id: RequestId;
   method: "model/list";
   params?: Empty | null;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 export type ModelListResult = {
@@ -1119,6 +1171,10 @@ export type PairRequest = {
   id: RequestId;
   method: "pair";
   params: PairParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1160,6 +1216,10 @@ export type PairingCreateRequest = {
   id: RequestId;
   method: "pairing/create";
   params: PairingCreateParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1346,6 +1406,10 @@ export type ProviderDeleteRequest = {
   id: RequestId;
   method: "provider/delete";
   params: ProviderRef;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1406,6 +1470,10 @@ export type ProviderSetRequest = {
   id: RequestId;
   method: "provider/set";
   params: ProviderSetParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1506,6 +1574,10 @@ export type SessionBashAbortRequest = {
   id: RequestId;
   method: "session/bash_abort";
   params: SessionRef;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1559,6 +1631,10 @@ export type SessionBashRequest = {
   id: RequestId;
   method: "session/bash";
   params: SessionBashParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1601,6 +1677,10 @@ export type SessionClearQueueRequest = {
   id: RequestId;
   method: "session/clear_queue";
   params: SessionClearQueueParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1629,6 +1709,10 @@ export type SessionCloneRequest = {
   id: RequestId;
   method: "session/clone";
   params: SessionCloneParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1638,6 +1722,10 @@ export type SessionCloseRequest = {
   id: RequestId;
   method: "session/close";
   params: SessionRef;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1657,6 +1745,10 @@ export type SessionCommandsRequest = {
   id: RequestId;
   method: "session/commands";
   params: SessionRef;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1685,6 +1777,10 @@ export type SessionCompactRequest = {
   id: RequestId;
   method: "session/compact";
   params: SessionCompactParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1745,6 +1841,10 @@ export type SessionConfigureRequest = {
   id: RequestId;
   method: "session/configure";
   params: SessionConfigureParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1793,6 +1893,10 @@ export type SessionCreateRequest = {
   id: RequestId;
   method: "session/create";
   params: SessionCreateParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 export type SessionCreateResult = {
@@ -1838,6 +1942,10 @@ export type SessionExportRequest = {
   id: RequestId;
   method: "session/export";
   params: SessionExportParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1878,6 +1986,10 @@ export type SessionForkRequest = {
   id: RequestId;
   method: "session/fork";
   params: SessionForkParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1919,6 +2031,10 @@ export type SessionGetRequest = {
   id: RequestId;
   method: "session/get";
   params: SessionRef;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -1959,6 +2075,10 @@ export type SessionHistoryRequest = {
   id: RequestId;
   method: "session/history";
   params: SessionHistoryParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -2027,6 +2147,10 @@ export type SessionListRequest = {
   id: RequestId;
   method: "session/list";
   params?: Empty | null;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 export type SessionListResult = {
@@ -2058,6 +2182,10 @@ export type SessionRenameRequest = {
   id: RequestId;
   method: "session/rename";
   params: SessionRenameParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -2109,6 +2237,10 @@ export type SessionStatsRequest = {
   id: RequestId;
   method: "session/stats";
   params: SessionRef;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -2170,6 +2302,10 @@ export type SessionStreamRequest = {
   id: RequestId;
   method: "session/stream";
   params: SessionStreamParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -2206,6 +2342,10 @@ export type SessionSubscribeRequest = {
   id: RequestId;
   method: "session/subscribe";
   params: SessionSubscribeParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 export type SessionSubscribeResult = {
@@ -2227,6 +2367,10 @@ export type SessionUnsubscribeRequest = {
   id: RequestId;
   method: "session/unsubscribe";
   params: SessionUnsubscribeParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -2375,6 +2519,10 @@ export type TurnAbortRequest = {
   id: RequestId;
   method: "turn/abort";
   params: TurnRef;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -2400,6 +2548,10 @@ export type TurnFollowUpRequest = {
   id: RequestId;
   method: "turn/follow_up";
   params: TurnStartParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -2492,6 +2644,10 @@ export type TurnStartRequest = {
   id: RequestId;
   method: "turn/start";
   params: TurnStartParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 export type TurnStartResult = {
@@ -2538,6 +2694,10 @@ export type TurnSteerRequest = {
   id: RequestId;
   method: "turn/steer";
   params: TurnSteerParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -2624,6 +2784,10 @@ export type WorkspaceDiffRequest = {
   id: RequestId;
   method: "workspace/diff";
   params: WorkspaceDiffParams;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**
@@ -2651,6 +2815,10 @@ export type WorkspaceStatusRequest = {
   id: RequestId;
   method: "workspace/status";
   params: SessionRef;
+  /**
+   * The call's trace id, for logs (protocol.md §3.3); made by the server when absent.
+   */
+  traceId?: string;
 };
 
 /**

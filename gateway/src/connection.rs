@@ -97,7 +97,8 @@ pub async fn run(
     let device_id = caller.device_id().map(str::to_string);
     let host_capabilities = host_capabilities(&gateway, host.as_deref()).await;
     let (out, queue) = mpsc::channel::<Outgoing>(OUTGOING_QUEUE);
-    let live = Subscriptions::new(s.max_lag_events, s.max_events_per_frame);
+    let live = Subscriptions::new(s.max_lag_events, s.max_events_per_frame)
+        .counted_in(gateway.metrics.clone(), caller.principal().role_label());
     let pushes = GatewayPushes {
         wake: live.notify.clone(),
         queue,

@@ -5,7 +5,7 @@ use crate::devices::DeviceRecord;
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
 use racp_proto::gateway::{
-    HOSTS_BUCKET, HostRecord, OFFLINE_AFTER_MS, RoutedCall, RoutedReply, call_subject,
+    HOSTS_BUCKET, HostRecord, OFFLINE_AFTER_MS, RoutedCall, RoutedReply, TRACE_HEADER, call_subject,
 };
 use racp_proto::methods::handshake::HostIdentity;
 use racp_proto::methods::host::{HostEntry, HostListResult, HostStatus};
@@ -151,7 +151,11 @@ pub async fn route(
     };
     let body = serde_json::to_vec(&call).map_err(|e| internal(&e))?;
     let subject = call_subject(host_id);
-    let headers = sign(signer, host_id, &subject, &body)?;
+    let mut headers = sign(signer, host_id, &subject, &body)?;
+    // The call's trace id goes to the host's log with it (docs/protocol.md §3.3).
+    if let Some(trace_id) = racp_server::trace::current() {
+        headers.insert(TRACE_HEADER, trace_id.as_str());
+    }
     let long = call_timeout(routed.method);
     let mut request = async_nats::Request::new()
         .headers(headers)

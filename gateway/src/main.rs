@@ -29,6 +29,7 @@ mod stream;
 use clap::{Parser, Subcommand};
 use racp_proto::Role;
 use racp_proto::fingerprint::CertSha256;
+use racp_server::usage::LogFormat;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -62,6 +63,16 @@ struct Cli {
     /// Copies JetStream keeps of the gateway's buckets and streams (3 on a three-node cluster)
     #[arg(long, global = true, default_value_t = 1)]
     replicas: usize,
+    /// The log's format on stderr: text lines, or one JSON object a line (with the call's span
+    /// and trace id)
+    #[arg(
+        long,
+        global = true,
+        env = "PI_GATEWAY_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -170,19 +181,32 @@ struct ServeArgs {
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The log on stderr: text (colour at a terminal) or one JSON object a line.
+fn init_log(format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PI_GATEWAY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = match racp_server::usage::parse::<Cli>() {
         Ok(cli) => cli,
         Err(exit) => return exit,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PI_GATEWAY_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_log(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

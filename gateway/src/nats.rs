@@ -89,7 +89,10 @@ pub async fn connect(
         .request_timeout(Some(Duration::from_secs(10)))
         .event_callback(|event| async move {
             match event {
-                async_nats::Event::Connected => tracing::info!("NATS connected"),
+                async_nats::Event::Connected => {
+                    crate::metrics::nats_connected();
+                    tracing::info!("NATS connected");
+                }
                 async_nats::Event::Disconnected => tracing::warn!("NATS link down; retrying"),
                 other => tracing::warn!(event = %other, "NATS"),
             }

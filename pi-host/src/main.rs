@@ -7,6 +7,7 @@ use config::ServeConfig;
 use racp_proto::validate::printable;
 use racp_proto::{AppError, Role};
 use racp_server::uplink::key;
+use racp_server::usage::LogFormat;
 use racp_server::{clock, identity, listener, tls};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,6 +24,16 @@ struct Cli {
     /// $XDG_DATA_HOME/pi-host]
     #[arg(long, global = true, env = "PI_HOST_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// The log's format on stderr: text lines, or one JSON object a line (with the call's span
+    /// and trace id)
+    #[arg(
+        long,
+        global = true,
+        env = "PI_HOST_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -133,6 +144,33 @@ fn parse_duration(text: &str) -> Result<u64, String> {
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The log on stderr, every line through the redactor; colour for a person at a terminal,
+/// never in a redirected log (or with NO_COLOR), never in JSON.
+fn init_log(format: LogFormat, redactor: &pi_host::redact::Redactor) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PI_HOST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(pi_host::redact::LogWriter::new(
+            redactor.clone(),
+            std::io::stderr,
+        ));
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").is_none(),
+            )
+            .init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = match racp_server::usage::parse::<Cli>() {
         Ok(cli) => cli,
@@ -146,21 +184,7 @@ fn main() -> ExitCode {
     // The log and the agents' output share one redaction: it learns the provider keys when the
     // host's state opens (pi_host::redact).
     let redactor = pi_host::redact::Redactor::default();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PI_HOST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(pi_host::redact::LogWriter::new(
-            redactor.clone(),
-            std::io::stderr,
-        ))
-        // Colour for a person at a terminal, never in a redirected log (or with NO_COLOR).
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none(),
-        )
-        .init();
+    init_log(cli.log_format, &redactor);
     let data_dir = cli.data_dir.unwrap_or_else(config::default_data_dir);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

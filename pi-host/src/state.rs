@@ -92,7 +92,7 @@ impl HostState {
             &db_path,
             config.retention,
             config.history,
-            metrics.events_appended.clone(),
+            metrics.commits.clone(),
         )?;
         let limits = config.limits.clone();
         let agent_extensions =

@@ -1,7 +1,8 @@
 //! The operator's listener (docs/reliability.md, "Metrics and health"): a real host with the
 //! stand-in agent and `--metrics-listen 127.0.0.1:0`, its address read from the state file;
 //! the counters move with a turn, a CURSOR_EXPIRED, a CLIENT_TOO_SLOW cut and a revoke;
-//! `/readyz` fails while the store refuses writes; a real Prometheus scrapes the host.
+//! `/readyz` fails while the store refuses writes; a real Prometheus scrapes a host and the
+//! gateway it is attached to.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -117,6 +118,44 @@ async fn counters_move_with_a_turn_an_expired_cursor_a_slow_cut_and_a_revoke() {
     .await;
     let turns = r#"pi_host_calls_total{method="turn/start",code="ok"}"#;
     assert_eq!(value(&text, turns), 1.0, "{text}");
+    // The turn's latency, commits, deliveries, the subscription and the agent it started.
+    let took = r#"pi_host_request_seconds_count{method="turn/start"}"#;
+    assert_eq!(value(&text, took), 1.0, "{text}");
+    assert!(
+        value(&text, "pi_host_commit_seconds_count") >= 1.0,
+        "{text}"
+    );
+    let text = until_series(o.metrics, "pi_host_events_delivered_total", |v| {
+        v >= events.len() as f64
+    })
+    .await;
+    let owners = r#"pi_host_subscriptions{role="owner"}"#;
+    assert_eq!(value(&text, owners), 1.0, "{text}");
+    assert_eq!(value(&text, "pi_host_agents_started_total"), 1.0, "{text}");
+    assert_eq!(value(&text, "pi_host_agents_running"), 1.0, "{text}");
+    assert!(value(&text, "pi_host_agents_rss_bytes") > 0.0, "{text}");
+    assert!(value(&text, "pi_host_store_bytes") > 0.0, "{text}");
+
+    // An approval answered: settled, counted by its outcome.
+    let turn = json!({"sessionId": session_id, "idempotencyKey": "k0", "text": "approve:confirm"});
+    assert!(
+        call(&mut client, "turn/start", turn)
+            .await
+            .get("result")
+            .is_some()
+    );
+    let asked = client
+        .events_until(tests::PATIENCE, |e| e["type"] == "approval.requested")
+        .await;
+    let approval_id = asked.last().unwrap()["data"]["approvalId"].clone();
+    let allow = json!({"approvalId": approval_id, "decision": "allow"});
+    let allowed = call(&mut client, "approval/respond", allow).await;
+    assert!(allowed.get("result").is_some(), "{allowed}");
+    let events = client
+        .events_until(tests::PATIENCE, |e| e["type"] == "turn.finished")
+        .await;
+    let settled = r#"pi_host_approvals_settled_total{outcome="allowed"}"#;
+    until_series(o.metrics, settled, |v| v == 1.0).await;
 
     // A cursor the host never gave out: CURSOR_EXPIRED, counted by method and code and alone.
     let (epoch, _) = start.as_str().unwrap().rsplit_once('-').unwrap();
@@ -162,6 +201,15 @@ async fn counters_move_with_a_turn_an_expired_cursor_a_slow_cut_and_a_revoke() {
     let text = until_series(o.metrics, DEVICES, |v| v == 1.0).await;
     let revokes = r#"pi_host_calls_total{method="device/revoke",code="ok"}"#;
     assert_eq!(value(&text, revokes), 1.0, "{text}");
+    // A session closed: its agent stopped, counted.
+    let closed = call(
+        &mut client,
+        "session/close",
+        json!({"sessionId": session_id}),
+    )
+    .await;
+    assert!(closed.get("result").is_some(), "{closed}");
+    let text = until_series(o.metrics, "pi_host_agents_stopped_total", |v| v == 1.0).await;
     // Nothing that names a device, a path or a prompt is a label.
     for secret in [second_id.as_str(), session_id.as_str(), "deltas:3", "big:"] {
         assert!(!text.contains(secret), "{secret} in the metrics:\n{text}");
@@ -288,12 +336,17 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    async fn start(target: SocketAddr) -> Prometheus {
+    /// Scrapes each `(job, target)`.
+    async fn start(targets: &[(&str, SocketAddr)]) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("prometheus.yml");
-        let scrape = format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: pi-host\n    static_configs:\n      - targets: ['{target}']\n"
-        );
+        let mut scrape =
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n".to_string();
+        for (job, target) in targets {
+            scrape.push_str(&format!(
+                "  - job_name: {job}\n    static_configs:\n      - targets: ['{target}']\n"
+            ));
+        }
         std::fs::write(&config, scrape).unwrap();
         // Prometheus takes an address, not a socket: a port the OS had free a moment ago.
         let api = std::net::TcpListener::bind("127.0.0.1:0")
@@ -345,13 +398,61 @@ impl Prometheus {
     }
 }
 
+/// A host and a gateway it is attached to, both serving metrics, and a session streamed
+/// through the gateway (so the gateway's series hold a host's stream).
+struct Attached {
+    _fleet: tests::gateway::Fleet,
+    gateway: tests::gateway::GatewayProcess,
+    host: HostProcess,
+    host_metrics: SocketAddr,
+    _state_dir: tempfile::TempDir,
+}
+
+async fn attached() -> Attached {
+    assert!(
+        tests::nats::available(),
+        "nats-server is not installed: scripts/test installs it"
+    );
+    let mut fleet = tests::gateway::Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet
+        .gateway_with(&["--metrics-listen", "127.0.0.1:0"])
+        .await;
+    let state_dir = tempfile::tempdir().unwrap();
+    let state_file = state_dir.path().join("state.json");
+    let state_arg = state_file.to_str().unwrap();
+    let args = ["--metrics-listen", "127.0.0.1:0", "--state-file", state_arg];
+    let (host, host_id) = fleet.host(&args).await;
+    let state: Value = serde_json::from_slice(&std::fs::read(&state_file).unwrap()).unwrap();
+    let host_metrics = state["metricsListen"].as_str().unwrap().parse().unwrap();
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = Client::connect(&gateway.url(), &token).await.unwrap();
+    root.hello().await;
+    tests::gateway::until_online(&mut root, &host_id).await;
+    let mut desk = Client::connect(&gateway.host_url(&host_id), &token)
+        .await
+        .unwrap();
+    desk.hello().await;
+    let workspace = json!({"workspace": host.workspace("w")});
+    let created = call(&mut desk, "session/create", workspace).await;
+    assert!(created.get("result").is_some(), "{created}");
+    Attached {
+        _fleet: fleet,
+        gateway,
+        host,
+        host_metrics,
+        _state_dir: state_dir,
+    }
+}
+
 #[tokio::test]
-async fn a_prometheus_server_scrapes_the_host_and_answers_its_series() {
-    let o = start_host(&[]).await;
-    let (_, token) = o.host.pair_device("laptop", &[]).await;
-    let mut client = Client::connect(&o.host.url(), &token).await.unwrap();
+async fn a_prometheus_server_scrapes_a_host_and_a_gateway_and_answers_their_series() {
+    let a = attached().await;
+    let gateway_metrics = a.gateway.metrics.expect("the gateway's metrics address");
+    let (_, token) = a.host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&a.host.url(), &token).await.unwrap();
     client.hello().await;
-    let prometheus = Prometheus::start(o.metrics).await;
+    let prometheus =
+        Prometheus::start(&[("pi-host", a.host_metrics), ("pi-gateway", gateway_metrics)]).await;
     let devices = prometheus
         .until("pi_host_connections", |s| {
             s["metric"]["kind"] == "device" && s["value"][1] == "1"
@@ -367,4 +468,97 @@ async fn a_prometheus_server_scrapes_the_host_and_answers_its_series() {
     prometheus
         .until("pi_host_sandbox_enforced", |s| s["value"][1].is_string())
         .await;
+    // The gateway's: its NATS link, and the host's stream against its limit.
+    let nats = prometheus
+        .until("pi_gateway_nats_connected", |s| s["value"][1] == "1")
+        .await;
+    assert_eq!(nats[0]["metric"]["job"], "pi-gateway", "{nats}");
+    let limit = prometheus
+        .until("pi_gateway_host_stream_max_bytes", |s| {
+            s["value"][1].as_str().is_some_and(|v| v != "0")
+        })
+        .await;
+    let host = &limit[0]["metric"]["host"];
+    prometheus
+        .until("pi_gateway_host_stream_bytes", |s| {
+            s["metric"]["host"] == *host
+        })
+        .await;
+    prometheus
+        .until(r#"pi_gateway_calls_total{method="session/create"}"#, |s| {
+            s["value"][1] == "1"
+        })
+        .await;
+}
+
+/// Every series name deploy/grafana-dashboard.json queries (`pi_host_…`, `pi_gateway_…`).
+fn dashboard_series() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana-dashboard.json");
+    let dashboard: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let mut names = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            for (at, _) in expr.match_indices("pi_") {
+                let name: String = expr[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if name.starts_with("pi_host_") || name.starts_with("pi_gateway_") {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    assert!(!names.is_empty(), "the dashboard queries no series");
+    names
+}
+
+/// Whether a scrape exports `name`: its family's TYPE line, under the name a sample has less
+/// its suffix (`_total`, `_bucket`, `_sum`, `_count`).
+fn exported(text: &str, name: &str) -> bool {
+    let family = ["_total", "_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name);
+    text.lines()
+        .any(|line| line.starts_with(&format!("# TYPE {family} ")))
+}
+
+/// deploy/: the dashboard asks only for series a real host and gateway export, and
+/// prometheus.yml is a valid configuration (promtool, where Debian's prometheus installed it).
+#[tokio::test]
+async fn the_dashboard_queries_series_a_host_and_a_gateway_export() {
+    let a = attached().await;
+    let gateway_metrics = a.gateway.metrics.expect("the gateway's metrics address");
+    // The series read at a scrape are there from the start; the per-call ones after a call.
+    let (_, token) = a.host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&a.host.url(), &token).await.unwrap();
+    client.hello().await;
+    let listed = call(&mut client, "session/list", json!({})).await;
+    assert!(listed.get("result").is_some(), "{listed}");
+    let (_, host_text) = get(a.host_metrics, "/metrics").await;
+    let (_, gateway_text) = get(gateway_metrics, "/metrics").await;
+    for name in dashboard_series() {
+        let text = if name.starts_with("pi_host_") {
+            &host_text
+        } else {
+            &gateway_text
+        };
+        assert!(exported(text, &name), "{name} is not exported:\n{text}");
+    }
+    let promtool = Path::new("/usr/bin/promtool");
+    if promtool.exists() {
+        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus.yml");
+        let checked = std::process::Command::new(promtool)
+            .args(["check", "config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(
+            checked.status.success(),
+            "{}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+    }
 }

@@ -61,6 +61,9 @@ pub struct Request<P> {
     pub id: RequestId,
     pub method: String,
     pub params: P,
+    /// The call's trace id (`crate::trace`), when the client chooses it.
+    #[serde(rename = "traceId", default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// A successful reply.

@@ -26,6 +26,9 @@ pub const CALL_SIGNATURE_HEADER: &str = "Racp-Signature";
 pub const CALL_AT_HEADER: &str = "Racp-Call-At";
 /// Header carrying a routed call's unique id (the nonce a host remembers against replays).
 pub const CALL_ID_HEADER: &str = "Racp-Call-Id";
+/// Header carrying a routed call's trace id (`crate::trace`), for the host's log; not signed,
+/// since nothing is decided by it, and checked by the host like a client's.
+pub const TRACE_HEADER: &str = "Racp-Trace-Id";
 /// A routed call signed further than this from the host's clock (either way) is refused.
 pub const CALL_MAX_SKEW_MS: u64 = 30_000;
 

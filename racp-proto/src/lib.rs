@@ -13,6 +13,7 @@
 //! - [`pi`]: pi's RPC mode as data, the one reader of pi's format: its event types, a line read
 //!   in one pass, commands and replies, compaction of its stream updates and the rebuild of
 //!   what they stream.
+//! - [`trace`]: a call's trace id, presented or made.
 //! - [`cursor`], [`role`], [`capability`], [`limits`], [`validate`]: the pieces they are built
 //!   from.
 //! - [`codegen`]: renders the generated documents.
@@ -35,6 +36,7 @@ pub mod methods;
 pub mod permission;
 pub mod pi;
 pub mod role;
+pub mod trace;
 pub mod validate;
 
 pub use capability::Capability;

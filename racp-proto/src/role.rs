@@ -62,6 +62,11 @@ impl Principal {
             Principal::Owner => Some(Role::Owner),
         }
     }
+
+    /// The strongest role's name, `none` without one: a metric's label (a closed set).
+    pub fn role_label(&self) -> &'static str {
+        self.top_role().map_or("none", Role::as_str)
+    }
 }
 
 /// Who may call a method.

@@ -9,14 +9,16 @@ use crate::connections::{CallPass, Connections, DeviceGate, Registration, Slot};
 use crate::hello::Agreed;
 use crate::metrics::{CoreMetrics, Metrics};
 use crate::socket::{FINAL_FRAME_GRACE, Socket, close_with, error_reply, send_all};
+use crate::trace::stamp;
 use crate::wire::encode;
 use futures_util::StreamExt;
-use racp_proto::codec::{Rejected, decode_request};
+use racp_proto::codec::{IncomingRequest, Rejected, decode_request};
 use racp_proto::elide::fit_reply;
 use racp_proto::events::SubscriptionHead;
 use racp_proto::frame::{ErrorReply, RequestId};
 use racp_proto::limits::PRE_HELLO_MAX_FRAME_BYTES;
 use racp_proto::methods::handshake::{HelloParams, HelloResult};
+use racp_proto::trace::TraceId;
 use racp_proto::{
     AppError, Call, CoreCall, EndpointCall, ErrorCode, HostCall, Method, Placed, SubscriptionCall,
 };
@@ -25,7 +27,7 @@ use serde_json::value::RawValue;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -193,9 +195,14 @@ pub async fn answer_routed<S: Service>(
     server_in_flight: Option<&(Arc<Semaphore>, u32)>,
     metrics: &CoreMetrics,
 ) -> Result<Box<RawValue>, AppError> {
+    let started = Instant::now();
     let answer = routed(service, method, params, server_in_flight).await;
-    metrics.answered(Some(method), answer.as_ref().err().map(AppError::code));
-    answer
+    finished(metrics, method, &answer, started);
+    // Within the routed call's trace scope (the router's id), its error carries that id.
+    match crate::trace::current() {
+        Some(trace_id) => traced(answer, &trace_id),
+        None => answer,
+    }
 }
 
 async fn routed<S: Service>(
@@ -405,29 +412,45 @@ impl<S: Service> Connection<S> {
                 return Some(encode(&ErrorReply { id, error }));
             }
         };
+        // The client's trace id, or one made here: the first hop (docs/protocol.md §3.3).
+        let trace_id = request.trace_id.clone().unwrap_or_else(crate::trace::mint);
+        let method = request.method;
+        let handled = self.handle_request(request, trace_id.clone(), replies);
+        crate::trace::scope(trace_id, method.as_str(), handled).await
+    }
+
+    /// One decoded request, within its call's trace scope.
+    async fn handle_request(
+        &mut self,
+        request: IncomingRequest<'_>,
+        trace_id: TraceId,
+        replies: &mpsc::Sender<Reply>,
+    ) -> Option<String> {
         let (id, method) = (request.id, request.method);
+        let started = Instant::now();
         let (call, pass) = match self.admit(method, request.params) {
             Ok(admitted) => admitted,
             Err(error) => {
                 self.settings
                     .metrics
                     .answered(Some(method), Some(error.code()));
-                return Some(error_reply(id, error));
+                return Some(error_reply(id, stamp(error, &trace_id)));
             }
         };
         // The pass is held to the end of this function, or moved into the spawned call.
         let answer = match call.place() {
-            Placed::Core(CoreCall::Hello(params)) => return Some(self.hello(id, params)),
+            Placed::Core(CoreCall::Hello(params)) => {
+                return Some(self.hello(id, params, &trace_id));
+            }
             Placed::Subscription(call) => {
                 let answer = self.service.subscription(call).await;
-                let code = answer.as_ref().err().map(AppError::code);
-                self.settings.metrics.answered(Some(method), code);
-                return Some(reply(id, answer));
+                finished(&self.settings.metrics, method, &answer, started);
+                return Some(reply(id, traced(answer, &trace_id)));
             }
             Placed::Endpoint(call) => self.service.endpoint(call),
             Placed::Host(call) => self.service.host(call, request.params),
         };
-        self.spawn_answer((id, method), answer, pass, replies)
+        self.spawn_answer((id, method, trace_id, started), answer, pass, replies)
     }
 
     /// Hello first, then the service's checks, then the device's gate (connections.rs): a
@@ -462,7 +485,7 @@ impl<S: Service> Connection<S> {
         Ok((call, pass))
     }
 
-    fn hello(&mut self, id: RequestId, params: HelloParams) -> String {
+    fn hello(&mut self, id: RequestId, params: HelloParams, trace_id: &TraceId) -> String {
         let agreed = crate::hello::agree(
             &params,
             self.settings.server,
@@ -478,14 +501,15 @@ impl<S: Service> Connection<S> {
         let said = said.inspect_err(|error| self.fatal = Some(error.clone()));
         let code = said.as_ref().err().map(AppError::code);
         self.settings.metrics.answered(Some(Method::Hello), code);
-        reply(id, said.and_then(|result| crate::wire::to_raw(&result)))
+        let said = said.and_then(|result| crate::wire::to_raw(&result));
+        reply(id, traced(said, trace_id))
     }
 
     /// Runs a call on its own task within the in-flight bounds (HOST_OVERLOADED beyond them);
     /// its reply goes through `replies`.
     fn spawn_answer(
         &self,
-        (id, method): (RequestId, Method),
+        (id, method, trace_id, started): (RequestId, Method, TraceId, Instant),
         answer: Answer,
         pass: Option<CallPass>,
         replies: &mpsc::Sender<Reply>,
@@ -502,20 +526,21 @@ impl<S: Service> Connection<S> {
             self.settings
                 .metrics
                 .answered(Some(method), Some(error.code()));
-            return Some(error_reply(id, error));
+            return Some(error_reply(id, stamp(error, &trace_id)));
         };
         let replies = replies.clone();
         let (budget, max_frame_bytes) = (self.settings.budget.clone(), self.max_frame_bytes);
         let metrics = self.settings.metrics.clone();
-        tokio::spawn(async move {
-            let answer = answer.await;
-            metrics.answered(Some(method), answer.as_ref().err().map(AppError::code));
+        // The task answers within the call's span, with its trace id.
+        tokio::spawn(crate::trace::carried(async move {
+            let answer = traced(answer.await, &trace_id);
+            finished(&metrics, method, &answer, started);
             let reply = charged(id, answer, max_frame_bytes, &budget);
             drop((on_connection, on_server));
             let _ = replies.send(reply).await;
             // Held until the reply is queued: a revoke waits for it (connections.rs).
             drop(pass);
-        });
+        }));
         None
     }
 }
@@ -548,6 +573,30 @@ fn charged(
             (error_reply(id, error), None)
         }
     }
+}
+
+/// A call answered: counted by method and code, its time observed, and a line in the log
+/// (at debug), within the call's span.
+fn finished(
+    metrics: &CoreMetrics,
+    method: Method,
+    answer: &Result<Box<RawValue>, AppError>,
+    started: Instant,
+) {
+    let code = answer.as_ref().err().map(AppError::code);
+    metrics.answered(Some(method), code);
+    let elapsed = started.elapsed();
+    metrics.took(method, elapsed);
+    let code = code.map_or("ok", ErrorCode::as_str);
+    tracing::debug!(code, elapsed_us = elapsed.as_micros() as u64, "answered");
+}
+
+/// The answer to a traced call: its error carries the call's trace id.
+fn traced(
+    answer: Result<Box<RawValue>, AppError>,
+    trace_id: &TraceId,
+) -> Result<Box<RawValue>, AppError> {
+    answer.map_err(|error| stamp(error, trace_id))
 }
 
 /// The reply frame to request `id`: its result spliced in as written, or its error.

@@ -7,6 +7,7 @@
 //! subscriber is one frame being written.
 
 use crate::log::{EventLog, LoggedEvent};
+use crate::metrics::Metrics;
 use racp_proto::events::{SubscriptionEndedParams, SubscriptionHead};
 use racp_proto::{AppError, Cursor, Epoch, ErrorCode};
 use serde_json::json;
@@ -95,7 +96,8 @@ enum Step {
     Slow(&'static str),
     /// The session ended (closed, or failed with the error) and every event is delivered.
     Ended(String, Option<AppError>),
-    Frame(String),
+    /// A frame and the number of events it carries.
+    Frame(String, usize),
 }
 
 impl<L: SharedLog> Subscription<L> {
@@ -127,11 +129,8 @@ impl<L: SharedLog> Subscription<L> {
         };
         let last = events.last()?;
         self.delivered = last.seq;
-        Some(Step::Frame(self.frame(
-            &events,
-            budget,
-            bounds.max_frame_bytes,
-        )))
+        let frame = self.frame(&events, budget, bounds.max_frame_bytes);
+        Some(Step::Frame(frame, events.len()))
     }
 
     /// The `session/events` push of `events`, each cut to `budget` bytes when it is larger.
@@ -177,6 +176,8 @@ pub struct Subscriptions<L: SharedLog> {
     next_id: u64,
     max_lag_events: u64,
     max_events_per_frame: usize,
+    /// Where deliveries and open subscriptions are counted, under the caller's role.
+    counted: Option<(Metrics, &'static str)>,
 }
 
 impl<L: SharedLog> Subscriptions<L> {
@@ -187,6 +188,20 @@ impl<L: SharedLog> Subscriptions<L> {
             next_id: 1,
             max_lag_events,
             max_events_per_frame,
+            counted: None,
+        }
+    }
+
+    /// Counts the events delivered and the subscriptions open into `metrics`, the latter under
+    /// `role` (the caller's strongest role: a closed set).
+    pub fn counted_in(mut self, metrics: Metrics, role: &'static str) -> Self {
+        self.counted = Some((metrics, role));
+        self
+    }
+
+    fn count_open(&self, change: i64) {
+        if let Some((metrics, role)) = &self.counted {
+            metrics.subscriptions_changed(role, change);
         }
     }
 
@@ -225,6 +240,7 @@ impl<L: SharedLog> Subscriptions<L> {
                 prefix: prefix.into_boxed_str(),
             },
         );
+        self.count_open(1);
         // Events may have been published between reading the head and watching.
         self.notify.notify_one();
     }
@@ -235,6 +251,7 @@ impl<L: SharedLog> Subscriptions<L> {
             return false;
         };
         sub.session.unwatch(sub.watcher);
+        self.count_open(-1);
         true
     }
 
@@ -251,7 +268,12 @@ impl<L: SharedLog> Subscriptions<L> {
             .iter_mut()
             .find_map(|(id, sub)| sub.next_step(id, &bounds))?;
         match step {
-            Step::Frame(frame) => Some(Delivery::Frame(frame)),
+            Step::Frame(frame, events) => {
+                if let Some((metrics, _)) = &self.counted {
+                    metrics.delivered(events);
+                }
+                Some(Delivery::Frame(frame))
+            }
             Step::Slow(why) => Some(Delivery::TooSlow(self.too_slow(why))),
             Step::Ended(id, error) => self.end(id, error).map(Delivery::Frame),
         }
@@ -262,6 +284,7 @@ impl<L: SharedLog> Subscriptions<L> {
     fn end(&mut self, id: String, error: Option<AppError>) -> Option<String> {
         let sub = self.subs.remove(&id)?;
         sub.session.unwatch(sub.watcher);
+        self.count_open(-1);
         let cursor = Cursor::new(sub.session.epoch(), sub.delivered);
         Some(crate::push::subscription_ended(&SubscriptionEndedParams {
             subscription_id: id,
@@ -322,5 +345,6 @@ impl<L: SharedLog> Drop for Subscriptions<L> {
         for sub in self.subs.values() {
             sub.session.unwatch(sub.watcher);
         }
+        self.count_open(-i64::try_from(self.subs.len()).unwrap_or(i64::MAX));
     }
 }

@@ -13,7 +13,7 @@
 //! - [`metrics`]: the core's counters and the operator's listener (`/metrics`, `/livez`,
 //!   `/readyz`).
 //! - [`uplink`]: the signed link to NATS a host and a gateway share; [`wire`], [`failure`],
-//!   [`log`], [`clock`], [`private_file`], [`token`], [`usage`], [`limits`]: what they are built
+//!   [`trace`] (a call's trace id, its span and its errors), [`log`], [`clock`], [`private_file`], [`token`], [`usage`], [`limits`]: what they are built
 //!   from.
 
 pub mod admission;
@@ -36,6 +36,7 @@ pub mod reframe;
 pub mod socket;
 pub mod tls;
 pub mod token;
+pub mod trace;
 pub mod upgrade;
 pub mod uplink;
 pub mod usage;

@@ -14,6 +14,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use racp_proto::{ErrorCode, Method};
 use std::future::Future;
@@ -37,13 +38,48 @@ struct CallLabels {
     code: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabel {
+    method: &'static str,
+}
+
+/// A histogram family whose every histogram has the same buckets.
+pub type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Buckets for a latency in seconds: 0.5 ms to 32 s, each four times the one before.
+pub fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 4.0, 9))
+}
+
 /// The connection core's series, counted by the core itself whatever the server.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CoreMetrics {
     connections: Family<KindLabel, Gauge>,
     calls: Family<CallLabels, Counter>,
+    request_seconds: Histograms<MethodLabel>,
     client_too_slow: Counter,
     cursor_expired: Counter,
+    events_delivered: Counter,
+    subscriptions: Family<RoleLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabel {
+    role: &'static str,
+}
+
+impl Default for CoreMetrics {
+    fn default() -> Self {
+        CoreMetrics {
+            connections: Family::default(),
+            calls: Family::default(),
+            request_seconds: Family::new_with_constructor(latency_histogram),
+            client_too_slow: Counter::default(),
+            cursor_expired: Counter::default(),
+            events_delivered: Counter::default(),
+            subscriptions: Family::default(),
+        }
+    }
 }
 
 /// The core's metrics, shared by every connection of a server.
@@ -51,7 +87,15 @@ pub type Metrics = Arc<CoreMetrics>;
 
 impl CoreMetrics {
     /// Adds the core's series to a server's registry (prefixed by it: `pi_host_`, `pi_gateway_`).
+    /// The series of a closed label set start at 0, so a dashboard finds each before it moves.
     pub fn register(&self, registry: &mut Registry) {
+        for kind in ["device", "pairing"] {
+            let _ = self.connections.get_or_create(&KindLabel { kind });
+        }
+        let roles = racp_proto::Role::ALL.iter().map(|role| role.as_str());
+        for role in roles.chain(["none"]) {
+            let _ = self.subscriptions.get_or_create(&RoleLabel { role });
+        }
         registry.register(
             "connections",
             "Open RACP-WS connections by principal kind (device, pairing)",
@@ -61,6 +105,21 @@ impl CoreMetrics {
             "calls",
             "Calls answered, by method and result code (ok or a registered error code)",
             self.calls.clone(),
+        );
+        registry.register(
+            "request_seconds",
+            "Time from a call's frame read to its answer, by method",
+            self.request_seconds.clone(),
+        );
+        registry.register(
+            "events_delivered",
+            "Events sent to subscribers (one per event per subscription)",
+            self.events_delivered.clone(),
+        );
+        registry.register(
+            "subscriptions",
+            "Open subscriptions by the subscriber's strongest role",
+            self.subscriptions.clone(),
         );
         registry.register(
             "client_too_slow",
@@ -96,6 +155,28 @@ impl CoreMetrics {
         }
     }
 
+    /// How long a call with a method took to answer.
+    pub fn took(&self, method: Method, elapsed: std::time::Duration) {
+        let label = MethodLabel {
+            method: method.as_str(),
+        };
+        let histogram = self.request_seconds.get_or_create(&label);
+        histogram.observe(elapsed.as_secs_f64());
+    }
+
+    /// `count` events went out to one subscription (fanout.rs, a gateway's catch-up).
+    pub fn delivered(&self, count: usize) {
+        self.events_delivered
+            .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
+    }
+
+    /// Subscriptions opened (`change` > 0) or ended under `role`.
+    pub fn subscriptions_changed(&self, role: &'static str, change: i64) {
+        self.subscriptions
+            .get_or_create(&RoleLabel { role })
+            .inc_by(change);
+    }
+
     /// An error left the core (a reply, a push, or the error a connection ended with).
     pub fn error_sent(&self, code: ErrorCode) {
         let counter = match code {
@@ -128,8 +209,11 @@ pub type Check = (&'static str, Result<(), String>);
 
 /// What a server adds to its listener: gauges read at each scrape and its readiness checks.
 pub trait Observed: Send + Sync + 'static {
-    /// Sets the gauges that are read rather than counted (agents running, ...), before a scrape.
-    fn refresh(&self) {}
+    /// Sets the gauges that are read rather than counted (agents running, ...), before a scrape;
+    /// within the server's own bound (a scrape waits for it).
+    fn refresh(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async {})
+    }
 
     /// The named checks `/readyz` runs, each within the server's own bound.
     fn checks(&self) -> Pin<Box<dyn Future<Output = Vec<Check>> + Send + '_>>;
@@ -176,7 +260,10 @@ pub async fn serve(listener: tokio::net::TcpListener, operator: Operator) {
     let metrics = operator.clone();
     let ready = operator.clone();
     let app = Router::new()
-        .route("/metrics", get(move || async move { scrape(&metrics) }))
+        .route(
+            "/metrics",
+            get(move || async move { scrape(&metrics).await }),
+        )
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(move || async move { readyz(&ready).await }));
     if let Err(error) = axum::serve(listener, app).await {
@@ -184,8 +271,8 @@ pub async fn serve(listener: tokio::net::TcpListener, operator: Operator) {
     }
 }
 
-fn scrape(operator: &Operator) -> Response {
-    operator.observed.refresh();
+async fn scrape(operator: &Operator) -> Response {
+    operator.observed.refresh().await;
     let mut text = String::new();
     if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &operator.registry) {
         tracing::warn!(%error, "metrics could not be encoded");

@@ -14,3 +14,13 @@ pub fn parse<C: clap::Parser>() -> Result<C, ExitCode> {
         })
     })
 }
+
+/// How a server writes its log (`--log-format`): lines for a person, or one JSON object per
+/// line for a collector, with the call's span and its `trace_id` in `span` (docs/reliability.md
+/// §9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}

@@ -985,7 +985,8 @@ async fn start_uses_a_lingering_user_systemd_when_there_is_one() {
     assert!(
         unit.contains(&format!(
             "ExecStart={root}/current/bin/pi-host --data-dir {root}/data serve --listen \
-             127.0.0.1:0 --state-file {root}/state.json --config {root}/config.toml"
+             127.0.0.1:0 --metrics-listen 127.0.0.1:0 --state-file {root}/state.json --config \
+             {root}/config.toml"
         )),
         "{unit}"
     );

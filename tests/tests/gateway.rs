@@ -1119,13 +1119,26 @@ async fn a_host_and_a_gateway_answer_hostile_input_the_same_way() {
     for ((name, host), (_, gateway)) in answers[0].iter().zip(&answers[1]) {
         let error = &host["error"];
         assert!(error["code"].is_string(), "{name}: {host}");
-        let mut gateway = gateway.clone();
+        // Each server makes its own trace id for a call (protocol.md §3.3): present on both
+        // or on neither, the rest the same.
+        let (mut host, mut gateway) = (host.clone(), gateway.clone());
+        let traced = |reply: &mut serde_json::Value| {
+            reply["error"]
+                .as_object_mut()
+                .and_then(|e| e.remove("traceId"))
+                .is_some()
+        };
+        assert_eq!(
+            traced(&mut host),
+            traced(&mut gateway),
+            "{name}: a traceId on one side"
+        );
         if name.starts_with("hello again") {
             // The one word that differs: who speaks.
             let message = gateway["error"]["message"].as_str().unwrap_or_default();
             gateway["error"]["message"] = message.replace("gateway", "host").into();
         }
-        assert_eq!(host, &gateway, "{name}: host, then gateway");
+        assert_eq!(host, gateway, "{name}: host, then gateway");
     }
 }
 
@@ -2331,4 +2344,104 @@ async fn until_ready(addr: std::net::SocketAddr, status: u16) -> String {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Waits until `log()` holds `text`, within the test's patience.
+async fn until_in_log(log: impl Fn() -> String, text: &str, who: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !log().contains(text) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{text} never in the {who}'s log:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A call's trace id (protocol.md §3.3): a client's `traceId`, or the one the gateway makes,
+/// names the call's lines in the gateway's log and in the host's (carried in the routed call's
+/// header), and comes back in the error's `traceId`; a malformed one is refused at the gateway.
+#[tokio::test]
+async fn a_routed_call_is_followed_by_its_trace_id_through_gateway_and_host_logs() {
+    if !tests::nats::available() {
+        panic!("nats-server is not installed: scripts/test installs it");
+    }
+    let one = one_host(1).await;
+    let mut desk = connect(&one.gateway.host_url(&one.host_id), &one.token).await;
+    let unknown = json!({"sessionId": "ses_none"});
+    // The client's own id, W3C traceparent-shaped.
+    let chosen = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let frame = json!({"id": 901, "method": "session/get", "params": unknown, "traceId": chosen});
+    desk.send_text(frame.to_string()).await;
+    let reply = reply_to(&mut desk, 901, PATIENCE).await.expect("a reply");
+    assert_eq!(reply["error"]["traceId"], chosen, "{reply}");
+    until_in_log(|| one.gateway.log(), chosen, "gateway").await;
+    until_in_log(|| one.host.log(), chosen, "host").await;
+    // None chosen: the gateway makes one, and the host logs the same.
+    let reply = desk.call("session/get", unknown.clone()).await;
+    let made = reply["error"]["traceId"]
+        .as_str()
+        .expect("a traceId")
+        .to_string();
+    assert_eq!(made.len(), 32, "{reply}");
+    until_in_log(|| one.gateway.log(), &made, "gateway").await;
+    until_in_log(|| one.host.log(), &made, "host").await;
+    // A malformed one is refused with its place named, and nothing is routed.
+    let bad = json!({"id": 902, "method": "session/get", "params": unknown, "traceId": "a b"});
+    desk.send_text(bad.to_string()).await;
+    let reply = reply_to(&mut desk, 902, PATIENCE).await.expect("a reply");
+    assert_eq!(reply["error"]["code"], "INVALID_ARGUMENT", "{reply}");
+    assert_eq!(reply["error"]["details"]["path"], "traceId", "{reply}");
+}
+
+/// The JSON line of `log` whose call span names `trace_id`, once one is written.
+async fn json_line_of(log: impl Fn() -> String, trace_id: &str, who: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let found = log().lines().find_map(|line| {
+            let line: Value = serde_json::from_str(line).ok()?;
+            (line["span"]["trace_id"] == trace_id).then_some(line)
+        });
+        if let Some(line) = found {
+            return line;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no JSON line of {trace_id} in the {who}'s log:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `--log-format json` (reliability.md §9): every line of both logs is one JSON object, and a
+/// routed call's lines carry its span with the trace id as a field, on the gateway and the host.
+#[tokio::test]
+async fn json_logs_carry_a_calls_trace_id_on_gateway_and_host() {
+    if !tests::nats::available() {
+        panic!("nats-server is not installed: scripts/test installs it");
+    }
+    let json = ["--log-format", "json"];
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet.gateway_with(&json).await;
+    let (host, host_id) = fleet.host(&json).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    until_status(&mut root, &host_id, "online").await;
+    let mut desk = connect(&gateway.host_url(&host_id), &token).await;
+    let frame = json!({"id": 7, "method": "session/list", "params": {}, "traceId": "json-trace-1"});
+    desk.send_text(frame.to_string()).await;
+    let reply = reply_to(&mut desk, 7, PATIENCE).await.expect("a reply");
+    assert!(reply["result"]["sessions"].is_array(), "{reply}");
+    for (log, who) in [(gateway.log(), "gateway"), (host.log(), "host")] {
+        for line in log.lines().filter(|l| !l.trim().is_empty()) {
+            let parsed: Result<Value, _> = serde_json::from_str(line);
+            assert!(parsed.is_ok(), "a {who} log line is not JSON: {line}");
+        }
+    }
+    let line = json_line_of(|| gateway.log(), "json-trace-1", "gateway").await;
+    assert_eq!(line["span"]["method"], "session/list", "{line}");
+    let line = json_line_of(|| host.log(), "json-trace-1", "host").await;
+    assert_eq!(line["span"]["name"], "call", "{line}");
 }

@@ -153,10 +153,12 @@ impl Drivers {
             copy.clone(),
             host.agent_options().redactor,
         );
-        tokio::task::spawn_blocking(move || copy_redacted(&from, &to, &redactor))
-            .await
-            .map_err(crate::internal)?
-            .map_err(crate::internal)?;
+        tokio::task::spawn_blocking(racp_server::trace::blocking(move || {
+            copy_redacted(&from, &to, &redactor)
+        }))
+        .await
+        .map_err(crate::internal)?
+        .map_err(crate::internal)?;
         let agent = self.agent_for(host, target).await?;
         let branched = Branched::of(&agent.call(command).await?);
         if branched.cancelled {

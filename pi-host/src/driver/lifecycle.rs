@@ -153,7 +153,7 @@ impl Driver {
             {
                 return;
             }
-            let Some(agent) = self.take_agent(&mut state) else {
+            let Some(agent) = self.take_agent(&mut state, &host.drivers().counts) else {
                 return;
             };
             (agent, idle_for, state.ran_turn)

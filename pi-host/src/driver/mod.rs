@@ -192,6 +192,8 @@ pub struct Drivers {
     pub approvals: Approvals,
     /// Held from the agent count to the spawn, so two starts cannot both take the last slot.
     spawn_gate: Mutex<()>,
+    /// Agents' starts and stops, for the host's metrics.
+    pub counts: crate::metrics::AgentCounts,
 }
 
 impl Drivers {
@@ -369,7 +371,7 @@ impl Drivers {
             if let Some(active) = state.active.as_mut() {
                 active.abort_requested = true;
             }
-            driver.take_agent(&mut state)
+            driver.take_agent(&mut state, &self.counts)
         };
         // Not under the lock: the pump drains the agent's last output meanwhile.
         if let Some(agent) = agent {
@@ -503,7 +505,12 @@ impl Driver {
         }
         let (spec, place) = self.agent_spec(host, state.spawned_before);
         let generation = host.models().generation();
-        let (agent, output) = host.agent().spawn(&spec, host.agent_options()).await?;
+        let counts = &host.drivers().counts;
+        counts.starting.inc();
+        let spawned = host.agent().spawn(&spec, host.agent_options()).await;
+        counts.starting.dec();
+        let (agent, output) = spawned?;
+        counts.started.inc();
         tokio::spawn(pump(host.clone(), self.clone(), agent.clone(), output));
         self.agent_pid.store(agent.pid(), Ordering::Relaxed);
         state.agent = Some(agent.clone());
@@ -568,7 +575,7 @@ impl Driver {
         if state.active.is_some() || state.generation == host.models().generation() {
             return;
         }
-        if let Some(stale) = self.take_agent(state) {
+        if let Some(stale) = self.take_agent(state, &host.drivers().counts) {
             tracing::info!(session_id = %self.session.id, "restarting the agent: the host's model settings changed");
             // Not under the driver's lock: the pump drains the agent's last output meanwhile.
             tokio::spawn(async move { stale.shutdown().await });
@@ -590,7 +597,7 @@ impl Driver {
         let idle_ms = state
             .last_used
             .map_or(0, |at| at.elapsed().as_millis() as u64);
-        if let Some(stale) = self.take_agent(state) {
+        if let Some(stale) = self.take_agent(state, &host.drivers().counts) {
             tracing::info!(session_id = %self.session.id, "restarting the agent: its sandbox changed");
             tokio::spawn(async move { stale.shutdown().await });
             let event = HostEvent::of_session(AgentStoppedData {
@@ -694,7 +701,7 @@ impl Driver {
         if !runs_the_turn {
             return Vec::new();
         }
-        self.take_agent(state);
+        self.take_agent(state, &host.drivers().counts);
         let mut events = Vec::new();
         if let Some(active) = state.active.take() {
             events = ended_by_exit(host, active, status, signal, stderr_tail);
@@ -704,9 +711,17 @@ impl Driver {
     }
 
     /// Takes the running agent out of the state (the caller stops it).
-    fn take_agent(&self, state: &mut DriverState) -> Option<Agent> {
+    fn take_agent(
+        &self,
+        state: &mut DriverState,
+        counts: &crate::metrics::AgentCounts,
+    ) -> Option<Agent> {
         self.agent_pid.store(0, Ordering::Relaxed);
-        state.agent.take()
+        let taken = state.agent.take();
+        if taken.is_some() {
+            counts.stopped.inc();
+        }
+        taken
     }
 
     /// A failed run of the running turn waits for pi's retry decision.

@@ -163,7 +163,7 @@ async fn on_blocking_pool<T: Send + 'static>(
     handler: impl FnOnce(&HostState) -> Result<T, AppError> + Send + 'static,
 ) -> Result<T, AppError> {
     let host = state.clone();
-    tokio::task::spawn_blocking(move || handler(&host))
+    tokio::task::spawn_blocking(racp_server::trace::blocking(move || handler(&host)))
         .await
         .unwrap_or_else(|e| Err(state.internal(e)))
 }

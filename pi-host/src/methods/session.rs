@@ -217,10 +217,12 @@ pub async fn configure(
     }
     let stored = host.clone();
     let (id, to_store) = (session.id.clone(), settings.clone());
-    tokio::task::spawn_blocking(move || stored.store.set_session_settings(&id, &to_store))
-        .await
-        .map_err(crate::internal)?
-        .map_err(crate::internal)?;
+    tokio::task::spawn_blocking(racp_server::trace::blocking(move || {
+        stored.store.set_session_settings(&id, &to_store)
+    }))
+    .await
+    .map_err(crate::internal)?
+    .map_err(crate::internal)?;
     if params.clear_grants {
         host.store
             .clear_grants(&session.id)
@@ -260,10 +262,12 @@ pub async fn rename(
     }
     let stored = host.clone();
     let (id, title) = (session.id.clone(), params.title.clone());
-    tokio::task::spawn_blocking(move || stored.store.set_session_title(&id, &title))
-        .await
-        .map_err(crate::internal)?
-        .map_err(crate::internal)?;
+    tokio::task::spawn_blocking(racp_server::trace::blocking(move || {
+        stored.store.set_session_title(&id, &title)
+    }))
+    .await
+    .map_err(crate::internal)?
+    .map_err(crate::internal)?;
     let event = HostEvent::of_session(SessionRenamedData {
         title: params.title.clone(),
         device_id: caller.device_id().map(str::to_string),

@@ -80,8 +80,10 @@ struct HostConnection {
 impl HostConnection {
     fn new(state: Arc<HostState>, caller: Caller, rate_key: Option<String>) -> Self {
         let limits = &state.config.limits;
+        let subs = Subscriptions::new(limits.max_lag_events, limits.max_events_per_frame)
+            .counted_in(state.metrics.core.clone(), caller.principal().role_label());
         HostConnection {
-            subs: Subscriptions::new(limits.max_lag_events, limits.max_events_per_frame),
+            subs,
             rate_key,
             state,
             caller,

@@ -3,6 +3,7 @@
 //! host's state at each scrape, and `/readyz`'s checks: the store (a write answers), the agent
 //! (the agent check says ready) and, with `--gateway`, the NATS link.
 
+use crate::metrics::Observation;
 use crate::state::HostState;
 use racp_proto::methods::host::AgentState;
 use racp_server::metrics::{Check, Observed, Operator};
@@ -23,7 +24,7 @@ pub async fn start(
     remote: bool,
 ) -> Result<SocketAddr, String> {
     let operator = Operator {
-        registry: state.metrics.registry(),
+        registry: state.metrics.registry(&state.drivers.counts),
         observed: Arc::new(HostObserved(Arc::downgrade(state))),
     };
     racp_server::metrics::listen(addr, remote, operator).await
@@ -33,20 +34,31 @@ pub async fn start(
 struct HostObserved(Weak<HostState>);
 
 impl Observed for HostObserved {
-    fn refresh(&self) {
-        let Some(state) = self.0.upgrade() else {
-            return;
-        };
-        let pending: usize = state
-            .sessions
-            .list()
-            .iter()
-            .map(|s| s.pending_approval_count())
-            .sum();
-        let running = state.drivers.agents_info(&*state).running;
-        state
-            .metrics
-            .observe(running, pending, state.sandbox.enforced());
+    fn refresh(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let Some(state) = self.0.upgrade() else {
+                return;
+            };
+            let approvals_pending: usize = state
+                .sessions
+                .list()
+                .iter()
+                .map(|s| s.pending_approval_count())
+                .sum();
+            let agents = state.drivers.agents_info(&*state);
+            let dir = state.config.data_dir.clone();
+            let sizes = tokio::task::spawn_blocking(move || on_disk(&dir));
+            let (store_bytes, history_bytes) =
+                bounded_sizes(CHECK_DEADLINE, sizes).await.unwrap_or((0, 0));
+            state.metrics.observe(Observation {
+                agents_running: agents.running,
+                agents_rss_bytes: agents.rss_bytes,
+                approvals_pending,
+                sandbox_enforced: state.sandbox.enforced(),
+                store_bytes,
+                history_bytes,
+            });
+        })
     }
 
     fn checks(&self) -> Pin<Box<dyn Future<Output = Vec<Check>> + Send + '_>> {
@@ -70,6 +82,45 @@ impl Observed for HostObserved {
             checks
         })
     }
+}
+
+/// The sizes on disk, unless reading them takes longer than `deadline` (a hung disk).
+async fn bounded_sizes(
+    deadline: Duration,
+    sizes: tokio::task::JoinHandle<(u64, u64)>,
+) -> Option<(u64, u64)> {
+    tokio::time::timeout(deadline, sizes).await.ok()?.ok()
+}
+
+/// Most files of the agents' session directories a scrape reads the size of.
+const MAX_HISTORY_FILES: usize = 100_000;
+
+/// The database with its write-ahead log, and the agents' session files (their directory under
+/// the data directory, one level of sessions and the files within them).
+fn on_disk(data_dir: &std::path::Path) -> (u64, u64) {
+    let size = |path: std::path::PathBuf| std::fs::metadata(path).map_or(0, |m| m.len());
+    let store = ["pi-host.db", "pi-host.db-wal", "pi-host.db-shm"]
+        .into_iter()
+        .map(|name| size(data_dir.join(name)))
+        .sum();
+    let mut history = 0;
+    let sessions = std::fs::read_dir(data_dir.join("agent-sessions"))
+        .into_iter()
+        .flatten();
+    let files = sessions
+        .flatten()
+        .filter_map(|session| std::fs::read_dir(session.path()).ok())
+        .flatten()
+        .flatten()
+        .take(MAX_HISTORY_FILES);
+    for file in files {
+        if let Ok(meta) = file.metadata()
+            && meta.is_file()
+        {
+            history += meta.len();
+        }
+    }
+    (store, history)
 }
 
 /// A check that does not answer within `deadline` (a store locked, a disk hung) fails:

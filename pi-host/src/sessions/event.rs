@@ -126,6 +126,17 @@ impl HostEvent {
         }
     }
 
+    /// An `approval.settled`'s outcome (the host's metrics count them).
+    pub fn settled_outcome(&self) -> Option<racp_proto::methods::turn::ApprovalState> {
+        match self {
+            HostEvent::Host {
+                body: HostEventData::ApprovalSettled(settled),
+                ..
+            } => Some(settled.outcome),
+            _ => None,
+        }
+    }
+
     /// True for the event after which the session takes no more.
     pub fn closes_session(&self) -> bool {
         matches!(

@@ -293,7 +293,7 @@ impl Sessions {
         db_path: &std::path::Path,
         retention: Retention,
         history: crate::store::HistoryPolicy,
-        appended: prometheus_client::metrics::counter::Counter,
+        commits: crate::metrics::Commits,
     ) -> Result<Sessions, SessionsError> {
         let map = DashMap::new();
         for row in store.sessions()? {
@@ -303,7 +303,7 @@ impl Sessions {
         let (tx, rx) = mpsc::unbounded_channel();
         let conn = crate::store::connect(db_path)?;
         let committed = Arc::new(Notify::new());
-        let thread = writer::spawn(conn, rx, committed.clone(), history, appended)
+        let thread = writer::spawn(conn, rx, committed.clone(), history, commits)
             .map_err(SessionsError::Writer)?;
         Ok(Sessions {
             map,

@@ -28,7 +28,7 @@ pub fn spawn(
     mut queue: mpsc::UnboundedReceiver<QueuedBatch>,
     committed: Arc<tokio::sync::Notify>,
     history: HistoryPolicy,
-    appended: prometheus_client::metrics::counter::Counter,
+    commits: crate::metrics::Commits,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("pi-host-writer".into())
@@ -41,9 +41,11 @@ pub fn spawn(
                         Err(_) => break,
                     }
                 }
+                let started = std::time::Instant::now();
                 commit_until_done(&mut conn, &group, &history);
+                commits.seconds.observe(started.elapsed().as_secs_f64());
                 for pending in group {
-                    appended.inc_by(pending.events.len() as u64);
+                    count(&commits, &pending.events);
                     let cursor = pending.session.publish(pending.events);
                     if let Some(done) = pending.done {
                         let _ = done.send(cursor);
@@ -52,6 +54,16 @@ pub fn spawn(
                 committed.notify_one();
             }
         })
+}
+
+/// Counts committed events, and the approvals they settle by outcome.
+fn count(commits: &crate::metrics::Commits, events: &[(Arc<LoggedEvent>, super::HostEvent)]) {
+    commits.appended.inc_by(events.len() as u64);
+    for (_, event) in events {
+        if let Some(outcome) = event.settled_outcome() {
+            commits.settled(outcome);
+        }
+    }
 }
 
 /// Commits a group, retrying while the disk refuses: events already have their seqs, so

@@ -11,7 +11,8 @@ use crate::auth::Caller;
 use crate::state::HostState;
 use async_nats::Subscriber;
 use futures_util::StreamExt;
-use racp_proto::gateway::{CALL_MAX_SKEW_MS, RoutedCall, RoutedReply, call_subject};
+use racp_proto::gateway::{CALL_MAX_SKEW_MS, RoutedCall, RoutedReply, TRACE_HEADER, call_subject};
+use racp_proto::trace::TraceId;
 use racp_proto::{AppError, ErrorCode, Method};
 use racp_server::uplink::signed::{Refusal, Verified, Verifier};
 use serde_json::json;
@@ -68,12 +69,16 @@ pub async fn run(
         };
         let state = state.clone();
         let client = client.clone();
-        tokio::spawn(async move {
+        let trace_id = trace_of(message.headers.as_ref());
+        let method = peek_method(&message.payload);
+        let scope = trace_id.clone();
+        let call = async move {
             let outcome = match first_time(&state, verified).await {
                 Ok(()) => answer(&state, &message.payload).await,
                 Err(None) => return,
                 Err(Some(error)) => Err(error),
             };
+            let outcome = outcome.map_err(|e| racp_server::trace::stamp(e, &trace_id));
             let reply = match outcome {
                 Ok(result) => RoutedReply {
                     result: Some(result),
@@ -88,8 +93,37 @@ pub async fn run(
             if let Err(err) = client.publish(reply_to, body.into()).await {
                 tracing::warn!(error = %err, "cannot answer a gateway call");
             }
-        });
+        };
+        tokio::spawn(racp_server::trace::scope(scope, method, call));
     }
+}
+
+/// The routed call's trace id (docs/protocol.md §3.3): the gateway's header, checked as a
+/// client's would be, or a new one when it is missing or malformed.
+fn trace_of(headers: Option<&async_nats::HeaderMap>) -> TraceId {
+    let presented = headers.and_then(|h| h.get(TRACE_HEADER));
+    match presented.map(|value| TraceId::parse(value.as_str())) {
+        Some(Ok(trace_id)) => trace_id,
+        Some(Err(bad)) => {
+            let trace_id = racp_server::trace::mint();
+            tracing::info!(%trace_id, reason = bad.reason(), "a routed call's trace id was malformed; made a new one");
+            trace_id
+        }
+        None => racp_server::trace::mint(),
+    }
+}
+
+/// The method a routed call names, for its span only (the call is read in full by `answer`).
+fn peek_method(payload: &[u8]) -> &'static str {
+    #[derive(serde::Deserialize)]
+    struct MethodOnly<'a> {
+        #[serde(borrow)]
+        method: std::borrow::Cow<'a, str>,
+    }
+    serde_json::from_slice::<MethodOnly<'_>>(payload)
+        .ok()
+        .and_then(|call| Method::from_name(&call.method))
+        .map_or("unknown", Method::as_str)
 }
 
 /// Not a call: nothing runs and nothing answers (the sender may not be a gateway).

@@ -13,6 +13,7 @@ use crate::error::{AppError, ErrorCode};
 use crate::frame::{ErrorReply, RequestId, ServerFrame};
 use crate::limits::MAX_ID_CHARS;
 use crate::methods::Method;
+use crate::trace::{MAX_TRACE_ID_CHARS, TraceId};
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -23,6 +24,8 @@ pub struct IncomingRequest<'a> {
     pub id: RequestId,
     pub method: Method,
     pub params: Option<&'a RawValue>,
+    /// The trace id the client chose, checked (`crate::trace`); the server makes one if none.
+    pub trace_id: Option<TraceId>,
 }
 
 /// A frame the host refuses, with the id to answer it under when one could be found.
@@ -54,6 +57,8 @@ struct Envelope<'a> {
     method: std::borrow::Cow<'a, str>,
     #[serde(borrow, default)]
     params: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "traceId")]
+    trace_id: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// Just the id, for answering a frame whose envelope is otherwise wrong.
@@ -97,10 +102,28 @@ pub fn decode_request(text: &str, max_frame_bytes: usize) -> Result<IncomingRequ
             .with_details(json!({"method": truncate(&envelope.method, 64)})),
         ));
     };
+    let trace_id = match envelope.trace_id.as_deref().map(TraceId::parse) {
+        None => None,
+        Some(Ok(trace_id)) => Some(trace_id),
+        Some(Err(bad)) => {
+            return Err(Rejected::new(
+                Some(envelope.id),
+                AppError::new(
+                    ErrorCode::InvalidArgument,
+                    format!(
+                        "traceId must be 1 to {MAX_TRACE_ID_CHARS} characters of letters, \
+                         digits, '.', '_' and '-'; send it so or leave it out"
+                    ),
+                )
+                .with_details(json!({"path": "traceId", "reason": bad.reason()})),
+            ));
+        }
+    };
     Ok(IncomingRequest {
         id: envelope.id,
         method,
         params: envelope.params,
+        trace_id,
     })
 }
 
@@ -245,6 +268,25 @@ mod tests {
         assert_eq!(req.id, RequestId::Number(7));
         assert_eq!(req.method, Method::SessionList);
         assert!(req.params.is_none());
+    }
+
+    #[test]
+    fn a_trace_id_is_read_within_its_bound_and_refused_past_it() {
+        let frame =
+            |trace: &str| format!(r#"{{"id":7,"method":"session/list","traceId":"{trace}"}}"#);
+        let at_bound = "f".repeat(crate::trace::MAX_TRACE_ID_CHARS);
+        let text = frame(&at_bound);
+        let req = decode_request(&text, MAX).unwrap();
+        assert_eq!(req.trace_id.unwrap().as_str(), at_bound);
+        let over = reject(&frame(&"f".repeat(crate::trace::MAX_TRACE_ID_CHARS + 1)));
+        assert_eq!(over.id, Some(RequestId::Number(7)));
+        assert_eq!(over.error.code(), ErrorCode::InvalidArgument);
+        assert_eq!(over.error.details().unwrap()["path"], "traceId");
+        assert_eq!(over.error.details().unwrap()["reason"], "too_long");
+        let odd = reject(&frame("a b"));
+        assert_eq!(odd.error.details().unwrap()["reason"], "invalid_character");
+        let none = decode_request(r#"{"id":7,"method":"session/list"}"#, MAX).unwrap();
+        assert!(none.trace_id.is_none());
     }
 
     #[test]

@@ -95,6 +95,7 @@ fn request_schema(spec: &MethodSpec, params: Value, params_optional: bool) -> Va
             "id": {"$ref": "#/$defs/RequestId"},
             "method": {"const": spec.name},
             "params": params_schema,
+            "traceId": crate::trace::schema(),
         },
         "required": required,
         "additionalProperties": false,
