@@ -261,6 +261,10 @@ fn print_placed(summary: &serde_json::Value) {
     if let Some(line) = placed["configLine"].as_str() {
         eprintln!("  config line: {}", printable(line, false));
     }
+    if let Some(cli) = summary["hostCli"].as_str() {
+        let cli = printable(cli, false);
+        eprintln!("  on the remote, the host's own CLI: {cli} (e.g. `{cli} status`)");
+    }
 }
 
 /// What the command line gives `connect`.
