@@ -147,28 +147,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// The log on stderr, every line through the redactor; colour for a person at a terminal,
 /// never in a redirected log (or with NO_COLOR), never in JSON.
 fn init_log(format: LogFormat, redactor: &pi_host::redact::Redactor) {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PI_HOST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(pi_host::redact::LogWriter::new(
-            redactor.clone(),
-            std::io::stderr,
-        ));
-    match format {
-        LogFormat::Text => builder
-            .with_ansi(
-                std::io::IsTerminal::is_terminal(&std::io::stderr())
-                    && std::env::var_os("NO_COLOR").is_none(),
-            )
-            .init(),
-        LogFormat::Json => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
-            .init(),
-    }
+    let writer = pi_host::redact::LogWriter::new(redactor.clone(), std::io::stderr);
+    format.install("PI_HOST_LOG", writer);
 }
 
 fn main() -> ExitCode {

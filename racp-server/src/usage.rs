@@ -24,3 +24,33 @@ pub enum LogFormat {
     Text,
     Json,
 }
+
+impl LogFormat {
+    /// Installs the process's log on `writer`: the filter from the environment variable
+    /// `filter_var` (default `info`); text in colour only for a person at a terminal (never in a
+    /// redirected log, never with NO_COLOR), or JSON with the current span's fields.
+    pub fn install<W>(self, filter_var: &str, writer: W)
+    where
+        W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+    {
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env(filter_var)
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .with_writer(writer);
+        match self {
+            LogFormat::Text => builder
+                .with_ansi(
+                    std::io::IsTerminal::is_terminal(&std::io::stderr())
+                        && std::env::var_os("NO_COLOR").is_none(),
+                )
+                .init(),
+            LogFormat::Json => builder
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .init(),
+        }
+    }
+}
