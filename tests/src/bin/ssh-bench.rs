@@ -557,8 +557,9 @@ impl Remote {
         if !created.status.success() || session.is_empty() {
             return Err(format!("new: {}", String::from_utf8_lossy(&created.stderr)));
         }
-        let reply =
-            pi_remote(&["prompt", &session, "hello", "--wait"]).map_err(|e| e.to_string())?;
+        // A text reply (the stub's LONG-REPLY), no tool call: the turn ends at the reply.
+        let reply = pi_remote(&["prompt", &session, "LONG-REPLY:3", "--wait"])
+            .map_err(|e| e.to_string())?;
         let reply_ms = ms(started);
         let _ = connect.kill().await;
         stop_host(&root);
