@@ -306,29 +306,19 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
     {
         device_name = name;
     }
-    let saved = Profile {
-        url: connection.url.clone(),
-        cert_sha256: connection.device.cert_sha256,
-        plain: false,
-        device_id: connection.device.device_id.clone(),
-        device_name: Some(device_name),
-        device_token: connection.device.device_token.clone(),
-        roles: connection.device.roles.clone(),
-        ssh: Some(SshOrigin {
-            target,
-            remote_dir,
-            host_id: connection.host_id.clone(),
-            ssh_config: resolve.config_file.map(remotes::absolute),
-            known_hosts: resolve.known_hosts.map(remotes::absolute),
-            identities: resolve
-                .identity_files
-                .into_iter()
-                .map(remotes::absolute)
-                .collect(),
-        }),
-        gateway: false,
-        host: None,
+    let origin = SshOrigin {
+        target,
+        remote_dir,
+        host_id: connection.host_id.clone(),
+        ssh_config: resolve.config_file.map(remotes::absolute),
+        known_hosts: resolve.known_hosts.map(remotes::absolute),
+        identities: resolve
+            .identity_files
+            .into_iter()
+            .map(remotes::absolute)
+            .collect(),
     };
+    let saved = profile_of(&connection, device_name, origin);
     profile::save(&dir, &args.profile, &saved).map_err(Failure::Local)?;
     crate::remote::remotes::touch_seen(&args.profile);
     let mut summary = connection.summary.clone();
@@ -346,6 +336,26 @@ pub async fn run(mut args: ConnectArgs) -> Result<(), Failure> {
             Ok(())
         }
         error = forward.failed() => Err(Failure::App(error)),
+    }
+}
+
+/// The profile a connect stores: the device's credential for the host, and where it came from.
+fn profile_of(
+    connection: &provision::Connection,
+    device_name: String,
+    origin: SshOrigin,
+) -> Profile {
+    Profile {
+        url: connection.url.clone(),
+        cert_sha256: connection.device.cert_sha256,
+        plain: false,
+        device_id: connection.device.device_id.clone(),
+        device_name: Some(device_name),
+        device_token: connection.device.device_token.clone(),
+        roles: connection.device.roles.clone(),
+        ssh: Some(origin),
+        gateway: false,
+        host: None,
     }
 }
 

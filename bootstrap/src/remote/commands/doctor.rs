@@ -322,12 +322,17 @@ async fn forward_checks(name: &str, stored: &Profile) -> Vec<Check> {
             check("agent", Level::Warn, "not checked: no forward"),
         ];
     }
+    vec![forward, agent_check(name, stored).await]
+}
+
+/// The agent's line: what the host answers through the forward about its agent.
+async fn agent_check(name: &str, stored: &Profile) -> Check {
     let reached = tokio::time::timeout(HOST_DEADLINE, async {
         let client = connect_profile(name, stored, &stored.url).await?;
         Ok::<_, Failure>(call_resending::<calls::HostInfo>(&client, Empty {}).await?)
     })
     .await;
-    let agent = match reached {
+    match reached {
         Ok(Ok(info)) => match (info.agent.version, info.agent.problem) {
             (_, Some(problem)) => check("agent", Level::Problem, printable(&problem, false)),
             (Some(version), None) => check("agent", Level::Ok, version),
@@ -343,8 +348,7 @@ async fn forward_checks(name: &str, stored: &Profile) -> Vec<Check> {
             Level::Problem,
             "the host did not answer within 5 s",
         ),
-    };
-    vec![forward, agent]
+    }
 }
 
 /// The port of a `connect` profile's `wss://127.0.0.1:PORT/racp`.
