@@ -9,6 +9,7 @@
 //!   links, output and the event view; `src/bin/pi-remote.rs` parses the command line and
 //!   dispatches.
 
+pub mod dirs;
 pub mod provision;
 pub mod remote;
 pub mod ssh;

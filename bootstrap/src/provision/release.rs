@@ -108,12 +108,8 @@ pub fn search_path() -> Vec<PathBuf> {
     {
         places.push(prefix.join("share/pi-remote/release"));
     }
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    let data = var("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .or_else(|| var("HOME").map(|home| PathBuf::from(home).join(".local/share")));
-    if let Some(data) = data {
-        places.push(data.join("pi-remote/release"));
+    if let Some(data) = crate::dirs::user_dir(None, "XDG_DATA_HOME", ".local/share") {
+        places.push(data.join("release"));
     }
     places
 }

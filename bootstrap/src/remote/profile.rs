@@ -102,17 +102,8 @@ pub fn roles_text(roles: &[Role]) -> String {
 
 /// The config directory, from the environment.
 pub fn config_dir() -> Result<PathBuf, String> {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    if let Some(dir) = var("PI_REMOTE_CONFIG_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Some(dir) = var("XDG_CONFIG_HOME") {
-        return Ok(PathBuf::from(dir).join("pi-remote"));
-    }
-    if let Some(home) = var("HOME") {
-        return Ok(PathBuf::from(home).join(".config").join("pi-remote"));
-    }
-    Err("cannot find a config directory: set PI_REMOTE_CONFIG_DIR or HOME".into())
+    crate::dirs::user_dir(Some("PI_REMOTE_CONFIG_DIR"), "XDG_CONFIG_HOME", ".config")
+        .ok_or_else(|| "cannot find a config directory: set PI_REMOTE_CONFIG_DIR or HOME".into())
 }
 
 /// Checks a profile name: 1–64 of `A-Z a-z 0-9 _ - .`, not starting with a dot.

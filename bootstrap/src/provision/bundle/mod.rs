@@ -105,15 +105,8 @@ pub fn npm_cpu(arch: &str) -> Option<&'static str> {
 /// Where bundles are kept: `$PI_REMOTE_CACHE_DIR`, else `$XDG_CACHE_HOME/pi-remote`, else
 /// `~/.cache/pi-remote`; bundles go in its `agent/`.
 pub fn cache_dir() -> PathBuf {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    if let Some(dir) = var("PI_REMOTE_CACHE_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = var("XDG_CACHE_HOME") {
-        return PathBuf::from(dir).join("pi-remote");
-    }
-    let home = var("HOME").map(PathBuf::from).unwrap_or_else(|| ".".into());
-    home.join(".cache/pi-remote")
+    crate::dirs::user_dir(Some("PI_REMOTE_CACHE_DIR"), "XDG_CACHE_HOME", ".cache")
+        .unwrap_or_else(|| PathBuf::from(".cache/pi-remote"))
 }
 
 /// The bundle of pi `pi_version` for `spec`, from the cache or made now (the bundle stage,
