@@ -117,7 +117,12 @@ pub fn search_path() -> Vec<PathBuf> {
 /// The first release on [`search_path`] of `version` (this pi-remote's: a release of another
 /// version found lying about would up- or downgrade a remote unasked).
 pub fn discover(version: &str) -> Option<Release> {
-    search_path()
+    first_of(&search_path(), version)
+}
+
+/// The first release of `version` in `places`.
+fn first_of(places: &[PathBuf], version: &str) -> Option<Release> {
+    places
         .iter()
         .filter(|dir| dir.join("manifest.json").is_file())
         .filter_map(|dir| Release::load(dir).ok())
