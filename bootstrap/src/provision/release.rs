@@ -163,6 +163,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_a_release_of_the_wanted_version_is_found_on_the_search_path() {
+        let places: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let paths: Vec<PathBuf> = places.iter().map(|d| d.path().to_path_buf()).collect();
+        let manifest = |dir: &Path, version: &str| {
+            let manifest = serde_json::json!({
+                "version": version,
+                "artifacts": [],
+                "installer": {"file": "install.sh", "sha256": "00"},
+            });
+            std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
+        };
+        // The first place has none, the second another version, the third the wanted one.
+        manifest(&paths[1], "0.0.9");
+        manifest(&paths[2], "1.2.3");
+        let found = first_of(&paths, "1.2.3").unwrap();
+        assert_eq!(found.dir, paths[2]);
+        assert!(
+            first_of(&paths[..2], "1.2.3").is_none(),
+            "another version is never taken"
+        );
+        assert!(first_of(&[], "1.2.3").is_none());
+    }
+
+    #[test]
     fn a_manifest_with_paths_or_shell_characters_in_names_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let write = |artifact_file: &str| {
