@@ -28,6 +28,12 @@ pub async fn before_settle_is_recorded() {
     hold("PI_HOST_TEST_SETTLE_DELAY_MS").await;
 }
 
+/// `PI_HOST_TEST_WATCH_DELAY_MS`: before a workspace watcher's task reads the kernel's queue,
+/// as on a runtime too busy to run it: a turn that ends meanwhile reads the queue itself.
+pub async fn before_watch_read() {
+    hold("PI_HOST_TEST_WATCH_DELAY_MS").await;
+}
+
 async fn hold(variable: &str) {
     let delay = std::env::var(variable)
         .ok()

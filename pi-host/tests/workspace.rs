@@ -365,6 +365,56 @@ async fn a_turn_names_the_files_its_tools_changed_and_its_diff_shows_them() {
     assert_eq!(unknown["error"]["code"], "TURN_NOT_FOUND");
 }
 
+/// A turn's files come from what the kernel queued before the turn ended, even when the
+/// watcher's task has not run since (a busy runtime; here held by a test hook): the turn's end
+/// reads the queue itself, and the changes still reach the log as `workspace.changed`.
+#[tokio::test]
+async fn a_turn_names_its_files_when_the_watcher_reads_late() {
+    let agent = tests::stand_in_agent();
+    let host = HostProcess::start_with_env(
+        bin(),
+        &["--agent", agent.to_str().unwrap()],
+        &[("PI_HOST_TEST_WATCH_DELAY_MS", "3000")],
+    )
+    .await;
+    let mut client = operator(&host).await;
+    let ws = host.workspace("late");
+    std::fs::write(format!("{ws}/old.txt"), "old\n").unwrap();
+    let session = client.open_session(&ws).await;
+    let started = client
+        .call(
+            "turn/start",
+            json!({"sessionId": session, "idempotencyKey": "k1", "text": "write:notes.txt:2 rm:old.txt"}),
+        )
+        .await;
+    assert!(started["result"]["turnId"].is_string(), "{started}");
+    let events = client
+        .events_until(PATIENCE, |e| e["type"] == "turn.finished")
+        .await;
+    let files = &events.last().unwrap()["data"]["files"];
+    assert_eq!(
+        files,
+        &json!([
+            {"path": "notes.txt", "kind": "created", "added": 2, "removed": 0, "by": ["write"]},
+            {"path": "old.txt", "kind": "removed", "by": ["disk"]}
+        ])
+    );
+    // What the turn's end read still reaches the log, from the watcher's task.
+    let mut seen = events;
+    if !seen.iter().any(|e| names(e, "old.txt", "removed")) {
+        seen.extend(
+            client
+                .events_until(PATIENCE, |e| names(e, "old.txt", "removed"))
+                .await,
+        );
+    }
+    assert!(
+        seen.iter().any(|e| names(e, "notes.txt", "created")),
+        "{:?}",
+        paths(&seen)
+    );
+}
+
 #[tokio::test]
 async fn status_and_diff_read_the_repository_with_its_own_git() {
     let host = HostProcess::start(bin()).await;

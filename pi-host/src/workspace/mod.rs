@@ -79,7 +79,7 @@ pub struct Workspaces {
 
 struct Watched {
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    watcher: watch::Watcher,
 }
 
 /// What a workspace's watcher shares with the host: the sessions it reports to, and what it
@@ -96,6 +96,13 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     fn sessions(&self) -> Vec<Arc<Session>> {
         lock(&self.sessions).clone()
+    }
+
+    /// True when one of the workspace's sessions runs the turn `turn_id`.
+    fn runs(&self, turn_id: &str) -> bool {
+        lock(&self.sessions)
+            .iter()
+            .any(|session| session.active_turn().as_deref() == Some(turn_id))
     }
 
     /// A change seen as the kernel reported it, before any window: a turn that ends right
@@ -136,8 +143,8 @@ impl Workspaces {
             sessions: Mutex::new(vec![session.clone()]),
             records: self.records.clone(),
         });
-        let task = watch::start(host.clone(), root.clone(), shared.clone());
-        watched.insert(root, Watched { shared, task });
+        let watcher = watch::start(host.clone(), root.clone(), shared.clone());
+        watched.insert(root, Watched { shared, watcher });
     }
 
     /// [`Workspaces::watch`] from a task, on the blocking pool; returns once it watches.
@@ -196,7 +203,7 @@ impl Workspaces {
             sessions.is_empty()
         };
         if empty && let Some(entry) = watched.remove(&root) {
-            entry.task.abort();
+            entry.watcher.stop();
         }
     }
 
@@ -219,8 +226,15 @@ impl Workspaces {
         }
     }
 
-    /// The files the turn `turn_id` changed, and the end of its record.
+    /// The files the turn `turn_id` changed, and the end of its record. What the kernel
+    /// queued before now is read first: a tool's write right before the turn's end is the
+    /// turn's, even when the watcher's task has not run since.
     pub fn take_turn(&self, turn_id: &str) -> Vec<FileChange> {
+        for entry in lock(&self.watched).values() {
+            if entry.shared.runs(turn_id) {
+                entry.watcher.catch_up(&entry.shared);
+            }
+        }
         lock(&self.records)
             .take(turn_id)
             .map(turn::Record::files)

@@ -13,9 +13,12 @@ use inotify::{EventMask, Inotify, WatchMask, Watches};
 use racp_proto::limits::MAX_CHANGES_PER_EVENT;
 use racp_proto::methods::workspace::{ChangeKind, PathChange, WorkspaceChangedData};
 use std::collections::HashMap;
+use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// How long changes gather before they are one event: a burst (a build, a checkout, an agent
@@ -66,14 +69,40 @@ struct Window {
 /// The kernel's queue as a stream of events (inotify's own, under tokio's reactor).
 type Reader = inotify::EventStream<Vec<u8>>;
 
+/// A running watcher as the host holds it: its task, and what the task reads from, so that a
+/// turn's end can read what the kernel queued before it ([`Watcher::catch_up`]).
+pub(super) struct Watcher {
+    task: tokio::task::JoinHandle<()>,
+    /// `None` when inotify could not start (the sessions were told with a rescan).
+    reading: Option<Arc<Reading>>,
+}
+
+/// The watcher's state, read from by its task when the kernel's queue is ready and by a
+/// turn's end, whichever comes first: every change the kernel queued before a turn ended is
+/// in that turn's record, however busy the runtime (docs/protocol.md §8.9).
+struct Reading {
+    state: Mutex<Follower>,
+    /// Wakes the task after a read from outside: that read took the queue's wake-up, and may
+    /// have started a window the task must flush.
+    woken: Notify,
+}
+
+struct Follower {
+    reader: Reader,
+    tree: Tree,
+    window: Window,
+    /// When the window's first change was read: it is flushed `WINDOW` later.
+    since: Option<Instant>,
+}
+
+fn lock(state: &Mutex<Follower>) -> MutexGuard<'_, Follower> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Watches `root`'s tree now (so a change made once this returns is seen), then follows it on
-/// a task until the task is aborted (its last session closed) or inotify fails. Blocking: the
+/// a task until the task is stopped (its last session closed) or inotify fails. Blocking: the
 /// walk reads every directory of the tree, within the bound.
-pub(super) fn start<H: WatchHost>(
-    host: Arc<H>,
-    root: PathBuf,
-    shared: Arc<Shared>,
-) -> tokio::task::JoinHandle<()> {
+pub(super) fn start<H: WatchHost>(host: Arc<H>, root: PathBuf, shared: Arc<Shared>) -> Watcher {
     let mut window = Window::default();
     let reader = Inotify::init().and_then(|inotify| {
         let watches = inotify.watches();
@@ -84,8 +113,11 @@ pub(super) fn start<H: WatchHost>(
         Err(err) => {
             tracing::warn!(workspace = %root.display(), error = %err, "cannot watch the workspace");
             window.rescan("watch_failed", "");
-            flush(&host, &shared, &mut window);
-            return tokio::spawn(async {});
+            report(&host, &shared, window.take());
+            return Watcher {
+                task: tokio::spawn(async {}),
+                reading: None,
+            };
         }
     };
     let mut tree = Tree {
@@ -99,51 +131,113 @@ pub(super) fn start<H: WatchHost>(
     };
     tree.add_tree("", &mut window, false);
     if window.rescan.is_some() {
-        flush(&host, &shared, &mut window);
+        report(&host, &shared, window.take());
     }
-    tokio::spawn(follow(host, tree, reader, shared))
+    let reading = Arc::new(Reading {
+        state: Mutex::new(Follower {
+            reader,
+            tree,
+            window,
+            since: None,
+        }),
+        woken: Notify::new(),
+    });
+    let task = tokio::spawn(follow(host, reading.clone(), shared));
+    Watcher {
+        task,
+        reading: Some(reading),
+    }
 }
 
-/// Reads the kernel's events, one window at a time.
-async fn follow<H: WatchHost>(
-    host: Arc<H>,
-    mut tree: Tree,
-    mut reader: Reader,
-    shared: Arc<Shared>,
-) {
-    let mut window = Window::default();
-    let mut deadline: Option<Instant> = None;
-    loop {
-        let next = match deadline {
-            Some(at) => tokio::select! {
-                next = reader.next() => next,
-                () = tokio::time::sleep_until(at) => {
-                    flush(&host, &shared, &mut window);
-                    deadline = None;
-                    continue;
-                }
-            },
-            None => reader.next().await,
+impl Watcher {
+    /// Reads what the kernel has queued, now, into the running turns' records and the window.
+    pub(super) fn catch_up(&self, shared: &Shared) {
+        let Some(reading) = &self.reading else {
+            return;
         };
-        match next {
-            Some(Ok(event)) => {
-                tree.apply(&event, &mut window, &shared);
-                deadline.get_or_insert_with(|| Instant::now() + WINDOW);
-            }
-            None => {
-                tracing::warn!(workspace = %tree.root.display(), "the workspace's watcher ended");
-                window.rescan("watch_failed", "");
-                flush(&host, &shared, &mut window);
-                return;
-            }
-            Some(Err(err)) => {
-                tracing::warn!(workspace = %tree.root.display(), error = %err, "the workspace's watcher failed");
-                window.rescan("watch_failed", "");
-                flush(&host, &shared, &mut window);
-                return;
+        let mut context = Context::from_waker(Waker::noop());
+        // A failed read is the task's to report: it reads on when woken.
+        let _ = lock(&reading.state).poll_read(&mut context, shared);
+        // That poll left the queue's wake-up with the no-op waker: the task polls again, with
+        // its own, and flushes the window this read may have started.
+        reading.woken.notify_one();
+    }
+
+    pub(super) fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Follower {
+    /// Reads the kernel's queue until it is empty: ready once it read something (or failed),
+    /// pending (woken by `context`) when there was nothing.
+    fn poll_read(&mut self, context: &mut Context<'_>, shared: &Shared) -> Poll<io::Result<()>> {
+        let mut read = false;
+        loop {
+            match self.reader.poll_next_unpin(context) {
+                Poll::Ready(Some(Ok(event))) => {
+                    self.tree.apply(&event, &mut self.window, shared);
+                    self.since.get_or_insert_with(Instant::now);
+                    read = true;
+                }
+                Poll::Ready(Some(Err(err))) => return Poll::Ready(Err(err)),
+                Poll::Ready(None) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the kernel's event queue ended",
+                    )));
+                }
+                Poll::Pending if read => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
             }
         }
     }
+
+    /// The window as one event, and a fresh window.
+    fn take(&mut self) -> Option<WorkspaceChangedData> {
+        self.since = None;
+        self.window.take()
+    }
+}
+
+/// Reads the kernel's events as they come, one window at a time.
+async fn follow<H: WatchHost>(host: Arc<H>, reading: Arc<Reading>, shared: Arc<Shared>) {
+    loop {
+        #[cfg(debug_assertions)]
+        crate::test_hooks::before_watch_read().await;
+        let due = lock(&reading.state).since.map(|since| since + WINDOW);
+        tokio::select! {
+            read = std::future::poll_fn(|context| lock(&reading.state).poll_read(context, &shared)) => {
+                if let Err(err) = read {
+                    return failed(&host, &shared, &reading, &err);
+                }
+            }
+            () = sleep_until_some(due) => {
+                let data = lock(&reading.state).take();
+                report(&host, &shared, data);
+            }
+            () = reading.woken.notified() => {}
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever without it.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The kernel's queue failed or ended: the sessions are told to rescan.
+fn failed<H: WatchHost>(host: &Arc<H>, shared: &Shared, reading: &Reading, err: &io::Error) {
+    let data = {
+        let mut follower = lock(&reading.state);
+        tracing::warn!(workspace = %follower.tree.root.display(), error = %err, "the workspace's watcher failed");
+        follower.window.rescan("watch_failed", "");
+        follower.take()
+    };
+    report(host, shared, data);
 }
 
 impl Tree {
@@ -348,8 +442,8 @@ impl Window {
 }
 
 /// Appends the window's event to every session of the workspace.
-fn flush(host: &impl WatchHost, shared: &Shared, window: &mut Window) {
-    let Some(data) = window.take() else {
+fn report(host: &impl WatchHost, shared: &Shared, data: Option<WorkspaceChangedData>) {
+    let Some(data) = data else {
         return;
     };
     tracing::debug!(
