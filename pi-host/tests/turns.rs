@@ -896,6 +896,38 @@ async fn an_answer_for_an_ended_turn_is_stale() {
     assert_eq!(got["result"]["snapshot"]["pendingApprovals"], json!([]));
 }
 
+/// An abort cancels the turn's pending dialog before pi can end its run: the cancel's
+/// `approval.settled` is in the log before the run's end and `turn.finished`, however late its
+/// commit (held a second here by a test hook). An abort that told the agent first let the turn
+/// finish ahead of the settle, and a client reading to the settle missed the turn's end.
+#[tokio::test]
+async fn an_aborts_cancelled_dialog_is_settled_before_the_turn_ends() {
+    let agent = tests::stand_in_agent();
+    let hold = [("PI_HOST_TEST_SETTLE_DELAY_MS", "1000")];
+    let host =
+        HostProcess::start_with_env(bin(), &["--agent", agent.to_str().unwrap()], &hold).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+    let turn = start_turn(&mut client, &session_id, "k", "approve:confirm").await;
+    events_until(&mut client, |e| e["type"] == "approval.requested").await;
+    let aborted = client
+        .call(
+            "turn/abort",
+            json!({"sessionId": session_id, "turnId": turn["result"]["turnId"]}),
+        )
+        .await;
+    assert!(aborted.get("result").is_some(), "{aborted}");
+    let events = events_until(&mut client, is_turn_finished).await;
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    let settled = types.iter().position(|t| *t == "approval.settled");
+    let run_end = types.iter().position(|t| *t == "agent.agent_end");
+    assert!(settled.is_some(), "{types:?}");
+    assert!(settled < run_end, "{types:?}");
+    assert_eq!(events.last().unwrap()["data"]["outcome"], "aborted");
+}
+
 #[tokio::test]
 async fn approvals_pending_at_a_crash_are_cancelled_and_answers_to_them_are_stale() {
     let mut s = setup(&[]).await;

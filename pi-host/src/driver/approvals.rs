@@ -169,11 +169,19 @@ impl Approvals {
             .collect()
     }
 
-    /// Settles the pending approvals of a turn being aborted as cancelled, telling the agent
-    /// first: pi's run, and so its answer to `abort`, ends only once the extension's dialog
-    /// returns (docs/protocol.md §7.17). Returns the events.
-    pub async fn cancel_for_abort(&self, host: &impl DriverHost, turn_id: &str) -> Vec<HostEvent> {
+    /// Cancels the turn's pending dialogs for an abort (pi ends an aborted run only once its
+    /// dialogs return: docs/protocol.md §7.17). Their settles are recorded before the agent hears the answer, as an
+    /// answer's are (`respond`): the run's end the answer lets come is after them in the log.
+    pub async fn cancel_for_abort(&self, host: &impl DriverHost, turn_id: &str) {
         let cancelled = self.cancel_pending(host, turn_id);
+        let Some((first, _)) = cancelled.first() else {
+            return;
+        };
+        let events = cancelled
+            .iter()
+            .flat_map(|(entry, info)| cancelled_events(entry, info))
+            .collect();
+        record(host, &first.session, events).await;
         for (entry, _) in &cancelled {
             if let Err(err) = entry
                 .agent
@@ -183,10 +191,6 @@ impl Approvals {
                 tracing::debug!(error = %err, "the agent did not take a cancelled dialog");
             }
         }
-        cancelled
-            .iter()
-            .flat_map(|(entry, info)| cancelled_events(entry, info))
-            .collect()
     }
 
     /// Marks the turn's pending approvals cancelled (stored); returns them as settled.

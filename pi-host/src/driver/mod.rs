@@ -345,12 +345,7 @@ impl Drivers {
         };
         // pi ends an aborted run only once an extension's dialog returns: answer the turn's
         // dialogs (cancelled) before the abort, or it waits for their deadline.
-        let cancelled = self.approvals.cancel_for_abort(host, &params.turn_id).await;
-        if !cancelled.is_empty()
-            && let Err(err) = host.sessions().commit(&session, cancelled).await
-        {
-            tracing::warn!(error = %err, "cannot record the approvals an abort cancelled");
-        }
+        self.approvals.cancel_for_abort(host, &params.turn_id).await;
         agent.abort().await.map_err(|e| e.to_app_error())?;
         Ok(Ack {})
     }
