@@ -17,18 +17,8 @@ pub struct Fence {
     /// The data directory (keys, database, admin socket) and the host's other files (config,
     /// TLS key, state file), canonical where they exist.
     protected: Vec<PathBuf>,
-}
-
-/// A workspace as a person writes it for the remote: `~` and `~/…` are the host user's home
-/// (`$HOME` of the host's process), resolved here because the desktop's shell cannot know it
-/// (docs/protocol.md §7.9); anything else is left as given.
-pub fn resolve_home(path: &str) -> std::borrow::Cow<'_, str> {
-    let home = std::env::var("HOME").ok().filter(|h| h.starts_with('/'));
-    match (path, path.strip_prefix("~/"), home) {
-        ("~", _, Some(home)) => home.into(),
-        (_, Some(rest), Some(home)) => format!("{}/{rest}", home.trim_end_matches('/')).into(),
-        _ => path.into(),
-    }
+    /// The host user's home (`$HOME` of the host's process, when absolute): what `~` names.
+    home: Option<String>,
 }
 
 impl Fence {
@@ -45,6 +35,21 @@ impl Fence {
             roots: roots.to_vec(),
             canonical_roots: canonical(roots),
             protected: protected_all,
+            home: std::env::var("HOME").ok().filter(|h| h.starts_with('/')),
+        }
+    }
+
+    /// A path as a person writes it for the remote: `~` and `~/…` are the host user's home,
+    /// resolved here because a client's shell can only know its own (docs/protocol.md §7.8,
+    /// §7.9); anything else is left as given.
+    fn expand<'a>(&self, path: &'a str) -> std::borrow::Cow<'a, str> {
+        let Some(home) = &self.home else {
+            return path.into();
+        };
+        match (path, path.strip_prefix("~/")) {
+            ("~", _) => home.clone().into(),
+            (_, Some(rest)) => format!("{}/{rest}", home.trim_end_matches('/')).into(),
+            _ => path.into(),
         }
     }
 
@@ -61,17 +66,20 @@ impl Fence {
             && !self.protected.iter().any(|p| canonical.starts_with(p))
     }
 
-    /// Resolves `path` (absolute, symlinks followed) and checks the fence allows it.
+    /// Resolves `path` (absolute or under `~`, symlinks followed) and checks the fence allows
+    /// it.
     ///
     /// Anything the fence does not allow is REMOTE_PATH_FORBIDDEN whether or not it exists; a
     /// missing path is REMOTE_PATH_NOT_FOUND only where it would lie inside the fence, so
     /// probing outside reveals nothing about what exists there.
     pub fn confine(&self, path: &str, field: &str) -> Result<PathBuf, AppError> {
+        let expanded = self.expand(path);
+        let path: &str = &expanded;
         let requested = Path::new(path);
         if !requested.is_absolute() {
             return Err(racp_proto::validate::invalid(
                 field,
-                "must be an absolute path",
+                "must be an absolute path, or ~/… for the host user's home",
             ));
         }
         let forbidden = || {
@@ -196,6 +204,45 @@ mod tests {
             ErrorCode::RemotePathNotFound
         );
         assert_eq!(code("relative/path".into()), ErrorCode::InvalidParams);
+    }
+
+    #[test]
+    fn tilde_is_the_host_users_home_in_every_client_path() {
+        let home = tempfile::tempdir().unwrap();
+        let project = home.path().join("project");
+        std::fs::create_dir(&project).unwrap();
+        let canonical_project = std::fs::canonicalize(&project).unwrap();
+        let mut fence = Fence::new(&[project.clone()], &[]);
+        fence.home = Some(s(home.path()));
+
+        assert_eq!(
+            fence.confine("~/project", "path").unwrap(),
+            canonical_project
+        );
+        assert_eq!(
+            fence.confine("~/project/../project/", "path").unwrap(),
+            canonical_project
+        );
+        // Under `~` and outside the roots is refused like any other path outside them.
+        let refused = fence.confine("~", "path").unwrap_err();
+        assert_eq!(refused.code(), ErrorCode::RemotePathForbidden);
+        assert!(refused.message().starts_with(&s(home.path())), "{refused}");
+        // Another user's home and a `~` inside a name are not this user's home.
+        for other in ["~root/project", "~project", "project/~/x"] {
+            assert_eq!(
+                fence.confine(other, "path").unwrap_err().code(),
+                ErrorCode::InvalidParams,
+                "{other}"
+            );
+        }
+        // With no home known, `~` stays a relative path, refused as one.
+        fence.home = None;
+        let relative = fence.confine("~/project", "path").unwrap_err();
+        assert_eq!(relative.code(), ErrorCode::InvalidParams);
+        assert!(
+            relative.message().contains("~/… for the host user's home"),
+            "{relative}"
+        );
     }
 
     #[test]

@@ -52,8 +52,7 @@ fn record_session(
     state: &HostState,
     params: SessionCreateParams,
 ) -> Result<SessionCreateResult, AppError> {
-    let workspace = crate::fence::resolve_home(&params.workspace);
-    let workspace = Fence::of(&state.config).confine(&workspace, "workspace")?;
+    let workspace = Fence::of(&state.config).confine(&params.workspace, "workspace")?;
     if !workspace.is_dir() {
         return Err(racp_proto::validate::invalid(
             "workspace",
