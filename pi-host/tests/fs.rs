@@ -472,3 +472,45 @@ async fn a_fifty_megabyte_file_reads_in_pages_and_a_change_shows_in_its_hash() {
     changed.extend_from_slice(b"one more line\n");
     assert_eq!(last["sha256"], sha256_hex(&changed));
 }
+
+/// `~` and `~/…` are the host user's home in every path a client sends (docs/protocol.md §7.8):
+/// the desktop's shell cannot know it. `~user` stays as given, so it is refused as relative.
+#[tokio::test]
+async fn tilde_paths_are_the_host_users_home() {
+    let home = tempfile::tempdir().unwrap();
+    let home_path = std::fs::canonicalize(home.path()).unwrap();
+    let home_text = home_path.to_str().unwrap();
+    std::fs::create_dir(home_path.join("src")).unwrap();
+    std::fs::write(home_path.join("src/a.txt"), "from home").unwrap();
+    let host =
+        HostProcess::start_with_env(bin(), &["--root", home_text], &[("HOME", home_text)]).await;
+    let mut client = operator(&host).await;
+
+    let listed = client.call("fs/list", json!({"path": "~/src"})).await;
+    assert_eq!(
+        listed["result"]["path"],
+        json!(home_path.join("src")),
+        "{listed}"
+    );
+    assert_eq!(listed["result"]["entries"][0]["name"], "a.txt", "{listed}");
+    let stat = client.call("fs/stat", json!({"path": "~"})).await;
+    assert_eq!(stat["result"]["kind"], "dir", "{stat}");
+    let read = client.call("fs/read", json!({"path": "~/src/a.txt"})).await;
+    assert_eq!(read["result"]["data"], "from home", "{read}");
+    let created = client
+        .call("session/create", json!({"workspace": "~/src"}))
+        .await;
+    assert_eq!(
+        created["result"]["session"]["workspace"],
+        json!(home_path.join("src")),
+        "{created}"
+    );
+
+    let other = client.call("fs/list", json!({"path": "~nobody/src"})).await;
+    assert_eq!(other["error"]["code"], "INVALID_PARAMS", "{other}");
+    let message = other["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("~/… for the host user's home"),
+        "{message}"
+    );
+}

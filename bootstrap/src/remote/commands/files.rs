@@ -26,7 +26,9 @@ pub async fn cat(out: &Out, client: &RacpClient, path: String) -> Result<(), Fai
             length: Some(MAX_READ_BYTES),
             encoding: Some(ReadEncoding::Base64),
         };
-        let page = call_resending::<calls::FsRead>(client, params).await?;
+        let page = call_resending::<calls::FsRead>(client, params)
+            .await
+            .map_err(|e| super::hint_remote_home(e, "", &path))?;
         if first_hash.get_or_insert_with(|| page.sha256.clone()) != &page.sha256 {
             return Err(Failure::Local(format!(
                 "{path} changed while it was read: run cat again"

@@ -211,3 +211,86 @@ pub(crate) fn client_stopped() -> AppError {
     AppError::new(ErrorCode::HostDisconnected, "the client stopped")
         .with_source(ErrorSource::Client)
 }
+
+/// A refused remote path, with what the person likely meant: a path under this machine's home
+/// (`~/x` unquoted, which the shell here expanded) is not the remote's, and a relative one is
+/// nobody's. The host resolves `~/...` to its own user's home (docs/protocol.md §7.8, §7.9).
+/// `flag` is how the path was given (`--workspace `, or nothing for an argument).
+pub(crate) fn hint_remote_home(error: AppError, flag: &str, path: &str) -> AppError {
+    hint_remote_home_of(error, flag, path, std::env::var("HOME").ok().as_deref())
+}
+
+fn hint_remote_home_of(
+    error: AppError,
+    flag: &str,
+    path: &str,
+    local_home: Option<&str>,
+) -> AppError {
+    let code = error.code();
+    let under_local_home = local_home
+        .filter(|h| h.len() > 1)
+        .and_then(|home| path.strip_prefix(home.trim_end_matches('/')))
+        .filter(|rest| rest.is_empty() || rest.starts_with('/'));
+    let hint = match (code, under_local_home) {
+        (ErrorCode::RemotePathForbidden | ErrorCode::RemotePathNotFound, Some(rest)) => format!(
+            " ({path} is under this machine's home, which the shell here put in place of \
+             `~`; for the remote user's home, quote it: {flag}'~{rest}')"
+        ),
+        (ErrorCode::InvalidParams, _) if !path.starts_with('/') => {
+            " (a path on the remote: absolute, or '~/...' for the remote user's home)".into()
+        }
+        _ => return error,
+    };
+    let mut hinted = AppError::new(code, format!("{}{hint}", error.message()));
+    if let Some(details) = error.details() {
+        hinted = hinted.with_details(details.clone());
+    }
+    hinted.with_source(error.origin())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_path_under_this_machine_s_home_hints_at_quoting_tilde() {
+        let refused = AppError::new(ErrorCode::RemotePathForbidden, "outside the roots");
+        let hinted = hint_remote_home_of(
+            refused.clone(),
+            "--workspace ",
+            "/home/me/src/x",
+            Some("/home/me"),
+        );
+        assert!(
+            hinted
+                .message()
+                .ends_with("quote it: --workspace '~/src/x')"),
+            "{}",
+            hinted.message()
+        );
+        // Only under this home, on a path boundary; other refusals pass unchanged.
+        let other = hint_remote_home_of(refused.clone(), "", "/home/meg/x", Some("/home/me"));
+        assert_eq!(other.message(), "outside the roots");
+        // As an argument (cat), the quoted path alone.
+        let cat = hint_remote_home_of(refused.clone(), "", "/home/me/notes.md", Some("/home/me"));
+        assert!(
+            cat.message().ends_with("quote it: '~/notes.md')"),
+            "{}",
+            cat.message()
+        );
+        let busy = AppError::new(ErrorCode::AgentBusy, "busy");
+        assert_eq!(
+            hint_remote_home_of(busy, "", "/home/me/x", Some("/home/me")).message(),
+            "busy"
+        );
+        let relative = AppError::new(
+            ErrorCode::InvalidParams,
+            "params.workspace: must be an absolute path",
+        );
+        assert!(
+            hint_remote_home_of(relative, "", "src/x", Some("/home/me"))
+                .message()
+                .ends_with("absolute, or '~/...' for the remote user's home)")
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! `pi-remote sessions`, `pi-remote new`, `pi-remote close`, `pi-remote fork` and
 //! `pi-remote clone`.
 
-use super::call_resending;
+use super::{call_resending, hint_remote_home};
 use crate::remote::Failure;
 use crate::remote::out::{Out, enum_name};
 use racp_proto::client::RacpClient;
@@ -9,7 +9,7 @@ use racp_proto::methods::session::{
     SessionCloneParams, SessionCreateParams, SessionForkParams, SessionRef, SessionRenameParams,
 };
 use racp_proto::validate::printable;
-use racp_proto::{AppError, Empty, ErrorCode, calls};
+use racp_proto::{Empty, calls};
 
 /// Lists sessions: one line each, `ID  STATE  TITLE  WORKSPACE[ turn=ID]`.
 pub async fn list(out: &Out, client: &RacpClient) -> Result<(), Failure> {
@@ -47,39 +47,13 @@ pub async fn create(
     let created = client
         .call::<calls::SessionCreate>(params)
         .await
-        .map_err(|e| hint_remote_home(e, &workspace, std::env::var("HOME").ok().as_deref()))?;
+        .map_err(|e| hint_remote_home(e, "--workspace ", &workspace))?;
     if out.json {
         out.json_value(&created.session);
     } else {
         out.line(&created.session.session_id);
     }
     Ok(())
-}
-
-/// A refused workspace, with what the person likely meant: a path under this machine's home
-/// (`~/x` unquoted, which the shell here expanded) is not the remote's, and a relative one is
-/// nobody's. The host resolves `~/...` to its own user's home (docs/protocol.md §7.9).
-fn hint_remote_home(error: AppError, workspace: &str, local_home: Option<&str>) -> AppError {
-    let code = error.code();
-    let under_local_home = local_home
-        .filter(|h| h.len() > 1)
-        .and_then(|home| workspace.strip_prefix(home.trim_end_matches('/')))
-        .filter(|rest| rest.is_empty() || rest.starts_with('/'));
-    let hint = match (code, under_local_home) {
-        (ErrorCode::RemotePathForbidden | ErrorCode::RemotePathNotFound, Some(rest)) => format!(
-            " ({workspace} is under this machine's home, which the shell here put in place of \
-             `~`; for the remote user's home, quote it: --workspace '~{rest}')"
-        ),
-        (ErrorCode::InvalidParams, _) if !workspace.starts_with('/') => {
-            " (a path on the remote: absolute, or '~/...' for the remote user's home)".into()
-        }
-        _ => return error,
-    };
-    let mut hinted = AppError::new(code, format!("{}{hint}", error.message()));
-    if let Some(details) = error.details() {
-        hinted = hinted.with_details(details.clone());
-    }
-    hinted.with_source(error.origin())
 }
 
 /// Closes a session: its agent stops (a running turn ends aborted); its log stays readable.
@@ -163,39 +137,4 @@ pub async fn clone(
         out.line(&cloned.session.session_id);
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_refused_path_under_this_machine_s_home_hints_at_quoting_tilde() {
-        let refused = AppError::new(ErrorCode::RemotePathForbidden, "outside the roots");
-        let hinted = hint_remote_home(refused.clone(), "/home/me/src/x", Some("/home/me"));
-        assert!(
-            hinted
-                .message()
-                .ends_with("quote it: --workspace '~/src/x')"),
-            "{}",
-            hinted.message()
-        );
-        // Only under this home, on a path boundary; other refusals pass unchanged.
-        let other = hint_remote_home(refused.clone(), "/home/meg/x", Some("/home/me"));
-        assert_eq!(other.message(), "outside the roots");
-        let busy = AppError::new(ErrorCode::AgentBusy, "busy");
-        assert_eq!(
-            hint_remote_home(busy, "/home/me/x", Some("/home/me")).message(),
-            "busy"
-        );
-        let relative = AppError::new(
-            ErrorCode::InvalidParams,
-            "params.workspace: must be an absolute path",
-        );
-        assert!(
-            hint_remote_home(relative, "src/x", Some("/home/me"))
-                .message()
-                .ends_with("absolute, or '~/...' for the remote user's home)")
-        );
-    }
 }
