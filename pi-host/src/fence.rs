@@ -212,7 +212,7 @@ mod tests {
         let project = home.path().join("project");
         std::fs::create_dir(&project).unwrap();
         let canonical_project = std::fs::canonicalize(&project).unwrap();
-        let mut fence = Fence::new(&[project.clone()], &[]);
+        let mut fence = Fence::new(std::slice::from_ref(&project), &[]);
         fence.home = Some(s(home.path()));
 
         assert_eq!(
