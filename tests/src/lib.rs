@@ -381,11 +381,15 @@ impl HostProcess {
                     .filter_map(|p| p.parse::<u32>().ok()),
             );
         }
-        // Not an agent: a child that already exited (no command line), or the host's own look
-        // at its agent (`--version`, docs/architecture.md "The agent check").
+        // Not an agent: a child that already exited (no command line), one forked and not yet
+        // running its program (the host's own command line, until its exec), or the host's
+        // own look at its agent (`--version`, docs/architecture.md "The agent check").
+        let host = std::fs::read(format!("/proc/{}/cmdline", self.pid())).unwrap_or_default();
         pids.retain(|pid| {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            !cmdline.is_empty() && !cmdline.split(|b| *b == 0).any(|arg| arg == b"--version")
+            !cmdline.is_empty()
+                && cmdline != host
+                && !cmdline.split(|b| *b == 0).any(|arg| arg == b"--version")
         });
         pids.sort_unstable();
         pids
