@@ -5,7 +5,7 @@
 use super::HostEvent;
 use crate::store::SessionRow;
 use racp_proto::ErrorCode;
-use racp_proto::events::HostEventData;
+use racp_proto::events::{HostEventData, TurnFinishedData, TurnStartedData};
 use racp_proto::methods::session::{Queue, QueuedFollowUp, SessionSettings};
 use racp_proto::methods::turn::{ApprovalInfo, TurnInfo, TurnState};
 use racp_proto::permission::PermissionGrant;
@@ -57,67 +57,20 @@ impl View {
         }
     }
 
-    /// What `event`, recorded at `at`, does to the snapshot. Longer than 60 lines by design: one
-    /// arm per row of the host event table, matched exhaustively so a new event asks its effect.
+    /// What `event`, recorded at `at`, does to the snapshot: one arm per row of the host event
+    /// table, matched exhaustively so a new event asks its effect.
     pub fn apply(&mut self, session_id: &str, event: HostEvent, at: u64) {
         let (body, turn_id) = match event {
             HostEvent::Host { body, turn_id } => (body, turn_id),
-            HostEvent::Agent { kind, payload, .. } => {
-                if kind == Kind::QueueUpdate {
-                    self.queue.steering =
-                        racp_proto::pi::event::steering_queue(payload.get()).unwrap_or_default();
-                    return;
-                }
-                // Only some agent events change what is streaming (docs/protocol.md §8.1).
-                if kind.streams() {
-                    self.defer(kind, payload.into());
-                }
-                return;
-            }
+            HostEvent::Agent { kind, payload, .. } => return self.apply_agent(kind, payload),
         };
         match body {
             HostEventData::TurnStarted(data) => {
-                let Some(turn_id) = turn_id else { return };
-                self.queue.follow_ups.retain(|f| f.turn_id != turn_id);
-                self.active_turn = Some(turn_id.clone());
-                self.turns.push(TurnInfo {
-                    turn_id,
-                    state: TurnState::Running,
-                    text: data.text,
-                    started_at: at,
-                    finished_at: None,
-                    error: None,
-                    files: Vec::new(),
-                });
-                if self.turns.len() > SNAPSHOT_TURNS {
-                    let excess = self.turns.len() - SNAPSHOT_TURNS;
-                    self.turns.drain(..excess);
+                if let Some(turn_id) = turn_id {
+                    self.start_turn(turn_id, data, at);
                 }
             }
-            HostEventData::TurnFinished(data) => {
-                // A turn that ended ends its streams, even one its agent died in.
-                self.unapplied.clear();
-                self.stream.clear();
-                let agent_died = data.error.as_ref().is_some_and(|e| {
-                    matches!(
-                        e.code(),
-                        ErrorCode::AgentSidecarCrashed | ErrorCode::AgentSidecarOom
-                    )
-                });
-                if agent_died {
-                    self.queue.steering.clear();
-                }
-                let Some(turn_id) = turn_id else { return };
-                if self.active_turn.as_deref() == Some(turn_id.as_str()) {
-                    self.active_turn = None;
-                }
-                if let Some(turn) = self.turns.iter_mut().find(|t| t.turn_id == turn_id) {
-                    turn.state = data.outcome.turn_state();
-                    turn.error = data.error;
-                    turn.finished_at = Some(at);
-                    turn.files = data.files;
-                }
-            }
+            HostEventData::TurnFinished(data) => self.finish_turn(turn_id, data, at),
             HostEventData::ApprovalRequested(data) => self
                 .pending_approvals
                 .push(data.into_pending(session_id.to_string())),
@@ -164,6 +117,62 @@ impl View {
             // What changed on disk is the desktop's to show; a snapshot holds no file tree
             // (a client reads it with `fs/list` and follows these events from the cursor).
             HostEventData::WorkspaceChanged(_) => {}
+        }
+    }
+
+    /// A relayed agent event: pi's steering queue, or what is streaming.
+    fn apply_agent(&mut self, kind: Kind, payload: Box<serde_json::value::RawValue>) {
+        if kind == Kind::QueueUpdate {
+            self.queue.steering =
+                racp_proto::pi::event::steering_queue(payload.get()).unwrap_or_default();
+            return;
+        }
+        // Only some agent events change what is streaming (docs/protocol.md §8.1).
+        if kind.streams() {
+            self.defer(kind, payload.into());
+        }
+    }
+
+    fn start_turn(&mut self, turn_id: String, data: TurnStartedData, at: u64) {
+        self.queue.follow_ups.retain(|f| f.turn_id != turn_id);
+        self.active_turn = Some(turn_id.clone());
+        self.turns.push(TurnInfo {
+            turn_id,
+            state: TurnState::Running,
+            text: data.text,
+            started_at: at,
+            finished_at: None,
+            error: None,
+            files: Vec::new(),
+        });
+        if self.turns.len() > SNAPSHOT_TURNS {
+            let excess = self.turns.len() - SNAPSHOT_TURNS;
+            self.turns.drain(..excess);
+        }
+    }
+
+    fn finish_turn(&mut self, turn_id: Option<String>, data: TurnFinishedData, at: u64) {
+        // A turn that ended ends its streams, even one its agent died in.
+        self.unapplied.clear();
+        self.stream.clear();
+        let agent_died = data.error.as_ref().is_some_and(|e| {
+            matches!(
+                e.code(),
+                ErrorCode::AgentSidecarCrashed | ErrorCode::AgentSidecarOom
+            )
+        });
+        if agent_died {
+            self.queue.steering.clear();
+        }
+        let Some(turn_id) = turn_id else { return };
+        if self.active_turn.as_deref() == Some(turn_id.as_str()) {
+            self.active_turn = None;
+        }
+        if let Some(turn) = self.turns.iter_mut().find(|t| t.turn_id == turn_id) {
+            turn.state = data.outcome.turn_state();
+            turn.error = data.error;
+            turn.finished_at = Some(at);
+            turn.files = data.files;
         }
     }
 
