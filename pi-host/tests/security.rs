@@ -614,8 +614,10 @@ async fn paths_cannot_escape_the_roots() {
         (format!("{r}/missing/../../etc"), "REMOTE_PATH_FORBIDDEN"),
         (format!("{r}/missing"), "REMOTE_PATH_NOT_FOUND"),
         ("relative/path".to_string(), "INVALID_PARAMS"),
-        ("~".to_string(), "INVALID_PARAMS"),
-        ("~/x".to_string(), "INVALID_PARAMS"),
+        // `~` is the host user's home (protocol.md §7.8), outside this host's roots.
+        ("~".to_string(), "REMOTE_PATH_FORBIDDEN"),
+        ("~/x".to_string(), "REMOTE_PATH_FORBIDDEN"),
+        ("~root/x".to_string(), "INVALID_PARAMS"),
         (".".to_string(), "INVALID_PARAMS"),
         ("..".to_string(), "INVALID_PARAMS"),
         (String::new(), "INVALID_PARAMS"),
