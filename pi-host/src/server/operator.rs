@@ -23,8 +23,12 @@ pub async fn start(
     addr: SocketAddr,
     remote: bool,
 ) -> Result<SocketAddr, String> {
+    let mut registry = state.metrics.registry(&state.drivers.counts);
+    if !state.config.gateway.is_empty() {
+        state.metrics.nats_link.register(&mut registry);
+    }
     let operator = Operator {
-        registry: state.metrics.registry(&state.drivers.counts),
+        registry,
         observed: Arc::new(HostObserved(Arc::downgrade(state))),
     };
     racp_server::metrics::listen(addr, remote, operator).await
@@ -58,6 +62,7 @@ impl Observed for HostObserved {
                 store_bytes,
                 history_bytes,
             });
+            state.metrics.nats_link.observe(state.metrics.nats.get());
         })
     }
 
