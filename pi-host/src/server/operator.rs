@@ -29,9 +29,15 @@ pub async fn start(
     }
     let operator = Operator {
         registry,
-        observed: Arc::new(HostObserved(Arc::downgrade(state))),
+        observed: observed(state),
     };
     racp_server::metrics::listen(addr, remote, operator).await
+}
+
+/// The host's gauges and `/readyz`'s checks, for its listener and for systemd's readiness
+/// (racp-server's `notify.rs`).
+pub fn observed(state: &Arc<HostState>) -> Arc<dyn Observed> {
+    Arc::new(HostObserved(Arc::downgrade(state)))
 }
 
 /// The host as its listener sees it; weak, so the listener does not keep a stopped host.
