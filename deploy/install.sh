@@ -357,8 +357,10 @@ cmd_start() {
         mv -f "$unit.tmp.$$" "$unit" || die 20 "cannot write $unit"
         systemctl --user daemon-reload || die 20 "systemctl --user daemon-reload failed"
         # Without the lock fd: a systemctl that starts the service itself (container shims do)
-        # would otherwise pass the install lock on to the host.
-        systemctl --user restart "$(unit_name)" 9>&- || die 20 "systemctl --user restart $(unit_name) failed"
+        # would otherwise pass the install lock on to the host. Not waiting for the start job:
+        # the unit is Type=notify, started only once /readyz passes (never while the agent is
+        # missing), and the host serves before that; the state file below says it listens.
+        systemctl --user restart --no-block "$(unit_name)" 9>&- || die 20 "systemctl --user restart $(unit_name) failed"
         systemctl --user enable --quiet "$(unit_name)" 2>/dev/null || warn "could not enable $(unit_name)"
     else
         printf '%s\n' "--- $(date) starting $current" >>"$LOG"
@@ -393,7 +395,7 @@ cmd_start() {
             [ "$status" -eq 0 ] || start_failed 20 "pi-host exited while starting (status $status)"
             watch=
         fi
-        if [ -z "$daemon" ] && ! systemctl --user is-active --quiet "$(unit_name)"; then
+        if [ -z "$daemon" ] && unit_failed; then
             start_failed 20 "pi-host exited while starting (systemctl --user status $(unit_name))"
         fi
         if [ "$(now)" -ge "$deadline" ]; then
@@ -404,6 +406,15 @@ cmd_start() {
         fi
         tick
     done
+}
+
+# The unit's host exited: the unit failed, or waits to be started again (Restart=on-failure).
+# Activating is not a failure: the host listens before it reports ready.
+unit_failed() {
+    case $(systemctl --user show --property=SubState --value "$(unit_name)" 2>/dev/null) in
+        failed | auto-restart) return 0 ;;
+    esac
+    return 1
 }
 
 start_failed() {

@@ -329,6 +329,7 @@ impl GatewayConnection {
         let subscription_id = self.live.new_id();
         let feed = self.gateway.feeds.join(feed::Start {
             stream: &stream,
+            host: &host,
             subject: &subject,
             session_id: &params.session_id,
             epoch,
@@ -354,6 +355,7 @@ impl GatewayConnection {
             max_frame_bytes: self.agreed.max_frame_bytes as usize,
             max_events_per_frame: self.agreed.events_per_push,
             feed,
+            metrics: self.gateway.metrics.clone(),
         };
         let followed = follow::follow(&stream, start, self.out.clone()).await?;
         self.follows.insert(subscription_id.clone(), followed);

@@ -30,6 +30,8 @@ pub struct Feeds {
 /// Where a feed starts: after RACP seq `after`, read from stream sequence `from`.
 pub struct Start<'a> {
     pub stream: &'a Stream,
+    /// The host whose stream it is (the lag gauge's label, metrics.rs).
+    pub host: &'a str,
     pub subject: &'a str,
     pub session_id: &'a str,
     pub epoch: Epoch,
@@ -59,6 +61,9 @@ impl Feeds {
             max_age_ms: u64::MAX,
         };
         let feed = Arc::new(Feed {
+            host: start.host.to_string(),
+            stream: start.stream.clone(),
+            consumer: Mutex::new(None),
             session_id: start.session_id.to_string(),
             subject: start.subject.to_string(),
             epoch: start.epoch,
@@ -85,9 +90,34 @@ impl Feeds {
         }
         feed
     }
+
+    /// The consumers this replica's feeds read with now, at most `max`: each with its host
+    /// and stream, for the lag gauge (metrics.rs).
+    pub fn consumers(&self, max: usize) -> Vec<(String, Stream, String)> {
+        // The weak handles are taken first: a feed upgraded here may drop, and its drop takes
+        // the map's lock.
+        let feeds: Vec<Weak<Feed>> = self.open.iter().map(|f| f.value().clone()).collect();
+        feeds
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|feed| {
+                let name = feed
+                    .consumer
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()?;
+                Some((feed.host.clone(), feed.stream.clone(), name))
+            })
+            .take(max)
+            .collect()
+    }
 }
 
 pub struct Feed {
+    host: String,
+    stream: Stream,
+    /// The consumer its pump reads with now, while it reads (metrics.rs asks for its lag).
+    consumer: Mutex<Option<String>>,
     session_id: String,
     subject: String,
     epoch: Epoch,
@@ -106,6 +136,14 @@ struct Window {
 impl Feed {
     fn lock(&self) -> MutexGuard<'_, Window> {
         self.window.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Its pump reads with consumer `name` now (`None`: it stopped reading).
+    fn reads_with(&self, name: Option<&str>) {
+        let mut consumer = self.consumer.lock().unwrap_or_else(|e| e.into_inner());
+        if consumer.as_deref() != name {
+            *consumer = name.map(str::to_string);
+        }
     }
 
     /// Whether a subscriber that has sent up to RACP seq `last` can read on from the window.
@@ -190,6 +228,12 @@ async fn pump(stream: Stream, feed: Weak<Feed>, after: u64, from: u64) {
     let at = Position::after(after, from);
     let mut reader = Reader::new(stream, subject, epoch, messages, at, "a feed's");
     loop {
+        // Not held over the read: a feed no one holds any more drops while its pump waits.
+        let Some(held) = feed.upgrade() else {
+            return;
+        };
+        held.reads_with(Some(reader.consumer()));
+        drop(held);
         let Some((events, stop)) = reader.next_batch(APPEND_EVENTS, WINDOW_BYTES / 16).await else {
             continue;
         };
@@ -197,6 +241,7 @@ async fn pump(stream: Stream, feed: Weak<Feed>, after: u64, from: u64) {
             return;
         };
         if feed.append(events, reader.at.closed, stop) {
+            feed.reads_with(None);
             return;
         }
     }

@@ -57,6 +57,8 @@ pub struct Start {
     pub max_events_per_frame: usize,
     /// The feed it joins once it has caught up.
     pub feed: Arc<Feed>,
+    /// Where the events it sends are counted, as a feed's are (racp-server's fanout.rs).
+    pub metrics: racp_server::metrics::Metrics,
 }
 
 impl Start {
@@ -139,6 +141,8 @@ async fn pump(
         };
         for chunk in frames(&events, budget) {
             let frame = events_frame(&prefix, chunk, budget, &start);
+            // Counted as handed out, before the client can have read it, as fanout.rs counts.
+            start.metrics.delivered(chunk.len());
             if out.send(Outgoing::Frame(frame)).await.is_err() {
                 return;
             }

@@ -1,38 +1,39 @@
 //! The gateway's metrics and health (docs/reliability.md, "Metrics and health"), on the
 //! operator's listener `--metrics-listen` (racp-server's `metrics.rs`): the connection core's
 //! series, whether NATS is connected and how often it reconnected, and each enrolled host's
-//! JetStream bytes against its stream's limit (read at the scrape, for at most
-//! [`MAX_HOSTS_SHOWN`] hosts, within [`READ_DEADLINE`]); `/readyz` checks `nats`.
+//! JetStream bytes against its stream's limit and the events in it this replica's feeds have
+//! not been sent yet (read at the scrape, for at most [`MAX_HOSTS_SHOWN`] hosts, within
+//! [`READ_DEADLINE`]); `/readyz` checks `nats`.
 
 use crate::state::Gateway;
 use futures_util::StreamExt;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use racp_server::metrics::{Check, Observed, Operator};
+use racp_server::metrics::{Check, NatsLink, Observed, Operator};
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
 /// Most hosts whose streams a scrape reports (the label's set stays bounded).
 const MAX_HOSTS_SHOWN: usize = 256;
-/// Longest a scrape waits for the streams' info.
+/// Longest a scrape waits for the streams' info, and again for the consumers' lag.
 const READ_DEADLINE: Duration = Duration::from_secs(2);
+/// Most feed consumers a scrape asks after, and how many at once.
+const MAX_CONSUMERS_READ: usize = 4096;
+const CONSUMERS_AT_ONCE: usize = 32;
 
-/// NATS connections made again after the first (nats.rs's event callback counts them).
-static RECONNECTS: LazyLock<Counter> = LazyLock::new(Counter::default);
-static CONNECTED_ONCE: AtomicBool = AtomicBool::new(false);
+/// The NATS link's series: the client's event callback (nats.rs) counts into it before the
+/// gateway's state, and its registry, exist.
+static LINK: LazyLock<NatsLink> = LazyLock::new(NatsLink::default);
 
-/// The NATS client said it is connected: a reconnect unless it is the first time.
-pub fn nats_connected() {
-    if CONNECTED_ONCE.swap(true, Ordering::Relaxed) {
-        RECONNECTS.inc();
-    }
+/// What the NATS client's event callback tells (nats.rs).
+pub fn nats_event(event: &async_nats::Event) {
+    LINK.event(event);
 }
 
 /// An enrolled host's id: ids are the operator's, checked at enrollment (a NATS token).
@@ -49,9 +50,9 @@ pub async fn start(
 ) -> Result<SocketAddr, String> {
     let observed = GatewayObserved {
         gateway: Arc::downgrade(gateway),
-        nats_connected: Gauge::default(),
         stream_bytes: Family::default(),
         stream_max_bytes: Family::default(),
+        pending: Family::default(),
     };
     let mut registry = Registry::with_prefix("pi_gateway");
     gateway.metrics.register(&mut registry);
@@ -65,23 +66,14 @@ pub async fn start(
 
 struct GatewayObserved {
     gateway: Weak<Gateway>,
-    nats_connected: Gauge,
     stream_bytes: Family<HostLabel, Gauge>,
     stream_max_bytes: Family<HostLabel, Gauge>,
+    pending: Family<HostLabel, Gauge>,
 }
 
 impl GatewayObserved {
     fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "nats_connected",
-            "1 while the replica's NATS connection is up, 0 when not",
-            self.nats_connected.clone(),
-        );
-        registry.register(
-            "nats_reconnects",
-            "NATS connections made again after a loss",
-            RECONNECTS.clone(),
-        );
+        LINK.register(registry);
         registry.register(
             "host_stream_bytes",
             "Bytes a host's events stream holds in JetStream",
@@ -92,55 +84,101 @@ impl GatewayObserved {
             "The byte limit of a host's events stream (-1: none)",
             self.stream_max_bytes.clone(),
         );
+        registry.register(
+            "host_events_pending",
+            "Events in a host's stream not yet delivered to this replica's feeds (summed over \
+             the sessions it follows; 0 when it follows none)",
+            self.pending.clone(),
+        );
     }
 
     fn nats_up(&self) -> bool {
         self.gateway.upgrade().is_some_and(|g| g.nats_up())
     }
 
-    /// Each host's events stream: its bytes and its limit, read afresh.
+    /// Each host's events stream: its bytes and its limit, and how far this replica's feeds
+    /// are behind it, read afresh.
     async fn read_streams(&self, gateway: &Gateway) {
-        let mut streams = gateway.js.streams();
-        let mut seen = Vec::new();
-        while let Some(info) = streams.next().await {
-            let info = match info {
-                Ok(info) => info,
-                Err(error) => {
-                    tracing::debug!(%error, "cannot list the streams for a scrape");
-                    break;
-                }
-            };
-            let prefix = racp_proto::gateway::events_stream("");
-            if let Some(host) = info.config.name.strip_prefix(&prefix) {
-                seen.push((host.to_string(), info.state.bytes, info.config.max_bytes));
-            }
-            if seen.len() >= MAX_HOSTS_SHOWN {
-                break;
-            }
-        }
+        let Ok(seen) = tokio::time::timeout(READ_DEADLINE, streams(gateway)).await else {
+            tracing::debug!("the streams' info took too long for a scrape");
+            return;
+        };
+        let mut lag = pending(gateway).await;
         self.stream_bytes.clear();
         self.stream_max_bytes.clear();
+        self.pending.clear();
         for (host, bytes, max) in seen {
+            let pending = lag.remove(&host).unwrap_or(0);
             let label = HostLabel { host };
             let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
             self.stream_bytes.get_or_create(&label).set(bytes);
             self.stream_max_bytes.get_or_create(&label).set(max);
+            let pending = i64::try_from(pending).unwrap_or(i64::MAX);
+            self.pending.get_or_create(&label).set(pending);
         }
     }
+}
+
+/// The hosts' events streams (at most [`MAX_HOSTS_SHOWN`]): host id, bytes, byte limit.
+async fn streams(gateway: &Gateway) -> Vec<(String, u64, i64)> {
+    let mut streams = gateway.js.streams();
+    let mut seen = Vec::new();
+    let prefix = racp_proto::gateway::events_stream("");
+    while let Some(info) = streams.next().await {
+        let info = match info {
+            Ok(info) => info,
+            Err(error) => {
+                tracing::debug!(%error, "cannot list the streams for a scrape");
+                break;
+            }
+        };
+        if let Some(host) = info.config.name.strip_prefix(&prefix) {
+            seen.push((host.to_string(), info.state.bytes, info.config.max_bytes));
+        }
+        if seen.len() >= MAX_HOSTS_SHOWN {
+            break;
+        }
+    }
+    seen
+}
+
+/// Each host's events not yet delivered to this replica: its feeds' consumers' `num_pending`
+/// (what the stream holds past what NATS has sent the consumer), summed. Read at the scrape,
+/// not on a timer: an idle gateway asks NATS nothing, and the value is as fresh as the scrape.
+/// A catch-up's consumer is not counted: it replays what a subscriber asked for, not the lag.
+/// A consumer that does not answer within [`READ_DEADLINE`] counts nothing.
+async fn pending(gateway: &Gateway) -> HashMap<String, u64> {
+    let consumers = gateway.feeds.consumers(MAX_CONSUMERS_READ);
+    let asked = futures_util::stream::iter(consumers)
+        .map(|(host, stream, name)| async move {
+            let info = stream.consumer_info(name).await;
+            info.ok().map(|info| (host, info.num_pending))
+        })
+        .buffer_unordered(CONSUMERS_AT_ONCE)
+        .filter_map(std::future::ready);
+    let mut lag = HashMap::new();
+    let read = tokio::time::timeout(READ_DEADLINE, async {
+        let mut asked = std::pin::pin!(asked);
+        while let Some((host, pending)) = asked.next().await {
+            *lag.entry(host).or_insert(0u64) += pending;
+        }
+    });
+    if read.await.is_err() {
+        tracing::debug!("the feeds' consumers took too long for a scrape");
+    }
+    lag
 }
 
 impl Observed for GatewayObserved {
     fn refresh(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
-            self.nats_connected.set(i64::from(self.nats_up()));
             let Some(gateway) = self.gateway.upgrade() else {
+                LINK.observe(None);
                 return;
             };
+            LINK.observe(Some(&gateway.client));
             if self.nats_up() {
-                let read = tokio::time::timeout(READ_DEADLINE, self.read_streams(&gateway)).await;
-                if read.is_err() {
-                    tracing::debug!("the streams' info took too long for a scrape");
-                }
+                self.read_streams(&gateway).await;
             }
         })
     }

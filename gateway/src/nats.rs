@@ -88,11 +88,9 @@ pub async fn connect(
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(Duration::from_secs(10)))
         .event_callback(|event| async move {
+            crate::metrics::nats_event(&event);
             match event {
-                async_nats::Event::Connected => {
-                    crate::metrics::nats_connected();
-                    tracing::info!("NATS connected");
-                }
+                async_nats::Event::Connected => tracing::info!("NATS connected"),
                 async_nats::Event::Disconnected => tracing::warn!("NATS link down; retrying"),
                 other => tracing::warn!(event = %other, "NATS"),
             }

@@ -126,6 +126,13 @@ pub struct Messages {
     name: String,
 }
 
+impl Messages {
+    /// The consumer's name in NATS (its info, its `num_pending`, are asked by it).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
 /// An ordered consumer of one session's subject from a stream sequence.
 pub async fn consume(stream: &Stream, subject: &str, from: u64) -> Result<Messages, AppError> {
     // Named here, so the watchdog can ask after it (the client keeps the name when it makes the
@@ -209,6 +216,11 @@ impl Reader {
             at,
             whose,
         }
+    }
+
+    /// The name of the consumer it reads with now (a new one when it is made anew).
+    pub fn consumer(&self) -> &str {
+        self.messages.name()
     }
 
     /// The events that arrived next (at least one message; more while they are already there,

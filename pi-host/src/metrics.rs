@@ -2,7 +2,8 @@
 //! what only a host knows: events committed and the commit's time, approvals settled by
 //! outcome, agents running, starting, started and stopped and their memory, approvals pending,
 //! the store's size on disk and the agents' session files, whether the kernel sandbox is
-//! enforced. The operator's listener that serves them, with `/readyz`'s checks, is
+//! enforced, and with `--gateway` whether its NATS link is up and how often it was made again.
+//! The operator's listener that serves them, with `/readyz`'s checks, is
 //! `server/operator.rs`.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -12,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use racp_proto::methods::turn::ApprovalState;
-use racp_server::metrics::Metrics;
+use racp_server::metrics::{Metrics, NatsLink};
 use std::sync::OnceLock;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -96,6 +97,8 @@ pub struct HostMetrics {
     history_bytes: Gauge,
     /// The gateway link once made (uplink/mod.rs), for the `nats` check.
     pub nats: OnceLock<async_nats::Client>,
+    /// The gateway link's series, registered with `--gateway` (server/operator.rs).
+    pub nats_link: NatsLink,
 }
 
 /// What a scrape reads of the host's state.

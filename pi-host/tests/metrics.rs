@@ -1,8 +1,8 @@
 //! The operator's listener (docs/reliability.md, "Metrics and health"): a real host with the
 //! stand-in agent and `--metrics-listen 127.0.0.1:0`, its address read from the state file;
 //! the counters move with a turn, a CURSOR_EXPIRED, a CLIENT_TOO_SLOW cut and a revoke;
-//! `/readyz` fails while the store refuses writes; a real Prometheus scrapes a host and the
-//! gateway it is attached to.
+//! `/readyz` fails while the store refuses writes, and systemd is told `READY=1` only once it
+//! passes; a real Prometheus scrapes a host and the gateway it is attached to.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -309,6 +309,106 @@ async fn readyz_fails_while_the_store_refuses_writes_and_recovers() {
     drop(read_only);
     let (status, body) = ready(o.metrics).await;
     assert_eq!(status, 200, "{body}");
+}
+
+/// The next state the host sends systemd's socket, within the tests' patience.
+async fn next_state(socket: &tokio::net::UnixDatagram) -> String {
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(tests::PATIENCE, socket.recv(&mut buf))
+        .await
+        .expect("no state sent to the notify socket in time")
+        .unwrap();
+    String::from_utf8(buf[..n].to_vec()).unwrap()
+}
+
+/// States sent until one `wanted` takes; none before it may hold `refused`.
+async fn until_state(
+    socket: &tokio::net::UnixDatagram,
+    wanted: impl Fn(&str) -> bool,
+    refused: &str,
+) -> String {
+    loop {
+        let state = next_state(socket).await;
+        if wanted(&state) {
+            return state;
+        }
+        assert!(!state.contains(refused), "{refused} too early: {state}");
+    }
+}
+
+/// systemd's readiness (deploy/pi-host.service is `Type=notify`): the host started by it sends
+/// `READY=1` only once `/readyz`'s checks pass, naming the failing checks in `STATUS=` until
+/// then; its agents do not see the socket; SIGTERM sends `STOPPING=1`.
+#[tokio::test]
+async fn systemd_is_told_ready_only_once_readyz_passes_and_stopping_at_the_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let notify = dir.path().join("notify");
+    let socket = tokio::net::UnixDatagram::bind(&notify).unwrap();
+    // The agent is not installed yet: the `agent` check fails.
+    let agent = dir.path().join("agent");
+    let state_file = dir.path().join("state.json");
+    let args = [
+        "--agent",
+        agent.to_str().unwrap(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--state-file",
+        state_file.to_str().unwrap(),
+    ];
+    let env = [("NOTIFY_SOCKET", notify.to_str().unwrap())];
+    let host = HostProcess::start_with_env(bin(), &args, &env).await;
+    let state: Value = serde_json::from_slice(&std::fs::read(&state_file).unwrap()).unwrap();
+    let metrics: SocketAddr = state["metricsListen"].as_str().unwrap().parse().unwrap();
+    let first = next_state(&socket).await;
+    assert!(first.starts_with("STATUS=not ready: agent: "), "{first}");
+    assert_eq!(ready(metrics).await.0, 503);
+
+    // The agent installed while the store refuses writes: the status names the store alone.
+    let read_only = ReadOnly::make(host.data_dir.path());
+    let copy = dir.path().join("agent.new");
+    std::fs::copy(tests::stand_in_agent(), &copy).unwrap();
+    std::fs::rename(&copy, &agent).unwrap();
+    let store = until_state(&socket, |s| !s.contains("agent: "), "READY=1").await;
+    assert!(store.starts_with("STATUS=not ready: store: "), "{store}");
+    assert_eq!(ready(metrics).await.0, 503);
+
+    // The store writable again: READY=1, when `/readyz` answers 200.
+    drop(read_only);
+    let told = until_state(&socket, |s| s.contains("READY=1"), "STOPPING=1").await;
+    assert_eq!(told, "READY=1\nSTATUS=ready");
+    let (status, body) = ready(metrics).await;
+    assert_eq!(status, 200, "{body}");
+
+    // An agent the host runs does not see the socket.
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let workspace = json!({"workspace": host.workspace("w")});
+    let created = call(&mut client, "session/create", workspace).await;
+    let session_id = created["result"]["session"]["sessionId"].clone();
+    let subscribed = json!({"sessionId": session_id});
+    call(&mut client, "session/subscribe", subscribed).await;
+    let turn = json!({"sessionId": session_id, "idempotencyKey": "k", "text": "whoami"});
+    assert!(
+        call(&mut client, "turn/start", turn)
+            .await
+            .get("result")
+            .is_some()
+    );
+    let events = client
+        .events_until(tests::PATIENCE, |e| e["type"] == "turn.finished")
+        .await;
+    let whoami = events
+        .iter()
+        .find(|e| e["type"] == "agent.stand_in_whoami")
+        .expect("the agent said who it is");
+    assert!(whoami["data"]["cwd"].is_string(), "{whoami}");
+    assert_eq!(whoami["data"]["notifySocket"], Value::Null, "{whoami}");
+
+    // SIGTERM: the drain begins with STOPPING=1.
+    host.sigterm();
+    let stopping = until_state(&socket, |s| s.contains("STOPPING=1"), "READY=1").await;
+    assert!(stopping.starts_with("STOPPING=1"), "{stopping}");
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@
 //! - [`fanout`]: subscribers pulling from a shared log; [`connections`]: the registry and the
 //!   device gate a revoke closes.
 //! - [`metrics`]: the core's counters and the operator's listener (`/metrics`, `/livez`,
-//!   `/readyz`).
+//!   `/readyz`); [`notify`]: systemd's readiness, from the same checks.
 //! - [`uplink`]: the signed link to NATS a host and a gateway share; [`wire`], [`failure`],
 //!   [`trace`] (a call's trace id, its span and its errors), [`log`], [`clock`], [`private_file`], [`token`], [`usage`], [`limits`]: what they are built
 //!   from.
@@ -29,6 +29,7 @@ pub mod limits;
 pub mod listener;
 pub mod log;
 pub mod metrics;
+pub mod notify;
 pub mod private_file;
 pub mod push;
 pub mod ratelimit;

@@ -21,6 +21,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The label a call without a decoded method is counted under (a frame that is not a request).
 const NO_METHOD: &str = "none";
@@ -201,6 +202,49 @@ impl Drop for OpenConnection {
             .connections
             .get_or_create(&KindLabel { kind })
             .dec();
+    }
+}
+
+/// A NATS link's series, for a gateway and for a host attached to one: whether it is up (read
+/// from the client at a scrape, the truth, not the last event seen) and how often it was made
+/// again after a loss (counted by the client's event callback: `Connected` after the first).
+#[derive(Clone, Debug, Default)]
+pub struct NatsLink {
+    connected: Gauge,
+    reconnects: Counter,
+    connected_once: Arc<AtomicBool>,
+}
+
+impl NatsLink {
+    /// Adds `nats_connected` and `nats_reconnects_total` to a server's registry.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "nats_connected",
+            "1 while the NATS connection is up, 0 when not",
+            self.connected.clone(),
+        );
+        registry.register(
+            "nats_reconnects",
+            "NATS connections made again after a loss",
+            self.reconnects.clone(),
+        );
+    }
+
+    /// What the NATS client's `event_callback` tells: a `Connected` other than the first is a
+    /// reconnect.
+    pub fn event(&self, event: &async_nats::Event) {
+        if matches!(event, async_nats::Event::Connected)
+            && self.connected_once.swap(true, Ordering::Relaxed)
+        {
+            self.reconnects.inc();
+        }
+    }
+
+    /// Sets the gauge from the client's state, before a scrape (`None`: no link made yet).
+    pub fn observe(&self, client: Option<&async_nats::Client>) {
+        let up = client
+            .is_some_and(|c| c.connection_state() == async_nats::connection::State::Connected);
+        self.connected.set(i64::from(up));
     }
 }
 

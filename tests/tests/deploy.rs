@@ -911,7 +911,7 @@ running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 case $cmd in
   show-environment) echo "HOME=$HOME" ;;
   daemon-reload | enable | disable) ;;
-  is-active) running ;;
+  show) running && echo running || echo failed ;;
   stop)
     if running; then
       pid=$(cat "$pidfile"); kill "$pid"
@@ -994,7 +994,7 @@ async fn start_uses_a_lingering_user_systemd_when_there_is_one() {
     for call in [
         "show-user".to_string(),
         "--user daemon-reload".to_string(),
-        format!("--user restart {name}"),
+        format!("--user restart --no-block {name}"),
         format!("--user enable --quiet {name}"),
     ] {
         assert!(calls.contains(&call), "{call} in:\n{calls}");

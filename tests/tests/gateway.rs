@@ -2263,7 +2263,8 @@ async fn the_gateways_byte_budget_takes_exactly_its_bound_and_refuses_one_byte_m
 
 /// The operator's listeners (docs/reliability.md, "Metrics and health"): a gateway's counts
 /// its connections and calls, reports NATS, and is not ready without it; a host linked to the
-/// gateway adds a `nats` check to its own `/readyz`.
+/// gateway adds a `nats` check to its own `/readyz`. Both count the link made again when NATS
+/// is back, and say it is up again.
 #[tokio::test]
 async fn gateway_and_host_report_nats_on_their_metrics_listeners() {
     let mut fleet = Fleet::new(1, 1, 1, 3600).await;
@@ -2280,10 +2281,12 @@ async fn gateway_and_host_report_nats_on_their_metrics_listeners() {
     let (status, text) = tests::http_get(metrics, "/metrics").await;
     assert_eq!(status, 200);
     assert_eq!(
-        tests::series_value(&text, "pi_gateway_nats_connected"),
-        1.0,
+        series(&text, "pi_gateway_nats_connected"),
+        Some(1.0),
         "{text}"
     );
+    let reconnects = "pi_gateway_nats_reconnects_total";
+    assert_eq!(series(&text, reconnects), Some(0.0), "{text}");
     let devices = r#"pi_gateway_connections{kind="device"}"#;
     assert_eq!(tests::series_value(&text, devices), 1.0, "{text}");
     let lists = r#"pi_gateway_calls_total{method="host/list",code="ok"}"#;
@@ -2297,14 +2300,21 @@ async fn gateway_and_host_report_nats_on_their_metrics_listeners() {
         host_ready.contains(r#"{"name":"nats","ok":true}"#),
         "{host_ready}"
     );
+    let (_, text) = tests::http_get(host_metrics, "/metrics").await;
+    assert_eq!(series(&text, "pi_host_nats_connected"), Some(1.0), "{text}");
+    assert_eq!(
+        series(&text, "pi_host_nats_reconnects_total"),
+        Some(0.0),
+        "{text}"
+    );
 
     fleet.nats.kill(0).await;
     let body = until_ready(metrics, 503).await;
     assert!(body.contains(r#""name":"nats","ok":false"#), "{body}");
     let (_, text) = tests::http_get(metrics, "/metrics").await;
     assert_eq!(
-        tests::series_value(&text, "pi_gateway_nats_connected"),
-        0.0,
+        series(&text, "pi_gateway_nats_connected"),
+        Some(0.0),
         "{text}"
     );
     let host_ready = until_ready(host_metrics, 503).await;
@@ -2316,7 +2326,103 @@ async fn gateway_and_host_report_nats_on_their_metrics_listeners() {
         host_ready.contains(r#"{"name":"store","ok":true}"#),
         "{host_ready}"
     );
+    let (_, text) = tests::http_get(host_metrics, "/metrics").await;
+    assert_eq!(series(&text, "pi_host_nats_connected"), Some(0.0), "{text}");
     assert_eq!(tests::http_get(metrics, "/livez").await.0, 200);
+
+    // NATS back: each side made its link again once, and says it is up.
+    fleet.nats.restart(0).await;
+    for (addr, prefix) in [(metrics, "pi_gateway"), (host_metrics, "pi_host")] {
+        let connected = format!("{prefix}_nats_connected");
+        let text = until_series(addr, &connected, |v| v == 1.0).await;
+        let reconnects = format!("{prefix}_nats_reconnects_total");
+        assert_eq!(series(&text, &reconnects), Some(1.0), "{text}");
+    }
+    until_ready(metrics, 200).await;
+    until_ready(host_metrics, 200).await;
+}
+
+/// A series' value in a scrape's text, `None` when the scrape does not have it.
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .map(|v| v.trim().parse().expect("a number"))
+}
+
+/// The scrape of `addr` once `name` is there with a value `wanted` takes, within the tests'
+/// patience.
+async fn until_series(
+    addr: std::net::SocketAddr,
+    name: &str,
+    wanted: impl Fn(f64) -> bool,
+) -> String {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let (_, text) = tests::http_get(addr, "/metrics").await;
+        if series(&text, name).is_some_and(&wanted) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never took the value wanted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A gateway counts the events a subscription replays from its cursor (a catch-up on a consumer
+/// of its own) in `events_delivered` as it counts the live ones, and names each host's stream
+/// with the events its feeds have not been sent yet, 0 once they are.
+#[tokio::test]
+async fn a_replay_is_counted_as_delivered_and_the_feeds_lag_returns_to_zero() {
+    let mut fleet = Fleet::new(1, 1, 1, 3600).await;
+    let gateway = fleet
+        .gateway_with(&["--metrics-listen", "127.0.0.1:0"])
+        .await;
+    let metrics = gateway.metrics.expect("the gateway's metrics address");
+    let (host, host_id) = fleet.host(&[]).await;
+    let (_, token) = gateway.pair_device("owner", &[]).await;
+    let mut root = connect(&gateway.url(), &token).await;
+    until_status(&mut root, &host_id, "online").await;
+    let mut desk = connect(&gateway.host_url(&host_id), &token).await;
+    let (session_id, start, subscription) = open_subscribed(&mut desk, &host).await;
+    let live = run_turn(&mut desk, &session_id, "k", "deltas:300").await;
+    assert!(live.iter().any(finished));
+    // The feed that served the turn has been sent every event of the host's stream.
+    let pending = format!(r#"pi_gateway_host_events_pending{{host="{host_id}"}}"#);
+    until_series(metrics, &pending, |v| v == 0.0).await;
+    let unknown = r#"pi_gateway_host_events_pending{host="no-such-host"}"#;
+    let (_, text) = tests::http_get(metrics, "/metrics").await;
+    assert_eq!(series(&text, unknown), None, "{text}");
+
+    // Nobody on the gateway follows the session any more, and it is closed: a replay from its
+    // start is a catch-up that reads the stream to `session.closed`.
+    let unsubscribed = desk
+        .call(
+            "session/unsubscribe",
+            json!({"subscriptionId": subscription}),
+        )
+        .await;
+    assert!(unsubscribed["result"].is_object(), "{unsubscribed}");
+    let closed = desk
+        .call("session/close", json!({"sessionId": session_id}))
+        .await;
+    assert!(closed["result"].is_object(), "{closed}");
+    let delivered = "pi_gateway_events_delivered_total";
+    let (_, text) = tests::http_get(metrics, "/metrics").await;
+    let before = tests::series_value(&text, delivered);
+    let mut reader = connect(&gateway.host_url(&host_id), &token).await;
+    let params = json!({"sessionId": session_id, "cursor": start});
+    let (seen, ended) = subscribed_until_ended(&mut reader, params).await;
+    assert!(ended["params"]["error"].is_null(), "{ended}");
+    assert!(seen.len() > live.len(), "{} events replayed", seen.len());
+    assert!(
+        seen.iter().any(|e| e["type"] == "session.closed"),
+        "the replay reached the session's end"
+    );
+    let (_, text) = tests::http_get(metrics, "/metrics").await;
+    let replayed = tests::series_value(&text, delivered) - before;
+    assert_eq!(replayed, seen.len() as f64, "{text}");
 }
 
 /// Where a host serves its metrics, from its log line.

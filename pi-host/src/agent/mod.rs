@@ -774,6 +774,8 @@ fn start_child(
     command
         .args(&words)
         .current_dir(&spec.workspace)
+        // systemd's socket is the host's, not the agent's (racp-server's notify.rs).
+        .env_remove(racp_server::notify::ENV)
         .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -23,11 +23,21 @@ pub async fn start(
     addr: SocketAddr,
     remote: bool,
 ) -> Result<SocketAddr, String> {
+    let mut registry = state.metrics.registry(&state.drivers.counts);
+    if !state.config.gateway.is_empty() {
+        state.metrics.nats_link.register(&mut registry);
+    }
     let operator = Operator {
-        registry: state.metrics.registry(&state.drivers.counts),
-        observed: Arc::new(HostObserved(Arc::downgrade(state))),
+        registry,
+        observed: observed(state),
     };
     racp_server::metrics::listen(addr, remote, operator).await
+}
+
+/// The host's gauges and `/readyz`'s checks, for its listener and for systemd's readiness
+/// (racp-server's `notify.rs`).
+pub fn observed(state: &Arc<HostState>) -> Arc<dyn Observed> {
+    Arc::new(HostObserved(Arc::downgrade(state)))
 }
 
 /// The host as its listener sees it; weak, so the listener does not keep a stopped host.
@@ -58,6 +68,7 @@ impl Observed for HostObserved {
                 store_bytes,
                 history_bytes,
             });
+            state.metrics.nats_link.observe(state.metrics.nats.get());
         })
     }
 

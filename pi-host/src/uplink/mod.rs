@@ -71,7 +71,7 @@ pub fn spawn(state: &Arc<HostState>) -> Result<Announced, String> {
             .custom_inbox_prefix(host_inbox_prefix(&host_id))
     };
     let options = tls.apply(base(), &servers).map_err(|e| e.to_string())?;
-    let options = redialing(options, &state.host_id);
+    let options = redialing(options, &state.host_id, state.metrics.nats_link.clone());
     let state = state.clone();
     let (announced, announcement) = oneshot::channel();
     tokio::spawn(async move {
@@ -112,8 +112,12 @@ pub fn spawn(state: &Arc<HostState>) -> Result<Announced, String> {
     Ok(Announced(Some(announcement)))
 }
 
-/// `options` for a link that is made again whenever it drops, and logs when it does.
-fn redialing(options: async_nats::ConnectOptions, host_id: &str) -> async_nats::ConnectOptions {
+/// `options` for a link that is made again whenever it drops, and logs and counts when it does.
+fn redialing(
+    options: async_nats::ConnectOptions,
+    host_id: &str,
+    counted: racp_server::metrics::NatsLink,
+) -> async_nats::ConnectOptions {
     options
         .name(format!("pi-host {host_id}"))
         .retry_on_initial_connect()
@@ -121,13 +125,18 @@ fn redialing(options: async_nats::ConnectOptions, host_id: &str) -> async_nats::
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(Duration::from_secs(10)))
         .reconnect_delay_callback(backoff)
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::Connected => tracing::info!("gateway link up"),
-                async_nats::Event::Disconnected => tracing::warn!("gateway link down; retrying"),
-                other => tracing::warn!(event = %other, "gateway link"),
-            }
+        .event_callback(move |event| {
+            counted.event(&event);
+            async move { log_link(event) }
         })
+}
+
+fn log_link(event: async_nats::Event) {
+    match event {
+        async_nats::Event::Connected => tracing::info!("gateway link up"),
+        async_nats::Event::Disconnected => tracing::warn!("gateway link down; retrying"),
+        other => tracing::warn!(event = %other, "gateway link"),
+    }
 }
 
 /// Reconnect delay: doubling from 100 ms to 5 s, with jitter from the attempt count so many

@@ -100,6 +100,7 @@ fn command(workspace: &Path, args: &[&str]) -> tokio::process::Command {
         .env("GIT_TERMINAL_PROMPT", "0")
         .env_remove("GIT_DIR")
         .env_remove("GIT_WORK_TREE")
+        .env_remove(racp_server::notify::ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -794,6 +794,8 @@ impl StandIn {
                         "type": "stand_in_whoami",
                         "args": args,
                         "sessionDir": std::env::var("PI_CODING_AGENT_SESSION_DIR").ok(),
+                        // systemd's socket is the host's alone (racp-server's notify.rs).
+                        "notifySocket": std::env::var("NOTIFY_SOCKET").ok(),
                         "cwd": std::env::current_dir().ok().map(|d| d.display().to_string()),
                         "model": self.settings.model_id,
                         "thinkingLevel": self.settings.thinking_level,

@@ -90,6 +90,7 @@ pub async fn ask(
         .args(args)
         .arg("--version")
         .current_dir(cwd)
+        .env_remove(racp_server::notify::ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
