@@ -11,12 +11,12 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use racp_server::metrics::{Check, NatsLink, Observed, Operator};
+use racp_server::metrics::{Check, Observed, Operator};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, LazyLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// Most hosts whose streams a scrape reports (the label's set stays bounded).
@@ -26,15 +26,6 @@ const READ_DEADLINE: Duration = Duration::from_secs(2);
 /// Most feed consumers a scrape asks after, and how many at once.
 const MAX_CONSUMERS_READ: usize = 4096;
 const CONSUMERS_AT_ONCE: usize = 32;
-
-/// The NATS link's series: the client's event callback (nats.rs) counts into it before the
-/// gateway's state, and its registry, exist.
-static LINK: LazyLock<NatsLink> = LazyLock::new(NatsLink::default);
-
-/// What the NATS client's event callback tells (nats.rs).
-pub fn nats_event(event: &async_nats::Event) {
-    LINK.event(event);
-}
 
 /// An enrolled host's id: ids are the operator's, checked at enrollment (a NATS token).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -73,7 +64,7 @@ struct GatewayObserved {
 
 impl GatewayObserved {
     fn register(&self, registry: &mut Registry) {
-        LINK.register(registry);
+        crate::nats::LINK.register(registry);
         registry.register(
             "host_stream_bytes",
             "Bytes a host's events stream holds in JetStream",
@@ -173,10 +164,10 @@ impl Observed for GatewayObserved {
     fn refresh(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
             let Some(gateway) = self.gateway.upgrade() else {
-                LINK.observe(None);
+                crate::nats::LINK.observe(None);
                 return;
             };
-            LINK.observe(Some(&gateway.client));
+            crate::nats::LINK.observe(Some(&gateway.client));
             if self.nats_up() {
                 self.read_streams(&gateway).await;
             }

@@ -9,8 +9,14 @@ use racp_proto::gateway::{
     HOSTS_BUCKET, HostRecord, call_subject, events_stream, heartbeat_subject, host_events_subjects,
     host_inbox_prefix,
 };
+use racp_server::metrics::NatsLink;
 use racp_server::uplink::link;
+use std::sync::LazyLock;
 use std::time::Duration;
+
+/// The NATS link's series (metrics.rs reads them): the client's event callback counts into it
+/// before the gateway's state, and its registry, exist.
+pub static LINK: LazyLock<NatsLink> = LazyLock::new(NatsLink::default);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NatsError {
@@ -88,7 +94,7 @@ pub async fn connect(
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(Duration::from_secs(10)))
         .event_callback(|event| async move {
-            crate::metrics::nats_event(&event);
+            LINK.event(&event);
             match event {
                 async_nats::Event::Connected => tracing::info!("NATS connected"),
                 async_nats::Event::Disconnected => tracing::warn!("NATS link down; retrying"),
