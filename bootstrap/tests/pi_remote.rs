@@ -525,7 +525,8 @@ async fn abort_during_an_approval_answers_at_once() {
 async fn attach_answers_an_approval_from_stdin() {
     let host = host().await;
     let remote = Remote::new();
-    remote.pair(&host, &[]).await;
+    // An operator, who may not list the host's devices: the events name who answered.
+    remote.pair(&host, &["--roles", "operator"]).await;
     let session = remote.new_session(&host, "w").await;
     // attach reads `y` at once and holds it until an approval is pending (from its snapshot or
     // from an event), so the order of the two processes does not matter.
@@ -549,7 +550,7 @@ async fn attach_answers_an_approval_from_stdin() {
     assert_eq!(settled["data"]["outcome"], "allowed");
     let device_id = settled["data"]["deviceId"].as_str().unwrap().to_string();
 
-    // For a person, who answered is the device's name, not its id.
+    // For a person, who answered is the device's name (from the event), not its id.
     let attach = {
         let mut command = remote.command(&["attach", &session]);
         command.write_stdin("y\n");

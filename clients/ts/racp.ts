@@ -191,6 +191,10 @@ export type ApprovalInfo = {
    * The device whose answer settled it.
    */
   settledBy?: string | null;
+  /**
+   * That device's name, as it was paired (absent in approvals of older hosts).
+   */
+  settledByName?: string | null;
   state: ApprovalState;
   title: string;
   turnId: string;
@@ -259,6 +263,11 @@ export type ApprovalSettledData = {
    * The device whose answer settled it; absent when it expired or was cancelled.
    */
   deviceId?: string | null;
+  /**
+   * Its name, as it was paired, when the event was recorded (at most 200 characters);
+   * absent when `deviceId` is, and in events recorded by hosts older than the field.
+   */
+  deviceName?: string | null;
   /**
    * `allowed`, `denied`, `answered`, `expired` or `cancelled`.
    */
@@ -1292,6 +1301,11 @@ export type PermissionDecidedData = {
    */
   deviceId?: string | null;
   /**
+   * Its name, as it was paired, when the event was recorded (at most 200 characters);
+   * absent when `deviceId` is, and in events recorded by hosts older than the field.
+   */
+  deviceName?: string | null;
+  /**
    * The grant the answer "always" gave.
    */
   grant?: PermissionGrant | null;
@@ -1508,6 +1522,10 @@ export type QueuedFollowUp = {
    */
   deviceId?: string | null;
   /**
+   * Its name, as it was paired.
+   */
+  deviceName?: string | null;
+  /**
    * The images sent with it, named only.
    */
   images?: ImageInfo[];
@@ -1592,6 +1610,11 @@ export type SessionBashData = {
    * The device that ran it.
    */
   deviceId?: string | null;
+  /**
+   * Its name, as it was paired, when the event was recorded (at most 200 characters);
+   * absent when `deviceId` is, and in events recorded by hosts older than the field.
+   */
+  deviceName?: string | null;
   /**
    * Absent when it did not exit by itself (cancelled, killed by a signal).
    */
@@ -1736,6 +1759,11 @@ export type SessionClosedData = {
    * The device that closed it; absent when the host did.
    */
   deviceId?: string | null;
+  /**
+   * Its name, as it was paired, when the event was recorded (at most 200 characters);
+   * absent when `deviceId` is, and in events recorded by hosts older than the field.
+   */
+  deviceName?: string | null;
 };
 
 /**
@@ -1856,6 +1884,11 @@ export type SessionConfiguredData = {
    * The device that changed them.
    */
   deviceId?: string | null;
+  /**
+   * Its name, as it was paired, when the event was recorded (at most 200 characters);
+   * absent when `deviceId` is, and in events recorded by hosts older than the field.
+   */
+  deviceName?: string | null;
   /**
    * The session's permission grants were withdrawn (`clearGrants`).
    */
@@ -2013,6 +2046,11 @@ export type SessionForkedData = {
    * The device that made it.
    */
   deviceId?: string | null;
+  /**
+   * Its name, as it was paired, when the event was recorded (at most 200 characters);
+   * absent when `deviceId` is, and in events recorded by hosts older than the field.
+   */
+  deviceName?: string | null;
   /**
    * The history entry of that session it was forked at (a user message, which it does not
    * hold); absent for a clone, which holds the whole conversation.
@@ -2196,6 +2234,11 @@ export type SessionRenamedData = {
    * The device that renamed it.
    */
   deviceId?: string | null;
+  /**
+   * Its name, as it was paired, when the event was recorded (at most 200 characters);
+   * absent when `deviceId` is, and in events recorded by hosts older than the field.
+   */
+  deviceName?: string | null;
   title: string;
 };
 
@@ -2600,6 +2643,11 @@ export type TurnQueuedData = {
    */
   deviceId?: string | null;
   /**
+   * Its name, as it was paired, when the event was recorded (at most 200 characters);
+   * absent when `deviceId` is, and in events recorded by hosts older than the field.
+   */
+  deviceName?: string | null;
+  /**
    * The images sent with it, named only: their bytes reach the log with the prompt's own
    * message once its turn runs.
    */
@@ -2663,6 +2711,11 @@ export type TurnStartedData = {
    */
   deviceId?: string | null;
   /**
+   * Its name, as it was paired, when the event was recorded (at most 200 characters);
+   * absent when `deviceId` is, and in events recorded by hosts older than the field.
+   */
+  deviceName?: string | null;
+  /**
    * The images sent with it, named only: their bytes are in the prompt's own message
    * (`agent.message_end`, role `user`), so the log holds them once.
    */
@@ -2708,6 +2761,11 @@ export type TurnWithdrawnData = {
    * The device that withdrew it (`reason: "cleared"`).
    */
   deviceId?: string | null;
+  /**
+   * Its name, as it was paired, when the event was recorded (at most 200 characters);
+   * absent when `deviceId` is, and in events recorded by hosts older than the field.
+   */
+  deviceName?: string | null;
   /**
    * The turn it was delivered with (`reason: "joined"`).
    */

@@ -144,6 +144,7 @@ pub async fn route(
     };
     let call = RoutedCall {
         device_id: device.device_id.clone(),
+        device_name: Some(device.name.clone()),
         roles: device.roles.clone(),
         hosts: device.hosts.clone(),
         method: routed.method.as_str().to_string(),

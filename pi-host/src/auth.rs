@@ -10,6 +10,9 @@ use racp_proto::{Method, Principal, Role};
 pub enum Caller {
     Device {
         device_id: String,
+        /// Its name, as it was paired (read with its token, once per connection), for the
+        /// events its calls record; `None` when a gateway older than the field routed the call.
+        name: Option<String>,
         roles: Vec<Role>,
     },
     Pairing {
@@ -26,6 +29,14 @@ impl Caller {
     pub fn device_id(&self) -> Option<&str> {
         match self {
             Caller::Device { device_id, .. } => Some(device_id),
+            Caller::Pairing { .. } | Caller::Owner => None,
+        }
+    }
+
+    /// The paired device's name, for the events its calls record (`deviceName`).
+    pub fn device_name(&self) -> Option<&str> {
+        match self {
+            Caller::Device { name, .. } => name.as_deref(),
             Caller::Pairing { .. } | Caller::Owner => None,
         }
     }
@@ -53,7 +64,9 @@ impl Caller {
     /// The caller as the protocol's access rules see it.
     pub fn principal(&self) -> Principal {
         match self {
-            Caller::Device { device_id, roles } => Principal::Device {
+            Caller::Device {
+                device_id, roles, ..
+            } => Principal::Device {
                 device_id: device_id.clone(),
                 roles: roles.clone(),
             },

@@ -169,8 +169,8 @@ async fn follow_ups_wait_for_the_turn_to_complete_then_run_in_order_as_turns_of_
     assert_eq!(
         queue["followUps"],
         json!([
-            {"turnId": one, "text": "echo one", "images": image_info, "deviceId": device_id},
-            {"turnId": two, "text": "echo two", "deviceId": device_id},
+            {"turnId": one, "text": "echo one", "images": image_info, "deviceId": device_id, "deviceName": "laptop"},
+            {"turnId": two, "text": "echo two", "deviceId": device_id, "deviceName": "laptop"},
         ])
     );
     // Until its turn starts, a queued follow-up cannot be steered.

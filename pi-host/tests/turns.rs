@@ -334,6 +334,44 @@ async fn approvals_first_answer_wins_and_others_are_stale() {
     assert_eq!(events.last().unwrap()["data"]["outcome"], "completed");
 }
 
+/// Who acted is named in the events themselves, for every reader: an observer, who may not
+/// list devices, reads the operator's name in `turn.started` and `approval.settled`.
+#[tokio::test]
+async fn an_operators_events_carry_its_name_for_an_observer_too() {
+    let s = setup(&[]).await;
+    let (phone_id, phone_token) = s.host.pair_device("phone", &["--roles", "operator"]).await;
+    let (_, tablet_token) = s.host.pair_device("tablet", &["--roles", "observer"]).await;
+    let mut phone = Client::connect(&s.host.url(), &phone_token).await.unwrap();
+    phone.hello().await;
+    subscribe(&mut phone, &s.session_id, Some(&s.start)).await;
+    start_turn(&mut phone, &s.session_id, "k", "approve:confirm").await;
+    let events = events_until(&mut phone, |e| e["type"] == "approval.requested").await;
+    let approval_id = events.last().unwrap()["data"]["approvalId"].clone();
+    let answered = phone
+        .call(
+            "approval/respond",
+            json!({"approvalId": approval_id, "decision": "allow"}),
+        )
+        .await;
+    assert_eq!(
+        answered["result"]["approval"]["settledByName"], "phone",
+        "{answered}"
+    );
+    events_until(&mut phone, is_turn_finished).await;
+
+    let mut tablet = Client::connect(&s.host.url(), &tablet_token).await.unwrap();
+    tablet.hello().await;
+    let listed = tablet.call("device/list", json!({})).await;
+    assert_eq!(listed["error"]["code"], "FORBIDDEN", "{listed}");
+    subscribe(&mut tablet, &s.session_id, Some(&s.start)).await;
+    let logged = events_until(&mut tablet, is_turn_finished).await;
+    for kind in ["turn.started", "approval.settled"] {
+        let event = logged.iter().find(|e| e["type"] == kind).unwrap();
+        assert_eq!(event["data"]["deviceId"], phone_id.as_str(), "{event}");
+        assert_eq!(event["data"]["deviceName"], "phone", "{event}");
+    }
+}
+
 #[tokio::test]
 async fn approvals_expire_at_their_deadline() {
     let mut s = setup(&["--approval-timeout-ms", "300"]).await;
@@ -347,6 +385,10 @@ async fn approvals_expire_at_their_deadline() {
     let settled = events.last().unwrap();
     assert_eq!(settled["data"]["outcome"], "expired");
     assert!(settled["at"].as_u64().unwrap() >= requested["data"]["deadline"].as_u64().unwrap());
+    // The host settled it: no device is named; the turn's device is.
+    assert!(settled["data"].get("deviceName").is_none(), "{settled}");
+    let started = events.iter().find(|e| e["type"] == "turn.started").unwrap();
+    assert_eq!(started["data"]["deviceName"], "laptop", "{started}");
     let late = s
         .client
         .call(

@@ -358,6 +358,10 @@ pub struct TurnStartedData {
     /// The device that started it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired, when the event was recorded (at most 200 characters);
+    /// absent when `deviceId` is, and in events recorded by hosts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
 }
 
 /// How a turn ended.
@@ -408,6 +412,10 @@ pub struct TurnQueuedData {
     /// The device that queued it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired, when the event was recorded (at most 200 characters);
+    /// absent when `deviceId` is, and in events recorded by hosts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
 }
 
 /// Why a queued follow-up left the queue without a turn of its own.
@@ -439,6 +447,10 @@ pub struct TurnWithdrawnData {
     /// The device that withdrew it (`reason: "cleared"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired, when the event was recorded (at most 200 characters);
+    /// absent when `deviceId` is, and in events recorded by hosts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
 }
 
 /// `approval.requested`: the agent asked a question; answer with `approval/respond`.
@@ -475,6 +487,7 @@ impl ApprovalRequestedData {
             deadline: self.deadline,
             state: ApprovalState::Pending,
             settled_by: None,
+            settled_by_name: None,
             value: None,
             permission: self.permission.map(|p| *p),
         }
@@ -506,6 +519,10 @@ pub struct ApprovalSettledData {
     /// The device whose answer settled it; absent when it expired or was cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired, when the event was recorded (at most 200 characters);
+    /// absent when `deviceId` is, and in events recorded by hosts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
 }
@@ -517,6 +534,7 @@ impl From<&ApprovalInfo> for ApprovalSettledData {
             approval_id: info.approval_id.clone(),
             outcome: info.state,
             device_id: info.settled_by.clone(),
+            device_name: info.settled_by_name.clone(),
             value: info.value.clone(),
         }
     }
@@ -529,6 +547,10 @@ pub struct SessionClosedData {
     /// The device that closed it; absent when the host did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired, when the event was recorded (at most 200 characters);
+    /// absent when `deviceId` is, and in events recorded by hosts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
 }
 
 /// `session.agent_stopped`: the host stopped the session's idle agent; the next turn (or
@@ -550,6 +572,10 @@ pub struct SessionConfiguredData {
     /// The device that changed them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired, when the event was recorded (at most 200 characters);
+    /// absent when `deviceId` is, and in events recorded by hosts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
     /// The session's permission grants were withdrawn (`clearGrants`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub grants_cleared: bool,
@@ -563,6 +589,10 @@ pub struct SessionRenamedData {
     /// The device that renamed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired, when the event was recorded (at most 200 characters);
+    /// absent when `deviceId` is, and in events recorded by hosts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
 }
 
 /// `session.forked`: the first event of a session made by `session/fork` or `session/clone`;
@@ -580,6 +610,10 @@ pub struct SessionForkedData {
     /// The device that made it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired, when the event was recorded (at most 200 characters);
+    /// absent when `deviceId` is, and in events recorded by hosts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
 }
 
 /// `session.bash`: a shell command ran in the session (`session/bash`). `data` is pi's
@@ -603,6 +637,10 @@ pub struct SessionBashData {
     /// The device that ran it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired, when the event was recorded (at most 200 characters);
+    /// absent when `deviceId` is, and in events recorded by hosts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
 }
 
 /// The role of a shell command's message, as pi names it.
@@ -798,6 +836,7 @@ mod tests {
             text: "hi".into(),
             images: Vec::new(),
             device_id: None,
+            device_name: None,
         });
         let data = body.encode().unwrap();
         assert_eq!(data.get(), r#"{"text":"hi"}"#);
@@ -815,6 +854,33 @@ mod tests {
             elided: None,
         };
         assert_eq!(event.host_data().unwrap().unwrap(), body);
+    }
+
+    /// Events logged before `deviceName` was added carry only `deviceId`; they still decode,
+    /// and one with a name keeps it.
+    #[test]
+    fn an_event_of_an_older_host_without_a_device_name_decodes() {
+        let old = r#"{"approvalId":"apr_1","outcome":"allowed","deviceId":"dev_1"}"#;
+        let settled = HostEventData::decode(ApprovalSettledData::TYPE, old).unwrap();
+        let HostEventData::ApprovalSettled(settled) = settled else {
+            panic!("{settled:?}");
+        };
+        assert_eq!(settled.device_id.as_deref(), Some("dev_1"));
+        assert_eq!(settled.device_name, None);
+        let old = r#"{"text":"hi","deviceId":"dev_1"}"#;
+        let HostEventData::TurnStarted(started) =
+            HostEventData::decode(TurnStartedData::TYPE, old).unwrap()
+        else {
+            panic!("not turn.started");
+        };
+        assert_eq!(started.device_name, None);
+        let named = r#"{"text":"hi","deviceId":"dev_1","deviceName":"laptop"}"#;
+        let HostEventData::TurnStarted(started) =
+            HostEventData::decode(TurnStartedData::TYPE, named).unwrap()
+        else {
+            panic!("not turn.started");
+        };
+        assert_eq!(started.device_name.as_deref(), Some("laptop"));
     }
 
     /// A row added to the table is all an event type needs in racp-proto: its type, its typed

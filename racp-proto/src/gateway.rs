@@ -110,6 +110,10 @@ pub fn is_subject_token(id: &str) -> bool {
 pub struct RoutedCall {
     /// The gateway's device making the call; the host records it as the actor.
     pub device_id: String,
+    /// The device's name, as it was paired with the gateway, for the events the call
+    /// records; a gateway older than the field sends none, and a host older ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
     pub roles: Vec<Role>,
     /// The hosts the device's grant reaches; `None`: every host. A host refuses a call whose
     /// grant does not name it.

@@ -194,6 +194,10 @@ pub struct PermissionDecidedData {
     /// The device whose answer decided it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired, when the event was recorded (at most 200 characters);
+    /// absent when `deviceId` is, and in events recorded by hosts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
     /// The grant the answer "always" gave.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<Box<PermissionGrant>>,

@@ -394,6 +394,11 @@ async fn a_permission_question_is_asked_and_answered_through_the_gateway() {
     assert_eq!(answer["result"]["approval"]["state"], "allowed", "{answer}");
     let rest = desk.events_until(PATIENCE, finished).await;
     assert_eq!(rest.last().unwrap()["data"]["outcome"], "completed");
+    // The gateway's device is named in what its answer recorded, as it was paired there.
+    for kind in ["approval.settled", "permission.decided"] {
+        let event = rest.iter().find(|e| e["type"] == kind).unwrap();
+        assert_eq!(event["data"]["deviceName"], "test desktop", "{event}");
+    }
     assert!(std::path::Path::new(&workspace).join("ok.txt").exists());
     assert!(!std::path::Path::new(&workspace).join("a.txt").exists());
     let last = stub.requests.lock().unwrap().last().cloned().unwrap();

@@ -1,6 +1,7 @@
 //! Living with a remote `pi-remote connect` made, against a real OpenSSH sshd on loopback (the
 //! "remote" is this machine): `connect --background` and `disconnect`, `remotes`, `logs`,
-//! `doctor` on a good and a broken remote, and `uninstall`. One provisioned remote per test.
+//! `doctor` on a good and a broken remote, and `uninstall` (of a reachable remote, and of one
+//! SSH cannot reach). One provisioned remote per test.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
@@ -20,7 +21,7 @@ fn pi_remote() -> PathBuf {
 
 /// One sshd, one install root, one local pi-remote config directory, one release.
 struct World {
-    _server: SshServer,
+    server: SshServer,
     ssh_config: PathBuf,
     root: tempfile::TempDir,
     _workspaces: tempfile::TempDir,
@@ -50,7 +51,7 @@ impl World {
         .unwrap();
         let release = release(scratch.path());
         World {
-            _server: server,
+            server,
             ssh_config,
             root,
             _workspaces: workspaces,
@@ -399,4 +400,61 @@ async fn logs_doctor_and_uninstall_on_one_remote() {
             .join("profiles/default.json")
             .exists()
     );
+}
+
+/// A remote SSH cannot reach: `uninstall` removes nothing and names `--local-only`, which
+/// removes the desktop's side alone, touches nothing there and names what stays.
+#[tokio::test]
+async fn uninstall_of_an_unreachable_remote_removes_only_the_desktops_side_when_told() {
+    let mut world = World::start().await;
+    let started = run(world.connect_background()).await;
+    assert_eq!(started.status.code(), Some(0), "{}", text(&started));
+    let events = json_lines(&started);
+    let ready = events.iter().find(|e| e["type"] == "ready").unwrap();
+    let pid = u32::try_from(ready["background"]["pid"].as_u64().unwrap()).unwrap();
+    let device_id = world.profile()["deviceId"].as_str().unwrap().to_string();
+    world.server.kill_all().await;
+    let profile = world.local_config.path().join("profiles/default.json");
+
+    let refused = run(world.pi_remote(&["uninstall", "default", "--yes"])).await;
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));
+    let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(said.contains("REMOTE_CONNECTION_FAILED"), "{said}");
+    assert!(said.contains("nothing was removed"), "{said}");
+    assert!(
+        said.contains("pi-remote uninstall default --local-only"),
+        "{said}"
+    );
+    assert!(profile.exists());
+    assert!(
+        tests::sshd::alive(pid),
+        "the refused uninstall stopped the background connect"
+    );
+    assert!(world.root.path().join("current").exists());
+
+    let removed = run(world.pi_remote(&["--json", "uninstall", "default", "--local-only"])).await;
+    assert_eq!(removed.status.code(), Some(0), "{}", text(&removed));
+    let report: Value = serde_json::from_slice(&removed.stdout).unwrap();
+    let lines = report["removed"].to_string();
+    assert!(lines.contains(&profile.display().to_string()), "{report}");
+    assert!(lines.contains(&format!("pid {pid}")), "{report}");
+    assert!(!profile.exists());
+    assert!(!world.local_config.path().join("run/default.log").exists());
+    assert!(
+        !tests::sshd::alive(pid),
+        "the background connect still runs"
+    );
+    let left = &report["leftOnRemote"];
+    assert_eq!(left["target"], "box", "{report}");
+    let items = left["items"].to_string();
+    assert!(
+        items.contains(&world.root.path().display().to_string()),
+        "{report}"
+    );
+    assert!(items.contains("pi-host-*.service"), "{report}");
+    assert!(items.contains(&device_id), "{report}");
+    // The remote was not touched: what connect installed is all still there.
+    for item in ["current", "install.sh", "data"] {
+        assert!(world.root.path().join(item).exists(), "{item}");
+    }
 }

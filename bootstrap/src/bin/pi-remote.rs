@@ -116,6 +116,11 @@ enum Command {
         /// Do not ask (needed without a terminal).
         #[arg(long)]
         yes: bool,
+        /// Remove only this desktop's side (the profile with its device token and pin, the
+        /// background connect and its files), without contacting the remote: for a remote
+        /// that is gone. What stays on the remote is named.
+        #[arg(long)]
+        local_only: bool,
     },
     /// Check a `connect` profile's remote step by step (SSH, host key, pi-host and its version,
     /// TLS pin, clock, disk, forward, agent), one line each with what to do; exit 7 on any
@@ -753,7 +758,11 @@ async fn lifecycle_command(
             let name = name.as_deref().unwrap_or(profile);
             remote_admin::logs(out, name, follow, local, lines).await?;
         }
-        Command::Uninstall { name, yes } => remote_admin::uninstall(out, &name, yes).await?,
+        Command::Uninstall {
+            name,
+            yes,
+            local_only,
+        } => remote_admin::uninstall(out, &name, yes, local_only).await?,
         Command::Doctor { name } => {
             if !doctor::doctor(out, name.as_deref().unwrap_or(profile)).await? {
                 return Err(Failure::Checks("some checks need attention (above)".into()));

@@ -29,7 +29,7 @@
 //! pi-remote connect TARGET --background | disconnect   # a forward held in the background | stop it
 //! pi-remote logs [PROFILE] [-f] [--local]              # the remote host's log | the background one
 //! pi-remote doctor [PROFILE]                           # the remote checked step by step
-//! pi-remote uninstall PROFILE [--yes]                  # remove what connect installed, then the profile
+//! pi-remote uninstall PROFILE [--yes] [--local-only]   # remove what connect installed, then the profile
 //! ```
 //!
 //! The commands are in [`commands`], one module per group; [`out`] is where their output goes;
@@ -136,7 +136,10 @@
 //! (`racp_proto::EXIT_USAGE`). `use` with a profile that is not stored is 1 (the message names
 //! the stored ones); `connect --background` when one already runs for the profile, and
 //! `disconnect` when none does, are 0 (each says so); `logs` and `uninstall` exit 3 when SSH
-//! cannot reach the remote and 4 when it refuses the keys or the host key.
+//! cannot reach the remote and 4 when it refuses the keys or the host key (`uninstall` then
+//! removes nothing and names `--local-only`, which removes the profile and its files without
+//! touching the network and lists what stays on the remote; at a terminal without `--yes` it
+//! asks whether to do that instead).
 //!
 //! Living with a remote (commands/background.rs, lifecycle.rs, remote_admin.rs, doctor.rs):
 //! `connect --background` holds the forward in a detached pi-remote of its own (one per

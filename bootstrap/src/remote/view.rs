@@ -66,19 +66,9 @@ pub fn describe_file(file: &FileChange) -> String {
 #[derive(Debug, Default)]
 pub struct View {
     mid_line: bool,
-    /// Device names by id, to say who answered an approval (else its id).
-    devices: std::collections::HashMap<String, String>,
 }
 
 impl View {
-    /// A view that names devices by the names the host knows (`commands::device_names`).
-    pub fn naming(devices: std::collections::HashMap<String, String>) -> View {
-        View {
-            mid_line: false,
-            devices,
-        }
-    }
-
     /// The text to print for `event` (possibly empty).
     pub fn render(&mut self, event: &Event) -> String {
         if let Some(kind) = Kind::of_event_type(&event.kind) {
@@ -105,7 +95,7 @@ impl View {
                 Err(_) => String::new(),
             },
             EventType::ApprovalSettled => match event.data.parse::<ApprovalSettledData>() {
-                Ok(settled) => self.line(&describe_settled(settled, &self.devices)),
+                Ok(settled) => self.line(&describe_settled(settled)),
                 Err(_) => String::new(),
             },
             EventType::SessionClosed => self.line("== session closed"),
@@ -121,7 +111,7 @@ impl View {
                 Err(_) => String::new(),
             },
             EventType::PermissionDecided => match event.data.parse::<PermissionDecidedData>() {
-                Ok(decided) => self.line(&describe_decided(&decided, &self.devices)),
+                Ok(decided) => self.line(&describe_decided(&decided)),
                 Err(_) => String::new(),
             },
             EventType::AgentStopped | EventType::SessionConfigured => String::new(),
@@ -455,11 +445,14 @@ pub fn kind_name(kind: ApprovalKind) -> &'static str {
     }
 }
 
+/// Who an event says acted: the device's name, or its id from a host older than
+/// `deviceName`.
+fn actor(device_id: Option<&str>, device_name: Option<&str>) -> Option<String> {
+    device_name.or(device_id).map(|who| truncate(who, 200))
+}
+
 /// A tool call's permission decision, as one line (`person` with the device's name or id).
-fn describe_decided(
-    decided: &PermissionDecidedData,
-    devices: &std::collections::HashMap<String, String>,
-) -> String {
+fn describe_decided(decided: &PermissionDecidedData) -> String {
     let what = decided
         .summary
         .command
@@ -467,12 +460,8 @@ fn describe_decided(
         .or(decided.summary.path.as_deref())
         .map(|w| format!(" {}", truncate(w, 200)))
         .unwrap_or_default();
-    let by = match &decided.device_id {
-        Some(id) => format!(
-            "{} {}",
-            wire_name(&decided.by),
-            devices.get(id).unwrap_or(id)
-        ),
+    let by = match actor(decided.device_id.as_deref(), decided.device_name.as_deref()) {
+        Some(who) => format!("{} {who}", wire_name(&decided.by)),
         None => wire_name(&decided.by),
     };
     match decided.code {
@@ -485,16 +474,12 @@ fn describe_decided(
     }
 }
 
-/// A settled approval: its outcome, who settled it (the device's name when known) and the
-/// answer.
-fn describe_settled(
-    settled: ApprovalSettledData,
-    devices: &std::collections::HashMap<String, String>,
-) -> String {
+/// A settled approval: its outcome, who settled it (the device's name when the event has it)
+/// and the answer.
+fn describe_settled(settled: ApprovalSettledData) -> String {
     let outcome = wire_name(&settled.outcome);
-    let by = settled
-        .device_id
-        .map(|d| format!(" by {}", devices.get(&d).unwrap_or(&d)))
+    let by = actor(settled.device_id.as_deref(), settled.device_name.as_deref())
+        .map(|who| format!(" by {who}"))
         .unwrap_or_default();
     let value = settled
         .value
@@ -587,6 +572,23 @@ mod tests {
             out,
             "[approval apr_1] select: Pick [options: 1. a, 2. b] (answer with a number or an option)\n"
         );
+    }
+
+    #[test]
+    fn who_settled_an_approval_is_its_name_else_its_id() {
+        let mut view = View::default();
+        let named = view.render(&event(
+            "approval.settled",
+            json!({"approvalId": "apr_1", "outcome": "allowed",
+                   "deviceId": "dev_1", "deviceName": "phone"}),
+        ));
+        assert_eq!(named, "[approval apr_1] allowed by phone\n");
+        // An event of a host older than `deviceName`.
+        let older = view.render(&event(
+            "approval.settled",
+            json!({"approvalId": "apr_2", "outcome": "denied", "deviceId": "dev_1"}),
+        ));
+        assert_eq!(older, "[approval apr_2] denied by dev_1\n");
     }
 
     fn message(message: Value) -> Event {

@@ -89,6 +89,7 @@ impl Approvals {
             deadline: deadline_in(timeout),
             state: ApprovalState::Pending,
             settled_by: None,
+            settled_by_name: None,
             value: None,
             permission: None,
         };
@@ -127,6 +128,7 @@ impl Approvals {
             deadline: deadline_in(timeout),
             state: ApprovalState::Pending,
             settled_by: None,
+            settled_by_name: None,
             value: None,
             permission: Some(question),
         };
@@ -246,7 +248,6 @@ impl Approvals {
                 Err(err) => crate::internal(err),
             });
         };
-        let device_id = caller.device_id().map(str::to_string);
         let past_deadline = {
             let info = entry.lock();
             info.state == ApprovalState::Pending && now_ms() >= info.deadline
@@ -271,7 +272,8 @@ impl Approvals {
             };
             info.state = state;
             info.value = value;
-            info.settled_by = device_id;
+            info.settled_by = caller.device_id().map(str::to_string);
+            info.settled_by_name = caller.device_name().map(str::to_string);
             save(host, &info);
             (answer, (info.clone(), outcome))
         };
@@ -399,12 +401,7 @@ fn cancelled_events(entry: &Entry, info: &ApprovalInfo) -> Vec<HostEvent> {
     if let (Some(question), Some(pending)) = (&info.permission, &entry.permission) {
         let outcome = permissions::cancelled(question);
         let tool = (question.tool.as_str(), question.tool_call_id.as_str());
-        events.push(outcome.event(
-            Some(&info.turn_id),
-            tool,
-            pending,
-            Some((&info.approval_id, None)),
-        ));
+        events.push(outcome.event(Some(&info.turn_id), tool, pending, Some(info)));
     }
     events
 }
@@ -423,8 +420,7 @@ fn decided_event(
         tracing::warn!(error = %err, "cannot store a permission grant");
     }
     let tool = (question.tool.as_str(), question.tool_call_id.as_str());
-    let approval = Some((settled.approval_id.as_str(), settled.settled_by.clone()));
-    Some(outcome.event(Some(&settled.turn_id), tool, pending, approval))
+    Some(outcome.event(Some(&settled.turn_id), tool, pending, Some(settled)))
 }
 
 fn new_id(host: &impl DriverHost, fallback: &str) -> String {

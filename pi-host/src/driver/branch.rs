@@ -189,7 +189,10 @@ impl Drivers {
         err: AppError,
     ) -> AppError {
         self.stop_session(host, target).await;
-        let closed = HostEvent::of_session(SessionClosedData { device_id: None });
+        let closed = HostEvent::of_session(SessionClosedData {
+            device_id: None,
+            device_name: None,
+        });
         if host.sessions().commit(target, vec![closed]).await.is_ok()
             && let Err(store_err) = host.store().mark_session_closed(&target.id, now_ms())
         {
@@ -347,6 +350,7 @@ async fn new_branch(
         from_session_id: source.id.clone(),
         from,
         device_id: caller.device_id().map(str::to_string),
+        device_name: caller.device_name().map(str::to_string),
     })];
     let mut after = 0;
     loop {

@@ -76,12 +76,8 @@ impl Outcome {
         turn_id: Option<&str>,
         question: (&str, &str),
         pending: &Pending,
-        approval: Option<(&str, Option<String>)>,
+        approval: Option<&ApprovalInfo>,
     ) -> HostEvent {
-        let (approval_id, device_id) = match approval {
-            Some((id, device)) => (Some(id.to_string()), device),
-            None => (None, None),
-        };
         let data = PermissionDecidedData {
             tool: question.0.to_string(),
             tool_call_id: question.1.to_string(),
@@ -91,8 +87,9 @@ impl Outcome {
             reason: self.reason.clone(),
             summary: Box::new(pending.summary.clone()),
             mode: pending.mode,
-            approval_id,
-            device_id,
+            approval_id: approval.map(|a| a.approval_id.clone()),
+            device_id: approval.and_then(|a| a.settled_by.clone()),
+            device_name: approval.and_then(|a| a.settled_by_name.clone()),
             grant: self.grant.clone().map(Box::new),
         };
         match turn_id {

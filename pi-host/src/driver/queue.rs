@@ -58,6 +58,7 @@ impl Held {
                 text: params.text,
                 images: params.images.iter().map(ImageAttachment::info).collect(),
                 device_id: caller.device_id().map(str::to_string),
+                device_name: caller.device_name().map(str::to_string),
             },
             images: params.images,
         }
@@ -146,6 +147,7 @@ impl Drivers {
                 text: held.queued.text.clone(),
                 images: held.queued.images.clone(),
                 device_id: held.queued.device_id.clone(),
+                device_name: held.queued.device_name.clone(),
             },
         );
         // Under the driver's lock, so the running turn cannot end between the two.
@@ -184,8 +186,7 @@ impl Drivers {
                 }
             }
         };
-        let device = caller.device_id();
-        let events = withdrawal(&withdrawn, WithdrawReason::Cleared, None, device);
+        let events = withdrawal(&withdrawn, WithdrawReason::Cleared, None, Some(caller));
         if !events.is_empty() {
             host.sessions().commit(&session, events).await?;
             tracing::info!(session_id = %session.id, count = withdrawn.len(), "follow-ups withdrawn");
@@ -302,14 +303,9 @@ fn withdrawal(
     held: &[Held],
     reason: WithdrawReason,
     joined_turn_id: Option<&str>,
-    device_id: Option<&str>,
+    by: Option<&Caller>,
 ) -> Vec<HostEvent> {
-    withdrawn(
-        held.iter().map(|h| &h.queued),
-        reason,
-        joined_turn_id,
-        device_id,
-    )
+    withdrawn(held.iter().map(|h| &h.queued), reason, joined_turn_id, by)
 }
 
 /// The `turn.withdrawn` of each of `queued`.
@@ -317,7 +313,7 @@ fn withdrawn<'a>(
     queued: impl Iterator<Item = &'a QueuedFollowUp>,
     reason: WithdrawReason,
     joined_turn_id: Option<&str>,
-    device_id: Option<&str>,
+    by: Option<&Caller>,
 ) -> Vec<HostEvent> {
     queued
         .map(|queued| {
@@ -327,7 +323,8 @@ fn withdrawn<'a>(
                     text: queued.text.clone(),
                     reason,
                     joined_turn_id: joined_turn_id.map(str::to_string),
-                    device_id: device_id.map(str::to_string),
+                    device_id: by.and_then(Caller::device_id).map(str::to_string),
+                    device_name: by.and_then(Caller::device_name).map(str::to_string),
                 },
             )
         })
@@ -391,6 +388,7 @@ impl NextPrompt {
             text,
             images: images.iter().map(ImageAttachment::info).collect(),
             device_id: queued.device_id,
+            device_name: queued.device_name,
         };
         NextPrompt {
             turn_id: queued.turn_id,

@@ -57,6 +57,7 @@ impl Drivers {
             truncated: result.truncated,
             timestamp: now_ms(),
             device_id: caller.device_id().map(str::to_string),
+            device_name: caller.device_name().map(str::to_string),
         });
         host.sessions().commit(&session, vec![event]).await?;
         tracing::info!(session_id = %session.id, exit_code = ?result.exit_code, cancelled = result.cancelled, "shell command ran");

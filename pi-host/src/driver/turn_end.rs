@@ -88,6 +88,7 @@ pub(super) async fn record_turn(
             text: params.text.clone(),
             images: params.images.iter().map(|image| image.info()).collect(),
             device_id: caller.device_id().map(str::to_string),
+            device_name: caller.device_name().map(str::to_string),
         },
     );
     host.sessions().commit(session, vec![started]).await?;

@@ -159,6 +159,7 @@ pub async fn close(
     state.workspaces.unwatch(&session);
     let closed = HostEvent::of_session(SessionClosedData {
         device_id: caller.device_id().map(str::to_string),
+        device_name: caller.device_name().map(str::to_string),
     });
     let committed = match state.sessions.append(&session, vec![closed]) {
         Ok(committed) => committed,
@@ -230,6 +231,7 @@ pub async fn configure(
     let event = HostEvent::of_session(SessionConfiguredData {
         settings,
         device_id: caller.device_id().map(str::to_string),
+        device_name: caller.device_name().map(str::to_string),
         grants_cleared: params.clear_grants,
     });
     host.sessions.commit(&session, vec![event]).await?;
@@ -270,6 +272,7 @@ pub async fn rename(
     let event = HostEvent::of_session(SessionRenamedData {
         title: params.title.clone(),
         device_id: caller.device_id().map(str::to_string),
+        device_name: caller.device_name().map(str::to_string),
     });
     host.sessions.commit(&session, vec![event]).await?;
     let agent = driver.agent().await;

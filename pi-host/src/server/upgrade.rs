@@ -55,6 +55,7 @@ fn authenticate(state: &HostState, token: &str) -> Result<Caller, AppError> {
         }
         return Ok(Caller::Device {
             device_id: device.device_id,
+            name: Some(device.name),
             roles: device.roles,
         });
     }

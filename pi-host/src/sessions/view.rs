@@ -84,6 +84,7 @@ impl View {
                     text: data.text,
                     images: data.images,
                     device_id: data.device_id,
+                    device_name: data.device_name,
                 });
             }
             HostEventData::TurnWithdrawn(_) => {
@@ -277,6 +278,7 @@ mod tests {
             text: text.into(),
             images: Vec::new(),
             device_id: None,
+            device_name: None,
         };
         vec![
             HostEvent::of_turn("turn_1", started("first")),
@@ -287,6 +289,7 @@ mod tests {
                     approval_id: "apr_1".into(),
                     outcome: ApprovalState::Allowed,
                     device_id: Some("dev_1".into()),
+                    device_name: Some("laptop".into()),
                     value: None,
                 },
             ),
@@ -297,6 +300,7 @@ mod tests {
                     ..SessionSettings::default()
                 },
                 device_id: None,
+                device_name: None,
                 grants_cleared: false,
             }),
             HostEvent::of_turn(
@@ -328,7 +332,10 @@ mod tests {
                 reason: AgentStopReason::Idle,
                 idle_ms: 5,
             }),
-            HostEvent::of_session(SessionClosedData { device_id: None }),
+            HostEvent::of_session(SessionClosedData {
+                device_id: None,
+                device_name: None,
+            }),
         ]
     }
 
@@ -439,6 +446,7 @@ mod tests {
                 text: text.into(),
                 images: Vec::new(),
                 device_id: Some("dev_1".into()),
+                device_name: Some("laptop".into()),
             };
             view.apply("ses_1", HostEvent::of_turn(turn_id, queued), 2 + at as u64);
         }
@@ -451,6 +459,10 @@ mod tests {
         };
         assert_eq!(ids(&view), ["turn_2", "turn_3", "turn_4"]);
         assert_eq!(view.queue.follow_ups[0].device_id.as_deref(), Some("dev_1"));
+        assert_eq!(
+            view.queue.follow_ups[0].device_name.as_deref(),
+            Some("laptop")
+        );
         view.apply(
             "ses_1",
             HostEvent::of_session(AgentStoppedData {
@@ -464,6 +476,7 @@ mod tests {
             text: "a".into(),
             images: Vec::new(),
             device_id: None,
+            device_name: None,
         };
         view.apply("ses_1", HostEvent::of_turn("turn_2", started), 6);
         let withdrawn = TurnWithdrawnData {
@@ -471,6 +484,7 @@ mod tests {
             reason: WithdrawReason::Cleared,
             joined_turn_id: None,
             device_id: None,
+            device_name: None,
         };
         view.apply("ses_1", HostEvent::of_turn("turn_4", withdrawn), 7);
         assert_eq!(ids(&view), ["turn_3"]);

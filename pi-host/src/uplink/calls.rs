@@ -155,6 +155,18 @@ async fn first_time(state: &Arc<HostState>, verified: Verified) -> Result<(), Op
     }
 }
 
+/// Whether a routed device's name may go into events: bounded and printable as a name paired
+/// with this host is (`racp_proto::validate::name`). One that is not is left out, with a
+/// warning: the call itself is the gateway's to allow.
+fn shown_name(name: &str) -> bool {
+    let checked =
+        racp_proto::validate::name("deviceName", name, 1, racp_proto::limits::MAX_NAME_CHARS);
+    if let Err(err) = &checked {
+        tracing::warn!(error = %err.message(), "a routed call's device name is not shown");
+    }
+    checked.is_ok()
+}
+
 async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>, AppError> {
     let call: RoutedCall = serde_json::from_slice(payload).map_err(|e| {
         AppError::new(
@@ -177,7 +189,25 @@ async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>,
     }
     let caller = Caller::Device {
         device_id: call.device_id,
+        name: call.device_name.filter(|name| shown_name(name)),
         roles: call.roles,
     };
     crate::server::answer_routed(state, caller, method, &call.params).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown_name;
+    use racp_proto::limits::MAX_NAME_CHARS;
+
+    #[test]
+    fn a_routed_name_is_shown_only_within_the_bounds_of_a_paired_one() {
+        let longest = "é".repeat(MAX_NAME_CHARS as usize);
+        assert!(shown_name("phone"));
+        assert!(shown_name(&longest));
+        assert!(!shown_name(&format!("{longest}x")));
+        assert!(!shown_name(""));
+        assert!(!shown_name("pho\u{1b}[2Jne"));
+        assert!(!shown_name("pho\u{202e}ne"));
+    }
 }

@@ -241,6 +241,9 @@ pub struct QueuedFollowUp {
     /// The device that queued it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
+    /// Its name, as it was paired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_name: Option<String>,
 }
 
 /// Withdraws queued follow-ups before they run: the one named, or all of them.

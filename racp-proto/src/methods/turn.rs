@@ -265,6 +265,9 @@ pub struct ApprovalInfo {
     /// The device whose answer settled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_by: Option<String>,
+    /// That device's name, as it was paired (absent in approvals of older hosts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_by_name: Option<String>,
     /// The answer of a select, input or editor approval; a permission's choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,

@@ -94,7 +94,7 @@ impl<'a> Attached<'a> {
                 cursor: Some(got.cursor),
             })
             .await?;
-        let mut view = View::naming(super::device_names(&client).await);
+        let mut view = View::default();
         print_attached(out, &mut view, &got);
         let attached = Attached {
             out,

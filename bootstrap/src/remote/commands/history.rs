@@ -54,7 +54,7 @@ pub async fn history(
     if read.entries.is_empty() {
         out.line("no messages");
     }
-    let mut view = View::naming(super::device_names(client).await);
+    let mut view = View::default();
     print_entries(out, &mut view, &read.entries);
     Ok(())
 }

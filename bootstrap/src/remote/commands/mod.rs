@@ -108,22 +108,6 @@ pub fn host_url(gateway_url: &str, host_id: &str) -> String {
 }
 
 /// Reads a stored profile.
-/// The host's device names by id, for the views that say who answered an approval
-/// (`device/list`: owner only; for another role none, and the views print ids).
-pub async fn device_names(client: &RacpClient) -> std::collections::HashMap<String, String> {
-    match client
-        .call::<racp_proto::calls::DeviceList>(racp_proto::Empty {})
-        .await
-    {
-        Ok(list) => list
-            .devices
-            .into_iter()
-            .map(|d| (d.device_id, d.name))
-            .collect(),
-        Err(_) => std::collections::HashMap::new(),
-    }
-}
-
 pub fn load_profile(profile_name: &str) -> Result<Profile, Failure> {
     let dir = profile::config_dir().map_err(Failure::Local)?;
     profile::load(&dir, profile_name).map_err(Failure::Local)

@@ -50,6 +50,15 @@ pub fn ssh_profile(name: &str) -> Result<(Profile, SshOrigin), Failure> {
 
 /// An SSH error as the failure a person reads (exit 3 unreachable, 4 refused keys or host key).
 pub fn ssh_failure(origin: &SshOrigin, error: &SshError) -> AppError {
+    ssh_failure_then(
+        origin,
+        error,
+        "`pi-remote doctor` checks the remote step by step",
+    )
+}
+
+/// [`ssh_failure`] with `what_to_do` after the SSH error.
+fn ssh_failure_then(origin: &SshOrigin, error: &SshError, what_to_do: &str) -> AppError {
     let code = match error {
         SshError::Unreachable { .. } | SshError::Timeout(_) | SshError::Protocol(_) => {
             ErrorCode::RemoteConnectionFailed
@@ -58,10 +67,7 @@ pub fn ssh_failure(origin: &SshOrigin, error: &SshError) -> AppError {
     };
     AppError::new(
         code,
-        format!(
-            "ssh {}: {error}; `pi-remote doctor` checks the remote step by step",
-            origin.target
-        ),
+        format!("ssh {}: {error}; {what_to_do}", origin.target),
     )
     .with_source(ErrorSource::Bootstrap)
 }
@@ -227,32 +233,26 @@ if rmdir "$R" 2>/dev/null; then echo "removed $R"; else echo "kept $R"; fi
     )
 }
 
-/// `pi-remote uninstall PROFILE [--yes]`.
-pub async fn uninstall(out: &Out, name: &str, yes: bool) -> Result<(), Failure> {
-    let (_, origin) = ssh_profile(name)?;
-    if !yes {
-        if !std::io::stdin().is_terminal() {
-            return Err(Failure::Usage(format!(
-                "uninstall removes pi-host and its data from {}: give --yes to do it without a terminal to ask at",
-                origin.target
-            )));
-        }
-        let question = format!(
-            "Stop pi-host on {} and remove {} (its sessions and data; your own files there stay), then the profile {name:?}? (yes/no) ",
-            origin.target, origin.remote_dir
-        );
-        if !ssh::prompt::ask_yes_no(&question) {
-            return Err(Failure::local("nothing was removed"));
-        }
-    }
+/// `pi-remote uninstall PROFILE [--yes] [--local-only]`. When SSH cannot reach the remote,
+/// nothing is removed unless the person chooses the desktop's side alone: `--local-only`, or
+/// "yes" when asked at a terminal (without `--yes`).
+pub async fn uninstall(out: &Out, name: &str, yes: bool, local_only: bool) -> Result<(), Failure> {
+    let (stored, origin) = ssh_profile(name)?;
     let dir = profile::config_dir().map_err(Failure::Local)?;
+    if local_only {
+        return desktop_only(out, &dir, name, (&origin, &stored)).await;
+    }
+    confirm(name, &origin, yes)?;
+    let session = match ssh_to(&origin).await {
+        Ok(session) => session,
+        Err(e) => return not_reached(out, &dir, name, (&origin, &stored), (&e, yes)).await,
+    };
+    // Stopped before the host, which its forward would otherwise start again; and only once
+    // the remote is reached, so that a refused uninstall leaves everything as it was.
     let mut removed: Vec<String> = Vec::new();
     if let Some(pid) = background::stop(&dir, name).await? {
         removed.push(format!("stopped the background connect (pid {pid})"));
     }
-    let session = ssh_to(&origin)
-        .await
-        .map_err(|e| Failure::App(ssh_failure(&origin, &e)))?;
     let output = session
         .exec(&uninstall_script(&origin.remote_dir))
         .await
@@ -272,8 +272,108 @@ pub async fn uninstall(out: &Out, name: &str, yes: bool) -> Result<(), Failure> 
             .map(|l| format!("{}: {l}", origin.target)),
     );
     removed.extend(remove_local(&dir, name));
-    report(out, name, &removed);
+    report(out, name, &removed, None);
     Ok(())
+}
+
+/// SSH did not reach the remote: nothing is removed, and the failure names `--local-only`;
+/// at a terminal without `--yes`, the person is asked whether to remove the desktop's side
+/// alone instead.
+async fn not_reached(
+    out: &Out,
+    dir: &Path,
+    name: &str,
+    (origin, stored): (&SshOrigin, &Profile),
+    (error, yes): (&SshError, bool),
+) -> Result<(), Failure> {
+    let asking = !yes && std::io::stdin().is_terminal();
+    let failure = unreachable(name, origin, error, asking);
+    if !asking {
+        return Err(Failure::App(failure));
+    }
+    out.note(&format!("pi-remote: {}", failure.message()));
+    let question = format!(
+        "Remove only this desktop's side of {name:?} (the profile with its device token and pin, the background connect's files)? (yes/no) "
+    );
+    if !ssh::prompt::ask_yes_no(&question) {
+        return Err(Failure::App(unreachable(name, origin, error, false)));
+    }
+    desktop_only(out, dir, name, (origin, stored)).await
+}
+
+/// Asks before removing pi-host from the remote, unless `yes`; without a terminal to ask at,
+/// `--yes` is needed (exit 64).
+fn confirm(name: &str, origin: &SshOrigin, yes: bool) -> Result<(), Failure> {
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(Failure::Usage(format!(
+            "uninstall removes pi-host and its data from {}: give --yes to do it without a terminal to ask at",
+            origin.target
+        )));
+    }
+    let question = format!(
+        "Stop pi-host on {} and remove {} (its sessions and data; your own files there stay), then the profile {name:?}? (yes/no) ",
+        origin.target, origin.remote_dir
+    );
+    if !ssh::prompt::ask_yes_no(&question) {
+        return Err(Failure::local("nothing was removed"));
+    }
+    Ok(())
+}
+
+/// Uninstall's failure when SSH cannot reach the remote (exit 3, or 4 for refused keys): it
+/// names `--local-only` unless the person is about to be asked instead.
+fn unreachable(name: &str, origin: &SshOrigin, error: &SshError, asking: bool) -> AppError {
+    let what_to_do = if asking {
+        "nothing was removed from it".to_string()
+    } else {
+        format!(
+            "nothing was removed. If the remote is gone for good, `pi-remote uninstall {name} --local-only` \
+             removes only this desktop's side (the profile with its device token and pin, the background \
+             connect's files) and names what stays on the remote"
+        )
+    };
+    ssh_failure_then(origin, error, &what_to_do)
+}
+
+/// The desktop's side of a profile alone: the background connect, the profile (its device
+/// token and certificate pin) and the files beside it. The network is not touched; what
+/// `connect` put on the remote is named, to be removed there by hand.
+async fn desktop_only(
+    out: &Out,
+    dir: &Path,
+    name: &str,
+    (origin, stored): (&SshOrigin, &Profile),
+) -> Result<(), Failure> {
+    let mut removed = Vec::new();
+    if let Some(pid) = background::stop(dir, name).await? {
+        removed.push(format!("stopped the background connect (pid {pid})"));
+    }
+    removed.extend(remove_local(dir, name));
+    let left = left_on_remote(origin, &stored.device_id);
+    report(out, name, &removed, Some((&origin.target, &left)));
+    Ok(())
+}
+
+/// What `connect` put on the remote and an uninstall that did not reach it leaves there
+/// (uninstall_script's list, as far as the desktop knows it).
+fn left_on_remote(origin: &SshOrigin, device_id: &str) -> Vec<String> {
+    let root = &origin.remote_dir;
+    vec![
+        format!(
+            "{root}: the install root (pi-host, its sessions and data, the agent; connect's lines in config.toml)"
+        ),
+        "~/.config/systemd/user/pi-host-*.service: the user unit, if pi-host ran as one".into(),
+        "~/.local/bin/pi-host: the link to it".into(),
+        format!(
+            "device {device_id}: still paired with that host (`pi-host revoke {device_id}` there)"
+        ),
+        format!(
+            "to remove them there: `sh {root}/install.sh stop --root {root}`, then delete what is listed"
+        ),
+    ]
 }
 
 /// The profile and what pi-remote kept beside it.
@@ -303,12 +403,24 @@ fn remove_local(dir: &Path, name: &str) -> Vec<String> {
     removed
 }
 
-fn report(out: &Out, name: &str, removed: &[String]) {
+/// What was removed, and (`left`: the remote's target and lines) what stays on a remote that
+/// was not reached.
+fn report(out: &Out, name: &str, removed: &[String], left: Option<(&str, &[String])>) {
     if out.json {
-        out.json_value(&serde_json::json!({"profile": name, "removed": removed}));
-    } else {
-        for line in removed {
-            out.line(line);
+        let mut report = serde_json::json!({"profile": name, "removed": removed});
+        if let Some((target, left)) = left {
+            report["leftOnRemote"] = serde_json::json!({"target": target, "items": left});
+        }
+        out.json_value(&report);
+        return;
+    }
+    for line in removed {
+        out.line(line);
+    }
+    if let Some((target, left)) = left {
+        out.line(&format!("left on {target} (not contacted):"));
+        for line in left {
+            out.line(&format!("  {line}"));
         }
     }
 }

@@ -111,7 +111,7 @@ async fn follow_turn(
         out,
         turn_id,
         interactive,
-        view: View::naming(super::device_names(client).await),
+        view: View::default(),
         approvals: Approvals::new(&[], interactive),
     };
     let outcome = loop {
