@@ -4,7 +4,7 @@
 //! approval as expired, tells the agent, and emits `approval.settled`.
 
 use super::DriverHost;
-use super::permissions::{self, Outcome};
+use super::permissions::outcome::{self as permissions, Outcome};
 use crate::agent::{Agent, UiAnswer, UiMethod};
 use crate::auth::Caller;
 use crate::sessions::{HostEvent, Session};
