@@ -432,6 +432,24 @@ async fn uninstall_of_an_unreachable_remote_removes_only_the_desktops_side_when_
     );
     assert!(world.root.path().join("current").exists());
 
+    // At a terminal without --yes: asked whether to uninstall, then, with the remote out of
+    // reach, whether to remove only this desktop's side; "no" leaves everything as it was.
+    let declined = at_terminal(&world, &["uninstall", "default"], "yes\nno\n").await;
+    let screen = text(&declined);
+    assert_eq!(declined.status.code(), Some(3), "{screen}");
+    assert!(screen.contains("Stop pi-host on box"), "{screen}");
+    assert!(
+        screen.contains("Remove only this desktop's side of \"default\""),
+        "{screen}"
+    );
+    assert!(screen.contains("--local-only"), "{screen}");
+    assert!(profile.exists());
+    assert!(
+        tests::sshd::alive(pid),
+        "a declined uninstall stopped the background connect"
+    );
+    let saved_profile = std::fs::read(&profile).unwrap();
+
     let removed = run(world.pi_remote(&["--json", "uninstall", "default", "--local-only"])).await;
     assert_eq!(removed.status.code(), Some(0), "{}", text(&removed));
     let report: Value = serde_json::from_slice(&removed.stdout).unwrap();
@@ -457,4 +475,48 @@ async fn uninstall_of_an_unreachable_remote_removes_only_the_desktops_side_when_
     for item in ["current", "install.sh", "data"] {
         assert!(world.root.path().join(item).exists(), "{item}");
     }
+
+    // "yes" to both questions does what --local-only does.
+    std::fs::write(&profile, saved_profile).unwrap();
+    let accepted = at_terminal(&world, &["uninstall", "default"], "yes\nyes\n").await;
+    let screen = text(&accepted);
+    assert_eq!(accepted.status.code(), Some(0), "{screen}");
+    assert!(screen.contains(&profile.display().to_string()), "{screen}");
+    assert!(screen.contains(&device_id), "{screen}");
+    assert!(!profile.exists());
+    assert!(world.root.path().join("current").exists());
+}
+
+/// `pi-remote ARGS` at a terminal (util-linux's `script` gives it one), `typed` its answers.
+async fn at_terminal(world: &World, args: &[&str], typed: &str) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let mut line = sh_word(&pi_remote().display().to_string());
+    for arg in args {
+        line.push(' ');
+        line.push_str(&sh_word(arg));
+    }
+    let mut command = tokio::process::Command::new("script");
+    command
+        .args(["-qec", &line, "/dev/null"])
+        .env("PI_REMOTE_CONFIG_DIR", world.local_config.path())
+        .env_remove("PI_REMOTE_PROFILE")
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("SSH_ASKPASS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("script (util-linux)");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(typed.as_bytes()).await.unwrap();
+    let output = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("pi-remote at a terminal did not end")
+        .unwrap();
+    drop(stdin);
+    output
+}
+
+fn sh_word(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
 }
