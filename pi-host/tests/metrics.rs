@@ -65,6 +65,18 @@ async fn until_series(addr: SocketAddr, series: &str, ok: impl Fn(f64) -> bool) 
     }
 }
 
+/// Starts a turn of the stand-in agent's `text`; the host must take it.
+async fn start_turn(
+    client: &mut Client,
+    session_id: &impl serde::Serialize,
+    key: &str,
+    text: impl Into<Value>,
+) {
+    let turn = json!({"sessionId": session_id, "idempotencyKey": key, "text": text.into()});
+    let started = call(client, "turn/start", turn).await;
+    assert!(started.get("result").is_some(), "{started}");
+}
+
 async fn call(client: &mut Client, method: &str, params: Value) -> Value {
     client.call(method, params).await
 }
@@ -102,13 +114,7 @@ async fn counters_move_with_a_turn_an_expired_cursor_a_slow_cut_and_a_revoke() {
         json!({"sessionId": session_id, "cursor": start}),
     )
     .await;
-    let turn = json!({"sessionId": session_id, "idempotencyKey": "k1", "text": "deltas:3"});
-    assert!(
-        call(&mut client, "turn/start", turn)
-            .await
-            .get("result")
-            .is_some()
-    );
+    start_turn(&mut client, &session_id, "k1", "deltas:3").await;
     let events = client
         .events_until(tests::PATIENCE, |e| e["type"] == "turn.finished")
         .await;
@@ -137,13 +143,7 @@ async fn counters_move_with_a_turn_an_expired_cursor_a_slow_cut_and_a_revoke() {
     assert!(value(&text, "pi_host_store_bytes") > 0.0, "{text}");
 
     // An approval answered: settled, counted by its outcome.
-    let turn = json!({"sessionId": session_id, "idempotencyKey": "k0", "text": "approve:confirm"});
-    assert!(
-        call(&mut client, "turn/start", turn)
-            .await
-            .get("result")
-            .is_some()
-    );
+    start_turn(&mut client, &session_id, "k0", "approve:confirm").await;
     let asked = client
         .events_until(tests::PATIENCE, |e| e["type"] == "approval.requested")
         .await;
@@ -177,13 +177,7 @@ async fn counters_move_with_a_turn_an_expired_cursor_a_slow_cut_and_a_revoke() {
             .is_some()
     );
     let big = "big:60000 ".repeat(40);
-    let turn = json!({"sessionId": session_id, "idempotencyKey": "k2", "text": big});
-    assert!(
-        call(&mut client, "turn/start", turn)
-            .await
-            .get("result")
-            .is_some()
-    );
+    start_turn(&mut client, &session_id, "k2", big).await;
     // Both subscribers stopped reading (this test reads neither): both are cut.
     until_series(o.metrics, "pi_host_client_too_slow_total", |v| v >= 1.0).await;
     until_series(o.metrics, DEVICES, |v| v == 0.0).await;
@@ -388,13 +382,7 @@ async fn systemd_is_told_ready_only_once_readyz_passes_and_stopping_at_the_drain
     let session_id = created["result"]["session"]["sessionId"].clone();
     let subscribed = json!({"sessionId": session_id});
     call(&mut client, "session/subscribe", subscribed).await;
-    let turn = json!({"sessionId": session_id, "idempotencyKey": "k", "text": "whoami"});
-    assert!(
-        call(&mut client, "turn/start", turn)
-            .await
-            .get("result")
-            .is_some()
-    );
+    start_turn(&mut client, &session_id, "k", "whoami").await;
     let events = client
         .events_until(tests::PATIENCE, |e| e["type"] == "turn.finished")
         .await;
