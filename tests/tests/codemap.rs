@@ -1,6 +1,7 @@
 //! docs/architecture.md is a codemap that stays true: every source file of the crates, the
 //! TypeScript client and the harness has a row (by its own name, or by a folder row that holds
-//! it), and every file or folder a row names exists.
+//! it), and every file or folder a row names exists. The same for the mutation run's list
+//! (docs/reliability.md §8): every mutant still applies to today's code, once.
 //!
 //! A row's first cell names what it is about in backticks: a path relative to its section's
 //! folder (`### pi-host/src`: `sessions/`, `admin.rs`), or from the repository's root, with
@@ -121,4 +122,19 @@ fn every_source_file_has_a_row_and_every_row_names_a_file_that_exists() {
         unnamed.is_empty(),
         "docs/architecture.md has no row for: {unnamed:#?}"
     );
+}
+
+/// A mutant whose `from` no longer occurs tests nothing: moved or rewritten code would leave
+/// the mutation run checking less than it says, silently.
+#[test]
+fn every_mutant_of_the_mutation_run_applies_to_todays_code() {
+    let checked = std::process::Command::new("python3")
+        .arg(root().join("scripts/mutants"))
+        .arg("--check")
+        .output()
+        .expect("python3 runs scripts/mutants");
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned()
+        + &String::from_utf8_lossy(&checked.stderr);
+    assert!(checked.status.success(), "{said}");
+    assert!(said.contains("mutants apply"), "{said}");
 }
