@@ -494,8 +494,16 @@ async fn serve(
         "pi-gateway listening on {scheme}://{local}{}",
         racp_proto::ENDPOINT_PATH
     );
+    // Under systemd (`NOTIFY_SOCKET`, deploy/pi-gateway.service): `READY=1` once NATS is up.
+    let readiness = racp_server::notify::Readiness::start(metrics::observed(&gateway));
+    let drained = async move {
+        shutdown_signal().await;
+        if let Some(readiness) = readiness {
+            readiness.stopping();
+        }
+    };
     let router = server::router(gateway.clone());
-    racp_server::listener::serve(listener, tls, router, &budget, shutdown_signal()).await;
+    racp_server::listener::serve(listener, tls, router, &budget, drained).await;
     gateway.drain(Duration::from_secs(5)).await;
     Ok(())
 }

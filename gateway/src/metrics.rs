@@ -39,12 +39,7 @@ pub async fn start(
     addr: SocketAddr,
     remote: bool,
 ) -> Result<SocketAddr, String> {
-    let observed = GatewayObserved {
-        gateway: Arc::downgrade(gateway),
-        stream_bytes: Family::default(),
-        stream_max_bytes: Family::default(),
-        pending: Family::default(),
-    };
+    let observed = GatewayObserved::of(gateway);
     let mut registry = Registry::with_prefix("pi_gateway");
     gateway.metrics.register(&mut registry);
     observed.register(&mut registry);
@@ -62,7 +57,21 @@ struct GatewayObserved {
     pending: Family<HostLabel, Gauge>,
 }
 
+/// What `/readyz` checks of a gateway (for systemd's readiness too: main.rs).
+pub fn observed(gateway: &Arc<Gateway>) -> Arc<dyn Observed> {
+    Arc::new(GatewayObserved::of(gateway))
+}
+
 impl GatewayObserved {
+    fn of(gateway: &Arc<Gateway>) -> GatewayObserved {
+        GatewayObserved {
+            gateway: Arc::downgrade(gateway),
+            stream_bytes: Family::default(),
+            stream_max_bytes: Family::default(),
+            pending: Family::default(),
+        }
+    }
+
     fn register(&self, registry: &mut Registry) {
         crate::nats::LINK.register(registry);
         registry.register(

@@ -570,32 +570,21 @@ async fn serve(
         println!("pi-host certificate SHA-256 {sha256}");
     }
     println!("pi-host listening on {url}");
-    let readiness = notify_ready(&state);
+    // Under systemd (`NOTIFY_SOCKET`, deploy/pi-host.service): `READY=1` once `/readyz` passes.
+    let readiness = racp_server::notify::Readiness::start(server::operator::observed(&state));
     let router = server::router(state.clone());
     let drain_state = state.clone();
     let drained = async move {
         shutdown.await;
         tracing::info!("draining");
-        if let Some((notifier, ready)) = readiness {
-            ready.abort();
-            notifier.stopping();
+        if let Some(readiness) = readiness {
+            readiness.stopping();
         }
         drain_state.begin_drain().await;
     };
     listener::serve(listener, tls, router, &budget, drained).await;
     stop(&state, state_file.as_deref()).await;
     Ok(())
-}
-
-/// Under systemd (`NOTIFY_SOCKET`, deploy/pi-host.service): tells it `READY=1` once `/readyz`'s
-/// checks pass, on a task of its own; the notifier says `STOPPING=1` when the drain begins.
-fn notify_ready(
-    state: &std::sync::Arc<state::HostState>,
-) -> Option<(racp_server::notify::Notifier, tokio::task::JoinHandle<()>)> {
-    let notifier = racp_server::notify::Notifier::from_env()?;
-    let observed = server::operator::observed(state);
-    let ready = racp_server::notify::ready_when_checks_pass(notifier.clone(), observed);
-    Some((notifier, tokio::spawn(ready)))
 }
 
 /// After every connection has closed: ends the agents, commits what is queued, and removes the

@@ -57,6 +57,29 @@ impl Notifier {
     }
 }
 
+/// A server's readiness as systemd hears it, from its listening to its drain; `None` from
+/// [`Readiness::start`] when systemd did not start it.
+pub struct Readiness {
+    notifier: Notifier,
+    checking: tokio::task::JoinHandle<()>,
+}
+
+impl Readiness {
+    /// Once the server listens: checks `observed` (what `/readyz` runs) on a task of its own
+    /// until `READY=1` can be sent ([`ready_when_checks_pass`]).
+    pub fn start(observed: Arc<dyn Observed>) -> Option<Readiness> {
+        let notifier = Notifier::from_env()?;
+        let checking = tokio::spawn(ready_when_checks_pass(notifier.clone(), observed));
+        Some(Readiness { notifier, checking })
+    }
+
+    /// The drain began: no more checks, and `STOPPING=1`.
+    pub fn stopping(self) {
+        self.checking.abort();
+        self.notifier.stopping();
+    }
+}
+
 /// A socket address from `NOTIFY_SOCKET`: an absolute path, or `@name` for an abstract one.
 fn address(named: &[u8]) -> std::io::Result<SocketAddr> {
     use std::os::linux::net::SocketAddrExt;

@@ -59,6 +59,18 @@ impl GatewayProcess {
         replicas: usize,
         extra: &[&str],
     ) -> GatewayProcess {
+        Self::start_with_env(data_dir, nats, nats_ca, replicas, extra, &[]).await
+    }
+
+    /// [`GatewayProcess::start_with`] with extra environment variables.
+    pub async fn start_with_env(
+        data_dir: tempfile::TempDir,
+        nats: &str,
+        nats_ca: Option<&Path>,
+        replicas: usize,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> GatewayProcess {
         let log_dir = tempfile::tempdir().expect("temp dir");
         let log = std::fs::File::create(log_dir.path().join("gateway.log")).expect("log");
         let mut child = Command::new(gateway_binary())
@@ -69,6 +81,7 @@ impl GatewayProcess {
             .args(nats_ca.iter().flat_map(|ca| [Path::new("--nats-ca"), ca]))
             .args(extra)
             .env("PI_GATEWAY_LOG", "debug,async_nats=info,hyper=info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .kill_on_drop(true)
@@ -369,11 +382,30 @@ impl Fleet {
 
     /// Starts the next gateway replica reaching NATS at `nats` (a proxy, say).
     pub async fn gateway_at(&mut self, nats: &str, extra: &[&str]) -> GatewayProcess {
+        self.gateway_at_with_env(nats, extra, &[]).await
+    }
+
+    /// Starts the next gateway replica with extra `serve` arguments and environment variables.
+    pub async fn gateway_with_env(
+        &mut self,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> GatewayProcess {
+        let urls = self.nats.urls();
+        self.gateway_at_with_env(&urls, extra, env).await
+    }
+
+    async fn gateway_at_with_env(
+        &mut self,
+        nats: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> GatewayProcess {
         let dir = self.gateway_dirs.remove(0);
         let ca = self.nats.ca_path().to_path_buf();
         let mut args: Vec<&str> = self.certificate.serve_args().to_vec();
         args.extend(extra);
-        GatewayProcess::start_with(dir, nats, Some(&ca), self.replicas, &args).await
+        GatewayProcess::start_with_env(dir, nats, Some(&ca), self.replicas, &args, env).await
     }
 
     /// The `serve` arguments of a host of this fleet: the stand-in agent, NATS to dial (with

@@ -2556,3 +2556,34 @@ async fn json_logs_carry_a_calls_trace_id_on_gateway_and_host() {
     let line = json_line_of(|| host.log(), "json-trace-1", "host").await;
     assert_eq!(line["span"]["name"], "call", "{line}");
 }
+
+/// systemd's readiness for a gateway (deploy/pi-gateway.service is `Type=notify`): started with
+/// `NOTIFY_SOCKET`, it sends `READY=1` once it listens and `/readyz`'s `nats` check passes, and
+/// `STOPPING=1` when SIGTERM begins its drain.
+#[tokio::test]
+async fn a_gateway_tells_systemd_it_is_ready_and_when_it_drains() {
+    let mut fleet = Fleet::new(1, 1, 0, 3600).await;
+    let dir = tempfile::tempdir().unwrap();
+    let notify = dir.path().join("notify");
+    let socket = tokio::net::UnixDatagram::bind(&notify).unwrap();
+    let env = [("NOTIFY_SOCKET", notify.to_str().unwrap())];
+    let mut gateway = fleet
+        .gateway_with_env(&["--metrics-listen", "127.0.0.1:0"], &env)
+        .await;
+    let metrics = gateway.metrics.expect("the gateway's metrics address");
+    let mut buf = vec![0u8; 4096];
+    let mut next_state = async || {
+        let n = tokio::time::timeout(PATIENCE, socket.recv(&mut buf))
+            .await
+            .expect("no state sent to the notify socket in time")
+            .unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let ready = next_state().await;
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready}");
+    let (status, body) = tests::http_get(metrics, "/readyz").await;
+    assert_eq!(status, 200, "ready, yet /readyz says {body}");
+    gateway.terminate().await;
+    let stopping = next_state().await;
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping}");
+}
