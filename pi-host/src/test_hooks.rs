@@ -34,6 +34,12 @@ pub async fn before_watch_read() {
     hold("PI_HOST_TEST_WATCH_DELAY_MS").await;
 }
 
+/// `PI_HOST_TEST_EXPIRY_DELAY_MS`: between an approval's deadline and its timer's expiry, as
+/// on a busy runtime: an answer that arrives meanwhile must still find the deadline passed.
+pub async fn before_expiry() {
+    hold("PI_HOST_TEST_EXPIRY_DELAY_MS").await;
+}
+
 async fn hold(variable: &str) {
     let delay = std::env::var(variable)
         .ok()

@@ -408,6 +408,48 @@ async fn approvals_expire_at_their_deadline() {
     );
 }
 
+/// An answer after the deadline is APPROVAL_EXPIRED even while the deadline's timer has not
+/// fired yet (held here by a test hook, as on a busy runtime): the deadline rules, not the
+/// timer, and the approval is settled once.
+#[tokio::test]
+async fn an_answer_past_the_deadline_is_expired_before_the_timer_fires() {
+    let agent = tests::stand_in_agent();
+    let hold = [("PI_HOST_TEST_EXPIRY_DELAY_MS", "60000")];
+    let args = [
+        "--agent",
+        agent.to_str().unwrap(),
+        "--approval-timeout-ms",
+        "300",
+    ];
+    let host = HostProcess::start_with_env(bin(), &args, &hold).await;
+    let (_, token) = host.pair_device("laptop", &[]).await;
+    let mut client = Client::connect(&host.url(), &token).await.unwrap();
+    client.hello().await;
+    let session_id = client.open_session(&host.workspace("w")).await;
+    start_turn(&mut client, &session_id, "k", "approve:confirm").await;
+    let events = events_until(&mut client, |e| e["type"] == "approval.requested").await;
+    let requested = &events.last().unwrap()["data"];
+    let deadline = requested["deadline"].as_u64().unwrap();
+    // The deadline is the condition under test: wait for the clock to pass it.
+    while racp_server::clock::now_ms() <= deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let late = client
+        .call(
+            "approval/respond",
+            json!({"approvalId": requested["approvalId"], "decision": "allow"}),
+        )
+        .await;
+    assert_eq!(late["error"]["code"], "APPROVAL_EXPIRED", "{late}");
+    let events = events_until(&mut client, is_turn_finished).await;
+    let settles: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "approval.settled")
+        .collect();
+    assert_eq!(settles.len(), 1, "{settles:?}");
+    assert_eq!(settles[0]["data"]["outcome"], "expired");
+}
+
 #[tokio::test]
 async fn no_event_is_seen_before_the_store_has_it() {
     let mut s = setup(&[]).await;

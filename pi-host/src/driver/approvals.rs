@@ -158,6 +158,8 @@ impl Approvals {
         let (host, timeout) = (opening.host.clone(), opening.timeout);
         tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
+            #[cfg(debug_assertions)]
+            crate::test_hooks::before_expiry().await;
             expire(&host, &entry).await;
         });
         HostEvent::of_turn(&info.turn_id, ApprovalRequestedData::from(&info))
