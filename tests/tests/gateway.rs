@@ -2344,7 +2344,11 @@ async fn gateway_and_host_report_nats_on_their_metrics_listeners() {
         until_series(addr, &reconnects, |v| v >= 1.0).await;
         let connected = format!("{prefix}_nats_connected");
         let text = until_series(addr, &connected, |v| v == 1.0).await;
-        assert_eq!(series(&text, &reconnects), Some(1.0), "made again once: {text}");
+        assert_eq!(
+            series(&text, &reconnects),
+            Some(1.0),
+            "made again once: {text}"
+        );
     }
     until_ready(metrics, 200).await;
     until_ready(host_metrics, 200).await;
