@@ -41,6 +41,11 @@ fn run_askpass(program: &str, prompt: &str) -> Option<String> {
     Some(text.trim_end_matches(['\n', '\r']).to_string())
 }
 
+/// An encrypted key's passphrase, asked as OpenSSH asks it.
+pub fn ask_key_passphrase(path: &std::path::Path) -> Option<String> {
+    ask_secret(&format!("Enter passphrase for key '{}': ", path.display()))
+}
+
 /// A secret typed without echo (a passphrase).
 pub fn ask_secret(prompt: &str) -> Option<String> {
     if let Some(program) = askpass() {

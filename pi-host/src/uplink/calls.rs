@@ -70,13 +70,19 @@ pub async fn run(
         let state = state.clone();
         let client = client.clone();
         let trace_id = trace_of(message.headers.as_ref());
-        let method = peek_method(&message.payload);
+        // Read once: its method names the call's span, and the call is answered from it.
+        let routed = read_call(&message.payload);
+        let method = routed
+            .as_ref()
+            .ok()
+            .and_then(|call| Method::from_name(&call.method))
+            .map_or("unknown", Method::as_str);
         let scope = trace_id.clone();
         let call = async move {
-            let outcome = match first_time(&state, verified).await {
-                Ok(()) => answer(&state, &message.payload).await,
-                Err(None) => return,
-                Err(Some(error)) => Err(error),
+            let outcome = match (first_time(&state, verified).await, routed) {
+                (Ok(()), Ok(routed)) => answer(&state, routed).await,
+                (Err(None), _) => return,
+                (Err(Some(error)), _) | (Ok(()), Err(error)) => Err(error),
             };
             let outcome = outcome.map_err(|e| racp_server::trace::stamp(e, &trace_id));
             let reply = match outcome {
@@ -111,19 +117,6 @@ fn trace_of(headers: Option<&async_nats::HeaderMap>) -> TraceId {
         }
         None => racp_server::trace::mint(),
     }
-}
-
-/// The method a routed call names, for its span only (the call is read in full by `answer`).
-fn peek_method(payload: &[u8]) -> &'static str {
-    #[derive(serde::Deserialize)]
-    struct MethodOnly<'a> {
-        #[serde(borrow)]
-        method: std::borrow::Cow<'a, str>,
-    }
-    serde_json::from_slice::<MethodOnly<'_>>(payload)
-        .ok()
-        .and_then(|call| Method::from_name(&call.method))
-        .map_or("unknown", Method::as_str)
 }
 
 /// Not a call: nothing runs and nothing answers (the sender may not be a gateway).
@@ -167,13 +160,16 @@ fn shown_name(name: &str) -> bool {
     checked.is_ok()
 }
 
-async fn answer(state: &Arc<HostState>, payload: &[u8]) -> Result<Box<RawValue>, AppError> {
-    let call: RoutedCall = serde_json::from_slice(payload).map_err(|e| {
+fn read_call(payload: &[u8]) -> Result<RoutedCall, AppError> {
+    serde_json::from_slice(payload).map_err(|e| {
         AppError::new(
             ErrorCode::InvalidArgument,
             format!("not a routed call: {e}"),
         )
-    })?;
+    })
+}
+
+async fn answer(state: &Arc<HostState>, call: RoutedCall) -> Result<Box<RawValue>, AppError> {
     let method = Method::from_name(&call.method).ok_or_else(|| {
         AppError::new(ErrorCode::MethodNotFound, "no such method")
             .with_details(json!({"method": call.method}))

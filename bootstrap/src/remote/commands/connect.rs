@@ -47,11 +47,7 @@ pub fn host_key_policy(accept_new: bool, json: bool, display: Arc<Display>) -> H
 /// Asks for an encrypted key's passphrase (`SSH_ASKPASS` or the terminal), with the progress
 /// display suspended.
 pub fn passphrase_prompt(display: Arc<Display>) -> PassphrasePrompt {
-    Arc::new(move |path: &std::path::Path| {
-        display.suspend(|| {
-            prompt::ask_secret(&format!("Enter passphrase for key '{}': ", path.display()))
-        })
-    })
+    Arc::new(move |path: &std::path::Path| display.suspend(|| prompt::ask_key_passphrase(path)))
 }
 
 /// `--json`: one line per event on stdout.

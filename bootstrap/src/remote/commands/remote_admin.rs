@@ -88,9 +88,7 @@ pub async fn ssh_to(origin: &SshOrigin) -> Result<SshSession, SshError> {
         reason,
     })?;
     let options = ConnectOptions {
-        passphrase: Some(Arc::new(|path: &Path| {
-            ssh::prompt::ask_secret(&format!("Enter passphrase for key '{}': ", path.display()))
-        })),
+        passphrase: Some(Arc::new(ssh::prompt::ask_key_passphrase)),
         ..ConnectOptions::default()
     };
     ssh::connect(&destination, &options, |_| {}).await
