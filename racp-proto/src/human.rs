@@ -33,6 +33,20 @@ fn span(ms: u64) -> String {
     }
 }
 
+/// How long ago something was last seen, in whole units: `now`, `42 s ago`, `3 min ago`,
+/// `5 h ago`, `2 days ago`. Rounded down, unlike [`moment`]'s span: "last seen 59 min ago"
+/// must not claim an hour it was not yet.
+pub fn ago(seconds: u64) -> String {
+    match seconds {
+        0..5 => "now".into(),
+        5..60 => format!("{seconds} s ago"),
+        60..3600 => format!("{} min ago", seconds / 60),
+        3600..86_400 => format!("{} h ago", seconds / 3600),
+        86_400..172_800 => "1 day ago".into(),
+        _ => format!("{} days ago", seconds / 86_400),
+    }
+}
+
 /// The UTC date (`2026-12-02`) and time of day (`16:40`) of a moment.
 fn utc(ms: u64) -> (String, String) {
     let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
@@ -63,6 +77,19 @@ pub fn roles(roles: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relative_times_at_their_bounds() {
+        assert_eq!(ago(4), "now");
+        assert_eq!(ago(5), "5 s ago");
+        assert_eq!(ago(59), "59 s ago");
+        assert_eq!(ago(60), "1 min ago");
+        assert_eq!(ago(3599), "59 min ago");
+        assert_eq!(ago(3600), "1 h ago");
+        assert_eq!(ago(86_399), "23 h ago");
+        assert_eq!(ago(86_400), "1 day ago");
+        assert_eq!(ago(172_800), "2 days ago");
+    }
 
     const NOW: u64 = 1_796_169_600_000; // 2026-12-02 00:00 UTC
 

@@ -129,18 +129,6 @@ pub fn last_seen(dir: &Path, name: &str) -> Option<u64> {
         .ok()
 }
 
-/// `now`, `42 s ago`, `3 min ago`, `5 h ago`, `2 days ago`.
-pub fn relative_time(seconds_ago: u64) -> String {
-    match seconds_ago {
-        0..5 => "now".into(),
-        5..60 => format!("{seconds_ago} s ago"),
-        60..3600 => format!("{} min ago", seconds_ago / 60),
-        3600..86_400 => format!("{} h ago", seconds_ago / 3600),
-        86_400..172_800 => "1 day ago".into(),
-        _ => format!("{} days ago", seconds_ago / 86_400),
-    }
-}
-
 /// The background forwards' directory.
 pub fn run_dir(dir: &Path) -> PathBuf {
     dir.join("run")
@@ -164,19 +152,6 @@ pub fn absolute(path: PathBuf) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn relative_times_at_their_bounds() {
-        assert_eq!(relative_time(4), "now");
-        assert_eq!(relative_time(5), "5 s ago");
-        assert_eq!(relative_time(59), "59 s ago");
-        assert_eq!(relative_time(60), "1 min ago");
-        assert_eq!(relative_time(3599), "59 min ago");
-        assert_eq!(relative_time(3600), "1 h ago");
-        assert_eq!(relative_time(86_399), "23 h ago");
-        assert_eq!(relative_time(86_400), "1 day ago");
-        assert_eq!(relative_time(172_800), "2 days ago");
-    }
 
     #[test]
     fn the_default_is_a_stored_profile() {

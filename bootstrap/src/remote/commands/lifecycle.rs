@@ -129,7 +129,7 @@ fn row_json(row: &Row) -> Value {
         "agentVersion": row.info.as_ref().ok().and_then(|i| i.agent.version.clone()),
         "sandbox": row.info.as_ref().ok().and_then(|i| i.sandbox.clone()),
         "lastSeen": row.last_seen,
-        "lastSeenAgo": row.last_seen.map(|t| remotes::relative_time(now.saturating_sub(t))),
+        "lastSeenAgo": row.last_seen.map(|t| racp_proto::human::ago(now.saturating_sub(t))),
     })
 }
 
@@ -170,7 +170,7 @@ fn print_table(out: &Out, rows: &[Row]) {
                 .unwrap_or_else(|| "-".into()),
             info.map_or("-".into(), sandbox),
             row.last_seen.map_or("never".into(), |t| {
-                remotes::relative_time(now.saturating_sub(t))
+                racp_proto::human::ago(now.saturating_sub(t))
             }),
         ]);
     }
